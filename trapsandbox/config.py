@@ -1,0 +1,142 @@
+"""
+Settings, from the environment and the twistd plugin's options (options win).
+
+Every bad value is a ``ConfigError`` whose message names the setting, so the
+daemon can stop at start with one clear line.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from hyperlink import URL
+
+DEFAULT_HOST = "0.0.0.0"
+DEFAULT_PORT = 4444
+DEFAULT_OPENCODE_URL = "http://127.0.0.1:4242"
+DEFAULT_REQUEST_TIMEOUT_MS = 600_000
+
+
+class ConfigError(ValueError):
+    """A setting has a bad value; the message names the setting."""
+
+
+@attrs.frozen
+class Settings:
+    ports: tuple[str, ...] = (f"tcp:{DEFAULT_PORT}:interface={DEFAULT_HOST}",)
+    password: str | None = attrs.field(default=None, repr=False)
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT_MS / 1000
+    opencode_url: str = DEFAULT_OPENCODE_URL
+    opencode_username: str = "opencode"
+    opencode_password: str | None = attrs.field(default=None, repr=False)
+
+
+def _escape(host: str) -> str:
+    # Colons separate endpoint arguments; an IPv6 address needs them escaped.
+    return host.replace("\\", "\\\\").replace(":", "\\:")
+
+
+def _port(value: str, name: str) -> int:
+    try:
+        port = int(value, 10)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{name} must be a port number from 0 to 65535, not {value!r}")
+    return port
+
+
+def _timeout_ms(value: str, name: str) -> float:
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = math.nan
+    if not (ms > 0 and math.isfinite(ms)):
+        raise ConfigError(f"{name} must be a positive number of milliseconds, not {value!r}")
+    return ms / 1000
+
+
+def _opencode_url(value: str, name: str) -> str:
+    if value == "":
+        return value  # probes then answer "OPENCODE_URL not set"
+    try:
+        url = URL.from_text(value)
+    except (ValueError, TypeError):
+        url = None
+    if url is None or url.scheme not in ("http", "https") or not url.host:
+        raise ConfigError(f"{name} must be an http:// or https:// URL, not {value!r}")
+    return value
+
+
+def _read_secret(path: str, name: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            secret = f.read()
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise ConfigError(f"{name}: cannot read {path}: {reason}") from None
+    secret = secret.rstrip("\r\n")
+    if not secret:
+        raise ConfigError(f"{name}: {path} is empty")
+    return secret
+
+
+def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -> Settings:
+    """
+    Build ``Settings`` from ``environ`` and twistd ``options`` (keys as in
+    ``trapsandbox.tap.Options``; None or absent means "not given").
+    """
+    options = options or {}
+
+    def given(option: str, variable: str | None = None) -> tuple[str, str] | None:
+        if options.get(option) is not None:
+            return options[option], f"--{option}"
+        if variable is not None and variable in environ:
+            return environ[variable], variable
+        return None
+
+    ports = tuple(options.get("port") or ())
+    if not ports:
+        host = environ.get("SANDBOX_HOST", DEFAULT_HOST) or DEFAULT_HOST
+        port = DEFAULT_PORT
+        if "SANDBOX_PORT" in environ:
+            port = _port(environ["SANDBOX_PORT"], "SANDBOX_PORT")
+        ports = (f"tcp:{port}:interface={_escape(host)}",)
+
+    password = None
+    if (found := given("password-file", "SANDBOX_PASSWORD_FILE")) is not None:
+        password = _read_secret(found[0], found[1])
+    elif (found := given("password", "SANDBOX_PASSWORD")) is not None:
+        # An empty password would let anyone in while looking configured.
+        if found[0] == "":
+            raise ConfigError(f"{found[1]} is empty: unset it to turn auth off")
+        password = found[0]
+
+    request_timeout = DEFAULT_REQUEST_TIMEOUT_MS / 1000
+    if (found := given("request-timeout-ms", "SANDBOX_REQUEST_TIMEOUT_MS")) is not None:
+        request_timeout = _timeout_ms(*found)
+
+    opencode_url = DEFAULT_OPENCODE_URL
+    if (found := given("opencode-url", "OPENCODE_URL")) is not None:
+        opencode_url = _opencode_url(*found)
+
+    username = "opencode"
+    for variable in ("OPENCODE_USERNAME", "OPENCODE_SERVER_USERNAME"):
+        if (found := given("opencode-username", variable)) is not None and found[0]:
+            username = found[0]
+
+    opencode_password = None
+    if (found := given("opencode-password", "OPENCODE_SERVER_PASSWORD")) is not None:
+        opencode_password = found[0] or None
+
+    return Settings(
+        ports=ports,
+        password=password,
+        request_timeout=request_timeout,
+        opencode_url=opencode_url,
+        opencode_username=username,
+        opencode_password=opencode_password,
+    )

@@ -1,0 +1,400 @@
+"""
+The WebSocket side: one ``GatewayProtocol`` per computer connection.
+
+    computer                                gateway
+    computer_request hello {traposId, secret}  ->
+                                               <- gateway_response hello ok {accountId}
+                                                  (or ok:false unauthorized, then close 4001)
+    computer_request probe_gateway|health      ->
+                                               <- gateway_response ok {sandboxOk, opencodeOk,
+                                                                       opencodeDetail?}
+                                               <- gateway_request ping (from the registry)
+    computer_response ping ok {traposId}       ->
+
+Before a successful hello every request is answered ``not_authenticated``;
+without one within ``hello_timeout`` the connection is closed with 4002.
+Bad frames are ignored (logged, rate-limited) and never end the connection.
+Nothing raised while handling a message escapes ``onMessage``: Autobahn
+would drop the TCP connection without a close frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from autobahn.exception import Disconnected
+from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from autobahn.websocket.protocol import WebSocketProtocol
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from trapsandbox import wire
+from trapsandbox.auth import Authenticator
+from trapsandbox.registry import GatewayError, Registry, Session
+
+HELLO_TIMEOUT = 10.0
+# Computer requests handled at once on one connection; more are refused.
+MAX_BUSY = 16
+AUTO_PING_INTERVAL = 30.0
+AUTO_PING_TIMEOUT = 20.0
+SHUTDOWN_GRACE = 3.0
+IGNORED_LOG_INTERVAL = 10.0
+
+Handler = Callable[[Session, wire.ComputerRequest], "Deferred | dict[str, Any]"]
+
+log = Logger()
+
+
+class _Throttle:
+    """Say yes at most once per ``interval``; count the noes in between."""
+
+    def __init__(self, clock: IReactorTime, interval: float) -> None:
+        self._clock = clock
+        self._interval = interval
+        self._next = 0.0
+        self.suppressed = 0
+
+    def allow(self) -> bool:
+        now = self._clock.seconds()
+        if now < self._next:
+            self.suppressed += 1
+            return False
+        self._next = now + self._interval
+        return True
+
+
+class GatewayProtocol(WebSocketServerProtocol):
+    factory: GatewayFactory
+
+    def __init__(self) -> None:
+        super().__init__()
+        # onClose runs even for connections that never opened: all state here.
+        self.session: Session | None = None
+        self.peer_address = "?"
+        self._hello_timer = None
+        self._busy = 0
+
+    # Autobahn callbacks
+
+    def onConnect(self, request) -> None:
+        self.peer_address = request.peer
+
+    def onOpen(self) -> None:
+        self.factory.connections.add(self)
+        self._hello_timer = self.factory.clock.callLater(
+            self.factory.hello_timeout, self._hello_timed_out
+        )
+        log.debug("connection from {peer}", peer=self.peer_address)
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        try:
+            self._receive(payload, isBinary)
+        except Exception:
+            log.failure("unexpected error handling a message from {peer}", peer=self.peer_address)
+
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        if self._hello_timer is not None and self._hello_timer.active():
+            self._hello_timer.cancel()
+        self.factory.connections.discard(self)
+        if self.session is not None:
+            self.factory.registry.remove(self.session)
+            log.info(
+                "{traposId} from {peer} disconnected ({code} {reason})",
+                traposId=self.session.trapos_id,
+                peer=self.peer_address,
+                code=code,
+                reason=reason or "",
+            )
+        self.factory.check_drained()
+
+    # The registry's Link
+
+    def send_frame(self, data: bytes) -> None:
+        if self.state != WebSocketProtocol.STATE_OPEN:
+            raise GatewayError(wire.NOT_CONNECTED, "the connection is closing")
+        try:
+            self.sendMessage(data)
+        except Disconnected:
+            raise GatewayError(wire.NOT_CONNECTED, "the connection is closed") from None
+
+    def close(self, code: int, reason: str) -> None:
+        if self.state == WebSocketProtocol.STATE_OPEN:
+            self.sendClose(code, reason)
+
+    # Messages
+
+    def _receive(self, payload: bytes, is_binary: bool) -> None:
+        if is_binary:
+            self._ignore("a binary frame")
+            return
+        frame = wire.decode(payload)
+        kind = type(frame)
+        if kind is wire.ComputerRequest:
+            self._on_request(frame)
+        elif kind is wire.ComputerResponse:
+            self._on_response(frame)
+        elif kind is wire.Invalid:
+            self._on_invalid(frame)
+        else:
+            self._ignore(f"a {wire.event_name(frame)}, which a computer must not send")
+
+    def _on_invalid(self, frame: wire.Invalid) -> None:
+        if frame.event == "computer_request" and frame.answerable:
+            self._reply(
+                frame.message_id, frame.type, error=GatewayError(wire.BAD_REQUEST, frame.reason)
+            )
+        elif frame.event == "computer_response" and frame.message_id and self.session:
+            # Its requester learns now rather than at its timeout.
+            self.session.reject(
+                frame.message_id,
+                GatewayError(wire.BAD_REQUEST, f"the computer's answer was {frame.reason}"),
+            )
+        else:
+            self._ignore(frame.reason)
+
+    def _on_response(self, frame: wire.ComputerResponse) -> None:
+        if self.session is None or not self.session.resolve(frame):
+            self._ignore(f"a response to no request of this connection ({frame.message_id})")
+
+    def _on_request(self, frame: wire.ComputerRequest) -> None:
+        if frame.type == "hello":
+            self._on_hello(frame)
+            return
+        if self.session is None:
+            self._reply(
+                frame.message_id,
+                frame.type,
+                error=GatewayError(wire.NOT_AUTHENTICATED, "send hello first"),
+            )
+            return
+        handler = self.factory.handlers.get(frame.type)
+        if handler is None:
+            self._reply(
+                frame.message_id,
+                frame.type,
+                error=GatewayError(wire.UNKNOWN_TYPE, f"unknown request type {frame.type!r}"),
+            )
+            return
+        if self._busy >= self.factory.max_busy:
+            self._reply(
+                frame.message_id,
+                frame.type,
+                error=GatewayError(
+                    wire.OVERLOADED, f"at most {self.factory.max_busy} requests at once"
+                ),
+            )
+            return
+        self._busy += 1
+        d = maybeDeferred(handler, self.session, frame)
+        d.addBoth(self._handled, frame)
+
+    def _handled(self, result: dict[str, Any] | Failure, frame: wire.ComputerRequest) -> None:
+        self._busy -= 1
+        if not isinstance(result, Failure):
+            self._reply(frame.message_id, frame.type, payload=result)
+        elif result.check(GatewayError):
+            self._reply(frame.message_id, frame.type, error=result.value)
+        else:
+            log.failure(
+                "{type} request from {peer} failed", result, type=frame.type, peer=self.peer_address
+            )
+            self._reply(
+                frame.message_id,
+                frame.type,
+                error=GatewayError(wire.INTERNAL, "the gateway failed to handle this request"),
+            )
+
+    def _on_hello(self, frame: wire.ComputerRequest) -> None:
+        if self.session is not None:
+            self._reply(
+                frame.message_id,
+                frame.type,
+                error=GatewayError(
+                    wire.BAD_REQUEST, "hello was already completed on this connection"
+                ),
+            )
+            return
+        try:
+            hello = wire.decode_hello(frame.payload)
+        except ValueError as error:
+            self._reply(
+                frame.message_id, frame.type, error=GatewayError(wire.BAD_REQUEST, str(error))
+            )
+            return
+        account_id = self.factory.authenticator.resolve_account(hello.secret)
+        if account_id is None:
+            log.warn(
+                "hello from {peer} as {traposId} refused: wrong secret",
+                peer=self.peer_address,
+                traposId=hello.trapos_id,
+            )
+            self._reply(
+                frame.message_id,
+                frame.type,
+                error=GatewayError(wire.UNAUTHORIZED, "wrong secret: check sandbox.password"),
+                receiver=hello.trapos_id,
+            )
+            self._cancel_hello_timer()
+            self.close(wire.CLOSE_UNAUTHORIZED, "unauthorized")
+            return
+        self._cancel_hello_timer()
+        self.session = Session(
+            account_id=account_id,
+            trapos_id=hello.trapos_id,
+            link=self,
+            clock=self.factory.clock,
+            peer=self.peer_address,
+            version=hello.version,
+            connected_at=self.factory.clock.seconds(),
+        )
+        self.factory.registry.add(self.session)
+        log.info(
+            "{traposId} connected from {peer} (client {version})",
+            traposId=hello.trapos_id,
+            peer=self.peer_address,
+            version=hello.version or "unknown",
+        )
+        self._reply(frame.message_id, frame.type, payload={"accountId": account_id})
+
+    def _reply(
+        self,
+        message_id: str,
+        type: str,
+        payload: dict[str, Any] | None = None,
+        error: GatewayError | None = None,
+        receiver: str | None = None,
+    ) -> None:
+        if receiver is None:
+            receiver = self.session.trapos_id if self.session else "?"
+        frame = wire.GatewayResponse(
+            receiver,
+            message_id,
+            type,
+            ok=error is None,
+            payload=payload,
+            error=error.to_wire() if error else None,
+        )
+        try:
+            data = wire.encode(frame)
+        except wire.EncodeError:
+            log.failure("cannot encode the answer to {type}", type=type)
+            data = _error_frame(frame, wire.INTERNAL, "the answer could not be encoded")
+        if len(data) > wire.MAX_OUTBOUND_BYTES:
+            data = _error_frame(
+                frame, wire.TOO_LARGE, "the answer is larger than a computer accepts"
+            )
+        try:
+            self.send_frame(data)
+        except GatewayError:
+            log.debug("answer to {type} dropped: {peer} is gone", type=type, peer=self.peer_address)
+
+    def _ignore(self, what: str) -> None:
+        throttle = self.factory.ignored_log
+        if throttle.allow():
+            log.info(
+                "ignored {what} from {peer} ({suppressed} more ignored frames not logged)",
+                what=what,
+                peer=self.peer_address,
+                suppressed=throttle.suppressed,
+            )
+            throttle.suppressed = 0
+
+    def _cancel_hello_timer(self) -> None:
+        if self._hello_timer is not None and self._hello_timer.active():
+            self._hello_timer.cancel()
+        self._hello_timer = None
+
+    def _hello_timed_out(self) -> None:
+        self._hello_timer = None
+        log.info(
+            "{peer} sent no hello within {timeout:g} s",
+            peer=self.peer_address,
+            timeout=self.factory.hello_timeout,
+        )
+        self.close(wire.CLOSE_HELLO_TIMEOUT, "hello timeout")
+
+
+def _error_frame(frame: wire.GatewayResponse, code: str, message: str) -> bytes:
+    return wire.encode(
+        wire.GatewayResponse(
+            frame.trapos_receiver_id,
+            frame.message_id,
+            frame.type,
+            ok=False,
+            error=wire.Error(code, message),
+        )
+    )
+
+
+class GatewayFactory(WebSocketServerFactory):
+    """Shared state of all computer connections."""
+
+    protocol = GatewayProtocol
+
+    def __init__(
+        self,
+        registry: Registry,
+        authenticator: Authenticator,
+        handlers: dict[str, Handler],
+        clock: IReactorTime,
+        hello_timeout: float = HELLO_TIMEOUT,
+        max_busy: int = MAX_BUSY,
+        auto_ping_interval: float = AUTO_PING_INTERVAL,
+        auto_ping_timeout: float = AUTO_PING_TIMEOUT,
+    ) -> None:
+        super().__init__()
+        self.registry = registry
+        self.authenticator = authenticator
+        self.handlers = handlers
+        self.clock = clock
+        self.hello_timeout = hello_timeout
+        self.max_busy = max_busy
+        self.connections: set[GatewayProtocol] = set()
+        self.ignored_log = _Throttle(clock, IGNORED_LOG_INTERVAL)
+        self._drained: list[Deferred] = []
+        # One call with every option: a later call without allowNullOrigin
+        # would reset it.
+        self.setProtocolOptions(
+            maxFramePayloadSize=wire.MAX_INBOUND_BYTES,
+            maxMessagePayloadSize=wire.MAX_INBOUND_BYTES,
+            # Oversized messages get a real 1009 close frame, not a dropped socket.
+            failByDrop=False,
+            autoPingInterval=auto_ping_interval,
+            autoPingTimeout=auto_ping_timeout,
+            openHandshakeTimeout=HELLO_TIMEOUT,
+            closeHandshakeTimeout=1,
+            allowNullOrigin=True,
+            # A plain GET of /gateway gets an error, not an HTML status page.
+            webStatus=False,
+        )
+
+    def shutdown(self, grace: float = SHUTDOWN_GRACE) -> Deferred:
+        """
+        Close every connection with 1000 and fail every pending request;
+        fires when all are closed, or after ``grace`` seconds (the stragglers
+        are then dropped).
+        """
+        for session in self.registry:
+            session.fail_all(GatewayError(wire.NOT_CONNECTED, "the gateway is shutting down"))
+        for connection in list(self.connections):
+            connection.close(wire.CLOSE_NORMAL, "server shutting down")
+        if not self.connections:
+            return succeed(None)
+        d = Deferred()
+        self._drained.append(d)
+        d.addTimeout(grace, self.clock)
+        d.addErrback(self._drop_stragglers)
+        return d
+
+    def _drop_stragglers(self, failure: Failure) -> None:
+        for connection in list(self.connections):
+            connection.dropConnection(abort=True)
+
+    def check_drained(self) -> None:
+        if not self.connections:
+            drained, self._drained = self._drained, []
+            for d in drained:
+                d.callback(None)

@@ -1,0 +1,152 @@
+"""
+The opencode probe: is the opencode server at ``OPENCODE_URL`` answering?
+
+``GET {url}/config`` with HTTP Basic auth; healthy means a 2xx answer with a
+JSON content type (opencode answers unknown paths with its HTML web UI and a
+200, so a bare status check is fooled by a wrong URL).  The whole exchange,
+headers and body, is bounded.  Callers that ask while a probe is in flight
+share it: a burst of health requests makes one HTTP request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import treq
+from hyperlink import DecodedURL
+from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.error import ConnectError, ConnectionRefusedError, DNSLookupError
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseFailed
+
+PROBE_TIMEOUT = 5.0
+
+log = Logger()
+
+
+@attrs.frozen
+class ProbeResult:
+    ok: bool
+    detail: str | None = None
+
+    def to_payload(self) -> dict[str, Any]:
+        payload: dict[str, Any] = {"sandboxOk": True, "opencodeOk": self.ok}
+        if not self.ok:
+            payload["opencodeDetail"] = self.detail
+        return payload
+
+
+def redact(url: str) -> str:
+    """The URL without any user:password part."""
+    try:
+        parsed = DecodedURL.from_text(url)
+    except (ValueError, TypeError):
+        return "<unparseable URL>"
+    return parsed.replace(userinfo="").to_text() if parsed.userinfo else url
+
+
+class OpencodeProbe:
+    """
+    Probe opencode with ``http`` (a treq ``HTTPClient`` or ``StubTreq``).
+
+    ``check()`` returns a Deferred that always fires with a ``ProbeResult``.
+    """
+
+    def __init__(
+        self,
+        http: Any,
+        clock: IReactorTime,
+        url: str,
+        username: str = "opencode",
+        password: str | None = None,
+        timeout: float = PROBE_TIMEOUT,
+    ) -> None:
+        self._http = http
+        self._clock = clock
+        self._timeout = timeout
+        self._auth = (username, password) if password else None
+        self._waiters: list[Deferred] | None = None
+        self.url = url
+        self.requests_made = 0
+        if url:
+            base = url.rstrip("/")
+            self._where = f"{redact(base)}/config"
+            # Parsed once: treq would otherwise parse (and IDNA-encode) it per call.
+            self._target = DecodedURL.from_text(base + "/config")
+
+    def check(self) -> Deferred:
+        if not self.url:
+            return succeed(ProbeResult(False, "OPENCODE_URL not set"))
+        d = Deferred()
+        if self._waiters is not None:
+            self._waiters.append(d)
+            return d
+        self._waiters = [d]
+        self.requests_made += 1
+        exchange = self._exchange()
+        exchange.addTimeout(self._timeout, self._clock)
+        exchange.addErrback(self._explain)
+        exchange.addCallback(self._deliver)
+        return d
+
+    def _exchange(self) -> Deferred:
+        d = self._http.get(
+            self._target,
+            auth=self._auth,
+            headers={b"Accept": [b"application/json"]},
+            allow_redirects=False,
+        )
+        d.addCallback(self._read)
+        return d
+
+    def _read(self, response) -> Deferred:
+        # Read (and drop) the body so the connection can be reused; the
+        # timeout covers this part too.
+        body = treq.content(response)
+        body.addCallback(lambda _: self._judge(response))
+        return body
+
+    def _judge(self, response) -> ProbeResult:
+        code = response.code
+        content_type = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
+        media = content_type.split(b";")[0].strip().lower()
+        if 200 <= code < 300 and (media == b"application/json" or media.endswith(b"+json")):
+            return ProbeResult(True)
+        if code == 401:
+            return ProbeResult(
+                False,
+                f"{self._where} answered 401 Unauthorized: check OPENCODE_SERVER_PASSWORD "
+                "and OPENCODE_SERVER_USERNAME",
+            )
+        if 200 <= code < 300:
+            shown = media.decode("latin-1") or "no content type"
+            return ProbeResult(
+                False,
+                f"{self._where} answered {code} with {shown}, not JSON: "
+                "is OPENCODE_URL an opencode server?",
+            )
+        return ProbeResult(False, f"{self._where} answered HTTP {code}")
+
+    def _explain(self, failure: Failure) -> ProbeResult:
+        if failure.check(CancelledError):
+            reason = f"no answer within {self._timeout:g} s"
+        elif failure.check(ConnectionRefusedError):
+            reason = "connection refused: is opencode running?"
+        elif failure.check(DNSLookupError):
+            reason = "host name not found"
+        elif failure.check(ConnectError):
+            reason = f"cannot connect: {failure.getErrorMessage()}"
+        elif failure.check(ResponseFailed):
+            reason = "the connection closed before a complete answer"
+        else:
+            log.failure("opencode probe failed unexpectedly", failure)
+            reason = f"probe failed: {failure.getErrorMessage() or failure.type.__name__}"
+        return ProbeResult(False, f"{self._where}: {reason}")
+
+    def _deliver(self, result: ProbeResult) -> None:
+        waiters, self._waiters = self._waiters or [], None
+        for d in waiters:
+            d.callback(result)

@@ -1,0 +1,174 @@
+"""
+``twistd trapsandbox``: options and service assembly.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from autobahn.twisted.resource import WebSocketResource
+from autobahn.websocket import USES_NVX
+from treq.client import HTTPClient
+from twisted.application import service
+from twisted.internet import endpoints
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.error import CannotListenError
+from twisted.internet.interfaces import IListeningPort
+from twisted.logger import Logger
+from twisted.python import usage
+from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.server import Site
+
+from trapsandbox import __version__, config
+from trapsandbox.auth import Authenticator
+from trapsandbox.gateway import GatewayFactory
+from trapsandbox.probe import OpencodeProbe, redact
+from trapsandbox.registry import Registry
+from trapsandbox.web import GatewayApp
+
+log = Logger()
+
+
+class Options(usage.Options):
+    synopsis = "[options]"
+    longdesc = (
+        "Run the trapsandbox gateway: a WebSocket endpoint /gateway for CraftOS "
+        "computers and an HTTP app (/health) on one port. Settings not given as "
+        "options come from the environment (SANDBOX_*, OPENCODE_*)."
+    )
+    optParameters = [
+        ["password-file", None, None, "Read the computers' shared secret from this file."],
+        ["password", None, None, "The computers' shared secret (prefer --password-file)."],
+        ["request-timeout-ms", None, None, "Default timeout of requests to a computer."],
+        ["opencode-url", None, None, "The opencode server (empty: not probed)."],
+        ["opencode-username", None, None, "opencode's Basic-auth user."],
+        ["opencode-password", None, None, "opencode's Basic-auth password."],
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self["port"] = []
+
+    def opt_port(self, description: str) -> None:
+        """
+        A Twisted endpoint to listen on, e.g. tcp:4444:interface=0.0.0.0,
+        unix:/run/trapsandbox/gw.sock, systemd:domain=INET6:name=gateway.
+        Repeatable. Default: tcp:$SANDBOX_PORT:interface=$SANDBOX_HOST.
+        """
+        self["port"].append(description)
+
+    opt_p = opt_port
+
+
+class _Listener(service.Service):
+    """Listen on one endpoint; a failure stops the daemon with one line."""
+
+    def __init__(self, reactor: Any, description: str, factory: Any) -> None:
+        self._reactor = reactor
+        self.description = description
+        self._factory = factory
+        self.port: IListeningPort | None = None
+        try:
+            self._endpoint = endpoints.serverFromString(reactor, description)
+        except (ValueError, KeyError, TypeError) as error:
+            raise config.ConfigError(
+                f"--port {description!r} is not a valid endpoint: {error}"
+            ) from None
+
+    def privilegedStartService(self) -> None:
+        super().privilegedStartService()
+        failures = []
+        d = self._endpoint.listen(self._factory)
+        d.addCallbacks(self._listening, failures.append)
+        if failures:
+            error = failures[0].value
+            if isinstance(error, CannotListenError) and error.socketError is not None:
+                reason = error.socketError.strerror or str(error.socketError)
+            else:
+                reason = str(error)
+            raise SystemExit(f"trapsandbox: cannot listen on {self.description}: {reason}")
+
+    def _listening(self, port: IListeningPort) -> None:
+        self.port = port
+        log.info("listening on {address}", address=_describe(port.getHost()))
+
+    def stopService(self) -> Deferred | None:
+        super().stopService()
+        if self.port is not None:
+            return self.port.stopListening()
+        return None
+
+
+def _describe(address: Any) -> str:
+    host, port = getattr(address, "host", None), getattr(address, "port", None)
+    if host is not None and port is not None:
+        return f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+    return str(getattr(address, "name", address))
+
+
+class GatewayService(service.MultiService):
+    """The gateway: its listeners, and a graceful close of every computer on stop."""
+
+    def __init__(self, settings: config.Settings, reactor: Any) -> None:
+        super().__init__()
+        self.settings = settings
+        self.registry = Registry(reactor, request_timeout=settings.request_timeout)
+        self._pool = HTTPConnectionPool(reactor, persistent=True)
+        self._pool.maxPersistentPerHost = 2
+        self.probe = OpencodeProbe(
+            HTTPClient(Agent(reactor, pool=self._pool, connectTimeout=5)),
+            reactor,
+            settings.opencode_url,
+            settings.opencode_username,
+            settings.opencode_password,
+        )
+        self.authenticator = Authenticator(settings.password)
+        self.factory = GatewayFactory(
+            self.registry,
+            self.authenticator,
+            {"probe_gateway": self._probe_gateway, "health": self._probe_gateway},
+            reactor,
+        )
+        self.site = Site(
+            GatewayApp(self.registry, self.probe, WebSocketResource(self.factory)).resource()
+        )
+        self.site.displayTracebacks = False
+        self.listeners = [_Listener(reactor, port, self.site) for port in settings.ports]
+        for listener in self.listeners:
+            listener.setServiceParent(self)
+
+    def _probe_gateway(self, session, frame) -> Deferred:
+        return self.probe.check().addCallback(lambda result: result.to_payload())
+
+    def startService(self) -> None:
+        super().startService()
+        log.info(
+            "trapsandbox {version} started: auth {auth}, opencode at {opencode}, NVX {nvx}",
+            version=__version__,
+            auth="on" if self.authenticator.enabled else "off",
+            opencode=redact(self.settings.opencode_url) or "(not set)",
+            nvx="in use" if USES_NVX else "not available",
+        )
+        if not self.authenticator.enabled:
+            log.warn(
+                "auth is off: any computer can connect. Set SANDBOX_PASSWORD or "
+                "SANDBOX_PASSWORD_FILE to require a secret."
+            )
+
+    def stopService(self) -> Deferred:
+        log.info("shutting down: closing {count} connections", count=len(self.factory.connections))
+        stopped = super().stopService()  # stop listening first
+        closed = self.factory.shutdown()
+        d = DeferredList([stopped, closed, self._pool.closeCachedConnections()], consumeErrors=True)
+        return d
+
+
+def makeService(options: Options) -> service.IService:
+    from twisted.internet import reactor
+
+    try:
+        settings = config.load(os.environ, options)
+        return GatewayService(settings, reactor)
+    except config.ConfigError as error:
+        raise SystemExit(f"trapsandbox: {error}") from None

@@ -1,0 +1,76 @@
+"""
+The HTTP side, on the same port as the WebSocket: a Klein app.
+
+    GET /health   {sandboxOk, opencodeOk, opencodeDetail?, computers, version}
+    /gateway      the WebSocket endpoint for computers
+
+Every answer, errors included, is JSON: never an HTML traceback page.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from klein import Klein
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.iweb import IRequest
+from twisted.web.resource import IResource
+from werkzeug.exceptions import HTTPException
+
+from trapsandbox import __version__
+from trapsandbox.probe import OpencodeProbe, ProbeResult
+from trapsandbox.registry import Registry
+
+log = Logger()
+
+
+def json_body(request: IRequest, body: Any, code: int = 200) -> bytes:
+    request.setResponseCode(code)
+    request.setHeader(b"content-type", b"application/json")
+    request.setHeader(b"cache-control", b"no-store")
+    return orjson.dumps(body)
+
+
+def json_error(request: IRequest, code: int, error: str, message: str) -> bytes:
+    return json_body(request, {"ok": False, "error": {"code": error, "message": message}}, code)
+
+
+class GatewayApp:
+    app = Klein()
+
+    def __init__(self, registry: Registry, probe: OpencodeProbe, websocket: IResource) -> None:
+        self._registry = registry
+        self._probe = probe
+        self._websocket = websocket
+
+    def resource(self) -> IResource:
+        return self.app.resource()
+
+    @app.route("/health", methods=["GET"])
+    def health(self, request: IRequest):
+        d = self._probe.check()
+        d.addCallback(self._health_body, request)
+        return d
+
+    def _health_body(self, result: ProbeResult, request: IRequest) -> bytes:
+        body = result.to_payload()
+        body["computers"] = len(self._registry)
+        body["version"] = __version__
+        return json_body(request, body)
+
+    @app.route("/gateway")
+    def gateway(self, request: IRequest) -> IResource:
+        return self._websocket
+
+    @app.handle_errors(HTTPException)
+    def http_error(self, request: IRequest, failure: Failure) -> bytes:
+        error = failure.value
+        name = (error.name or "error").lower().replace(" ", "_")
+        return json_error(request, error.code or 500, name, error.description or error.name)
+
+    @app.handle_errors
+    def internal_error(self, request: IRequest, failure: Failure) -> bytes:
+        log.failure("{method} {uri} failed", failure, method=request.method, uri=request.uri)
+        return json_error(request, 500, "internal", "the gateway failed to handle this request")

@@ -1,0 +1,288 @@
+"""
+The wire format: one JSON object per WebSocket text message.
+
+    computer -> gateway
+      computer_request   {traposSenderId, messageId, type, payload}
+      computer_response  {traposSenderId, messageId, type, ok, payload?, error?}
+    gateway -> computer
+      gateway_request    {traposReceiverId, messageId, type, payload}
+      gateway_response   {traposReceiverId, messageId, type, ok, payload?, error?}
+
+``decode`` turns any bytes into one of the four frame classes or an
+``Invalid``; it never raises.  ``encode`` turns a frame into bytes for
+``sendMessage``.  Field names are snake_case here and camelCase on the wire.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import attrs
+import orjson
+from cattrs import ClassValidationError, transform_error
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+from cattrs.preconf.orjson import make_converter
+from cattrs.v import format_exception
+
+# Error codes (``error.code``).
+UNAUTHORIZED = "unauthorized"
+NOT_AUTHENTICATED = "not_authenticated"
+UNKNOWN_TYPE = "unknown_type"
+NOT_CONNECTED = "not_connected"
+INTERNAL = "internal"
+TIMEOUT = "timeout"
+BAD_REQUEST = "bad_request"
+TOO_LARGE = "too_large"
+OVERLOADED = "overloaded"
+
+# Close codes.
+CLOSE_NORMAL = 1000
+CLOSE_REPLACED = 4000
+CLOSE_UNAUTHORIZED = 4001
+CLOSE_HELLO_TIMEOUT = 4002
+
+# The largest message a computer may send us, and the largest we send a
+# computer (CC:Tweaked's default websocket message limit).
+MAX_INBOUND_BYTES = 1024 * 1024
+MAX_OUTBOUND_BYTES = 128 * 1024
+
+MAX_ID_LENGTH = 128
+MAX_TYPE_LENGTH = 64
+MAX_LABEL_LENGTH = 32
+
+_TRAPOS_ID = re.compile(rf"(0|[1-9][0-9]{{0,15}}):([^\x00-\x1f\x7f]{{0,{MAX_LABEL_LENGTH}}})\Z")
+
+
+def is_trapos_id(value: object) -> bool:
+    """``"<computerId>:<label>"``, the label possibly empty."""
+    return isinstance(value, str) and _TRAPOS_ID.match(value) is not None
+
+
+def _as_object(value: object) -> dict[str, Any]:
+    # CraftOS may send ``[]`` for an empty table; anything not an object is ``{}``.
+    return value if type(value) is dict else {}
+
+
+def _as_optional_object(value: object) -> dict[str, Any] | None:
+    return None if value is None else _as_object(value)
+
+
+def _bounded(limit: int):
+    def check(instance, attribute, value):
+        if not value or len(value) > limit:
+            raise ValueError(f"{_camel(attribute.name)} must be 1 to {limit} characters")
+
+    return check
+
+
+def _id():
+    return attrs.field(validator=_bounded(MAX_ID_LENGTH))
+
+
+def _type():
+    return attrs.field(validator=_bounded(MAX_TYPE_LENGTH))
+
+
+@attrs.frozen
+class Error:
+    code: str
+    message: str
+
+
+@attrs.frozen
+class ComputerRequest:
+    trapos_sender_id: str = _id()
+    message_id: str = _id()
+    type: str = _type()
+    payload: dict[str, Any] = attrs.field(factory=dict, converter=_as_object)
+
+
+@attrs.frozen
+class ComputerResponse:
+    trapos_sender_id: str = _id()
+    message_id: str = _id()
+    type: str = _type()
+    ok: bool = attrs.field()
+    payload: dict[str, Any] | None = attrs.field(default=None, converter=_as_optional_object)
+    error: Error | None = None
+
+
+@attrs.frozen
+class GatewayRequest:
+    trapos_receiver_id: str = _id()
+    message_id: str = _id()
+    type: str = _type()
+    payload: dict[str, Any] = attrs.field(factory=dict, converter=_as_object)
+
+
+@attrs.frozen
+class GatewayResponse:
+    trapos_receiver_id: str = _id()
+    message_id: str = _id()
+    type: str = _type()
+    ok: bool = attrs.field()
+    payload: dict[str, Any] | None = attrs.field(default=None, converter=_as_optional_object)
+    error: Error | None = None
+
+
+Frame = ComputerRequest | ComputerResponse | GatewayRequest | GatewayResponse
+
+EVENTS: dict[str, type] = {
+    "computer_request": ComputerRequest,
+    "computer_response": ComputerResponse,
+    "gateway_request": GatewayRequest,
+    "gateway_response": GatewayResponse,
+}
+_EVENT_OF = {cls: name for name, cls in EVENTS.items()}
+
+
+@attrs.frozen
+class Invalid:
+    """
+    A message that is not a valid frame.  ``message_id`` and ``type`` are set
+    when the message carried usable ones, so a request can still be answered
+    with ``bad_request``.
+    """
+
+    reason: str
+    event: str | None = None
+    message_id: str | None = None
+    type: str | None = None
+
+    @property
+    def answerable(self) -> bool:
+        return self.message_id is not None and self.type is not None
+
+
+@attrs.frozen
+class Hello:
+    """The payload of a ``hello`` request."""
+
+    trapos_id: str = attrs.field()
+    secret: str | None = None
+    version: str | None = None
+    capabilities: list[str] = attrs.field(factory=list)
+
+    @trapos_id.validator
+    def _check_trapos_id(self, attribute, value):
+        if not is_trapos_id(value):
+            raise ValueError(
+                "traposId must be '<computerId>:<label>' with a label of at most "
+                f"{MAX_LABEL_LENGTH} characters"
+            )
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def _strict(kind: type):
+    def structure(value, _):
+        if type(value) is not kind:
+            raise TypeError(f"expected {kind.__name__}")
+        return value
+
+    return structure
+
+
+def _strings(value, _):
+    if type(value) is not list or any(type(item) is not str for item in value):
+        raise TypeError("expected a list of strings")
+    return value
+
+
+def _make_converter():
+    converter = make_converter()
+    # cattrs would turn 3 into "3" and "no" into True; the wire is strict.
+    converter.register_structure_hook(str, _strict(str))
+    converter.register_structure_hook(bool, _strict(bool))
+    converter.register_structure_hook_func(lambda kind: kind == list[str], _strings)
+    # Payloads are coerced by the attrs converter, not structured.
+    converter.register_structure_hook_func(
+        lambda kind: kind in (dict[str, Any], dict[str, Any] | None), lambda value, _: value
+    )
+    for cls in (*EVENTS.values(), Error, Hello):
+        renames = {
+            field.name: override(rename=_camel(field.name), omit_if_default=field.default is None)
+            for field in attrs.fields(cls)
+        }
+        converter.register_structure_hook(cls, make_dict_structure_fn(cls, converter, **renames))
+        converter.register_unstructure_hook(
+            cls, make_dict_unstructure_fn(cls, converter, **renames)
+        )
+    return converter
+
+
+converter = _make_converter()
+
+_STRUCTURE_ERRORS = (ClassValidationError, ValueError, TypeError, KeyError, AttributeError)
+
+
+def _format(error: BaseException, kind: type | None) -> str:
+    # Our own validators' messages say exactly what is wrong.
+    if type(error) is ValueError and error.args:
+        return str(error)
+    return format_exception(error, kind)
+
+
+def _describe(error: Exception, path: str) -> str:
+    if isinstance(error, ClassValidationError):
+        messages = transform_error(error, path=path, format_exception=_format)
+        # Paths name attributes; say the wire's names.
+        return re.sub(r"\.(\w+)", lambda m: "." + _camel(m.group(1)), "; ".join(messages))
+    return str(error) or type(error).__name__
+
+
+def _usable(value: object, limit: int) -> str | None:
+    if type(value) is str and 0 < len(value) <= limit:
+        return value
+    return None
+
+
+def decode(data: bytes | str) -> Frame | Invalid:
+    """Decode one message; never raises."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as error:
+        return Invalid(f"not JSON: {error}")
+    if type(obj) is not dict:
+        return Invalid(f"not a JSON object but {type(obj).__name__}")
+    event = obj.get("event")
+    cls = EVENTS.get(event) if type(event) is str else None
+    if cls is None:
+        return Invalid("unknown event")
+    try:
+        return converter.structure(obj, cls)
+    except _STRUCTURE_ERRORS as error:
+        return Invalid(
+            f"invalid {event}: {_describe(error, event)}",
+            event=event,
+            message_id=_usable(obj.get("messageId"), MAX_ID_LENGTH),
+            type=_usable(obj.get("type"), MAX_TYPE_LENGTH),
+        )
+
+
+def event_name(frame: Frame) -> str:
+    return _EVENT_OF[type(frame)]
+
+
+class EncodeError(ValueError):
+    """A frame that cannot be written as JSON (e.g. an integer over 64 bits)."""
+
+
+def encode(frame: Frame) -> bytes:
+    body = {"event": _EVENT_OF[type(frame)], **converter.unstructure(frame)}
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError as error:
+        raise EncodeError(str(error)) from None
+
+
+def decode_hello(payload: dict[str, Any]) -> Hello:
+    """Structure a hello payload; raises ``ValueError`` with a readable reason."""
+    try:
+        return converter.structure(payload, Hello)
+    except _STRUCTURE_ERRORS as error:
+        raise ValueError(_describe(error, "payload")) from None
