@@ -1,0 +1,405 @@
+"""
+The protocol rules, driven in memory: onMessage is called directly and the
+frames the gateway sends are recorded.
+"""
+
+import orjson
+from autobahn.websocket.protocol import WebSocketProtocol
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from trapsandbox import wire
+from trapsandbox.auth import Authenticator
+from trapsandbox.gateway import GatewayFactory
+from trapsandbox.registry import GatewayError, Registry
+
+
+class FakeUpgrade:
+    peer = "tcp:10.0.0.7:50123"
+
+
+class Computer:
+    """One in-memory connection to the gateway, seen from the computer."""
+
+    def __init__(self, factory, trapos_id="7:"):
+        self.trapos_id = trapos_id
+        self.sent = []
+        self.closes = []
+        self.protocol = protocol = factory.buildProtocol(None)
+        protocol.sendMessage = self._record
+        protocol.sendClose = self._close
+        protocol.dropConnection = lambda abort=False: self.lost(1006)
+        protocol.onConnect(FakeUpgrade())
+        protocol.state = WebSocketProtocol.STATE_OPEN
+        protocol.onOpen()
+        self._ids = 0
+
+    def _record(self, data, isBinary=False):
+        self.sent.append(orjson.loads(data))
+
+    def _close(self, code=None, reason=None):
+        self.closes.append((code, reason))
+        self.protocol.state = WebSocketProtocol.STATE_CLOSING
+
+    def lost(self, code=1000):
+        self.protocol.state = WebSocketProtocol.STATE_CLOSED
+        self.protocol.onClose(True, code, "")
+
+    def receive(self, obj, binary=False):
+        data = obj if isinstance(obj, bytes) else orjson.dumps(obj)
+        self.protocol.onMessage(data, binary)
+
+    def request(self, type, payload=None, **extra):
+        self._ids += 1
+        message_id = f"1700000000000-{self._ids}"
+        frame = {
+            "event": "computer_request",
+            "traposSenderId": self.trapos_id,
+            "messageId": message_id,
+            "type": type,
+        }
+        if payload is not None:
+            frame["payload"] = payload
+        frame.update(extra)
+        self.receive(frame)
+        return message_id
+
+    def hello(self, secret="sesame", **payload):
+        payload = {"traposId": self.trapos_id, "secret": secret, **payload}
+        self.request("hello", payload)
+        return self.sent[-1]
+
+    def last(self):
+        return self.sent[-1]
+
+
+class GatewayTestCase(SynchronousTestCase):
+    password = "sesame"
+
+    def setUp(self):
+        self.clock = Clock()
+        self.registry = Registry(self.clock, request_timeout=60)
+        self.probes = []
+        self.factory = GatewayFactory(
+            self.registry,
+            Authenticator(self.password),
+            {
+                "probe_gateway": self.fake_probe,
+                "health": self.fake_probe,
+                "explode": lambda session, frame: 1 / 0,
+            },
+            self.clock,
+        )
+
+    def fake_probe(self, session, frame):
+        d = Deferred()
+        self.probes.append(d)
+        return d
+
+    def connect(self, trapos_id="7:"):
+        return Computer(self.factory, trapos_id)
+
+    def ready(self, trapos_id="7:"):
+        computer = self.connect(trapos_id)
+        reply = computer.hello()
+        self.assertTrue(reply["ok"], reply)
+        return computer
+
+    def assertError(self, frame, code):
+        self.assertEqual(frame["event"], "gateway_response")
+        self.assertFalse(frame["ok"])
+        self.assertEqual(frame["error"]["code"], code, frame)
+        self.assertNotIn("payload", frame)
+        self.assertIsInstance(frame["error"]["message"], str)
+
+
+class HelloTests(GatewayTestCase):
+    def test_hello_registers(self):
+        computer = self.connect("7:base")
+        reply = computer.hello(version="0.1.0")
+        self.assertEqual(
+            reply,
+            {
+                "event": "gateway_response",
+                "traposReceiverId": "7:base",
+                "messageId": "1700000000000-1",
+                "type": "hello",
+                "ok": True,
+                "payload": {"accountId": "local"},
+            },
+        )
+        session = self.registry.find("7:base")
+        self.assertEqual((session.peer, session.version), ("tcp:10.0.0.7:50123", "0.1.0"))
+        self.assertEqual(computer.closes, [])
+
+    def test_wrong_secret(self):
+        computer = self.connect()
+        reply = computer.hello(secret="guess")
+        self.assertError(reply, wire.UNAUTHORIZED)
+        self.assertNotIn("guess", reply["error"]["message"])
+        self.assertEqual(computer.closes, [(4001, "unauthorized")])
+        self.assertEqual(len(self.registry), 0)
+
+    def test_missing_secret(self):
+        computer = self.connect()
+        computer.request("hello", {"traposId": "7:"})
+        self.assertError(computer.last(), wire.UNAUTHORIZED)
+
+    def test_no_password_means_any_secret(self):
+        self.factory.authenticator = Authenticator(None)
+        computer = self.connect()
+        computer.request("hello", {"traposId": "7:"})
+        self.assertTrue(computer.last()["ok"])
+
+    def test_bad_hello_payload(self):
+        computer = self.connect()
+        computer.request("hello", {"traposId": "seven", "secret": "sesame"})
+        self.assertError(computer.last(), wire.BAD_REQUEST)
+        self.assertIn("traposId", computer.last()["error"]["message"])
+        self.assertEqual(computer.closes, [])
+        # Still open for a good hello.
+        self.assertTrue(computer.hello()["ok"])
+
+    def test_second_hello(self):
+        computer = self.ready()
+        self.assertError(computer.hello(), wire.BAD_REQUEST)
+
+    def test_requests_before_hello(self):
+        computer = self.connect()
+        computer.request("probe_gateway")
+        self.assertError(computer.last(), wire.NOT_AUTHENTICATED)
+        self.assertEqual(computer.last()["messageId"], "1700000000000-1")
+        self.assertEqual(computer.closes, [])
+        self.assertEqual(self.probes, [])
+
+    def test_hello_timeout(self):
+        computer = self.connect()
+        self.clock.advance(9.9)
+        self.assertEqual(computer.closes, [])
+        self.clock.advance(0.1)
+        self.assertEqual(computer.closes, [(4002, "hello timeout")])
+
+    def test_hello_cancels_the_timeout(self):
+        computer = self.ready()
+        self.clock.advance(60)
+        self.assertEqual(computer.closes, [])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_close_cancels_the_timeout(self):
+        computer = self.connect()
+        computer.lost()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_newest_wins(self):
+        old = self.ready()
+        pending = self.registry.request("7:", "ping")
+        new = self.ready()
+        self.assertEqual(old.closes, [(4000, "replaced")])
+        self.failureResultOf(pending, GatewayError)
+        old.lost(4000)
+        self.assertIs(self.registry.find("7:").link, new.protocol)
+
+
+class RequestTests(GatewayTestCase):
+    def test_probe_gateway(self):
+        computer = self.ready()
+        message_id = computer.request("probe_gateway")
+        self.assertEqual(len(self.probes), 1)
+        self.probes[0].callback({"sandboxOk": True, "opencodeOk": False, "opencodeDetail": "x"})
+        reply = computer.last()
+        self.assertEqual(reply["messageId"], message_id)
+        self.assertEqual(reply["type"], "probe_gateway")
+        self.assertTrue(reply["ok"])
+        self.assertEqual(reply["payload"]["opencodeDetail"], "x")
+
+    def test_health_alias_echoes_its_type(self):
+        computer = self.ready()
+        computer.request("health", [])
+        self.probes[0].callback({"sandboxOk": True, "opencodeOk": True})
+        self.assertEqual(computer.last()["type"], "health")
+
+    def test_unknown_type(self):
+        computer = self.ready()
+        computer.request("launch_missiles")
+        self.assertError(computer.last(), wire.UNKNOWN_TYPE)
+        self.assertIn("launch_missiles", computer.last()["error"]["message"])
+
+    def test_handler_error_is_internal(self):
+        computer = self.ready()
+        computer.request("explode")
+        self.assertError(computer.last(), wire.INTERNAL)
+        self.assertNotIn("ZeroDivision", computer.last()["error"]["message"])
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+
+    def test_handler_gateway_error(self):
+        computer = self.ready()
+        computer.request("probe_gateway")
+        self.probes[0].errback(GatewayError(wire.TIMEOUT, "slow"))
+        self.assertError(computer.last(), wire.TIMEOUT)
+
+    def test_bad_request(self):
+        computer = self.ready()
+        message_id = computer.request("probe_gateway", traposSenderId=5)
+        self.assertError(computer.last(), wire.BAD_REQUEST)
+        self.assertEqual(computer.last()["messageId"], message_id)
+        self.assertIn("traposSenderId", computer.last()["error"]["message"])
+
+    def test_busy_limit(self):
+        computer = self.ready()
+        for _ in range(self.factory.max_busy):
+            computer.request("probe_gateway")
+        sent = len(computer.sent)
+        computer.request("probe_gateway")
+        self.assertError(computer.last(), wire.OVERLOADED)
+        self.assertEqual(len(computer.sent), sent + 1)
+        self.probes[0].callback({"sandboxOk": True, "opencodeOk": True})
+        computer.request("probe_gateway")
+        self.assertEqual(len(self.probes), self.factory.max_busy + 1)
+
+    def test_answer_after_close_is_dropped(self):
+        computer = self.ready()
+        computer.request("probe_gateway")
+        computer.lost()
+        sent = len(computer.sent)
+        self.probes[0].callback({"sandboxOk": True, "opencodeOk": True})
+        self.assertEqual(len(computer.sent), sent)
+
+
+class IgnoredFrameTests(GatewayTestCase):
+    """Bad frames are ignored, and the connection keeps working."""
+
+    def assertStillWorks(self, computer):
+        computer.request("probe_gateway")
+        self.probes[-1].callback({"sandboxOk": True, "opencodeOk": True})
+        self.assertTrue(computer.last()["ok"])
+        self.assertEqual(computer.closes, [])
+
+    def test_garbage(self):
+        computer = self.ready()
+        sent = len(computer.sent)
+        for data in (b"{", b"[]", b"3", b'"x"', b'{"event":"nope"}', b"\xff"):
+            computer.receive(data)
+        computer.receive(b'{"event":"computer_request"}', binary=True)
+        computer.receive(
+            {
+                "event": "gateway_request",
+                "traposReceiverId": "7:",
+                "messageId": "m",
+                "type": "ping",
+                "payload": {},
+            }
+        )
+        self.assertEqual(len(computer.sent), sent)
+        self.assertStillWorks(computer)
+
+    def test_response_to_nothing(self):
+        computer = self.ready()
+        computer.receive(
+            {
+                "event": "computer_response",
+                "traposSenderId": "7:",
+                "messageId": "unknown",
+                "type": "ping",
+                "ok": True,
+            }
+        )
+        self.assertStillWorks(computer)
+
+    def test_ignored_frames_are_logged_rate_limited(self):
+        events = []
+        from twisted.logger import globalLogPublisher
+
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        computer = self.ready()
+        for _ in range(50):
+            computer.receive(b"{")
+        ignored = [e for e in events if e.get("log_format", "").startswith("ignored")]
+        self.assertEqual(len(ignored), 1)
+        self.clock.advance(11)
+        computer.receive(b"{")
+        ignored = [e for e in events if e.get("log_format", "").startswith("ignored")]
+        self.assertEqual(len(ignored), 2)
+        self.assertEqual(ignored[1]["suppressed"], 49)
+
+
+class GatewayRequestTests(GatewayTestCase):
+    def test_answer_resolves(self):
+        computer = self.ready()
+        d = self.registry.request("7:", "ping")
+        request = computer.last()
+        self.assertEqual(request["event"], "gateway_request")
+        computer.receive(
+            {
+                "event": "computer_response",
+                "traposSenderId": "7:",
+                "messageId": request["messageId"],
+                "type": "ping",
+                "ok": True,
+                "payload": {"traposId": "7:"},
+            }
+        )
+        self.assertEqual(self.successResultOf(d).payload, {"traposId": "7:"})
+
+    def test_invalid_answer_fails_the_request_at_once(self):
+        computer = self.ready()
+        d = self.registry.request("7:", "ping")
+        computer.receive(
+            {
+                "event": "computer_response",
+                "traposSenderId": "7:",
+                "messageId": computer.last()["messageId"],
+                "type": "ping",
+                "ok": "yes",
+            }
+        )
+        self.assertEqual(self.failureResultOf(d, GatewayError).value.code, wire.BAD_REQUEST)
+
+    def test_answer_on_another_connection_is_ignored(self):
+        seven = self.ready("7:")
+        eight = self.ready("8:")
+        d = self.registry.request("7:", "ping")
+        eight.receive(
+            {
+                "event": "computer_response",
+                "traposSenderId": "7:",
+                "messageId": seven.last()["messageId"],
+                "type": "ping",
+                "ok": True,
+            }
+        )
+        self.assertNoResult(d)
+
+    def test_close_fails_pending(self):
+        computer = self.ready()
+        d = self.registry.request("7:", "ping")
+        computer.lost(1006)
+        self.assertEqual(self.failureResultOf(d, GatewayError).value.code, wire.NOT_CONNECTED)
+        self.assertEqual(len(self.registry), 0)
+
+
+class ShutdownTests(GatewayTestCase):
+    def test_shutdown_closes_everyone_and_fails_pending(self):
+        ready = self.ready("7:")
+        waiting = self.connect("8:")
+        pending = self.registry.request("7:", "ping")
+        d = self.factory.shutdown()
+        self.assertEqual(ready.closes, [(1000, "server shutting down")])
+        self.assertEqual(waiting.closes, [(1000, "server shutting down")])
+        self.assertEqual(self.failureResultOf(pending, GatewayError).value.code, "not_connected")
+        self.assertNoResult(d)
+        ready.lost()
+        waiting.lost()
+        self.successResultOf(d)
+
+    def test_shutdown_is_bounded(self):
+        computer = self.ready()
+        d = self.factory.shutdown(grace=3)
+        self.clock.advance(3)
+        self.successResultOf(d)
+        self.assertEqual(self.factory.connections, set())
+        self.assertEqual(computer.protocol.state, WebSocketProtocol.STATE_CLOSED)
+
+    def test_shutdown_with_no_connections(self):
+        self.successResultOf(self.factory.shutdown())
