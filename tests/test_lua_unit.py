@@ -30,7 +30,9 @@ def _case_ids():
     return ids
 
 
-@pytest.mark.parametrize("suite_name,case", _case_ids(), ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    "suite_name,case", _case_ids(), ids=lambda v: v if isinstance(v, str) else None
+)
 def test_lua(suite_name, case):
     # A fresh runtime per case: no state leaks between cases.
     result = _load_suite(suite_name).run(case)

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import treq
 from hyperlink import DecodedURL
-from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import ConnectError, ConnectionRefusedError, DNSLookupError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -87,8 +87,8 @@ class OpencodeProbe:
         self._waiters = [d]
         self.requests_made += 1
         exchange = self._exchange()
-        exchange.addTimeout(self._timeout, self._clock)
         exchange.addErrback(self._explain)
+        exchange.addTimeout(self._timeout, self._clock, onTimeoutCancel=self._timed_out)
         exchange.addCallback(self._deliver)
         return d
 
@@ -130,10 +130,11 @@ class OpencodeProbe:
             )
         return ProbeResult(False, f"{self._where} answered HTTP {code}")
 
+    def _timed_out(self, result: object, timeout: float) -> ProbeResult:
+        return ProbeResult(False, f"{self._where}: no answer within {timeout:g} s")
+
     def _explain(self, failure: Failure) -> ProbeResult:
-        if failure.check(CancelledError):
-            reason = f"no answer within {self._timeout:g} s"
-        elif failure.check(ConnectionRefusedError):
+        if failure.check(ConnectionRefusedError):
             reason = "connection refused: is opencode running?"
         elif failure.check(DNSLookupError):
             reason = "host name not found"
