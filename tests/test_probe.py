@@ -9,7 +9,6 @@ from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-
 from trapsandbox.probe import OpencodeProbe, ProbeResult, redact
 
 

@@ -1,0 +1,134 @@
+"""Real-socket helpers: a gateway on 127.0.0.1:0 and a WebSocket test computer."""
+
+from __future__ import annotations
+
+import socket
+
+import orjson
+from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
+from twisted.internet import endpoints
+from twisted.internet.defer import Deferred, DeferredQueue
+
+from trapsandbox import config
+from trapsandbox.tap import GatewayService
+
+WAIT = 10.0  # the bound on any single wait in a loopback test
+
+
+def reactor():
+    from twisted.internet import reactor
+
+    return reactor
+
+
+def bounded(d: Deferred, seconds: float = WAIT) -> Deferred:
+    return d.addTimeout(seconds, reactor())
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Unbatched:
+    """
+    Autobahn batches its timers into buckets that stay on the reactor after
+    the timers are cancelled, which trial reports as a dirty reactor; plain
+    reactor calls are cancelled for real.
+    """
+
+    @staticmethod
+    def call_later(delay, func, *args, **kwargs):
+        return reactor().callLater(delay, func, *args, **kwargs)
+
+
+def unbatch_timers(factory) -> None:
+    factory._batched_timer = _Unbatched()
+
+
+def start_gateway(testcase, **settings) -> GatewayService:
+    """A running gateway on an ephemeral loopback port, stopped at cleanup."""
+    settings.setdefault("ports", ("tcp:0:interface=127.0.0.1",))
+    settings.setdefault("opencode_url", f"http://127.0.0.1:{closed_port()}")
+    service = GatewayService(config.Settings(**settings), reactor())
+    unbatch_timers(service.factory)
+    service.privilegedStartService()
+    service.startService()
+    testcase.addCleanup(lambda: service.running and service.stopService())
+    service.port = service.listeners[0].port.getHost().port
+    return service
+
+
+class TestComputer(WebSocketClientProtocol):
+    """A computer speaking the SPEC's protocol; frames land in ``messages``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: DeferredQueue = DeferredQueue()
+        self.closed: Deferred = Deferred()
+        self.trapos_id = "7:"
+        self._ids = 0
+
+    def onOpen(self) -> None:
+        self.factory.opened.callback(self)
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        self.messages.put(orjson.loads(payload))
+
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        if not self.factory.opened.called:
+            self.factory.opened.errback(ConnectionError(f"closed: {code} {reason}"))
+        self.closed.callback((code, reason))
+
+    def next_message(self) -> Deferred:
+        return bounded(self.messages.get())
+
+    def send(self, obj) -> None:
+        self.sendMessage(obj if isinstance(obj, bytes) else orjson.dumps(obj))
+
+    def request(self, type: str, payload=None) -> Deferred:
+        """Send a computer_request; fires with the next frame received."""
+        self._ids += 1
+        frame = {
+            "event": "computer_request",
+            "traposSenderId": self.trapos_id,
+            "messageId": f"test-{self._ids}",
+            "type": type,
+            "payload": {} if payload is None else payload,
+        }
+        self.send(frame)
+        return self.next_message()
+
+    def hello(self, secret: str | None = None, trapos_id: str = "7:") -> Deferred:
+        self.trapos_id = trapos_id
+        payload = {"traposId": trapos_id, "version": "test"}
+        if secret is not None:
+            payload["secret"] = secret
+        return self.request("hello", payload)
+
+    def wait_closed(self) -> Deferred:
+        return bounded(self.closed)
+
+
+async def connect(testcase, port: int, path: str = "/gateway?n=1") -> TestComputer:
+    factory = WebSocketClientFactory(f"ws://127.0.0.1:{port}{path}")
+    factory.protocol = TestComputer
+    factory.opened = Deferred()
+    unbatch_timers(factory)
+    # Short timers: Autobahn's cannot be cancelled, and the test waits them out.
+    factory.setProtocolOptions(
+        maxMessagePayloadSize=0, maxFramePayloadSize=0, closeHandshakeTimeout=0.1
+    )
+    endpoint = endpoints.TCP4ClientEndpoint(reactor(), "127.0.0.1", port)
+    await bounded(endpoint.connect(factory))
+    computer = await bounded(factory.opened)
+
+    async def close():
+        if not computer.closed.called:
+            computer.sendClose(1000)
+            await bounded(computer.closed)
+
+    testcase.addCleanup(lambda: Deferred.fromCoroutine(close()))
+    return computer

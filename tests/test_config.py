@@ -1,0 +1,121 @@
+"""Settings from the environment and twistd options, and their errors."""
+
+from twisted.python import usage
+from twisted.trial.unittest import SynchronousTestCase
+
+from trapsandbox import config
+from trapsandbox.tap import Options
+
+
+def options(*argv):
+    parsed = Options()
+    parsed.parseOptions(list(argv))
+    return parsed
+
+
+class ConfigTests(SynchronousTestCase):
+    def load(self, environ=None, *argv):
+        return config.load(environ or {}, options(*argv))
+
+    def assertConfigError(self, environ, *argv, names):
+        with self.assertRaises(config.ConfigError) as caught:
+            self.load(environ, *argv)
+        self.assertIn(names, str(caught.exception))
+        return str(caught.exception)
+
+    def test_defaults(self):
+        settings = self.load()
+        self.assertEqual(settings.ports, ("tcp:4444:interface=0.0.0.0",))
+        self.assertIsNone(settings.password)
+        self.assertEqual(settings.request_timeout, 600)
+        self.assertEqual(settings.opencode_url, "http://127.0.0.1:4242")
+        self.assertEqual(settings.opencode_username, "opencode")
+        self.assertIsNone(settings.opencode_password)
+
+    def test_environment(self):
+        settings = self.load(
+            {
+                "SANDBOX_HOST": "127.0.0.1",
+                "SANDBOX_PORT": "5000",
+                "SANDBOX_PASSWORD": "s3",
+                "SANDBOX_REQUEST_TIMEOUT_MS": "1500",
+                "OPENCODE_URL": "http://oc:1",
+                "OPENCODE_SERVER_USERNAME": "me",
+                "OPENCODE_SERVER_PASSWORD": "pw",
+            }
+        )
+        self.assertEqual(settings.ports, ("tcp:5000:interface=127.0.0.1",))
+        self.assertEqual(settings.password, "s3")
+        self.assertEqual(settings.request_timeout, 1.5)
+        self.assertEqual(settings.opencode_url, "http://oc:1")
+        self.assertEqual(settings.opencode_username, "me")
+        self.assertEqual(settings.opencode_password, "pw")
+
+    def test_ipv6_host_is_escaped(self):
+        self.assertEqual(self.load({"SANDBOX_HOST": "::"}).ports, (r"tcp:4444:interface=\:\:",))
+
+    def test_opencode_username_alias(self):
+        self.assertEqual(self.load({"OPENCODE_USERNAME": "alt"}).opencode_username, "alt")
+
+    def test_options_override_environment(self):
+        settings = self.load(
+            {"SANDBOX_PORT": "5000", "SANDBOX_PASSWORD": "env", "OPENCODE_URL": "http://a:1"},
+            "--port",
+            "tcp:6000",
+            "-p",
+            "unix:/tmp/gw.sock",
+            "--password",
+            "opt",
+            "--opencode-url",
+            "http://b:2",
+            "--request-timeout-ms",
+            "2000",
+        )
+        self.assertEqual(settings.ports, ("tcp:6000", "unix:/tmp/gw.sock"))
+        self.assertEqual(settings.password, "opt")
+        self.assertEqual(settings.opencode_url, "http://b:2")
+        self.assertEqual(settings.request_timeout, 2)
+
+    def test_password_file(self):
+        path = self.mktemp()
+        with open(path, "w") as f:
+            f.write("from-file\n")
+        settings = self.load({"SANDBOX_PASSWORD_FILE": path, "SANDBOX_PASSWORD": "env"})
+        self.assertEqual(settings.password, "from-file")
+        self.assertEqual(self.load({}, "--password-file", path).password, "from-file")
+
+    def test_password_file_errors(self):
+        self.assertConfigError(
+            {"SANDBOX_PASSWORD_FILE": "/nonexistent/pw"}, names="SANDBOX_PASSWORD_FILE"
+        )
+        path = self.mktemp()
+        open(path, "w").close()
+        self.assertConfigError({}, "--password-file", path, names="is empty")
+
+    def test_empty_password_is_refused(self):
+        self.assertConfigError({"SANDBOX_PASSWORD": ""}, names="SANDBOX_PASSWORD")
+
+    def test_secrets_stay_out_of_repr(self):
+        settings = self.load({"SANDBOX_PASSWORD": "hunter2", "OPENCODE_SERVER_PASSWORD": "pw9"})
+        self.assertNotIn("hunter2", repr(settings))
+        self.assertNotIn("pw9", repr(settings))
+
+    def test_bad_values_name_the_setting(self):
+        for environ, name in (
+            ({"SANDBOX_PORT": "abc"}, "SANDBOX_PORT"),
+            ({"SANDBOX_PORT": "70000"}, "SANDBOX_PORT"),
+            ({"SANDBOX_REQUEST_TIMEOUT_MS": "0"}, "SANDBOX_REQUEST_TIMEOUT_MS"),
+            ({"SANDBOX_REQUEST_TIMEOUT_MS": "soon"}, "SANDBOX_REQUEST_TIMEOUT_MS"),
+            ({"SANDBOX_REQUEST_TIMEOUT_MS": "inf"}, "SANDBOX_REQUEST_TIMEOUT_MS"),
+            ({"OPENCODE_URL": "ftp://x"}, "OPENCODE_URL"),
+            ({"OPENCODE_URL": "not a url"}, "OPENCODE_URL"),
+        ):
+            self.assertConfigError(environ, names=name)
+        self.assertConfigError({}, "--request-timeout-ms", "-5", names="--request-timeout-ms")
+
+    def test_empty_opencode_url_is_allowed(self):
+        self.assertEqual(self.load({"OPENCODE_URL": ""}).opencode_url, "")
+
+    def test_unknown_option(self):
+        with self.assertRaises(usage.UsageError):
+            options("--nope")

@@ -1,0 +1,220 @@
+"""Every protocol rule end to end, over real loopback sockets with a real Autobahn client."""
+
+import orjson
+import treq
+from twisted.internet.defer import Deferred
+from twisted.trial.unittest import TestCase
+from twisted.web.client import HTTPConnectionPool
+
+from tests.support import bounded, connect, start_gateway
+from trapsandbox.registry import GatewayError
+
+
+class LoopbackTestCase(TestCase):
+    password = "sesame"
+
+    def setUp(self):
+        self.gateway = start_gateway(self, password=self.password)
+        self.pool = HTTPConnectionPool(self.reactor(), persistent=False)
+
+    def reactor(self):
+        from twisted.internet import reactor
+
+        return reactor
+
+    def connect(self, path="/gateway?n=1"):
+        return connect(self, self.gateway.port, path)
+
+    async def ready(self, trapos_id="7:"):
+        computer = await self.connect()
+        reply = await computer.hello(self.password, trapos_id)
+        self.assertTrue(reply["ok"], reply)
+        return computer
+
+    async def get(self, path):
+        response = await bounded(
+            treq.get(f"http://127.0.0.1:{self.gateway.port}{path}", pool=self.pool)
+        )
+        body = await bounded(treq.content(response))
+        return response, body
+
+
+class HTTPTests(LoopbackTestCase):
+    async def test_health(self):
+        await self.ready()
+        response, body = await self.get("/health")
+        self.assertEqual(response.code, 200)
+        self.assertEqual(response.headers.getRawHeaders("content-type"), ["application/json"])
+        health = orjson.loads(body)
+        self.assertEqual(health["sandboxOk"], True)
+        self.assertEqual(health["opencodeOk"], False)
+        self.assertIn("connection refused", health["opencodeDetail"])
+        self.assertEqual(health["computers"], 1)
+        self.assertEqual(health["version"], "0.1.0")
+
+    async def test_unknown_path_is_json_404(self):
+        response, body = await self.get("/nope")
+        self.assertEqual(response.code, 404)
+        self.assertEqual(orjson.loads(body)["error"]["code"], "not_found")
+
+    async def test_plain_get_of_the_gateway_is_refused(self):
+        response, _ = await self.get("/gateway")
+        self.assertGreaterEqual(response.code, 400)
+
+
+class HandshakeTests(LoopbackTestCase):
+    async def test_hello_and_probe(self):
+        computer = await self.ready("7:base")
+        self.assertEqual(self.gateway.registry.find("7:base").version, "test")
+        reply = await computer.request("probe_gateway")
+        self.assertEqual(reply["event"], "gateway_response")
+        self.assertEqual(reply["traposReceiverId"], "7:base")
+        self.assertEqual(reply["type"], "probe_gateway")
+        self.assertTrue(reply["ok"])
+        self.assertEqual(reply["payload"]["sandboxOk"], True)
+        self.assertEqual(reply["payload"]["opencodeOk"], False)
+        self.assertIn("opencodeDetail", reply["payload"])
+
+    async def test_health_alias_with_array_payload(self):
+        computer = await self.ready()
+        reply = await computer.request("health", [])
+        self.assertEqual((reply["type"], reply["ok"]), ("health", True))
+
+    async def test_wrong_secret_closes_4001(self):
+        computer = await self.connect()
+        reply = await computer.hello("guess")
+        self.assertEqual(reply["error"]["code"], "unauthorized")
+        code, reason = await computer.wait_closed()
+        self.assertEqual((code, reason), (4001, "unauthorized"))
+        self.assertEqual(len(self.gateway.registry), 0)
+
+    async def test_not_authenticated_then_hello(self):
+        computer = await self.connect()
+        reply = await computer.request("probe_gateway")
+        self.assertEqual(reply["error"]["code"], "not_authenticated")
+        reply = await computer.hello(self.password)
+        self.assertTrue(reply["ok"])
+
+    async def test_hello_timeout_closes_4002(self):
+        self.gateway.factory.hello_timeout = 0.2
+        computer = await self.connect()
+        code, reason = await computer.wait_closed()
+        self.assertEqual((code, reason), (4002, "hello timeout"))
+
+    async def test_newest_wins(self):
+        old = await self.ready()
+        pending = self.gateway.registry.request("7:", "ping")
+        await old.next_message()  # the gateway_request
+        new = await self.ready()
+        code, reason = await old.wait_closed()
+        self.assertEqual((code, reason), (4000, "replaced"))
+        failure = await self.assertFailure(bounded(pending), GatewayError)
+        self.assertEqual(failure.code, "not_connected")
+        self.assertEqual(len(self.gateway.registry), 1)
+        reply = await new.request("probe_gateway")
+        self.assertTrue(reply["ok"])
+
+
+class FrameTests(LoopbackTestCase):
+    async def test_bad_frames_are_ignored(self):
+        computer = await self.ready()
+        for data in (b"{", b"[]", b"42", b'{"event":"nope"}'):
+            computer.send(data)
+        computer.sendMessage(b'{"event":"computer_request"}', isBinary=True)
+        computer.send(
+            {
+                "event": "gateway_response",
+                "traposReceiverId": "7:",
+                "messageId": "x",
+                "type": "hello",
+                "ok": True,
+            }
+        )
+        reply = await computer.request("probe_gateway")
+        self.assertEqual(reply["messageId"], "test-2")  # nothing answered the junk
+        self.assertTrue(reply["ok"])
+
+    async def test_bad_request(self):
+        computer = await self.ready()
+        computer.send({"event": "computer_request", "messageId": "m9", "type": "probe_gateway"})
+        reply = await computer.next_message()
+        self.assertEqual((reply["messageId"], reply["error"]["code"]), ("m9", "bad_request"))
+
+    async def test_unknown_type(self):
+        computer = await self.ready()
+        reply = await computer.request("teleport")
+        self.assertEqual(reply["error"]["code"], "unknown_type")
+
+    async def test_oversized_message_closes_1009(self):
+        computer = await self.ready()
+        computer.send(b'"' + b"x" * (1024 * 1024) + b'"')
+        code, _ = await computer.wait_closed()
+        self.assertEqual(code, 1009)
+
+    async def test_message_of_one_mebibyte_is_accepted(self):
+        computer = await self.ready()
+        frame = {
+            "event": "computer_request",
+            "traposSenderId": "7:",
+            "messageId": "big",
+            "type": "probe_gateway",
+            "payload": {"pad": ""},
+        }
+        frame["payload"]["pad"] = "x" * (1024 * 1024 - len(orjson.dumps(frame)))
+        computer.send(frame)
+        reply = await computer.next_message()
+        self.assertEqual(reply["messageId"], "big")
+
+
+class GatewayRequestTests(LoopbackTestCase):
+    async def test_request_answered_by_the_computer(self):
+        computer = await self.ready()
+        d = self.gateway.registry.request("7:", "ping", {"n": 1})
+        request = await computer.next_message()
+        self.assertEqual(request["event"], "gateway_request")
+        self.assertEqual(request["traposReceiverId"], "7:")
+        self.assertEqual(request["payload"], {"n": 1})
+        computer.send(
+            {
+                "event": "computer_response",
+                "traposSenderId": "7:",
+                "messageId": request["messageId"],
+                "type": "ping",
+                "ok": True,
+                "payload": {"traposId": "7:"},
+            }
+        )
+        response = await bounded(d)
+        self.assertEqual(response.payload, {"traposId": "7:"})
+
+    async def test_too_large_is_refused_locally(self):
+        await self.ready()
+        d = self.gateway.registry.request("7:", "x", {"data": "x" * 200_000})
+        failure = await self.assertFailure(bounded(d), GatewayError)
+        self.assertEqual(failure.code, "too_large")
+
+    async def test_disconnect_fails_pending(self):
+        computer = await self.ready()
+        d = self.gateway.registry.request("7:", "ping")
+        await computer.next_message()
+        computer.dropConnection(abort=True)
+        failure = await self.assertFailure(bounded(d), GatewayError)
+        self.assertEqual(failure.code, "not_connected")
+
+
+class ShutdownTests(LoopbackTestCase):
+    async def test_stop_closes_computers_with_1000(self):
+        ready = await self.ready()
+        waiting = await self.connect()
+        pending = self.gateway.registry.request("7:", "ping")
+        await ready.next_message()
+        stopped = self.gateway.stopService()
+        self.assertEqual(await ready.wait_closed(), (1000, "server shutting down"))
+        self.assertEqual(await waiting.wait_closed(), (1000, "server shutting down"))
+        failure = await self.assertFailure(bounded(pending), GatewayError)
+        self.assertEqual(failure.code, "not_connected")
+        await bounded(Deferred.fromCoroutine(_wait(stopped)))
+
+
+async def _wait(d):
+    return await d
