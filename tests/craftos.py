@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
 from lupa import lua52
-from twisted.internet import defer
+from twisted.internet import defer, task
 from twisted.internet.defer import Deferred
 from twisted.web.client import Agent, HTTPConnectionPool, readBody
 from twisted.web.http_headers import Headers
@@ -200,6 +200,8 @@ class Computer:
         self._text_cache: str | None = ""
         self._waiters: list[list[Any]] = []
         self._pump_call: Any = None
+        self._flush_call: Any = None
+        self._finished: list[tuple[Process, bool, str | None]] = []
         self._timers: dict[int, Any] = {}
         self._next_timer = 0
         self._sockets: dict[int, _WebSocket] = {}
@@ -352,6 +354,9 @@ class Computer:
             if self._pump_call is not None and self._pump_call.active():
                 self._pump_call.cancel()
             self._pump_call = None
+            if self._flush_call is not None and self._flush_call.active():
+                self._flush_call.cancel()
+            self._flush_call = None
             for call in self._timers.values():
                 if call.active():
                     call.cancel()
@@ -360,6 +365,9 @@ class Computer:
                 if proto.transport is not None:
                     proto.transport.abortConnection()
             self._sockets.clear()
+            for pending in self._pending_http:
+                if not pending.called:
+                    pending.cancel()
             for entry in self._waiters:
                 if entry[2].active():
                     entry[2].cancel()
@@ -387,7 +395,7 @@ class Computer:
             if not self.alive:
                 return
             more = self.kernel[b"step"]()
-            self._check_waiters()
+            self._flush()
             if not more:
                 return
         self._wake()
@@ -417,7 +425,21 @@ class Computer:
         return proc
 
     def _proc_done(self, pid: int, ok: bool, error: bytes | None) -> None:
-        self._process(pid, "")._finish(bool(ok), _s(error))
+        # Called from inside Lua: Deferreds fire later, never re-entering the runtime.
+        self._finished.append((self._process(pid, ""), bool(ok), _s(error)))
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if self._flush_call is None and self.alive:
+            self._flush_call = self.reactor.callLater(0, self._flush)
+
+    def _flush(self) -> None:
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush_call = None
+        finished, self._finished = self._finished, []
+        for proc, ok, error in finished:
+            proc._finish(ok, error)
         self._check_waiters()
 
     # -- terminal, clock ---------------------------------------------------------------
@@ -425,7 +447,7 @@ class Computer:
     def _out(self, text: bytes) -> None:
         self._chunks.append(_s(text))
         self._text_cache = None
-        self._check_waiters()
+        self._schedule_flush()
 
     def _err(self, text: bytes) -> None:
         self._errors.append(_s(text))
@@ -614,7 +636,8 @@ class Computer:
         if headers is not None:
             for k, v in headers.items():
                 hdrs.addRawHeader(k, v)
-        d = self._agent.request(method, url, hdrs, None)
+        # Start on the next turn: a synchronous failure must not re-enter Lua from Lua.
+        d = task.deferLater(self.reactor, 0, self._agent.request, method, url, hdrs, None)
 
         def got(response: Any) -> Deferred:
             return readBody(response).addCallback(lambda data: (response, data))

@@ -113,6 +113,7 @@ class GatewayService(service.MultiService):
     def __init__(self, settings: config.Settings, reactor: Any) -> None:
         super().__init__()
         self.settings = settings
+        self._reactor = reactor
         self.registry = Registry(reactor, request_timeout=settings.request_timeout)
         self._pool = HTTPConnectionPool(reactor, persistent=True)
         self._pool.maxPersistentPerHost = 2
@@ -161,7 +162,15 @@ class GatewayService(service.MultiService):
         stopped = super().stopService()  # stop listening first
         closed = self.factory.shutdown()
         d = DeferredList([stopped, closed, self._pool.closeCachedConnections()], consumeErrors=True)
+        d.addCallback(self._stopped)
         return d
+
+    def _stopped(self, _: object) -> None:
+        log.info("all computers closed; exiting")
+        # twistd re-raises the stop signal at exit so the process dies "killed
+        # by SIGTERM"; a graceful stop is a success, so exit 0 instead.
+        if getattr(self._reactor, "_exitSignal", None) is not None:
+            self._reactor._exitSignal = None
 
 
 def makeService(options: Options) -> service.IService:

@@ -1,0 +1,55 @@
+# trapsandbox: `make run` serves on the defaults, `make test` runs the whole suite.
+# Both install what they need from nothing (virtualenv, Python packages, opencode).
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+OPENCODE_VERSION ?= 1.18.33
+OPENCODE := .opencode/node_modules/.bin/opencode
+PYTEST_ARGS ?=
+
+.PHONY: run test trial lint format bench clean distclean
+
+run: $(VENV)/.installed
+	$(BIN)/twistd --nodaemon --pidfile= trapsandbox
+
+test: $(VENV)/.installed $(OPENCODE)
+	$(BIN)/pytest -q $(PYTEST_ARGS) tests
+
+# The trial-style test classes also run under trial.
+trial: $(VENV)/.installed $(OPENCODE)
+	$(BIN)/trial tests
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check trapsandbox twisted tests
+	$(BIN)/ruff format --check trapsandbox twisted tests
+
+format: $(VENV)/.installed
+	$(BIN)/ruff format trapsandbox twisted tests
+	$(BIN)/ruff check --fix trapsandbox twisted tests
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || $(MAKE) --no-print-directory debian-packages PACKAGES=python3-venv
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# compat: puts this tree on sys.path, so twistd finds twisted/plugins here.
+	$(BIN)/python -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
+	touch $@
+
+$(OPENCODE):
+	@command -v npm >/dev/null || $(MAKE) --no-print-directory debian-packages PACKAGES="nodejs npm"
+	npm install --prefix .opencode --no-save --no-audit --no-fund --loglevel=error opencode-ai@$(OPENCODE_VERSION)
+	test -x $@
+
+.PHONY: debian-packages
+debian-packages:
+	@if [ "$$(id -u)" != 0 ]; then echo "missing Debian packages: $(PACKAGES) (install them as root)"; exit 1; fi
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(PACKAGES)
+
+clean:
+	rm -rf _trial_temp .hypothesis build *.egg-info
+	find . -name __pycache__ -prune -exec rm -rf {} + -o -name dropin.cache -delete
+
+distclean: clean
+	rm -rf $(VENV) .opencode

@@ -1,0 +1,104 @@
+"""Child processes for tests: started on the reactor, output watched, always stopped."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from twisted.internet import protocol
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.error import ProcessDone, ProcessExitedAlready
+
+from tests.support import bounded, reactor
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Child(protocol.ProcessProtocol):
+    """A child process whose output (stdout and stderr) is kept and can be waited on."""
+
+    def __init__(self) -> None:
+        self.output = ""
+        self.exit_code: int | None = None
+        self.ended = False
+        self._watchers: list[tuple[re.Pattern, Deferred]] = []
+        self._end_waiters: list[Deferred] = []
+
+    def outReceived(self, data: bytes) -> None:
+        self.output += data.decode("utf-8", "replace")
+        for watcher in list(self._watchers):
+            match = watcher[0].search(self.output)
+            if match:
+                self._watchers.remove(watcher)
+                watcher[1].callback(match)
+
+    errReceived = outReceived
+
+    def processEnded(self, reason) -> None:
+        self.ended = True
+        self.exit_code = 0 if reason.check(ProcessDone) else reason.value.exitCode
+        watchers, self._watchers = self._watchers, []
+        for _, d in watchers:
+            d.errback(AssertionError(f"the process ended; its output:\n{self.output}"))
+        waiters, self._end_waiters = self._end_waiters, []
+        for d in waiters:
+            d.callback(self.exit_code)
+
+    def wait_for(self, pattern: str, seconds: float = 15) -> Deferred:
+        """Fires with the first match of ``pattern`` in the output."""
+        compiled = re.compile(pattern)
+        match = compiled.search(self.output)
+        if match:
+            return succeed(match)
+        if self.ended:
+            raise AssertionError(f"the process ended; its output:\n{self.output}")
+        d = Deferred()
+        self._watchers.append((compiled, d))
+        return bounded(d, seconds)
+
+    def wait_ended(self, seconds: float = 10) -> Deferred:
+        """Fires with the exit code."""
+        if self.ended:
+            return succeed(self.exit_code)
+        d = Deferred()
+        self._end_waiters.append(d)
+        return bounded(d, seconds)
+
+    def signal(self, name: str) -> None:
+        try:
+            self.transport.signalProcess(name)
+        except ProcessExitedAlready:
+            pass
+
+
+def spawn(testcase, argv: list[str], env: dict[str, str], cwd: str | None = None) -> Child:
+    """Start ``argv``; the test's cleanup stops it (TERM, then KILL) and waits for it."""
+    if cwd is None:
+        cwd = os.path.abspath(testcase.mktemp())
+        os.makedirs(cwd)
+    child = Child()
+    reactor().spawnProcess(child, argv[0], argv, env=env, path=cwd)
+
+    async def stop():
+        if child.ended:
+            return
+        child.signal("TERM")
+        try:
+            await child.wait_ended(5)
+        except Exception:
+            child.signal("KILL")
+            await child.wait_ended(5)
+
+    testcase.addCleanup(lambda: Deferred.fromCoroutine(stop()))
+    return child
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any trapsandbox or opencode setting."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("SANDBOX_", "OPENCODE_"))
+    }
+    env.update(extra)
+    return env

@@ -1,0 +1,70 @@
+"""The real daemon: ``twistd -n trapsandbox`` as a child process."""
+
+import os
+import socket
+import sys
+
+import orjson
+import treq
+from twisted.trial.unittest import TestCase
+from twisted.web.client import HTTPConnectionPool
+
+from tests.processes import Child, clean_env, spawn
+from tests.support import bounded, connect, reactor
+
+TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
+
+
+class TwistdTests(TestCase):
+    def twistd(self, *args: str, **env: str) -> Child:
+        argv = [TWISTD, "-n", "--pidfile=", "trapsandbox", *args]
+        return spawn(self, argv, clean_env(**env))
+
+    async def test_serves_and_stops_cleanly(self):
+        child = self.twistd(
+            "--port", "tcp:0:interface=127.0.0.1", SANDBOX_PASSWORD="sesame", OPENCODE_URL=""
+        )
+        port = int((await child.wait_for(r"listening on 127\.0\.0\.1:(\d+)")).group(1))
+        await child.wait_for(r"trapsandbox 0\.1\.0 started: auth on")
+
+        pool = HTTPConnectionPool(reactor(), persistent=False)
+        response = await bounded(treq.get(f"http://127.0.0.1:{port}/health", pool=pool))
+        health = orjson.loads(await bounded(treq.content(response)))
+        self.assertEqual(
+            (health["sandboxOk"], health["opencodeOk"], health["opencodeDetail"]),
+            (True, False, "OPENCODE_URL not set"),
+        )
+
+        computer = await connect(self, port)
+        reply = await computer.hello("sesame", "12:turtle")
+        self.assertTrue(reply["ok"], reply)
+        await child.wait_for(r"12:turtle connected from tcp4?:127\.0\.0\.1:\d+")
+
+        child.signal("TERM")
+        self.assertEqual(await computer.wait_closed(), (1000, "server shutting down"))
+        self.assertEqual(await child.wait_ended(5), 0)
+        self.assertIn("Server Shut Down", child.output)
+        self.assertNotIn("Traceback", child.output)
+        self.assertNotIn("sesame", child.output)
+
+    async def test_port_in_use_is_one_clear_line(self):
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            child = self.twistd("--port", f"tcp:{port}:interface=127.0.0.1")
+            self.assertEqual(await child.wait_ended(), 1)
+        self.assertIn(
+            f"trapsandbox: cannot listen on tcp:{port}:interface=127.0.0.1: Address already in use",
+            child.output,
+        )
+        self.assertNotIn("Traceback", child.output)
+
+    async def test_bad_setting_is_one_clear_line(self):
+        child = self.twistd(SANDBOX_PORT="44444444")
+        self.assertEqual(await child.wait_ended(), 1)
+        self.assertEqual(
+            child.output.strip().splitlines()[-1],
+            "trapsandbox: SANDBOX_PORT must be a port number from 0 to 65535, not '44444444'",
+        )
+        self.assertNotIn("Traceback", child.output)
