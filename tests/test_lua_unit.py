@@ -1,20 +1,23 @@
-"""Run the Lua unit tests in ``lua/tests/`` on real Lua 5.2, one pytest case per Lua case."""
+"""Run the Lua unit tests in ``lua/tests/`` on real Lua 5.2, one test method per Lua case.
 
+The methods are generated on trial ``SynchronousTestCase`` classes rather than parametrized
+pytest functions: a plain pytest function would start pytest-twisted's reactor greenlet, and
+the trial test cases that run after it could no longer run the reactor themselves.
+"""
+
+import re
 from pathlib import Path
 
-import pytest
 from lupa import lua52
+from twisted.trial.unittest import SynchronousTestCase
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
-SUITES = {
-    "sandbox": (LUA_DIR / "tests" / "sandbox.lua", LUA_DIR / "apis" / "libsandbox.lua"),
-}
+LIB = LUA_DIR / "apis" / "libsandbox.lua"
 
 
-def _load_suite(name):
-    test_file, lib_file = SUITES[name]
+def load_suite(test_file, lib_file=LIB):
+    """A fresh Lua 5.2 runtime (without what CraftOS lacks) holding the suite in test_file."""
     lua = lua52.LuaRuntime(unpack_returned_tuples=True)
-    # Lua 5.2 as CraftOS runs it: none of these exist there.
     lua.execute("unpack = nil; loadstring = nil; setfenv = nil; getfenv = nil")
     chunk = lua.eval("loadfile")(str(test_file))
     if chunk is None:
@@ -22,37 +25,52 @@ def _load_suite(name):
     return chunk("--suite", str(lib_file))
 
 
-def _case_ids():
-    ids = []
-    for suite_name in SUITES:
-        names = _load_suite(suite_name).names()
-        ids.extend((suite_name, names[i]) for i in range(1, len(names) + 1))
-    return ids
+def _method_name(case):
+    return "test_" + re.sub(r"\W+", "_", case).strip("_")
 
 
-@pytest.mark.parametrize(
-    "suite_name,case", _case_ids(), ids=lambda v: v if isinstance(v, str) else None
-)
-def test_lua(suite_name, case):
-    # A fresh runtime per case: no state leaks between cases.
-    result = _load_suite(suite_name).run(case)
-    ok, message = result if isinstance(result, tuple) else (result, None)
-    assert ok is True, message
+def _make_test(test_file, case):
+    def test(self):
+        result = load_suite(test_file).run(case)  # a fresh runtime per case
+        ok, message = result if isinstance(result, tuple) else (result, None)
+        self.assertIs(ok, True, message)
+
+    test.__doc__ = case
+    return test
 
 
-def test_lua_files_avoid_non_52_syntax():
-    """CraftOS's Lua 5.2 has no integer division, bitwise operators or goto."""
-    lua = lua52.LuaRuntime()
-    load = lua.eval("load")
-    for path in sorted(LUA_DIR.rglob("*.lua")):
-        fn, err = load(path.read_text(), "@" + str(path)), None
-        if isinstance(fn, tuple):
-            fn, err = fn
-        assert fn is not None, f"{path} does not compile as Lua 5.2: {err}"
-        text = path.read_text()
-        for token in ("unpack(", "loadstring(", "setfenv(", "getfenv("):
+def _suite_class(name, test_file):
+    names = load_suite(test_file).names()
+    attrs = {}
+    for i in range(1, len(names) + 1):
+        case = names[i]
+        method = _method_name(case)
+        assert method not in attrs, f"two Lua cases map to {method}"
+        attrs[method] = _make_test(test_file, case)
+    return type(name, (SynchronousTestCase,), attrs)
+
+
+SandboxLuaTests = _suite_class("SandboxLuaTests", LUA_DIR / "tests" / "sandbox.lua")
+
+
+class LuaSourceTests(SynchronousTestCase):
+    def test_lua_files_compile_as_lua_52_and_follow_trapos_style(self):
+        """CraftOS's Lua 5.2: no integer division, bitwise operators, goto; no global unpack."""
+        load = lua52.LuaRuntime().eval("load")
+        files = sorted(LUA_DIR.rglob("*.lua"))
+        self.assertTrue(files)
+        for path in files:
+            text = path.read_text()
+            fn = load(text, "@" + str(path))
+            err = None
+            if isinstance(fn, tuple):
+                fn, err = fn
+            self.assertIsNotNone(fn, f"{path} does not compile as Lua 5.2: {err}")
             for line in text.splitlines():
-                stripped = line.split("--", 1)[0]
-                if token in stripped and "table.unpack(" not in stripped:
-                    pytest.fail(f"{path}: uses {token!r}: {line.strip()}")
-        assert text.startswith("local _VERSION = '"), f"{path} must start with local _VERSION"
+                code = line.split("--", 1)[0]
+                for token in ("loadstring(", "setfenv(", "getfenv("):
+                    self.assertNotIn(token, code, f"{path}: {line.strip()}")
+                self.assertIsNone(
+                    re.search(r"(?<![\w.])unpack\(", code), f"{path}: global unpack: {line.strip()}"
+                )
+            self.assertTrue(text.startswith("local _VERSION = '"), f"{path}: _VERSION first")

@@ -1,0 +1,24 @@
+"""
+Every test here is a trial-style class (``twisted.trial.unittest``), so the
+suite runs the same under ``pytest`` and ``trial``.
+
+pytest-twisted installs the reactor.  It also runs plain test *functions*
+inside a reactor greenlet, which then fights trial's own spinning of the
+reactor (seen: child processes of later tests never reaped).  So plain test
+functions are refused at collection, with a message that says why.
+"""
+
+import pytest
+
+
+def pytest_collection_modifyitems(session, config, items):
+    functions = [
+        item.nodeid
+        for item in items
+        if isinstance(item, pytest.Function) and getattr(item, "cls", None) is None
+    ]
+    if functions:
+        raise pytest.UsageError(
+            "plain test functions break trial-style tests under pytest-twisted; "
+            "make these methods of a twisted.trial.unittest class: " + ", ".join(functions[:5])
+        )

@@ -1,0 +1,208 @@
+"""Full boot: the real lua/ files on the CraftOS harness against the real gateway on loopback."""
+
+from pathlib import Path
+
+from twisted.internet import defer, reactor
+from twisted.trial.unittest import TestCase
+from twisted.web import resource, server, static
+
+from tests.craftos import Computer
+from trapsandbox import config
+from trapsandbox.tap import GatewayService
+
+LUA = Path(__file__).resolve().parent.parent / "lua"
+CLIENT_FILES = {
+    "/apis/libsandbox.lua": LUA / "apis" / "libsandbox.lua",
+    "/servers/sandbox.lua": LUA / "servers" / "sandbox.lua",
+    "/programs/sandbox.lua": LUA / "programs" / "sandbox.lua",
+}
+PASSWORD = "sesame"
+
+
+def dead_port():
+    """A loopback port nothing listens on (opencode down)."""
+    listener = reactor.listenTCP(0, server.Site(resource.Resource()), interface="127.0.0.1")
+    port = listener.getHost().port
+    listener.stopListening()
+    return port
+
+
+def cancel_txaio_buckets():
+    for call in reactor.getDelayedCalls():
+        if getattr(call.func, "__name__", "") == "_notify_bucket" and call.active():
+            call.cancel()
+
+
+class EndToEndTestCase(TestCase):
+    timeout = 30
+
+    def setUp(self):
+        # Runs last: txaio's batched timers (autobahn's auto-ping and handshake timeouts) keep
+        # their bucket's DelayedCall after every timer in it was cancelled; once the gateway and
+        # computers are closed those buckets are empty, and trial would call the reactor dirty.
+        self.addCleanup(cancel_txaio_buckets)
+        self.opencode_url = f"http://127.0.0.1:{dead_port()}"
+        return self.start_gateway(0)
+
+    def start_gateway(self, port):
+        settings = config.Settings(
+            ports=(f"tcp:{port}:interface=127.0.0.1",),
+            password=PASSWORD,
+            opencode_url=self.opencode_url,
+        )
+        self.gateway = GatewayService(settings, reactor)
+        self.gateway.privilegedStartService()
+        self.gateway.startService()
+        self.port = self.gateway.listeners[0].port.getHost().port
+        gateway = self.gateway
+        self.addCleanup(lambda: gateway.stopService() if gateway.running else None)
+        return defer.succeed(None)
+
+    @property
+    def url(self):
+        return f"ws://127.0.0.1:{self.port}/gateway"
+
+    def computer(self, id=7, label=None, password=PASSWORD, url=None, install=True):
+        c = Computer(self.mktemp(), id=id, label=label)
+        self.addCleanup(c.shutdown)
+        if install:
+            for dest, source in CLIENT_FILES.items():
+                c.install(source, dest)
+        c.set_settings({"sandbox.url": url or self.url, "sandbox.password": password})
+        return c
+
+    @defer.inlineCallbacks
+    def start_daemon(self, c, wait=True):
+        c.run("/servers/sandbox.lua")
+        if wait:
+            yield c.wait_for_lua("traposSandboxState and traposSandboxState.connected")
+
+    @defer.inlineCallbacks
+    def test_health_with_opencode_down(self):
+        c = self.computer()
+        yield self.start_daemon(c)
+        proc = c.run("/programs/sandbox.lua health")
+        yield proc.done
+        self.assertIn("sandboxOk: true\n", c.output)
+        self.assertIn("opencodeOk: false\n", c.output)
+        self.assertIn("opencode: ", c.output)
+        self.assertEqual(c.violations, [])
+
+    @defer.inlineCallbacks
+    def test_wrong_password_is_terminal(self):
+        c = self.computer(password="wrong")
+        yield self.start_daemon(c, wait=False)
+        yield c.wait_for_lua("traposSandboxState and traposSandboxState.state == 'stopped'")
+        proc = c.run("/programs/sandbox.lua health")
+        yield proc.done
+        self.assertIn("sandbox health failed: unauthorized", c.output)
+        attempts = c.eval("return traposSandboxSession.status().attempts")
+        self.assertEqual(attempts, 1)
+        self.assertEqual(c.open_websockets, 0)
+        proc = c.run("/programs/sandbox.lua status")
+        yield proc.done
+        self.assertIn("connected: false", c.output)
+        self.assertIn("last error: unauthorized", c.output)
+
+    @defer.inlineCallbacks
+    def test_no_url_answers_at_once(self):
+        c = self.computer(install=True)
+        c.set_settings({"sandbox.url": None})
+        start = reactor.seconds()
+        proc = c.run("/programs/sandbox.lua health")
+        yield proc.done
+        self.assertIn("set sandbox.url first", c.output)
+        self.assertLess(reactor.seconds() - start, 1.0)
+        daemon = c.run("/servers/sandbox.lua")
+        yield daemon.done
+        self.assertIn("sandbox daemon inactive: sandbox.url not set", c.output)
+
+    @defer.inlineCallbacks
+    def test_reconnects_after_the_gateway_restarts(self):
+        c = self.computer(label="rc")
+        yield self.start_daemon(c)
+        port = self.port
+        yield self.gateway.stopService()
+        yield c.wait_for_lua("not traposSandboxState.connected")
+        proc = c.run("/programs/sandbox.lua health")
+        yield proc.done
+        self.assertIn("sandbox health failed: not_connected", c.output)
+        yield self.start_gateway(port)
+        yield c.wait_for_lua("traposSandboxState.connected", timeout=15)
+        proc = c.run("/programs/sandbox.lua health")
+        yield proc.done
+        self.assertIn("sandboxOk: true", c.output)
+
+    @defer.inlineCallbacks
+    def test_gateway_ping_is_answered(self):
+        c = self.computer(label="pinged")
+        yield self.start_daemon(c)
+        response = yield self.gateway.registry.request("7:pinged", "ping", {}, timeout=5)
+        self.assertTrue(response.ok)
+        self.assertEqual(response.payload, {"traposId": "7:pinged"})
+        other = yield self.gateway.registry.request("7:pinged", "reboot", {}, timeout=5)
+        self.assertFalse(other.ok)
+        self.assertEqual(other.error.code, "unknown_type")
+
+    @defer.inlineCallbacks
+    def test_status_when_connected(self):
+        c = self.computer(id=3, label="st")
+        yield self.start_daemon(c)
+        proc = c.run("/programs/sandbox.lua status")
+        yield proc.done
+        self.assertIn("connected: true", c.output)
+        self.assertIn("traposId: 3:st", c.output)
+        self.assertIn("gateway: " + self.url, c.output)
+
+    @defer.inlineCallbacks
+    def test_newest_wins_stops_the_older_daemon(self):
+        older = self.computer(id=4)
+        yield self.start_daemon(older)
+        newer = self.computer(id=4)
+        yield self.start_daemon(newer)
+        yield older.wait_for_lua("traposSandboxState.state == 'stopped'")
+        self.assertEqual(older.eval("return traposSandboxState.lastError.code"), b"replaced")
+        proc = newer.run("/programs/sandbox.lua health")
+        yield proc.done
+        self.assertIn("sandboxOk: true", newer.output)
+
+    @defer.inlineCallbacks
+    def test_installer_sets_up_a_plain_craftos_computer(self):
+        # Serves lua/ the way the gateway will at /client/ (not wired into the gateway yet).
+        client = resource.Resource()
+        for sub in ("apis", "servers", "programs"):
+            folder = resource.Resource()
+            client.putChild(sub.encode(), folder)
+            for path in (LUA / sub).glob("*.lua"):
+                folder.putChild(path.name.encode(), static.Data(path.read_bytes(), "text/plain"))
+        root = resource.Resource()
+        root.putChild(b"client", client)
+        files = server.Site(root)
+        listener = reactor.listenTCP(0, files, interface="127.0.0.1")
+        self.addCleanup(listener.stopListening)
+        base = f"http://127.0.0.1:{listener.getHost().port}"
+        installer = (LUA / "install.lua").read_bytes().replace(
+            b"__TRAPSANDBOX_BASE_URL__", base.encode()
+        )
+        client.putChild(b"install.lua", static.Data(installer, "text/plain"))
+        # The installer points sandbox.url at its own host; redirect to the gateway's port.
+        c = self.computer(install=False)
+        c.set_settings({"sandbox.url": None, "sandbox.password": None})
+        proc = c.run(f"wget run {base}/client/install.lua {PASSWORD}")
+        ok, err = yield proc.done
+        self.assertTrue(ok, err)
+        self.assertIn("startup entry: /startup/sandbox-daemon.lua", c.output)
+        self.assertEqual(c.get_setting("sandbox.url"), f"ws://127.0.0.1:{listener.getHost().port}/gateway".encode())
+        self.assertEqual(c.get_setting("sandbox.password"), PASSWORD.encode())
+        for dest, source in CLIENT_FILES.items():
+            self.assertEqual(c.read_file(dest), source.read_bytes())
+        # Reboot pointed at the real gateway: startup starts the daemon, `sandbox` is an alias.
+        c.set_settings({"sandbox.url": self.url})
+        yield c.shutdown()
+        rebooted = Computer(c.root, id=7)
+        self.addCleanup(rebooted.shutdown)
+        yield rebooted.boot().done
+        yield rebooted.wait_for_lua("traposSandboxState and traposSandboxState.connected")
+        proc = rebooted.run("sandbox health")
+        yield proc.done
+        self.assertIn("sandboxOk: true", rebooted.output)
