@@ -210,7 +210,8 @@ class HarnessTestCase(TestCase):
           print(pcall(function() v.a[1] = 1 end))
           print(textutils.unserializeJSON('{"a":'))
           print(textutils.unserializeJSON('[1] x'))
-          print(textutils.unserializeJSON('[]', { parse_empty_array = false }) == textutils.empty_json_array)
+          print(textutils.unserializeJSON("[]", { parse_empty_array = false })
+            == textutils.empty_json_array)
         """)
         ok, err = yield proc.done
         self.assertTrue(ok, err)

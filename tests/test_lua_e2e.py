@@ -4,11 +4,10 @@ from pathlib import Path
 
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
-from twisted.web import resource, server, static
 
 from tests.craftos import Computer
-from trapsandbox import config
-from trapsandbox.tap import GatewayService
+from tests.opencode import start_opencode
+from tests.support import closed_port, start_gateway
 
 LUA = Path(__file__).resolve().parent.parent / "lua"
 CLIENT_FILES = {
@@ -19,44 +18,19 @@ CLIENT_FILES = {
 PASSWORD = "sesame"
 
 
-def dead_port():
-    """A loopback port nothing listens on (opencode down)."""
-    listener = reactor.listenTCP(0, server.Site(resource.Resource()), interface="127.0.0.1")
-    port = listener.getHost().port
-    listener.stopListening()
-    return port
-
-
-def cancel_txaio_buckets():
-    for call in reactor.getDelayedCalls():
-        if getattr(call.func, "__name__", "") == "_notify_bucket" and call.active():
-            call.cancel()
-
-
-class EndToEndTestCase(TestCase):
-    timeout = 30
+class GatewayMixin:
+    timeout = 60
 
     def setUp(self):
-        # Runs last: txaio's batched timers (autobahn's auto-ping and handshake timeouts) keep
-        # their bucket's DelayedCall after every timer in it was cancelled; once the gateway and
-        # computers are closed those buckets are empty, and trial would call the reactor dirty.
-        self.addCleanup(cancel_txaio_buckets)
-        self.opencode_url = f"http://127.0.0.1:{dead_port()}"
-        return self.start_gateway(0)
+        self.opencode_url = f"http://127.0.0.1:{closed_port()}"
+        self.start_gateway(0)
 
-    def start_gateway(self, port):
-        settings = config.Settings(
-            ports=(f"tcp:{port}:interface=127.0.0.1",),
-            password=PASSWORD,
-            opencode_url=self.opencode_url,
+    def start_gateway(self, port, **settings):
+        settings.setdefault("opencode_url", self.opencode_url)
+        self.gateway = start_gateway(
+            self, ports=(f"tcp:{port}:interface=127.0.0.1",), password=PASSWORD, **settings
         )
-        self.gateway = GatewayService(settings, reactor)
-        self.gateway.privilegedStartService()
-        self.gateway.startService()
-        self.port = self.gateway.listeners[0].port.getHost().port
-        gateway = self.gateway
-        self.addCleanup(lambda: gateway.stopService() if gateway.running else None)
-        return defer.succeed(None)
+        self.port = self.gateway.port
 
     @property
     def url(self):
@@ -77,6 +51,8 @@ class EndToEndTestCase(TestCase):
         if wait:
             yield c.wait_for_lua("traposSandboxState and traposSandboxState.connected")
 
+
+class EndToEndTests(GatewayMixin, TestCase):
     @defer.inlineCallbacks
     def test_health_with_opencode_down(self):
         c = self.computer()
@@ -127,7 +103,7 @@ class EndToEndTestCase(TestCase):
         proc = c.run("/programs/sandbox.lua health")
         yield proc.done
         self.assertIn("sandbox health failed: not_connected", c.output)
-        yield self.start_gateway(port)
+        self.start_gateway(port)
         yield c.wait_for_lua("traposSandboxState.connected", timeout=15)
         proc = c.run("/programs/sandbox.lua health")
         yield proc.done
@@ -168,36 +144,19 @@ class EndToEndTestCase(TestCase):
 
     @defer.inlineCallbacks
     def test_installer_sets_up_a_plain_craftos_computer(self):
-        # Serves lua/ the way the gateway will at /client/ (not wired into the gateway yet).
-        client = resource.Resource()
-        for sub in ("apis", "servers", "programs"):
-            folder = resource.Resource()
-            client.putChild(sub.encode(), folder)
-            for path in (LUA / sub).glob("*.lua"):
-                folder.putChild(path.name.encode(), static.Data(path.read_bytes(), "text/plain"))
-        root = resource.Resource()
-        root.putChild(b"client", client)
-        files = server.Site(root)
-        listener = reactor.listenTCP(0, files, interface="127.0.0.1")
-        self.addCleanup(listener.stopListening)
-        base = f"http://127.0.0.1:{listener.getHost().port}"
-        installer = (LUA / "install.lua").read_bytes().replace(
-            b"__TRAPSANDBOX_BASE_URL__", base.encode()
-        )
-        client.putChild(b"install.lua", static.Data(installer, "text/plain"))
-        # The installer points sandbox.url at its own host; redirect to the gateway's port.
+        """wget run of the gateway's installer gives a computer that passes sandbox health."""
         c = self.computer(install=False)
         c.set_settings({"sandbox.url": None, "sandbox.password": None})
+        base = f"http://127.0.0.1:{self.port}"
         proc = c.run(f"wget run {base}/client/install.lua {PASSWORD}")
         ok, err = yield proc.done
         self.assertTrue(ok, err)
         self.assertIn("startup entry: /startup/sandbox-daemon.lua", c.output)
-        self.assertEqual(c.get_setting("sandbox.url"), f"ws://127.0.0.1:{listener.getHost().port}/gateway".encode())
+        self.assertEqual(c.get_setting("sandbox.url"), self.url.encode())
         self.assertEqual(c.get_setting("sandbox.password"), PASSWORD.encode())
         for dest, source in CLIENT_FILES.items():
             self.assertEqual(c.read_file(dest), source.read_bytes())
-        # Reboot pointed at the real gateway: startup starts the daemon, `sandbox` is an alias.
-        c.set_settings({"sandbox.url": self.url})
+        # Reboot: startup starts the daemon, and `sandbox` is an alias.
         yield c.shutdown()
         rebooted = Computer(c.root, id=7)
         self.addCleanup(rebooted.shutdown)
@@ -206,3 +165,16 @@ class EndToEndTestCase(TestCase):
         proc = rebooted.run("sandbox health")
         yield proc.done
         self.assertIn("sandboxOk: true", rebooted.output)
+
+
+class RealOpencodeEndToEndTests(GatewayMixin, TestCase):
+    async def test_health_with_opencode_up(self):
+        self.opencode_url = await start_opencode(self, "oc-e2e")
+        self.start_gateway(0, opencode_password="oc-e2e")
+        c = self.computer(label="oc")
+        await self.start_daemon(c)
+        proc = c.run("/programs/sandbox.lua health")
+        await proc.done
+        self.assertIn("sandboxOk: true\n", c.output)
+        self.assertIn("opencodeOk: true\n", c.output)
+        self.assertNotIn("opencode: ", c.output)

@@ -21,12 +21,14 @@ would drop the TCP connection without a close frame.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 from autobahn.exception import Disconnected
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.protocol import WebSocketProtocol
 from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.internet.error import AlreadyCalled, AlreadyCancelled
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -96,8 +98,14 @@ class GatewayProtocol(WebSocketServerProtocol):
             log.failure("unexpected error handling a message from {peer}", peer=self.peer_address)
 
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
-        if self._hello_timer is not None and self._hello_timer.active():
-            self._hello_timer.cancel()
+        self._cancel_hello_timer()
+        # Autobahn keeps its close-handshake timer when the peer drops the
+        # connection instead of answering our close; nothing is left to time out.
+        call = getattr(self, "closeHandshakeTimeoutCall", None)
+        if call is not None:
+            self.closeHandshakeTimeoutCall = None
+            with suppress(AlreadyCalled, AlreadyCancelled):
+                call.cancel()
         self.factory.connections.discard(self)
         if self.session is not None:
             self.factory.registry.remove(self.session)

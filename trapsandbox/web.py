@@ -1,8 +1,10 @@
 """
 The HTTP side, on the same port as the WebSocket: a Klein app.
 
-    GET /health   {sandboxOk, opencodeOk, opencodeDetail?, computers, version}
-    /gateway      the WebSocket endpoint for computers
+    GET /health                 {sandboxOk, opencodeOk, opencodeDetail?, computers, version}
+    /gateway                    the WebSocket endpoint for computers
+    GET /client/install.lua     the one-line installer for a computer
+    GET /client/<dir>/<file>    the Lua client files it downloads
 
 Every answer, errors included, is JSON: never an HTML traceback page.
 """
@@ -19,7 +21,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 from werkzeug.exceptions import HTTPException
 
-from trapsandbox import __version__
+from trapsandbox import __version__, client
 from trapsandbox.probe import OpencodeProbe, ProbeResult
 from trapsandbox.registry import Registry
 
@@ -35,6 +37,12 @@ def json_body(request: IRequest, body: Any, code: int = 200) -> bytes:
 
 def json_error(request: IRequest, code: int, error: str, message: str) -> bytes:
     return json_body(request, {"ok": False, "error": {"code": error, "message": message}}, code)
+
+
+def _lua(request: IRequest, body: bytes) -> bytes:
+    request.setHeader(b"content-type", b"text/x-lua; charset=utf-8")
+    request.setHeader(b"cache-control", b"no-store")
+    return body
 
 
 class GatewayApp:
@@ -63,6 +71,20 @@ class GatewayApp:
     @app.route("/gateway")
     def gateway(self, request: IRequest) -> IResource:
         return self._websocket
+
+    @app.route("/client/install.lua", methods=["GET"])
+    def client_installer(self, request: IRequest) -> bytes:
+        body = client.installer(request.getHeader(b"host"), request.isSecure())
+        if body is None:
+            return json_error(request, 400, "bad_request", "the Host header is not host[:port]")
+        return _lua(request, body)
+
+    @app.route("/client/<path:name>", methods=["GET"])
+    def client_file(self, request: IRequest, name: str) -> bytes:
+        body = client.read(name)
+        if body is None:
+            return json_error(request, 404, "not_found", f"no client file {name!r}")
+        return _lua(request, body)
 
     @app.handle_errors(HTTPException)
     def http_error(self, request: IRequest, failure: Failure) -> bytes:

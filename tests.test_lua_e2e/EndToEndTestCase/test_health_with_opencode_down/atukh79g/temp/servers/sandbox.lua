@@ -1,0 +1,59 @@
+local _VERSION = '0.1.0'
+
+--[[
+sandbox daemon: keeps one WebSocket to the trapsandbox gateway and bridges it to OS events
+(see /apis/libsandbox.lua). Under trapos (`_G.bootEventLoop`) it registers its handlers and
+returns; on plain CraftOS it runs its own event loop forever, so start it in the background:
+`bg /servers/sandbox.lua`, or from startup (the installer adds /startup/sandbox-daemon.lua).
+Settings: sandbox.url (required) and sandbox.password.
+]]
+
+local function defineSettings()
+  if not (settings and settings.define) then return end
+  settings.define('sandbox.url', {
+    description = 'WebSocket URL of the trapsandbox gateway, e.g. ws://host:4444/gateway',
+    type = 'string',
+  })
+  settings.define('sandbox.password', {
+    description = 'Shared secret the sandbox daemon presents to the gateway (SANDBOX_PASSWORD)',
+    type = 'string',
+  })
+end
+
+-- libsandbox lives in /apis: `require` finds it under trapos; plain CraftOS needs dofile.
+local function locate()
+  local loaded = rawget(_G, 'libsandbox')
+  if type(loaded) == 'table' and loaded.startSession then return loaded end
+  local ok, lib = pcall(require, 'libsandbox')
+  if ok and type(lib) == 'table' and lib.startSession then return lib end
+  for _, path in ipairs({ '/apis/libsandbox.lua', '/apis/libsandbox', '/lib/libsandbox.lua' }) do
+    if fs.exists(path) then return dofile(path) end
+  end
+  error('libsandbox not found: install /apis/libsandbox.lua', 0)
+end
+
+defineSettings()
+
+local url = settings.get('sandbox.url')
+if type(url) ~= 'string' or url == '' then
+  print('sandbox daemon inactive: sandbox.url not set')
+  return
+end
+if not (http and http.websocketAsync) then
+  print('sandbox daemon inactive: http.websocketAsync unavailable (enable websockets in the http config)')
+  return
+end
+
+local lib = locate()
+local password = settings.get('sandbox.password')
+if type(password) ~= 'string' then password = nil end
+
+local bootLoop = rawget(_G, 'bootEventLoop')
+local loop = bootLoop or lib.createEventLoop(os)
+local session = lib.startSession({ url = url, secret = password, eventLoop = loop })
+_G.traposSandboxSession = session
+print(('sandbox daemon %s: connecting to %s as %s'):format(_VERSION, url, session.traposId))
+
+if not bootLoop then
+  loop.run()
+end

@@ -1,0 +1,107 @@
+local _VERSION = '0.1.0'
+
+--[[
+sandbox: talk to the trapsandbox gateway through the sandbox daemon.
+  sandbox health     ask the gateway (wire type probe_gateway) whether it and opencode are up
+  sandbox status     show the daemon's connection state, traposId, gateway URL and last error
+  sandbox --version | --help
+]]
+
+local args = { ... }
+
+local function defineSettings()
+  if not (settings and settings.define) then return end
+  settings.define('sandbox.url', {
+    description = 'WebSocket URL of the trapsandbox gateway, e.g. ws://host:4444/gateway',
+    type = 'string',
+  })
+  settings.define('sandbox.password', {
+    description = 'Shared secret the sandbox daemon presents to the gateway (SANDBOX_PASSWORD)',
+    type = 'string',
+  })
+end
+
+-- libsandbox lives in /apis: `require` finds it under trapos; plain CraftOS needs dofile.
+local function locate()
+  local loaded = rawget(_G, 'libsandbox')
+  if type(loaded) == 'table' and loaded.request then return loaded end
+  local ok, lib = pcall(require, 'libsandbox')
+  if ok and type(lib) == 'table' and lib.request then return lib end
+  for _, path in ipairs({ '/apis/libsandbox.lua', '/apis/libsandbox', '/lib/libsandbox.lua' }) do
+    if fs.exists(path) then return dofile(path) end
+  end
+  error('libsandbox not found: install /apis/libsandbox.lua', 0)
+end
+
+local function usage()
+  print('Usage: sandbox <command>')
+  print('  health     check the sandbox gateway and opencode')
+  print('  status     show the daemon connection')
+  print('  --version  print the version')
+  print('Settings: sandbox.url (ws://host:4444/gateway), sandbox.password')
+end
+
+local function describeError(err)
+  if type(err) ~= 'table' then return tostring(err) end
+  local message = err.message
+  if message == nil or message == '' then return tostring(err.code) end
+  return tostring(err.code) .. ' ' .. tostring(message)
+end
+
+local function health(lib)
+  local ok, result = lib.request('probe_gateway', {})
+  if not ok then
+    print('sandbox health failed: ' .. describeError(result))
+    return false
+  end
+  print('sandboxOk: ' .. tostring(result.sandboxOk == true))
+  print('opencodeOk: ' .. tostring(result.opencodeOk == true))
+  if result.opencodeOk ~= true then
+    print('opencode: ' .. tostring(result.opencodeDetail or 'no detail'))
+  end
+  return true
+end
+
+local function status(lib, url)
+  local state = rawget(_G, 'traposSandboxState')
+  if type(state) ~= 'table' or not state.state then
+    print('connected: false')
+    print('daemon: not running (start /servers/sandbox.lua)')
+    print('gateway: ' .. url)
+    print('traposId: ' .. lib.traposId(os))
+    return
+  end
+  print('connected: ' .. tostring(state.connected == true))
+  print('daemon: ' .. (state.running == false and 'stopped' or tostring(state.state)))
+  print('traposId: ' .. tostring(state.traposId))
+  print('gateway: ' .. tostring(state.url or url))
+  if state.lastError then print('last error: ' .. describeError(state.lastError)) end
+end
+
+defineSettings()
+
+local command = args[1]
+if command == '--version' or command == '-v' then
+  print('sandbox ' .. _VERSION)
+  return
+end
+if command == nil or command == '--help' or command == '-h' or command == 'help' then
+  usage()
+  return
+end
+
+local url = settings.get('sandbox.url')
+if type(url) ~= 'string' or url == '' then
+  print('set sandbox.url first')
+  return
+end
+
+local lib = locate()
+if command == 'health' then
+  health(lib)
+elseif command == 'status' then
+  status(lib, url)
+else
+  print('sandbox: unknown command ' .. tostring(command))
+  usage()
+end

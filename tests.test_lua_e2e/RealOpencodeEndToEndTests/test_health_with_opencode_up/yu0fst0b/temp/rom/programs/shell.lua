@@ -1,0 +1,7 @@
+
+while true do
+  write('> ')
+  local line = read()
+  if line == 'exit' then return end
+  shell.run(line)
+end

@@ -1,0 +1,53 @@
+"""The real opencode server (npm package opencode-ai) for tests."""
+
+import os
+
+import treq
+from twisted.internet.task import deferLater
+from twisted.web.client import HTTPConnectionPool
+
+from tests.processes import REPO, clean_env, spawn
+from tests.support import bounded, closed_port, reactor
+
+OPENCODE = os.environ.get("OPENCODE_BIN") or os.path.join(
+    REPO, ".opencode", "node_modules", ".bin", "opencode"
+)
+
+
+async def _answering(url: str, seconds: float = 30) -> None:
+    """Wait until ``url`` answers HTTP at all: opencode accepts before it answers."""
+    pool = HTTPConnectionPool(reactor(), persistent=False)
+    deadline = reactor().seconds() + seconds
+    while True:
+        try:
+            response = await bounded(treq.get(url, pool=pool), 2)
+            await bounded(treq.content(response), 2)
+            return
+        except Exception:
+            if reactor().seconds() > deadline:
+                raise
+            await deferLater(reactor(), 0.1, lambda: None)
+
+
+async def start_opencode(testcase, password: str) -> str:
+    """``opencode serve`` on a loopback port with a throwaway HOME; returns its URL."""
+    if not os.path.exists(OPENCODE):
+        testcase.fail(f"{OPENCODE} is missing: 'make test' installs it")
+    home = os.path.abspath(testcase.mktemp())
+    os.makedirs(home)
+    env = clean_env(
+        HOME=home,
+        XDG_CONFIG_HOME=os.path.join(home, ".config"),
+        XDG_DATA_HOME=os.path.join(home, ".local", "share"),
+        XDG_CACHE_HOME=os.path.join(home, ".cache"),
+        XDG_STATE_HOME=os.path.join(home, ".local", "state"),
+        OPENCODE_DISABLE_MODELS_FETCH="1",
+        OPENCODE_SERVER_PASSWORD=password,
+    )
+    port = closed_port()
+    argv = [OPENCODE, "serve", "--port", str(port), "--hostname", "127.0.0.1"]
+    child = spawn(testcase, argv, env, cwd=home)
+    await child.wait_for(r"listening on", 30)
+    url = f"http://127.0.0.1:{port}"
+    await _answering(url + "/config")
+    return url
