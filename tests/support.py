@@ -6,7 +6,7 @@ import socket
 
 import orjson
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
-from twisted.internet import endpoints
+from twisted.internet import endpoints, ssl
 from twisted.internet.defer import Deferred, DeferredQueue
 
 from trapsandbox import config
@@ -112,16 +112,23 @@ class TestComputer(WebSocketClientProtocol):
         return bounded(self.closed)
 
 
-async def connect(testcase, port: int, path: str = "/gateway?n=1") -> TestComputer:
-    factory = WebSocketClientFactory(f"ws://127.0.0.1:{port}{path}")
+async def connect(
+    testcase, port: int, path: str = "/gateway?n=1", trust: ssl.Certificate | None = None
+) -> TestComputer:
+    """A connected TestComputer; over TLS for ``localhost`` when ``trust`` is given."""
+    scheme = "wss" if trust else "ws"
+    factory = WebSocketClientFactory(f"{scheme}://localhost:{port}{path}")
     factory.protocol = TestComputer
     factory.opened = Deferred()
     unbatch_timers(factory)
-    # Short timers: Autobahn's cannot be cancelled, and the test waits them out.
     factory.setProtocolOptions(
         maxMessagePayloadSize=0, maxFramePayloadSize=0, closeHandshakeTimeout=0.1
     )
     endpoint = endpoints.TCP4ClientEndpoint(reactor(), "127.0.0.1", port)
+    if trust is not None:
+        endpoint = endpoints.wrapClientTLS(
+            ssl.optionsForClientTLS("localhost", trustRoot=trust), endpoint
+        )
     await bounded(endpoint.connect(factory))
     computer = await bounded(factory.opened)
 
