@@ -1,0 +1,88 @@
+"""
+Slowing down password guessing, per peer address.
+
+An address may fail a few times freely; after that each failure blocks it
+for a growing period (doubling, capped).  While blocked, its attempts are
+refused without looking at the secret, so guessing gains nothing, and other
+addresses are not affected.  An address that stays quiet is forgotten, and
+the table is bounded so a flood of addresses cannot grow it without limit.
+"""
+
+from __future__ import annotations
+
+import attrs
+from twisted.internet.interfaces import IReactorTime
+
+FREE_FAILURES = 5
+BASE_BLOCK = 2.0
+MAX_BLOCK = 300.0
+FORGET_AFTER = 900.0
+MAX_ADDRESSES = 10_000
+
+
+@attrs.define
+class _Record:
+    failures: int = 0
+    blocked_until: float = 0.0
+    last_failure: float = 0.0
+    warned_until: float = 0.0
+
+
+@attrs.define
+class FailureThrottle:
+    clock: IReactorTime
+    free_failures: int = FREE_FAILURES
+    base_block: float = BASE_BLOCK
+    max_block: float = MAX_BLOCK
+    forget_after: float = FORGET_AFTER
+    max_addresses: int = MAX_ADDRESSES
+    _records: dict[str, _Record] = attrs.field(factory=dict, init=False)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def blocked_for(self, address: str) -> float:
+        """Seconds ``address`` must still wait before it may try again (0: it may)."""
+        record = self._records.get(address)
+        if record is None:
+            return 0.0
+        now = self.clock.seconds()
+        if now - record.last_failure > self.forget_after:
+            del self._records[address]
+            return 0.0
+        return max(0.0, record.blocked_until - now)
+
+    def failed(self, address: str) -> tuple[float, bool]:
+        """
+        Count a failure; returns how long ``address`` is now blocked, and
+        whether this is the first failure worth a warning in this period.
+        """
+        now = self.clock.seconds()
+        record = self._records.get(address)
+        if record is None or now - record.last_failure > self.forget_after:
+            if len(self._records) >= self.max_addresses:
+                self._evict(now)
+            record = self._records[address] = _Record()
+        record.failures += 1
+        record.last_failure = now
+        over = record.failures - self.free_failures
+        if over <= 0:
+            return 0.0, False
+        block = min(self.max_block, self.base_block * 2 ** min(over - 1, 32))
+        record.blocked_until = now + block
+        warn = now >= record.warned_until
+        if warn:
+            record.warned_until = now + self.max_block
+        return block, warn
+
+    def succeeded(self, address: str) -> None:
+        self._records.pop(address, None)
+
+    def _evict(self, now: float) -> None:
+        stale = [a for a, r in self._records.items() if now - r.last_failure > self.forget_after]
+        for address in stale:
+            del self._records[address]
+        if len(self._records) >= self.max_addresses:
+            # Still full: drop the address that failed longest ago.
+            oldest = min(self._records, key=lambda a: self._records[a].last_failure)
+            del self._records[oldest]
