@@ -1,0 +1,72 @@
+"""
+Restart: 50 computers running the real Lua daemon are attached to a real
+twistd gateway; kill -9 it and start it again: every one is back within the
+client's first backoff step (1 s + 20 % jitter) plus 1 s.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+from twisted.internet.defer import gatherResults
+from twisted.trial.unittest import TestCase
+
+from tests.craftos import Computer
+from tests.processes import clean_env, spawn
+from tests.support import closed_port, reactor
+
+LUA = Path(__file__).resolve().parent.parent / "lua"
+TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
+COMPUTERS = 50
+FIRST_BACKOFF_MAX = 1.2
+
+
+class RestartTests(TestCase):
+    timeout = 90
+
+    def gateway(self, port):
+        argv = [
+            TWISTD,
+            "-n",
+            "--pidfile=",
+            "trapsandbox",
+            "--port",
+            f"tcp:{port}:interface=127.0.0.1",
+        ]
+        return spawn(self, argv, clean_env(SANDBOX_PASSWORD="sesame", OPENCODE_URL=""))
+
+    async def test_all_computers_return_after_kill_9(self):
+        port = closed_port()
+        first = self.gateway(port)
+        await first.wait_for(r"listening on")
+        computers = []
+        for n in range(COMPUTERS):
+            c = Computer(self.mktemp(), id=n, label=f"c{n}")
+            self.addCleanup(c.shutdown)
+            for name in ("apis/libsandbox.lua", "servers/sandbox.lua"):
+                c.install(LUA / name, "/" + name)
+            c.set_settings(
+                {"sandbox.url": f"ws://127.0.0.1:{port}/gateway", "sandbox.password": "sesame"}
+            )
+            c.run("/servers/sandbox.lua")
+            computers.append(c)
+        await gatherResults(
+            [
+                c.wait_for_lua("traposSandboxState and traposSandboxState.connected")
+                for c in computers
+            ]
+        )
+        await first.wait_for(rf"c{COMPUTERS - 1} connected")
+
+        first.signal("KILL")
+        killed_at = reactor().seconds()
+        await first.wait_ended()
+        await gatherResults([c.wait_for_lua("not traposSandboxState.connected") for c in computers])
+        second = self.gateway(port)
+        await second.wait_for(r"listening on")
+        await gatherResults(
+            [c.wait_for_lua("traposSandboxState.connected", timeout=10) for c in computers]
+        )
+        elapsed = reactor().seconds() - killed_at
+        self.assertLess(elapsed, FIRST_BACKOFF_MAX + 1, f"took {elapsed:.2f} s")
+        self.assertEqual(second.output.count(" connected from "), COMPUTERS)
