@@ -22,3 +22,18 @@ def pytest_collection_modifyitems(session, config, items):
             "plain test functions break trial-style tests under pytest-twisted; "
             "make these methods of a twisted.trial.unittest class: " + ", ".join(functions[:5])
         )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _scratch_directory(tmp_path_factory):
+    """
+    trial's ``mktemp`` makes paths relative to the working directory (trial
+    itself runs in _trial_temp); under pytest, work in a scratch directory so
+    tests never write into the source tree.
+    """
+    import os
+
+    before = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("trial"))
+    yield
+    os.chdir(before)

@@ -1,4 +1,0 @@
-
-local args = { ... }
-if not shell.openTab then printError('Requires multishell') return end
-shell.openTab(table.unpack(args))
