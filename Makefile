@@ -13,11 +13,15 @@ PYTEST_ARGS ?=
 run: $(VENV)/.installed
 	$(BIN)/twistd --nodaemon --pidfile= trapsandbox
 
-test: $(VENV)/.installed $(OPENCODE)
+test: $(VENV)/.installed $(OPENCODE) systemd-tools
 	$(BIN)/pytest -q $(PYTEST_ARGS) tests
 
+# The load benchmark against the real twistd gateway (see docs/benchmarks.md).
+bench: $(VENV)/.installed
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
 # The trial-style test classes also run under trial.
-trial: $(VENV)/.installed $(OPENCODE)
+trial: $(VENV)/.installed $(OPENCODE) systemd-tools
 	$(BIN)/trial tests
 
 lint: $(VENV)/.installed
@@ -40,6 +44,13 @@ $(OPENCODE):
 	@command -v npm >/dev/null || $(MAKE) --no-print-directory debian-packages PACKAGES="nodejs npm"
 	npm install --prefix .opencode --no-save --no-audit --no-fund --loglevel=error opencode-ai@$(OPENCODE_VERSION)
 	test -x $@
+
+# systemd-analyze (unit checks) and systemd-socket-activate (socket activation
+# test) come with Debian's systemd package; systemd need not be running.
+.PHONY: systemd-tools
+systemd-tools:
+	@command -v systemd-analyze >/dev/null && command -v systemd-socket-activate >/dev/null \
+		|| $(MAKE) --no-print-directory debian-packages PACKAGES=systemd
 
 .PHONY: debian-packages
 debian-packages:

@@ -108,6 +108,21 @@ class TestComputer(WebSocketClientProtocol):
             payload["secret"] = secret
         return self.request("hello", payload)
 
+    def respond(self, request, ok: bool = True, payload=None, error=None) -> None:
+        """Answer a gateway_request received from the gateway."""
+        frame = {
+            "event": "computer_response",
+            "traposSenderId": self.trapos_id,
+            "messageId": request["messageId"],
+            "type": request["type"],
+            "ok": ok,
+        }
+        if payload is not None:
+            frame["payload"] = payload
+        if error is not None:
+            frame["error"] = error
+        self.send(frame)
+
     def wait_closed(self) -> Deferred:
         return bounded(self.closed)
 

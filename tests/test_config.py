@@ -113,6 +113,34 @@ class ConfigTests(SynchronousTestCase):
             self.assertConfigError(environ, names=name)
         self.assertConfigError({}, "--request-timeout-ms", "-5", names="--request-timeout-ms")
 
+    def test_admin_token(self):
+        self.assertIsNone(self.load().admin_token)
+        self.assertEqual(self.load({"SANDBOX_ADMIN_TOKEN": "t0k"}).admin_token, "t0k")
+        self.assertEqual(
+            self.load({"SANDBOX_ADMIN_TOKEN": "env"}, "--admin-token", "opt").admin_token, "opt"
+        )
+        path = self.mktemp()
+        with open(path, "w") as f:
+            f.write("from-file\n")
+        for environ, argv in (
+            ({"SANDBOX_ADMIN_TOKEN_FILE": path, "SANDBOX_ADMIN_TOKEN": "env"}, ()),
+            ({}, ("--admin-token-file", path)),
+        ):
+            self.assertEqual(self.load(environ, *argv).admin_token, "from-file")
+
+    def test_bad_admin_tokens(self):
+        for environ, argv, name in (
+            ({"SANDBOX_ADMIN_TOKEN": ""}, (), "SANDBOX_ADMIN_TOKEN is empty"),
+            ({"SANDBOX_ADMIN_TOKEN": "two words"}, (), "SANDBOX_ADMIN_TOKEN must be"),
+            ({}, ("--admin-token", "caf\u00e9"), "--admin-token must be"),
+            ({"SANDBOX_ADMIN_TOKEN_FILE": "/nonexistent/t"}, (), "SANDBOX_ADMIN_TOKEN_FILE"),
+        ):
+            message = self.assertConfigError(environ, *argv, names=name)
+            self.assertNotIn("two words", message)
+
+    def test_admin_token_stays_out_of_repr(self):
+        self.assertNotIn("t0k3n", repr(self.load({"SANDBOX_ADMIN_TOKEN": "t0k3n"})))
+
     def test_empty_opencode_url_is_allowed(self):
         self.assertEqual(self.load({"OPENCODE_URL": ""}).opencode_url, "")
 

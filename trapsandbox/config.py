@@ -28,6 +28,8 @@ class ConfigError(ValueError):
 class Settings:
     ports: tuple[str, ...] = (f"tcp:{DEFAULT_PORT}:interface={DEFAULT_HOST}",)
     password: str | None = attrs.field(default=None, repr=False)
+    # None: operator endpoints answer loopback clients only.
+    admin_token: str | None = attrs.field(default=None, repr=False)
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT_MS / 1000
     opencode_url: str = DEFAULT_OPENCODE_URL
     opencode_username: str = "opencode"
@@ -84,6 +86,15 @@ def _read_secret(path: str, name: str) -> str:
     return secret
 
 
+def _admin_token(value: str, name: str) -> str:
+    # It travels in an HTTP header and is typed into shells: keep it plain.
+    if not value:
+        raise ConfigError(f"{name} is empty: unset it to serve operators on loopback only")
+    if not all("\x21" <= char <= "\x7e" for char in value):
+        raise ConfigError(f"{name} must be printable ASCII without spaces")
+    return value
+
+
 def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -> Settings:
     """
     Build ``Settings`` from ``environ`` and twistd ``options`` (keys as in
@@ -115,6 +126,12 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
             raise ConfigError(f"{found[1]} is empty: unset it to turn auth off")
         password = found[0]
 
+    admin_token = None
+    if (found := given("admin-token-file", "SANDBOX_ADMIN_TOKEN_FILE")) is not None:
+        admin_token = _admin_token(_read_secret(*found), found[1])
+    elif (found := given("admin-token", "SANDBOX_ADMIN_TOKEN")) is not None:
+        admin_token = _admin_token(*found)
+
     request_timeout = DEFAULT_REQUEST_TIMEOUT_MS / 1000
     if (found := given("request-timeout-ms", "SANDBOX_REQUEST_TIMEOUT_MS")) is not None:
         request_timeout = _timeout_ms(*found)
@@ -135,6 +152,7 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
     return Settings(
         ports=ports,
         password=password,
+        admin_token=admin_token,
         request_timeout=request_timeout,
         opencode_url=opencode_url,
         opencode_username=username,

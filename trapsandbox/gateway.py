@@ -35,6 +35,7 @@ from twisted.python.failure import Failure
 
 from trapsandbox import wire
 from trapsandbox.auth import Authenticator
+from trapsandbox.metrics import Metrics
 from trapsandbox.registry import GatewayError, Registry, Session
 
 HELLO_TIMEOUT = 10.0
@@ -121,6 +122,11 @@ class GatewayProtocol(WebSocketServerProtocol):
     # The registry's Link
 
     def send_frame(self, data: bytes) -> None:
+        # The registry sends only gateway_requests through its Link.
+        self._send(data)
+        self.factory.metrics.gateway_requests_sent.inc()
+
+    def _send(self, data: bytes) -> None:
         if self.state != WebSocketProtocol.STATE_OPEN:
             raise GatewayError(wire.NOT_CONNECTED, "the connection is closing")
         try:
@@ -135,11 +141,14 @@ class GatewayProtocol(WebSocketServerProtocol):
     # Messages
 
     def _receive(self, payload: bytes, is_binary: bool) -> None:
+        metrics = self.factory.metrics
         if is_binary:
+            metrics.frames_received["binary"].inc()
             self._ignore("a binary frame")
             return
         frame = wire.decode(payload)
         kind = type(frame)
+        metrics.frames_received_by_class[kind].inc()
         if kind is wire.ComputerRequest:
             self._on_request(frame)
         elif kind is wire.ComputerResponse:
@@ -228,12 +237,14 @@ class GatewayProtocol(WebSocketServerProtocol):
         try:
             hello = wire.decode_hello(frame.payload)
         except ValueError as error:
+            self.factory.metrics.hellos[wire.BAD_REQUEST].inc()
             self._reply(
                 frame.message_id, frame.type, error=GatewayError(wire.BAD_REQUEST, str(error))
             )
             return
         account_id = self.factory.authenticator.resolve_account(hello.secret)
         if account_id is None:
+            self.factory.metrics.hellos[wire.UNAUTHORIZED].inc()
             log.warn(
                 "hello from {peer} as {traposId} refused: wrong secret",
                 peer=self.peer_address,
@@ -249,6 +260,7 @@ class GatewayProtocol(WebSocketServerProtocol):
             self.close(wire.CLOSE_UNAUTHORIZED, "unauthorized")
             return
         self._cancel_hello_timer()
+        self.factory.metrics.hellos["ok"].inc()
         self.session = Session(
             account_id=account_id,
             trapos_id=hello.trapos_id,
@@ -285,17 +297,21 @@ class GatewayProtocol(WebSocketServerProtocol):
             payload=payload,
             error=error.to_wire() if error else None,
         )
+        outcome = "ok" if error is None else error.code
         try:
             data = wire.encode(frame)
         except wire.EncodeError:
             log.failure("cannot encode the answer to {type}", type=type)
-            data = _error_frame(frame, wire.INTERNAL, "the answer could not be encoded")
+            outcome = wire.INTERNAL
+            data = _error_frame(frame, outcome, "the answer could not be encoded")
         if len(data) > wire.MAX_OUTBOUND_BYTES:
-            data = _error_frame(
-                frame, wire.TOO_LARGE, "the answer is larger than a computer accepts"
-            )
+            outcome = wire.TOO_LARGE
+            data = _error_frame(frame, outcome, "the answer is larger than a computer accepts")
+        metrics = self.factory.metrics
+        metrics.computer_request(type, outcome)
         try:
-            self.send_frame(data)
+            self._send(data)
+            metrics.gateway_responses_sent.inc()
         except GatewayError:
             log.debug("answer to {type} dropped: {peer} is gone", type=type, peer=self.peer_address)
 
@@ -352,9 +368,12 @@ class GatewayFactory(WebSocketServerFactory):
         max_busy: int = MAX_BUSY,
         auto_ping_interval: float = AUTO_PING_INTERVAL,
         auto_ping_timeout: float = AUTO_PING_TIMEOUT,
+        metrics: Metrics | None = None,
     ) -> None:
         super().__init__()
         self.registry = registry
+        self.metrics = registry.metrics if metrics is None else metrics
+        self.metrics.handle_types(handlers)
         self.authenticator = authenticator
         self.handlers = handlers
         self.clock = clock

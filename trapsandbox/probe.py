@@ -22,6 +22,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseFailed
 
+from trapsandbox.metrics import Metrics
+
 PROBE_TIMEOUT = 5.0
 
 log = Logger()
@@ -31,6 +33,8 @@ log = Logger()
 class ProbeResult:
     ok: bool
     detail: str | None = None
+    # Why, as a metrics label (trapsandbox.metrics.PROBE_OUTCOMES).
+    outcome: str = attrs.field(default="", eq=False, repr=False)
 
     def to_payload(self) -> dict[str, Any]:
         payload: dict[str, Any] = {"sandboxOk": True, "opencodeOk": self.ok}
@@ -63,12 +67,14 @@ class OpencodeProbe:
         username: str = "opencode",
         password: str | None = None,
         timeout: float = PROBE_TIMEOUT,
+        metrics: Metrics | None = None,
     ) -> None:
         self._http = http
         self._clock = clock
         self._timeout = timeout
         self._auth = (username, password) if password else None
         self._waiters: list[Deferred] | None = None
+        self._metrics = Metrics() if metrics is None else metrics
         self.url = url
         self.requests_made = 0
         if url:
@@ -89,7 +95,7 @@ class OpencodeProbe:
         exchange = self._exchange()
         exchange.addErrback(self._explain)
         exchange.addTimeout(self._timeout, self._clock, onTimeoutCancel=self._timed_out)
-        exchange.addCallback(self._deliver)
+        exchange.addCallback(self._deliver, self._clock.seconds())
         return d
 
     def _exchange(self) -> Deferred:
@@ -114,12 +120,13 @@ class OpencodeProbe:
         content_type = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
         media = content_type.split(b";")[0].strip().lower()
         if 200 <= code < 300 and (media == b"application/json" or media.endswith(b"+json")):
-            return ProbeResult(True)
+            return ProbeResult(True, outcome="ok")
         if code == 401:
             return ProbeResult(
                 False,
                 f"{self._where} answered 401 Unauthorized: check OPENCODE_SERVER_PASSWORD "
                 "and OPENCODE_SERVER_USERNAME",
+                outcome="unauthorized",
             )
         if 200 <= code < 300:
             shown = media.decode("latin-1") or "no content type"
@@ -127,13 +134,15 @@ class OpencodeProbe:
                 False,
                 f"{self._where} answered {code} with {shown}, not JSON: "
                 "is OPENCODE_URL an opencode server?",
+                outcome="not_json",
             )
-        return ProbeResult(False, f"{self._where} answered HTTP {code}")
+        return ProbeResult(False, f"{self._where} answered HTTP {code}", outcome="http_error")
 
     def _timed_out(self, result: object, timeout: float) -> ProbeResult:
-        return ProbeResult(False, f"{self._where}: no answer within {timeout:g} s")
+        return ProbeResult(False, f"{self._where}: no answer within {timeout:g} s", "timeout")
 
     def _explain(self, failure: Failure) -> ProbeResult:
+        outcome = "unreachable"
         if failure.check(ConnectionRefusedError):
             reason = "connection refused: is opencode running?"
         elif failure.check(DNSLookupError):
@@ -142,12 +151,15 @@ class OpencodeProbe:
             reason = f"cannot connect: {failure.getErrorMessage()}"
         elif failure.check(ResponseFailed):
             reason = "the connection closed before a complete answer"
+            outcome = "error"
         else:
             log.failure("opencode probe failed unexpectedly", failure)
             reason = f"probe failed: {failure.getErrorMessage() or failure.type.__name__}"
-        return ProbeResult(False, f"{self._where}: {reason}")
+            outcome = "error"
+        return ProbeResult(False, f"{self._where}: {reason}", outcome)
 
-    def _deliver(self, result: ProbeResult) -> None:
+    def _deliver(self, result: ProbeResult, started: float) -> None:
+        self._metrics.probe(result.outcome or "error", self._clock.seconds() - started)
         waiters, self._waiters = self._waiters or [], None
         for d in waiters:
             d.callback(result)

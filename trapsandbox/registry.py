@@ -23,6 +23,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from trapsandbox import wire
+from trapsandbox.metrics import Metrics
 
 LOCAL_ACCOUNT = "local"
 DEFAULT_REQUEST_TIMEOUT = 600.0
@@ -150,6 +151,7 @@ class Registry:
 
     clock: IReactorTime
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    metrics: Metrics = attrs.field(factory=Metrics, repr=False)
     _sessions: dict[tuple[str, str], Session] = attrs.field(factory=dict, init=False)
 
     def __len__(self) -> int:
@@ -180,6 +182,11 @@ class Registry:
             del self._sessions[session.key]
         session.fail_all(GatewayError(wire.NOT_CONNECTED, "the computer disconnected"))
 
+    @property
+    def pending(self) -> int:
+        """Requests to computers waiting for an answer."""
+        return sum(session.in_flight for session in self._sessions.values())
+
     def find(self, trapos_id: str, account_id: str = LOCAL_ACCOUNT) -> Session | None:
         return self._sessions.get((account_id, trapos_id))
 
@@ -194,9 +201,28 @@ class Registry:
         """Send a ``gateway_request``; fires with the ``ComputerResponse``."""
         session = self.find(trapos_id, account_id)
         if session is None:
-            return fail(GatewayError(wire.NOT_CONNECTED, f"{trapos_id} is not connected"))
-        if timeout is None:
-            timeout = self.request_timeout
-        if not timeout > 0:
-            return fail(GatewayError(wire.BAD_REQUEST, "timeout must be positive"))
-        return session.request(type, payload or {}, timeout)
+            d = fail(GatewayError(wire.NOT_CONNECTED, f"{trapos_id} is not connected"))
+        elif timeout is not None and not timeout > 0:
+            d = fail(GatewayError(wire.BAD_REQUEST, "timeout must be positive"))
+        else:
+            if timeout is None:
+                timeout = self.request_timeout
+            d = session.request(type, payload or {}, timeout)
+        # A request refused before it went out has no latency worth recording.
+        started = None if d.called else self.clock.seconds()
+        d.addBoth(self._count, started)
+        return d
+
+    def _count(self, result: object, started: float | None) -> object:
+        if isinstance(result, Failure):
+            if result.check(GatewayError):
+                outcome = result.value.code
+            elif result.check(CancelledError):
+                outcome = "cancelled"
+            else:
+                outcome = wire.INTERNAL
+        else:
+            outcome = "ok" if result.ok else "error"
+        seconds = None if started is None else self.clock.seconds() - started
+        self.metrics.gateway_request(outcome, seconds)
+        return result

@@ -18,14 +18,15 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.client import Agent, HTTPConnectionPool
-from twisted.web.server import Site
 
 from trapsandbox import __version__, config
 from trapsandbox.auth import Authenticator
 from trapsandbox.gateway import GatewayFactory
+from trapsandbox.metrics import Metrics
 from trapsandbox.probe import OpencodeProbe, redact
 from trapsandbox.registry import Registry
-from trapsandbox.web import GatewayApp
+from trapsandbox.systemd import Notifier
+from trapsandbox.web import GatewayApp, GatewaySite
 
 log = Logger()
 
@@ -34,12 +35,20 @@ class Options(usage.Options):
     synopsis = "[options]"
     longdesc = (
         "Run the trapsandbox gateway: a WebSocket endpoint /gateway for CraftOS "
-        "computers and an HTTP app (/health) on one port. Settings not given as "
+        "computers and an HTTP app (/health; for operators /computers and /metrics) "
+        "on one port. Settings not given as "
         "options come from the environment (SANDBOX_*, OPENCODE_*)."
     )
     optParameters = [
         ["password-file", None, None, "Read the computers' shared secret from this file."],
         ["password", None, None, "The computers' shared secret (prefer --password-file)."],
+        ["admin-token-file", None, None, "Read the operators' bearer token from this file."],
+        [
+            "admin-token",
+            None,
+            None,
+            "The operators' bearer token (prefer --admin-token-file; unset: loopback only).",
+        ],
         ["request-timeout-ms", None, None, "Default timeout of requests to a computer."],
         ["opencode-url", None, None, "The opencode server (empty: not probed)."],
         ["opencode-username", None, None, "opencode's Basic-auth user."],
@@ -108,13 +117,22 @@ def _describe(address: Any) -> str:
 
 
 class GatewayService(service.MultiService):
-    """The gateway: its listeners, and a graceful close of every computer on stop."""
+    """
+    The gateway: its listeners, systemd notifications, and a graceful close
+    of every computer on stop.
+    """
 
-    def __init__(self, settings: config.Settings, reactor: Any) -> None:
+    def __init__(
+        self, settings: config.Settings, reactor: Any, notifier: Notifier | None = None
+    ) -> None:
         super().__init__()
         self.settings = settings
         self._reactor = reactor
-        self.registry = Registry(reactor, request_timeout=settings.request_timeout)
+        self.notifier = Notifier(reactor) if notifier is None else notifier
+        self.metrics = Metrics()
+        self.registry = Registry(
+            reactor, request_timeout=settings.request_timeout, metrics=self.metrics
+        )
         self._pool = HTTPConnectionPool(reactor, persistent=True)
         self._pool.maxPersistentPerHost = 2
         self.probe = OpencodeProbe(
@@ -123,6 +141,7 @@ class GatewayService(service.MultiService):
             settings.opencode_url,
             settings.opencode_username,
             settings.opencode_password,
+            metrics=self.metrics,
         )
         self.authenticator = Authenticator(settings.password)
         self.factory = GatewayFactory(
@@ -130,11 +149,21 @@ class GatewayService(service.MultiService):
             self.authenticator,
             {"probe_gateway": self._probe_gateway, "health": self._probe_gateway},
             reactor,
+            metrics=self.metrics,
         )
-        self.site = Site(
-            GatewayApp(self.registry, self.probe, WebSocketResource(self.factory)).resource()
+        self.metrics.watch(
+            computers=lambda: len(self.registry),
+            connections=lambda: len(self.factory.connections),
+            pending=lambda: self.registry.pending,
         )
-        self.site.displayTracebacks = False
+        app = GatewayApp(
+            self.registry,
+            self.probe,
+            WebSocketResource(self.factory),
+            metrics=self.metrics,
+            admin_token=settings.admin_token,
+        )
+        self.site = GatewaySite(app.resource())
         self.listeners = [_Listener(reactor, port, self.site) for port in settings.ports]
         for listener in self.listeners:
             listener.setServiceParent(self)
@@ -144,12 +173,22 @@ class GatewayService(service.MultiService):
 
     def startService(self) -> None:
         super().startService()
+        # privilegedStartService bound every port: connections are accepted now.
+        self.notifier.ready(
+            "listening on " + ", ".join(_describe(each.port.getHost()) for each in self.listeners)
+        )
         log.info(
             "trapsandbox {version} started: auth {auth}, opencode at {opencode}, NVX {nvx}",
             version=__version__,
             auth="on" if self.authenticator.enabled else "off",
             opencode=redact(self.settings.opencode_url) or "(not set)",
             nvx="in use" if USES_NVX else "not available",
+        )
+        log.info(
+            "operator endpoints: {operators}",
+            operators="bearer token required"
+            if self.settings.admin_token
+            else "loopback clients only (no SANDBOX_ADMIN_TOKEN)",
         )
         if not self.authenticator.enabled:
             log.warn(
@@ -158,6 +197,7 @@ class GatewayService(service.MultiService):
             )
 
     def stopService(self) -> Deferred:
+        self.notifier.stopping()
         log.info("shutting down: closing {count} connections", count=len(self.factory.connections))
         stopped = super().stopService()  # stop listening first
         closed = self.factory.shutdown()
@@ -166,6 +206,7 @@ class GatewayService(service.MultiService):
         return d
 
     def _stopped(self, _: object) -> None:
+        self.notifier.close()
         log.info("all computers closed; exiting")
         # twistd re-raises the stop signal at exit so the process dies "killed
         # by SIGTERM"; a graceful stop is a success, so exit 0 instead.
@@ -178,6 +219,6 @@ def makeService(options: Options) -> service.IService:
 
     try:
         settings = config.load(os.environ, options)
-        return GatewayService(settings, reactor)
+        return GatewayService(settings, reactor, Notifier.from_environ(reactor, os.environ))
     except config.ConfigError as error:
         raise SystemExit(f"trapsandbox: {error}") from None

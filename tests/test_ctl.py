@@ -1,0 +1,229 @@
+"""``trapsandbox-ctl``, the console script, against a real gateway on loopback."""
+
+import argparse
+import os
+import sys
+
+import orjson
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.web.resource import Resource
+from twisted.web.server import Site
+
+from tests.processes import clean_env, spawn
+from tests.support import closed_port, connect, reactor, start_gateway
+from trapsandbox import ctl
+
+CTL = os.path.join(os.path.dirname(sys.executable), "trapsandbox-ctl")
+PASSWORD = "sesame"
+TOKEN = "ctl-token-5678"
+
+
+class _JSONEverywhere(Resource):
+    isLeaf = True
+
+    def render_GET(self, request):
+        request.setHeader(b"content-type", b"application/json")
+        return b"{}"
+
+
+def fake_opencode(testcase) -> str:
+    """An HTTP server answering JSON everywhere, as a healthy opencode does at /config."""
+    port = reactor().listenTCP(0, Site(_JSONEverywhere()), interface="127.0.0.1")
+    testcase.addCleanup(port.stopListening)
+    return f"http://127.0.0.1:{port.getHost().port}"
+
+
+class CtlTestCase(TestCase):
+    admin_token = None
+    opencode = False
+
+    def setUp(self):
+        settings = {"password": PASSWORD, "admin_token": self.admin_token}
+        if self.opencode:
+            settings["opencode_url"] = fake_opencode(self)
+        self.gateway = start_gateway(self, **settings)
+        self.url = f"http://127.0.0.1:{self.gateway.port}"
+
+    async def ctl(self, *args, url=None, **env):
+        """Run the script; ``(exit code, output)``."""
+        environ = {k: v for k, v in clean_env(**env).items() if k != "TRAPSANDBOX_URL"}
+        environ["TRAPSANDBOX_URL"] = url or self.url
+        child = spawn(self, [CTL, *args], environ)
+        code = await child.wait_ended(15)
+        return code, child.output
+
+    def start(self, *args, **env):
+        environ = {k: v for k, v in clean_env(**env).items() if k != "TRAPSANDBOX_URL"}
+        return spawn(self, [CTL, "--url", self.url, *args], environ)
+
+    async def ready(self, trapos_id):
+        computer = await connect(self, self.gateway.port)
+        self.assertTrue((await computer.hello(PASSWORD, trapos_id))["ok"])
+        return computer
+
+
+class HealthTests(CtlTestCase):
+    opencode = True
+
+    async def test_health(self):
+        code, output = await self.ctl("health")
+        self.assertEqual(code, 0, output)
+        self.assertEqual(
+            output.splitlines(),
+            ["sandboxOk: true", "opencodeOk: true", "computers: 0", "version: 0.1.0"],
+        )
+
+
+class CommandTests(CtlTestCase):
+    async def test_health_with_opencode_down_fails(self):
+        code, output = await self.ctl("health")
+        self.assertEqual(code, 1, output)
+        self.assertIn("sandboxOk: true\nopencodeOk: false\nopencode: ", output)
+        self.assertIn("connection refused", output)
+
+    async def test_computers(self):
+        code, output = await self.ctl("computers")
+        self.assertEqual((code, output), (0, "no computers connected\n"))
+        await self.ready("7:base")
+        await self.ready("12:turtle")
+        code, output = await self.ctl("computers")
+        self.assertEqual(code, 0, output)
+        header, *rows = output.splitlines()
+        self.assertEqual(
+            header.split(),
+            ["TRAPOS", "ID", "ACCOUNT", "PEER", "CONNECTED", "SINCE", "VERSION", "IN", "FLIGHT"],
+        )
+        self.assertEqual(
+            [row.split()[:2] for row in rows], [["12:turtle", "local"], ["7:base", "local"]]
+        )
+        self.assertEqual(header.index("ACCOUNT"), rows[0].index("local"))
+
+    async def test_ping(self):
+        computer = await self.ready("7:base")
+        child = self.start("ping", "7:base")
+        request = await computer.next_message()
+        self.assertEqual((request["type"], request["traposReceiverId"]), ("ping", "7:base"))
+        computer.respond(request, payload={"traposId": "7:base"})
+        self.assertEqual(await child.wait_ended(), 0, child.output)
+        self.assertRegex(child.output, r"^7:base answered ping in \d+ ms\n$")
+
+    async def test_ping_not_connected(self):
+        code, output = await self.ctl("ping", "9:")
+        self.assertEqual(
+            (code, output), (1, "trapsandbox-ctl: not_connected: 9: is not connected\n")
+        )
+
+    async def test_ping_timeout(self):
+        computer = await self.ready("7:")
+        child = self.start("ping", "7:", "--timeout", "0.2")
+        await computer.next_message()
+        self.assertEqual(await child.wait_ended(), 1)
+        self.assertEqual(
+            child.output, "trapsandbox-ctl: timeout: no answer from the computer within 0.2 s\n"
+        )
+
+    async def test_request(self):
+        computer = await self.ready("7:")
+        child = self.start("request", "7:", "turtle_status", "--payload", '{"verbose": true}')
+        request = await computer.next_message()
+        self.assertEqual(
+            (request["type"], request["payload"]), ("turtle_status", {"verbose": True})
+        )
+        computer.respond(request, payload={"fuel": 80, "name": "café"})
+        self.assertEqual(await child.wait_ended(), 0, child.output)
+        self.assertEqual(orjson.loads(child.output), {"fuel": 80, "name": "café"})
+
+    async def test_request_answered_with_an_error(self):
+        computer = await self.ready("7:")
+        child = self.start("request", "7:", "teleport")
+        request = await computer.next_message()
+        computer.respond(request, ok=False, error={"code": "unknown_type", "message": "nope"})
+        self.assertEqual(await child.wait_ended(), 1)
+        self.assertEqual(
+            child.output,
+            "trapsandbox-ctl: 7: answered teleport with an error: unknown_type: nope\n",
+        )
+
+    async def test_request_too_large(self):
+        await self.ready("7:")
+        path = os.path.abspath(self.mktemp())
+        with open(path, "wb") as f:
+            f.write(orjson.dumps({"data": "x" * 200_000}))
+        code, output = await self.ctl("request", "7:", "x", "--payload", "@" + path)
+        self.assertEqual(code, 1)
+        self.assertTrue(output.startswith("trapsandbox-ctl: too_large: "), output[:300])
+
+    async def test_unreachable(self):
+        url = f"http://127.0.0.1:{closed_port()}"
+        for command in (["health"], ["computers"], ["ping", "7:"]):
+            code, output = await self.ctl(*command, url=url)
+            self.assertEqual(code, 1)
+            self.assertEqual(
+                output, f"trapsandbox-ctl: cannot reach the gateway at {url}: Connection refused\n"
+            )
+
+    async def test_usage_errors(self):
+        for args in (
+            ["request", "7:", "x", "--payload", "{"],
+            ["request", "7:", "x", "--payload", "[]"],
+            ["ping", "7:", "--timeout", "0"],
+            ["ping"],
+            [],
+        ):
+            code, output = await self.ctl(*args)
+            self.assertEqual(code, 2, args)
+            self.assertIn("usage: trapsandbox-ctl", output)
+
+
+class TokenTests(CtlTestCase):
+    admin_token = TOKEN
+
+    async def test_missing_token(self):
+        code, output = await self.ctl("computers")
+        self.assertEqual(code, 1)
+        self.assertEqual(
+            output,
+            "trapsandbox-ctl: unauthorized: a bearer token is required "
+            "(give --token or set SANDBOX_ADMIN_TOKEN)\n",
+        )
+
+    async def test_wrong_token(self):
+        code, output = await self.ctl("--token", "guess", "ping", "7:")
+        self.assertEqual((code, output), (1, "trapsandbox-ctl: unauthorized: wrong bearer token\n"))
+
+    async def test_token_from_option_environment_and_file(self):
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write(TOKEN + "\n")
+        for args, env in (
+            (["--token", TOKEN], {}),
+            ([], {"SANDBOX_ADMIN_TOKEN": TOKEN}),
+            (["--token-file", path], {}),
+            ([], {"SANDBOX_ADMIN_TOKEN_FILE": path}),
+        ):
+            code, output = await self.ctl(*args, "computers", **env)
+            self.assertEqual((code, output), (0, "no computers connected\n"), args)
+            self.assertNotIn(TOKEN, output)
+
+    async def test_health_needs_no_token(self):
+        code, output = await self.ctl("health")
+        self.assertIn("sandboxOk: true", output)
+
+
+class ExplainTests(SynchronousTestCase):
+    def explain(self, status, answer, token=None):
+        args = argparse.Namespace(url="http://gw:4444", token=token, token_file=None)
+        return ctl._explain(status, answer, args)
+
+    def test_forbidden(self):
+        answer = {"ok": False, "error": {"code": "forbidden", "message": "loopback only"}}
+        self.assertEqual(
+            self.explain(403, answer),
+            "forbidden: loopback only; give --token from a non-loopback host",
+        )
+
+    def test_not_trapsandbox(self):
+        self.assertEqual(
+            self.explain(502, None),
+            "the gateway at http://gw:4444 answered HTTP 502: is it trapsandbox?",
+        )

@@ -1,0 +1,272 @@
+"""
+``trapsandbox-ctl``: the operator's command line for a running gateway.
+
+    trapsandbox-ctl health
+    trapsandbox-ctl computers
+    trapsandbox-ctl ping 7:base
+    trapsandbox-ctl request 7:base TYPE [--payload JSON] [--timeout SECONDS]
+
+It speaks the gateway's operator HTTP API with the standard library only, so
+it starts fast and needs no reactor.  Exit status: 0 on success, 1 on a
+failure (with one line on stderr saying what failed), 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+DEFAULT_URL = "http://127.0.0.1:4444"
+PING_TIMEOUT = 10.0
+# Beyond the request's own timeout, how long to wait for the gateway's answer.
+HTTP_MARGIN = 10.0
+
+
+class Failed(Exception):
+    """A failure to report in one line."""
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    if args.token:
+        return args.token
+    if args.token_file:
+        try:
+            with open(args.token_file, encoding="utf-8") as f:
+                return f.read().strip() or None
+        except OSError as error:
+            raise Failed(
+                f"cannot read the token file {args.token_file}: {error.strerror}"
+            ) from None
+    return None
+
+
+def call(
+    args: argparse.Namespace, method: str, path: str, body: Any = None, timeout: float = 30.0
+) -> Any:
+    """One API call; the decoded JSON answer, or ``Failed``."""
+    base = args.url.rstrip("/")
+    data = None if body is None else json.dumps(body).encode("utf-8")
+    request = urllib.request.Request(base + path, data=data, method=method)
+    request.add_header("Accept", "application/json")
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    token = _token(args)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return _decode(response.read(), base, response.status)
+    except urllib.error.HTTPError as error:
+        with error:
+            answer = _decode(error.read(), base, error.code, strict=False)
+        raise Failed(_explain(error.code, answer, args)) from None
+    except urllib.error.URLError as error:
+        reason = getattr(error.reason, "strerror", None) or str(error.reason)
+        raise Failed(f"cannot reach the gateway at {base}: {reason}") from None
+    except TimeoutError:
+        raise Failed(f"the gateway at {base} did not answer within {timeout:g} s") from None
+    except OSError as error:
+        raise Failed(f"cannot talk to the gateway at {base}: {error}") from None
+
+
+def _decode(body: bytes, base: str, status: int, strict: bool = True) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        if strict:
+            raise Failed(f"{base} answered {status} with something not JSON: is it trapsandbox?")
+        return None
+
+
+def _explain(status: int, answer: Any, args: argparse.Namespace) -> str:
+    """The one line for an HTTP error answer."""
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if not isinstance(error, dict):
+        return f"the gateway at {args.url} answered HTTP {status}: is it trapsandbox?"
+    code, message = error.get("code", "error"), error.get("message", "")
+    if status == 401:
+        hint = " (give --token or set SANDBOX_ADMIN_TOKEN)" if not _has_token(args) else ""
+        return f"unauthorized: {message}{hint}"
+    if status == 403:
+        return f"forbidden: {message}; give --token from a non-loopback host"
+    return f"{code}: {message}"
+
+
+def _has_token(args: argparse.Namespace) -> bool:
+    return bool(args.token or args.token_file)
+
+
+def _computer_path(trapos_id: str) -> str:
+    return f"/computers/{urllib.parse.quote(trapos_id, safe='')}/requests"
+
+
+def _send(args: argparse.Namespace, type: str, payload: Any, timeout: float | None) -> Any:
+    body: dict[str, Any] = {"type": type}
+    if payload is not None:
+        body["payload"] = payload
+    if timeout is not None:
+        body["timeoutMs"] = timeout * 1000
+    http_timeout = (timeout or 600.0) + HTTP_MARGIN
+    return call(args, "POST", _computer_path(args.trapos_id), body, http_timeout)
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    health = call(args, "GET", "/health")
+    print(f"sandboxOk: {_bool(health.get('sandboxOk'))}")
+    print(f"opencodeOk: {_bool(health.get('opencodeOk'))}")
+    if not health.get("opencodeOk"):
+        print(f"opencode: {health.get('opencodeDetail')}")
+    print(f"computers: {health.get('computers')}")
+    print(f"version: {health.get('version')}")
+    return 0 if health.get("opencodeOk") else 1
+
+
+def _bool(value: Any) -> str:
+    return json.dumps(value)
+
+
+def cmd_computers(args: argparse.Namespace) -> int:
+    computers = call(args, "GET", "/computers")["computers"]
+    if not computers:
+        print("no computers connected")
+        return 0
+    header = ("TRAPOS ID", "ACCOUNT", "PEER", "CONNECTED SINCE", "VERSION", "IN FLIGHT")
+    rows = [
+        (
+            c["traposId"],
+            c["accountId"],
+            c["peer"],
+            c["connectedSince"],
+            c.get("version") or "-",
+            str(c.get("inFlight", 0)),
+        )
+        for c in computers
+    ]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    for row in (header, *rows):
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+    return 0
+
+
+def cmd_ping(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    answer = _send(args, "ping", None, args.timeout)
+    elapsed = (time.monotonic() - started) * 1000
+    if not answer.get("ok"):
+        raise Failed(_answer_error(args, "ping", answer))
+    print(f"{args.trapos_id} answered ping in {elapsed:.0f} ms")
+    return 0
+
+
+def cmd_request(args: argparse.Namespace) -> int:
+    answer = _send(args, args.type, args.payload, args.timeout)
+    if not answer.get("ok"):
+        raise Failed(_answer_error(args, args.type, answer))
+    print(json.dumps(answer.get("payload", {}), indent=2, ensure_ascii=False))
+    return 0
+
+
+def _answer_error(args: argparse.Namespace, type: str, answer: Any) -> str:
+    error = answer.get("error") or {}
+    return (
+        f"{args.trapos_id} answered {type} with an error: "
+        f"{error.get('code', '?')}: {error.get('message', '')}"
+    )
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    if text.startswith("@"):
+        # A payload too long for a command line (or kept in a file).
+        try:
+            with open(text[1:], encoding="utf-8") as f:
+                text = f.read()
+        except OSError as error:
+            raise argparse.ArgumentTypeError(f"cannot read {text[1:]}: {error.strerror}") from None
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError("must be a number of seconds, more than 0")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="trapsandbox-ctl",
+        description="Talk to a running trapsandbox gateway (its operator HTTP API).",
+    )
+    top.add_argument(
+        "--url",
+        default=os.environ.get("TRAPSANDBOX_URL") or DEFAULT_URL,
+        help="the gateway (env TRAPSANDBOX_URL; default %(default)s)",
+    )
+    top.add_argument(
+        "--token",
+        default=os.environ.get("SANDBOX_ADMIN_TOKEN") or None,
+        help="the operator bearer token (env SANDBOX_ADMIN_TOKEN)",
+    )
+    top.add_argument(
+        "--token-file",
+        default=os.environ.get("SANDBOX_ADMIN_TOKEN_FILE") or None,
+        help="read the token from this file (env SANDBOX_ADMIN_TOKEN_FILE)",
+    )
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    health = commands.add_parser("health", help="the gateway's and opencode's health")
+    health.set_defaults(run=cmd_health)
+
+    computers = commands.add_parser("computers", help="the connected computers")
+    computers.set_defaults(run=cmd_computers)
+
+    ping = commands.add_parser("ping", help="ping one computer")
+    ping.add_argument("trapos_id", metavar="TRAPOSID", help='e.g. "7:base" or "7:"')
+    ping.add_argument("--timeout", type=_seconds, default=PING_TIMEOUT, help="seconds")
+    ping.set_defaults(run=cmd_ping)
+
+    request = commands.add_parser("request", help="send one request to a computer")
+    request.add_argument("trapos_id", metavar="TRAPOSID")
+    request.add_argument("type", metavar="TYPE")
+    request.add_argument(
+        "--payload", type=_json_object, default=None, help="a JSON object, or @FILE holding one"
+    )
+    request.add_argument(
+        "--timeout", type=_seconds, default=None, help="seconds (default: the gateway's)"
+    )
+    request.set_defaults(run=cmd_request)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except Failed as failure:
+        print(f"trapsandbox-ctl: {failure}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

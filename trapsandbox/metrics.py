@@ -1,0 +1,184 @@
+"""
+The gateway's Prometheus metrics, on a registry of its own (never the
+process-global one, so two gateways in one process, or two tests, never
+share a counter).
+
+Counters are ``Tally`` objects, plain integers bound once per label set,
+and are turned into Prometheus counters only when scraped.  Everything that
+counts, and the scrape itself, runs on the reactor thread, so they need no
+lock; ``prometheus_client``'s own counters take one per ``inc()``, which
+measured a fifth of the cost of handling a frame.  Values that are a count
+of something the gateway already holds (computers, connections, requests in
+flight) are read at scrape time instead of being kept in step.
+
+Label values are bounded: a computer's request type is its own name only
+for the types the gateway handles, and ``other`` otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+
+from trapsandbox import wire
+
+PREFIX = "trapsandbox"
+
+FRAME_EVENTS = (*wire.EVENTS, "invalid", "binary")
+HELLO_OUTCOMES = ("ok", wire.UNAUTHORIZED, wire.BAD_REQUEST)
+# ``ok`` and ``error`` are answers from the computer (ok true or false); the
+# rest are failures on the gateway's side, by error code.
+GATEWAY_OUTCOMES = (
+    "ok",
+    "error",
+    wire.TIMEOUT,
+    wire.NOT_CONNECTED,
+    wire.OVERLOADED,
+    wire.TOO_LARGE,
+    wire.BAD_REQUEST,
+    wire.INTERNAL,
+    "cancelled",
+)
+PROBE_OUTCOMES = ("ok", "unauthorized", "not_json", "http_error", "timeout", "unreachable", "error")
+OTHER = "other"
+
+# Computers answer in milliseconds to minutes (a request may wait for a player).
+GATEWAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
+PROBE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class Tally:
+    """One counter value (one label set), counted on the reactor thread."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def inc(self) -> None:
+        self.value += 1
+
+
+class Tallies:
+    """A labelled counter made of ``Tally`` objects; a prometheus_client collector."""
+
+    def __init__(self, name: str, documentation: str, labels: tuple[str, ...]) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labels = labels
+        self._tallies: dict[tuple[str, ...], Tally] = {}
+
+    def labels(self, *values: str) -> Tally:
+        tally = self._tallies.get(values)
+        if tally is None:
+            tally = self._tallies[values] = Tally()
+        return tally
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self._name, self._documentation, labels=self._labels)
+        for values, tally in self._tallies.items():
+            family.add_metric(values, tally.value)
+        yield family
+
+    def describe(self) -> list[CounterMetricFamily]:
+        return [CounterMetricFamily(self._name, self._documentation, labels=self._labels)]
+
+
+class Metrics:
+    """Every metric of one gateway, and its ``CollectorRegistry``."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+
+        hellos = self._tallies("hellos", "hello handshakes by outcome", "outcome")
+        self.hellos = {outcome: hellos.labels(outcome) for outcome in HELLO_OUTCOMES}
+
+        received = self._tallies("frames_received", "messages from computers by event", "event")
+        self.frames_received = {event: received.labels(event) for event in FRAME_EVENTS}
+        # Keyed by frame class too, so the receive path needs no name lookup.
+        self.frames_received_by_class = {
+            cls: self.frames_received[name] for name, cls in wire.EVENTS.items()
+        }
+        self.frames_received_by_class[wire.Invalid] = self.frames_received["invalid"]
+        sent = self._tallies("frames_sent", "messages to computers by event", "event")
+        self.gateway_requests_sent = sent.labels("gateway_request")
+        self.gateway_responses_sent = sent.labels("gateway_response")
+
+        self._computer_requests = self._tallies(
+            "computer_requests",
+            "requests from computers by type and outcome (ok or an error code)",
+            "type",
+            "outcome",
+        )
+        self.computer_request_types: frozenset[str] = frozenset({"hello"})
+
+        gateway = self._tallies(
+            "gateway_requests",
+            "requests to computers by outcome: ok/error are the computer's answers",
+            "outcome",
+        )
+        self.gateway_requests = {outcome: gateway.labels(outcome) for outcome in GATEWAY_OUTCOMES}
+        self.gateway_request_seconds = Histogram(
+            f"{PREFIX}_gateway_request_seconds",
+            "time from sending a request to a computer to its answer, timeout or loss",
+            buckets=GATEWAY_BUCKETS,
+            registry=self.registry,
+        )
+
+        probes = self._tallies("opencode_probes", "HTTP probes of opencode by outcome", "outcome")
+        self.probes = {outcome: probes.labels(outcome) for outcome in PROBE_OUTCOMES}
+        self.probe_seconds = Histogram(
+            f"{PREFIX}_opencode_probe_seconds",
+            "duration of an opencode probe",
+            buckets=PROBE_BUCKETS,
+            registry=self.registry,
+        )
+
+    def _tallies(self, name: str, documentation: str, *labels: str) -> Tallies:
+        tallies = Tallies(f"{PREFIX}_{name}", documentation, labels)
+        self.registry.register(tallies)
+        return tallies
+
+    def computer_request(self, type: str, outcome: str) -> None:
+        """Count one answered computer request."""
+        # Both labels are bounded (known types, error codes): few label sets.
+        kind = type if type in self.computer_request_types else OTHER
+        self._computer_requests.labels(kind, outcome).inc()
+
+    def handle_types(self, types: Iterable[str]) -> None:
+        """The request types the gateway handles: their own label values."""
+        self.computer_request_types = frozenset({"hello", *types})
+
+    def gateway_request(self, outcome: str, seconds: float | None) -> None:
+        """Count one finished request to a computer; ``seconds`` None if it never went out."""
+        self.gateway_requests.get(outcome, self.gateway_requests[wire.INTERNAL]).inc()
+        if seconds is not None:
+            self.gateway_request_seconds.observe(seconds)
+
+    def probe(self, outcome: str, seconds: float) -> None:
+        self.probes.get(outcome, self.probes["error"]).inc()
+        self.probe_seconds.observe(seconds)
+
+    def watch(
+        self,
+        computers: Callable[[], int],
+        connections: Callable[[], int],
+        pending: Callable[[], int],
+    ) -> None:
+        """Gauges read when scraped."""
+        r = self.registry
+        Gauge(
+            f"{PREFIX}_computers_connected", "computers that completed hello", registry=r
+        ).set_function(computers)
+        Gauge(
+            f"{PREFIX}_connections_open",
+            "open WebSocket connections, with or without hello",
+            registry=r,
+        ).set_function(connections)
+        Gauge(
+            f"{PREFIX}_gateway_requests_pending",
+            "requests to computers waiting for an answer",
+            registry=r,
+        ).set_function(pending)
