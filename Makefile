@@ -8,7 +8,7 @@ OPENCODE_VERSION ?= 1.18.33
 OPENCODE := .opencode/node_modules/.bin/opencode
 PYTEST_ARGS ?=
 
-.PHONY: run test trial lint format bench clean distclean
+.PHONY: run test trial lint format bench fuzz clean distclean
 
 run: $(VENV)/.installed
 	$(BIN)/twistd --nodaemon --pidfile= trapsandbox
@@ -19,6 +19,10 @@ test: $(VENV)/.installed $(OPENCODE) systemd-tools
 # The load benchmark against the real twistd gateway (see docs/benchmarks.md).
 bench: $(VENV)/.installed
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# Generated hostile frames over real sockets: 100,000 of them (make test sends a few thousand).
+fuzz: $(VENV)/.installed
+	TRAPSANDBOX_FUZZ_FRAMES=100000 $(BIN)/pytest -q tests/test_fuzz.py
 
 # The trial-style test classes also run under trial.
 trial: $(VENV)/.installed $(OPENCODE) systemd-tools
