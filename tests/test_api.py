@@ -283,6 +283,18 @@ class TokenTests(APITestCase):
         self.assertEqual(self.call("GET", "/health")[0].code, 200)
         self.assertEqual(self.call("GET", "/client/apis/libsandbox.lua")[0].code, 200)
 
+    def test_token_guessing_is_throttled(self):
+        wrong = {"authorization": "Bearer guess"}
+        for _ in range(6):
+            self.assertEqual(self.call("GET", "/computers", headers=wrong)[0].code, 401)
+        # Blocked now: the right token is not even looked at.
+        right = {"authorization": f"Bearer {TOKEN}"}
+        response, body = self.call("GET", "/computers", headers=right)
+        self.assertError(response, orjson.loads(body), 429, "too_many_requests")
+        self.assertEqual(response.headers.getRawHeaders("retry-after"), ["2"])
+        self.clock.advance(2)
+        self.assertEqual(self.call("GET", "/computers", headers=right)[0].code, 200)
+
 
 class RemotePeerTests(APITestCase):
     """No token: a client that is not on this machine is refused."""

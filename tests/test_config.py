@@ -147,3 +147,17 @@ class ConfigTests(SynchronousTestCase):
     def test_unknown_option(self):
         with self.assertRaises(usage.UsageError):
             options("--nope")
+
+    def test_limits(self):
+        settings = self.load({"SANDBOX_MAX_CONNECTIONS": "500"})
+        self.assertEqual(settings.max_connections, 500)
+        self.assertEqual(settings.max_unauthenticated_per_address, 256)
+        settings = self.load({}, "--max-unauthenticated-per-address", "8")
+        self.assertEqual(settings.max_unauthenticated_per_address, 8)
+        for value in ("0", "-3", "many"):
+            self.assertConfigError(
+                {"SANDBOX_MAX_CONNECTIONS": value}, names="SANDBOX_MAX_CONNECTIONS"
+            )
+        self.assertConfigError(
+            {}, "--max-unauthenticated-per-address", "x", names="--max-unauthenticated-per-address"
+        )

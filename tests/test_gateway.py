@@ -5,24 +5,43 @@ frames the gateway sends are recorded.
 
 import orjson
 from autobahn.websocket.protocol import WebSocketProtocol
+from autobahn.websocket.types import ConnectionDeny
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from trapsandbox import wire
 from trapsandbox.auth import Authenticator
-from trapsandbox.gateway import GatewayFactory
+from trapsandbox.gateway import GatewayFactory, peer_host
 from trapsandbox.registry import GatewayError, Registry
 
 
 class FakeUpgrade:
-    peer = "tcp:10.0.0.7:50123"
+    peer = "tcp4:10.0.0.7:50123"
+
+    def __init__(self, peer=None):
+        if peer is not None:
+            self.peer = peer
+
+
+class FakeTransport:
+    """Where the protocol registers its producer."""
+
+    def __init__(self):
+        self.producer = "the HTTP channel"
+
+    def registerProducer(self, producer, streaming):
+        assert self.producer is None and streaming
+        self.producer = producer
+
+    def unregisterProducer(self):
+        self.producer = None
 
 
 class Computer:
     """One in-memory connection to the gateway, seen from the computer."""
 
-    def __init__(self, factory, trapos_id="7:"):
+    def __init__(self, factory, trapos_id="7:", peer=None):
         self.trapos_id = trapos_id
         self.sent = []
         self.closes = []
@@ -30,7 +49,8 @@ class Computer:
         protocol.sendMessage = self._record
         protocol.sendClose = self._close
         protocol.dropConnection = lambda abort=False: self.lost(1006)
-        protocol.onConnect(FakeUpgrade())
+        protocol.transport = FakeTransport()
+        protocol.onConnect(FakeUpgrade(peer))
         protocol.state = WebSocketProtocol.STATE_OPEN
         protocol.onOpen()
         self._ids = 0
@@ -97,8 +117,8 @@ class GatewayTestCase(SynchronousTestCase):
         self.probes.append(d)
         return d
 
-    def connect(self, trapos_id="7:"):
-        return Computer(self.factory, trapos_id)
+    def connect(self, trapos_id="7:", peer=None):
+        return Computer(self.factory, trapos_id, peer)
 
     def ready(self, trapos_id="7:"):
         computer = self.connect(trapos_id)
@@ -130,7 +150,7 @@ class HelloTests(GatewayTestCase):
             },
         )
         session = self.registry.find("7:base")
-        self.assertEqual((session.peer, session.version), ("tcp:10.0.0.7:50123", "0.1.0"))
+        self.assertEqual((session.peer, session.version), ("tcp4:10.0.0.7:50123", "0.1.0"))
         self.assertEqual(computer.closes, [])
 
     def test_wrong_secret(self):
@@ -403,3 +423,62 @@ class ShutdownTests(GatewayTestCase):
 
     def test_shutdown_with_no_connections(self):
         self.successResultOf(self.factory.shutdown())
+
+
+class LimitTests(GatewayTestCase):
+    def test_producer_is_registered(self):
+        computer = self.connect()
+        self.assertIs(computer.protocol.transport.producer, computer.protocol.outbound)
+
+    def test_stalled_computer_is_closed_4004(self):
+        computer = self.ready()
+        computer.protocol.outbound.pauseProducing()
+        self.clock.advance(self.factory.stall_timeout)
+        self.assertEqual(computer.closes, [(4004, "stalled")])
+
+    def test_requests_to_a_stalled_computer_fail_overloaded(self):
+        computer = self.ready()
+        computer.protocol.outbound.pauseProducing()
+        results = [self.registry.request("7:", "x", {"pad": "x" * 60_000}) for _ in range(20)]
+        failed = [d for d in results if d.called]
+        self.assertEqual(len(failed), 20 - 17)  # 17 of 60 kB fit in 1 MiB
+        error = self.failureResultOf(failed[0], GatewayError).value
+        self.assertEqual(error.code, wire.OVERLOADED)
+
+    def test_unauthenticated_connections_per_address_are_capped(self):
+        self.factory.max_unauthenticated_per_address = 2
+        first = self.connect()
+        self.connect()
+        with self.assertRaises(ConnectionDeny) as caught:
+            self.connect()
+        self.assertEqual(caught.exception.code, 429)
+        # Another address is not affected.
+        self.connect(peer="tcp4:10.0.0.8:1")
+        # A hello or a close frees a place.
+        self.assertTrue(first.hello()["ok"])
+        third = self.connect()
+        third.lost()
+        self.connect()
+        self.assertEqual(self.factory.awaiting_hello, {"10.0.0.7": 2, "10.0.0.8": 1})
+
+    def test_repeated_wrong_secrets_block_the_address(self):
+        for _ in range(5):
+            self.assertError(self.connect().hello(secret="guess"), wire.UNAUTHORIZED)
+        self.assertError(self.connect().hello(secret="guess"), wire.UNAUTHORIZED)
+        # Now blocked: even the right secret is refused, without being checked.
+        blocked = self.connect()
+        reply = blocked.hello()
+        self.assertError(reply, wire.OVERLOADED)
+        self.assertIn("try again in 2 s", reply["error"]["message"])
+        self.assertEqual(blocked.closes, [(4003, "too many failed hellos")])
+        self.assertEqual(len(self.registry), 0)
+        # Other addresses are not slowed.
+        self.assertTrue(self.connect("8:", peer="tcp4:10.0.0.9:1").hello()["ok"])
+        # After the block, the right secret is let in.
+        self.clock.advance(2)
+        self.assertTrue(self.connect().hello()["ok"])
+
+    def test_peer_host(self):
+        self.assertEqual(peer_host("tcp4:1.2.3.4:5678"), "1.2.3.4")
+        self.assertEqual(peer_host("tcp6:::1:5678"), "::1")
+        self.assertEqual(peer_host("unix:/run/gw.sock"), "unix")

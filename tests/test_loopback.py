@@ -1,8 +1,13 @@
 """Every protocol rule end to end, over real loopback sockets with a real Autobahn client."""
 
+import socket
+
 import orjson
 import treq
 from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
@@ -218,3 +223,72 @@ class ShutdownTests(LoopbackTestCase):
 
 async def _wait(d):
     return await d
+
+
+class LimitTests(LoopbackTestCase):
+    async def test_a_computer_that_stops_reading(self):
+        """Sends to it are bounded, then refused, then it is closed with 4004."""
+        self.gateway.factory.stall_timeout = 0.5
+        computer = await self.ready()
+        other = await self.ready("8:")
+        computer.transport.pauseProducing()  # stop reading from the socket
+        # Small kernel buffers on both ends, or loopback's autotuning soaks up
+        # tens of megabytes before the gateway notices anything.
+        protocol = self.gateway.registry.find("7:").link
+        for sock, option in (
+            (computer.transport.getHandle(), socket.SO_RCVBUF),
+            (protocol.transport.getHandle(), socket.SO_SNDBUF),
+        ):
+            sock.setsockopt(socket.SOL_SOCKET, option, 16384)
+        pending = []
+        for _ in range(1000):  # up to 64 MB: far more than the kernel buffers hold
+            d = self.gateway.registry.request("7:", "big", {"pad": "x" * 65_000})
+            if d.called:
+                break
+            pending.append(d)
+        error = await self.assertFailure(d, GatewayError)
+        self.assertEqual(error.code, "overloaded")
+        self.assertLessEqual(protocol.outbound.queued_bytes, 1024 * 1024)
+        # Other computers are served meanwhile.
+        reply = await other.request("probe_gateway")
+        self.assertTrue(reply["ok"])
+        # Stalled past the timeout: closed, and every request it held fails.
+        for d in pending:
+            failure = await self.assertFailure(bounded(d), GatewayError)
+            self.assertEqual(failure.code, "not_connected")
+        self.assertIsNone(self.gateway.registry.find("7:"))
+        computer.transport.resumeProducing()
+        code, _ = await computer.wait_closed()
+        self.assertIn(code, (4004, 1006))  # the close frame may be lost with the unread data
+
+    async def test_too_many_awaiting_hello_from_one_address(self):
+        self.gateway.factory.max_unauthenticated_per_address = 1
+        first = await self.connect()
+        with self.assertRaises(ConnectionError):
+            await self.connect()
+        # The place is free again once the first said hello.
+        self.assertTrue((await first.hello(self.password))["ok"])
+        second = await self.connect()
+        self.assertTrue((await second.hello(self.password, "8:"))["ok"])
+
+    async def test_an_http_request_that_never_finishes_is_dropped(self):
+        self.gateway.site.timeOut = 0.3
+        lost = Deferred()
+
+        class Silent(Protocol):
+            def connectionMade(self):
+                self.transport.write(b"GET /heal")  # and nothing more
+
+            def connectionLost(self, reason):
+                lost.callback(None)
+
+        endpoint = TCP4ClientEndpoint(self.reactor(), "127.0.0.1", self.gateway.port)
+        await bounded(endpoint.connect(Factory.forProtocol(Silent)))
+        await bounded(lost, 5)
+
+    async def test_an_open_websocket_outlives_the_http_timeout(self):
+        self.gateway.site.timeOut = 0.3
+        computer = await self.ready()
+        await deferLater(self.reactor(), 0.6, lambda: None)
+        reply = await computer.request("probe_gateway")
+        self.assertTrue(reply["ok"])

@@ -18,6 +18,8 @@ DEFAULT_HOST = "0.0.0.0"
 DEFAULT_PORT = 4444
 DEFAULT_OPENCODE_URL = "http://127.0.0.1:4242"
 DEFAULT_REQUEST_TIMEOUT_MS = 600_000
+DEFAULT_MAX_CONNECTIONS = 20_000
+DEFAULT_MAX_UNAUTHENTICATED_PER_ADDRESS = 256
 
 
 class ConfigError(ValueError):
@@ -34,6 +36,8 @@ class Settings:
     opencode_url: str = DEFAULT_OPENCODE_URL
     opencode_username: str = "opencode"
     opencode_password: str | None = attrs.field(default=None, repr=False)
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_unauthenticated_per_address: int = DEFAULT_MAX_UNAUTHENTICATED_PER_ADDRESS
 
 
 def _escape(host: str) -> str:
@@ -49,6 +53,16 @@ def _port(value: str, name: str) -> int:
     if not 0 <= port <= 65535:
         raise ConfigError(f"{name} must be a port number from 0 to 65535, not {value!r}")
     return port
+
+
+def _count(value: str, name: str) -> int:
+    try:
+        count = int(value, 10)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ConfigError(f"{name} must be a whole number of at least 1, not {value!r}")
+    return count
 
 
 def _timeout_ms(value: str, name: str) -> float:
@@ -149,7 +163,20 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
     if (found := given("opencode-password", "OPENCODE_SERVER_PASSWORD")) is not None:
         opencode_password = found[0] or None
 
+    limits = {}
+    for option, variable, field in (
+        ("max-connections", "SANDBOX_MAX_CONNECTIONS", "max_connections"),
+        (
+            "max-unauthenticated-per-address",
+            "SANDBOX_MAX_UNAUTHENTICATED_PER_ADDRESS",
+            "max_unauthenticated_per_address",
+        ),
+    ):
+        if (found := given(option, variable)) is not None:
+            limits[field] = _count(*found)
+
     return Settings(
+        **limits,
         ports=ports,
         password=password,
         admin_token=admin_token,

@@ -12,7 +12,9 @@ The WebSocket side: one ``GatewayProtocol`` per computer connection.
     computer_response ping ok {traposId}       ->
 
 Before a successful hello every request is answered ``not_authenticated``;
-without one within ``hello_timeout`` the connection is closed with 4002.
+without one within ``hello_timeout`` the connection is closed with 4002.  An
+address that keeps failing hello is refused for a while (``overloaded``,
+close 4003), and so is one with too many connections waiting for hello.
 Bad frames are ignored (logged, rate-limited) and never end the connection.
 Nothing raised while handling a message escapes ``onMessage``: Autobahn
 would drop the TCP connection without a close frame.
@@ -27,6 +29,7 @@ from typing import Any
 from autobahn.exception import Disconnected
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.protocol import WebSocketProtocol
+from autobahn.websocket.types import ConnectionDeny
 from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.internet.error import AlreadyCalled, AlreadyCancelled
 from twisted.internet.interfaces import IReactorTime
@@ -36,7 +39,9 @@ from twisted.python.failure import Failure
 from trapsandbox import wire
 from trapsandbox.auth import Authenticator
 from trapsandbox.metrics import Metrics
+from trapsandbox.outbound import MAX_QUEUED_BYTES, STALL_TIMEOUT, Outbound
 from trapsandbox.registry import GatewayError, Registry, Session
+from trapsandbox.throttle import FailureThrottle
 
 HELLO_TIMEOUT = 10.0
 # Computer requests handled at once on one connection; more are refused.
@@ -44,6 +49,10 @@ MAX_BUSY = 16
 AUTO_PING_INTERVAL = 30.0
 AUTO_PING_TIMEOUT = 20.0
 SHUTDOWN_GRACE = 3.0
+MAX_CONNECTIONS = 20_000
+# All computers of one Minecraft server share its address, and all of them
+# connect at once when it starts: the cap is for floods, not for them.
+MAX_UNAUTHENTICATED_PER_ADDRESS = 256
 IGNORED_LOG_INTERVAL = 10.0
 
 Handler = Callable[[Session, wire.ComputerRequest], "Deferred | dict[str, Any]"]
@@ -77,16 +86,46 @@ class GatewayProtocol(WebSocketServerProtocol):
         # onClose runs even for connections that never opened: all state here.
         self.session: Session | None = None
         self.peer_address = "?"
+        self.peer_host = "?"
+        self.outbound: Outbound | None = None
         self._hello_timer = None
         self._busy = 0
+        self._awaiting_hello = False
 
     # Autobahn callbacks
 
     def onConnect(self, request) -> None:
+        factory = self.factory
         self.peer_address = request.peer
+        self.peer_host = peer_host(request.peer)
+        waiting = factory.awaiting_hello.get(self.peer_host, 0)
+        if waiting >= factory.max_unauthenticated_per_address:
+            if factory.refused_log.allow():
+                log.warn(
+                    "refused a connection from {host}: {waiting} of its connections await "
+                    "hello ({suppressed} more refusals not logged)",
+                    host=self.peer_host,
+                    waiting=waiting,
+                    suppressed=factory.refused_log.suppressed,
+                )
+                factory.refused_log.suppressed = 0
+            raise ConnectionDeny(429, "too many connections from your address await hello")
+        factory.awaiting_hello[self.peer_host] = waiting + 1
+        self._awaiting_hello = True
 
     def onOpen(self) -> None:
         self.factory.connections.add(self)
+        self.outbound = Outbound(
+            self.sendMessage,
+            self._stalled,
+            self.factory.clock,
+            self.factory.max_queued_bytes,
+            self.factory.stall_timeout,
+        )
+        # The HTTP channel that parsed the upgrade is still the transport's
+        # producer; our sends take its place.
+        self.transport.unregisterProducer()
+        self.transport.registerProducer(self.outbound, True)
         self._hello_timer = self.factory.clock.callLater(
             self.factory.hello_timeout, self._hello_timed_out
         )
@@ -107,6 +146,9 @@ class GatewayProtocol(WebSocketServerProtocol):
             self.closeHandshakeTimeoutCall = None
             with suppress(AlreadyCalled, AlreadyCancelled):
                 call.cancel()
+        self._hello_done()
+        if self.outbound is not None:
+            self.outbound.stopProducing()
         self.factory.connections.discard(self)
         if self.session is not None:
             self.factory.registry.remove(self.session)
@@ -130,7 +172,7 @@ class GatewayProtocol(WebSocketServerProtocol):
         if self.state != WebSocketProtocol.STATE_OPEN:
             raise GatewayError(wire.NOT_CONNECTED, "the connection is closing")
         try:
-            self.sendMessage(data)
+            self.outbound.send(data)
         except Disconnected:
             raise GatewayError(wire.NOT_CONNECTED, "the connection is closed") from None
 
@@ -242,14 +284,40 @@ class GatewayProtocol(WebSocketServerProtocol):
                 frame.message_id, frame.type, error=GatewayError(wire.BAD_REQUEST, str(error))
             )
             return
+        throttle = self.factory.hello_throttle
+        wait = throttle.blocked_for(self.peer_host)
+        if wait > 0:
+            # Refused without looking at the secret: guessing gains nothing.
+            self.factory.metrics.hellos[wire.OVERLOADED].inc()
+            self._reply(
+                frame.message_id,
+                frame.type,
+                error=GatewayError(
+                    wire.OVERLOADED,
+                    f"too many failed hellos from your address: try again in {wait:.0f} s",
+                ),
+                receiver=hello.trapos_id,
+            )
+            self._cancel_hello_timer()
+            self.close(wire.CLOSE_THROTTLED, "too many failed hellos")
+            return
         account_id = self.factory.authenticator.resolve_account(hello.secret)
         if account_id is None:
             self.factory.metrics.hellos[wire.UNAUTHORIZED].inc()
-            log.warn(
-                "hello from {peer} as {traposId} refused: wrong secret",
-                peer=self.peer_address,
-                traposId=hello.trapos_id,
-            )
+            block, warn = throttle.failed(self.peer_host)
+            if block == 0:
+                log.warn(
+                    "hello from {peer} as {traposId} refused: wrong secret",
+                    peer=self.peer_address,
+                    traposId=hello.trapos_id,
+                )
+            elif warn:
+                log.warn(
+                    "{host} keeps sending wrong secrets: refusing its hellos for up to "
+                    "{block:.0f} s at a time",
+                    host=self.peer_host,
+                    block=block,
+                )
             self._reply(
                 frame.message_id,
                 frame.type,
@@ -260,6 +328,7 @@ class GatewayProtocol(WebSocketServerProtocol):
             self.close(wire.CLOSE_UNAUTHORIZED, "unauthorized")
             return
         self._cancel_hello_timer()
+        self._hello_done()
         self.factory.metrics.hellos["ok"].inc()
         self.session = Session(
             account_id=account_id,
@@ -331,6 +400,28 @@ class GatewayProtocol(WebSocketServerProtocol):
             self._hello_timer.cancel()
         self._hello_timer = None
 
+    def _hello_done(self) -> None:
+        """This connection no longer counts as awaiting hello."""
+        if self._awaiting_hello:
+            self._awaiting_hello = False
+            awaiting = self.factory.awaiting_hello
+            left = awaiting[self.peer_host] - 1
+            if left:
+                awaiting[self.peer_host] = left
+            else:
+                del awaiting[self.peer_host]
+
+    def _stalled(self) -> None:
+        log.warn(
+            "{who} stopped reading for {timeout:g} s with {queued} bytes waiting: closing",
+            who=self.session.trapos_id if self.session else self.peer_address,
+            timeout=self.factory.stall_timeout,
+            queued=self.outbound.queued_bytes,
+        )
+        # The close frame waits behind the unread data; Autobahn drops the
+        # connection when the close handshake times out.
+        self.close(wire.CLOSE_STALLED, "stalled")
+
     def _hello_timed_out(self) -> None:
         self._hello_timer = None
         log.info(
@@ -339,6 +430,14 @@ class GatewayProtocol(WebSocketServerProtocol):
             timeout=self.factory.hello_timeout,
         )
         self.close(wire.CLOSE_HELLO_TIMEOUT, "hello timeout")
+
+
+def peer_host(peer: str) -> str:
+    """The address part of an Autobahn peer (``tcp4:1.2.3.4:5678`` -> ``1.2.3.4``)."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("tcp4", "tcp6"):
+        return rest.rpartition(":")[0]
+    return kind
 
 
 def _error_frame(frame: wire.GatewayResponse, code: str, message: str) -> bytes:
@@ -369,6 +468,11 @@ class GatewayFactory(WebSocketServerFactory):
         auto_ping_interval: float = AUTO_PING_INTERVAL,
         auto_ping_timeout: float = AUTO_PING_TIMEOUT,
         metrics: Metrics | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        max_unauthenticated_per_address: int = MAX_UNAUTHENTICATED_PER_ADDRESS,
+        max_queued_bytes: int = MAX_QUEUED_BYTES,
+        stall_timeout: float = STALL_TIMEOUT,
+        hello_throttle: FailureThrottle | None = None,
     ) -> None:
         super().__init__()
         self.registry = registry
@@ -379,8 +483,14 @@ class GatewayFactory(WebSocketServerFactory):
         self.clock = clock
         self.hello_timeout = hello_timeout
         self.max_busy = max_busy
+        self.max_unauthenticated_per_address = max_unauthenticated_per_address
+        self.max_queued_bytes = max_queued_bytes
+        self.stall_timeout = stall_timeout
+        self.hello_throttle = FailureThrottle(clock) if hello_throttle is None else hello_throttle
         self.connections: set[GatewayProtocol] = set()
+        self.awaiting_hello: dict[str, int] = {}
         self.ignored_log = _Throttle(clock, IGNORED_LOG_INTERVAL)
+        self.refused_log = _Throttle(clock, IGNORED_LOG_INTERVAL)
         self._drained: list[Deferred] = []
         # One call with every option: a later call without allowNullOrigin
         # would reset it.
@@ -393,6 +503,8 @@ class GatewayFactory(WebSocketServerFactory):
             autoPingTimeout=auto_ping_timeout,
             openHandshakeTimeout=HELLO_TIMEOUT,
             closeHandshakeTimeout=1,
+            # Past this, the upgrade is refused with a 503.
+            maxConnections=max_connections,
             allowNullOrigin=True,
             # A plain GET of /gateway gets an error, not an HTML status page.
             webStatus=False,

@@ -27,7 +27,7 @@ from trapsandbox import wire
 PREFIX = "trapsandbox"
 
 FRAME_EVENTS = (*wire.EVENTS, "invalid", "binary")
-HELLO_OUTCOMES = ("ok", wire.UNAUTHORIZED, wire.BAD_REQUEST)
+HELLO_OUTCOMES = ("ok", wire.UNAUTHORIZED, wire.BAD_REQUEST, wire.OVERLOADED)
 # ``ok`` and ``error`` are answers from the computer (ok true or false); the
 # rest are failures on the gateway's side, by error code.
 GATEWAY_OUTCOMES = (

@@ -50,6 +50,13 @@ class Options(usage.Options):
             "The operators' bearer token (prefer --admin-token-file; unset: loopback only).",
         ],
         ["request-timeout-ms", None, None, "Default timeout of requests to a computer."],
+        ["max-connections", None, None, "Most WebSocket connections at once (20000)."],
+        [
+            "max-unauthenticated-per-address",
+            None,
+            None,
+            "Most connections from one address still awaiting hello (256).",
+        ],
         ["opencode-url", None, None, "The opencode server (empty: not probed)."],
         ["opencode-username", None, None, "opencode's Basic-auth user."],
         ["opencode-password", None, None, "opencode's Basic-auth password."],
@@ -150,6 +157,8 @@ class GatewayService(service.MultiService):
             {"probe_gateway": self._probe_gateway, "health": self._probe_gateway},
             reactor,
             metrics=self.metrics,
+            max_connections=settings.max_connections,
+            max_unauthenticated_per_address=settings.max_unauthenticated_per_address,
         )
         self.metrics.watch(
             computers=lambda: len(self.registry),

@@ -44,9 +44,14 @@ from trapsandbox import __version__, client, wire
 from trapsandbox.metrics import Metrics
 from trapsandbox.probe import OpencodeProbe, ProbeResult
 from trapsandbox.registry import GatewayError, Registry
+from trapsandbox.throttle import FailureThrottle
 
 # The largest request body kept; a larger one is dropped as it arrives and answered 413.
 MAX_BODY_BYTES = 1024 * 1024
+# An HTTP connection that sends nothing for this long is closed (Twisted's
+# default is 12 hours).  A WebSocket is not affected: once upgraded, it is
+# watched by its hello timeout and auto-ping instead.
+HTTP_IDLE_TIMEOUT = 30.0
 # A request to a computer may wait for a person at its keyboard, not for days.
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
 
@@ -94,6 +99,10 @@ def is_loopback(address: object) -> bool:
     return ip.is_loopback
 
 
+def _address(address: object) -> str:
+    return str(getattr(address, "host", None) or type(address).__name__)
+
+
 def operators_only(route):
     """Serve ``route`` only to an operator: the bearer token, or loopback when there is none."""
 
@@ -130,6 +139,9 @@ class GatewaySite(Site):
     """A ``Site`` that never spools a large request body to memory or disk."""
 
     displayTracebacks = False
+
+    def __init__(self, resource: IResource, timeout: float = HTTP_IDLE_TIMEOUT) -> None:
+        super().__init__(resource, timeout=timeout)
 
     def getContentFile(self, length: int | None) -> _CappedContent:
         return _CappedContent(MAX_BODY_BYTES, length is not None and length > MAX_BODY_BYTES)
@@ -187,6 +199,7 @@ class GatewayApp:
         self._websocket = websocket
         self._metrics = registry.metrics if metrics is None else metrics
         self._admin_token = None if admin_token is None else admin_token.encode("ascii")
+        self._token_throttle = FailureThrottle(registry.clock)
 
     def resource(self) -> IResource:
         return self.app.resource()
@@ -203,9 +216,26 @@ class GatewayApp:
                 "operator endpoints answer only loopback clients while no "
                 "SANDBOX_ADMIN_TOKEN is set",
             )
+        address = _address(request.getClientAddress())
+        wait = self._token_throttle.blocked_for(address)
+        if wait > 0:
+            # Refused without looking at the token: guessing gains nothing.
+            request.setHeader(b"retry-after", b"%d" % math.ceil(wait))
+            return json_error(
+                request, 429, "too_many_requests", "too many wrong tokens from your address"
+            )
         scheme, _, token = (request.getHeader(b"authorization") or b"").partition(b" ")
         if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._admin_token):
             return None
+        if scheme:
+            block, warn = self._token_throttle.failed(address)
+            if warn:
+                log.warn(
+                    "{address} keeps sending wrong operator tokens: refusing it for up to "
+                    "{block:.0f} s at a time",
+                    address=address,
+                    block=block,
+                )
         request.setHeader(b"www-authenticate", b'Bearer realm="trapsandbox"')
         reason = "wrong bearer token" if scheme else "a bearer token is required"
         return json_error(request, 401, "unauthorized", reason)

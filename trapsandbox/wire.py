@@ -41,6 +41,8 @@ CLOSE_NORMAL = 1000
 CLOSE_REPLACED = 4000
 CLOSE_UNAUTHORIZED = 4001
 CLOSE_HELLO_TIMEOUT = 4002
+CLOSE_THROTTLED = 4003  # too many failed hellos from this address
+CLOSE_STALLED = 4004  # the computer stopped reading what we send
 
 # The largest message a computer may send us, and the largest we send a
 # computer (CC:Tweaked's default websocket message limit).
