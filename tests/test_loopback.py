@@ -4,7 +4,7 @@ import socket
 
 import orjson
 import treq
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import deferLater
@@ -292,3 +292,24 @@ class LimitTests(LoopbackTestCase):
         await deferLater(self.reactor(), 0.6, lambda: None)
         reply = await computer.request("probe_gateway")
         self.assertTrue(reply["ok"])
+
+    async def test_silent_connections_are_closed_4002(self):
+        self.gateway.factory.hello_timeout = 0.5
+        computers = [await self.connect() for _ in range(200)]
+        closes = await bounded(gatherResults([c.wait_closed() for c in computers]))
+        self.assertEqual(closes, [(4002, "hello timeout")] * 200)
+
+    async def test_a_dead_peer_is_found_by_auto_ping(self):
+        self.gateway.factory.setProtocolOptions(
+            autoPingInterval=0.2, autoPingTimeout=0.2, allowNullOrigin=True
+        )
+        computer = await self.ready()
+        d = self.gateway.registry.request("7:", "ping")
+        await computer.next_message()
+        computer.transport.pauseProducing()  # it reads nothing more, answers no ping
+        error = await self.assertFailure(bounded(d), GatewayError)
+        self.assertEqual(error.code, "not_connected")
+        self.assertEqual(len(self.gateway.registry), 0)
+        computer.transport.resumeProducing()
+        code, _ = await computer.wait_closed()
+        self.assertEqual(code, 1006)  # dropped: a dead peer gets no close handshake
