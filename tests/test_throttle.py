@@ -42,12 +42,6 @@ class ThrottleTests(SynchronousTestCase):
         self.clock.advance(61)
         self.assertTrue(self.throttle.failed("10.0.0.1")[1])
 
-    def test_success_forgets(self):
-        self.fail_times(5)
-        self.throttle.succeeded("10.0.0.1")
-        self.assertEqual(self.throttle.blocked_for("10.0.0.1"), 0)
-        self.assertEqual(len(self.throttle), 0)
-
     def test_quiet_addresses_are_forgotten(self):
         self.fail_times(5)
         self.clock.advance(self.throttle.forget_after + 1)

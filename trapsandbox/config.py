@@ -14,12 +14,12 @@ from typing import Any
 import attrs
 from hyperlink import URL
 
+from trapsandbox.gateway import MAX_CONNECTIONS, MAX_UNAUTHENTICATED_PER_ADDRESS
+
 DEFAULT_HOST = "0.0.0.0"
 DEFAULT_PORT = 4444
 DEFAULT_OPENCODE_URL = "http://127.0.0.1:4242"
 DEFAULT_REQUEST_TIMEOUT_MS = 600_000
-DEFAULT_MAX_CONNECTIONS = 20_000
-DEFAULT_MAX_UNAUTHENTICATED_PER_ADDRESS = 256
 
 
 class ConfigError(ValueError):
@@ -36,8 +36,8 @@ class Settings:
     opencode_url: str = DEFAULT_OPENCODE_URL
     opencode_username: str = "opencode"
     opencode_password: str | None = attrs.field(default=None, repr=False)
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    max_unauthenticated_per_address: int = DEFAULT_MAX_UNAUTHENTICATED_PER_ADDRESS
+    max_connections: int = MAX_CONNECTIONS
+    max_unauthenticated_per_address: int = MAX_UNAUTHENTICATED_PER_ADDRESS
 
 
 def _escape(host: str) -> str:

@@ -4,8 +4,10 @@ Slowing down password guessing, per peer address.
 An address may fail a few times freely; after that each failure blocks it
 for a growing period (doubling, capped).  While blocked, its attempts are
 refused without looking at the secret, so guessing gains nothing, and other
-addresses are not affected.  An address that stays quiet is forgotten, and
-the table is bounded so a flood of addresses cannot grow it without limit.
+addresses are not affected.  A success does not clear the record: computers
+behind one address (a Minecraft server) would otherwise reset a guesser's
+count there.  An address that stays quiet is forgotten, and the table is
+bounded so a flood of addresses cannot grow it without limit.
 """
 
 from __future__ import annotations
@@ -74,9 +76,6 @@ class FailureThrottle:
         if warn:
             record.warned_until = now + self.max_block
         return block, warn
-
-    def succeeded(self, address: str) -> None:
-        self._records.pop(address, None)
 
     def _evict(self, now: float) -> None:
         stale = [a for a, r in self._records.items() if now - r.last_failure > self.forget_after]
