@@ -29,12 +29,12 @@ trial: $(VENV)/.installed $(OPENCODE) systemd-tools
 	$(BIN)/trial tests
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check trapsandbox twisted tests
-	$(BIN)/ruff format --check trapsandbox twisted tests
+	$(BIN)/ruff check trapsandbox twisted tests bench
+	$(BIN)/ruff format --check trapsandbox twisted tests bench
 
 format: $(VENV)/.installed
-	$(BIN)/ruff format trapsandbox twisted tests
-	$(BIN)/ruff check --fix trapsandbox twisted tests
+	$(BIN)/ruff format trapsandbox twisted tests bench
+	$(BIN)/ruff check --fix trapsandbox twisted tests bench
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || $(MAKE) --no-print-directory debian-packages PACKAGES=python3-venv

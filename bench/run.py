@@ -1,0 +1,447 @@
+"""
+The benchmark's driver: start the servers and the generator, collect, report.
+
+For each scenario it starts a fresh server (so memory figures do not inherit
+another scenario's high-water mark), first the bare Autobahn echo server
+(:mod:`bench.bare`) and then the real gateway (``twistd -n --pidfile=
+trapsandbox``), each pinned to one CPU, and runs the generator
+(:mod:`bench.load`) pinned to another CPU, beside the fake opencode.  Servers
+and fake bind 127.0.0.1 only; every child is stopped at the end (and dies with
+this process: ``PR_SET_PDEATHSIG``).  ``--quick`` runs every scenario tiny, on
+one server per target, in a few seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench import proc, profile, report
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
+SECRET = "bench-secret"
+ADMIN_TOKEN = "bench-admin-token"
+# A larger listen backlog than Twisted's default of 50: the connect scenario
+# opens up to 100 connections at once; both servers get the same.
+BACKLOG = 1024
+
+FULL: dict[str, dict[str, Any]] = {
+    "connect": {"computers": 2000, "concurrency": 100},
+    # The idle window is one auto-ping interval (30 s), so every connection's
+    # ping and pong falls inside it exactly once.
+    "idle": {"steps": [1000, 5000, 10000], "window": 30.0, "concurrency": 100},
+    "health": {"computers": 100, "in_flight": 4, "duration": 10.0, "warmup": 1.0},
+    "burst": {"computers": 1000},
+    "ping": {"computers": 50, "concurrency": 32, "duration": 10.0},
+    "churn": {"cycles": 20000, "concurrency": 32, "checkpoint": 1000, "max_seconds": 90.0},
+}
+QUICK: dict[str, dict[str, Any]] = {
+    "connect": {"computers": 20, "concurrency": 10},
+    "idle": {"steps": [10, 50], "window": 0.5, "concurrency": 25},
+    "health": {"computers": 5, "in_flight": 2, "duration": 0.5, "warmup": 0.2},
+    "burst": {"computers": 20},
+    "ping": {"computers": 5, "concurrency": 4, "duration": 0.5},
+    "churn": {"cycles": 100, "concurrency": 8, "checkpoint": 20, "max_seconds": 10.0},
+}
+SCENARIOS = tuple(FULL)
+TARGETS = ("bare", "gateway")
+# Scenarios that mean nothing against an echo server.
+GATEWAY_ONLY = {"ping"}
+
+
+def _bound(params: dict[str, Any]) -> float:
+    """An upper bound on a scenario's run time, for the generator's timeout."""
+    return 60 + params.get("window", 0) + params.get("duration", 0) + params.get("max_seconds", 0)
+
+
+class Child:
+    """A child process whose output goes to a log file, watched for ``listening on``."""
+
+    def __init__(self, name: str, argv: list[str], log: Path, cpu: int | None, env=None) -> None:
+        self.name = name
+        self.log = log
+        self.port: int | None = None
+        self._listening = threading.Event()
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=log.parent,
+            preexec_fn=proc.child_setup(cpu),
+        )
+        self.pid = self.process.pid
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        with open(self.log, "wb") as out:
+            for line in self.process.stdout:
+                out.write(line)
+                if self.port is None:
+                    match = LISTENING.search(line.decode("utf-8", "replace"))
+                    if match:
+                        self.port = int(match.group(1))
+                        self._listening.set()
+            out.flush()
+        self._listening.set()
+
+    def wait_listening(self, seconds: float = 30) -> int:
+        self._listening.wait(seconds)
+        if self.port is None:
+            self.stop()
+            raise RuntimeError(f"{self.name} did not start; see {self.log}:\n{self.tail()}")
+        return self.port
+
+    def stop(self, seconds: float = 15) -> int | None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(seconds)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self._reader.join(5)
+        return self.process.returncode
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def errors(self) -> list[str]:
+        """Lines of the log that show a failure (tracebacks, unhandled errors)."""
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return []
+        return [
+            line
+            for line in text.splitlines()
+            if "Traceback" in line or "Unhandled" in line or "[-] Error" in line
+        ]
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("SANDBOX_", "OPENCODE_"))
+    }
+    env.update(extra)
+    return env
+
+
+def _with_repo_path() -> dict[str, str]:
+    """This tree first on ``PYTHONPATH`` (``-m bench.*`` from any directory)."""
+    paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return _clean_env(PYTHONPATH=os.pathsep.join(paths))
+
+
+def _cpus() -> tuple[int | None, int | None]:
+    """The server's CPU and the generator's: two different ones when there are two."""
+    available = sorted(os.sched_getaffinity(0))
+    if len(available) < 2:
+        return None, None
+    return available[0], available[1]
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    packages = {}
+    for name in (
+        "trapsandbox",
+        "Twisted",
+        "autobahn",
+        "txaio",
+        "klein",
+        "treq",
+        "attrs",
+        "cattrs",
+        "orjson",
+        "picows",
+        "uvloop",
+    ):
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            packages[name] = None
+    try:
+        from autobahn.websocket import USES_NVX
+    except ImportError:
+        USES_NVX = None
+    return {
+        "cores": os.cpu_count(),
+        "cpu_model": model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "packages": packages,
+        "autobahn_nvx": USES_NVX,
+        "load_average_at_start": os.getloadavg(),
+    }
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Load benchmark of the trapsandbox gateway against a bare Autobahn server.",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny scenarios (a few computers, ~1 s each)"
+    )
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help=f"comma-separated, from {', '.join(SCENARIOS)} (default: all)",
+    )
+    parser.add_argument("--targets", default=",".join(TARGETS), help="gateway,bare (default)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SCENARIO.PARAM=VALUE",
+        help="override a parameter, e.g. --set health.duration=5 --set idle.steps=1000,5000",
+    )
+    parser.add_argument("--output", help="the JSON file (default: bench-results/bench-TIME.json)")
+    parser.add_argument(
+        "--fake-delay-ms", type=float, default=0.0, help="hold each fake opencode answer"
+    )
+    parser.add_argument(
+        "--py-spy",
+        metavar="DIR",
+        help="record the gateway with py-spy during each scenario (raw stacks in DIR; "
+        "figures of a profiled run are perturbed)",
+    )
+    return parser.parse_args(argv)
+
+
+def _plan(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    base = QUICK if args.quick else FULL
+    names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
+    for name in names:
+        if name not in base:
+            raise SystemExit(f"bench: unknown scenario {name!r}; choose from {', '.join(base)}")
+    plan = {name: dict(base[name]) for name in names}
+    for override in args.set:
+        key, _, value = override.partition("=")
+        scenario, _, param = key.partition(".")
+        if scenario not in plan or param not in plan[scenario]:
+            raise SystemExit(f"bench: --set {override!r}: no such scenario parameter")
+        current = plan[scenario][param]
+        if isinstance(current, list):
+            plan[scenario][param] = [int(v) for v in value.split(",")]
+        else:
+            plan[scenario][param] = type(current)(value)
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    plan = _plan(args)
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    for target in targets:
+        if target not in TARGETS:
+            raise SystemExit(f"bench: unknown target {target!r}")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    output = Path(
+        args.output
+        or REPO / "bench-results" / f"bench-{stamp}{'-quick' if args.quick else ''}.json"
+    )
+    logs = output.with_name(output.stem + "-logs")
+    logs.mkdir(parents=True, exist_ok=True)
+    server_cpu, generator_cpu = _cpus()
+    # SIGTERM (e.g. from a test's cleanup) unwinds through the finally below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    # One server per scenario, bare then gateway, so the two see the same
+    # machine noise; --quick runs all scenarios on one server per target.
+    if args.quick:
+        runs = [(t, [n for n in plan if t == "gateway" or n not in GATEWAY_ONLY]) for t in targets]
+    else:
+        runs = [(t, [n]) for n in plan for t in targets if t == "gateway" or n not in GATEWAY_ONLY]
+    runs = [(t, names) for t, names in runs if names]
+
+    results: dict[str, dict[str, Any]] = {t: {} for t in targets}
+    server_errors: dict[str, list[str]] = {}
+    started = time.monotonic()
+    children: list[Child] = []
+    fake = None
+    try:
+        if "gateway" in targets:
+            fake = Child(
+                "fake opencode",
+                [sys.executable, "-m", "bench.fakeopencode", "--port", "0"]
+                + ["--delay-ms", str(args.fake_delay_ms)],
+                logs / "fake-opencode.log",
+                generator_cpu,
+                env=_with_repo_path(),
+            )
+            children.append(fake)
+            fake.wait_listening()
+        for target, names in runs:
+            label = f"{target}-{'-'.join(names) if len(names) < 3 else 'all'}"
+            server = _start_server(target, label, logs, server_cpu, fake)
+            children.append(server)
+            port = server.wait_listening()
+            print(
+                f"bench: {target} (pid {server.pid}, port {port}): {', '.join(names)}",
+                file=sys.stderr,
+                flush=True,
+            )
+            spy = (
+                _start_py_spy(args.py_spy, label, server, generator_cpu)
+                if target == "gateway"
+                else None
+            )
+            spec = {
+                "target": target,
+                "url": f"ws://127.0.0.1:{port}/gateway",
+                "address": f"127.0.0.1:{port}",
+                "server_pid": server.pid,
+                "fake_pid": fake.pid if fake and target == "gateway" else None,
+                "fake_port": fake.port if fake and target == "gateway" else None,
+                "secret": SECRET,
+                "admin_token": ADMIN_TOKEN,
+                "scenarios": [{"name": n, **plan[n]} for n in names],
+            }
+            outcome = _run_generator(spec, generator_cpu, sum(_bound(plan[n]) for n in names))
+            if spy is not None:
+                _stop_py_spy(spy, args.py_spy, label)
+            died = server.process.poll()
+            code = server.stop()
+            children.remove(server)
+            errors = server.errors()
+            if errors:
+                server_errors[label] = errors[:20]
+            for name in names:
+                figures = outcome.get("scenarios", {}).get(name) or {
+                    "failed": outcome.get("failed", "no result")
+                }
+                figures["server_exit_code"] = code
+                if died is not None:
+                    figures["failed"] = f"the server died during the run (exit code {died})"
+                results[target][name] = figures
+    finally:
+        for child in children:
+            child.stop()
+
+    document = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv),
+        "quick": args.quick,
+        "machine": machine(),
+        "pinning": {"server_cpu": server_cpu, "generator_and_fake_opencode_cpu": generator_cpu},
+        "fd_limit": proc.raise_fd_limit(),
+        "listen_backlog": BACKLOG,
+        "fake_opencode_delay_ms": args.fake_delay_ms,
+        "parameters": plan,
+        "results": results,
+        "server_log_errors": server_errors,
+        "runtime_s": round(time.monotonic() - started, 1),
+    }
+    if args.py_spy:
+        document["profiled"] = True
+    document["ratios"] = report.ratios(results)
+    document["targets"] = report.targets(results, quick=args.quick)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
+    print(report.table(document))
+    print(f"\nfigures: {output}\nserver logs: {logs}")
+    return 0
+
+
+def _start_server(target: str, label: str, logs: Path, cpu: int | None, fake: Child | None):
+    endpoint = f"tcp:0:interface=127.0.0.1:backlog={BACKLOG}"
+    if target == "bare":
+        argv = [sys.executable, "-m", "bench.bare", "--port", endpoint]
+        env = _with_repo_path()
+    else:
+        argv = [str(BIN / "twistd"), "-n", "--pidfile=", "trapsandbox", "--port", endpoint]
+        env = _clean_env(
+            SANDBOX_PASSWORD=SECRET,
+            SANDBOX_ADMIN_TOKEN=ADMIN_TOKEN,
+            OPENCODE_URL=f"http://127.0.0.1:{fake.port}" if fake else "",
+        )
+    return Child(target, argv, logs / f"{label}.log", cpu, env=env)
+
+
+def _run_generator(spec: dict[str, Any], cpu: int | None, bound: float) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "bench.load", orjson.dumps(spec).decode()]
+    try:
+        done = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            cwd=REPO,
+            timeout=bound,
+            preexec_fn=proc.child_setup(cpu),
+        )
+    except subprocess.TimeoutExpired:
+        return {"failed": f"the generator ran over its bound of {bound:.0f} s"}
+    lines = done.stdout.decode().strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return {"failed": f"the generator exited {done.returncode}"}
+    return orjson.loads(lines[-1])
+
+
+def _start_py_spy(directory: str | None, label: str, server: Child, cpu: int | None):
+    if not directory:
+        return None
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    argv = [
+        str(BIN / "py-spy"),
+        "record",
+        "--pid",
+        str(server.pid),
+        "--rate",
+        "250",
+        "--nonblocking",
+        "--format",
+        "raw",
+        "--output",
+        str(Path(directory) / f"{label}.txt"),
+    ]
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=proc.child_setup(cpu),
+    )
+
+
+def _stop_py_spy(spy: subprocess.Popen, directory: str, label: str) -> None:
+    spy.send_signal(signal.SIGINT)
+    try:
+        spy.wait(30)
+    except subprocess.TimeoutExpired:
+        spy.kill()
+        spy.wait(5)
+    stacks = Path(directory) / f"{label}.txt"
+    if stacks.exists():
+        summary = profile.summarize(stacks.read_text())
+        (Path(directory) / f"{label}-summary.txt").write_text(summary)
+        print(summary, file=sys.stderr)

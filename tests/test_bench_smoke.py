@@ -1,0 +1,74 @@
+"""
+``python -m bench --quick`` end to end, so the benchmark cannot rot.
+
+It runs every scenario tiny (a few computers, well under a second each)
+against the real ``twistd trapsandbox`` and the bare Autobahn server, all on
+127.0.0.1; the benchmark stops its own children, and the cleanup stops it.
+The figures are not judged here (a shared machine is too noisy for that at
+this size): only that every scenario ran and its counts add up.
+"""
+
+import os
+import sys
+
+import orjson
+from twisted.trial.unittest import TestCase
+
+from tests.processes import REPO, clean_env, spawn
+
+SCENARIOS = ("connect", "idle", "health", "burst", "ping", "churn")
+
+
+class BenchSmokeTests(TestCase):
+    async def test_quick_benchmark_runs_every_scenario(self):
+        out = os.path.abspath(self.mktemp())
+        os.makedirs(out)
+        output = os.path.join(out, "quick.json")
+        child = spawn(
+            self,
+            [sys.executable, "-m", "bench", "--quick", "--output", output],
+            clean_env(),
+            cwd=REPO,
+        )
+        self.assertEqual(await child.wait_ended(90), 0, child.output)
+        self.assertIn("targets (issue 5):", child.output)
+
+        with open(output, "rb") as f:
+            document = orjson.loads(f.read())
+        self.assertEqual(document["server_log_errors"], {}, child.output)
+        gateway, bare = document["results"]["gateway"], document["results"]["bare"]
+        for name in SCENARIOS:
+            self.assertNotIn("failed", gateway[name], name)
+            self.assertEqual(gateway[name]["server_exit_code"], 0, name)
+            if name != "ping":
+                self.assertNotIn("failed", bare[name], name)
+                self.assertEqual(bare[name]["server_exit_code"], 0, name)
+
+        params = document["parameters"]
+        for figures in (gateway, bare):
+            connect = figures["connect"]
+            self.assertEqual(connect["connected"], params["connect"]["computers"])
+            self.assertGreater(connect["hellos_per_s"], 0)
+            self.assertIsNotNone(connect["handshake"]["p99_ms"])
+            self.assertEqual(figures["idle"]["computers"], params["idle"]["steps"][-1])
+            self.assertIsInstance(figures["idle"]["bytes_per_computer"], int)
+            self.assertGreater(figures["health"]["answered"], 0)
+            self.assertEqual(figures["health"]["errors"], {})
+            self.assertTrue(figures["burst"]["all_answered"], figures["burst"])
+            self.assertEqual(figures["churn"]["completed"], params["churn"]["cycles"])
+            self.assertEqual(figures["churn"]["errors"], {})
+            for name in ("connect", "health", "burst", "churn"):
+                self.assertIn("server_cpu_us_per_op", figures[name], name)
+
+        # The gateway side: the registry, the shared opencode probe, the operator endpoint.
+        self.assertEqual(gateway["idle"]["registered"], params["idle"]["steps"][-1])
+        self.assertGreaterEqual(gateway["burst"]["opencode_requests"], 1)
+        self.assertGreater(gateway["health"]["opencode_requests"], 0)
+        self.assertEqual(gateway["churn"]["registered_end"], 0)
+        ping = gateway["ping"]
+        if "skipped" not in ping:
+            self.assertGreater(ping["answered"], 0)
+            self.assertEqual(ping["errors"], {})
+            self.assertGreaterEqual(ping["answered_by_computers"], ping["answered"])
+        self.assertEqual(len(document["targets"]), 5)
+        self.assertIn("health: round trips/s", document["ratios"])
