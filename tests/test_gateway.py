@@ -442,8 +442,8 @@ class LimitTests(GatewayTestCase):
         results = [self.registry.request("7:", "x", {"pad": "x" * 60_000}) for _ in range(20)]
         failed = [d for d in results if d.called]
         self.assertEqual(len(failed), 20 - 17)  # 17 of 60 kB fit in 1 MiB
-        error = self.failureResultOf(failed[0], GatewayError).value
-        self.assertEqual(error.code, wire.OVERLOADED)
+        for d in failed:
+            self.assertEqual(self.failureResultOf(d, GatewayError).value.code, wire.OVERLOADED)
 
     def test_unauthenticated_connections_per_address_are_capped(self):
         self.factory.max_unauthenticated_per_address = 2
@@ -482,3 +482,14 @@ class LimitTests(GatewayTestCase):
         self.assertEqual(peer_host("tcp4:1.2.3.4:5678"), "1.2.3.4")
         self.assertEqual(peer_host("tcp6:::1:5678"), "::1")
         self.assertEqual(peer_host("unix:/run/gw.sock"), "unix")
+
+
+class LazyFormatTests(SynchronousTestCase):
+    def test_autobahn_debug_lines_still_render(self):
+        from pprint import pformat
+
+        import autobahn.websocket.protocol
+
+        value = [("maxFramePayloadSize", 1048576, "GatewayFactory")]
+        lazy = autobahn.websocket.protocol.pformat(value)
+        self.assertEqual(f"\n{lazy}", "\n" + pformat(value))

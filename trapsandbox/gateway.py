@@ -24,13 +24,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import suppress
+from pprint import pformat
 from typing import Any
 
+import autobahn.websocket.protocol
 from autobahn.exception import Disconnected
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.protocol import WebSocketProtocol
 from autobahn.websocket.types import ConnectionDeny
-from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import AlreadyCalled, AlreadyCancelled
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -54,6 +56,24 @@ MAX_CONNECTIONS = 20_000
 # connect at once when it starts: the cap is for floods, not for them.
 MAX_UNAUTHENTICATED_PER_ADDRESS = 256
 IGNORED_LOG_INTERVAL = 10.0
+
+
+class _LazyFormat:
+    """``pformat`` deferred until a log line that uses it is written."""
+
+    def __init__(self, value: object) -> None:
+        self._value = value
+
+    def __str__(self) -> str:
+        return pformat(self._value)
+
+    __repr__ = __str__
+
+
+# Autobahn pretty-prints ~40 options on every new connection for a debug line
+# that is almost never written: a quarter of a connect's CPU.  Its other uses
+# of pformat are debug lines too (and timing reports, which we leave off).
+autobahn.websocket.protocol.pformat = _LazyFormat
 
 Handler = Callable[[Session, wire.ComputerRequest], "Deferred | dict[str, Any]"]
 
@@ -247,8 +267,14 @@ class GatewayProtocol(WebSocketServerProtocol):
             )
             return
         self._busy += 1
-        d = maybeDeferred(handler, self.session, frame)
-        d.addBoth(self._handled, frame)
+        try:
+            result = handler(self.session, frame)
+        except Exception:
+            result = Failure()
+        if isinstance(result, Deferred):
+            result.addBoth(self._handled, frame)
+        else:
+            self._handled(result, frame)
 
     def _handled(self, result: dict[str, Any] | Failure, frame: wire.ComputerRequest) -> None:
         self._busy -= 1

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from typing import Any
 
@@ -23,12 +24,14 @@ from trapsandbox import __version__, config
 from trapsandbox.auth import Authenticator
 from trapsandbox.gateway import GatewayFactory
 from trapsandbox.metrics import Metrics
-from trapsandbox.probe import OpencodeProbe, redact
+from trapsandbox.probe import OpencodeProbe, ProbeResult, redact
 from trapsandbox.registry import Registry
 from trapsandbox.systemd import Notifier
 from trapsandbox.web import GatewayApp, GatewaySite
 
 log = Logger()
+
+GC_THRESHOLD = 20_000
 
 
 class Options(usage.Options):
@@ -178,7 +181,7 @@ class GatewayService(service.MultiService):
             listener.setServiceParent(self)
 
     def _probe_gateway(self, session, frame) -> Deferred:
-        return self.probe.check().addCallback(lambda result: result.to_payload())
+        return self.probe.check().addCallback(ProbeResult.to_payload)
 
     def startService(self) -> None:
         super().startService()
@@ -228,6 +231,13 @@ def makeService(options: Options) -> service.IService:
 
     try:
         settings = config.load(os.environ, options)
-        return GatewayService(settings, reactor, Notifier.from_environ(reactor, os.environ))
+        gateway = GatewayService(settings, reactor, Notifier.from_environ(reactor, os.environ))
     except config.ConfigError as error:
         raise SystemExit(f"trapsandbox: {error}") from None
+    # Everything loaded so far lives as long as the process: keep the cyclic
+    # collector from walking it again and again, and let it run less often
+    # (measured: a fifth of a health round trip's CPU went to collections).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLD, 10, 10)
+    return gateway
