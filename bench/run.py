@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 
 from bench import proc, profile, report
+from trapsandbox.gateway import AUTO_PING_INTERVAL
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -41,9 +42,9 @@ BACKLOG = 1024
 
 FULL: dict[str, dict[str, Any]] = {
     "connect": {"computers": 2000, "concurrency": 100},
-    # The idle window is one auto-ping interval (30 s), so every connection's
+    # The idle window is one auto-ping interval, so every connection's
     # ping and pong falls inside it exactly once.
-    "idle": {"steps": [1000, 5000, 10000], "window": 30.0, "concurrency": 100},
+    "idle": {"steps": [1000, 5000, 10000], "window": AUTO_PING_INTERVAL, "concurrency": 100},
     "health": {"computers": 100, "in_flight": 4, "duration": 10.0, "warmup": 1.0},
     "burst": {"computers": 1000},
     "ping": {"computers": 50, "concurrency": 32, "duration": 10.0},

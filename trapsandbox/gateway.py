@@ -48,8 +48,10 @@ from trapsandbox.throttle import FailureThrottle
 HELLO_TIMEOUT = 10.0
 # Computer requests handled at once on one connection; more are refused.
 MAX_BUSY = 16
-AUTO_PING_INTERVAL = 30.0
-AUTO_PING_TIMEOUT = 20.0
+# A dead TCP peer is found within a minute and a half; 10,000 idle computers
+# then cost about 1 % of a core in pings (measured: 2 % at 30 s).
+AUTO_PING_INTERVAL = 60.0
+AUTO_PING_TIMEOUT = 30.0
 SHUTDOWN_GRACE = 3.0
 MAX_CONNECTIONS = 20_000
 # All computers of one Minecraft server share its address, and all of them
