@@ -8,6 +8,7 @@ reactor (seen: child processes of later tests never reaped).  So plain test
 functions are refused at collection, with a message that says why.
 """
 
+import hypothesis
 import pytest
 
 
@@ -37,3 +38,9 @@ def _scratch_directory(tmp_path_factory):
     os.chdir(tmp_path_factory.mktemp("trial"))
     yield
     os.chdir(before)
+
+
+# Examples are judged by their outcome, not their speed: a loaded CI machine
+# must not fail a property on hypothesis's 200 ms deadline.
+hypothesis.settings.register_profile("trapsandbox", deadline=None)
+hypothesis.settings.load_profile("trapsandbox")

@@ -5,8 +5,7 @@ hypothesis generates the frames up front, derandomized (the same frames on every
 failure reproduces), and they are sent many to a connection: TRAPSANDBOX_FUZZ_FRAMES of them
 (``make fuzz`` sends 100,000; ``make test`` the default below).  Each connection ends with
 one generated ending: a close from the client or a message the gateway must refuse with a
-close frame (invalid UTF-8, over 1 MiB, a protocol violation).  Invalid close frames from the
-client are left out while a known bug stands (``KNOWN_BROKEN``, pinned by ``todo`` tests).
+close frame (invalid UTF-8, over 1 MiB, a protocol violation, an invalid close frame).
 
 What must hold, checked by an oracle independent of the gateway's code:
 
@@ -56,17 +55,6 @@ PASSWORD = "fuzz-sesame"
 # Close codes a peer may send (RFC 6455 7.4, as Autobahn reads it).
 VALID_CLOSE_CODES = [1000, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011]
 # 1012-1014 are registered later than RFC 6455; Autobahn refuses them. Leave them out.
-# Autobahn answers an invalid close code, a one-byte close body or a close reason that is
-# not UTF-8 with its 1002 (1007) close frame but then aborts the connection at once, which
-# throws that frame away unsent: the computer sees the TCP connection drop (1006).  Those
-# endings are left out of the generated batches and pinned by ``todo`` tests until fixed.
-CLOSE_FRAME_BUG = (
-    "BUG: a client close frame with an invalid code, a one-byte body or a non-UTF-8 reason: "
-    "Autobahn's onCloseFrame sends 1002/1007, then (state CLOSING) takes the client's close "
-    "as the reply and dropConnection(abort=True) discards the unsent close frame: the client "
-    "sees 1006"
-)
-KNOWN_BROKEN = {"close-code", "close-reason", "close-short"}
 INVALID_CLOSE_CODES = st.one_of(
     st.sampled_from([0, 1, 999, 1004, 1005, 1006, 1015, 1016, 2999, 5000, 65535]),
     st.integers(0, 999),
@@ -485,8 +473,8 @@ def endings(kind: str):
 
 
 def generate_endings(count: int) -> list[Ending]:
-    """``count`` endings, every kind in turn (but the ones known to be broken)."""
-    kinds = [kind for kind in ENDING_KINDS if kind not in KNOWN_BROKEN]
+    """``count`` endings, every kind in turn."""
+    kinds = list(ENDING_KINDS)
     per_kind = {kind: generate(endings(kind), -(-count // len(kinds)), 4) for kind in kinds}
     return [per_kind[kinds[n % len(kinds)]][n // len(kinds)] for n in range(count)]
 
@@ -851,8 +839,6 @@ class NamedHostileFramesTests(FuzzTestCase):
                 computer, Ending("raw", (1002,), struct.pack("!H", code), opcode=8)
             )
 
-    test_invalid_close_codes_are_answered_1002.todo = CLOSE_FRAME_BUG
-
     async def test_invalid_close_reason_is_answered_1007(self):
         for bad in BAD_UTF8:
             computer = await self.ready()
@@ -860,13 +846,9 @@ class NamedHostileFramesTests(FuzzTestCase):
                 computer, Ending("raw", (1007,), struct.pack("!H", 1000) + bad, opcode=8)
             )
 
-    test_invalid_close_reason_is_answered_1007.todo = CLOSE_FRAME_BUG
-
     async def test_one_byte_close_body_is_answered_1002(self):
         computer = await self.ready()
         await self.assertEnds(computer, Ending("raw", (1002,), b"\x03", opcode=8))
-
-    test_one_byte_close_body_is_answered_1002.todo = CLOSE_FRAME_BUG
 
     async def test_oversized_is_closed_1009_even_fragmented(self):
         computer = await self.ready()
@@ -881,12 +863,6 @@ class UnserialisableAnswerTests(TestCase):
     A computer's answer the gateway can read but not write again: nested deeper than orjson
     writes (254), relayed to an operator through POST /computers/<id>/requests.
     """
-
-    todo = (
-        "BUG: web.GatewayApp._answered passes the computer's payload to orjson.dumps, which "
-        "refuses nesting past 254 levels: the operator gets a 500 and a critical traceback is "
-        "logged"
-    )
 
     async def test_deep_answer_is_a_clean_error(self):
         log = LogCapture(self)

@@ -84,6 +84,12 @@ def _opencode_url(value: str, name: str) -> str:
         url = None
     if url is None or url.scheme not in ("http", "https") or not url.host:
         raise ConfigError(f"{name} must be an http:// or https:// URL, not {value!r}")
+    if url.userinfo:
+        # Not echoed: it holds a password.
+        raise ConfigError(
+            f"{name} must not carry user:password@; set OPENCODE_SERVER_USERNAME and "
+            "OPENCODE_SERVER_PASSWORD instead"
+        )
     return value
 
 

@@ -113,6 +113,7 @@ class GatewayProtocol(WebSocketServerProtocol):
         self._hello_timer = None
         self._busy = 0
         self._awaiting_hello = False
+        self._answering_close = False
 
     # Autobahn callbacks
 
@@ -182,6 +183,24 @@ class GatewayProtocol(WebSocketServerProtocol):
                 reason=reason or "",
             )
         self.factory.check_drained()
+
+    def onCloseFrame(self, code: int | None, reasonRaw: bytes | None) -> bool | None:
+        # Open: this close starts the handshake.  Failed by us: our answer to
+        # the peer's bad frame may still be unsent.
+        self._answering_close = self.state == WebSocketProtocol.STATE_OPEN or self.failedByMe
+        try:
+            return super().onCloseFrame(code, reasonRaw)
+        finally:
+            self._answering_close = False
+
+    def dropConnection(self, abort: bool = False) -> None:
+        # Autobahn answers a malformed close frame (a reserved code, a one-byte
+        # body, a reason that is not UTF-8) with its own 1002/1007 close, then
+        # aborts the connection, which throws that frame away unsent.  The peer
+        # is reading (it just sent a close): let the frame go out first.
+        if self._answering_close:
+            abort = False
+        super().dropConnection(abort)
 
     # The registry's Link
 

@@ -93,8 +93,9 @@ class OpencodeProbe:
         self._waiters = [d]
         self.requests_made += 1
         exchange = self._exchange()
-        exchange.addErrback(self._explain)
+        # The timeout first: what its cancellation raises is not an error to explain.
         exchange.addTimeout(self._timeout, self._clock, onTimeoutCancel=self._timed_out)
+        exchange.addErrback(self._explain)
         exchange.addCallback(self._deliver, self._clock.seconds())
         return d
 

@@ -334,7 +334,13 @@ class GatewayApp:
             body["payload"] = response.payload
         if response.error is not None:
             body["error"] = {"code": response.error.code, "message": response.error.message}
-        return json_body(request, body)
+        try:
+            return json_body(request, body)
+        except orjson.JSONEncodeError as error:
+            # orjson reads deeper nesting (1024) than it writes (254).
+            return json_error(
+                request, 502, wire.INTERNAL, f"the computer's answer cannot be relayed: {error}"
+            )
 
     def _failed(self, failure: Failure, request: IRequest) -> bytes | Failure:
         if failure.check(CancelledError):
