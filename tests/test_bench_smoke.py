@@ -62,8 +62,8 @@ class BenchSmokeTests(TestCase):
 
         # The gateway side: the registry, the shared opencode probe, the operator endpoint.
         self.assertEqual(gateway["idle"]["registered"], params["idle"]["steps"][-1])
-        self.assertGreaterEqual(gateway["burst"]["opencode_requests"], 1)
-        self.assertGreater(gateway["health"]["opencode_requests"], 0)
+        # Shared and reused for a second: the burst makes at most one or two requests.
+        self.assertLessEqual(gateway["burst"]["opencode_requests"], 2)
         self.assertEqual(gateway["churn"]["registered_end"], 0)
         ping = gateway["ping"]
         if "skipped" not in ping:

@@ -112,7 +112,8 @@ class ProbeTests(SynchronousTestCase):
         result = self.successResultOf(d)
         self.assertFalse(result.ok)
         self.assertIn("no answer within 5 s", result.detail)
-        # The next probe makes a new request.
+        # Once that result is stale, the next check makes a new request.
+        self.clock.advance(1)
         probe.check()
         self.assertEqual(probe.requests_made, 2)
 
@@ -133,9 +134,25 @@ class ProbeTests(SynchronousTestCase):
         results = [self.successResultOf(d) for d in ds]
         self.assertEqual(set(results), {ProbeResult(True)})
         self.assertEqual((probe.requests_made, self.opencode.requests), (1, 1))
-        # Once answered, the next caller probes afresh.
+
+    def test_a_result_is_reused_for_a_second(self):
+        probe = self.probe()
+        first = self.result(probe)
+        self.assertIs(probe.fresh(), first)
+        self.clock.advance(0.9)
+        self.assertIs(self.result(probe), first)
+        self.assertEqual(self.opencode.requests, 1)
+        self.clock.advance(0.1)
+        self.assertIsNone(probe.fresh())
         self.result(probe)
         self.assertEqual(self.opencode.requests, 2)
+
+    def test_payload_is_shared_and_to_payload_a_copy(self):
+        result = ProbeResult(True)
+        self.assertIs(result.payload, result.payload)
+        copy = result.to_payload()
+        copy["computers"] = 3
+        self.assertEqual(result.payload, {"sandboxOk": True, "opencodeOk": True})
 
     def test_userinfo_is_never_shown(self):
         self.assertEqual(redact("http://u:secret@h:1/x"), "http://h:1/x")

@@ -149,6 +149,17 @@ class EncodeTests(SynchronousTestCase):
     def test_round_trip(self, frame):
         self.assertEqual(wire.decode(wire.encode(frame)), frame)
 
+    @given(ids, ids, types, payloads | st.none(), errors | st.none())
+    def test_encode_response_is_encode_of_the_frame(
+        self, receiver, message_id, type, payload, error
+    ):
+        frame = wire.GatewayResponse(
+            receiver, message_id, type, error is None, None if error else payload, error
+        )
+        self.assertEqual(
+            wire.encode_response(receiver, message_id, type, payload, error), wire.encode(frame)
+        )
+
     def test_camel_case_and_event_on_the_wire(self):
         data = orjson.loads(wire.encode(wire.GatewayRequest("7:", "m", "ping", {})))
         self.assertEqual(

@@ -405,24 +405,27 @@ class GatewayProtocol(WebSocketServerProtocol):
     ) -> None:
         if receiver is None:
             receiver = self.session.trapos_id if self.session else "?"
-        frame = wire.GatewayResponse(
-            receiver,
-            message_id,
-            type,
-            ok=error is None,
-            payload=payload,
-            error=error.to_wire() if error else None,
-        )
         outcome = "ok" if error is None else error.code
+        wire_error = error.to_wire() if error else None
         try:
-            data = wire.encode(frame)
+            data = wire.encode_response(receiver, message_id, type, payload, wire_error)
         except wire.EncodeError:
             log.failure("cannot encode the answer to {type}", type=type)
             outcome = wire.INTERNAL
-            data = _error_frame(frame, outcome, "the answer could not be encoded")
+            data = wire.encode_response(
+                receiver,
+                message_id,
+                type,
+                error=wire.Error(outcome, "the answer could not be encoded"),
+            )
         if len(data) > wire.MAX_OUTBOUND_BYTES:
             outcome = wire.TOO_LARGE
-            data = _error_frame(frame, outcome, "the answer is larger than a computer accepts")
+            data = wire.encode_response(
+                receiver,
+                message_id,
+                type,
+                error=wire.Error(outcome, "the answer is larger than a computer accepts"),
+            )
         metrics = self.factory.metrics
         metrics.computer_request(type, outcome)
         try:
@@ -485,18 +488,6 @@ def peer_host(peer: str) -> str:
     if kind in ("tcp4", "tcp6"):
         return rest.rpartition(":")[0]
     return kind
-
-
-def _error_frame(frame: wire.GatewayResponse, code: str, message: str) -> bytes:
-    return wire.encode(
-        wire.GatewayResponse(
-            frame.trapos_receiver_id,
-            frame.message_id,
-            frame.type,
-            ok=False,
-            error=wire.Error(code, message),
-        )
-    )
 
 
 class GatewayFactory(WebSocketServerFactory):

@@ -5,7 +5,9 @@ The opencode probe: is the opencode server at ``OPENCODE_URL`` answering?
 JSON content type (opencode answers unknown paths with its HTML web UI and a
 200, so a bare status check is fooled by a wrong URL).  The whole exchange,
 headers and body, is bounded.  Callers that ask while a probe is in flight
-share it: a burst of health requests makes one HTTP request.
+share it: a burst of health requests makes one HTTP request.  A result is
+reused for ``FRESH_FOR`` seconds, so a steady stream of health requests makes
+about one HTTP request a second, and most are answered without waiting.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from twisted.web.client import ResponseFailed
 from trapsandbox.metrics import Metrics
 
 PROBE_TIMEOUT = 5.0
+FRESH_FOR = 1.0
 
 log = Logger()
 
@@ -36,11 +39,22 @@ class ProbeResult:
     # Why, as a metrics label (trapsandbox.metrics.PROBE_OUTCOMES).
     outcome: str = attrs.field(default="", eq=False, repr=False)
 
-    def to_payload(self) -> dict[str, Any]:
+    # The answer to probe_gateway, built once and shared: never modify it.
+    payload: dict[str, Any] = attrs.field(init=False, eq=False, repr=False)
+
+    @payload.default
+    def _payload(self) -> dict[str, Any]:
         payload: dict[str, Any] = {"sandboxOk": True, "opencodeOk": self.ok}
         if not self.ok:
             payload["opencodeDetail"] = self.detail
         return payload
+
+    def to_payload(self) -> dict[str, Any]:
+        """A copy of ``payload`` to add to."""
+        return dict(self.payload)
+
+
+_NOT_SET = ProbeResult(False, "OPENCODE_URL not set", outcome="not_set")
 
 
 def redact(url: str) -> str:
@@ -68,12 +82,16 @@ class OpencodeProbe:
         password: str | None = None,
         timeout: float = PROBE_TIMEOUT,
         metrics: Metrics | None = None,
+        fresh_for: float = FRESH_FOR,
     ) -> None:
         self._http = http
         self._clock = clock
         self._timeout = timeout
         self._auth = (username, password) if password else None
         self._waiters: list[Deferred] | None = None
+        self._fresh_for = fresh_for
+        self._latest: ProbeResult | None = None
+        self._latest_at = 0.0
         self._metrics = Metrics() if metrics is None else metrics
         self.url = url
         self.requests_made = 0
@@ -83,9 +101,19 @@ class OpencodeProbe:
             # Parsed once: treq would otherwise parse (and IDNA-encode) it per call.
             self._target = DecodedURL.from_text(base + "/config")
 
-    def check(self) -> Deferred:
+    def fresh(self) -> ProbeResult | None:
+        """The latest result if it is recent enough to reuse, else None."""
         if not self.url:
-            return succeed(ProbeResult(False, "OPENCODE_URL not set"))
+            return _NOT_SET
+        if self._latest is not None and self._clock.seconds() - self._latest_at < self._fresh_for:
+            return self._latest
+        return None
+
+    def check(self) -> Deferred:
+        """Fires with a ``ProbeResult``: a fresh one, or the next one."""
+        result = self.fresh()
+        if result is not None:
+            return succeed(result)
         d = Deferred()
         if self._waiters is not None:
             self._waiters.append(d)
@@ -161,6 +189,7 @@ class OpencodeProbe:
 
     def _deliver(self, result: ProbeResult, started: float) -> None:
         self._metrics.probe(result.outcome or "error", self._clock.seconds() - started)
+        self._latest, self._latest_at = result, self._clock.seconds()
         waiters, self._waiters = self._waiters or [], None
         for d in waiters:
             d.callback(result)

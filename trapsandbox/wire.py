@@ -282,6 +282,35 @@ def encode(frame: Frame) -> bytes:
         raise EncodeError(str(error)) from None
 
 
+def encode_response(
+    receiver: str,
+    message_id: str,
+    type: str,
+    payload: dict[str, Any] | None = None,
+    error: Error | None = None,
+) -> bytes:
+    """
+    ``encode(GatewayResponse(...))`` without building the frame: every answer
+    the gateway sends goes through here, and its fields are already valid
+    (they come from a decoded request).
+    """
+    body: dict[str, Any] = {
+        "event": "gateway_response",
+        "traposReceiverId": receiver,
+        "messageId": message_id,
+        "type": type,
+        "ok": error is None,
+    }
+    if error is not None:
+        body["error"] = {"code": error.code, "message": error.message}
+    elif payload is not None:
+        body["payload"] = payload
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError as failure:
+        raise EncodeError(str(failure)) from None
+
+
 def decode_hello(payload: dict[str, Any]) -> Hello:
     """Structure a hello payload; raises ``ValueError`` with a readable reason."""
     try:
