@@ -28,6 +28,7 @@ import orjson
 from picows import WSCloseCode, WSListener, WSMsgType, ws_connect
 
 from bench import proc
+from trapsandbox.probe import FRESH_FOR
 
 TEXT = WSMsgType.TEXT
 CLOSE = WSMsgType.CLOSE
@@ -557,6 +558,10 @@ class Generator:
         opened, _, open_errors = await self.open_many(
             self.next_ids(computers, "burst"), 64, timeout=60
         )
+        if self.gateway:
+            # Let the warm-up's probe result go stale: the burst then has to share
+            # one request in flight instead of reusing a fresh result.
+            await asyncio.sleep(FRESH_FOR)
         opencode_before = await self.opencode_requests()
         meter = Meter(self)
         started = perf_counter()
