@@ -79,3 +79,9 @@ class WebTests(SynchronousTestCase):
         response = self.successResultOf(self.http.post("http://gw.example:4444/health"))
         self.assertEqual(response.code, 405)
         self.assertEqual(response.headers.getRawHeaders("content-type"), ["application/json"])
+
+    def test_idle_http_connections_time_out(self):
+        from trapsandbox.web import HTTP_IDLE_TIMEOUT, GatewaySite
+
+        self.assertEqual(GatewaySite(Resource()).timeOut, HTTP_IDLE_TIMEOUT)
+        self.assertLessEqual(HTTP_IDLE_TIMEOUT, 60)
