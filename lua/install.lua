@@ -112,16 +112,7 @@ if password == nil then
   password = read('*')
 end
 
-if settings.define then
-  settings.define('sandbox.url', {
-    description = 'WebSocket URL of the trapsandbox gateway, e.g. ws://host:4444/gateway',
-    type = 'string',
-  })
-  settings.define('sandbox.password', {
-    description = 'Shared secret the sandbox daemon presents to the gateway (SANDBOX_PASSWORD)',
-    type = 'string',
-  })
-end
+dofile('/apis/libsandbox.lua').defineSettings()
 settings.set('sandbox.url', gatewayUrl)
 if password ~= nil and password ~= '' then
   settings.set('sandbox.password', password)

@@ -61,6 +61,19 @@ local function errorValue(code, message)
 end
 M.errorValue = errorValue
 
+-- The settings the daemon and the `sandbox` command read, with descriptions for `set`.
+function M.defineSettings()
+  if not (settings and settings.define) then return end
+  settings.define('sandbox.url', {
+    description = 'WebSocket URL of the trapsandbox gateway, e.g. ws://host:4444/gateway',
+    type = 'string',
+  })
+  settings.define('sandbox.password', {
+    description = 'Shared secret the sandbox daemon presents to the gateway (SANDBOX_PASSWORD)',
+    type = 'string',
+  })
+end
+
 -- traposId = "<computerId>:<label>", label may be empty ("7:").
 function M.traposId(osLike)
   osLike = osLike or os

@@ -9,18 +9,6 @@ sandbox: talk to the trapsandbox gateway through the sandbox daemon.
 
 local args = { ... }
 
-local function defineSettings()
-  if not (settings and settings.define) then return end
-  settings.define('sandbox.url', {
-    description = 'WebSocket URL of the trapsandbox gateway, e.g. ws://host:4444/gateway',
-    type = 'string',
-  })
-  settings.define('sandbox.password', {
-    description = 'Shared secret the sandbox daemon presents to the gateway (SANDBOX_PASSWORD)',
-    type = 'string',
-  })
-end
-
 -- libsandbox lives in /apis: `require` finds it under trapos; plain CraftOS needs dofile.
 local function locate()
   local loaded = rawget(_G, 'libsandbox')
@@ -78,7 +66,8 @@ local function status(lib, url)
   if state.lastError then print('last error: ' .. describeError(state.lastError)) end
 end
 
-defineSettings()
+local lib = locate()
+lib.defineSettings()
 
 local command = args[1]
 if command == '--version' or command == '-v' then
@@ -96,7 +85,6 @@ if type(url) ~= 'string' or url == '' then
   return
 end
 
-local lib = locate()
 if command == 'health' then
   health(lib)
 elseif command == 'status' then

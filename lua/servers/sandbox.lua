@@ -8,18 +8,6 @@ returns; on plain CraftOS it runs its own event loop forever, so start it in the
 Settings: sandbox.url (required) and sandbox.password.
 ]]
 
-local function defineSettings()
-  if not (settings and settings.define) then return end
-  settings.define('sandbox.url', {
-    description = 'WebSocket URL of the trapsandbox gateway, e.g. ws://host:4444/gateway',
-    type = 'string',
-  })
-  settings.define('sandbox.password', {
-    description = 'Shared secret the sandbox daemon presents to the gateway (SANDBOX_PASSWORD)',
-    type = 'string',
-  })
-end
-
 -- libsandbox lives in /apis: `require` finds it under trapos; plain CraftOS needs dofile.
 local function locate()
   local loaded = rawget(_G, 'libsandbox')
@@ -32,7 +20,8 @@ local function locate()
   error('libsandbox not found: install /apis/libsandbox.lua', 0)
 end
 
-defineSettings()
+local lib = locate()
+lib.defineSettings()
 
 local url = settings.get('sandbox.url')
 if type(url) ~= 'string' or url == '' then
@@ -44,7 +33,6 @@ if not (http and http.websocketAsync) then
   return
 end
 
-local lib = locate()
 local password = settings.get('sandbox.password')
 if type(password) ~= 'string' then password = nil end
 
