@@ -671,6 +671,81 @@ class Generator:
         figures["stragglers"] = await self.close_many(opened)
         return figures
 
+    async def slowreader(
+        self, computers: int, in_flight: int, senders: int, request_bytes: int, duration: float
+    ) -> dict[str, Any]:
+        """
+        One computer stops reading while operators send it large requests; the
+        others keep asking for health.  Issue 6: the gateway's memory stays
+        bounded and the others are not slowed.
+        """
+        if not self.gateway:
+            return {"skipped": "the bare server has no operator endpoint"}
+        [(slow, _)] = [await self.open_computer(self.next_ids(1, "slow")[0])]
+        slow.transport.underlying_transport.pause_reading()
+        opened, _, open_errors = await self.open_many(
+            self.next_ids(computers, "busy"), 64, timeout=60
+        )
+        host = f"{self.host}:{self.port}"
+        headers = {"Content-Type": "application/json"}
+        if self.admin_token:
+            headers["Authorization"] = f"Bearer {self.admin_token}"
+        path = f"/computers/{quote(slow.trapos_id, safe='')}/requests"
+        body = orjson.dumps(
+            {"type": "big", "payload": {"pad": "x" * request_bytes}, "timeoutMs": 2000}
+        )
+        statuses: Counter = Counter()
+        latencies: list[float] = []
+        state = {"running": True, "rss_peak": self.rss()}
+        rss_before = state["rss_peak"]
+
+        async def sender() -> None:
+            http = await self.http()
+            try:
+                while state["running"]:
+                    status, _ = await asyncio.wait_for(
+                        http.request("POST", path, host, body, headers), 15
+                    )
+                    statuses[f"HTTP {status}"] += 1
+            finally:
+                http.close()
+
+        async def asker(computer: Computer) -> None:
+            while state["running"]:
+                message, latency, _ = await asyncio.wait_for(computer.call(b"health"), 15)
+                if self.failed(message) is None:
+                    latencies.append(latency)
+
+        async def watch_rss() -> None:
+            while state["running"]:
+                state["rss_peak"] = max(state["rss_peak"], self.rss())
+                await asyncio.sleep(0.1)
+
+        meter = Meter(self)
+        tasks = [asyncio.ensure_future(sender()) for _ in range(senders)]
+        tasks += [asyncio.ensure_future(asker(c)) for c in opened for _ in range(in_flight)]
+        tasks.append(asyncio.ensure_future(watch_rss()))
+        await asyncio.sleep(duration)
+        state["running"] = False
+        figures = meter.stop(len(latencies))
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        errors = Counter(type(r).__name__ for r in results if isinstance(r, BaseException))
+        figures.update(
+            computers=len(opened),
+            open_errors=dict(open_errors),
+            errors=dict(errors),
+            request_bytes=request_bytes,
+            statuses=dict(statuses),
+            rss_before_bytes=rss_before,
+            rss_peak_bytes=state["rss_peak"],
+            rss_growth_mib=round((state["rss_peak"] - rss_before) / 2**20, 1),
+            latency=percentiles(latencies),
+            answered=len(latencies),
+        )
+        slow.transport.underlying_transport.resume_reading()
+        figures["stragglers"] = await self.close_many([*opened, slow])
+        return figures
+
     async def churn(
         self, cycles: int, concurrency: int, checkpoint: int, max_seconds: float
     ) -> dict[str, Any]:
@@ -748,7 +823,7 @@ class Generator:
         return figures
 
 
-SCENARIOS = ("connect", "idle", "health", "burst", "ping", "churn")
+SCENARIOS = ("connect", "idle", "health", "burst", "ping", "churn", "slowreader")
 
 
 async def run(spec: dict[str, Any]) -> dict[str, Any]:

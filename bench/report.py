@@ -43,6 +43,9 @@ ROWS: list[tuple[str, str, str, float]] = [
     ("churn", "RSS after 1st checkpoint (MiB)", "rss_checkpoint_bytes", 1 / MiB),
     ("churn", "RSS at end (MiB)", "rss_end_bytes", 1 / MiB),
     ("churn", "RSS growth since checkpoint (%)", "rss_growth_since_checkpoint_pct", 1),
+    ("slowreader", "others' health answers", "answered", 1),
+    ("slowreader", "others' health p99 (ms)", "latency.p99_ms", 1),
+    ("slowreader", "RSS growth, peak (MiB)", "rss_growth_mib", 1),
 ]
 # Shown for every scenario.
 COMMON = [
@@ -51,7 +54,7 @@ COMMON = [
     ("fake opencode CPU (%)", "fake_opencode_cpu_pct", 1),
     ("other processes CPU (%)", "other_cpu_pct", 1),
 ]
-ORDER = ("connect", "idle", "health", "burst", "ping", "churn")
+ORDER = ("connect", "idle", "health", "burst", "ping", "churn", "slowreader")
 
 
 def get(figures: dict[str, Any] | None, path: str) -> Any:

@@ -49,6 +49,13 @@ FULL: dict[str, dict[str, Any]] = {
     "burst": {"computers": 1000},
     "ping": {"computers": 50, "concurrency": 32, "duration": 10.0},
     "churn": {"cycles": 20000, "concurrency": 32, "checkpoint": 1000, "max_seconds": 90.0},
+    "slowreader": {
+        "computers": 20,
+        "in_flight": 2,
+        "senders": 64,
+        "request_bytes": 65536,
+        "duration": 10.0,
+    },
 }
 QUICK: dict[str, dict[str, Any]] = {
     "connect": {"computers": 20, "concurrency": 10},
@@ -57,11 +64,18 @@ QUICK: dict[str, dict[str, Any]] = {
     "burst": {"computers": 20},
     "ping": {"computers": 5, "concurrency": 4, "duration": 0.5},
     "churn": {"cycles": 100, "concurrency": 8, "checkpoint": 20, "max_seconds": 10.0},
+    "slowreader": {
+        "computers": 3,
+        "in_flight": 1,
+        "senders": 2,
+        "request_bytes": 65536,
+        "duration": 0.5,
+    },
 }
 SCENARIOS = tuple(FULL)
 TARGETS = ("bare", "gateway")
 # Scenarios that mean nothing against an echo server.
-GATEWAY_ONLY = {"ping"}
+GATEWAY_ONLY = {"ping", "slowreader"}
 
 
 def _bound(params: dict[str, Any]) -> float:

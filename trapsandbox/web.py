@@ -320,11 +320,17 @@ class GatewayApp:
             return json_error(
                 request, 413, wire.TOO_LARGE, f"the body is over {MAX_BODY_BYTES} bytes"
             )
+        # The request object lives until the computer answers: keep no copy of
+        # a body that may be a megabyte.
+        request.content.close()
+        request.content = io.BytesIO()
         try:
             kind, payload, timeout = _parse_request_body(body)
         except _BadBody as error:
             return json_error(request, 400, wire.BAD_REQUEST, str(error))
+        del body
         d = self._registry.request(trapos_id, kind, payload, timeout)
+        del payload
         d.addCallbacks(self._answered, self._failed, (request,), None, (request,))
         return d
 
