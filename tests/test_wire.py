@@ -200,6 +200,7 @@ class HelloTests(SynchronousTestCase):
             ({"traposId": "nope"}, "traposId"),
             ({"traposId": "1:", "secret": 5}, "secret"),
             ({"traposId": "1:", "capabilities": "ab"}, "capabilities"),
+            ({"traposId": "1:", "version": "v" * 65}, "version"),
         ):
             with self.assertRaises(ValueError) as caught:
                 wire.decode_hello(payload)

@@ -163,7 +163,10 @@ class Hello:
 
     trapos_id: str = attrs.field()
     secret: str | None = None
-    version: str | None = None
+    # Shown in logs and /computers: bounded.
+    version: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_bounded(MAX_TYPE_LENGTH))
+    )
     capabilities: list[str] = attrs.field(factory=list)
 
     @trapos_id.validator
