@@ -252,6 +252,19 @@ class RequestTests(GatewayTestCase):
         self.assertNotIn("ZeroDivision", computer.last()["error"]["message"])
         self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
 
+    def test_an_answer_too_large_for_a_computer(self):
+        self.factory.handlers["big"] = lambda session, frame: {"pad": "x" * 200_000}
+        computer = self.ready()
+        computer.request("big")
+        self.assertError(computer.last(), wire.TOO_LARGE)
+
+    def test_an_answer_that_cannot_be_encoded(self):
+        self.factory.handlers["odd"] = lambda session, frame: {"n": 2**70}
+        computer = self.ready()
+        computer.request("odd")
+        self.assertError(computer.last(), wire.INTERNAL)
+        self.flushLoggedErrors()
+
     def test_handler_gateway_error(self):
         computer = self.ready()
         computer.request("probe_gateway")

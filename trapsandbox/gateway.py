@@ -411,20 +411,16 @@ class GatewayProtocol(WebSocketServerProtocol):
             data = wire.encode_response(receiver, message_id, type, payload, wire_error)
         except wire.EncodeError:
             log.failure("cannot encode the answer to {type}", type=type)
-            outcome = wire.INTERNAL
-            data = wire.encode_response(
-                receiver,
-                message_id,
-                type,
-                error=wire.Error(outcome, "the answer could not be encoded"),
+            data, outcome, reason = None, wire.INTERNAL, "the answer could not be encoded"
+        if data is not None and len(data) > wire.MAX_OUTBOUND_BYTES:
+            data, outcome, reason = (
+                None,
+                wire.TOO_LARGE,
+                "the answer is larger than a computer accepts",
             )
-        if len(data) > wire.MAX_OUTBOUND_BYTES:
-            outcome = wire.TOO_LARGE
+        if data is None:
             data = wire.encode_response(
-                receiver,
-                message_id,
-                type,
-                error=wire.Error(outcome, "the answer is larger than a computer accepts"),
+                receiver, message_id, type, error=wire.Error(outcome, reason)
             )
         metrics = self.factory.metrics
         metrics.computer_request(type, outcome)
