@@ -449,6 +449,17 @@ class LimitTests(GatewayTestCase):
         self.clock.advance(self.factory.stall_timeout)
         self.assertEqual(computer.closes, [(4004, "stalled")])
 
+    def test_what_was_queued_goes_nowhere_once_closing(self):
+        computer = self.ready()
+        outbound = computer.protocol.outbound
+        outbound.pauseProducing()
+        self.registry.request("7:", "ping")
+        sent = len(computer.sent)
+        computer.protocol.close(4004, "stalled")
+        outbound.resumeProducing()  # the peer reads again: the queue drains into nothing
+        self.assertEqual(len(computer.sent), sent)
+        self.assertEqual(outbound.queued_bytes, 0)
+
     def test_requests_to_a_stalled_computer_fail_overloaded(self):
         computer = self.ready()
         computer.protocol.outbound.pauseProducing()

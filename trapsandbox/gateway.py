@@ -28,7 +28,6 @@ from pprint import pformat
 from typing import Any
 
 import autobahn.websocket.protocol
-from autobahn.exception import Disconnected
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.protocol import WebSocketProtocol
 from autobahn.websocket.types import ConnectionDeny
@@ -83,21 +82,23 @@ log = Logger()
 
 
 class _Throttle:
-    """Say yes at most once per ``interval``; count the noes in between."""
+    """Say yes at most once per ``interval``, with how many noes came in between."""
 
     def __init__(self, clock: IReactorTime, interval: float) -> None:
         self._clock = clock
         self._interval = interval
         self._next = 0.0
-        self.suppressed = 0
+        self._suppressed = 0
 
-    def allow(self) -> bool:
+    def allow(self) -> int | None:
+        """None: not now.  Otherwise the number of calls refused since the last yes."""
         now = self._clock.seconds()
         if now < self._next:
-            self.suppressed += 1
-            return False
+            self._suppressed += 1
+            return None
         self._next = now + self._interval
-        return True
+        suppressed, self._suppressed = self._suppressed, 0
+        return suppressed
 
 
 class GatewayProtocol(WebSocketServerProtocol):
@@ -123,15 +124,15 @@ class GatewayProtocol(WebSocketServerProtocol):
         self.peer_host = peer_host(request.peer)
         waiting = factory.awaiting_hello.get(self.peer_host, 0)
         if waiting >= factory.max_unauthenticated_per_address:
-            if factory.refused_log.allow():
+            suppressed = factory.refused_log.allow()
+            if suppressed is not None:
                 log.warn(
                     "refused a connection from {host}: {waiting} of its connections await "
                     "hello ({suppressed} more refusals not logged)",
                     host=self.peer_host,
                     waiting=waiting,
-                    suppressed=factory.refused_log.suppressed,
+                    suppressed=suppressed,
                 )
-                factory.refused_log.suppressed = 0
             raise ConnectionDeny(429, "too many connections from your address await hello")
         factory.awaiting_hello[self.peer_host] = waiting + 1
         self._awaiting_hello = True
@@ -139,7 +140,7 @@ class GatewayProtocol(WebSocketServerProtocol):
     def onOpen(self) -> None:
         self.factory.connections.add(self)
         self.outbound = Outbound(
-            self.sendMessage,
+            self._write,
             self._stalled,
             self.factory.clock,
             self.factory.max_queued_bytes,
@@ -212,10 +213,13 @@ class GatewayProtocol(WebSocketServerProtocol):
     def _send(self, data: bytes) -> None:
         if self.state != WebSocketProtocol.STATE_OPEN:
             raise GatewayError(wire.NOT_CONNECTED, "the connection is closing")
-        try:
-            self.outbound.send(data)
-        except Disconnected:
-            raise GatewayError(wire.NOT_CONNECTED, "the connection is closed") from None
+        self.outbound.send(data)
+
+    def _write(self, data: bytes) -> None:
+        # Also called when a paused transport drains, maybe after a close
+        # began: what was queued for the connection then goes nowhere.
+        if self.state == WebSocketProtocol.STATE_OPEN:
+            self.sendMessage(data)
 
     def close(self, code: int, reason: str) -> None:
         if self.state == WebSocketProtocol.STATE_OPEN:
@@ -243,9 +247,7 @@ class GatewayProtocol(WebSocketServerProtocol):
 
     def _on_invalid(self, frame: wire.Invalid) -> None:
         if frame.event == "computer_request" and frame.answerable:
-            self._reply(
-                frame.message_id, frame.type, error=GatewayError(wire.BAD_REQUEST, frame.reason)
-            )
+            self._reply_error(frame, wire.BAD_REQUEST, frame.reason)
         elif frame.event == "computer_response" and frame.message_id and self.session:
             # Its requester learns now rather than at its timeout.
             self.session.reject(
@@ -264,27 +266,15 @@ class GatewayProtocol(WebSocketServerProtocol):
             self._on_hello(frame)
             return
         if self.session is None:
-            self._reply(
-                frame.message_id,
-                frame.type,
-                error=GatewayError(wire.NOT_AUTHENTICATED, "send hello first"),
-            )
+            self._reply_error(frame, wire.NOT_AUTHENTICATED, "send hello first")
             return
         handler = self.factory.handlers.get(frame.type)
         if handler is None:
-            self._reply(
-                frame.message_id,
-                frame.type,
-                error=GatewayError(wire.UNKNOWN_TYPE, f"unknown request type {frame.type!r}"),
-            )
+            self._reply_error(frame, wire.UNKNOWN_TYPE, f"unknown request type {frame.type!r}")
             return
         if self._busy >= self.factory.max_busy:
-            self._reply(
-                frame.message_id,
-                frame.type,
-                error=GatewayError(
-                    wire.OVERLOADED, f"at most {self.factory.max_busy} requests at once"
-                ),
+            self._reply_error(
+                frame, wire.OVERLOADED, f"at most {self.factory.max_busy} requests at once"
             )
             return
         self._busy += 1
@@ -307,50 +297,35 @@ class GatewayProtocol(WebSocketServerProtocol):
             log.failure(
                 "{type} request from {peer} failed", result, type=frame.type, peer=self.peer_address
             )
-            self._reply(
-                frame.message_id,
-                frame.type,
-                error=GatewayError(wire.INTERNAL, "the gateway failed to handle this request"),
-            )
+            self._reply_error(frame, wire.INTERNAL, "the gateway failed to handle this request")
 
     def _on_hello(self, frame: wire.ComputerRequest) -> None:
         if self.session is not None:
-            self._reply(
-                frame.message_id,
-                frame.type,
-                error=GatewayError(
-                    wire.BAD_REQUEST, "hello was already completed on this connection"
-                ),
+            self._reply_error(
+                frame, wire.BAD_REQUEST, "hello was already completed on this connection"
             )
             return
         try:
             hello = wire.decode_hello(frame.payload)
         except ValueError as error:
             self.factory.metrics.hellos[wire.BAD_REQUEST].inc()
-            self._reply(
-                frame.message_id, frame.type, error=GatewayError(wire.BAD_REQUEST, str(error))
-            )
+            self._reply_error(frame, wire.BAD_REQUEST, str(error))
             return
         throttle = self.factory.hello_throttle
         wait = throttle.blocked_for(self.peer_host)
         if wait > 0:
             # Refused without looking at the secret: guessing gains nothing.
-            self.factory.metrics.hellos[wire.OVERLOADED].inc()
-            self._reply(
-                frame.message_id,
-                frame.type,
-                error=GatewayError(
-                    wire.OVERLOADED,
-                    f"too many failed hellos from your address: try again in {wait:.0f} s",
-                ),
-                receiver=hello.trapos_id,
+            self._refuse_hello(
+                frame,
+                hello,
+                wire.OVERLOADED,
+                f"too many failed hellos from your address: try again in {wait:.0f} s",
+                wire.CLOSE_THROTTLED,
+                "too many failed hellos",
             )
-            self._cancel_hello_timer()
-            self.close(wire.CLOSE_THROTTLED, "too many failed hellos")
             return
         account_id = self.factory.authenticator.resolve_account(hello.secret)
         if account_id is None:
-            self.factory.metrics.hellos[wire.UNAUTHORIZED].inc()
             block, warn = throttle.failed(self.peer_host)
             if block == 0:
                 log.warn(
@@ -365,14 +340,14 @@ class GatewayProtocol(WebSocketServerProtocol):
                     host=self.peer_host,
                     block=block,
                 )
-            self._reply(
-                frame.message_id,
-                frame.type,
-                error=GatewayError(wire.UNAUTHORIZED, "wrong secret: check sandbox.password"),
-                receiver=hello.trapos_id,
+            self._refuse_hello(
+                frame,
+                hello,
+                wire.UNAUTHORIZED,
+                "wrong secret: check sandbox.password",
+                wire.CLOSE_UNAUTHORIZED,
+                "unauthorized",
             )
-            self._cancel_hello_timer()
-            self.close(wire.CLOSE_UNAUTHORIZED, "unauthorized")
             return
         self._cancel_hello_timer()
         self._hello_done()
@@ -394,6 +369,25 @@ class GatewayProtocol(WebSocketServerProtocol):
             version=hello.version or "unknown",
         )
         self._reply(frame.message_id, frame.type, payload={"accountId": account_id})
+
+    def _refuse_hello(
+        self,
+        frame: wire.ComputerRequest,
+        hello: wire.Hello,
+        code: str,
+        message: str,
+        close_code: int,
+        close_reason: str,
+    ) -> None:
+        self.factory.metrics.hellos[code].inc()
+        self._reply_error(frame, code, message, receiver=hello.trapos_id)
+        self._cancel_hello_timer()
+        self.close(close_code, close_reason)
+
+    def _reply_error(
+        self, frame: wire.ComputerRequest | wire.Invalid, code: str, message: str, **kwargs: Any
+    ) -> None:
+        self._reply(frame.message_id, frame.type, error=GatewayError(code, message), **kwargs)
 
     def _reply(
         self,
@@ -431,15 +425,14 @@ class GatewayProtocol(WebSocketServerProtocol):
             log.debug("answer to {type} dropped: {peer} is gone", type=type, peer=self.peer_address)
 
     def _ignore(self, what: str) -> None:
-        throttle = self.factory.ignored_log
-        if throttle.allow():
+        suppressed = self.factory.ignored_log.allow()
+        if suppressed is not None:
             log.info(
                 "ignored {what} from {peer} ({suppressed} more ignored frames not logged)",
                 what=what,
                 peer=self.peer_address,
-                suppressed=throttle.suppressed,
+                suppressed=suppressed,
             )
-            throttle.suppressed = 0
 
     def _cancel_hello_timer(self) -> None:
         if self._hello_timer is not None and self._hello_timer.active():
