@@ -8,7 +8,7 @@ daemon can stop at start with one clear line.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -106,6 +106,13 @@ def _read_secret(path: str, name: str) -> str:
     return secret
 
 
+def _password(value: str, name: str) -> str:
+    # An empty password would let anyone in while looking configured.
+    if not value:
+        raise ConfigError(f"{name} is empty: unset it to turn auth off")
+    return value
+
+
 def _admin_token(value: str, name: str) -> str:
     # It travels in an HTTP header and is typed into shells: keep it plain.
     if not value:
@@ -137,57 +144,44 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
             port = _port(environ["SANDBOX_PORT"], "SANDBOX_PORT")
         ports = (f"tcp:{port}:interface={_escape(host)}",)
 
-    password = None
-    if (found := given("password-file", "SANDBOX_PASSWORD_FILE")) is not None:
-        password = _read_secret(found[0], found[1])
-    elif (found := given("password", "SANDBOX_PASSWORD")) is not None:
-        # An empty password would let anyone in while looking configured.
-        if found[0] == "":
-            raise ConfigError(f"{found[1]} is empty: unset it to turn auth off")
-        password = found[0]
+    def setting(option: str, variable: str, parse: Callable[[str, str], Any], default: Any):
+        found = given(option, variable)
+        return default if found is None else parse(*found)
 
-    admin_token = None
-    if (found := given("admin-token-file", "SANDBOX_ADMIN_TOKEN_FILE")) is not None:
-        admin_token = _admin_token(_read_secret(*found), found[1])
-    elif (found := given("admin-token", "SANDBOX_ADMIN_TOKEN")) is not None:
-        admin_token = _admin_token(*found)
-
-    request_timeout = DEFAULT_REQUEST_TIMEOUT_MS / 1000
-    if (found := given("request-timeout-ms", "SANDBOX_REQUEST_TIMEOUT_MS")) is not None:
-        request_timeout = _timeout_ms(*found)
-
-    opencode_url = DEFAULT_OPENCODE_URL
-    if (found := given("opencode-url", "OPENCODE_URL")) is not None:
-        opencode_url = _opencode_url(*found)
+    def secret(name: str, check: Callable[[str, str], str]) -> str | None:
+        """A secret given as ``--NAME-file``/``..._FILE`` (which wins) or ``--NAME``."""
+        variable = "SANDBOX_" + name.upper().replace("-", "_")
+        if (found := given(f"{name}-file", f"{variable}_FILE")) is not None:
+            return check(_read_secret(*found), found[1])
+        return setting(name, variable, check, None)
 
     username = "opencode"
     for variable in ("OPENCODE_USERNAME", "OPENCODE_SERVER_USERNAME"):
         if (found := given("opencode-username", variable)) is not None and found[0]:
             username = found[0]
 
-    opencode_password = None
-    if (found := given("opencode-password", "OPENCODE_SERVER_PASSWORD")) is not None:
-        opencode_password = found[0] or None
-
-    limits = {}
-    for option, variable, field in (
-        ("max-connections", "SANDBOX_MAX_CONNECTIONS", "max_connections"),
-        (
+    return Settings(
+        ports=ports,
+        password=secret("password", _password),
+        admin_token=secret("admin-token", _admin_token),
+        request_timeout=setting(
+            "request-timeout-ms",
+            "SANDBOX_REQUEST_TIMEOUT_MS",
+            _timeout_ms,
+            DEFAULT_REQUEST_TIMEOUT_MS / 1000,
+        ),
+        opencode_url=setting("opencode-url", "OPENCODE_URL", _opencode_url, DEFAULT_OPENCODE_URL),
+        opencode_username=username,
+        opencode_password=setting(
+            "opencode-password", "OPENCODE_SERVER_PASSWORD", lambda value, _: value or None, None
+        ),
+        max_connections=setting(
+            "max-connections", "SANDBOX_MAX_CONNECTIONS", _count, MAX_CONNECTIONS
+        ),
+        max_unauthenticated_per_address=setting(
             "max-unauthenticated-per-address",
             "SANDBOX_MAX_UNAUTHENTICATED_PER_ADDRESS",
-            "max_unauthenticated_per_address",
+            _count,
+            MAX_UNAUTHENTICATED_PER_ADDRESS,
         ),
-    ):
-        if (found := given(option, variable)) is not None:
-            limits[field] = _count(*found)
-
-    return Settings(
-        **limits,
-        ports=ports,
-        password=password,
-        admin_token=admin_token,
-        request_timeout=request_timeout,
-        opencode_url=opencode_url,
-        opencode_username=username,
-        opencode_password=opencode_password,
     )

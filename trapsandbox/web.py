@@ -3,7 +3,8 @@ The HTTP side, on the same port as the WebSocket: a Klein app.
 
     GET  /health                          open: {sandboxOk, opencodeOk, opencodeDetail?,
                                                  computers, version}
-    /gateway                              the WebSocket endpoint for computers
+    /gateway                              the WebSocket endpoint for computers (routed
+                                          ahead of Klein, by ``_Root``)
     GET  /client/install.lua              open: the one-line installer for a computer
     GET  /client/<dir>/<file>             open: the Lua client files it downloads
     GET  /computers                       operators: {computers: [{traposId, accountId, peer,
@@ -276,10 +277,6 @@ class GatewayApp:
         body["version"] = __version__
         return json_body(request, body)
 
-    @app.route("/gateway")
-    def gateway(self, request: IRequest) -> IResource:
-        return self._websocket
-
     @app.route("/client/install.lua", methods=["GET"])
     def client_installer(self, request: IRequest) -> bytes:
         body = client.installer(request.getHeader(b"host"), request.isSecure())
@@ -328,9 +325,7 @@ class GatewayApp:
             kind, payload, timeout = _parse_request_body(body)
         except _BadBody as error:
             return json_error(request, 400, wire.BAD_REQUEST, str(error))
-        del body
         d = self._registry.request(trapos_id, kind, payload, timeout)
-        del payload
         d.addCallbacks(self._answered, self._failed, (request,), None, (request,))
         return d
 
