@@ -7,7 +7,6 @@ import treq
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.protocol import Factory, Protocol
-from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
@@ -271,8 +270,8 @@ class LimitTests(LoopbackTestCase):
         second = await self.connect()
         self.assertTrue((await second.hello(self.password, "8:"))["ok"])
 
-    async def test_an_http_request_that_never_finishes_is_dropped(self):
-        self.gateway.site.timeOut = 0.3
+    async def silent_http(self):
+        """An HTTP request that never finishes; fires when the gateway drops it."""
         lost = Deferred()
 
         class Silent(Protocol):
@@ -284,12 +283,19 @@ class LimitTests(LoopbackTestCase):
 
         endpoint = TCP4ClientEndpoint(self.reactor(), "127.0.0.1", self.gateway.port)
         await bounded(endpoint.connect(Factory.forProtocol(Silent)))
-        await bounded(lost, 5)
+        return lost
+
+    async def test_an_http_request_that_never_finishes_is_dropped(self):
+        self.gateway.site.timeOut = 0.3
+        await bounded(await self.silent_http(), 5)
 
     async def test_an_open_websocket_outlives_the_http_timeout(self):
         self.gateway.site.timeOut = 0.3
         computer = await self.ready()
-        await deferLater(self.reactor(), 0.6, lambda: None)
+        # Opened after the WebSocket: once it is dropped, the WebSocket has
+        # been idle longer than the HTTP timeout.
+        await bounded(await self.silent_http(), 5)
+        self.assertFalse(computer.closed.called)
         reply = await computer.request("probe_gateway")
         self.assertTrue(reply["ok"])
 
