@@ -61,6 +61,23 @@ def start_gateway(testcase, **settings) -> GatewayService:
     return service
 
 
+def response_frame(trapos_id: str, request, ok=True, payload=None, error=None, **fields) -> dict:
+    """A computer_response to ``request``; ``fields`` override any key (bad values too)."""
+    frame = {
+        "event": "computer_response",
+        "traposSenderId": trapos_id,
+        "messageId": request["messageId"],
+        "type": request["type"],
+        "ok": ok,
+    }
+    if payload is not None:
+        frame["payload"] = payload
+    if error is not None:
+        frame["error"] = error
+    frame.update(fields)
+    return frame
+
+
 class TestComputer(WebSocketClientProtocol):
     """A computer speaking the SPEC's protocol; frames land in ``messages``."""
 
@@ -108,20 +125,9 @@ class TestComputer(WebSocketClientProtocol):
             payload["secret"] = secret
         return self.request("hello", payload)
 
-    def respond(self, request, ok: bool = True, payload=None, error=None) -> None:
+    def respond(self, request, **fields) -> None:
         """Answer a gateway_request received from the gateway."""
-        frame = {
-            "event": "computer_response",
-            "traposSenderId": self.trapos_id,
-            "messageId": request["messageId"],
-            "type": request["type"],
-            "ok": ok,
-        }
-        if payload is not None:
-            frame["payload"] = payload
-        if error is not None:
-            frame["error"] = error
-        self.send(frame)
+        self.send(response_frame(self.trapos_id, request, **fields))
 
     def wait_closed(self) -> Deferred:
         return bounded(self.closed)

@@ -10,6 +10,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.support import response_frame
 from trapsandbox import wire
 from trapsandbox.auth import Authenticator
 from trapsandbox.gateway import GatewayFactory, peer_host
@@ -84,6 +85,9 @@ class Computer:
         frame.update(extra)
         self.receive(frame)
         return message_id
+
+    def respond(self, request, **fields):
+        self.receive(response_frame(self.trapos_id, request, **fields))
 
     def hello(self, secret="sesame", **payload):
         payload = {"traposId": self.trapos_id, "secret": secret, **payload}
@@ -363,45 +367,20 @@ class GatewayRequestTests(GatewayTestCase):
         d = self.registry.request("7:", "ping")
         request = computer.last()
         self.assertEqual(request["event"], "gateway_request")
-        computer.receive(
-            {
-                "event": "computer_response",
-                "traposSenderId": "7:",
-                "messageId": request["messageId"],
-                "type": "ping",
-                "ok": True,
-                "payload": {"traposId": "7:"},
-            }
-        )
+        computer.respond(request, payload={"traposId": "7:"})
         self.assertEqual(self.successResultOf(d).payload, {"traposId": "7:"})
 
     def test_invalid_answer_fails_the_request_at_once(self):
         computer = self.ready()
         d = self.registry.request("7:", "ping")
-        computer.receive(
-            {
-                "event": "computer_response",
-                "traposSenderId": "7:",
-                "messageId": computer.last()["messageId"],
-                "type": "ping",
-                "ok": "yes",
-            }
-        )
+        computer.respond(computer.last(), ok="yes")
         self.assertEqual(self.failureResultOf(d, GatewayError).value.code, wire.BAD_REQUEST)
 
     def test_answer_on_another_connection_is_ignored(self):
         seven = self.ready("7:")
         eight = self.ready("8:")
         d = self.registry.request("7:", "ping")
-        eight.receive(
-            {
-                "event": "computer_response",
-                "traposSenderId": "7:",
-                "messageId": seven.last()["messageId"],
-                "type": "ping",
-                "ok": True,
-            }
-        )
+        eight.receive(response_frame("7:", seven.last()))
         self.assertNoResult(d)
 
     def test_close_fails_pending(self):

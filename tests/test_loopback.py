@@ -178,16 +178,7 @@ class GatewayRequestTests(LoopbackTestCase):
         self.assertEqual(request["event"], "gateway_request")
         self.assertEqual(request["traposReceiverId"], "7:")
         self.assertEqual(request["payload"], {"n": 1})
-        computer.send(
-            {
-                "event": "computer_response",
-                "traposSenderId": "7:",
-                "messageId": request["messageId"],
-                "type": "ping",
-                "ok": True,
-                "payload": {"traposId": "7:"},
-            }
-        )
+        computer.respond(request, payload={"traposId": "7:"})
         response = await bounded(d)
         self.assertEqual(response.payload, {"traposId": "7:"})
 
