@@ -843,23 +843,28 @@ test('request times out on its own timer', function()
   eq(p.timers, { 3 }, 'custom timeout')
 end)
 
-test('request gets not_connected from a session that is not ready', function()
-  local env = newSession()
-  -- A tiny bus: queued events reach the session's handlers and the requester's pullEvent.
+-- A tiny bus between a session and a requester: queued events reach the session's handlers
+-- and the requester's pullEvent. `whenEmpty()` may emit more before the requester would block.
+local function requestThrough(env, whenEmpty)
   local inbox = {}
   local function bus(...)
     inbox[#inbox + 1] = table.pack(...)
     env.loop.emit(...)
   end
   env.os.queueEvent = bus
-  local ok, err = lib.request('probe_gateway', {}, {
+  return lib.request('probe_gateway', {}, {
     os = env.os, queueEvent = bus, startTimer = function() return 1 end, cancelTimer = function() end,
     pullEvent = function()
+      if not inbox[1] and whenEmpty then whenEmpty() end
       local e = table.remove(inbox, 1)
       if not e then error('nothing queued') end
       return table.unpack(e, 1, e.n)
     end,
   })
+end
+
+test('request gets not_connected from a session that is not ready', function()
+  local ok, err = requestThrough(newSession())
   eq(ok, false, 'ok')
   eq(err.code, 'not_connected', 'code')
 end)
@@ -867,25 +872,12 @@ end)
 test('request round-trips through a ready session', function()
   local env = newSession()
   local h = connected(env)
-  local inbox = {}
-  local function bus(...)
-    inbox[#inbox + 1] = table.pack(...)
-    env.loop.emit(...)
-  end
-  env.os.queueEvent = bus
-  local ok, payload = lib.request('probe_gateway', {}, {
-    os = env.os, queueEvent = bus, startTimer = function() return 1 end,
-    pullEvent = function()
-      local e = table.remove(inbox, 1)
-      if not e then
-        -- The gateway answers what was sent.
-        local frame = h.last()
-        env.loop.emit('websocket_message', env.http.lastUrl(), encode(lib.gatewayResponse('7:', frame.messageId, frame.type, true, { sandboxOk = true, opencodeOk = false })), false)
-        e = table.remove(inbox, 1)
-      end
-      return table.unpack(e, 1, e.n)
-    end,
-  })
+  local ok, payload = requestThrough(env, function()
+    -- The gateway answers what was sent.
+    local frame = h.last()
+    local answer = lib.gatewayResponse('7:', frame.messageId, frame.type, true, { sandboxOk = true, opencodeOk = false })
+    env.loop.emit('websocket_message', env.http.lastUrl(), encode(answer), false)
+  end)
   eq(ok, true, 'ok')
   eq(payload, { sandboxOk = true, opencodeOk = false }, 'payload')
 end)
