@@ -104,52 +104,43 @@ end
 
 -- Envelope builders ---------------------------------------------------------
 
-function M.computerRequest(senderId, messageId, msgType, payload)
-  expectNonEmpty(1, senderId)
+-- The four events differ only in their name and in which side's traposId they carry.
+-- The builders tail-call these, so argument errors still name the builder's caller.
+local function requestFrame(event, idKey, id, messageId, msgType, payload)
+  expectNonEmpty(1, id)
   expectNonEmpty(2, messageId)
   expectNonEmpty(3, msgType)
   expect(4, payload, 'table', 'nil')
   return {
-    event = 'computer_request', traposSenderId = senderId, messageId = messageId,
-    type = msgType, payload = M.coercePayload(payload),
+    event = event, [idKey] = id, messageId = messageId, type = msgType,
+    payload = M.coercePayload(payload),
   }
+end
+
+local function responseFrame(event, idKey, id, messageId, msgType, ok, payload, err)
+  expectNonEmpty(1, id)
+  expectNonEmpty(2, messageId)
+  expectNonEmpty(3, msgType)
+  expect(4, ok, 'boolean')
+  local frame = { event = event, [idKey] = id, messageId = messageId, type = msgType, ok = ok }
+  if ok then frame.payload = M.coercePayload(payload) else frame.error = M.coerceError(err) end
+  return frame
+end
+
+function M.computerRequest(senderId, messageId, msgType, payload)
+  return requestFrame('computer_request', 'traposSenderId', senderId, messageId, msgType, payload)
 end
 
 function M.computerResponse(senderId, messageId, msgType, ok, payload, err)
-  expectNonEmpty(1, senderId)
-  expectNonEmpty(2, messageId)
-  expectNonEmpty(3, msgType)
-  expect(4, ok, 'boolean')
-  local frame = {
-    event = 'computer_response', traposSenderId = senderId, messageId = messageId,
-    type = msgType, ok = ok,
-  }
-  if ok then frame.payload = M.coercePayload(payload) else frame.error = M.coerceError(err) end
-  return frame
+  return responseFrame('computer_response', 'traposSenderId', senderId, messageId, msgType, ok, payload, err)
 end
 
 function M.gatewayRequest(receiverId, messageId, msgType, payload)
-  expectNonEmpty(1, receiverId)
-  expectNonEmpty(2, messageId)
-  expectNonEmpty(3, msgType)
-  expect(4, payload, 'table', 'nil')
-  return {
-    event = 'gateway_request', traposReceiverId = receiverId, messageId = messageId,
-    type = msgType, payload = M.coercePayload(payload),
-  }
+  return requestFrame('gateway_request', 'traposReceiverId', receiverId, messageId, msgType, payload)
 end
 
 function M.gatewayResponse(receiverId, messageId, msgType, ok, payload, err)
-  expectNonEmpty(1, receiverId)
-  expectNonEmpty(2, messageId)
-  expectNonEmpty(3, msgType)
-  expect(4, ok, 'boolean')
-  local frame = {
-    event = 'gateway_response', traposReceiverId = receiverId, messageId = messageId,
-    type = msgType, ok = ok,
-  }
-  if ok then frame.payload = M.coercePayload(payload) else frame.error = M.coerceError(err) end
-  return frame
+  return responseFrame('gateway_response', 'traposReceiverId', receiverId, messageId, msgType, ok, payload, err)
 end
 
 function M.hello(senderId, messageId, secret, version)
