@@ -148,12 +148,11 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
         found = given(option, variable)
         return default if found is None else parse(*found)
 
-    def secret(name: str, check: Callable[[str, str], str]) -> str | None:
-        """A secret given as ``--NAME-file``/``..._FILE`` (which wins) or ``--NAME``."""
-        variable = "SANDBOX_" + name.upper().replace("-", "_")
-        if (found := given(f"{name}-file", f"{variable}_FILE")) is not None:
+    def secret(option: str, variable: str, check: Callable[[str, str], str]) -> str | None:
+        """A secret given as ``--OPTION-file``/``VARIABLE_FILE`` (which win) or directly."""
+        if (found := given(f"{option}-file", f"{variable}_FILE")) is not None:
             return check(_read_secret(*found), found[1])
-        return setting(name, variable, check, None)
+        return setting(option, variable, check, None)
 
     username = "opencode"
     for variable in ("OPENCODE_USERNAME", "OPENCODE_SERVER_USERNAME"):
@@ -162,8 +161,8 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
 
     return Settings(
         ports=ports,
-        password=secret("password", _password),
-        admin_token=secret("admin-token", _admin_token),
+        password=secret("password", "SANDBOX_PASSWORD", _password),
+        admin_token=secret("admin-token", "SANDBOX_ADMIN_TOKEN", _admin_token),
         request_timeout=setting(
             "request-timeout-ms",
             "SANDBOX_REQUEST_TIMEOUT_MS",
