@@ -22,7 +22,7 @@ bench: $(VENV)/.installed
 
 # Generated hostile frames over real sockets: 100,000 of them (make test sends a few thousand).
 fuzz: $(VENV)/.installed
-	TRAPSANDBOX_FUZZ_FRAMES=100000 $(BIN)/pytest -q tests/test_fuzz.py
+	TRAPSANDBOX_FUZZ_FRAMES=100000 $(BIN)/pytest -q tests/loopback/test_fuzz.py
 
 # The trial-style test classes also run under trial.
 trial: $(VENV)/.installed $(OPENCODE) systemd-tools

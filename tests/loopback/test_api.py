@@ -11,9 +11,8 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.client import HTTPConnectionPool
 from twisted.web.resource import Resource
 
-from tests.fakes import FakeLink
-from tests.support import bounded, connect, reactor, start_gateway
-from tests.test_web import FixedProbe
+from tests.harness.fakes import FakeLink, FixedProbe
+from tests.harness.support import bounded, connect, reactor, start_gateway
 from trapsandbox import wire
 from trapsandbox.probe import ProbeResult
 from trapsandbox.registry import Registry, Session

@@ -2,23 +2,15 @@
 
 import orjson
 from treq.testing import StubTreq
-from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 
+from tests.harness.fakes import FixedProbe
 from trapsandbox import client
 from trapsandbox.probe import ProbeResult
 from trapsandbox.registry import Registry
 from trapsandbox.web import GatewayApp
-
-
-class FixedProbe:
-    def __init__(self, result):
-        self.result = result
-
-    def check(self):
-        return succeed(self.result)
 
 
 class WebTests(SynchronousTestCase):

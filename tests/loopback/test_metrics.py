@@ -7,7 +7,7 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.client import HTTPConnectionPool, ResponseNeverReceived
 
-from tests.support import bounded, connect, reactor, start_gateway
+from tests.harness.support import bounded, connect, reactor, start_gateway
 from trapsandbox.metrics import Metrics
 from trapsandbox.registry import GatewayError
 

@@ -10,7 +10,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.support import bounded, connect, start_gateway
+from tests.harness.support import bounded, connect, start_gateway
 from trapsandbox.registry import GatewayError
 
 

@@ -12,7 +12,7 @@ from twisted.internet import ssl
 from twisted.internet.interfaces import ISSLTransport
 from twisted.trial.unittest import TestCase
 
-from tests.support import connect, start_gateway
+from tests.harness.support import connect, start_gateway
 
 
 def self_signed(directory) -> tuple[str, str, bytes]:

@@ -41,9 +41,9 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.logcapture import LogCapture
-from tests.servers import Opencode, serve
-from tests.support import bounded, connect, reactor, start_gateway, unbatch_timers
+from tests.harness.logcapture import LogCapture
+from tests.harness.servers import Opencode, serve
+from tests.harness.support import bounded, connect, reactor, start_gateway, unbatch_timers
 from trapsandbox import wire
 
 FRAMES = int(os.environ.get("TRAPSANDBOX_FUZZ_FRAMES", "3000"))

@@ -11,11 +11,11 @@ from pathlib import Path
 from twisted.internet.defer import gatherResults
 from twisted.trial.unittest import TestCase
 
-from tests.craftos import Computer
-from tests.processes import clean_env, spawn
-from tests.support import closed_port, reactor
+from tests.harness.craftos import Computer
+from tests.harness.processes import clean_env, spawn
+from tests.harness.support import closed_port, reactor
 
-LUA = Path(__file__).resolve().parent.parent / "lua"
+LUA = Path(__file__).resolve().parents[2] / "lua"
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 COMPUTERS = 50
 FIRST_BACKOFF_MAX = 1.2

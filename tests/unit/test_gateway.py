@@ -3,99 +3,18 @@ The protocol rules, driven in memory: onMessage is called directly and the
 frames the gateway sends are recorded.
 """
 
-import orjson
 from autobahn.websocket.protocol import WebSocketProtocol
 from autobahn.websocket.types import ConnectionDeny
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.support import response_frame
+from tests.harness.fakes import Computer
+from tests.harness.support import response_frame
 from trapsandbox import wire
 from trapsandbox.auth import Authenticator
 from trapsandbox.gateway import GatewayFactory, peer_host
 from trapsandbox.registry import GatewayError, Registry
-
-
-class FakeUpgrade:
-    peer = "tcp4:10.0.0.7:50123"
-
-    def __init__(self, peer=None):
-        if peer is not None:
-            self.peer = peer
-
-
-class FakeTransport:
-    """Where the protocol registers its producer."""
-
-    def __init__(self):
-        self.producer = "the HTTP channel"
-
-    def registerProducer(self, producer, streaming):
-        assert self.producer is None and streaming
-        self.producer = producer
-
-    def unregisterProducer(self):
-        self.producer = None
-
-
-class Computer:
-    """One in-memory connection to the gateway, seen from the computer."""
-
-    def __init__(self, factory, trapos_id="7:", peer=None):
-        self.trapos_id = trapos_id
-        self.sent = []
-        self.closes = []
-        self.protocol = protocol = factory.buildProtocol(None)
-        protocol.sendMessage = self._record
-        protocol.sendClose = self._close
-        protocol.dropConnection = lambda abort=False: self.lost(1006)
-        protocol.transport = FakeTransport()
-        protocol.onConnect(FakeUpgrade(peer))
-        protocol.state = WebSocketProtocol.STATE_OPEN
-        protocol.onOpen()
-        self._ids = 0
-
-    def _record(self, data, isBinary=False):
-        self.sent.append(orjson.loads(data))
-
-    def _close(self, code=None, reason=None):
-        self.closes.append((code, reason))
-        self.protocol.state = WebSocketProtocol.STATE_CLOSING
-
-    def lost(self, code=1000):
-        self.protocol.state = WebSocketProtocol.STATE_CLOSED
-        self.protocol.onClose(True, code, "")
-
-    def receive(self, obj, binary=False):
-        data = obj if isinstance(obj, bytes) else orjson.dumps(obj)
-        self.protocol.onMessage(data, binary)
-
-    def request(self, type, payload=None, **extra):
-        self._ids += 1
-        message_id = f"1700000000000-{self._ids}"
-        frame = {
-            "event": "computer_request",
-            "traposSenderId": self.trapos_id,
-            "messageId": message_id,
-            "type": type,
-        }
-        if payload is not None:
-            frame["payload"] = payload
-        frame.update(extra)
-        self.receive(frame)
-        return message_id
-
-    def respond(self, request, **fields):
-        self.receive(response_frame(self.trapos_id, request, **fields))
-
-    def hello(self, secret="sesame", **payload):
-        payload = {"traposId": self.trapos_id, "secret": secret, **payload}
-        self.request("hello", payload)
-        return self.sent[-1]
-
-    def last(self):
-        return self.sent[-1]
 
 
 class GatewayTestCase(SynchronousTestCase):

@@ -6,8 +6,8 @@ import treq
 from twisted.internet.task import deferLater
 from twisted.web.client import HTTPConnectionPool
 
-from tests.processes import REPO, clean_env, spawn
-from tests.support import bounded, closed_port, reactor
+from tests.harness.processes import REPO, clean_env, spawn
+from tests.harness.support import bounded, closed_port, reactor
 
 OPENCODE = os.environ.get("OPENCODE_BIN") or os.path.join(
     REPO, ".opencode", "node_modules", ".bin", "opencode"

@@ -9,8 +9,8 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from tests.processes import clean_env, spawn
-from tests.support import closed_port, connect, reactor, start_gateway
+from tests.harness.processes import clean_env, spawn
+from tests.harness.support import closed_port, connect, reactor, start_gateway
 from trapsandbox import ctl
 
 CTL = os.path.join(os.path.dirname(sys.executable), "trapsandbox-ctl")

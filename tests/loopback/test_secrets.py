@@ -23,10 +23,10 @@ from twisted.logger import LogLevel
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.logcapture import LogCapture, event_text
-from tests.processes import Child, clean_env, spawn
-from tests.servers import Opencode, basic, serve
-from tests.support import bounded, closed_port, connect, reactor, start_gateway
+from tests.harness.logcapture import LogCapture, event_text
+from tests.harness.processes import Child, clean_env, spawn
+from tests.harness.servers import Opencode, basic, serve
+from tests.harness.support import bounded, closed_port, connect, reactor, start_gateway
 
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 
@@ -236,7 +236,7 @@ class SecretsInProcessTests(TestCase):
         self.assertTrue(any("refused: wrong secret" in text for text in texts))
         self.assertGreater(len(traffic.seen), 40)
         # A password in OPENCODE_URL makes every probe log a traceback: a known bug (see
-        # tests/test_opencode_faults.py, CredentialsInURLTests); nothing else may.
+        # tests/loopback/test_opencode_faults.py, CredentialsInURLTests); nothing else may.
         errors = [text for text in self.log.errors() if "invalid hostname: opencode:@" not in text]
         self.assertEqual(errors, [])
 

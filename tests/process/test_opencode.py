@@ -2,8 +2,8 @@
 
 from twisted.trial.unittest import TestCase
 
-from tests.opencode import start_opencode
-from tests.support import bounded, connect, start_gateway
+from tests.harness.opencode import start_opencode
+from tests.harness.support import bounded, connect, start_gateway
 
 PASSWORD = "oc-test-password"
 

@@ -20,8 +20,8 @@ from twisted.logger import Logger, LogLevel, formatEvent
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.processes import REPO, clean_env, spawn
-from tests.support import bounded, closed_port, connect, reactor
+from tests.harness.processes import REPO, clean_env, spawn
+from tests.harness.support import bounded, closed_port, connect, reactor
 from trapsandbox import systemd
 from trapsandbox.systemd import Notifier, watchdog_interval
 

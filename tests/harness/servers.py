@@ -15,7 +15,7 @@ from twisted.protocols.policies import WrappingFactory
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
-from tests.support import bounded, reactor
+from tests.harness.support import bounded, reactor
 
 
 class _Tracked(WrappingFactory):

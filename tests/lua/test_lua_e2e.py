@@ -5,11 +5,11 @@ from pathlib import Path
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 
-from tests.craftos import Computer
-from tests.opencode import start_opencode
-from tests.support import closed_port, start_gateway
+from tests.harness.craftos import Computer
+from tests.harness.opencode import start_opencode
+from tests.harness.support import closed_port, start_gateway
 
-LUA = Path(__file__).resolve().parent.parent / "lua"
+LUA = Path(__file__).resolve().parents[2] / "lua"
 CLIENT_FILES = {
     "/apis/libsandbox.lua": LUA / "apis" / "libsandbox.lua",
     "/servers/sandbox.lua": LUA / "servers" / "sandbox.lua",

@@ -3,7 +3,7 @@
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.fakes import FakeLink
+from tests.harness.fakes import FakeLink
 from trapsandbox import wire
 from trapsandbox.registry import GatewayError, Registry, Session
 

@@ -7,7 +7,7 @@ from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 from twisted.web import resource, server, static
 
-from tests.craftos import Computer
+from tests.harness.craftos import Computer
 
 
 class EchoProtocol(WebSocketServerProtocol):

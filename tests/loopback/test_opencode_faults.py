@@ -23,9 +23,9 @@ from twisted.internet.defer import CancelledError, Deferred, gatherResults
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.logcapture import LogCapture
-from tests.servers import Fixed, Opencode, Silent, StallsAfterHeaders, listen, serve
-from tests.support import bounded, closed_port, connect, reactor, start_gateway
+from tests.harness.logcapture import LogCapture
+from tests.harness.servers import Fixed, Opencode, Silent, StallsAfterHeaders, listen, serve
+from tests.harness.support import bounded, closed_port, connect, reactor, start_gateway
 from trapsandbox import config
 
 PASSWORD = "faults-sesame"

@@ -9,8 +9,8 @@ import treq
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.processes import Child, clean_env, spawn
-from tests.support import bounded, connect, reactor
+from tests.harness.processes import Child, clean_env, spawn
+from tests.harness.support import bounded, connect, reactor
 
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 

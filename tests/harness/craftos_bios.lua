@@ -1,4 +1,4 @@
--- The CraftOS emulation used by tests/craftos.py. Runs inside a lupa Lua 5.2 runtime whose
+-- The CraftOS emulation used by tests/harness/craftos.py. Runs inside a lupa Lua 5.2 runtime whose
 -- strings are bytes on both sides. `host` holds the Python callbacks (I/O, timers, sockets);
 -- everything CraftOS programs see (os, fs, term, settings, textutils, http, parallel, shell,
 -- multishell) is built here. Returns the kernel table Python drives.

@@ -9,9 +9,9 @@ from twisted.internet import protocol
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import ProcessDone, ProcessExitedAlready
 
-from tests.support import bounded, reactor
+from tests.harness.support import bounded, reactor
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class Child(protocol.ProcessProtocol):

@@ -11,7 +11,7 @@ from pathlib import Path
 from lupa import lua52
 from twisted.trial.unittest import SynchronousTestCase
 
-LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
+LUA_DIR = Path(__file__).resolve().parents[2] / "lua"
 LIB = LUA_DIR / "apis" / "libsandbox.lua"
 
 

@@ -14,7 +14,7 @@ import sys
 import orjson
 from twisted.trial.unittest import TestCase
 
-from tests.processes import REPO, clean_env, spawn
+from tests.harness.processes import REPO, clean_env, spawn
 
 SCENARIOS = ("connect", "idle", "health", "burst", "ping", "churn")
 
