@@ -28,7 +28,7 @@ import orjson
 from picows import WSCloseCode, WSListener, WSMsgType, ws_connect
 
 from bench import proc
-from trapsandbox.probe import FRESH_FOR
+from trapsandbox.limits import PROBE_FRESH_FOR
 
 TEXT = WSMsgType.TEXT
 CLOSE = WSMsgType.CLOSE
@@ -561,7 +561,7 @@ class Generator:
         if self.gateway:
             # Let the warm-up's probe result go stale: the burst then has to share
             # one request in flight instead of reusing a fresh result.
-            await asyncio.sleep(FRESH_FOR)
+            await asyncio.sleep(PROBE_FRESH_FOR)
         opencode_before = await self.opencode_requests()
         meter = Meter(self)
         started = perf_counter()

@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from bench import proc, profile, report
-from trapsandbox.gateway import AUTO_PING_INTERVAL
+from trapsandbox.limits import AUTO_PING_INTERVAL
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -11,7 +11,7 @@ import hmac
 
 import attrs
 
-from trapsandbox.registry import LOCAL_ACCOUNT
+from trapsandbox.limits import LOCAL_ACCOUNT
 
 
 @attrs.frozen

@@ -14,12 +14,15 @@ from typing import Any
 import attrs
 from hyperlink import URL
 
-from trapsandbox.gateway import MAX_CONNECTIONS, MAX_UNAUTHENTICATED_PER_ADDRESS
-
-DEFAULT_HOST = "0.0.0.0"
-DEFAULT_PORT = 4444
-DEFAULT_OPENCODE_URL = "http://127.0.0.1:4242"
-DEFAULT_REQUEST_TIMEOUT_MS = 600_000
+from trapsandbox import limits
+from trapsandbox.limits import (
+    DEFAULT_HOST,
+    DEFAULT_OPENCODE_URL,
+    DEFAULT_OPENCODE_USERNAME,
+    DEFAULT_PORT,
+    MAX_CONNECTIONS,
+    MAX_UNAUTHENTICATED_PER_ADDRESS,
+)
 
 
 class ConfigError(ValueError):
@@ -32,9 +35,9 @@ class Settings:
     password: str | None = attrs.field(default=None, repr=False)
     # None: operator endpoints answer loopback clients only.
     admin_token: str | None = attrs.field(default=None, repr=False)
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT_MS / 1000
+    request_timeout: float = limits.DEFAULT_REQUEST_TIMEOUT
     opencode_url: str = DEFAULT_OPENCODE_URL
-    opencode_username: str = "opencode"
+    opencode_username: str = DEFAULT_OPENCODE_USERNAME
     opencode_password: str | None = attrs.field(default=None, repr=False)
     max_connections: int = MAX_CONNECTIONS
     max_unauthenticated_per_address: int = MAX_UNAUTHENTICATED_PER_ADDRESS
@@ -154,7 +157,7 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
             return check(_read_secret(*found), found[1])
         return setting(option, variable, check, None)
 
-    username = "opencode"
+    username = DEFAULT_OPENCODE_USERNAME
     for variable in ("OPENCODE_USERNAME", "OPENCODE_SERVER_USERNAME"):
         if (found := given("opencode-username", variable)) is not None and found[0]:
             username = found[0]
@@ -167,7 +170,7 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
             "request-timeout-ms",
             "SANDBOX_REQUEST_TIMEOUT_MS",
             _timeout_ms,
-            DEFAULT_REQUEST_TIMEOUT_MS / 1000,
+            limits.DEFAULT_REQUEST_TIMEOUT,
         ),
         opencode_url=setting("opencode-url", "OPENCODE_URL", _opencode_url, DEFAULT_OPENCODE_URL),
         opencode_username=username,

@@ -24,10 +24,12 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-DEFAULT_URL = "http://127.0.0.1:4444"
-PING_TIMEOUT = 10.0
-# Beyond the request's own timeout, how long to wait for the gateway's answer.
-HTTP_MARGIN = 10.0
+from trapsandbox.limits import (
+    CTL_HTTP_MARGIN,
+    CTL_PING_TIMEOUT,
+    DEFAULT_CTL_URL,
+    MAX_REQUEST_TIMEOUT,
+)
 
 
 class Failed(Exception):
@@ -114,7 +116,9 @@ def _send(args: argparse.Namespace, type: str, payload: Any, timeout: float | No
         body["payload"] = payload
     if timeout is not None:
         body["timeoutMs"] = timeout * 1000
-    http_timeout = (timeout or 600.0) + HTTP_MARGIN
+    # Without a timeout of its own the request lasts as long as the gateway's
+    # default, which only the gateway knows: wait as long as it may take.
+    http_timeout = (timeout or MAX_REQUEST_TIMEOUT) + CTL_HTTP_MARGIN
     return call(args, "POST", _computer_path(args.trapos_id), body, http_timeout)
 
 
@@ -206,7 +210,7 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not 0 < value <= 86400:
+    if not 0 < value <= MAX_REQUEST_TIMEOUT:
         raise argparse.ArgumentTypeError("must be a number of seconds, more than 0")
     return value
 
@@ -218,7 +222,7 @@ def parser() -> argparse.ArgumentParser:
     )
     top.add_argument(
         "--url",
-        default=os.environ.get("TRAPSANDBOX_URL") or DEFAULT_URL,
+        default=os.environ.get("TRAPSANDBOX_URL") or DEFAULT_CTL_URL,
         help="the gateway (env TRAPSANDBOX_URL; default %(default)s)",
     )
     top.add_argument(
@@ -241,7 +245,7 @@ def parser() -> argparse.ArgumentParser:
 
     ping = commands.add_parser("ping", help="ping one computer")
     ping.add_argument("trapos_id", metavar="TRAPOSID", help='e.g. "7:base" or "7:"')
-    ping.add_argument("--timeout", type=_seconds, default=PING_TIMEOUT, help="seconds")
+    ping.add_argument("--timeout", type=_seconds, default=CTL_PING_TIMEOUT, help="seconds")
     ping.set_defaults(run=cmd_ping)
 
     request = commands.add_parser("request", help="send one request to a computer")

@@ -37,26 +37,13 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import wire
+from trapsandbox import limits, wire
 from trapsandbox.auth import Authenticator
 from trapsandbox.metrics import Metrics
-from trapsandbox.outbound import MAX_QUEUED_BYTES, STALL_TIMEOUT, Outbound
-from trapsandbox.registry import GatewayError, Registry, Session
+from trapsandbox.outbound import Outbound
+from trapsandbox.registry import Registry, Session
 from trapsandbox.throttle import FailureThrottle
-
-HELLO_TIMEOUT = 10.0
-# Computer requests handled at once on one connection; more are refused.
-MAX_BUSY = 16
-# A dead TCP peer is found within a minute and a half; 10,000 idle computers
-# then cost about 1 % of a core in pings (measured: 2 % at 30 s).
-AUTO_PING_INTERVAL = 60.0
-AUTO_PING_TIMEOUT = 30.0
-SHUTDOWN_GRACE = 3.0
-MAX_CONNECTIONS = 20_000
-# All computers of one Minecraft server share its address, and all of them
-# connect at once when it starts: the cap is for floods, not for them.
-MAX_UNAUTHENTICATED_PER_ADDRESS = 256
-IGNORED_LOG_INTERVAL = 10.0
+from trapsandbox.wire import GatewayError
 
 
 class _LazyFormat:
@@ -406,7 +393,7 @@ class GatewayProtocol(WebSocketServerProtocol):
         except wire.EncodeError:
             log.failure("cannot encode the answer to {type}", type=type)
             data, outcome, reason = None, wire.INTERNAL, "the answer could not be encoded"
-        if data is not None and len(data) > wire.MAX_OUTBOUND_BYTES:
+        if data is not None and len(data) > limits.MAX_OUTBOUND_BYTES:
             data, outcome, reason = (
                 None,
                 wire.TOO_LARGE,
@@ -490,15 +477,15 @@ class GatewayFactory(WebSocketServerFactory):
         authenticator: Authenticator,
         handlers: dict[str, Handler],
         clock: IReactorTime,
-        hello_timeout: float = HELLO_TIMEOUT,
-        max_busy: int = MAX_BUSY,
-        auto_ping_interval: float = AUTO_PING_INTERVAL,
-        auto_ping_timeout: float = AUTO_PING_TIMEOUT,
+        hello_timeout: float = limits.HELLO_TIMEOUT,
+        max_busy: int = limits.MAX_BUSY,
+        auto_ping_interval: float = limits.AUTO_PING_INTERVAL,
+        auto_ping_timeout: float = limits.AUTO_PING_TIMEOUT,
         metrics: Metrics | None = None,
-        max_connections: int = MAX_CONNECTIONS,
-        max_unauthenticated_per_address: int = MAX_UNAUTHENTICATED_PER_ADDRESS,
-        max_queued_bytes: int = MAX_QUEUED_BYTES,
-        stall_timeout: float = STALL_TIMEOUT,
+        max_connections: int = limits.MAX_CONNECTIONS,
+        max_unauthenticated_per_address: int = limits.MAX_UNAUTHENTICATED_PER_ADDRESS,
+        max_queued_bytes: int = limits.MAX_QUEUED_BYTES,
+        stall_timeout: float = limits.STALL_TIMEOUT,
         hello_throttle: FailureThrottle | None = None,
     ) -> None:
         super().__init__()
@@ -516,20 +503,20 @@ class GatewayFactory(WebSocketServerFactory):
         self.hello_throttle = FailureThrottle(clock) if hello_throttle is None else hello_throttle
         self.connections: set[GatewayProtocol] = set()
         self.awaiting_hello: dict[str, int] = {}
-        self.ignored_log = _Throttle(clock, IGNORED_LOG_INTERVAL)
-        self.refused_log = _Throttle(clock, IGNORED_LOG_INTERVAL)
+        self.ignored_log = _Throttle(clock, limits.LOG_INTERVAL)
+        self.refused_log = _Throttle(clock, limits.LOG_INTERVAL)
         self._drained: list[Deferred] = []
         # One call with every option: a later call without allowNullOrigin
         # would reset it.
         self.setProtocolOptions(
-            maxFramePayloadSize=wire.MAX_INBOUND_BYTES,
-            maxMessagePayloadSize=wire.MAX_INBOUND_BYTES,
+            maxFramePayloadSize=limits.MAX_INBOUND_BYTES,
+            maxMessagePayloadSize=limits.MAX_INBOUND_BYTES,
             # Oversized messages get a real 1009 close frame, not a dropped socket.
             failByDrop=False,
             autoPingInterval=auto_ping_interval,
             autoPingTimeout=auto_ping_timeout,
-            openHandshakeTimeout=HELLO_TIMEOUT,
-            closeHandshakeTimeout=1,
+            openHandshakeTimeout=limits.OPEN_HANDSHAKE_TIMEOUT,
+            closeHandshakeTimeout=limits.CLOSE_HANDSHAKE_TIMEOUT,
             # Past this, the upgrade is refused with a 503.
             maxConnections=max_connections,
             allowNullOrigin=True,
@@ -537,7 +524,7 @@ class GatewayFactory(WebSocketServerFactory):
             webStatus=False,
         )
 
-    def shutdown(self, grace: float = SHUTDOWN_GRACE) -> Deferred:
+    def shutdown(self, grace: float = limits.SHUTDOWN_GRACE) -> Deferred:
         """
         Close every connection with 1000 and fail every pending request;
         fires when all are closed, or after ``grace`` seconds (the stragglers

@@ -6,7 +6,7 @@ otherwise make its socket's send buffer grow without bound.  ``Outbound`` is
 registered as the transport's push producer: while the transport says
 "pause", messages wait in a queue of bounded size; a send that would exceed
 the bound fails at once with ``overloaded``; and a computer that stays
-paused past the stall timeout is closed with 4003.
+paused past the stall timeout is closed with 4004.
 """
 
 from __future__ import annotations
@@ -17,11 +17,8 @@ from collections.abc import Callable
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from zope.interface import implementer
 
-from trapsandbox import wire
-from trapsandbox.registry import GatewayError
-
-MAX_QUEUED_BYTES = 1024 * 1024
-STALL_TIMEOUT = 60.0
+from trapsandbox import limits, wire
+from trapsandbox.wire import GatewayError
 
 
 @implementer(IPushProducer)
@@ -31,8 +28,8 @@ class Outbound:
         write: Callable[[bytes], None],
         on_stalled: Callable[[], None],
         clock: IReactorTime,
-        max_queued: int = MAX_QUEUED_BYTES,
-        stall_timeout: float = STALL_TIMEOUT,
+        max_queued: int = limits.MAX_QUEUED_BYTES,
+        stall_timeout: float = limits.STALL_TIMEOUT,
     ) -> None:
         self._write = write
         self._on_stalled = on_stalled

@@ -24,10 +24,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseFailed
 
+from trapsandbox import limits
 from trapsandbox.metrics import Metrics
-
-PROBE_TIMEOUT = 5.0
-FRESH_FOR = 1.0
 
 log = Logger()
 
@@ -78,11 +76,11 @@ class OpencodeProbe:
         http: Any,
         clock: IReactorTime,
         url: str,
-        username: str = "opencode",
+        username: str = limits.DEFAULT_OPENCODE_USERNAME,
         password: str | None = None,
-        timeout: float = PROBE_TIMEOUT,
+        timeout: float = limits.PROBE_TIMEOUT,
         metrics: Metrics | None = None,
-        fresh_for: float = FRESH_FOR,
+        fresh_for: float = limits.PROBE_FRESH_FOR,
     ) -> None:
         self._http = http
         self._clock = clock

@@ -22,29 +22,12 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import wire
+from trapsandbox import limits, wire
+from trapsandbox.limits import LOCAL_ACCOUNT
 from trapsandbox.metrics import Metrics
-
-LOCAL_ACCOUNT = "local"
-DEFAULT_REQUEST_TIMEOUT = 600.0
-MAX_IN_FLIGHT = 64
+from trapsandbox.wire import GatewayError
 
 log = Logger()
-
-
-class GatewayError(Exception):
-    """A request failed on the gateway's side; ``code`` is a wire error code."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(code, message)
-        self.code = code
-        self.message = message
-
-    def __str__(self) -> str:
-        return f"{self.code}: {self.message}"
-
-    def to_wire(self) -> wire.Error:
-        return wire.Error(self.code, self.message)
 
 
 class Link(Protocol):
@@ -68,7 +51,7 @@ class Session:
     peer: str = ""
     version: str | None = None
     connected_at: float = 0.0
-    max_in_flight: int = MAX_IN_FLIGHT
+    max_in_flight: int = limits.MAX_IN_FLIGHT
     _pending: dict[str, Deferred] = attrs.field(factory=dict, init=False)
 
     @property
@@ -92,12 +75,12 @@ class Session:
             data = wire.encode(wire.GatewayRequest(self.trapos_id, message_id, type, payload))
         except (ValueError, TypeError) as error:
             return fail(GatewayError(wire.BAD_REQUEST, f"cannot send this request: {error}"))
-        if len(data) > wire.MAX_OUTBOUND_BYTES:
+        if len(data) > limits.MAX_OUTBOUND_BYTES:
             return fail(
                 GatewayError(
                     wire.TOO_LARGE,
                     f"request is {len(data)} bytes; a computer accepts at most "
-                    f"{wire.MAX_OUTBOUND_BYTES}",
+                    f"{limits.MAX_OUTBOUND_BYTES}",
                 )
             )
         d = Deferred()
@@ -150,7 +133,7 @@ class Registry:
     """Connected computers by ``(accountId, traposId)``: newest wins."""
 
     clock: IReactorTime
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    request_timeout: float = limits.DEFAULT_REQUEST_TIMEOUT
     metrics: Metrics = attrs.field(factory=Metrics, repr=False)
     _sessions: dict[tuple[str, str], Session] = attrs.field(factory=dict, init=False)
 

@@ -20,7 +20,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from trapsandbox import __version__, config
+from trapsandbox import __version__, config, limits
 from trapsandbox.auth import Authenticator
 from trapsandbox.gateway import GatewayFactory
 from trapsandbox.metrics import Metrics
@@ -30,8 +30,6 @@ from trapsandbox.systemd import Notifier
 from trapsandbox.web import GatewayApp, GatewaySite
 
 log = Logger()
-
-GC_THRESHOLD = 20_000
 
 
 class Options(usage.Options):
@@ -53,12 +51,18 @@ class Options(usage.Options):
             "The operators' bearer token (prefer --admin-token-file; unset: loopback only).",
         ],
         ["request-timeout-ms", None, None, "Default timeout of requests to a computer."],
-        ["max-connections", None, None, "Most WebSocket connections at once (20000)."],
+        [
+            "max-connections",
+            None,
+            None,
+            f"Most WebSocket connections at once ({limits.MAX_CONNECTIONS}).",
+        ],
         [
             "max-unauthenticated-per-address",
             None,
             None,
-            "Most connections from one address still awaiting hello (256).",
+            "Most connections from one address still awaiting hello "
+            f"({limits.MAX_UNAUTHENTICATED_PER_ADDRESS}).",
         ],
         ["opencode-url", None, None, "The opencode server (empty: not probed)."],
         ["opencode-username", None, None, "opencode's Basic-auth user."],
@@ -144,9 +148,11 @@ class GatewayService(service.MultiService):
             reactor, request_timeout=settings.request_timeout, metrics=self.metrics
         )
         self._pool = HTTPConnectionPool(reactor, persistent=True)
-        self._pool.maxPersistentPerHost = 2
+        self._pool.maxPersistentPerHost = limits.OPENCODE_PERSISTENT_CONNECTIONS
         self.probe = OpencodeProbe(
-            HTTPClient(Agent(reactor, pool=self._pool, connectTimeout=5)),
+            HTTPClient(
+                Agent(reactor, pool=self._pool, connectTimeout=limits.OPENCODE_CONNECT_TIMEOUT)
+            ),
             reactor,
             settings.opencode_url,
             settings.opencode_username,
@@ -246,5 +252,5 @@ def makeService(options: Options) -> service.IService:
     # (measured: a fifth of a health round trip's CPU went to collections).
     gc.collect()
     gc.freeze()
-    gc.set_threshold(GC_THRESHOLD, 10, 10)
+    gc.set_threshold(limits.GC_THRESHOLD, 10, 10)
     return gateway

@@ -15,11 +15,7 @@ from __future__ import annotations
 import attrs
 from twisted.internet.interfaces import IReactorTime
 
-FREE_FAILURES = 5
-BASE_BLOCK = 2.0
-MAX_BLOCK = 300.0
-FORGET_AFTER = 900.0
-MAX_ADDRESSES = 10_000
+from trapsandbox import limits
 
 
 @attrs.define
@@ -33,11 +29,11 @@ class _Record:
 @attrs.define
 class FailureThrottle:
     clock: IReactorTime
-    free_failures: int = FREE_FAILURES
-    base_block: float = BASE_BLOCK
-    max_block: float = MAX_BLOCK
-    forget_after: float = FORGET_AFTER
-    max_addresses: int = MAX_ADDRESSES
+    free_failures: int = limits.FREE_FAILURES
+    base_block: float = limits.BASE_BLOCK
+    max_block: float = limits.MAX_BLOCK
+    forget_after: float = limits.FORGET_AFTER
+    max_addresses: int = limits.MAX_THROTTLED_ADDRESSES
     _records: dict[str, _Record] = attrs.field(factory=dict, init=False)
 
     def __len__(self) -> int:

@@ -41,20 +41,13 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import Site
 from werkzeug.exceptions import HTTPException
 
-from trapsandbox import __version__, client, wire
+from trapsandbox import __version__, client, limits, wire
+from trapsandbox.limits import MAX_BODY_BYTES, MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.metrics import Metrics
 from trapsandbox.probe import OpencodeProbe, ProbeResult
-from trapsandbox.registry import GatewayError, Registry
+from trapsandbox.registry import Registry
 from trapsandbox.throttle import FailureThrottle
-
-# The largest request body kept; a larger one is dropped as it arrives and answered 413.
-MAX_BODY_BYTES = 1024 * 1024
-# An HTTP connection that sends nothing for this long is closed (Twisted's
-# default is 12 hours).  A WebSocket is not affected: once upgraded, it is
-# watched by its hello timeout and auto-ping instead.
-HTTP_IDLE_TIMEOUT = 30.0
-# A request to a computer may wait for a person at its keyboard, not for days.
-MAX_TIMEOUT_MS = 24 * 3600 * 1000
+from trapsandbox.wire import GatewayError
 
 # The HTTP status for each way a request to a computer can fail.
 STATUS_OF_ERROR = {
@@ -141,7 +134,7 @@ class GatewaySite(Site):
 
     displayTracebacks = False
 
-    def __init__(self, resource: IResource, timeout: float = HTTP_IDLE_TIMEOUT) -> None:
+    def __init__(self, resource: IResource, timeout: float = limits.HTTP_IDLE_TIMEOUT) -> None:
         # No route reads form fields: skip parsing every POST's content type
         # for them (a quarter of an operator request's CPU).
         super().__init__(resource, timeout=timeout, parsePOSTFormSubmission=False)
@@ -167,8 +160,8 @@ def _parse_request_body(body: bytes) -> tuple[str, dict[str, Any], float | None]
     if type(obj) is not dict:
         raise _BadBody('the body must be a JSON object: {"type", "payload"?, "timeoutMs"?}')
     kind = obj.get("type")
-    if type(kind) is not str or not 0 < len(kind) <= wire.MAX_TYPE_LENGTH:
-        raise _BadBody(f"type must be a string of 1 to {wire.MAX_TYPE_LENGTH} characters")
+    if type(kind) is not str or not 0 < len(kind) <= limits.MAX_TYPE_LENGTH:
+        raise _BadBody(f"type must be a string of 1 to {limits.MAX_TYPE_LENGTH} characters")
     payload = obj.get("payload")
     if payload is None:
         payload = {}
@@ -179,9 +172,11 @@ def _parse_request_body(body: bytes) -> tuple[str, dict[str, Any], float | None]
         if (
             type(timeout) not in (int, float)
             or not math.isfinite(timeout)
-            or not 0 < timeout <= MAX_TIMEOUT_MS
+            or not 0 < timeout <= MAX_REQUEST_TIMEOUT_MS
         ):
-            raise _BadBody(f"timeoutMs must be a number of milliseconds, 1 to {MAX_TIMEOUT_MS}")
+            raise _BadBody(
+                f"timeoutMs must be a number of milliseconds, 1 to {MAX_REQUEST_TIMEOUT_MS}"
+            )
         timeout = timeout / 1000
     return kind, payload, timeout
 

@@ -25,6 +25,8 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 from cattrs.preconf.orjson import make_converter
 from cattrs.v import format_exception
 
+from trapsandbox.limits import MAX_ID_LENGTH, MAX_LABEL_LENGTH, MAX_TYPE_LENGTH
+
 # Error codes (``error.code``).
 UNAUTHORIZED = "unauthorized"
 NOT_AUTHENTICATED = "not_authenticated"
@@ -43,15 +45,6 @@ CLOSE_UNAUTHORIZED = 4001
 CLOSE_HELLO_TIMEOUT = 4002
 CLOSE_THROTTLED = 4003  # too many failed hellos from this address
 CLOSE_STALLED = 4004  # the computer stopped reading what we send
-
-# The largest message a computer may send us, and the largest we send a
-# computer (CC:Tweaked's default websocket message limit).
-MAX_INBOUND_BYTES = 1024 * 1024
-MAX_OUTBOUND_BYTES = 128 * 1024
-
-MAX_ID_LENGTH = 128
-MAX_TYPE_LENGTH = 64
-MAX_LABEL_LENGTH = 32
 
 _TRAPOS_ID = re.compile(rf"(0|[1-9][0-9]{{0,15}}):([^\x00-\x1f\x7f]{{0,{MAX_LABEL_LENGTH}}})\Z")
 
@@ -90,6 +83,21 @@ def _type():
 class Error:
     code: str
     message: str
+
+
+class GatewayError(Exception):
+    """A request failed on the gateway's side; ``code`` is a wire error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+    def to_wire(self) -> Error:
+        return Error(self.code, self.message)
 
 
 @attrs.frozen

@@ -7,7 +7,7 @@ from twisted.internet.defer import succeed
 
 from tests.harness.support import response_frame
 from trapsandbox import wire
-from trapsandbox.registry import GatewayError
+from trapsandbox.wire import GatewayError
 
 
 @attrs.define

@@ -14,9 +14,10 @@ from twisted.web.resource import Resource
 from tests.harness.fakes import FakeLink, FixedProbe
 from tests.harness.support import bounded, connect, reactor, start_gateway
 from trapsandbox import wire
+from trapsandbox.limits import MAX_BODY_BYTES
 from trapsandbox.probe import ProbeResult
 from trapsandbox.registry import Registry, Session
-from trapsandbox.web import MAX_BODY_BYTES, GatewayApp, is_loopback
+from trapsandbox.web import GatewayApp, is_loopback
 
 BASE = "http://gw.example:4444"
 TOKEN = "op-token-1234"

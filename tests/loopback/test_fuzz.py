@@ -44,11 +44,11 @@ from twisted.web.client import HTTPConnectionPool
 from tests.harness.logcapture import LogCapture
 from tests.harness.servers import Opencode, serve
 from tests.harness.support import bounded, connect, reactor, start_gateway, unbatch_timers
-from trapsandbox import wire
+from trapsandbox import limits
 
 FRAMES = int(os.environ.get("TRAPSANDBOX_FUZZ_FRAMES", "3000"))
 BATCH = 100  # frames sent on one connection
-MAX = wire.MAX_INBOUND_BYTES
+MAX = limits.MAX_INBOUND_BYTES
 MAX_DEPTH = 1024  # orjson's nesting limit, which the gateway's parser inherits
 PASSWORD = "fuzz-sesame"
 
@@ -140,7 +140,7 @@ def answer_key(data: bytes) -> tuple[str, str] | None:
     if type(obj) is not dict or obj.get("event") != "computer_request":
         return None
     message_id, kind = obj.get("messageId"), obj.get("type")
-    if _usable(message_id, wire.MAX_ID_LENGTH) and _usable(kind, wire.MAX_TYPE_LENGTH):
+    if _usable(message_id, limits.MAX_ID_LENGTH) and _usable(kind, limits.MAX_TYPE_LENGTH):
         return (message_id, kind)
     return None
 
@@ -316,7 +316,7 @@ TYPES = weighted(
             ["probe_gateway", "health", "hello", "ping", "teleport", "PROBE_GATEWAY", "probe"]
         ),
     ),
-    (3, ids(wire.MAX_TYPE_LENGTH)),
+    (3, ids(limits.MAX_TYPE_LENGTH)),
 )
 EVENTS = weighted(
     (6, st.just("computer_request")),
@@ -333,7 +333,7 @@ PAYLOADS = weighted(
     (1, st.builds(lambda raw: {"deep": raw}, RAW)),
     (1, VALUES),
 )
-MESSAGE_IDS = ids(wire.MAX_ID_LENGTH)
+MESSAGE_IDS = ids(limits.MAX_ID_LENGTH)
 REQUEST_FIELDS = [  # (key, its values, how often it is there in ten)
     ("event", EVENTS, 9),
     ("traposSenderId", weighted((4, st.just("7:")), (1, MESSAGE_IDS)), 8),
@@ -405,7 +405,7 @@ PLAUSIBLE = st.fixed_dictionaries(
     {
         "event": st.just("computer_request"),
         "traposSenderId": st.just("7:"),
-        "messageId": sized(CHARS, 1, wire.MAX_ID_LENGTH),
+        "messageId": sized(CHARS, 1, limits.MAX_ID_LENGTH),
         "type": TYPES,
     },
     optional={"payload": PAYLOADS, "extra": CLEAN_VALUES},

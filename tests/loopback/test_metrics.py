@@ -9,7 +9,7 @@ from twisted.web.client import HTTPConnectionPool, ResponseNeverReceived
 
 from tests.harness.support import bounded, connect, reactor, start_gateway
 from trapsandbox.metrics import Metrics
-from trapsandbox.registry import GatewayError
+from trapsandbox.wire import GatewayError
 
 PASSWORD = "sesame"
 

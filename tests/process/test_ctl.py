@@ -11,7 +11,7 @@ from twisted.web.server import Site
 
 from tests.harness.processes import clean_env, spawn
 from tests.harness.support import closed_port, connect, reactor, start_gateway
-from trapsandbox import ctl
+from trapsandbox import ctl, limits
 
 CTL = os.path.join(os.path.dirname(sys.executable), "trapsandbox-ctl")
 PASSWORD = "sesame"
@@ -227,3 +227,25 @@ class ExplainTests(SynchronousTestCase):
             self.explain(502, None),
             "the gateway at http://gw:4444 answered HTTP 502: is it trapsandbox?",
         )
+
+
+class TimeoutTests(SynchronousTestCase):
+    """How long the command waits for the gateway's answer to a request."""
+
+    def waited(self, argv):
+        calls = []
+        self.patch(ctl, "call", lambda args, method, path, body, timeout: calls.append(timeout))
+        args = ctl.parser().parse_args(argv)
+        try:
+            args.run(args)
+        except (AttributeError, TypeError):
+            pass  # the fake call answers None; only the timeout it was given matters
+        return calls[0]
+
+    def test_without_timeout_it_outwaits_any_gateway_default(self):
+        # The gateway's default may be set up to the 24 h cap: never give up before it does.
+        self.assertGreater(self.waited(["request", "7:", "ping"]), limits.MAX_REQUEST_TIMEOUT)
+
+    def test_with_timeout_it_waits_that_long_plus_a_margin(self):
+        waited = self.waited(["request", "7:", "ping", "--timeout", "5"])
+        self.assertEqual(waited, 5 + limits.CTL_HTTP_MARGIN)

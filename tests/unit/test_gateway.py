@@ -14,7 +14,8 @@ from tests.harness.support import response_frame
 from trapsandbox import wire
 from trapsandbox.auth import Authenticator
 from trapsandbox.gateway import GatewayFactory, peer_host
-from trapsandbox.registry import GatewayError, Registry
+from trapsandbox.registry import Registry
+from trapsandbox.wire import GatewayError
 
 
 class GatewayTestCase(SynchronousTestCase):

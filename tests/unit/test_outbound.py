@@ -5,7 +5,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from trapsandbox import wire
 from trapsandbox.outbound import Outbound
-from trapsandbox.registry import GatewayError
+from trapsandbox.wire import GatewayError
 
 
 class OutboundTests(SynchronousTestCase):

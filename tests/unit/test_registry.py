@@ -4,8 +4,9 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.fakes import FakeLink
-from trapsandbox import wire
-from trapsandbox.registry import GatewayError, Registry, Session
+from trapsandbox import limits, wire
+from trapsandbox.registry import Registry, Session
+from trapsandbox.wire import GatewayError
 
 
 def response(request, ok=True, payload=None, sender="7:"):
@@ -155,14 +156,14 @@ class RegistryTests(SynchronousTestCase):
 
     def test_too_large(self):
         _, link = self.connect()
-        d = self.registry.request("7:", "big", {"data": "x" * wire.MAX_OUTBOUND_BYTES})
+        d = self.registry.request("7:", "big", {"data": "x" * limits.MAX_OUTBOUND_BYTES})
         self.assertGatewayError(d, wire.TOO_LARGE)
         self.assertEqual(link.sent, [])
 
     def test_just_fits(self):
         _, link = self.connect()
         empty = len(wire.encode(wire.GatewayRequest("7:", "x" * 36, "big", {"data": ""})))
-        filler = "x" * (wire.MAX_OUTBOUND_BYTES - empty)
+        filler = "x" * (limits.MAX_OUTBOUND_BYTES - empty)
         self.assertNoResult(self.registry.request("7:", "big", {"data": filler}))
         self.assertEqual(len(link.sent), 1)
 

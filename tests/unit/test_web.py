@@ -73,7 +73,8 @@ class WebTests(SynchronousTestCase):
         self.assertEqual(response.headers.getRawHeaders("content-type"), ["application/json"])
 
     def test_idle_http_connections_time_out(self):
-        from trapsandbox.web import HTTP_IDLE_TIMEOUT, GatewaySite
+        from trapsandbox.limits import HTTP_IDLE_TIMEOUT
+        from trapsandbox.web import GatewaySite
 
         self.assertEqual(GatewaySite(Resource()).timeOut, HTTP_IDLE_TIMEOUT)
         self.assertLessEqual(HTTP_IDLE_TIMEOUT, 60)

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from trapsandbox import wire
+from trapsandbox import limits, wire
 
 json_values = st.recursive(
     st.none()
@@ -18,8 +18,8 @@ json_values = st.recursive(
     ),
     max_leaves=12,
 )
-ids = st.text(min_size=1, max_size=wire.MAX_ID_LENGTH)
-types = st.text(min_size=1, max_size=wire.MAX_TYPE_LENGTH)
+ids = st.text(min_size=1, max_size=limits.MAX_ID_LENGTH)
+types = st.text(min_size=1, max_size=limits.MAX_TYPE_LENGTH)
 payloads = st.dictionaries(st.text(max_size=8), json_values, max_size=4)
 errors = st.builds(wire.Error, st.text(), st.text())
 frames = st.one_of(
@@ -117,7 +117,7 @@ class DecodeTests(SynchronousTestCase):
         self.assertIn("ok", wire.decode(response).reason)
 
     def test_overlong_ids(self):
-        frame = wire.decode(request(messageId="x" * (wire.MAX_ID_LENGTH + 1)))
+        frame = wire.decode(request(messageId="x" * (limits.MAX_ID_LENGTH + 1)))
         self.assertIsInstance(frame, wire.Invalid)
         self.assertIsNone(frame.message_id)
 
