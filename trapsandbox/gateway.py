@@ -37,12 +37,10 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import limits, wire
-from trapsandbox.auth import Authenticator
+from trapsandbox import auth, limits, wire
 from trapsandbox.metrics import Metrics
 from trapsandbox.outbound import Outbound
 from trapsandbox.registry import Registry, Session
-from trapsandbox.throttle import FailureThrottle
 from trapsandbox.wire import GatewayError
 
 
@@ -108,7 +106,7 @@ class GatewayProtocol(WebSocketServerProtocol):
     def onConnect(self, request) -> None:
         factory = self.factory
         self.peer_address = request.peer
-        self.peer_host = peer_host(request.peer)
+        self.peer_host = auth.host_of(self.transport.getPeer())
         waiting = factory.awaiting_hello.get(self.peer_host, 0)
         if waiting >= factory.max_unauthenticated_per_address:
             suppressed = factory.refused_log.allow()
@@ -298,43 +296,29 @@ class GatewayProtocol(WebSocketServerProtocol):
             self.factory.metrics.hellos[wire.BAD_REQUEST].inc()
             self._reply_error(frame, wire.BAD_REQUEST, str(error))
             return
-        throttle = self.factory.hello_throttle
-        wait = throttle.blocked_for(self.peer_host)
-        if wait > 0:
-            # Refused without looking at the secret: guessing gains nothing.
-            self._refuse_hello(
-                frame,
-                hello,
-                wire.OVERLOADED,
-                f"too many failed hellos from your address: try again in {wait:.0f} s",
-                wire.CLOSE_THROTTLED,
-                "too many failed hellos",
-            )
-            return
-        account_id = self.factory.authenticator.resolve_account(hello.secret)
-        if account_id is None:
-            block, warn = throttle.failed(self.peer_host)
-            if block == 0:
-                log.warn(
-                    "hello from {peer} as {traposId} refused: wrong secret",
-                    peer=self.peer_address,
-                    traposId=hello.trapos_id,
+        account_id = self.factory.admission.computer(
+            self.peer_host, hello.secret, f"{self.peer_address} as {hello.trapos_id}"
+        )
+        if isinstance(account_id, auth.Refusal):
+            if account_id.reason == auth.THROTTLED:
+                self._refuse_hello(
+                    frame,
+                    hello,
+                    wire.OVERLOADED,
+                    "too many failed hellos from your address: "
+                    f"try again in {account_id.wait:.0f} s",
+                    wire.CLOSE_THROTTLED,
+                    "too many failed hellos",
                 )
-            elif warn:
-                log.warn(
-                    "{host} keeps sending wrong secrets: refusing its hellos for up to "
-                    "{block:.0f} s at a time",
-                    host=self.peer_host,
-                    block=block,
+            else:
+                self._refuse_hello(
+                    frame,
+                    hello,
+                    wire.UNAUTHORIZED,
+                    account_id.message,
+                    wire.CLOSE_UNAUTHORIZED,
+                    "unauthorized",
                 )
-            self._refuse_hello(
-                frame,
-                hello,
-                wire.UNAUTHORIZED,
-                "wrong secret: check sandbox.password",
-                wire.CLOSE_UNAUTHORIZED,
-                "unauthorized",
-            )
             return
         self._cancel_hello_timer()
         self._hello_done()
@@ -458,14 +442,6 @@ class GatewayProtocol(WebSocketServerProtocol):
         self.close(wire.CLOSE_HELLO_TIMEOUT, "hello timeout")
 
 
-def peer_host(peer: str) -> str:
-    """The address part of an Autobahn peer (``tcp4:1.2.3.4:5678`` -> ``1.2.3.4``)."""
-    kind, _, rest = peer.partition(":")
-    if kind in ("tcp4", "tcp6"):
-        return rest.rpartition(":")[0]
-    return kind
-
-
 class GatewayFactory(WebSocketServerFactory):
     """Shared state of all computer connections."""
 
@@ -474,7 +450,7 @@ class GatewayFactory(WebSocketServerFactory):
     def __init__(
         self,
         registry: Registry,
-        authenticator: Authenticator,
+        admission: auth.Admission,
         handlers: dict[str, Handler],
         clock: IReactorTime,
         hello_timeout: float = limits.HELLO_TIMEOUT,
@@ -486,13 +462,12 @@ class GatewayFactory(WebSocketServerFactory):
         max_unauthenticated_per_address: int = limits.MAX_UNAUTHENTICATED_PER_ADDRESS,
         max_queued_bytes: int = limits.MAX_QUEUED_BYTES,
         stall_timeout: float = limits.STALL_TIMEOUT,
-        hello_throttle: FailureThrottle | None = None,
     ) -> None:
         super().__init__()
         self.registry = registry
         self.metrics = registry.metrics if metrics is None else metrics
         self.metrics.handle_types(handlers)
-        self.authenticator = authenticator
+        self.admission = admission
         self.handlers = handlers
         self.clock = clock
         self.hello_timeout = hello_timeout
@@ -500,7 +475,6 @@ class GatewayFactory(WebSocketServerFactory):
         self.max_unauthenticated_per_address = max_unauthenticated_per_address
         self.max_queued_bytes = max_queued_bytes
         self.stall_timeout = stall_timeout
-        self.hello_throttle = FailureThrottle(clock) if hello_throttle is None else hello_throttle
         self.connections: set[GatewayProtocol] = set()
         self.awaiting_hello: dict[str, int] = {}
         self.ignored_log = _Throttle(clock, limits.LOG_INTERVAL)

@@ -21,7 +21,7 @@ from twisted.python import usage
 from twisted.web.client import Agent, HTTPConnectionPool
 
 from trapsandbox import __version__, config, limits
-from trapsandbox.auth import Authenticator
+from trapsandbox.auth import Admission
 from trapsandbox.gateway import GatewayFactory
 from trapsandbox.metrics import Metrics
 from trapsandbox.probe import OpencodeProbe, ProbeResult, redact
@@ -159,10 +159,10 @@ class GatewayService(service.MultiService):
             settings.opencode_password,
             metrics=self.metrics,
         )
-        self.authenticator = Authenticator(settings.password)
+        self.admission = Admission(reactor, settings.password, settings.admin_token)
         self.factory = GatewayFactory(
             self.registry,
-            self.authenticator,
+            self.admission,
             {"probe_gateway": self._probe_gateway, "health": self._probe_gateway},
             reactor,
             metrics=self.metrics,
@@ -179,7 +179,7 @@ class GatewayService(service.MultiService):
             self.probe,
             WebSocketResource(self.factory),
             metrics=self.metrics,
-            admin_token=settings.admin_token,
+            admission=self.admission,
         )
         self.site = GatewaySite(app.resource())
         self.listeners = [_Listener(reactor, port, self.site) for port in settings.ports]
@@ -201,7 +201,7 @@ class GatewayService(service.MultiService):
         log.info(
             "trapsandbox {version} started: auth {auth}, opencode at {opencode}, NVX {nvx}",
             version=__version__,
-            auth="on" if self.authenticator.enabled else "off",
+            auth="on" if self.admission.enabled else "off",
             opencode=redact(self.settings.opencode_url) or "(not set)",
             nvx="in use" if USES_NVX else "not available",
         )
@@ -211,7 +211,7 @@ class GatewayService(service.MultiService):
             if self.settings.admin_token
             else "loopback clients only (no SANDBOX_ADMIN_TOKEN)",
         )
-        if not self.authenticator.enabled:
+        if not self.admission.enabled:
             log.warn(
                 "auth is off: any computer can connect. Set SANDBOX_PASSWORD or "
                 "SANDBOX_PASSWORD_FILE to require a secret."

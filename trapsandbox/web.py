@@ -22,9 +22,7 @@ traceback page.
 from __future__ import annotations
 
 import functools
-import hmac
 import io
-import ipaddress
 import math
 from datetime import UTC, datetime
 from typing import Any
@@ -32,7 +30,6 @@ from typing import Any
 import orjson
 from klein import Klein
 from prometheus_client.exposition import choose_encoder
-from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.defer import CancelledError
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -41,12 +38,11 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import Site
 from werkzeug.exceptions import HTTPException
 
-from trapsandbox import __version__, client, limits, wire
+from trapsandbox import __version__, auth, client, limits, wire
 from trapsandbox.limits import MAX_BODY_BYTES, MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.metrics import Metrics
 from trapsandbox.probe import OpencodeProbe, ProbeResult
 from trapsandbox.registry import Registry
-from trapsandbox.throttle import FailureThrottle
 from trapsandbox.wire import GatewayError
 
 # The HTTP status for each way a request to a computer can fail.
@@ -76,25 +72,6 @@ def _lua(request: IRequest, body: bytes) -> bytes:
     request.setHeader(b"content-type", b"text/x-lua; charset=utf-8")
     request.setHeader(b"cache-control", b"no-store")
     return body
-
-
-def is_loopback(address: object) -> bool:
-    """A peer on this machine: 127.0.0.0/8, ::1 (also IPv4-mapped), or a unix socket."""
-    if isinstance(address, UNIXAddress):
-        return True
-    if not isinstance(address, IPv4Address | IPv6Address):
-        return False
-    try:
-        ip = ipaddress.ip_address(address.host.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback
-
-
-def _address(address: object) -> str:
-    return str(getattr(address, "host", None) or type(address).__name__)
 
 
 def operators_only(route):
@@ -212,53 +189,31 @@ class GatewayApp:
         probe: OpencodeProbe,
         websocket: IResource,
         metrics: Metrics | None = None,
-        admin_token: str | None = None,
+        admission: auth.Admission | None = None,
     ) -> None:
         self._registry = registry
         self._probe = probe
         self._websocket = websocket
         self._metrics = registry.metrics if metrics is None else metrics
-        self._admin_token = None if admin_token is None else admin_token.encode("ascii")
-        self._token_throttle = FailureThrottle(registry.clock)
+        self._admission = auth.Admission(registry.clock) if admission is None else admission
 
     def resource(self) -> IResource:
         return _Root(self._websocket, self.app.resource())
 
     def _refuse(self, request: IRequest) -> bytes | None:
         """The error answer for a request that is not from an operator, or None."""
-        if self._admin_token is None:
-            if is_loopback(request.getClientAddress()):
-                return None
-            return json_error(
-                request,
-                403,
-                "forbidden",
-                "operator endpoints answer only loopback clients while no "
-                "SANDBOX_ADMIN_TOKEN is set",
-            )
-        address = _address(request.getClientAddress())
-        wait = self._token_throttle.blocked_for(address)
-        if wait > 0:
-            # Refused without looking at the token: guessing gains nothing.
-            request.setHeader(b"retry-after", b"%d" % math.ceil(wait))
-            return json_error(
-                request, 429, "too_many_requests", "too many wrong tokens from your address"
-            )
-        scheme, _, token = (request.getHeader(b"authorization") or b"").partition(b" ")
-        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._admin_token):
+        refusal = self._admission.operator(
+            request.getClientAddress(), request.getHeader(b"authorization")
+        )
+        if refusal is None:
             return None
-        if scheme:
-            block, warn = self._token_throttle.failed(address)
-            if warn:
-                log.warn(
-                    "{address} keeps sending wrong operator tokens: refusing it for up to "
-                    "{block:.0f} s at a time",
-                    address=address,
-                    block=block,
-                )
+        if refusal.reason == auth.NOT_LOOPBACK:
+            return json_error(request, 403, "forbidden", refusal.message)
+        if refusal.reason == auth.THROTTLED:
+            request.setHeader(b"retry-after", b"%d" % math.ceil(refusal.wait))
+            return json_error(request, 429, "too_many_requests", refusal.message)
         request.setHeader(b"www-authenticate", b'Bearer realm="trapsandbox"')
-        reason = "wrong bearer token" if scheme else "a bearer token is required"
-        return json_error(request, 401, "unauthorized", reason)
+        return json_error(request, 401, "unauthorized", refusal.message)
 
     @app.route("/health", methods=["GET"])
     def health(self, request: IRequest):

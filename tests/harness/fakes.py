@@ -3,6 +3,7 @@
 import attrs
 import orjson
 from autobahn.websocket.protocol import WebSocketProtocol
+from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.defer import succeed
 
 from tests.harness.support import response_frame
@@ -37,10 +38,19 @@ class FakeUpgrade:
 
 
 class FakeTransport:
-    """Where the protocol registers its producer."""
+    """Where the protocol registers its producer; its peer is the upgrade's."""
 
-    def __init__(self):
+    def __init__(self, peer):
         self.producer = "the HTTP channel"
+        kind, _, rest = peer.partition(":")
+        host, _, port = rest.rpartition(":")
+        if kind == "unix":
+            self.peer = UNIXAddress(rest)
+        else:
+            self.peer = (IPv4Address if kind == "tcp4" else IPv6Address)("TCP", host, int(port))
+
+    def getPeer(self):
+        return self.peer
 
     def registerProducer(self, producer, streaming):
         assert self.producer is None and streaming
@@ -61,8 +71,9 @@ class Computer:
         protocol.sendMessage = self._record
         protocol.sendClose = self._close
         protocol.dropConnection = lambda abort=False: self.lost(1006)
-        protocol.transport = FakeTransport()
-        protocol.onConnect(FakeUpgrade(peer))
+        upgrade = FakeUpgrade(peer)
+        protocol.transport = FakeTransport(upgrade.peer)
+        protocol.onConnect(upgrade)
         protocol.state = WebSocketProtocol.STATE_OPEN
         protocol.onOpen()
         self._ids = 0

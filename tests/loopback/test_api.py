@@ -14,10 +14,11 @@ from twisted.web.resource import Resource
 from tests.harness.fakes import FakeLink, FixedProbe
 from tests.harness.support import bounded, connect, reactor, start_gateway
 from trapsandbox import wire
+from trapsandbox.auth import Admission, is_loopback
 from trapsandbox.limits import MAX_BODY_BYTES
 from trapsandbox.probe import ProbeResult
 from trapsandbox.registry import Registry, Session
-from trapsandbox.web import GatewayApp, is_loopback
+from trapsandbox.web import GatewayApp
 
 BASE = "http://gw.example:4444"
 TOKEN = "op-token-1234"
@@ -50,7 +51,7 @@ class APITestCase(SynchronousTestCase):
             self.registry,
             FixedProbe(ProbeResult(True)),
             Resource(),
-            admin_token=self.admin_token,
+            admission=Admission(self.clock, admin_token=self.admin_token),
         )
         resource = app.resource()
         if self.peer is not None:

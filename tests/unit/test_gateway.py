@@ -5,6 +5,7 @@ frames the gateway sends are recorded.
 
 from autobahn.websocket.protocol import WebSocketProtocol
 from autobahn.websocket.types import ConnectionDeny
+from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
@@ -12,8 +13,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from tests.harness.fakes import Computer
 from tests.harness.support import response_frame
 from trapsandbox import wire
-from trapsandbox.auth import Authenticator
-from trapsandbox.gateway import GatewayFactory, peer_host
+from trapsandbox.auth import Admission, host_of
+from trapsandbox.gateway import GatewayFactory
 from trapsandbox.registry import Registry
 from trapsandbox.wire import GatewayError
 
@@ -27,7 +28,7 @@ class GatewayTestCase(SynchronousTestCase):
         self.probes = []
         self.factory = GatewayFactory(
             self.registry,
-            Authenticator(self.password),
+            Admission(self.clock, self.password),
             {
                 "probe_gateway": self.fake_probe,
                 "health": self.fake_probe,
@@ -91,7 +92,7 @@ class HelloTests(GatewayTestCase):
         self.assertError(computer.last(), wire.UNAUTHORIZED)
 
     def test_no_password_means_any_secret(self):
-        self.factory.authenticator = Authenticator(None)
+        self.factory.admission = Admission(self.clock, None)
         computer = self.connect()
         computer.request("hello", {"traposId": "7:"})
         self.assertTrue(computer.last()["ok"])
@@ -401,10 +402,10 @@ class LimitTests(GatewayTestCase):
         self.clock.advance(2)
         self.assertTrue(self.connect().hello()["ok"])
 
-    def test_peer_host(self):
-        self.assertEqual(peer_host("tcp4:1.2.3.4:5678"), "1.2.3.4")
-        self.assertEqual(peer_host("tcp6:::1:5678"), "::1")
-        self.assertEqual(peer_host("unix:/run/gw.sock"), "unix")
+    def test_host_of(self):
+        self.assertEqual(host_of(IPv4Address("TCP", "1.2.3.4", 5678)), "1.2.3.4")
+        self.assertEqual(host_of(IPv6Address("TCP", "::1", 5678)), "::1")
+        self.assertEqual(host_of(UNIXAddress(b"/run/gw.sock")), "unix")
 
 
 class LazyFormatTests(SynchronousTestCase):

@@ -1,0 +1,70 @@
+"""Admission: computer secrets, operator tokens, the loopback rule, one throttle each."""
+
+from twisted.internet.address import IPv4Address, UNIXAddress
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from trapsandbox import auth, limits
+
+HERE = IPv4Address("TCP", "127.0.0.1", 5000)
+THERE = IPv4Address("TCP", "203.0.113.9", 5000)
+
+
+class ComputerTests(SynchronousTestCase):
+    def setUp(self):
+        self.clock = Clock()
+        self.admission = auth.Admission(self.clock, password="sesame")
+
+    def test_the_right_secret_is_the_local_account(self):
+        self.assertEqual(self.admission.computer("h", "sesame", "7:"), limits.LOCAL_ACCOUNT)
+
+    def test_a_wrong_or_missing_secret_is_refused(self):
+        for secret in ("nope", None, 7, ""):
+            refusal = self.admission.computer(f"h{secret}", secret, "7:")
+            self.assertEqual(refusal.reason, auth.WRONG, secret)
+
+    def test_no_password_admits_any_secret(self):
+        admission = auth.Admission(self.clock)
+        self.assertFalse(admission.enabled)
+        self.assertEqual(admission.computer("h", None, "7:"), limits.LOCAL_ACCOUNT)
+
+    def test_a_guessing_address_is_refused_unchecked(self):
+        for _ in range(limits.FREE_FAILURES + 1):
+            self.admission.computer("h", "nope", "7:")
+        refusal = self.admission.computer("h", "sesame", "7:")
+        self.assertEqual(refusal.reason, auth.THROTTLED)
+        self.assertGreater(refusal.wait, 0)
+        # Another address is not affected; the blocked one may try again later.
+        self.assertEqual(self.admission.computer("other", "sesame", "7:"), limits.LOCAL_ACCOUNT)
+        self.clock.advance(refusal.wait)
+        self.assertEqual(self.admission.computer("h", "sesame", "7:"), limits.LOCAL_ACCOUNT)
+
+
+class OperatorTests(SynchronousTestCase):
+    def setUp(self):
+        self.clock = Clock()
+        self.admission = auth.Admission(self.clock, admin_token="tok")
+
+    def test_the_token(self):
+        self.assertIsNone(self.admission.operator(THERE, b"Bearer tok"))
+        self.assertIsNone(self.admission.operator(THERE, b"bearer tok "))
+
+    def test_missing_and_wrong_tokens(self):
+        self.assertEqual(self.admission.operator(THERE, None).reason, auth.MISSING)
+        self.assertEqual(self.admission.operator(THERE, b"Bearer x").reason, auth.WRONG)
+        self.assertEqual(self.admission.operator(THERE, b"Basic tok").reason, auth.WRONG)
+
+    def test_only_guesses_count_against_the_address(self):
+        for _ in range(limits.FREE_FAILURES * 3):
+            self.admission.operator(THERE, None)
+        self.assertIsNone(self.admission.operator(THERE, b"Bearer tok"))
+        for _ in range(limits.FREE_FAILURES + 1):
+            self.admission.operator(THERE, b"Bearer x")
+        self.assertEqual(self.admission.operator(THERE, b"Bearer tok").reason, auth.THROTTLED)
+        self.assertEqual(self.admission.operator(THERE, None).reason, auth.THROTTLED)
+
+    def test_without_a_token_only_loopback_is_served(self):
+        admission = auth.Admission(self.clock)
+        self.assertIsNone(admission.operator(HERE, None))
+        self.assertIsNone(admission.operator(UNIXAddress(b"/run/s"), None))
+        self.assertEqual(admission.operator(THERE, b"Bearer tok").reason, auth.NOT_LOOPBACK)
