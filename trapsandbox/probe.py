@@ -5,9 +5,11 @@ The opencode probe: is the opencode server at ``OPENCODE_URL`` answering?
 JSON content type (opencode answers unknown paths with its HTML web UI and a
 200, so a bare status check is fooled by a wrong URL).  The whole exchange,
 headers and body, is bounded.  Callers that ask while a probe is in flight
-share it: a burst of health requests makes one HTTP request.  A result is
-reused for ``FRESH_FOR`` seconds, so a steady stream of health requests makes
-about one HTTP request a second, and most are answered without waiting.
+share it: a burst of health requests makes one HTTP request.  A success is
+reused for ``PROBE_FRESH_FOR`` seconds, so a steady stream of health requests
+makes about one HTTP request a second, and most are answered without waiting.
+A failure is never reused: a player who has just started opencode must not
+be told it is down.
 """
 
 from __future__ import annotations
@@ -100,11 +102,12 @@ class OpencodeProbe:
             self._target = DecodedURL.from_text(base + "/config")
 
     def fresh(self) -> ProbeResult | None:
-        """The latest result if it is recent enough to reuse, else None."""
+        """The latest success if it is recent enough to reuse, else None."""
         if not self.url:
             return _NOT_SET
-        if self._latest is not None and self._clock.seconds() - self._latest_at < self._fresh_for:
-            return self._latest
+        latest = self._latest
+        if latest is not None and self._clock.seconds() - self._latest_at < self._fresh_for:
+            return latest
         return None
 
     def check(self) -> Deferred:
@@ -187,7 +190,8 @@ class OpencodeProbe:
 
     def _deliver(self, result: ProbeResult, started: float) -> None:
         self._metrics.probe(result.outcome or "error", self._clock.seconds() - started)
-        self._latest, self._latest_at = result, self._clock.seconds()
+        self._latest = result if result.ok else None
+        self._latest_at = self._clock.seconds()
         waiters, self._waiters = self._waiters or [], None
         for d in waiters:
             d.callback(result)

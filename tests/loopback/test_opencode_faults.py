@@ -22,6 +22,7 @@ import treq
 from twisted.internet.defer import CancelledError, Deferred, gatherResults
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
+from twisted.web.server import Site
 
 from tests.harness.logcapture import LogCapture
 from tests.harness.servers import Fixed, Opencode, Silent, StallsAfterHeaders, listen, serve
@@ -162,6 +163,21 @@ class OpencodeFaultTests(TestCase):
         self.assertIn("no answer within", reply["payload"]["opencodeDetail"])
         self.flushLoggedErrors(CancelledError)  # counted by ``log``
         self.assertEqual(log.errors(), [])
+
+    async def test_opencode_coming_up_is_seen_at_the_next_health(self):
+        port = closed_port()
+        gateway = start_gateway(self, password=PASSWORD, opencode_url=f"http://127.0.0.1:{port}")
+        computer = await connect(self, gateway.port)
+        self.assertTrue((await computer.hello(PASSWORD))["ok"])
+        down = await computer.request("probe_gateway")
+        self.assertIs(down["payload"]["opencodeOk"], False)
+        # opencode starts on that port; the very next health says so.
+        site = Site(Opencode())
+        site.timeOut = None
+        listening = reactor().listenTCP(port, site, interface="127.0.0.1")
+        self.addCleanup(listening.stopListening)
+        up = await computer.request("probe_gateway")
+        self.assertIs(up["payload"]["opencodeOk"], True, up)
 
 
 class CredentialsInURLTests(TestCase):

@@ -112,8 +112,7 @@ class ProbeTests(SynchronousTestCase):
         result = self.successResultOf(d)
         self.assertFalse(result.ok)
         self.assertIn("no answer within 5 s", result.detail)
-        # Once that result is stale, the next check makes a new request.
-        self.clock.advance(1)
+        # A failure is not reused: the next check makes a new request.
         probe.check()
         self.assertEqual(probe.requests_made, 2)
 
@@ -146,6 +145,26 @@ class ProbeTests(SynchronousTestCase):
         self.assertIsNone(probe.fresh())
         self.result(probe)
         self.assertEqual(self.opencode.requests, 2)
+
+    def test_a_failure_is_not_reused(self):
+        """opencode down, then up: the very next check says so."""
+        http = self.http
+
+        class StartsLate:
+            down = True
+
+            def get(self, *args, **kwargs):
+                if self.down:
+                    return fail(ConnectionRefusedError())
+                return http.get(*args, **kwargs)
+
+        opencode = StartsLate()
+        probe = OpencodeProbe(opencode, self.clock, "http://127.0.0.1:4242", password="pw")
+        self.assertFalse(self.result(probe).ok)
+        self.assertIsNone(probe.fresh())
+        opencode.down = False
+        self.assertTrue(self.result(probe).ok)
+        self.assertEqual(probe.requests_made, 2)
 
     def test_payload_is_shared_and_to_payload_a_copy(self):
         result = ProbeResult(True)
