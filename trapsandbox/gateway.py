@@ -22,7 +22,6 @@ would drop the TCP connection without a close frame.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import suppress
 from pprint import pformat
 from typing import Any
@@ -38,6 +37,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from trapsandbox import auth, limits, wire
+from trapsandbox.handlers import Handler
 from trapsandbox.metrics import Metrics
 from trapsandbox.outbound import Outbound
 from trapsandbox.registry import Registry, Session
@@ -60,8 +60,6 @@ class _LazyFormat:
 # that is almost never written: a quarter of a connect's CPU.  Its other uses
 # of pformat are debug lines too (and timing reports, which we leave off).
 autobahn.websocket.protocol.pformat = _LazyFormat
-
-Handler = Callable[[Session, wire.ComputerRequest], "Deferred | dict[str, Any]"]
 
 log = Logger()
 

@@ -23,8 +23,9 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from trapsandbox import __version__, config, limits
 from trapsandbox.auth import Admission
 from trapsandbox.gateway import GatewayFactory
+from trapsandbox.handlers import ComputerRequests
 from trapsandbox.metrics import Metrics
-from trapsandbox.probe import OpencodeProbe, ProbeResult, redact
+from trapsandbox.probe import OpencodeProbe, redact
 from trapsandbox.registry import Registry
 from trapsandbox.systemd import Notifier
 from trapsandbox.web import GatewayApp, GatewaySite
@@ -163,7 +164,7 @@ class GatewayService(service.MultiService):
         self.factory = GatewayFactory(
             self.registry,
             self.admission,
-            {"probe_gateway": self._probe_gateway, "health": self._probe_gateway},
+            ComputerRequests(self.probe).table(),
             reactor,
             metrics=self.metrics,
             max_connections=settings.max_connections,
@@ -185,12 +186,6 @@ class GatewayService(service.MultiService):
         self.listeners = [_Listener(reactor, port, self.site) for port in settings.ports]
         for listener in self.listeners:
             listener.setServiceParent(self)
-
-    def _probe_gateway(self, session, frame) -> Deferred | dict:
-        result = self.probe.fresh()
-        if result is not None:
-            return result.payload  # answered at once: no Deferred on the hot path
-        return self.probe.check().addCallback(_payload_of)
 
     def startService(self) -> None:
         super().startService()
@@ -233,10 +228,6 @@ class GatewayService(service.MultiService):
         # by SIGTERM"; a graceful stop is a success, so exit 0 instead.
         if getattr(self._reactor, "_exitSignal", None) is not None:
             self._reactor._exitSignal = None
-
-
-def _payload_of(result: ProbeResult) -> dict:
-    return result.payload
 
 
 def makeService(options: Options) -> service.IService:

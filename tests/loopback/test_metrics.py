@@ -77,11 +77,11 @@ class MetricsTests(TestCase):
         self.assertEqual(self.value(m, requests, type="other", outcome="unknown_type"), 1)
         self.assertEqual(self.value(m, requests, type="hello", outcome="unauthorized"), 1)
         self.assertEqual(self.value(m, "trapsandbox_frames_received_total", event="invalid"), 1)
-        # Two health checks, one opencode probe: the second reuses the first's fresh result.
+        # Two health checks, two opencode probes: a failure is never reused.
         self.assertEqual(
-            self.value(m, "trapsandbox_opencode_probes_total", outcome="unreachable"), 1
+            self.value(m, "trapsandbox_opencode_probes_total", outcome="unreachable"), 2
         )
-        self.assertEqual(self.value(m, "trapsandbox_opencode_probe_seconds_count"), 1)
+        self.assertEqual(self.value(m, "trapsandbox_opencode_probe_seconds_count"), 2)
 
         # A request to the computer, in flight and then answered.
         d = self.gateway.registry.request("7:", "ping")
