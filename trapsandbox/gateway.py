@@ -22,44 +22,24 @@ would drop the TCP connection without a close frame.
 
 from __future__ import annotations
 
-from contextlib import suppress
-from pprint import pformat
 from typing import Any
 
-import autobahn.websocket.protocol
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.protocol import WebSocketProtocol
 from autobahn.websocket.types import ConnectionDeny
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.error import AlreadyCalled, AlreadyCancelled
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import auth, limits, wire
+from trapsandbox import auth, compat, limits, wire
 from trapsandbox.handlers import Handler
 from trapsandbox.metrics import Metrics
 from trapsandbox.outbound import Outbound
 from trapsandbox.registry import Registry, Session
 from trapsandbox.wire import GatewayError
 
-
-class _LazyFormat:
-    """``pformat`` deferred until a log line that uses it is written."""
-
-    def __init__(self, value: object) -> None:
-        self._value = value
-
-    def __str__(self) -> str:
-        return pformat(self._value)
-
-    __repr__ = __str__
-
-
-# Autobahn pretty-prints ~40 options on every new connection for a debug line
-# that is almost never written: a quarter of a connect's CPU.  Its other uses
-# of pformat are debug lines too (and timing reports, which we leave off).
-autobahn.websocket.protocol.pformat = _LazyFormat
+compat.lazy_autobahn_debug_formatting()
 
 log = Logger()
 
@@ -146,13 +126,7 @@ class GatewayProtocol(WebSocketServerProtocol):
 
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
         self._cancel_hello_timer()
-        # Autobahn keeps its close-handshake timer when the peer drops the
-        # connection instead of answering our close; nothing is left to time out.
-        call = getattr(self, "closeHandshakeTimeoutCall", None)
-        if call is not None:
-            self.closeHandshakeTimeoutCall = None
-            with suppress(AlreadyCalled, AlreadyCancelled):
-                call.cancel()
+        compat.cancel_close_handshake_timer(self)
         self._hello_done()
         if self.outbound is not None:
             self.outbound.stopProducing()
@@ -171,7 +145,9 @@ class GatewayProtocol(WebSocketServerProtocol):
     def onCloseFrame(self, code: int | None, reasonRaw: bytes | None) -> bool | None:
         # Open: this close starts the handshake.  Failed by us: our answer to
         # the peer's bad frame may still be unsent.
-        self._answering_close = self.state == WebSocketProtocol.STATE_OPEN or self.failedByMe
+        self._answering_close = self.state == WebSocketProtocol.STATE_OPEN or compat.failed_by_us(
+            self
+        )
         try:
             return super().onCloseFrame(code, reasonRaw)
         finally:

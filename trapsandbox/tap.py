@@ -20,7 +20,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from trapsandbox import __version__, config, limits
+from trapsandbox import __version__, compat, config, limits
 from trapsandbox.auth import Admission
 from trapsandbox.gateway import GatewayFactory
 from trapsandbox.handlers import ComputerRequests
@@ -224,10 +224,7 @@ class GatewayService(service.MultiService):
     def _stopped(self, _: object) -> None:
         self.notifier.close()
         log.info("all computers closed; exiting")
-        # twistd re-raises the stop signal at exit so the process dies "killed
-        # by SIGTERM"; a graceful stop is a success, so exit 0 instead.
-        if getattr(self._reactor, "_exitSignal", None) is not None:
-            self._reactor._exitSignal = None
+        compat.exit_zero_after_stop_signal(self._reactor)
 
 
 def makeService(options: Options) -> service.IService:

@@ -9,7 +9,7 @@ from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientPr
 from twisted.internet import endpoints, ssl
 from twisted.internet.defer import Deferred, DeferredQueue
 
-from trapsandbox import config
+from trapsandbox import compat, config
 from trapsandbox.tap import GatewayService
 
 WAIT = 10.0  # the bound on any single wait in a loopback test
@@ -32,20 +32,8 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-class _Unbatched:
-    """
-    Autobahn batches its timers into buckets that stay on the reactor after
-    the timers are cancelled, which trial reports as a dirty reactor; plain
-    reactor calls are cancelled for real.
-    """
-
-    @staticmethod
-    def call_later(delay, func, *args, **kwargs):
-        return reactor().callLater(delay, func, *args, **kwargs)
-
-
 def unbatch_timers(factory) -> None:
-    factory._batched_timer = _Unbatched()
+    compat.plain_autobahn_timers(factory, reactor())
 
 
 def start_gateway(testcase, **settings) -> GatewayService:

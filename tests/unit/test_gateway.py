@@ -406,14 +406,3 @@ class LimitTests(GatewayTestCase):
         self.assertEqual(host_of(IPv4Address("TCP", "1.2.3.4", 5678)), "1.2.3.4")
         self.assertEqual(host_of(IPv6Address("TCP", "::1", 5678)), "::1")
         self.assertEqual(host_of(UNIXAddress(b"/run/gw.sock")), "unix")
-
-
-class LazyFormatTests(SynchronousTestCase):
-    def test_autobahn_debug_lines_still_render(self):
-        from pprint import pformat
-
-        import autobahn.websocket.protocol
-
-        value = [("maxFramePayloadSize", 1048576, "GatewayFactory")]
-        lazy = autobahn.websocket.protocol.pformat(value)
-        self.assertEqual(f"\n{lazy}", "\n" + pformat(value))

@@ -1,0 +1,77 @@
+"""
+The library internals ``trapsandbox.compat`` relies on are still there.
+
+Each test names what an upgrade of Autobahn or Twisted would silently break
+if the attribute moved: the workaround would do nothing, and nothing else
+would fail.
+"""
+
+from pprint import pformat
+
+import autobahn.websocket.protocol
+from autobahn.twisted.websocket import WebSocketServerFactory
+from twisted.internet import base
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from trapsandbox import compat
+
+
+class AutobahnTests(SynchronousTestCase):
+    def test_debug_formatting_is_lazy_and_still_renders(self):
+        # The connect path's cost: Autobahn calls its module's ``pformat``.
+        compat.lazy_autobahn_debug_formatting()
+        value = [("maxFramePayloadSize", 1048576, "GatewayFactory")]
+        lazy = autobahn.websocket.protocol.pformat(value)
+        self.assertIsInstance(lazy, compat._LazyFormat)
+        self.assertEqual(f"\n{lazy}", "\n" + pformat(value))
+        source = open(autobahn.websocket.protocol.__file__).read()
+        self.assertIn("pformat(configAttrLog)", source, "Autobahn no longer pformats its options")
+
+    def protocol(self):
+        factory = WebSocketServerFactory()
+        protocol = factory.buildProtocol(None)
+        # What _connectionMade sets up, without a transport.
+        protocol.closeHandshakeTimeoutCall = None
+        protocol.failedByMe = False
+        return factory, protocol
+
+    def test_close_handshake_timer(self):
+        # onClose leaves this timer behind when the peer drops instead of answering our close.
+        _, protocol = self.protocol()
+        source = open(autobahn.websocket.protocol.__file__).read()
+        self.assertIn("self.closeHandshakeTimeoutCall = self.factory._batched_timer", source)
+        clock = Clock()
+        protocol.closeHandshakeTimeoutCall = clock.callLater(1, lambda: None)
+        compat.cancel_close_handshake_timer(protocol)
+        self.assertEqual(clock.getDelayedCalls(), [])
+        self.assertIsNone(protocol.closeHandshakeTimeoutCall)
+
+    def test_failed_by_me(self):
+        # The 1002/1007 close answering a malformed close frame is sent only if we know this.
+        source = open(autobahn.websocket.protocol.__file__).read()
+        self.assertIn("self.failedByMe = True", source)
+        _, protocol = self.protocol()
+        self.assertIs(compat.failed_by_us(protocol), False)
+
+    def test_batched_timer(self):
+        factory, _ = self.protocol()
+        self.assertTrue(hasattr(factory, "_batched_timer"), "Autobahn renamed _batched_timer")
+        clock = Clock()
+        compat.plain_autobahn_timers(factory, clock)
+        call = factory._batched_timer.call_later(1, lambda: None)
+        call.cancel()
+        self.assertEqual(clock.getDelayedCalls(), [])
+
+
+class TwistedTests(SynchronousTestCase):
+    def test_exit_signal(self):
+        # twistd makes the process die "killed by SIGTERM" from this attribute.
+        self.assertIn("_exitSignal", vars(base.ReactorBase))
+
+        class Reactor:
+            _exitSignal = 15
+
+        reactor = Reactor()
+        compat.exit_zero_after_stop_signal(reactor)
+        self.assertIsNone(reactor._exitSignal)
