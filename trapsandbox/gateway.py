@@ -167,7 +167,7 @@ class GatewayProtocol(WebSocketServerProtocol):
     def send_frame(self, data: bytes) -> None:
         # The registry sends only gateway_requests through its Link.
         self._send(data)
-        self.factory.metrics.gateway_requests_sent.inc()
+        self.factory.metrics.gateway_request_sent()
 
     def _send(self, data: bytes) -> None:
         if self.state != WebSocketProtocol.STATE_OPEN:
@@ -189,12 +189,12 @@ class GatewayProtocol(WebSocketServerProtocol):
     def _receive(self, payload: bytes, is_binary: bool) -> None:
         metrics = self.factory.metrics
         if is_binary:
-            metrics.frames_received["binary"].inc()
+            metrics.frame_received(bytes)
             self._ignore("a binary frame")
             return
         frame = wire.decode(payload)
         kind = type(frame)
-        metrics.frames_received_by_class[kind].inc()
+        metrics.frame_received(kind)
         if kind is wire.ComputerRequest:
             self._on_request(frame)
         elif kind is wire.ComputerResponse:
@@ -267,7 +267,7 @@ class GatewayProtocol(WebSocketServerProtocol):
         try:
             hello = wire.decode_hello(frame.payload)
         except ValueError as error:
-            self.factory.metrics.hellos[wire.BAD_REQUEST].inc()
+            self.factory.metrics.hello(wire.BAD_REQUEST)
             self._reply_error(frame, wire.BAD_REQUEST, str(error))
             return
         account_id = self.factory.admission.computer(
@@ -296,7 +296,7 @@ class GatewayProtocol(WebSocketServerProtocol):
             return
         self._cancel_hello_timer()
         self._hello_done()
-        self.factory.metrics.hellos["ok"].inc()
+        self.factory.metrics.hello("ok")
         self.session = Session(
             account_id=account_id,
             trapos_id=hello.trapos_id,
@@ -324,7 +324,7 @@ class GatewayProtocol(WebSocketServerProtocol):
         close_code: int,
         close_reason: str,
     ) -> None:
-        self.factory.metrics.hellos[code].inc()
+        self.factory.metrics.hello(code)
         self._reply_error(frame, code, message, receiver=hello.trapos_id)
         self._cancel_hello_timer()
         self.close(close_code, close_reason)
@@ -365,7 +365,7 @@ class GatewayProtocol(WebSocketServerProtocol):
         metrics.computer_request(type, outcome)
         try:
             self._send(data)
-            metrics.gateway_responses_sent.inc()
+            metrics.gateway_response_sent()
         except GatewayError:
             log.debug("answer to {type} dropped: {peer} is gone", type=type, peer=self.peer_address)
 

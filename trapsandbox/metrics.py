@@ -26,7 +26,6 @@ from trapsandbox import wire
 
 PREFIX = "trapsandbox"
 
-FRAME_EVENTS = (*wire.EVENTS, "invalid", "binary")
 HELLO_OUTCOMES = ("ok", wire.UNAUTHORIZED, wire.BAD_REQUEST, wire.OVERLOADED)
 # ``ok`` and ``error`` are answers from the computer (ok true or false); the
 # rest are failures on the gateway's side, by error code.
@@ -92,19 +91,18 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
 
-        hellos = self._tallies("hellos", "hello handshakes by outcome", "outcome")
-        self.hellos = {outcome: hellos.labels(outcome) for outcome in HELLO_OUTCOMES}
+        self._hellos = self._tallies("hellos", "hello handshakes by outcome", "outcome")
+        for outcome in HELLO_OUTCOMES:
+            self._hellos.labels(outcome)  # shown as 0 before the first
 
         received = self._tallies("frames_received", "messages from computers by event", "event")
-        self.frames_received = {event: received.labels(event) for event in FRAME_EVENTS}
-        # Keyed by frame class too, so the receive path needs no name lookup.
-        self.frames_received_by_class = {
-            cls: self.frames_received[name] for name, cls in wire.EVENTS.items()
-        }
-        self.frames_received_by_class[wire.Invalid] = self.frames_received["invalid"]
+        # Keyed by frame class, so the receive path needs no name lookup.
+        self._received = {cls: received.labels(name) for name, cls in wire.EVENTS.items()}
+        self._received[wire.Invalid] = received.labels("invalid")
+        self._received[bytes] = received.labels("binary")
         sent = self._tallies("frames_sent", "messages to computers by event", "event")
-        self.gateway_requests_sent = sent.labels("gateway_request")
-        self.gateway_responses_sent = sent.labels("gateway_response")
+        self._requests_sent = sent.labels("gateway_request")
+        self._responses_sent = sent.labels("gateway_response")
 
         self._computer_requests = self._tallies(
             "computer_requests",
@@ -119,7 +117,9 @@ class Metrics:
             "requests to computers by outcome: ok/error are the computer's answers",
             "outcome",
         )
-        self.gateway_requests = {outcome: gateway.labels(outcome) for outcome in GATEWAY_OUTCOMES}
+        self._gateway_requests = gateway
+        for outcome in GATEWAY_OUTCOMES:
+            gateway.labels(outcome)
         self.gateway_request_seconds = Histogram(
             f"{PREFIX}_gateway_request_seconds",
             "time from sending a request to a computer to its answer, timeout or loss",
@@ -128,7 +128,9 @@ class Metrics:
         )
 
         probes = self._tallies("opencode_probes", "HTTP probes of opencode by outcome", "outcome")
-        self.probes = {outcome: probes.labels(outcome) for outcome in PROBE_OUTCOMES}
+        self._probes = probes
+        for outcome in PROBE_OUTCOMES:
+            probes.labels(outcome)
         self.probe_seconds = Histogram(
             f"{PREFIX}_opencode_probe_seconds",
             "duration of an opencode probe",
@@ -140,6 +142,20 @@ class Metrics:
         tallies = Tallies(f"{PREFIX}_{name}", documentation, labels)
         self.registry.register(tallies)
         return tallies
+
+    def hello(self, outcome: str) -> None:
+        """Count one hello by outcome: ``ok`` or the error code it was refused with."""
+        self._hellos.labels(outcome).inc()
+
+    def frame_received(self, kind: type) -> None:
+        """Count one message by the class ``wire.decode`` gave it (``bytes``: a binary frame)."""
+        self._received[kind].inc()
+
+    def gateway_request_sent(self) -> None:
+        self._requests_sent.inc()
+
+    def gateway_response_sent(self) -> None:
+        self._responses_sent.inc()
 
     def computer_request(self, type: str, outcome: str) -> None:
         """Count one answered computer request."""
@@ -153,12 +169,12 @@ class Metrics:
 
     def gateway_request(self, outcome: str, seconds: float | None) -> None:
         """Count one finished request to a computer; ``seconds`` None if it never went out."""
-        self.gateway_requests.get(outcome, self.gateway_requests[wire.INTERNAL]).inc()
+        self._gateway_requests.labels(outcome).inc()
         if seconds is not None:
             self.gateway_request_seconds.observe(seconds)
 
     def probe(self, outcome: str, seconds: float) -> None:
-        self.probes.get(outcome, self.probes["error"]).inc()
+        self._probes.labels(outcome).inc()
         self.probe_seconds.observe(seconds)
 
     def watch(
