@@ -1,3 +1,40 @@
-"""trapsandbox: a request/reply gateway between CraftOS computers and a sandbox host."""
+"""
+trapsandbox: a request/reply gateway between CraftOS computers and a sandbox host.
+
+A flat package, one concept per module, as Twisted's own packages are.  Read
+the file list as the architecture; arrows are "uses".
+
+The wire and connection side (computers, over one WebSocket each)
+    ``limits``     every limit and default; imports nothing
+    ``wire``       the four frames, error and close codes, ``GatewayError``
+    ``registry``   connected computers (newest wins) and requests to them
+                   (Deferreds correlated by messageId, partial responses)
+    ``gateway``    the Autobahn protocol: hello, dispatch, limits, close codes
+    ``outbound``   flow control of what one computer is sent
+    ``handlers``   computer -> gateway requests: one handler per type
+    ``auth``       admission: computer secrets, operator tokens, throttles
+                   (accounts extend it)
+    ``throttle``   the per-address back-off ``auth`` uses
+
+The HTTP side (operators, agents, installs; same port)
+    ``web``        the Klein app: /health, /client, /computers, /metrics
+    ``client``     the Lua files served for the one-line install
+    ``sandbox``    the §9 operations on a computer (exec, files, screen)
+    ``mcp``        the MCP endpoint that lets opencode use the computers
+
+The opencode side
+    ``probe``      is opencode answering? (shared, bounded, cached successes)
+    ``opencode``   sessions, prompts and the shared event stream (``ask``)
+
+Operations
+    ``config``     settings from the environment and options
+    ``tap``        ``twistd trapsandbox``: options and service assembly
+    ``ctl``        ``trapsandbox-ctl``, the operator's command line
+    ``metrics``    Prometheus metrics on the gateway's own registry
+    ``logs``       journald and JSON log observers
+    ``systemd``    sd_notify
+    ``compat``     where we reach into Autobahn's and Twisted's internals
+    ``cluster``    several processes sharing presence through Redis
+"""
 
 __version__ = "0.1.0"
