@@ -305,6 +305,7 @@ class GatewayProtocol(WebSocketServerProtocol):
             peer=self.peer_address,
             version=hello.version,
             connected_at=self.factory.clock.seconds(),
+            capabilities=wire.decode_capabilities(hello.capabilities),
         )
         self.factory.registry.add(self.session)
         log.info(

@@ -37,6 +37,23 @@ MAX_REQUEST_TIMEOUT = MAX_REQUEST_TIMEOUT_MS / 1000
 MAX_IN_FLIGHT = 64
 # Requests from one computer handled at once; more are refused.
 MAX_BUSY = 16
+# How long a computer may take to acknowledge a ``cancel``.
+CANCEL_TIMEOUT = 10.0
+
+# -- The computer as a sandbox (exec, eval, files, screen) -----------------------------------
+
+# A program or Lua chunk runs this long unless told otherwise, then gets ``terminate``.
+DEFAULT_RUN_TIMEOUT_MS = 30_000
+# Beyond a run's own timeout, how long the computer has to send its answer.
+RUN_ANSWER_MARGIN = 10.0
+# Output a run may send back (the computer's own default is 64 KiB).
+MAX_OUTPUT_BYTES = 1024 * 1024
+# File content in one frame: its base64 keeps the frame under MAX_OUTBOUND_BYTES.
+FILE_CHUNK_BYTES = 64 * 1024
+# File content in one call of the HTTP endpoints (split into chunks there).
+MAX_FILE_BYTES = 1024 * 1024
+# One file, list or screen frame's round trip.
+FILE_REQUEST_TIMEOUT = 30.0
 
 # -- Connections -----------------------------------------------------------------------------
 
@@ -71,7 +88,8 @@ MAX_THROTTLED_ADDRESSES = 10_000
 # -- HTTP ------------------------------------------------------------------------------------
 
 # The largest request body kept; a larger one is dropped as it arrives and answered 413.
-MAX_BODY_BYTES = 1024 * 1024
+# (A write-file of MAX_FILE_BYTES is about 1.4 MB of JSON.)
+MAX_BODY_BYTES = 2 * 1024 * 1024
 # An HTTP connection that sends nothing for this long is closed (Twisted's
 # default is 12 hours).  A WebSocket is not affected: once upgraded, it is
 # watched by its hello timeout and auto-ping instead.

@@ -4,16 +4,19 @@ The registry of connected computers, and the lifetime of requests sent to them.
 A computer is registered once its ``hello`` succeeds, under
 ``(accountId, traposId)``; the newest connection wins and the one it
 replaces is closed with 4000.  A request to a computer is a Deferred that
-fires with the computer's ``ComputerResponse`` (even one with ``ok`` false),
-or fails with a ``GatewayError``: ``timeout``, ``not_connected`` when its
-connection closes, ``overloaded``, ``too_large``, ``bad_request``.  Only a
+fires with the computer's final ``ComputerResponse`` (even one with ``ok``
+false), or fails with a ``GatewayError``: ``timeout``, ``not_connected`` when
+its connection closes, ``overloaded``, ``too_large``, ``bad_request``,
+``forbidden`` (refused before sending: the computer has not allowed that
+capability).  Partial responses before the final one go to a listener the
+caller gives, in order; one for a finished request is ignored.  Only a
 response arriving on the connection the request went out on resolves it.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import attrs
@@ -40,6 +43,16 @@ class Link(Protocol):
         """Start a close handshake."""
 
 
+PartialListener = Callable[[dict[str, Any]], None]
+
+
+@attrs.define(eq=False)
+class _Pending:
+    deferred: Deferred
+    type: str
+    on_partial: PartialListener | None
+
+
 @attrs.define(eq=False)
 class Session:
     """One authenticated computer connection and its requests in flight."""
@@ -51,8 +64,11 @@ class Session:
     peer: str = ""
     version: str | None = None
     connected_at: float = 0.0
+    # What the computer's owner allowed (wire.CAPABILITIES); announced in hello
+    # and again with a ``capabilities`` request when it changes.
+    capabilities: frozenset[str] = frozenset()
     max_in_flight: int = limits.MAX_IN_FLIGHT
-    _pending: dict[str, Deferred] = attrs.field(factory=dict, init=False)
+    _pending: dict[str, _Pending] = attrs.field(factory=dict, init=False)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -62,7 +78,33 @@ class Session:
     def in_flight(self) -> int:
         return len(self._pending)
 
-    def request(self, type: str, payload: dict[str, Any], timeout: float) -> Deferred:
+    def refusal(self, type: str) -> GatewayError | None:
+        """Why this computer must not be sent a ``type`` request, if it must not."""
+        capability = wire.CAPABILITY_OF.get(type)
+        if capability is None or capability in self.capabilities:
+            return None
+        return GatewayError(
+            wire.FORBIDDEN,
+            f"computer {self.trapos_id} has not allowed {capability}: on it, run "
+            f'"sandbox allow {capability}"',
+        )
+
+    def request(
+        self,
+        type: str,
+        payload: dict[str, Any],
+        timeout: float,
+        on_partial: PartialListener | None = None,
+    ) -> Deferred:
+        """
+        Send a ``gateway_request``.  The Deferred fires with the final
+        ``ComputerResponse``; ``on_partial`` is called with the payload of each
+        partial response before it.  Cancelling the Deferred forgets the
+        request and, for a type that runs on the computer, cancels it there.
+        """
+        refusal = self.refusal(type)
+        if refusal is not None:
+            return fail(refusal)
         if len(self._pending) >= self.max_in_flight:
             return fail(
                 GatewayError(
@@ -83,8 +125,8 @@ class Session:
                     f"{limits.MAX_OUTBOUND_BYTES}",
                 )
             )
-        d = Deferred()
-        self._pending[message_id] = d
+        d = Deferred(lambda _: self._cancelled(message_id, type))
+        self._pending[message_id] = _Pending(d, type, on_partial)
         d.addTimeout(timeout, self.clock, onTimeoutCancel=_timed_out)
         d.addBoth(self._forget, message_id)
         try:
@@ -93,21 +135,38 @@ class Session:
             self._fail(message_id, error)
         return d
 
+    def _cancelled(self, message_id: str, type: str) -> None:
+        # The Deferred fails with CancelledError (a timeout turns it into ``timeout``).
+        if self._pending.pop(message_id, None) is not None and type in wire.STREAMING:
+            self.request("cancel", {"messageId": message_id}, limits.CANCEL_TIMEOUT).addErrback(
+                _ignore
+            )
+
     def _forget(self, result: object, message_id: str) -> object:
         self._pending.pop(message_id, None)
         return result
 
     def _fail(self, message_id: str, error: GatewayError) -> None:
-        d = self._pending.pop(message_id, None)
-        if d is not None:
-            d.errback(Failure(error))
+        pending = self._pending.pop(message_id, None)
+        if pending is not None:
+            pending.deferred.errback(Failure(error))
 
     def resolve(self, frame: wire.ComputerResponse) -> bool:
-        """Fire the request this response answers; False if there is none."""
-        d = self._pending.pop(frame.message_id, None)
-        if d is None:
+        """Deliver a response to the request it answers; False if there is none."""
+        if frame.partial:
+            pending = self._pending.get(frame.message_id)
+            if pending is None:
+                return False
+            if pending.on_partial is not None and frame.ok and frame.payload is not None:
+                try:
+                    pending.on_partial(frame.payload)
+                except Exception:
+                    log.failure("a listener of {type} output failed", type=pending.type)
+            return True
+        pending = self._pending.pop(frame.message_id, None)
+        if pending is None:
             return False
-        d.callback(frame)
+        pending.deferred.callback(frame)
         return True
 
     def reject(self, message_id: str, error: GatewayError) -> bool:
@@ -120,6 +179,10 @@ class Session:
     def fail_all(self, error: GatewayError) -> None:
         for message_id in list(self._pending):
             self._fail(message_id, error)
+
+
+def _ignore(failure: Failure) -> None:
+    return None
 
 
 def _timed_out(result: object, timeout: float) -> object:
@@ -180,8 +243,9 @@ class Registry:
         payload: dict[str, Any] | None = None,
         timeout: float | None = None,
         account_id: str = LOCAL_ACCOUNT,
+        on_partial: PartialListener | None = None,
     ) -> Deferred:
-        """Send a ``gateway_request``; fires with the ``ComputerResponse``."""
+        """Send a ``gateway_request``; fires with the final ``ComputerResponse``."""
         session = self.find(trapos_id, account_id)
         if session is None:
             d = fail(GatewayError(wire.NOT_CONNECTED, f"{trapos_id} is not connected"))
@@ -190,7 +254,7 @@ class Registry:
         else:
             if timeout is None:
                 timeout = self.request_timeout
-            d = session.request(type, payload or {}, timeout)
+            d = session.request(type, payload or {}, timeout, on_partial)
         # A request refused before it went out has no latency worth recording.
         started = None if d.called else self.clock.seconds()
         d.addBoth(self._count, started)

@@ -8,10 +8,27 @@ The HTTP side, on the same port as the WebSocket: a Klein app.
     GET  /client/install.lua              open: the one-line installer for a computer
     GET  /client/<dir>/<file>             open: the Lua client files it downloads
     GET  /computers                       operators: {computers: [{traposId, accountId, peer,
-                                                 connectedSince, version, inFlight}]}
+                                                 connectedSince, version, inFlight,
+                                                 capabilities}]}
     POST /computers/<traposId>/requests   operators: {type, payload?, timeoutMs?}
                                                  -> the computer's {ok, payload?, error?}
     GET  /metrics                         operators: Prometheus text format
+
+  The computer as a sandbox (SPEC §9, ``trapsandbox.sandbox``), operators:
+    POST /computers/<traposId>/execute     {command, args?, cwd?, timeoutMs?, maxOutputBytes?}
+                                           -> NDJSON: {type: stdout_delta|stderr_delta, data}...
+                                              then {type: result, exitCode, timedOut, ...}
+                                              or {type: error, error, code}
+    POST /computers/<traposId>/eval        {code, timeoutMs?} -> the eval answer
+    POST /computers/<traposId>/read-file   {path, offset?, length?} -> {ok, content (base64),
+                                              sizeBytes, encoding, offset, bytesRead}
+    POST /computers/<traposId>/write-file  {path, content (base64)} -> {ok, bytesWritten,
+                                              sizeBytes}
+    POST /computers/<traposId>/list-files  {path} -> {ok, path, entries}
+    POST /computers/<traposId>/delete-file {path} -> {ok, deleted}
+    GET  /computers/<traposId>/screen      -> {ok, width, height, cursorX, cursorY, lines, ...}
+  Their failures are {ok: false, error: "<message>", code} with the status of
+  ``STATUS_OF_ERROR``; a caller leaving /execute cancels the run.
 
 Operators present ``Authorization: Bearer <SANDBOX_ADMIN_TOKEN>``; with no
 token configured only loopback clients are served.  Every answer, errors
@@ -21,16 +38,19 @@ traceback page.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import io
 import math
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 from klein import Klein
 from prometheus_client.exposition import choose_encoder
-from twisted.internet.defer import CancelledError
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
@@ -43,13 +63,18 @@ from trapsandbox.limits import MAX_BODY_BYTES, MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.metrics import Metrics
 from trapsandbox.probe import OpencodeProbe, ProbeResult
 from trapsandbox.registry import Registry
+from trapsandbox.sandbox import Sandbox
 from trapsandbox.wire import GatewayError
 
 # The HTTP status for each way a request to a computer can fail.
 STATUS_OF_ERROR = {
     wire.BAD_REQUEST: 400,
+    wire.FORBIDDEN: 403,
     wire.NOT_CONNECTED: 404,
     wire.TOO_LARGE: 413,
+    wire.FS_ERROR: 422,
+    # The computer runs a client that does not know the request (an older version).
+    wire.UNKNOWN_TYPE: 501,
     wire.OVERLOADED: 503,
     wire.TIMEOUT: 504,
 }
@@ -125,17 +150,75 @@ def _iso(seconds: float) -> str:
 
 
 class _BadBody(ValueError):
-    pass
+    """A request body to answer with ``status`` and ``code``; the message says why."""
+
+    def __init__(self, message: str, status: int = 400, code: str = wire.BAD_REQUEST) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
 
 
-def _parse_request_body(body: bytes) -> tuple[str, dict[str, Any], float | None]:
-    """``(type, payload, timeout in seconds or None)``; raises ``_BadBody``."""
+def _take_body(request: IRequest) -> bytes:
+    """The request's body, which the request keeps no copy of; raises ``_BadBody``."""
+    body = request.content.read(MAX_BODY_BYTES + 1)
+    if getattr(request.content, "over_limit", False) or len(body) > MAX_BODY_BYTES:
+        raise _BadBody(f"the body is over {MAX_BODY_BYTES} bytes", 413, wire.TOO_LARGE)
+    # The request object lives until the computer answers: keep no copy of
+    # a body that may be megabytes.
+    request.content.close()
+    request.content = io.BytesIO()
+    return body
+
+
+def _json_object(body: bytes, shape: str) -> dict[str, Any]:
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError as error:
         raise _BadBody(f"the body is not JSON: {error}") from None
     if type(obj) is not dict:
-        raise _BadBody('the body must be a JSON object: {"type", "payload"?, "timeoutMs"?}')
+        raise _BadBody(f"the body must be a JSON object: {shape}")
+    return obj
+
+
+def _string(obj: dict[str, Any], name: str, required: bool = True) -> str | None:
+    value = obj.get(name)
+    if value is None and not required:
+        return None
+    if type(value) is not str or (required and not value):
+        raise _BadBody(f"{name} must be a non-empty string")
+    return value
+
+
+def _number(obj: dict[str, Any], name: str, high: float, integer: bool = False) -> Any:
+    """An optional positive number of at most ``high``."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    kinds = (int,) if integer else (int, float)
+    if type(value) not in kinds or not math.isfinite(value) or not 0 < value <= high:
+        kind = "whole number" if integer else "number"
+        raise _BadBody(f"{name} must be a {kind} from 1 to {high:g}")
+    return value
+
+
+def _strings(obj: dict[str, Any], name: str) -> list[str]:
+    value = obj.get(name)
+    if value is None or value == {}:
+        return []
+    if type(value) is not list or any(type(item) is not str for item in value):
+        raise _BadBody(f"{name} must be a list of strings")
+    return value
+
+
+def _base64(obj: dict[str, Any]) -> None:
+    encoding = obj.get("encoding", "base64")
+    if encoding != "base64":
+        raise _BadBody('encoding must be "base64"')
+
+
+def _parse_request_body(body: bytes) -> tuple[str, dict[str, Any], float | None]:
+    """``(type, payload, timeout in seconds or None)``; raises ``_BadBody``."""
+    obj = _json_object(body, '{"type", "payload"?, "timeoutMs"?}')
     kind = obj.get("type")
     if type(kind) is not str or not 0 < len(kind) <= limits.MAX_TYPE_LENGTH:
         raise _BadBody(f"type must be a string of 1 to {limits.MAX_TYPE_LENGTH} characters")
@@ -156,6 +239,101 @@ def _parse_request_body(body: bytes) -> tuple[str, dict[str, Any], float | None]
             )
         timeout = timeout / 1000
     return kind, payload, timeout
+
+
+_EXECUTE = '{"command", "args"?, "cwd"?, "timeoutMs"?, "maxOutputBytes"?}'
+
+
+def sandbox_error(request: IRequest, status: int, code: str, message: str) -> bytes:
+    """A failure of a §9 endpoint: ``{ok: false, error: "<message>", code}``."""
+    return json_body(request, {"ok": False, "error": message, "code": code}, status)
+
+
+def _sandbox_failed(failure: Failure, request: IRequest) -> bytes | Failure:
+    if failure.check(GatewayError):
+        error = failure.value
+        return sandbox_error(
+            request, STATUS_OF_ERROR.get(error.code, 500), error.code, error.message
+        )
+    return failure  # cancelled (the client went away), or a bug for internal_error
+
+
+def _relayable(request: IRequest, body: dict[str, Any]) -> bytes:
+    try:
+        return json_body(request, body)
+    except orjson.JSONEncodeError as error:
+        # orjson reads deeper nesting (1024) than it writes (254).
+        return sandbox_error(
+            request, 502, wire.INTERNAL, f"the computer's answer cannot be relayed: {error}"
+        )
+
+
+def _ok_body(payload: dict[str, Any], request: IRequest) -> bytes:
+    return _relayable(request, {"ok": True, **payload})
+
+
+def _plain_body(payload: dict[str, Any], request: IRequest) -> bytes:
+    return _relayable(request, payload)
+
+
+def _encoded(answer: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **answer,
+        "content": base64.b64encode(answer["content"]).decode("ascii"),
+        "encoding": "base64",
+    }
+
+
+class _OutputStream:
+    """
+    ``/execute``'s answer: NDJSON lines written as the computer's output
+    arrives, then one ``result`` (or ``error``) line.  Until the request has
+    gone out, a failure is an ordinary JSON answer with its status.
+    """
+
+    def __init__(self, request: IRequest) -> None:
+        self._request = request
+        self._begun = False
+        # What the deltas carried so far, so that the final answer's full
+        # output can fill in what no partial did.
+        self._sent = {"stdout_delta": 0, "stderr_delta": 0}
+
+    def begin(self) -> None:
+        if not self._begun:
+            self._begun = True
+            request = self._request
+            request.setResponseCode(200)
+            request.setHeader(b"content-type", b"application/x-ndjson")
+            request.setHeader(b"cache-control", b"no-store")
+
+    def _line(self, obj: dict[str, Any]) -> None:
+        self.begin()
+        self._request.write(orjson.dumps(obj) + b"\n")
+
+    def output(self, kind: str, data: str) -> None:
+        self._sent[kind] += len(data)
+        self._line({"type": kind, "data": data})
+
+    def result(self, answer: dict[str, Any]) -> bytes:
+        for kind, name in (("stdout_delta", "stdout"), ("stderr_delta", "stderr")):
+            full = answer.get(name)
+            if isinstance(full, str) and len(full) > self._sent[kind]:
+                self.output(kind, full[self._sent[kind] :])
+        line: dict[str, Any] = {"type": "result"}
+        for name in ("exitCode", "timedOut", "durationMs", "stdoutTruncated", "stderrTruncated"):
+            if name in answer:
+                line[name] = answer[name]
+        self._line(line)
+        return b""
+
+    def failed(self, failure: Failure) -> bytes | Failure:
+        if not failure.check(GatewayError):
+            return failure  # cancelled: the caller is gone
+        if not self._begun:
+            return _sandbox_failed(failure, self._request)
+        error = failure.value
+        self._line({"type": "error", "error": error.message, "code": error.code})
+        return b""
 
 
 class _Root(Resource):
@@ -192,6 +370,7 @@ class GatewayApp:
         admission: auth.Admission | None = None,
     ) -> None:
         self._registry = registry
+        self._sandbox = Sandbox(registry)
         self._probe = probe
         self._websocket = websocket
         self._metrics = registry.metrics if metrics is None else metrics
@@ -253,6 +432,7 @@ class GatewayApp:
                 "connectedSince": _iso(session.connected_at),
                 "version": session.version,
                 "inFlight": session.in_flight,
+                "capabilities": sorted(session.capabilities),
             }
             for session in sessions
         ]
@@ -262,19 +442,10 @@ class GatewayApp:
     @app.route("/computers/<path:trapos_id>/requests", methods=["POST"])
     @operators_only
     def computer_request(self, request: IRequest, trapos_id: str):
-        body = request.content.read(MAX_BODY_BYTES + 1)
-        if getattr(request.content, "over_limit", False) or len(body) > MAX_BODY_BYTES:
-            return json_error(
-                request, 413, wire.TOO_LARGE, f"the body is over {MAX_BODY_BYTES} bytes"
-            )
-        # The request object lives until the computer answers: keep no copy of
-        # a body that may be a megabyte.
-        request.content.close()
-        request.content = io.BytesIO()
         try:
-            kind, payload, timeout = _parse_request_body(body)
+            kind, payload, timeout = _parse_request_body(_take_body(request))
         except _BadBody as error:
-            return json_error(request, 400, wire.BAD_REQUEST, str(error))
+            return json_error(request, error.status, error.code, str(error))
         d = self._registry.request(trapos_id, kind, payload, timeout)
         d.addCallbacks(self._answered, self._failed, (request,), None, (request,))
         return d
@@ -301,6 +472,119 @@ class GatewayApp:
             status = STATUS_OF_ERROR.get(error.code, 500)
             return json_error(request, status, error.code, error.message)
         return failure
+
+    # -- The computer as a sandbox (SPEC §9) -------------------------------------------------
+
+    def _sandbox_body(self, request: IRequest, shape: str) -> dict[str, Any]:
+        return _json_object(_take_body(request), shape)
+
+    @app.route("/computers/<path:trapos_id>/execute", methods=["POST"])
+    @operators_only
+    def execute(self, request: IRequest, trapos_id: str):
+        try:
+            body = self._sandbox_body(request, _EXECUTE)
+            command = _string(body, "command")
+            args = _strings(body, "args")
+            cwd = _string(body, "cwd", required=False)
+            timeout_ms = _number(body, "timeoutMs", MAX_REQUEST_TIMEOUT_MS)
+            max_output = _number(body, "maxOutputBytes", limits.MAX_OUTPUT_BYTES, integer=True)
+        except _BadBody as error:
+            return sandbox_error(request, error.status, error.code, str(error))
+        stream = _OutputStream(request)
+        d = self._sandbox.execute(
+            trapos_id, command, args, cwd, timeout_ms, max_output, on_output=stream.output
+        )
+        if not d.called:
+            stream.begin()  # it went out: from now on, failures are lines of the stream
+        d.addCallbacks(stream.result, stream.failed)
+        return d
+
+    @app.route("/computers/<path:trapos_id>/eval", methods=["POST"])
+    @operators_only
+    def eval(self, request: IRequest, trapos_id: str):
+        def call(body: dict[str, Any]) -> Deferred:
+            return self._sandbox.eval(
+                trapos_id,
+                _string(body, "code"),
+                _number(body, "timeoutMs", MAX_REQUEST_TIMEOUT_MS),
+                _number(body, "maxOutputBytes", limits.MAX_OUTPUT_BYTES, integer=True),
+            )
+
+        # The answer has its own ok: false when the code failed, and is still a 200.
+        return self._sandbox_call(request, '{"code", "timeoutMs"?}', call, ok=False)
+
+    @app.route("/computers/<path:trapos_id>/read-file", methods=["POST"])
+    @operators_only
+    def read_file(self, request: IRequest, trapos_id: str):
+        def call(body: dict[str, Any]) -> Deferred:
+            _base64(body)
+            offset = body.get("offset", 0)
+            if type(offset) is not int or offset < 0:
+                raise _BadBody("offset must be a whole number of bytes, 0 or more")
+            length = _number(body, "length", limits.MAX_FILE_BYTES, integer=True)
+            return self._sandbox.read_file(
+                trapos_id, _string(body, "path"), offset, length
+            ).addCallback(_encoded)
+
+        return self._sandbox_call(request, '{"path", "offset"?, "length"?}', call)
+
+    @app.route("/computers/<path:trapos_id>/write-file", methods=["POST"])
+    @operators_only
+    def write_file(self, request: IRequest, trapos_id: str):
+        def call(body: dict[str, Any]) -> Deferred:
+            path = _string(body, "path")
+            _base64(body)
+            content = body.get("content")
+            try:
+                if type(content) is not str:
+                    raise ValueError
+                data = base64.b64decode(content, validate=True)
+            except (ValueError, binascii.Error):
+                raise _BadBody("content must be the file's bytes in base64") from None
+            return self._sandbox.write_file(trapos_id, path, data)
+
+        return self._sandbox_call(request, '{"path", "content", "encoding": "base64"}', call)
+
+    @app.route("/computers/<path:trapos_id>/list-files", methods=["POST"])
+    @operators_only
+    def list_files(self, request: IRequest, trapos_id: str):
+        def call(body: dict[str, Any]) -> Deferred:
+            return self._sandbox.list_files(trapos_id, _string(body, "path"))
+
+        return self._sandbox_call(request, '{"path"}', call)
+
+    @app.route("/computers/<path:trapos_id>/delete-file", methods=["POST"])
+    @operators_only
+    def delete_file(self, request: IRequest, trapos_id: str):
+        def call(body: dict[str, Any]) -> Deferred:
+            return self._sandbox.delete_file(trapos_id, _string(body, "path"))
+
+        return self._sandbox_call(request, '{"path"}', call)
+
+    @app.route("/computers/<path:trapos_id>/screen", methods=["GET"])
+    @operators_only
+    def screen(self, request: IRequest, trapos_id: str):
+        d = self._sandbox.screen(trapos_id)
+        d.addCallbacks(_ok_body, _sandbox_failed, (request,), None, (request,))
+        return d
+
+    def _sandbox_call(
+        self,
+        request: IRequest,
+        shape: str,
+        call: Callable[[dict[str, Any]], Deferred],
+        ok: bool = True,
+    ):
+        try:
+            d = call(self._sandbox_body(request, shape))
+        except _BadBody as error:
+            return sandbox_error(request, error.status, error.code, str(error))
+        except GatewayError:
+            return _sandbox_failed(Failure(), request)
+        d.addCallbacks(
+            _ok_body if ok else _plain_body, _sandbox_failed, (request,), None, (request,)
+        )
+        return d
 
     @app.route("/metrics", methods=["GET"])
     @operators_only

@@ -3,10 +3,13 @@ The wire format: one JSON object per WebSocket text message.
 
     computer -> gateway
       computer_request   {traposSenderId, messageId, type, payload}
-      computer_response  {traposSenderId, messageId, type, ok, payload?, error?}
+      computer_response  {traposSenderId, messageId, type, ok, payload?, error?, partial?}
     gateway -> computer
       gateway_request    {traposReceiverId, messageId, type, payload}
-      gateway_response   {traposReceiverId, messageId, type, ok, payload?, error?}
+      gateway_response   {traposReceiverId, messageId, type, ok, payload?, error?, partial?}
+
+A response with ``partial: true`` is an interim message (output so far) for
+a request that is still running; exactly one final response ends it.
 
 ``decode`` turns any bytes into one of the four frame classes or an
 ``Invalid``; it never raises.  ``encode`` turns a frame into bytes for
@@ -37,6 +40,26 @@ TIMEOUT = "timeout"
 BAD_REQUEST = "bad_request"
 TOO_LARGE = "too_large"
 OVERLOADED = "overloaded"
+FORBIDDEN = "forbidden"  # the computer's owner has not allowed that capability
+CANCELLED = "cancelled"  # the requester gave up and said so
+FS_ERROR = "fs_error"  # CraftOS refused a file operation; the message is its own
+OPENCODE_ERROR = "opencode_error"
+
+# What a computer's owner can allow (the Lua setting sandbox.allow), and the
+# capability each gateway -> computer request type needs.  ping and cancel need none.
+CAPABILITIES = ("exec", "eval", "fs.read", "fs.write", "screen")
+CAPABILITY_OF = {
+    "exec": "exec",
+    "eval": "eval",
+    "list_files": "fs.read",
+    "read_file": "fs.read",
+    "write_file": "fs.write",
+    "delete_file": "fs.write",
+    "screen": "screen",
+}
+# Request types that run on the computer until they end or are cancelled
+# (with a ``cancel {messageId}`` request), streaming partial responses.
+STREAMING = frozenset({"exec", "eval"})
 
 # Close codes.
 CLOSE_NORMAL = 1000
@@ -116,6 +139,7 @@ class ComputerResponse:
     ok: bool = attrs.field()
     payload: dict[str, Any] | None = attrs.field(default=None, converter=_as_optional_object)
     error: Error | None = None
+    partial: bool | None = None
 
 
 @attrs.frozen
@@ -134,6 +158,7 @@ class GatewayResponse:
     ok: bool = attrs.field()
     payload: dict[str, Any] | None = attrs.field(default=None, converter=_as_optional_object)
     error: Error | None = None
+    partial: bool | None = None
 
 
 Frame = ComputerRequest | ComputerResponse | GatewayRequest | GatewayResponse
@@ -201,6 +226,9 @@ def _strict(kind: type):
 
 
 def _strings(value, _):
+    # CraftOS serialises an empty Lua table as {}: an empty list.
+    if type(value) is dict and not value:
+        return []
     if type(value) is not list or any(type(item) is not str for item in value):
         raise TypeError("expected a list of strings")
     return value
@@ -320,6 +348,17 @@ def encode_response(
         return orjson.dumps(body)
     except orjson.JSONEncodeError as failure:
         raise EncodeError(str(failure)) from None
+
+
+def decode_capabilities(value: object) -> frozenset[str]:
+    """
+    The capabilities in a list a computer sent (``{}`` is an empty list); names
+    this gateway does not know are left out.  Raises ``TypeError``.
+    """
+    return frozenset(_strings(value, None)) & _KNOWN_CAPABILITIES
+
+
+_KNOWN_CAPABILITIES = frozenset(CAPABILITIES)
 
 
 def decode_hello(payload: dict[str, Any]) -> Hello:

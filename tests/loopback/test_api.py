@@ -120,6 +120,7 @@ class ComputersTests(APITestCase):
                     "connectedSince": "2023-11-14T22:14:20Z",
                     "version": "0.1.0",
                     "inFlight": 0,
+                    "capabilities": [],
                 },
                 {
                     "traposId": "8:turtle",
@@ -128,6 +129,7 @@ class ComputersTests(APITestCase):
                     "connectedSince": "2023-11-14T22:13:20Z",
                     "version": None,
                     "inFlight": 0,
+                    "capabilities": [],
                 },
             ],
         )
