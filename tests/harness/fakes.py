@@ -1,5 +1,7 @@
 """Fakes for unit tests: a registry link, an in-memory computer connection, a fixed probe."""
 
+import base64
+
 import attrs
 import orjson
 from autobahn.websocket.protocol import WebSocketProtocol
@@ -126,3 +128,124 @@ class FixedProbe:
 
     def check(self):
         return succeed(self.result)
+
+
+class SandboxComputer:
+    """
+    A computer that answers the §9 requests in memory, as the Lua client does:
+    files in ``files`` (parts go to a temp file moved into place on the last
+    one), ``exec`` held in ``runs`` for the test to drive, the rest answered
+    at once.  Attach it to a ``Session`` with ``link=SandboxComputer(...)``
+    and ``attach(session)``.
+    """
+
+    def __init__(self, capabilities=("exec", "eval", "fs.read", "fs.write", "screen")):
+        self.capabilities = frozenset(capabilities)
+        self.files: dict[str, bytes] = {}
+        self.temp: dict[str, bytes] = {}
+        self.sent: list = []
+        self.runs: list = []  # exec/eval requests not yet answered
+        self.closed: list = []
+        self.session = None
+
+    def attach(self, session):
+        self.session = session
+        session.capabilities = self.capabilities
+        return session
+
+    def close(self, code, reason):
+        self.closed.append((code, reason))
+
+    def send_frame(self, data):
+        request = orjson.loads(data)
+        self.sent.append(request)
+        kind, payload = request["type"], request["payload"]
+        if kind in ("exec", "eval"):
+            self.runs.append(request)
+            return
+        handler = getattr(self, "on_" + kind, None)
+        if handler is None:
+            self.answer(request, ok=False, error={"code": "unknown_type", "message": kind})
+            return
+        handler(request, payload)
+
+    def answer(self, request, ok=True, payload=None, error=None, partial=False):
+        frame = {
+            "event": "computer_response",
+            "traposSenderId": self.session.trapos_id,
+            "messageId": request["messageId"],
+            "type": request["type"],
+            "ok": ok,
+        }
+        if payload is not None:
+            frame["payload"] = payload
+        if error is not None:
+            frame["error"] = error
+        if partial:
+            frame["partial"] = True
+        decoded = wire.decode(orjson.dumps(frame))
+        assert isinstance(decoded, wire.ComputerResponse), decoded
+        self.session.resolve(decoded)
+
+    def fs_error(self, request, message):
+        self.answer(request, ok=False, error={"code": "fs_error", "message": message})
+
+    def on_cancel(self, request, payload):
+        target = payload.get("messageId")
+        running = [run for run in self.runs if run["messageId"] == target]
+        for run in running:
+            self.runs.remove(run)
+            self.answer(run, ok=False, error={"code": "cancelled", "message": "cancelled"})
+        self.answer(request, payload={"cancelled": bool(running)})
+
+    def on_read_file(self, request, payload):
+        content = self.files.get(payload["path"])
+        if content is None:
+            self.fs_error(request, f"/{payload['path']}: No such file")
+            return
+        offset = payload.get("offset", 0)
+        length = min(payload.get("length", 65536), 65536)
+        chunk = content[offset : offset + length]
+        self.answer(
+            request,
+            payload={
+                "content": base64.b64encode(chunk).decode(),
+                "encoding": "base64",
+                "sizeBytes": len(content),
+                "offset": offset,
+                "bytesRead": len(chunk),
+            },
+        )
+
+    def on_write_file(self, request, payload):
+        path, data = payload["path"], base64.b64decode(payload["content"])
+        assert len(data) <= 65536, "a frame carries at most 64 KiB of content"
+        if path.startswith("rom/") or path.startswith("/rom/"):
+            self.fs_error(request, f"/{path.lstrip('/')}: Access denied")
+            return
+        part = payload.get("part") or {"offset": 0, "final": True}
+        if part["offset"] != len(self.temp.get(path, b"")) and part["offset"] != 0:
+            self.answer(request, ok=False, error={"code": "bad_request", "message": "offset"})
+            return
+        written = (b"" if part["offset"] == 0 else self.temp[path]) + data
+        self.temp[path] = written
+        if part["final"]:
+            self.files[path] = self.temp.pop(path)
+        self.answer(request, payload={"bytesWritten": len(data), "sizeBytes": len(written)})
+
+    def on_list_files(self, request, payload):
+        entries = [
+            {"name": name, "type": "file", "size": len(data), "readOnly": False}
+            for name, data in sorted(self.files.items())
+        ]
+        self.answer(request, payload={"path": payload["path"], "entries": entries})
+
+    def on_delete_file(self, request, payload):
+        deleted = self.files.pop(payload["path"], None) is not None
+        self.answer(request, payload={"deleted": deleted})
+
+    def on_screen(self, request, payload):
+        self.answer(
+            request,
+            payload={"width": 51, "height": 19, "cursorX": 1, "cursorY": 2, "lines": ["> hi"]},
+        )

@@ -6,9 +6,10 @@ import orjson
 import treq
 from treq.testing import StubTreq
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase, TestCase
-from twisted.web.client import HTTPConnectionPool
+from twisted.web.client import HTTPConnectionPool, ResponseNeverReceived
 from twisted.web.resource import Resource
 
 from tests.harness.fakes import FakeLink, FixedProbe
@@ -403,3 +404,51 @@ class LoopbackAPITests(TestCase):
             )
         )
         self.assertEqual((response.code, body["error"]["code"]), (413, "too_large"))
+
+    async def test_execute_streams_and_a_caller_leaving_cancels_the_run(self):
+        computer = await connect(self, self.gateway.port)
+        hello = await computer.request(
+            "hello",
+            {"traposId": "7:base", "secret": "sesame", "capabilities": ["exec"]},
+        )
+        self.assertTrue(hello["ok"])
+        computer.trapos_id = "7:base"
+        url = self.base + "/computers/7%3Abase/execute"
+        # Streamed: each delta arrives as a line before the run ends.
+        posted = treq.post(url, data=b'{"command": "count"}', pool=self.pool)
+        run = await computer.next_message()
+        self.assertEqual((run["type"], run["payload"]["command"]), ("exec", "count"))
+        delta = {"type": "stdout_delta", "data": "1\n"}
+        computer.respond(run, payload=delta, partial=True)
+        response = await bounded(posted)
+        self.assertEqual(response.code, 200)
+        lines = []
+        first = Deferred()
+
+        def received(data):
+            lines.append(data)
+            if not first.called:
+                first.callback(None)
+
+        done = treq.collect(response, received)
+        await bounded(first)
+        self.assertEqual(orjson.loads(b"".join(lines)), delta)
+        final = {"exitCode": 0, "timedOut": False, "durationMs": 5, "stdout": "1\n"}
+        computer.respond(run, payload=final)
+        await bounded(done)
+        self.assertEqual(orjson.loads(b"".join(lines).splitlines()[-1])["type"], "result")
+
+        # A caller that goes away cancels the run on the computer.
+        posted = treq.post(url, data=b'{"command": "sleep", "args": ["30"]}', pool=self.pool)
+        run = await computer.next_message()
+        posted.addErrback(lambda failure: failure.trap(ResponseNeverReceived))
+        posted.cancel()
+        cancel = await computer.next_message()
+        self.assertEqual(
+            (cancel["type"], cancel["payload"]), ("cancel", {"messageId": run["messageId"]})
+        )
+        computer.respond(cancel, payload={"cancelled": True})
+        computer.respond(run, ok=False, error={"code": "cancelled", "message": "cancelled"})
+        # Frames are handled in order: once this is answered, so is the cancel.
+        await computer.request("probe_gateway")
+        self.assertEqual(self.gateway.registry.pending, 0)

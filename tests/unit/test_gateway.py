@@ -15,6 +15,7 @@ from tests.harness.support import response_frame
 from trapsandbox import wire
 from trapsandbox.auth import Admission, host_of
 from trapsandbox.gateway import GatewayFactory
+from trapsandbox.handlers import ComputerRequests
 from trapsandbox.registry import Registry
 from trapsandbox.wire import GatewayError
 
@@ -33,6 +34,7 @@ class GatewayTestCase(SynchronousTestCase):
                 "probe_gateway": self.fake_probe,
                 "health": self.fake_probe,
                 "explode": lambda session, frame: 1 / 0,
+                "capabilities": ComputerRequests(None).capabilities,
             },
             self.clock,
         )
@@ -147,6 +149,20 @@ class HelloTests(GatewayTestCase):
 
 
 class RequestTests(GatewayTestCase):
+    def test_capabilities_from_hello_and_announced_later(self):
+        computer = self.connect("7:base")
+        self.assertTrue(computer.hello(capabilities=["exec", "screen", "fly"])["ok"])
+        [session] = self.registry
+        self.assertEqual(session.capabilities, {"exec", "screen"})
+        computer.request("capabilities", {"capabilities": {}})  # CraftOS's empty list
+        self.assertEqual(computer.last()["payload"], {"capabilities": []})
+        self.assertEqual(session.capabilities, frozenset())
+        computer.request("capabilities", {"capabilities": ["fs.read"]})
+        self.assertEqual(session.capabilities, {"fs.read"})
+        computer.request("capabilities", {"capabilities": "all"})
+        self.assertEqual(computer.last()["error"]["code"], "bad_request")
+        self.assertEqual(session.capabilities, {"fs.read"})
+
     def test_probe_gateway(self):
         computer = self.ready()
         message_id = computer.request("probe_gateway")
