@@ -5,6 +5,11 @@
     trapsandbox-ctl computers
     trapsandbox-ctl ping 7:base
     trapsandbox-ctl request 7:base TYPE [--payload JSON] [--timeout SECONDS]
+    trapsandbox-ctl exec 7:base [--timeout S] -- CMD ARGS...   (streams; exits with its code)
+    trapsandbox-ctl eval 7:base 'return os.time()'
+    trapsandbox-ctl ls 7:base /            cat 7:base /startup.lua
+    trapsandbox-ctl put 7:base LOCAL REMOTE    get 7:base REMOTE LOCAL
+    trapsandbox-ctl rm 7:base REMOTE       screen 7:base
 
 It speaks the gateway's operator HTTP API with the standard library only, so
 it starts fast and needs no reactor.  Exit status: 0 on success, 1 on a
@@ -14,6 +19,7 @@ failure (with one line on stderr saying what failed), 2 on a usage error.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import sys
@@ -24,12 +30,15 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
+from trapsandbox import limits
 from trapsandbox.limits import (
     CTL_HTTP_MARGIN,
     CTL_PING_TIMEOUT,
     DEFAULT_CTL_URL,
     MAX_REQUEST_TIMEOUT,
 )
+
+NDJSON = "application/x-ndjson"
 
 
 class Failed(Exception):
@@ -51,9 +60,17 @@ def _token(args: argparse.Namespace) -> str | None:
 
 
 def call(
-    args: argparse.Namespace, method: str, path: str, body: Any = None, timeout: float = 30.0
+    args: argparse.Namespace,
+    method: str,
+    path: str,
+    body: Any = None,
+    timeout: float = 30.0,
+    lines: Any = None,
 ) -> Any:
-    """One API call; the decoded JSON answer, or ``Failed``."""
+    """
+    One API call; the decoded JSON answer, or ``Failed``.  With ``lines``, an
+    NDJSON answer is handed to it one decoded line at a time as it arrives.
+    """
     base = args.url.rstrip("/")
     data = None if body is None else json.dumps(body).encode("utf-8")
     request = urllib.request.Request(base + path, data=data, method=method)
@@ -65,6 +82,10 @@ def call(
         request.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
+            if lines is not None and response.headers.get_content_type() == NDJSON:
+                for line in response:
+                    lines(_decode(line, base, response.status))
+                return None
             return _decode(response.read(), base, response.status)
     except urllib.error.HTTPError as error:
         with error:
@@ -91,6 +112,10 @@ def _decode(body: bytes, base: str, status: int, strict: bool = True) -> Any:
 def _explain(status: int, answer: Any, args: argparse.Namespace) -> str:
     """The one line for an HTTP error answer."""
     error = answer.get("error") if isinstance(answer, dict) else None
+    if isinstance(error, str) and "code" in answer:
+        # The sandbox endpoints' shape, {ok: false, error: "<message>", code}: the
+        # computer's or the gateway's refusal of the operation, not of the operator.
+        return f"{answer['code']}: {error}"
     if not isinstance(error, dict):
         return f"the gateway at {args.url} answered HTTP {status}: is it trapsandbox?"
     code, message = error.get("code", "error"), error.get("message", "")
@@ -106,8 +131,8 @@ def _has_token(args: argparse.Namespace) -> bool:
     return bool(args.token or args.token_file)
 
 
-def _computer_path(trapos_id: str) -> str:
-    return f"/computers/{urllib.parse.quote(trapos_id, safe='')}/requests"
+def _computer_path(trapos_id: str, action: str = "requests") -> str:
+    return f"/computers/{urllib.parse.quote(trapos_id, safe='')}/{action}"
 
 
 def _send(args: argparse.Namespace, type: str, payload: Any, timeout: float | None) -> Any:
@@ -177,6 +202,134 @@ def cmd_request(args: argparse.Namespace) -> int:
     if not answer.get("ok"):
         raise Failed(_answer_error(args, args.type, answer))
     print(json.dumps(answer.get("payload", {}), indent=2, ensure_ascii=False))
+    return 0
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise Failed("exec needs a command: trapsandbox-ctl exec ID -- CMD ARGS...")
+    body: dict[str, Any] = {"command": command[0], "args": command[1:]}
+    if args.cwd is not None:
+        body["cwd"] = args.cwd
+    if args.timeout is not None:
+        body["timeoutMs"] = args.timeout * 1000
+    run = (args.timeout or limits.DEFAULT_RUN_TIMEOUT_MS / 1000) + limits.RUN_ANSWER_MARGIN
+    outcome: dict[str, Any] = {}
+
+    def line(obj: Any) -> None:
+        kind = obj.get("type") if isinstance(obj, dict) else None
+        if kind == "stdout_delta":
+            sys.stdout.write(obj.get("data", ""))
+            sys.stdout.flush()
+        elif kind == "stderr_delta":
+            sys.stderr.write(obj.get("data", ""))
+            sys.stderr.flush()
+        elif kind in ("result", "error"):
+            outcome.update(obj)
+
+    call(
+        args,
+        "POST",
+        _computer_path(args.trapos_id, "execute"),
+        body,
+        run + CTL_HTTP_MARGIN,
+        lines=line,
+    )
+    if outcome.get("type") == "error":
+        raise Failed(f"{args.trapos_id}: {outcome.get('code')}: {outcome.get('error')}")
+    if outcome.get("type") != "result":
+        raise Failed(f"the gateway's answer ended before the result of {command[0]}")
+    if outcome.get("timedOut"):
+        print(f"trapsandbox-ctl: {command[0]} timed out on {args.trapos_id}", file=sys.stderr)
+    code = outcome.get("exitCode")
+    return code if isinstance(code, int) and 0 <= code < 256 else 1
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"code": args.code}
+    if args.timeout is not None:
+        body["timeoutMs"] = args.timeout * 1000
+    run = (args.timeout or limits.DEFAULT_RUN_TIMEOUT_MS / 1000) + limits.RUN_ANSWER_MARGIN
+    answer = call(args, "POST", _computer_path(args.trapos_id, "eval"), body, run + CTL_HTTP_MARGIN)
+    if answer.get("stdout"):
+        sys.stdout.write(answer["stdout"])
+    for value in answer.get("returns") or []:
+        print(value)
+    if not answer.get("ok"):
+        print(f"trapsandbox-ctl: {answer.get('error')}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    answer = call(args, "POST", _computer_path(args.trapos_id, "list-files"), {"path": args.path})
+    for entry in answer.get("entries") or []:
+        name = entry.get("name", "?") + ("/" if entry.get("type") == "dir" else "")
+        flags = "r" if entry.get("readOnly") else " "
+        print(f"{flags} {entry.get('size', 0):>8}  {name}")
+    return 0
+
+
+def _read(args: argparse.Namespace, path: str) -> bytes:
+    body = {"path": path, "encoding": "base64"}
+    answer = call(args, "POST", _computer_path(args.trapos_id, "read-file"), body)
+    content = base64.b64decode(answer.get("content") or "")
+    if answer.get("sizeBytes", len(content)) > answer.get("offset", 0) + len(content):
+        print(
+            f"trapsandbox-ctl: {path} is {answer['sizeBytes']} bytes; only the first "
+            f"{len(content)} were read",
+            file=sys.stderr,
+        )
+    return content
+
+
+def cmd_cat(args: argparse.Namespace) -> int:
+    sys.stdout.buffer.write(_read(args, args.path))
+    sys.stdout.flush()
+    return 0
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    content = _read(args, args.remote)
+    try:
+        with open(args.local, "wb") as f:
+            f.write(content)
+    except OSError as error:
+        raise Failed(f"cannot write {args.local}: {error.strerror}") from None
+    print(f"{args.trapos_id}:{args.remote} -> {args.local} ({len(content)} bytes)")
+    return 0
+
+
+def cmd_put(args: argparse.Namespace) -> int:
+    try:
+        with open(args.local, "rb") as f:
+            content = f.read()
+    except OSError as error:
+        raise Failed(f"cannot read {args.local}: {error.strerror}") from None
+    body = {
+        "path": args.remote,
+        "content": base64.b64encode(content).decode("ascii"),
+        "encoding": "base64",
+    }
+    answer = call(args, "POST", _computer_path(args.trapos_id, "write-file"), body, 120.0)
+    print(f"{args.local} -> {args.trapos_id}:{args.remote} ({answer.get('bytesWritten')} bytes)")
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    answer = call(args, "POST", _computer_path(args.trapos_id, "delete-file"), {"path": args.path})
+    if not answer.get("deleted"):
+        raise Failed(f"{args.trapos_id}: {args.path} does not exist")
+    return 0
+
+
+def cmd_screen(args: argparse.Namespace) -> int:
+    answer = call(args, "GET", _computer_path(args.trapos_id, "screen"))
+    for line in answer.get("lines") or []:
+        print(line.rstrip())
     return 0
 
 
@@ -258,6 +411,31 @@ def parser() -> argparse.ArgumentParser:
         "--timeout", type=_seconds, default=None, help="seconds (default: the gateway's)"
     )
     request.set_defaults(run=cmd_request)
+
+    def on_computer(name: str, help: str, run: Any, *arguments: tuple[str, str]) -> Any:
+        sub = commands.add_parser(name, help=help)
+        sub.add_argument("trapos_id", metavar="TRAPOSID")
+        for dest, metavar in arguments:
+            sub.add_argument(dest, metavar=metavar)
+        sub.set_defaults(run=run)
+        return sub
+
+    run = on_computer("exec", "run a program on a computer, streaming its output", cmd_exec)
+    run.add_argument("--cwd", default=None, help="working directory on the computer")
+    run.add_argument("--timeout", type=_seconds, default=None, help="seconds (default 30)")
+    run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
+    evaluate = on_computer("eval", "run Lua code on a computer", cmd_eval, ("code", "CODE"))
+    evaluate.add_argument("--timeout", type=_seconds, default=None, help="seconds (default 30)")
+    on_computer("ls", "list a folder on a computer", cmd_ls, ("path", "PATH"))
+    on_computer("cat", "print a file of a computer", cmd_cat, ("path", "PATH"))
+    on_computer(
+        "put", "copy a file to a computer", cmd_put, ("local", "LOCAL"), ("remote", "REMOTE")
+    )
+    on_computer(
+        "get", "copy a file from a computer", cmd_get, ("remote", "REMOTE"), ("local", "LOCAL")
+    )
+    on_computer("rm", "delete a file on a computer", cmd_rm, ("path", "PATH"))
+    on_computer("screen", "show a computer's screen", cmd_screen)
     return top
 
 

@@ -107,6 +107,34 @@ class CommandTests(CtlTestCase):
         self.assertEqual(await child.wait_ended(), 0, child.output)
         self.assertRegex(child.output, r"^7:base answered ping in \d+ ms\n$")
 
+    async def test_exec_streams_output_and_exits_with_the_exit_code(self):
+        computer = await connect(self, self.gateway.port)
+        hello = {"traposId": "7:base", "secret": PASSWORD, "capabilities": ["exec"]}
+        self.assertTrue((await computer.request("hello", hello))["ok"])
+        computer.trapos_id = "7:base"
+        child = self.start("exec", "7:base", "--", "count", "to", "3")
+        run = await computer.next_message()
+        self.assertEqual(run["payload"]["args"], ["to", "3"])
+        computer.respond(run, payload={"type": "stdout_delta", "data": "1\n"}, partial=True)
+        await child.wait_for("1\n")
+        computer.respond(run, payload={"type": "stderr_delta", "data": "no!\n"}, partial=True)
+        final = {"exitCode": 3, "timedOut": False, "durationMs": 4, "stdout": "1\n2\n"}
+        computer.respond(run, payload=final)
+        self.assertEqual(await child.wait_ended(), 3, child.output)
+        self.assertEqual(child.output.count("1\n"), 1)
+        self.assertIn("no!\n", child.output)
+        self.assertIn("2\n", child.output)
+
+    async def test_exec_forbidden_says_what_to_run(self):
+        await self.ready("7:base")
+        code, output = await self.ctl("exec", "7:base", "--", "ls")
+        self.assertEqual(code, 1)
+        self.assertEqual(
+            output,
+            "trapsandbox-ctl: forbidden: computer 7:base has not allowed exec: on it, run "
+            '"sandbox allow exec"\n',
+        )
+
     async def test_ping_not_connected(self):
         code, output = await self.ctl("ping", "9:")
         self.assertEqual(
