@@ -36,6 +36,8 @@ local M = {
   BACKOFF_MAX = 30,
   BACKOFF_JITTER = 0.2,
   MAX_FRAME = 1024 * 1024,
+  -- Program requests remembered so a dropped connection can answer them (not_connected).
+  MAX_IN_FLIGHT = 256,
   CLOSE_REPLACED = 4000,
   CLOSE_UNAUTHORIZED = 4001,
 }
@@ -179,15 +181,60 @@ local function defaultDecode(text)
   return textutils.unserializeJSON(text)
 end
 
+-- Gateway requests: the dispatch table ------------------------------------------
+
+--[[ M.requestHandlers: gateway request type -> handler(req, ctx).
+req = { messageId, type, payload (coerced), respond(ok, payload, err) -> sent }
+ctx = the context onMessage was given (traposId, send, ... and, in a session, `session`).
+A handler answers through req.respond, at once or later. A handler that raises is answered
+with `internal`; a type missing here is answered with `unknown_type`. ]]
+M.requestHandlers = {}
+
+function M.requestHandlers.ping(req, ctx)
+  req.respond(true, { traposId = ctx.traposId })
+end
+
+local function encodeFor(ctx)
+  return ctx.encode or defaultEncode
+end
+
+-- Builds the request object handed to a handler; its answer goes out through ctx.send.
+local function newRequest(ctx, messageId, msgType, payload)
+  local req = { messageId = messageId, type = msgType, payload = M.coercePayload(payload), answered = false }
+  function req.respond(ok, answer, err)
+    if req.answered then return false end
+    req.answered = true
+    local okEncode, text = pcall(encodeFor(ctx), M.computerResponse(ctx.traposId, messageId, msgType, ok, answer, err))
+    if not okEncode or type(text) ~= 'string' or text == '' then return false end
+    return ctx.send(text) and true or false
+  end
+  return req
+end
+
+local function dispatchRequest(ctx, messageId, msgType, payload)
+  local handlers = ctx.handlers or M.requestHandlers
+  local handler = handlers[msgType]
+  local req = newRequest(ctx, messageId, msgType, payload)
+  if type(handler) ~= 'function' then
+    req.respond(false, nil, errorValue('unknown_type', 'unknown request type: ' .. msgType))
+    return 'unknown_type'
+  end
+  local ok, err = pcall(handler, req, ctx)
+  if not ok and not req.answered then
+    req.respond(false, nil, errorValue('internal', tostring(err)))
+  end
+  return msgType
+end
+
 --[[ onMessage(content, ctx): handle one text frame from the gateway.
-ctx = { traposId, send(text) -> ok, queueEvent(...), decode?, encode?,
-        onHello(messageId, ok, payload, error)?, onReply(messageId)? }
-Returns what it did: 'ping', 'unknown_type', 'hello', 'reply' or 'ignored'. Never raises. ]]
+ctx = { traposId, send(text) -> ok, queueEvent(...), decode?, encode?, handlers?,
+        onHello(messageId, ok, payload, error)?, onReply(messageId) -> consumed? }
+Returns what it did: the request type it dispatched (e.g. 'ping'), 'unknown_type', 'hello',
+'reply' or 'ignored'. Never raises. ]]
 function M.onMessage(content, ctx)
   expect(2, ctx, 'table')
   if type(content) ~= 'string' or content == '' then return 'ignored' end
   local decode = ctx.decode or defaultDecode
-  local encode = ctx.encode or defaultEncode
   local okDecode, frame = pcall(decode, content)
   if not okDecode or type(frame) ~= 'table' then return 'ignored' end
   local event, messageId, msgType = frame.event, frame.messageId, frame.type
@@ -196,18 +243,7 @@ function M.onMessage(content, ctx)
   end
 
   if event == 'gateway_request' then
-    local response, result
-    if msgType == 'ping' then
-      response = M.computerResponse(ctx.traposId, messageId, 'ping', true, { traposId = ctx.traposId })
-      result = 'ping'
-    else
-      response = M.computerResponse(ctx.traposId, messageId, msgType, false, nil,
-        errorValue('unknown_type', 'unknown request type: ' .. msgType))
-      result = 'unknown_type'
-    end
-    local okEncode, text = pcall(encode, response)
-    if okEncode and type(text) == 'string' and text ~= '' then ctx.send(text) end
-    return result
+    return dispatchRequest(ctx, messageId, msgType, frame.payload)
 
   elseif event == 'gateway_response' then
     local ok = frame.ok == true
@@ -217,7 +253,8 @@ function M.onMessage(content, ctx)
       if ctx.onHello then ctx.onHello(messageId, ok, payload, err) end
       return 'hello'
     end
-    if ctx.onReply then ctx.onReply(messageId) end
+    -- An answer to the daemon's own request is consumed; others go to the program waiting.
+    if ctx.onReply and ctx.onReply(messageId, ok, payload, err) == true then return 'reply' end
     ctx.queueEvent(M.EVENT_REPLY, messageId, ok, payload, err)
     return 'reply'
   end
@@ -297,6 +334,322 @@ local function dropEventName(name, ...)
   return ...
 end
 
+-- The session (the daemon) ---------------------------------------------------------
+
+--[[ A session moves through these states (`session.state()`):
+  connecting   websocketAsync called, waiting for websocket_success (connectTimeout)
+  handshaking  hello sent, waiting for its answer (helloTimeout)
+  ready        hello answered ok: program requests are forwarded, gateway requests answered
+  waiting      the attempt failed; a reconnect is scheduled (backoff)
+  stopped      for good: unauthorized, replaced, or stop() was called
+Every recoverable failure goes through one transition, `fail(err)`: record the error, end the
+attempt (timers cleared, handle closed once, pending sends failed) and schedule a reconnect.
+`stopForGood(err)` is the terminal one. Gateway requests go to M.requestHandlers through
+onMessage; the connection code knows nothing about them. ]]
+local Session = {}
+Session.__index = Session
+
+function Session:publish()
+  local published = self.published
+  if not published then return end
+  published.running = not self.stopped
+  published.state = self.state
+  published.connected = self.state == 'ready'
+  published.traposId = self.traposId
+  published.url = self.baseUrl
+  published.lastError = self.lastError
+  published.accountId = self.accountId
+  published.version = _VERSION
+  published.updated = self.os.epoch and self.os.epoch('utc') or nil
+end
+
+function Session:queue(...)
+  local ok, err = pcall(self.os.queueEvent, ...)
+  if not ok then self.log('queueEvent failed: ' .. tostring(err)) end
+end
+
+function Session:reply(messageId, err)
+  self:queue(M.EVENT_REPLY, messageId, false, nil, err)
+end
+
+function Session:closeHandle(handle)
+  if handle == nil or self.closedHandles[handle] then return end
+  self.closedHandles[handle] = true
+  local ok, err = pcall(handle.close)
+  if not ok then self.log('close failed: ' .. tostring(err)) end
+end
+
+function Session:sendOn(handle, text)
+  if handle == nil or self.closedHandles[handle] then return false, 'connection closed' end
+  if type(text) ~= 'string' or text == '' then return false, 'refusing to send an empty message' end
+  local ok, err = pcall(handle.send, text)
+  if not ok then return false, tostring(err) end
+  return true
+end
+
+function Session:failInFlight(message)
+  local ids = self.inFlight
+  self.inFlight, self.inFlightCount = {}, 0
+  for id in pairs(ids) do
+    self:reply(id, errorValue('not_connected', message))
+  end
+end
+
+local function clearAttemptTimers(attempt)
+  if attempt.clearHello then attempt.clearHello(); attempt.clearHello = nil end
+  if attempt.clearConnect then attempt.clearConnect(); attempt.clearConnect = nil end
+end
+
+-- Ends the current attempt: timers cleared, handle closed once, pending sends failed.
+function Session:endAttempt(message)
+  local attempt = self.current
+  if not attempt or attempt.done then return end
+  attempt.done = true
+  clearAttemptTimers(attempt)
+  self:closeHandle(attempt.handle)
+  self:failInFlight(message or 'connection lost')
+end
+
+function Session:clearReconnect()
+  if self.cancelReconnect then self.cancelReconnect(); self.cancelReconnect = nil end
+end
+
+function Session:scheduleReconnect()
+  if self.terminal or self.stopped then return end
+  self.failures = self.failures + 1
+  local base = self.backoffMin
+  for _ = 2, self.failures do
+    base = base * 2
+    if base >= self.backoffMax then base = self.backoffMax; break end
+  end
+  if base > self.backoffMax then base = self.backoffMax end
+  local delay = base * (1 - self.backoffJitter * self.random())
+  self.state = 'waiting'
+  self:publish()
+  self.log(('reconnecting in %.1f s'):format(delay))
+  self:clearReconnect()
+  self.cancelReconnect = self.loop.setTimeout(function()
+    self.cancelReconnect = nil
+    self:connect()
+  end, delay)
+end
+
+-- The one transition for every recoverable failure.
+function Session:fail(err)
+  self.lastError = err
+  self:endAttempt(err.message)
+  self:scheduleReconnect()
+end
+
+function Session:stopForGood(err)
+  self.terminal = true
+  self.lastError = err
+  self:endAttempt(err.code .. ': ' .. (err.message or ''))
+  self:clearReconnect()
+  self.state = 'stopped'
+  self:publish()
+  self.log('stopped: ' .. err.code .. ' ' .. (err.message or ''))
+end
+
+function Session:isCurrent(url)
+  local attempt = self.current
+  return attempt ~= nil and not attempt.done and url == attempt.url
+end
+
+-- Arms a timer that fails the attempt if it is still in `state` when it fires.
+function Session:deadline(attempt, state, seconds, makeError)
+  return self.loop.setTimeout(function()
+    if self.current == attempt and not attempt.done and self.state == state then
+      self:fail(makeError())
+    end
+  end, seconds)
+end
+
+-- connecting ----------------------------------------------------------------------
+
+function Session:connect()
+  if self.terminal or self.stopped then return end
+  self.attempts = self.attempts + 1
+  local nonce = ('%.0f-%d-%d'):format(self.os.epoch and self.os.epoch('utc') or 0, self.attempts,
+    math.floor(self.random() * 1000000))
+  local attempt = { url = M.withNonce(self.baseUrl, nonce) }
+  self.current = attempt
+  self.state = 'connecting'
+  self:publish()
+  attempt.clearConnect = self:deadline(attempt, 'connecting', self.connectTimeout, function()
+    return errorValue('not_connected', 'connection attempt timed out')
+  end)
+  local ok, result, err = pcall(self.http.websocketAsync, attempt.url, self.headers)
+  if not ok or result == false then
+    -- CC:Tweaked may also queue websocket_failure for this URL; the attempt is done by then.
+    self:fail(errorValue('not_connected', tostring(ok and (err or 'websocket refused') or result)))
+  end
+end
+
+-- connecting -> handshaking: the socket is open, send hello.
+function Session:onOpen(url, handle)
+  local attempt = self.current
+  if not self:isCurrent(url) or attempt.handle then
+    -- A late success for an abandoned attempt: nobody will use it, free the slot.
+    if type(handle) == 'table' and not (attempt and attempt.handle == handle) then self:closeHandle(handle) end
+    return
+  end
+  attempt.handle = handle
+  if attempt.clearConnect then attempt.clearConnect(); attempt.clearConnect = nil end
+  self.state = 'handshaking'
+  self:publish()
+  attempt.helloId = M.newMessageId(self.os)
+  local okEncode, text = pcall(self.encode, M.hello(self.traposId, attempt.helloId, self.secret, _VERSION))
+  local sent, sendErr = false, text
+  if okEncode then sent, sendErr = self:sendOn(handle, text) end
+  if not sent then
+    self:fail(errorValue('not_connected', 'could not send hello: ' .. tostring(sendErr)))
+    return
+  end
+  attempt.clearHello = self:deadline(attempt, 'handshaking', self.helloTimeout, function()
+    return errorValue('timeout', ('no hello answer within %d s'):format(self.helloTimeout))
+  end)
+end
+
+-- handshaking -> ready, stopped (unauthorized) or waiting.
+function Session:onHello(messageId, ok, payload, err)
+  local attempt = self.current
+  if self.state ~= 'handshaking' or not attempt or attempt.done or messageId ~= attempt.helloId then return end
+  if attempt.clearHello then attempt.clearHello(); attempt.clearHello = nil end
+  if ok then
+    self.state = 'ready'
+    self.failures = 0
+    self.lastError = nil
+    self.accountId = payload and payload.accountId or nil
+    self:publish()
+    self.log('connected as ' .. self.traposId)
+    self:queue(M.EVENT_CONNECTED, self.traposId)
+  elseif err and err.code == 'unauthorized' then
+    self:stopForGood(err)
+  else
+    self:fail(err or errorValue('internal', 'hello failed'))
+  end
+end
+
+-- Any state: the socket failed or closed.
+function Session:onFailure(url, err)
+  if not self:isCurrent(url) then return end
+  self:fail(errorValue('not_connected', 'connection failed: ' .. tostring(err or 'unknown error')))
+end
+
+function Session:onClosed(url, reason, code)
+  if not self:isCurrent(url) then return end
+  local attempt = self.current
+  -- The socket is gone: make sure we never call close() on it afterwards.
+  if attempt.handle then self.closedHandles[attempt.handle] = true end
+  local detail = (type(reason) == 'string' and reason ~= '') and reason or nil
+  if code == M.CLOSE_REPLACED then
+    self:stopForGood(errorValue('replaced', detail or 'replaced by a newer connection with the same traposId'))
+    return
+  end
+  if code == M.CLOSE_UNAUTHORIZED then
+    self:stopForGood(errorValue('unauthorized', detail or 'the gateway rejected the password'))
+    return
+  end
+  local message = 'connection closed'
+  if code then message = message .. ' (' .. tostring(code) .. (detail and (' ' .. detail) or '') .. ')' end
+  self:fail(errorValue('not_connected', message))
+end
+
+-- handshaking and ready: a frame from the gateway.
+function Session:onFrame(url, content, isBinary)
+  local attempt = self.current
+  if not self:isCurrent(url) or not attempt.handle or isBinary then return end
+  if not attempt.ctx then
+    local handle = attempt.handle
+    attempt.ctx = {
+      traposId = self.traposId,
+      session = self,
+      encode = self.encode,
+      decode = self.decode,
+      send = function(text) return self:sendOn(handle, text) end,
+      queueEvent = function(...) self:queue(...) end,
+      onHello = function(...) self:onHello(...) end,
+      onReply = function(messageId) return self:onReply(messageId) end,
+    }
+  end
+  M.onMessage(content, attempt.ctx)
+end
+
+function Session:onReply(messageId)
+  if self.inFlight[messageId] then
+    self.inFlight[messageId] = nil
+    self.inFlightCount = self.inFlightCount - 1
+  end
+end
+
+-- ready: a program asks to send a request (trapos_sandbox_send); anything else answers at once.
+function Session:forward(messageId, msgType, payload)
+  if type(messageId) ~= 'string' or messageId == '' then return end
+  if type(msgType) ~= 'string' or msgType == '' then
+    self:reply(messageId, errorValue('bad_request', 'type must be a non-empty string'))
+    return
+  end
+  if self.state ~= 'ready' then
+    local err = self.lastError
+    if not (self.terminal and err) then
+      err = errorValue('not_connected', 'not connected to the sandbox gateway' ..
+        (err and (' (' .. tostring(err.message) .. ')') or ''))
+    end
+    self:reply(messageId, err)
+    return
+  end
+  local okEncode, text = pcall(self.encode, M.computerRequest(self.traposId, messageId, msgType, M.coercePayload(payload)))
+  if not okEncode or type(text) ~= 'string' or text == '' then
+    self:reply(messageId, errorValue('bad_request', 'cannot encode: ' .. tostring(text)))
+    return
+  end
+  if #text > M.MAX_FRAME then
+    self:reply(messageId, errorValue('too_large', ('message of %d bytes'):format(#text)))
+    return
+  end
+  local sent, err = self:sendOn(self.current.handle, text)
+  if not sent then
+    self:reply(messageId, errorValue('not_connected', 'send failed: ' .. tostring(err)))
+    self:fail(errorValue('not_connected', 'send failed: ' .. tostring(err)))
+    return
+  end
+  -- The map only makes a drop answer pending requests; past the cap, forget the oldest batch.
+  if self.inFlightCount >= M.MAX_IN_FLIGHT then self.inFlight, self.inFlightCount = {}, 0 end
+  self.inFlight[messageId] = true
+  self.inFlightCount = self.inFlightCount + 1
+end
+
+-- stopped, by the owner.
+function Session:stop()
+  if self.stopped then return end
+  self.stopped = true
+  self:endAttempt('daemon stopped')
+  self:clearReconnect()
+  for i = 1, #self.disposers do self.disposers[i]() end
+  self.disposers = {}
+  self.state = 'stopped'
+  self:publish()
+end
+
+-- Which OS event calls which method.
+local SESSION_EVENTS = {
+  websocket_success = 'onOpen',
+  websocket_failure = 'onFailure',
+  websocket_closed = 'onClosed',
+  websocket_message = 'onFrame',
+  [M.EVENT_SEND] = 'forward',
+}
+
+function Session:listen()
+  for name, method in pairs(SESSION_EVENTS) do
+    self.disposers[#self.disposers + 1] = self.loop.register(name, function(...)
+      local ok, err = pcall(self[method], self, dropEventName(name, ...))
+      if not ok then self.log(name .. ' handler failed: ' .. tostring(err)) end
+    end)
+  end
+end
+
 --[[ startSession(opts): the daemon. opts:
   url         gateway WebSocket URL (required), e.g. ws://host:4444/gateway
   secret      the shared password sent in hello (optional)
@@ -308,338 +661,68 @@ end
   state       table to publish state into                  default _G.traposSandboxState
   log         function(message)                            default: none
   helloTimeout, connectTimeout, backoffMin, backoffMax, backoffJitter (seconds / fraction)
-Returns a session: isReady(), lastError(), status(), stop(), loop (the event loop used). ]]
+Returns a session: isReady(), lastError(), state(), status(), stop(), loop (the event loop used). ]]
 function M.startSession(opts)
   expect(1, opts, 'table')
   local baseUrl = expectNonEmpty(1, opts.url)
-  local secret = opts.secret
-  if secret ~= nil and type(secret) ~= 'string' then error('bad argument #1 (opts.secret: string expected)', 2) end
+  if opts.secret ~= nil and type(opts.secret) ~= 'string' then error('bad argument #1 (opts.secret: string expected)', 2) end
   local httpApi = opts.http or http
   if type(httpApi) ~= 'table' or type(httpApi.websocketAsync) ~= 'function' then
     error('bad argument #1 (opts.http with websocketAsync expected)', 2)
   end
   local osLike = opts.os or os
-  local loop = opts.eventLoop or rawget(_G, 'bootEventLoop') or M.createEventLoop(osLike)
-  local encode = opts.encode or defaultEncode
-  local decode = opts.decode or defaultDecode
-  local random = opts.random or math.random
-  local log = opts.log or function() end
-  local helloTimeout = opts.helloTimeout or M.HELLO_TIMEOUT
-  local connectTimeout = opts.connectTimeout or M.CONNECT_TIMEOUT
-  local backoffMin = opts.backoffMin or M.BACKOFF_MIN
-  local backoffMax = opts.backoffMax or M.BACKOFF_MAX
-  local backoffJitter = opts.backoffJitter or M.BACKOFF_JITTER
   local published = opts.state
   if published == nil then
     published = rawget(_G, 'traposSandboxState') or {}
     rawset(_G, 'traposSandboxState', published)
   end
 
-  local traposId = M.traposId(osLike)
-  local state = 'connecting' -- connecting | handshaking | ready | waiting | stopped
-  local terminal = false
-  local lastError = nil
-  local accountId = nil
-  local attempts = 0
-  local failures = 0
-  local current = nil -- { url, handle, done, helloId, clearHello, clearConnect }
-  local clearReconnect = nil
-  local closedHandles = setmetatable({}, { __mode = 'k' })
-  local inFlight, inFlightCount = {}, 0
-  local disposers = {}
-  local stopped = false
-  local session = { loop = loop, traposId = traposId }
+  local self = setmetatable({
+    baseUrl = baseUrl,
+    secret = opts.secret,
+    headers = opts.headers,
+    http = httpApi,
+    os = osLike,
+    loop = opts.eventLoop or rawget(_G, 'bootEventLoop') or M.createEventLoop(osLike),
+    encode = opts.encode or defaultEncode,
+    decode = opts.decode or defaultDecode,
+    random = opts.random or math.random,
+    log = opts.log or function() end,
+    helloTimeout = opts.helloTimeout or M.HELLO_TIMEOUT,
+    connectTimeout = opts.connectTimeout or M.CONNECT_TIMEOUT,
+    backoffMin = opts.backoffMin or M.BACKOFF_MIN,
+    backoffMax = opts.backoffMax or M.BACKOFF_MAX,
+    backoffJitter = opts.backoffJitter or M.BACKOFF_JITTER,
+    published = published,
+    traposId = M.traposId(osLike),
+    state = 'connecting',
+    terminal = false,
+    stopped = false,
+    attempts = 0,
+    failures = 0,
+    current = nil, -- the attempt: { url, handle, done, helloId, ctx, clearHello, clearConnect }
+    closedHandles = setmetatable({}, { __mode = 'k' }),
+    inFlight = {},
+    inFlightCount = 0,
+    disposers = {},
+  }, Session)
+  self:listen()
 
-  local function publish()
-    if not published then return end
-    published.running = not stopped
-    published.state = state
-    published.connected = state == 'ready'
-    published.traposId = traposId
-    published.url = baseUrl
-    published.lastError = lastError
-    published.accountId = accountId
-    published.version = _VERSION
-    published.updated = osLike.epoch and osLike.epoch('utc') or nil
-  end
-
-  local function queue(...)
-    local ok, err = pcall(osLike.queueEvent, ...)
-    if not ok then log('queueEvent failed: ' .. tostring(err)) end
-  end
-
-  local function closeHandle(handle)
-    if handle == nil or closedHandles[handle] then return end
-    closedHandles[handle] = true
-    local ok, err = pcall(handle.close)
-    if not ok then log('close failed: ' .. tostring(err)) end
-  end
-
-  local function safeSend(handle, text)
-    if handle == nil or closedHandles[handle] then return false, 'connection closed' end
-    if type(text) ~= 'string' or text == '' then return false, 'refusing to send an empty message' end
-    local ok, err = pcall(handle.send, text)
-    if not ok then return false, tostring(err) end
-    return true
-  end
-
-  local function failInFlight(message)
-    local ids = inFlight
-    inFlight, inFlightCount = {}, 0
-    for id in pairs(ids) do
-      queue(M.EVENT_REPLY, id, false, nil, errorValue('not_connected', message))
-    end
-  end
-
-  -- Ends the current attempt: timers cleared, handle closed once, pending sends failed.
-  local function endAttempt(message)
-    local attempt = current
-    if not attempt or attempt.done then return end
-    attempt.done = true
-    if attempt.clearHello then attempt.clearHello(); attempt.clearHello = nil end
-    if attempt.clearConnect then attempt.clearConnect(); attempt.clearConnect = nil end
-    closeHandle(attempt.handle)
-    failInFlight(message or 'connection lost')
-  end
-
-  local connect
-
-  local function scheduleReconnect()
-    if terminal or stopped then return end
-    failures = failures + 1
-    local base = backoffMin
-    for _ = 2, failures do
-      base = base * 2
-      if base >= backoffMax then base = backoffMax; break end
-    end
-    if base > backoffMax then base = backoffMax end
-    local delay = base * (1 - backoffJitter * random())
-    state = 'waiting'
-    publish()
-    log(('reconnecting in %.1f s'):format(delay))
-    if clearReconnect then clearReconnect() end
-    clearReconnect = loop.setTimeout(function()
-      clearReconnect = nil
-      connect()
-    end, delay)
-  end
-
-  local function stopForGood(err)
-    terminal = true
-    lastError = err
-    endAttempt(err.code .. ': ' .. (err.message or ''))
-    if clearReconnect then clearReconnect(); clearReconnect = nil end
-    state = 'stopped'
-    publish()
-    log('stopped: ' .. err.code .. ' ' .. (err.message or ''))
-  end
-
-  local function isCurrent(url)
-    return current ~= nil and not current.done and url == current.url
-  end
-
-  function connect()
-    if terminal or stopped then return end
-    attempts = attempts + 1
-    local nonce = ('%.0f-%d-%d'):format(osLike.epoch and osLike.epoch('utc') or 0, attempts,
-      math.floor(random() * 1000000))
-    local attempt = { url = M.withNonce(baseUrl, nonce) }
-    current = attempt
-    state = 'connecting'
-    publish()
-    attempt.clearConnect = loop.setTimeout(function()
-      attempt.clearConnect = nil
-      if current == attempt and not attempt.done and state == 'connecting' then
-        lastError = errorValue('not_connected', 'connection attempt timed out')
-        endAttempt('connection attempt timed out')
-        scheduleReconnect()
-      end
-    end, connectTimeout)
-    local ok, result, err = pcall(httpApi.websocketAsync, attempt.url, opts.headers)
-    if not ok or result == false then
-      -- CC:Tweaked may also queue websocket_failure for this URL; the attempt is done by then.
-      lastError = errorValue('not_connected', tostring(ok and (err or 'websocket refused') or result))
-      endAttempt(lastError.message)
-      scheduleReconnect()
-    end
-  end
-
-  local function onHello(messageId, ok, payload, err)
-    local attempt = current
-    if state ~= 'handshaking' or not attempt or attempt.done or messageId ~= attempt.helloId then return end
-    if attempt.clearHello then attempt.clearHello(); attempt.clearHello = nil end
-    if ok then
-      state = 'ready'
-      failures = 0
-      lastError = nil
-      accountId = payload and payload.accountId or nil
-      publish()
-      log('connected as ' .. traposId)
-      queue(M.EVENT_CONNECTED, traposId)
-    elseif err and err.code == 'unauthorized' then
-      stopForGood(err)
-    else
-      lastError = err
-      endAttempt('hello failed')
-      scheduleReconnect()
-    end
-  end
-
-  local function onReply(messageId)
-    if inFlight[messageId] then
-      inFlight[messageId] = nil
-      inFlightCount = inFlightCount - 1
-    end
-  end
-
-  local handlers = {}
-
-  function handlers.websocket_success(url, handle)
-    if not isCurrent(url) or current.handle then
-      -- A late success for an abandoned attempt: nobody will use it, free the slot.
-      if type(handle) == 'table' and not (current and current.handle == handle) then closeHandle(handle) end
-      return
-    end
-    local attempt = current
-    attempt.handle = handle
-    if attempt.clearConnect then attempt.clearConnect(); attempt.clearConnect = nil end
-    state = 'handshaking'
-    publish()
-    attempt.helloId = M.newMessageId(osLike)
-    local okEncode, text = pcall(encode, M.hello(traposId, attempt.helloId, secret, _VERSION))
-    local sent, sendErr = false, text
-    if okEncode then sent, sendErr = safeSend(handle, text) end
-    if not sent then
-      lastError = errorValue('not_connected', 'could not send hello: ' .. tostring(sendErr))
-      endAttempt(lastError.message)
-      scheduleReconnect()
-      return
-    end
-    attempt.clearHello = loop.setTimeout(function()
-      attempt.clearHello = nil
-      if current == attempt and not attempt.done and state == 'handshaking' then
-        lastError = errorValue('timeout', ('no hello answer within %d s'):format(helloTimeout))
-        endAttempt(lastError.message)
-        scheduleReconnect()
-      end
-    end, helloTimeout)
-  end
-
-  function handlers.websocket_failure(url, err)
-    if not isCurrent(url) then return end
-    lastError = errorValue('not_connected', 'connection failed: ' .. tostring(err or 'unknown error'))
-    endAttempt(lastError.message)
-    scheduleReconnect()
-  end
-
-  function handlers.websocket_closed(url, reason, code)
-    if not isCurrent(url) then return end
-    local attempt = current
-    -- The socket is gone: make sure we never call close() on it afterwards.
-    if attempt.handle then closedHandles[attempt.handle] = true end
-    local detail = (type(reason) == 'string' and reason ~= '') and reason or nil
-    if code == M.CLOSE_REPLACED then
-      stopForGood(errorValue('replaced', detail or 'replaced by a newer connection with the same traposId'))
-      return
-    end
-    if code == M.CLOSE_UNAUTHORIZED then
-      stopForGood(errorValue('unauthorized', detail or 'the gateway rejected the password'))
-      return
-    end
-    local message = 'connection closed'
-    if code then message = message .. ' (' .. tostring(code) .. (detail and (' ' .. detail) or '') .. ')' end
-    lastError = errorValue('not_connected', message)
-    endAttempt(message)
-    scheduleReconnect()
-  end
-
-  function handlers.websocket_message(url, content, isBinary)
-    if not isCurrent(url) or not current.handle or isBinary then return end
-    local handle = current.handle
-    M.onMessage(content, {
-      traposId = traposId,
-      encode = encode,
-      decode = decode,
-      send = function(text) return safeSend(handle, text) end,
-      queueEvent = queue,
-      onHello = onHello,
-      onReply = onReply,
-    })
-  end
-
-  handlers[M.EVENT_SEND] = function(messageId, msgType, payload)
-    if type(messageId) ~= 'string' or messageId == '' then return end
-    if type(msgType) ~= 'string' or msgType == '' then
-      queue(M.EVENT_REPLY, messageId, false, nil, errorValue('bad_request', 'type must be a non-empty string'))
-      return
-    end
-    if state ~= 'ready' then
-      local err
-      if terminal and lastError then
-        err = lastError
-      else
-        err = errorValue('not_connected', 'not connected to the sandbox gateway' ..
-          (lastError and (' (' .. tostring(lastError.message) .. ')') or ''))
-      end
-      queue(M.EVENT_REPLY, messageId, false, nil, err)
-      return
-    end
-    local okEncode, text = pcall(encode, M.computerRequest(traposId, messageId, msgType, M.coercePayload(payload)))
-    if not okEncode or type(text) ~= 'string' or text == '' then
-      queue(M.EVENT_REPLY, messageId, false, nil, errorValue('bad_request', 'cannot encode: ' .. tostring(text)))
-      return
-    end
-    if #text > M.MAX_FRAME then
-      queue(M.EVENT_REPLY, messageId, false, nil, errorValue('too_large', ('message of %d bytes'):format(#text)))
-      return
-    end
-    local sent, err = safeSend(current.handle, text)
-    if not sent then
-      queue(M.EVENT_REPLY, messageId, false, nil, errorValue('not_connected', 'send failed: ' .. tostring(err)))
-      lastError = errorValue('not_connected', 'send failed: ' .. tostring(err))
-      endAttempt('send failed')
-      scheduleReconnect()
-      return
-    end
-    if inFlightCount >= 256 then inFlight, inFlightCount = {}, 0 end
-    inFlight[messageId] = true
-    inFlightCount = inFlightCount + 1
-  end
-
-  local function guard(name, fn)
-    return function(...)
-      local ok, err = pcall(fn, dropEventName(name, ...))
-      if not ok then log(name .. ' handler failed: ' .. tostring(err)) end
-    end
-  end
-
-  for name, fn in pairs(handlers) do
-    disposers[#disposers + 1] = loop.register(name, guard(name, fn))
-  end
-
-  function session.isReady() return state == 'ready' end
-  function session.lastError() return lastError end
-  function session.state() return state end
-  function session.currentUrl() return current and current.url or nil end
+  local session = { loop = self.loop, traposId = self.traposId }
+  function session.isReady() return self.state == 'ready' end
+  function session.lastError() return self.lastError end
+  function session.state() return self.state end
+  function session.currentUrl() return self.current and self.current.url or nil end
   function session.status()
     return {
-      state = state, connected = state == 'ready', running = not stopped, traposId = traposId,
-      url = baseUrl, lastError = lastError, accountId = accountId, version = _VERSION,
-      attempts = attempts,
+      state = self.state, connected = self.state == 'ready', running = not self.stopped,
+      traposId = self.traposId, url = baseUrl, lastError = self.lastError, accountId = self.accountId,
+      version = _VERSION, attempts = self.attempts,
     }
   end
-  function session.stop()
-    if stopped then return end
-    stopped = true
-    endAttempt('daemon stopped')
-    if clearReconnect then clearReconnect(); clearReconnect = nil end
-    for i = 1, #disposers do disposers[i]() end
-    disposers = {}
-    state = 'stopped'
-    publish()
-  end
+  function session.stop() self:stop() end
 
-  connect()
+  self:connect()
   return session
 end
 

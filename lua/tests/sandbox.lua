@@ -415,6 +415,28 @@ test('onMessage answers other gateway requests with unknown_type', function()
   eq(ctx.sent[1].error.code, 'unknown_type', 'code')
 end)
 
+test('onMessage dispatches gateway requests through the handler table', function()
+  local ctx = msgCtx()
+  local seen = {}
+  ctx.handlers = {
+    echo = function(req) seen[#seen + 1] = req.payload; req.respond(true, { echoed = req.payload.x }) end,
+    broken = function() error('handler bug') end,
+    later = function(req) ctx.pending = req end,
+  }
+  eq(lib.onMessage(encode(lib.gatewayRequest('7:t', 'g-1', 'echo', { x = 5 })), ctx), 'echo', 'result')
+  eq(ctx.sent[1], { event = 'computer_response', traposSenderId = '7:t', messageId = 'g-1', type = 'echo', ok = true, payload = { echoed = 5 } }, 'answer')
+  lib.onMessage(encode(lib.gatewayRequest('7:t', 'g-2', 'broken')), ctx)
+  eq({ ctx.sent[2].ok, ctx.sent[2].error.code }, { false, 'internal' }, 'a raising handler answers internal')
+  truthy(ctx.sent[2].error.message:find('handler bug'), 'with its message')
+  lib.onMessage(encode(lib.gatewayRequest('7:t', 'g-3', 'ping')), ctx)
+  eq(ctx.sent[3].error.code, 'unknown_type', 'only the given table is used')
+  lib.onMessage(encode(lib.gatewayRequest('7:t', 'g-4', 'later')), ctx)
+  eq(#ctx.sent, 3, 'no answer yet')
+  eq(ctx.pending.respond(true, {}), true, 'answered later')
+  eq(ctx.pending.respond(true, {}), false, 'answered once only')
+  eq(#ctx.sent, 4, 'one answer')
+end)
+
 test('onMessage drives hello ok and unauthorized', function()
   local ctx = msgCtx()
   eq(lib.onMessage(encode(lib.gatewayResponse('7:t', 'h-1', 'hello', true, { accountId = 'local' })), ctx), 'hello', 'ok result')

@@ -74,3 +74,23 @@ class LuaSourceTests(SynchronousTestCase):
                     re.search(r"(?<![\w.])unpack\(", code), f"{path}: global unpack: {line.strip()}"
                 )
             self.assertTrue(text.startswith("local _VERSION = '"), f"{path}: _VERSION first")
+
+
+class VersionTests(SynchronousTestCase):
+    def test_every_lua_version_ccpm_and_the_package_agree(self):
+        """One release number: each Lua file's _VERSION, ccpm.json's version, trapsandbox.__version__."""
+        import json
+
+        import trapsandbox
+
+        versions = {"trapsandbox.__version__": trapsandbox.__version__}
+        ccpm = LUA_DIR / "packages" / "trapos-sandbox" / "ccpm.json"
+        versions[str(ccpm.relative_to(LUA_DIR))] = json.loads(ccpm.read_text())["version"]
+        for path in sorted(LUA_DIR.rglob("*.lua")):
+            match = re.match(r"local _VERSION = '([^']*)'\n", path.read_text())
+            self.assertIsNotNone(match, f"{path}: no _VERSION on the first line")
+            versions[str(path.relative_to(LUA_DIR))] = match.group(1)
+        self.assertGreater(len(versions), 6)
+        self.assertEqual(
+            set(versions.values()), {trapsandbox.__version__}, f"versions disagree: {versions}"
+        )
