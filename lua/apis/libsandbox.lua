@@ -311,7 +311,18 @@ function M.gatewayResponse(receiverId, messageId, msgType, ok, payload, err)
   return responseFrame('gateway_response', 'traposReceiverId', receiverId, messageId, msgType, ok, payload, err)
 end
 
--- capabilities: the allowed list (§9); an empty list encodes as {}, which the gateway reads as [].
+-- An empty list as CraftOS encodes it as a JSON list ([]), where textutils can; {} otherwise,
+-- which the gateway reads as an empty list too (SPEC §2, payload coercion).
+local function jsonList(list)
+  if #list == 0 then
+    local tu = rawget(_G, 'textutils')
+    if type(tu) == 'table' and type(tu.empty_json_array) == 'table' then return tu.empty_json_array end
+  end
+  return list
+end
+M.jsonList = jsonList
+
+-- capabilities: the allowed list (§9).
 function M.hello(senderId, messageId, secret, version, capabilities)
   expectNonEmpty(1, senderId)
   expect(3, secret, 'string', 'nil')
@@ -320,7 +331,7 @@ function M.hello(senderId, messageId, secret, version, capabilities)
     traposId = senderId,
     secret = secret or '',
     version = version or _VERSION,
-    capabilities = capabilities or {},
+    capabilities = jsonList(capabilities or {}),
   })
 end
 
@@ -848,7 +859,7 @@ function Session:announceCapabilities(list)
   if self.published then self.published.capabilities = list end
   if self.state ~= 'ready' or key == self.announced then return false end
   local messageId = M.newMessageId(self.os)
-  local text = encodeFrame(self, M.computerRequest(self.traposId, messageId, 'capabilities', { capabilities = list }))
+  local text = encodeFrame(self, M.computerRequest(self.traposId, messageId, 'capabilities', { capabilities = jsonList(list) }))
   local sent, err = self:sendOn(self.current.handle, text)
   if not sent then
     self.log('could not announce capabilities: ' .. tostring(err))
@@ -1119,7 +1130,7 @@ local realWrite, realPrintError = nil, nil -- what _G held when a job last start
 
 local function capturedWrite(text)
   local cap = activeCapture
-  if cap and (type(text) == 'string' or type(text) == 'number') then
+  if cap and cap.depth == 0 and (type(text) == 'string' or type(text) == 'number') then
     cap:record('stdout', tostring(text))
     cap.depth = cap.depth + 1
     local lines = realWrite and realWrite(text) or 0
@@ -1132,6 +1143,7 @@ end
 
 local function capturedPrintError(...)
   local cap = activeCapture
+  if cap and cap.depth ~= 0 then cap = nil end
   if cap then
     local parts = {}
     for i = 1, select('#', ...) do parts[i] = tostring((select(i, ...))) end
@@ -1386,13 +1398,14 @@ local function stringList(value, key)
   return list
 end
 
--- A CraftOS path from the payload: absolute, or relative to payload.cwd (default /).
--- Returns the fs path ('' for the root) and the display path ('/...'), or nil, message.
+-- A CraftOS path from payload[key]: absolute, or relative to payload.cwd (default /; the
+-- cwd itself is relative to /). Returns the fs path ('' for the root) and the display path
+-- ('/...'), or nil, message.
 local function resolvePath(fsApi, payload, key, required)
   local path = payload[key]
   if path == nil and not required then path = '' end
   if type(path) ~= 'string' then return nil, key .. ' must be a string' end
-  local cwd = payload.cwd
+  local cwd = key ~= 'cwd' and payload.cwd or nil
   if cwd ~= nil and type(cwd) ~= 'string' then return nil, 'cwd must be a string' end
   local full
   if path:sub(1, 1) == '/' or path:sub(1, 1) == '\\' then
@@ -1526,6 +1539,7 @@ local function evalAnswer(job, result)
   else
     answer.error = tostring(result[2])
   end
+  answer.returns = jsonList(answer.returns)
   if cap.stdout.truncated then answer.stdoutTruncated = true end
   return answer
 end
@@ -1551,7 +1565,7 @@ function M.requestHandlers.eval(req, ctx)
   local fn, err = load('return ' .. code, '=eval', 't', env)
   if not fn then fn, err = load(code, '=eval', 't', env) end
   if not fn then
-    return req.respond(true, { ok = false, returns = {}, stdout = '', error = tostring(err), durationMs = 0, timedOut = false })
+    return req.respond(true, { ok = false, returns = jsonList({}), stdout = '', error = tostring(err), durationMs = 0, timedOut = false })
   end
   session:startJob(req, {
     body = fn, timeoutMs = timeoutMs, maxOutputBytes = maxOutput, mergeStderr = true, answer = evalAnswer,
@@ -1593,7 +1607,7 @@ function M.requestHandlers.list_files(req, ctx)
   if not ok then return fsError(req, errorText(names)) end
   local entries = {}
   for i, name in ipairs(names) do entries[i] = fileEntry(fsApi, path, name) end
-  req.respond(true, { path = shown, entries = entries })
+  req.respond(true, { path = shown, entries = jsonList(entries) })
 end
 
 -- Reads `length` bytes from `offset` of an open binary handle.
