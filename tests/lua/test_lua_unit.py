@@ -5,11 +5,14 @@ pytest functions: a plain pytest function would start pytest-twisted's reactor g
 the trial test cases that run after it could no longer run the reactor themselves.
 """
 
+import json
 import re
 from pathlib import Path
 
 from lupa import lua52
 from twisted.trial.unittest import SynchronousTestCase
+
+import trapsandbox
 
 LUA_DIR = Path(__file__).resolve().parents[2] / "lua"
 LIB = LUA_DIR / "apis" / "libsandbox.lua"
@@ -78,10 +81,7 @@ class LuaSourceTests(SynchronousTestCase):
 
 class VersionTests(SynchronousTestCase):
     def test_every_lua_version_ccpm_and_the_package_agree(self):
-        """One release number: each Lua file's _VERSION, ccpm.json's version, trapsandbox.__version__."""
-        import json
-
-        import trapsandbox
+        """One release: every Lua _VERSION, ccpm.json's version and trapsandbox.__version__."""
 
         versions = {"trapsandbox.__version__": trapsandbox.__version__}
         ccpm = LUA_DIR / "packages" / "trapos-sandbox" / "ccpm.json"
