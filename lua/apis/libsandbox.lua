@@ -1,7 +1,7 @@
 local _VERSION = '0.1.0'
 
 --[[
-libsandbox: the computer side of the trapsandbox gateway protocol (SPEC §2, §6).
+libsandbox: the computer side of the trapsandbox gateway protocol (SPEC §2, §6, §9).
 
 Loading: this file returns its module table, so it works with `require('libsandbox')`
 (when /apis is on package.path, as under trapos) and with `dofile('/apis/libsandbox.lua')`
@@ -12,14 +12,34 @@ OS events (all prefixed `trapos_sandbox_`):
   trapos_sandbox_send(messageId, type, payload)        a program asks the daemon to send
   trapos_sandbox_reply(messageId, ok, payload, error)  the daemon hands back the answer
   trapos_sandbox_connected(traposId)                   the hello handshake succeeded
+  trapos_sandbox_capabilities()                        sandbox.allow changed (`sandbox allow`):
+                                                       the daemon tells the gateway
+None is queued per output piece or file chunk: the queue holds 256 events.
 
 Daemon state is published in the shared table `_G.traposSandboxState` (`state`, `connected`,
-`traposId`, `url`, `lastError`, `accountId`, `version`, `updated`) so `sandbox status` can read
-it without a round trip. A stopped daemon leaves its last state behind, marked `running = false`.
+`traposId`, `url`, `lastError`, `accountId`, `version`, `capabilities`, `updated`) so
+`sandbox status` can read it without a round trip. A stopped daemon leaves its last state
+behind, marked `running = false`.
+
+Gateway requests the daemon answers (M.requestHandlers, the dispatch table; SPEC §9 has the
+payloads), each needing the capability in brackets to be in the setting sandbox.allow:
+  ping                          {traposId}
+  exec [exec]                   run a program with the daemon's shell, in a coroutine beside it;
+                                output streamed as partial responses (stdout_delta/stderr_delta)
+  eval [eval]                   run Lua the same way; returns rendered with textutils.serialize
+  list_files, read_file [fs.read]      read_file: base64, at most 64 KiB a frame
+  write_file, delete_file [fs.write]   write_file parts go to a temporary file beside the
+                                target, moved into place by the final one
+  screen [screen]               the terminal recorded in _G.traposSandboxScreen (a window)
+  cancel                        {messageId} of a running exec/eval: terminated, ends `cancelled`
+Anything else is `unknown_type`; a capability not allowed is `forbidden`; CraftOS refusing a
+file operation is `fs_error` with its message. No frame sent is over M.MAX_SEND (128 KiB).
 
 Event loop interface (trapos's `_G.bootEventLoop`, or `createEventLoop()` on plain CraftOS):
   register(event, handler) -> dispose()
   setTimeout(fn, seconds)  -> clear()
+  registerAny(handler)     -> dispose()    optional: every event, name first (exec and eval
+                                           use it; without it they listen to M.PROGRAM_EVENTS)
 Handlers are called with the event's parameters; a loop that also passes the event name
 first is detected and handled.
 ]]
@@ -599,6 +619,7 @@ function Session:publish()
   published.lastError = self.lastError
   published.accountId = self.accountId
   published.version = _VERSION
+  published.capabilities = self:capabilities()
   published.updated = self.os.epoch and self.os.epoch('utc') or nil
 end
 
@@ -1238,7 +1259,10 @@ function Job:resume(...)
   local session = self.session
   local termApi, shellApi = session.term, session.shell
   local prevTerm
-  if self.term then prevTerm = termApi.redirect(self.term) end
+  if self.term then
+    prevTerm = termApi.current()
+    termApi.redirect(self.term)
+  end
   local prevWrite, prevPrintError = rawget(_G, 'write'), rawget(_G, 'printError')
   if prevWrite ~= capturedWrite then realWrite = prevWrite; rawset(_G, 'write', capturedWrite) end
   if prevPrintError ~= capturedPrintError then realPrintError = prevPrintError; rawset(_G, 'printError', capturedPrintError) end

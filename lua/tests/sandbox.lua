@@ -821,14 +821,18 @@ test('createEventLoop dispatches events and timers', function()
   local fired = 0
   loop.setTimeout(function() fired = fired + 1 end, 2)
   local clear = loop.setTimeout(function() fired = fired + 10 end, 3)
+  local all = {}
+  local disposeAny = loop.registerAny(function(event, a) all[#all + 1] = event .. ':' .. tostring(a) end)
   loop.dispatch('x', 'a', 'b')
   loop.dispatch('timer', 1)
   loop.dispatch('timer', 1)
   clear()
   loop.dispatch('timer', 2)
   dispose()
+  disposeAny()
   loop.dispatch('x', 'c', 'd')
   eq(seen, { 'ab' }, 'handler calls')
+  eq(all, { 'x:a', 'timer:1', 'timer:1', 'timer:2' }, 'registerAny sees every event, name first')
   eq(fired, 1, 'timer fired once, cleared one never')
   eq(started, { 2, 3 }, 'timers started')
   eq(cancelled, { 2 }, 'cleared timer cancelled')
@@ -1271,7 +1275,7 @@ noShell, and any startSession option. Returns env with craft = { fs, native, ter
 settings }, h (the socket) and ask(type, payload) -> messageId. ]]
 local function sandbox(extra)
   extra = extra or {}
-  local loop = fakeLoop()
+  local loop = extra.loop or fakeLoop()
   local craft = { timers = {} }
   craft.fs = fakeFs(extra.capacity)
   craft.fs.dirs['rom'], craft.fs.dirs['rom/programs'] = true, true
@@ -1348,6 +1352,19 @@ test('capabilities parse in order and change with allow and deny', function()
   eq(bad, nil, 'unknown name changes nothing')
   truthy(message:find('unknown capability rm', 1, true) and message:find('fs.write', 1, true), 'says what is known: ' .. message)
   eq(select(2, lib.changeCapabilities('', true, {})) ~= nil, true, 'no names is an error')
+end)
+
+test('defineSettings describes sandbox.url, sandbox.password and sandbox.allow', function()
+  local saved = rawget(_G, 'settings')
+  onCleanup(function() rawset(_G, 'settings', saved) end)
+  local defined = {}
+  rawset(_G, 'settings', { define = function(name, options) defined[name] = options end })
+  lib.defineSettings()
+  for _, name in ipairs({ 'sandbox.url', 'sandbox.password', 'sandbox.allow' }) do
+    truthy(defined[name] and type(defined[name].description) == 'string' and defined[name].type == 'string', name)
+  end
+  eq(defined['sandbox.allow'].default, '', 'nothing allowed by default')
+  truthy(defined['sandbox.allow'].description:find('fs.write', 1, true), 'the description names the capabilities')
 end)
 
 test('hello carries the allowed capabilities', function()
@@ -1480,6 +1497,22 @@ print('slept')
   env.loop.advance(0.1)
   eq(okPayload(env.final(id)).stdout, 'got x\nslept\n', 'woke on its timer')
   eq(#env.loop.any, 0, 'no listener left')
+end)
+
+test('exec works on a loop without registerAny, through the known event names', function()
+  local inner = fakeLoop()
+  local plain = { register = inner.register, setTimeout = inner.setTimeout }
+  local env = sandbox({ loop = inner, eventLoop = plain })
+  env.program('nap.lua', "sleep(1) local _, v = os.pullEvent('trapos_sandbox_reply') print(v)")
+  local id = env.ask('exec', { command = 'nap' })
+  inner.advance(1)
+  inner.emit('trapos_sandbox_reply', 'r-1')
+  eq(okPayload(env.final(id)).stdout, 'r-1\n', 'timer and a known event reached it')
+  eq(#inner.any, 0, 'registerAny was not used')
+  local left = 0
+  for _, list in pairs(inner.handlers) do left = left + #list end
+  local sessionHandlers = 6
+  eq(left, sessionHandlers, 'the program\'s listeners are gone, the session\'s remain')
 end)
 
 test('a ping is answered at once while a long exec runs', function()
