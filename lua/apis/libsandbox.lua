@@ -340,7 +340,6 @@ local function jsonList(list)
   end
   return list
 end
-M.jsonList = jsonList
 
 -- capabilities: the allowed list (§9).
 function M.hello(senderId, messageId, secret, version, capabilities)
@@ -470,8 +469,8 @@ end
 --[[ onMessage(content, ctx): handle one text frame from the gateway.
 ctx = { traposId, send(text) -> ok, queueEvent(...), decode?, encode?, handlers?,
         onHello(messageId, ok, payload, error)?, onReply(messageId) -> consumed? }
-Returns what it did: the request type it dispatched (e.g. 'ping'), 'unknown_type', 'hello',
-'reply' or 'ignored'. Never raises. ]]
+Returns what it did: the request type it dispatched (e.g. 'ping'), 'unknown_type', 'forbidden',
+'hello', 'reply' or 'ignored'. Never raises. ]]
 function M.onMessage(content, ctx)
   expect(2, ctx, 'table')
   if type(content) ~= 'string' or content == '' then return 'ignored' end
