@@ -3,17 +3,23 @@ local _VERSION = '0.1.0'
 --[[
 trapsandbox client installer.
 
-  wget run http://HOST:4444/client/install.lua [password]
+  wget run http://HOST:4444/client/install.lua [password] [--allow=CAPS]
 
 The gateway serves this file with the token __TRAPSANDBOX_BASE_URL__ on the BASE_URL line
 below replaced by its own base URL (e.g. http://HOST:4444, no trailing slash). Run unserved,
-give the base URL first: `install.lua http://HOST:4444 [password]`.
+give the base URL first: `install.lua http://HOST:4444 [password] [--allow=CAPS]`.
 
 It downloads /client/apis/libsandbox.lua, /client/servers/sandbox.lua and
 /client/programs/sandbox.lua into /apis, /servers and /programs, sets sandbox.url to the
-gateway's ws(s)://HOST:PORT/gateway and sandbox.password (argument, or asked for), saves the
-settings and, on plain CraftOS (no trapos), writes /startup/sandbox-daemon.lua, which makes
-`sandbox` runnable and starts the daemon in the background.
+gateway's ws(s)://HOST:PORT/gateway and sandbox.password (argument, or asked for), asks once
+whether the sandbox agent may act on this computer (sandbox.allow: y allows exec, eval,
+fs.read, fs.write and screen; anything else allows nothing), saves the settings and, on plain
+CraftOS (no trapos), writes /startup/sandbox-daemon.lua, which makes `sandbox` runnable,
+starts the daemon in the background and keeps the screen readable for `screen` requests.
+
+For scripted installs, --allow=all, --allow=none or --allow=exec,fs.read (any of the five)
+presets sandbox.allow and skips the question. It can be changed later with `sandbox allow` /
+`sandbox deny`.
 ]]
 
 local BASE_URL = '__TRAPSANDBOX_BASE_URL__'
@@ -25,19 +31,37 @@ local FILES = {
 }
 local STARTUP = '/startup/sandbox-daemon.lua'
 
+-- The screen: the native terminal cannot be read back, so the daemon reports the terminal
+-- recorded in _G.traposSandboxScreen, which must be a window (it has getLine). Under
+-- multishell that is the window of this first tab (what the player sees while it is in
+-- front); on a basic computer the whole screen is wrapped in a window that the shell and the
+-- daemon share. Without the window API nothing is recorded and `screen` says why.
 local STARTUP_SOURCE = [[
--- Written by the trapsandbox installer: makes `sandbox` runnable and starts its daemon.
+-- Written by the trapsandbox installer: makes `sandbox` runnable, starts its daemon and keeps
+-- the screen readable (_G.traposSandboxScreen) for the gateway's `screen` requests.
 shell.setAlias('sandbox', '/programs/sandbox.lua')
+local function readable(t) return type(t) == 'table' and type(t.getLine) == 'function' end
 if multishell and shell.openTab then
+  if readable(term.current()) then _G.traposSandboxScreen = term.current() end
   local tab = shell.openTab('/servers/sandbox.lua')
   if tab and multishell.setTitle then multishell.setTitle(tab, 'sandbox') end
   if tab and multishell.setFocus then multishell.setFocus(multishell.getCurrent()) end
 else
-  -- No multishell (a basic computer): run the daemon beside a fresh shell.
+  -- No multishell (a basic computer): run the daemon beside a fresh shell, in one window.
+  local native = term.current()
+  if window and not readable(native) then
+    local width, height = native.getSize()
+    local screen = window.create(native, 1, 1, width, height, true)
+    term.redirect(screen)
+    _G.traposSandboxScreen = screen
+  elseif readable(native) then
+    _G.traposSandboxScreen = native
+  end
   parallel.waitForAny(
     function() shell.run('/servers/sandbox.lua') while true do os.pullEvent() end end,
     function() shell.run('/rom/programs/shell.lua') end
   )
+  term.redirect(native)
   os.shutdown()
 end
 ]]
@@ -50,6 +74,16 @@ local function fail(message)
   error('', 0)
 end
 
+-- --allow=CAPS may stand anywhere among the arguments.
+local allowArg
+for i = #args, 1, -1 do
+  local value = type(args[i]) == 'string' and args[i]:match('^%-%-allow=(.*)$')
+  if value then
+    allowArg = value
+    table.remove(args, i)
+  end
+end
+
 local function trimSlash(url)
   return (url:gsub('/+$', ''))
 end
@@ -58,7 +92,7 @@ local base = BASE_URL
 if base:sub(1, 2) == '__' then
   base = table.remove(args, 1)
   if type(base) ~= 'string' or not base:find('^https?://') then
-    fail('not served by a gateway; run: install.lua http://HOST:4444 [password]')
+    fail('not served by a gateway; run: install.lua http://HOST:4444 [password] [--allow=CAPS]')
   end
 end
 base = trimSlash(base)
@@ -112,8 +146,35 @@ if password == nil then
   password = read('*')
 end
 
-dofile('/apis/libsandbox.lua').defineSettings()
+local lib = dofile('/apis/libsandbox.lua')
+lib.defineSettings()
+
+-- Consent, asked once in plain words unless --allow= preset it.
+local allowValue
+if allowArg ~= nil then
+  local names = {}
+  if allowArg ~= 'none' then
+    for name in allowArg:gmatch('[^,%s]+') do names[#names + 1] = name end
+  end
+  if #names > 0 then
+    local err
+    allowValue, err = lib.changeCapabilities('', true, names)
+    if not allowValue then fail('--allow: ' .. err) end
+  else
+    allowValue = ''
+  end
+else
+  write('Let the sandbox agent run programs, read and change files and see the screen on this computer? [y/N] ')
+  local answer = read()
+  if type(answer) == 'string' and answer:lower():match('^%s*y') then
+    allowValue = lib.changeCapabilities('', true, { 'all' })
+  else
+    allowValue = ''
+  end
+end
+
 settings.set('sandbox.url', gatewayUrl)
+if allowValue ~= '' then settings.set('sandbox.allow', allowValue) else settings.unset('sandbox.allow') end
 if password ~= nil and password ~= '' then
   settings.set('sandbox.password', password)
 else
@@ -122,6 +183,11 @@ end
 if not settings.save() then fail('could not save settings') end
 print('sandbox.url = ' .. gatewayUrl)
 print('sandbox.password ' .. ((password ~= nil and password ~= '') and 'set' or 'not set'))
+if allowValue ~= '' then
+  print('sandbox.allow = ' .. allowValue)
+else
+  print('sandbox.allow: nothing allowed (later: sandbox allow exec eval fs.read fs.write screen)')
+end
 
 if rawget(_G, 'bootEventLoop') then
   print('trapos detected: the daemon starts with the trapos-sandbox package (servers/sandbox).')

@@ -1,7 +1,7 @@
 local _VERSION = '0.1.0'
 
 --[[
-libsandbox: the computer side of the trapsandbox gateway protocol (SPEC §2, §6).
+libsandbox: the computer side of the trapsandbox gateway protocol (SPEC §2, §6, §9).
 
 Loading: this file returns its module table, so it works with `require('libsandbox')`
 (when /apis is on package.path, as under trapos) and with `dofile('/apis/libsandbox.lua')`
@@ -12,14 +12,34 @@ OS events (all prefixed `trapos_sandbox_`):
   trapos_sandbox_send(messageId, type, payload)        a program asks the daemon to send
   trapos_sandbox_reply(messageId, ok, payload, error)  the daemon hands back the answer
   trapos_sandbox_connected(traposId)                   the hello handshake succeeded
+  trapos_sandbox_capabilities()                        sandbox.allow changed (`sandbox allow`):
+                                                       the daemon tells the gateway
+None is queued per output piece or file chunk: the queue holds 256 events.
 
 Daemon state is published in the shared table `_G.traposSandboxState` (`state`, `connected`,
-`traposId`, `url`, `lastError`, `accountId`, `version`, `updated`) so `sandbox status` can read
-it without a round trip. A stopped daemon leaves its last state behind, marked `running = false`.
+`traposId`, `url`, `lastError`, `accountId`, `version`, `capabilities`, `updated`) so
+`sandbox status` can read it without a round trip. A stopped daemon leaves its last state
+behind, marked `running = false`.
+
+Gateway requests the daemon answers (M.requestHandlers, the dispatch table; SPEC §9 has the
+payloads), each needing the capability in brackets to be in the setting sandbox.allow:
+  ping                          {traposId}
+  exec [exec]                   run a program with the daemon's shell, in a coroutine beside it;
+                                output streamed as partial responses (stdout_delta/stderr_delta)
+  eval [eval]                   run Lua the same way; returns rendered with textutils.serialize
+  list_files, read_file [fs.read]      read_file: base64, at most 64 KiB a frame
+  write_file, delete_file [fs.write]   write_file parts go to a temporary file beside the
+                                target, moved into place by the final one
+  screen [screen]               the terminal recorded in _G.traposSandboxScreen (a window)
+  cancel                        {messageId} of a running exec/eval: terminated, ends `cancelled`
+Anything else is `unknown_type`; a capability not allowed is `forbidden`; CraftOS refusing a
+file operation is `fs_error` with its message. No frame sent is over M.MAX_SEND (128 KiB).
 
 Event loop interface (trapos's `_G.bootEventLoop`, or `createEventLoop()` on plain CraftOS):
   register(event, handler) -> dispose()
   setTimeout(fn, seconds)  -> clear()
+  registerAny(handler)     -> dispose()    optional: every event, name first (exec and eval
+                                           use it; without it they listen to M.PROGRAM_EVENTS)
 Handlers are called with the event's parameters; a loop that also passes the event name
 first is detected and handled.
 ]]
@@ -35,9 +55,31 @@ local M = {
   BACKOFF_MIN = 1,
   BACKOFF_MAX = 30,
   BACKOFF_JITTER = 0.2,
-  MAX_FRAME = 1024 * 1024,
+  -- CC:Tweaked refuses to send (or receive) a websocket message over 128 KiB by default.
+  MAX_SEND = 128 * 1024,
+  -- Program requests remembered so a dropped connection can answer them (not_connected).
+  MAX_IN_FLIGHT = 256,
   CLOSE_REPLACED = 4000,
   CLOSE_UNAUTHORIZED = 4001,
+  EVENT_CAPABILITIES = 'trapos_sandbox_capabilities',
+  -- The computer as a sandbox (SPEC §9).
+  MAX_CONTENT = 64 * 1024,          -- file bytes in one read_file / write_file frame
+  EXEC_TIMEOUT_MS = 30000,          -- exec / eval default timeoutMs
+  MAX_OUTPUT_BYTES = 64 * 1024,     -- default and largest maxOutputBytes, per stream
+  PARTIAL_INTERVAL_MS = 100,        -- partials are at least this far apart ...
+  PARTIAL_MIN_BYTES = 4096,         -- ... unless they carry this much
+  PARTIAL_MAX_BYTES = 16 * 1024,    -- data in one partial: even escaped 6x it fits MAX_SEND
+  TERMINATE_GRACE = 1,              -- seconds a terminated program may take to end
+  MAX_JOBS = 16,                    -- exec / eval running at once (overloaded past that)
+  FILE_OVERHEAD = 500,              -- bytes CC:Tweaked counts for any file or folder
+}
+
+-- What the owner may allow (setting sandbox.allow), in the order they are listed.
+M.CAPABILITIES = { 'exec', 'eval', 'fs.read', 'fs.write', 'screen' }
+-- The capability each gateway request needs; ping and cancel need none.
+M.REQUEST_CAPABILITY = {
+  exec = 'exec', eval = 'eval', list_files = 'fs.read', read_file = 'fs.read',
+  write_file = 'fs.write', delete_file = 'fs.write', screen = 'screen',
 }
 
 local function expect(n, value, ...)
@@ -72,6 +114,152 @@ function M.defineSettings()
     description = 'Shared secret the sandbox daemon presents to the gateway (SANDBOX_PASSWORD)',
     type = 'string',
   })
+  settings.define('sandbox.allow', {
+    description = 'What the sandbox agent may do here, comma-separated: exec (run programs), eval (run Lua), '
+      .. 'fs.read (list and read files), fs.write (write and delete files), screen (read the terminal). '
+      .. 'Change it with "sandbox allow CAP..." / "sandbox deny CAP..."',
+    type = 'string',
+    default = '',
+  })
+end
+
+-- Capabilities (consent) ------------------------------------------------------
+
+local KNOWN_CAPABILITY = {}
+for _, name in ipairs(M.CAPABILITIES) do KNOWN_CAPABILITY[name] = true end
+
+local function orderedCapabilities(set)
+  local list = {}
+  for _, name in ipairs(M.CAPABILITIES) do
+    if set[name] then list[#list + 1] = name end
+  end
+  return list
+end
+
+-- The allowed list from a sandbox.allow value ("exec, fs.read"), in canonical order. Unknown
+-- names are dropped: a hand-edited setting can only ever allow less.
+function M.parseCapabilities(value)
+  local set = {}
+  if type(value) == 'string' then
+    for name in value:gmatch('[^,%s]+') do
+      if KNOWN_CAPABILITY[name] then set[name] = true end
+    end
+  end
+  return orderedCapabilities(set)
+end
+
+--[[ changeCapabilities(value, allow, names) -> newValue, list | nil, message
+`sandbox allow` (allow = true) or `sandbox deny` (false) applied to a sandbox.allow value;
+`all` stands for every capability. A name that is not a capability changes nothing. ]]
+function M.changeCapabilities(value, allow, names)
+  expect(2, allow, 'boolean')
+  expect(3, names, 'table')
+  local known = table.concat(M.CAPABILITIES, ', ') .. ' or all'
+  if #names == 0 then return nil, 'name at least one capability: ' .. known end
+  local set = {}
+  for _, name in ipairs(M.parseCapabilities(value)) do set[name] = true end
+  for _, name in ipairs(names) do
+    if name == 'all' then
+      for _, each in ipairs(M.CAPABILITIES) do set[each] = allow or nil end
+    elseif KNOWN_CAPABILITY[name] then
+      set[name] = allow or nil
+    else
+      return nil, ('unknown capability %s (known: %s)'):format(tostring(name), known)
+    end
+  end
+  local list = orderedCapabilities(set)
+  return table.concat(list, ','), list
+end
+
+-- Base64 ------------------------------------------------------------------------
+
+--[[ Built for CraftOS's Lua, where making strings piecewise is slow (SPEC §6): output bytes are
+collected as numbers and turned into strings with one string.char per BASE64_GROUP of them, and
+the pieces joined with one table.concat. ]]
+local BASE64_ALPHABET = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/'
+local BASE64_GROUP = 1024 -- about this many output bytes per string.char call
+local base64Code, base64Value = {}, {}
+for i = 1, 64 do
+  local c = BASE64_ALPHABET:byte(i)
+  base64Code[i - 1] = c
+  base64Value[c] = i - 1
+end
+local PAD = ('='):byte()
+
+local function flushCodes(out, codes, count)
+  if count > 0 then out[#out + 1] = string.char(table.unpack(codes, 1, count)) end
+  return 0
+end
+
+function M.base64Encode(data)
+  expect(1, data, 'string')
+  local byte, floor = string.byte, math.floor
+  local code = base64Code
+  local out, codes, k = {}, {}, 0
+  local n = #data
+  local full = n - n % 3
+  for i = 1, full, 3 do
+    local a, b, c = byte(data, i, i + 2)
+    local v = a * 65536 + b * 256 + c
+    codes[k + 1] = code[floor(v / 262144)]
+    codes[k + 2] = code[floor(v / 4096) % 64]
+    codes[k + 3] = code[floor(v / 64) % 64]
+    codes[k + 4] = code[v % 64]
+    k = k + 4
+    if k >= BASE64_GROUP then k = flushCodes(out, codes, k) end
+  end
+  local rest = n - full
+  if rest > 0 then
+    local a, b = byte(data, full + 1, n)
+    local v = a * 65536 + (b or 0) * 256
+    codes[k + 1] = code[floor(v / 262144)]
+    codes[k + 2] = code[floor(v / 4096) % 64]
+    codes[k + 3] = rest == 2 and code[floor(v / 64) % 64] or PAD
+    codes[k + 4] = PAD
+    k = k + 4
+  end
+  flushCodes(out, codes, k)
+  return table.concat(out)
+end
+
+-- base64Decode(text) -> bytes | nil, message. Whitespace is ignored; padding is required.
+function M.base64Decode(text)
+  expect(1, text, 'string')
+  if text:find('%s') then text = text:gsub('%s+', '') end
+  local n = #text
+  if n % 4 ~= 0 then return nil, 'base64 length is not a multiple of 4' end
+  local byte, floor = string.byte, math.floor
+  local value = base64Value
+  local out, codes, k = {}, {}, 0
+  for i = 1, n, 4 do
+    local a, b, c, d = byte(text, i, i + 3)
+    local va, vb, vc, vd = value[a], value[b], value[c], value[d]
+    local last = i + 3 == n
+    if not (va and vb) then return nil, 'not base64 at byte ' .. i end
+    if last and d == PAD then
+      if c == PAD then
+        codes[k + 1] = floor((va * 262144 + vb * 4096) / 65536)
+        k = k + 1
+      elseif vc then
+        local v = va * 262144 + vb * 4096 + vc * 64
+        codes[k + 1] = floor(v / 65536)
+        codes[k + 2] = floor(v / 256) % 256
+        k = k + 2
+      else
+        return nil, 'not base64 at byte ' .. (i + 2)
+      end
+    else
+      if not (vc and vd) then return nil, 'not base64 at byte ' .. i end
+      local v = va * 262144 + vb * 4096 + vc * 64 + vd
+      codes[k + 1] = floor(v / 65536)
+      codes[k + 2] = floor(v / 256) % 256
+      codes[k + 3] = v % 256
+      k = k + 3
+    end
+    if k >= BASE64_GROUP then k = flushCodes(out, codes, k) end
+  end
+  flushCodes(out, codes, k)
+  return table.concat(out)
 end
 
 -- traposId = "<computerId>:<label>", label may be empty ("7:").
@@ -143,14 +331,26 @@ function M.gatewayResponse(receiverId, messageId, msgType, ok, payload, err)
   return responseFrame('gateway_response', 'traposReceiverId', receiverId, messageId, msgType, ok, payload, err)
 end
 
-function M.hello(senderId, messageId, secret, version)
+-- An empty list as CraftOS encodes it as a JSON list ([]), where textutils can; {} otherwise,
+-- which the gateway reads as an empty list too (SPEC §2, payload coercion).
+local function jsonList(list)
+  if #list == 0 then
+    local tu = rawget(_G, 'textutils')
+    if type(tu) == 'table' and type(tu.empty_json_array) == 'table' then return tu.empty_json_array end
+  end
+  return list
+end
+
+-- capabilities: the allowed list (§9).
+function M.hello(senderId, messageId, secret, version, capabilities)
   expectNonEmpty(1, senderId)
   expect(3, secret, 'string', 'nil')
+  expect(5, capabilities, 'table', 'nil')
   return M.computerRequest(senderId, messageId, 'hello', {
     traposId = senderId,
     secret = secret or '',
     version = version or _VERSION,
-    capabilities = { 'ping' },
+    capabilities = jsonList(capabilities or {}),
   })
 end
 
@@ -179,15 +379,102 @@ local function defaultDecode(text)
   return textutils.unserializeJSON(text)
 end
 
+-- Gateway requests: the dispatch table ------------------------------------------
+
+--[[ M.requestHandlers: gateway request type -> handler(req, ctx).
+req = { messageId, type, payload (coerced), respond(ok, payload, err, shrink?) -> sent,
+        partial(payload) -> sent }
+ctx = the context onMessage was given (traposId, send, ... and, in a session, `session` and
+`allowed(capability)`).
+A handler answers through req.respond, at once or later (exec and eval stream partials first).
+A handler that raises is answered with `internal`; a type missing here with `unknown_type`; a
+type that needs a capability (M.REQUEST_CAPABILITY) the owner has not allowed with `forbidden`.
+An answer that would encode over M.MAX_SEND is sent as `too_large` instead (after `shrink`, when
+given, could not make it fit). ]]
+M.requestHandlers = {}
+
+function M.requestHandlers.ping(req, ctx)
+  req.respond(true, { traposId = ctx.traposId })
+end
+
+local function encodeFor(ctx)
+  return ctx.encode or defaultEncode
+end
+
+local function encodeFrame(ctx, frame)
+  local ok, text = pcall(encodeFor(ctx), frame)
+  if not ok or type(text) ~= 'string' or text == '' then return nil end
+  return text
+end
+
+-- Builds the request object handed to a handler; its answers go out through ctx.send.
+local function newRequest(ctx, messageId, msgType, payload)
+  local req = { messageId = messageId, type = msgType, payload = M.coercePayload(payload), answered = false }
+  local function frameFor(ok, answer, err)
+    return M.computerResponse(ctx.traposId, messageId, msgType, ok, answer, err)
+  end
+
+  function req.respond(ok, answer, err, shrink)
+    if req.answered then return false end
+    req.answered = true
+    local text = encodeFrame(ctx, frameFor(ok, answer, err))
+    while text and #text > M.MAX_SEND and shrink and shrink(answer) do
+      text = encodeFrame(ctx, frameFor(ok, answer, err))
+    end
+    if text and #text > M.MAX_SEND then
+      text = encodeFrame(ctx, frameFor(false, nil, errorValue('too_large',
+        ('the answer is %d bytes, over the %d-byte frame limit'):format(#text, M.MAX_SEND))))
+    end
+    if not text then return false end
+    return ctx.send(text) and true or false
+  end
+
+  -- An interim answer (SPEC §2 streaming): ok, `partial: true`; the request stays open.
+  function req.partial(answer)
+    if req.answered then return false end
+    local frame = frameFor(true, answer)
+    frame.partial = true
+    local text = encodeFrame(ctx, frame)
+    if not text or #text > M.MAX_SEND then return false end
+    return ctx.send(text) and true or false
+  end
+  return req
+end
+
+local function forbiddenMessage(ctx, capability)
+  return ('computer %s has not allowed %s: on it, run "sandbox allow %s"'):format(
+    tostring(ctx.traposId), capability, capability)
+end
+
+local function dispatchRequest(ctx, messageId, msgType, payload)
+  local handlers = ctx.handlers or M.requestHandlers
+  local handler = handlers[msgType]
+  local req = newRequest(ctx, messageId, msgType, payload)
+  if type(handler) ~= 'function' then
+    req.respond(false, nil, errorValue('unknown_type', 'unknown request type: ' .. msgType))
+    return 'unknown_type'
+  end
+  local capability = M.REQUEST_CAPABILITY[msgType]
+  if capability and not (ctx.allowed and ctx.allowed(capability)) then
+    req.respond(false, nil, errorValue('forbidden', forbiddenMessage(ctx, capability)))
+    return 'forbidden'
+  end
+  local ok, err = pcall(handler, req, ctx)
+  if not ok and not req.answered then
+    req.respond(false, nil, errorValue('internal', tostring(err)))
+  end
+  return msgType
+end
+
 --[[ onMessage(content, ctx): handle one text frame from the gateway.
-ctx = { traposId, send(text) -> ok, queueEvent(...), decode?, encode?,
-        onHello(messageId, ok, payload, error)?, onReply(messageId)? }
-Returns what it did: 'ping', 'unknown_type', 'hello', 'reply' or 'ignored'. Never raises. ]]
+ctx = { traposId, send(text) -> ok, queueEvent(...), decode?, encode?, handlers?,
+        onHello(messageId, ok, payload, error)?, onReply(messageId) -> consumed? }
+Returns what it did: the request type it dispatched (e.g. 'ping'), 'unknown_type', 'forbidden',
+'hello', 'reply' or 'ignored'. Never raises. ]]
 function M.onMessage(content, ctx)
   expect(2, ctx, 'table')
   if type(content) ~= 'string' or content == '' then return 'ignored' end
   local decode = ctx.decode or defaultDecode
-  local encode = ctx.encode or defaultEncode
   local okDecode, frame = pcall(decode, content)
   if not okDecode or type(frame) ~= 'table' then return 'ignored' end
   local event, messageId, msgType = frame.event, frame.messageId, frame.type
@@ -196,18 +483,7 @@ function M.onMessage(content, ctx)
   end
 
   if event == 'gateway_request' then
-    local response, result
-    if msgType == 'ping' then
-      response = M.computerResponse(ctx.traposId, messageId, 'ping', true, { traposId = ctx.traposId })
-      result = 'ping'
-    else
-      response = M.computerResponse(ctx.traposId, messageId, msgType, false, nil,
-        errorValue('unknown_type', 'unknown request type: ' .. msgType))
-      result = 'unknown_type'
-    end
-    local okEncode, text = pcall(encode, response)
-    if okEncode and type(text) == 'string' and text ~= '' then ctx.send(text) end
-    return result
+    return dispatchRequest(ctx, messageId, msgType, frame.payload)
 
   elseif event == 'gateway_response' then
     local ok = frame.ok == true
@@ -217,7 +493,8 @@ function M.onMessage(content, ctx)
       if ctx.onHello then ctx.onHello(messageId, ok, payload, err) end
       return 'hello'
     end
-    if ctx.onReply then ctx.onReply(messageId) end
+    -- An answer to the daemon's own request is consumed; others go to the program waiting.
+    if ctx.onReply and ctx.onReply(messageId, ok, payload, err) == true then return 'reply' end
     ctx.queueEvent(M.EVENT_REPLY, messageId, ok, payload, err)
     return 'reply'
   end
@@ -228,6 +505,7 @@ end
 function M.createEventLoop(osLike)
   osLike = osLike or os
   local handlers = {}
+  local anyHandlers = {}
   local timers = {}
   local running = false
   local loop = {}
@@ -242,6 +520,18 @@ function M.createEventLoop(osLike)
     return function()
       for i = #list, 1, -1 do
         if list[i] == entry then table.remove(list, i) end
+      end
+    end
+  end
+
+  -- Every event, with its name first (what a program run by exec or eval waits on).
+  function loop.registerAny(handler)
+    expect(1, handler, 'function')
+    local entry = { fn = handler }
+    anyHandlers[#anyHandlers + 1] = entry
+    return function()
+      for i = #anyHandlers, 1, -1 do
+        if anyHandlers[i] == entry then table.remove(anyHandlers, i) end
       end
     end
   end
@@ -274,6 +564,11 @@ function M.createEventLoop(osLike)
       for i = 1, #list do snapshot[i] = list[i] end
       for i = 1, #snapshot do snapshot[i].fn(...) end
     end
+    if #anyHandlers > 0 then
+      local snapshot = {}
+      for i = 1, #anyHandlers do snapshot[i] = anyHandlers[i] end
+      for i = 1, #snapshot do snapshot[i].fn(event, ...) end
+    end
   end
 
   function loop.run()
@@ -297,6 +592,374 @@ local function dropEventName(name, ...)
   return ...
 end
 
+-- The session (the daemon) ---------------------------------------------------------
+
+--[[ A session moves through these states (`session.state()`):
+  connecting   websocketAsync called, waiting for websocket_success (connectTimeout)
+  handshaking  hello sent, waiting for its answer (helloTimeout)
+  ready        hello answered ok: program requests are forwarded, gateway requests answered
+  waiting      the attempt failed; a reconnect is scheduled (backoff)
+  stopped      for good: unauthorized, replaced, or stop() was called
+Every recoverable failure goes through one transition, `fail(err)`: record the error, end the
+attempt (timers cleared, handle closed once, pending sends failed) and schedule a reconnect.
+`stopForGood(err)` is the terminal one. Gateway requests go to M.requestHandlers through
+onMessage; the connection code knows nothing about them. ]]
+local Session = {}
+Session.__index = Session
+
+function Session:publish()
+  local published = self.published
+  if not published then return end
+  published.running = not self.stopped
+  published.state = self.state
+  published.connected = self.state == 'ready'
+  published.traposId = self.traposId
+  published.url = self.baseUrl
+  published.lastError = self.lastError
+  published.accountId = self.accountId
+  published.version = _VERSION
+  published.capabilities = self:capabilities()
+  published.updated = self.os.epoch and self.os.epoch('utc') or nil
+end
+
+function Session:queue(...)
+  local ok, err = pcall(self.os.queueEvent, ...)
+  if not ok then self.log('queueEvent failed: ' .. tostring(err)) end
+end
+
+function Session:reply(messageId, err)
+  self:queue(M.EVENT_REPLY, messageId, false, nil, err)
+end
+
+function Session:closeHandle(handle)
+  if handle == nil or self.closedHandles[handle] then return end
+  self.closedHandles[handle] = true
+  local ok, err = pcall(handle.close)
+  if not ok then self.log('close failed: ' .. tostring(err)) end
+end
+
+function Session:sendOn(handle, text)
+  if handle == nil or self.closedHandles[handle] then return false, 'connection closed' end
+  if type(text) ~= 'string' or text == '' then return false, 'refusing to send an empty message' end
+  local ok, err = pcall(handle.send, text)
+  if not ok then return false, tostring(err) end
+  return true
+end
+
+function Session:failInFlight(message)
+  local ids = self.inFlight
+  self.inFlight, self.inFlightCount = {}, 0
+  for id in pairs(ids) do
+    self:reply(id, errorValue('not_connected', message))
+  end
+end
+
+local function clearAttemptTimers(attempt)
+  if attempt.clearHello then attempt.clearHello(); attempt.clearHello = nil end
+  if attempt.clearConnect then attempt.clearConnect(); attempt.clearConnect = nil end
+end
+
+-- Ends the current attempt: timers cleared, handle closed once, pending sends failed.
+function Session:endAttempt(message)
+  local attempt = self.current
+  if not attempt or attempt.done then return end
+  attempt.done = true
+  clearAttemptTimers(attempt)
+  self:closeHandle(attempt.handle)
+  self:failInFlight(message or 'connection lost')
+  -- Their answers could only go on this connection: programs it started are stopped.
+  self:stopJobs(attempt)
+end
+
+function Session:clearReconnect()
+  if self.cancelReconnect then self.cancelReconnect(); self.cancelReconnect = nil end
+end
+
+function Session:scheduleReconnect()
+  if self.terminal or self.stopped then return end
+  self.failures = self.failures + 1
+  local base = self.backoffMin
+  for _ = 2, self.failures do
+    base = base * 2
+    if base >= self.backoffMax then base = self.backoffMax; break end
+  end
+  if base > self.backoffMax then base = self.backoffMax end
+  local delay = base * (1 - self.backoffJitter * self.random())
+  self.state = 'waiting'
+  self:publish()
+  self.log(('reconnecting in %.1f s'):format(delay))
+  self:clearReconnect()
+  self.cancelReconnect = self.loop.setTimeout(function()
+    self.cancelReconnect = nil
+    self:connect()
+  end, delay)
+end
+
+-- The one transition for every recoverable failure.
+function Session:fail(err)
+  self.lastError = err
+  self:endAttempt(err.message)
+  self:scheduleReconnect()
+end
+
+function Session:stopForGood(err)
+  self.terminal = true
+  self.lastError = err
+  self:endAttempt(err.code .. ': ' .. (err.message or ''))
+  self:clearReconnect()
+  self.state = 'stopped'
+  self:publish()
+  self.log('stopped: ' .. err.code .. ' ' .. (err.message or ''))
+end
+
+function Session:isCurrent(url)
+  local attempt = self.current
+  return attempt ~= nil and not attempt.done and url == attempt.url
+end
+
+-- Arms a timer that fails the attempt if it is still in `state` when it fires.
+function Session:deadline(attempt, state, seconds, makeError)
+  return self.loop.setTimeout(function()
+    if self.current == attempt and not attempt.done and self.state == state then
+      self:fail(makeError())
+    end
+  end, seconds)
+end
+
+-- connecting ----------------------------------------------------------------------
+
+function Session:connect()
+  if self.terminal or self.stopped then return end
+  self.attempts = self.attempts + 1
+  local nonce = ('%.0f-%d-%d'):format(self.os.epoch and self.os.epoch('utc') or 0, self.attempts,
+    math.floor(self.random() * 1000000))
+  local attempt = { url = M.withNonce(self.baseUrl, nonce) }
+  self.current = attempt
+  self.state = 'connecting'
+  self:publish()
+  attempt.clearConnect = self:deadline(attempt, 'connecting', self.connectTimeout, function()
+    return errorValue('not_connected', 'connection attempt timed out')
+  end)
+  local ok, result, err = pcall(self.http.websocketAsync, attempt.url, self.headers)
+  if not ok or result == false then
+    -- CC:Tweaked may also queue websocket_failure for this URL; the attempt is done by then.
+    self:fail(errorValue('not_connected', tostring(ok and (err or 'websocket refused') or result)))
+  end
+end
+
+-- connecting -> handshaking: the socket is open, send hello.
+function Session:onOpen(url, handle)
+  local attempt = self.current
+  if not self:isCurrent(url) or attempt.handle then
+    -- A late success for an abandoned attempt: nobody will use it, free the slot.
+    if type(handle) == 'table' and not (attempt and attempt.handle == handle) then self:closeHandle(handle) end
+    return
+  end
+  attempt.handle = handle
+  if attempt.clearConnect then attempt.clearConnect(); attempt.clearConnect = nil end
+  self.state = 'handshaking'
+  self:publish()
+  attempt.helloId = M.newMessageId(self.os)
+  local capabilities = self:capabilities()
+  self.announced = table.concat(capabilities, ',')
+  local okEncode, text = pcall(self.encode, M.hello(self.traposId, attempt.helloId, self.secret, _VERSION, capabilities))
+  local sent, sendErr = false, text
+  if okEncode then sent, sendErr = self:sendOn(handle, text) end
+  if not sent then
+    self:fail(errorValue('not_connected', 'could not send hello: ' .. tostring(sendErr)))
+    return
+  end
+  attempt.clearHello = self:deadline(attempt, 'handshaking', self.helloTimeout, function()
+    return errorValue('timeout', ('no hello answer within %d s'):format(self.helloTimeout))
+  end)
+end
+
+-- handshaking -> ready, stopped (unauthorized) or waiting.
+function Session:onHello(messageId, ok, payload, err)
+  local attempt = self.current
+  if self.state ~= 'handshaking' or not attempt or attempt.done or messageId ~= attempt.helloId then return end
+  if attempt.clearHello then attempt.clearHello(); attempt.clearHello = nil end
+  if ok then
+    self.state = 'ready'
+    self.failures = 0
+    self.lastError = nil
+    self.accountId = payload and payload.accountId or nil
+    self:publish()
+    self.log('connected as ' .. self.traposId)
+    self:queue(M.EVENT_CONNECTED, self.traposId)
+    self:announceCapabilities() -- in case they changed since hello was sent
+  elseif err and err.code == 'unauthorized' then
+    self:stopForGood(err)
+  else
+    self:fail(err or errorValue('internal', 'hello failed'))
+  end
+end
+
+-- Any state: the socket failed or closed.
+function Session:onFailure(url, err)
+  if not self:isCurrent(url) then return end
+  self:fail(errorValue('not_connected', 'connection failed: ' .. tostring(err or 'unknown error')))
+end
+
+function Session:onClosed(url, reason, code)
+  if not self:isCurrent(url) then return end
+  local attempt = self.current
+  -- The socket is gone: make sure we never call close() on it afterwards.
+  if attempt.handle then self.closedHandles[attempt.handle] = true end
+  local detail = (type(reason) == 'string' and reason ~= '') and reason or nil
+  if code == M.CLOSE_REPLACED then
+    self:stopForGood(errorValue('replaced', detail or 'replaced by a newer connection with the same traposId'))
+    return
+  end
+  if code == M.CLOSE_UNAUTHORIZED then
+    self:stopForGood(errorValue('unauthorized', detail or 'the gateway rejected the password'))
+    return
+  end
+  local message = 'connection closed'
+  if code then message = message .. ' (' .. tostring(code) .. (detail and (' ' .. detail) or '') .. ')' end
+  self:fail(errorValue('not_connected', message))
+end
+
+-- handshaking and ready: a frame from the gateway.
+function Session:onFrame(url, content, isBinary)
+  local attempt = self.current
+  if not self:isCurrent(url) or not attempt.handle or isBinary then return end
+  if not attempt.ctx then
+    local handle = attempt.handle
+    attempt.ctx = {
+      traposId = self.traposId,
+      session = self,
+      encode = self.encode,
+      decode = self.decode,
+      send = function(text) return self:sendOn(handle, text) end,
+      queueEvent = function(...) self:queue(...) end,
+      onHello = function(...) self:onHello(...) end,
+      onReply = function(messageId, ok, _, err) return self:onReply(messageId, ok, err) end,
+      allowed = function(capability) return self:allows(capability) end,
+    }
+  end
+  M.onMessage(content, attempt.ctx)
+end
+
+-- Returns true for the answer to one of the daemon's own requests (nobody waits for it).
+function Session:onReply(messageId, ok, err)
+  if self.ownRequests[messageId] then
+    self.ownRequests[messageId] = nil
+    if not ok then self.log('gateway refused ' .. messageId .. ': ' .. tostring(err and err.message)) end
+    return true
+  end
+  if self.inFlight[messageId] then
+    self.inFlight[messageId] = nil
+    self.inFlightCount = self.inFlightCount - 1
+  end
+end
+
+-- Capabilities: the live setting is what counts; the gateway hears of every change. ----
+
+function Session:capabilities()
+  local value = nil
+  if self.settings and self.settings.get then value = self.settings.get('sandbox.allow') end
+  return M.parseCapabilities(value)
+end
+
+function Session:allows(capability)
+  local list = self:capabilities()
+  self:announceCapabilities(list)
+  for _, name in ipairs(list) do
+    if name == capability then return true end
+  end
+  return false
+end
+
+-- Sends computer_request `capabilities` when the allowed list differs from the one last
+-- announced (in hello or here). Called on trapos_sandbox_capabilities and before each check.
+function Session:announceCapabilities(list)
+  if type(list) ~= 'table' then list = self:capabilities() end
+  local key = table.concat(list, ',')
+  if self.published then self.published.capabilities = list end
+  if self.state ~= 'ready' or key == self.announced then return false end
+  local messageId = M.newMessageId(self.os)
+  local text = encodeFrame(self, M.computerRequest(self.traposId, messageId, 'capabilities', { capabilities = jsonList(list) }))
+  local sent, err = self:sendOn(self.current.handle, text)
+  if not sent then
+    self.log('could not announce capabilities: ' .. tostring(err))
+    return false
+  end
+  self.announced = key
+  self.ownRequests[messageId] = true
+  self.log('capabilities: ' .. (key == '' and 'none' or key))
+  return true
+end
+
+-- ready: a program asks to send a request (trapos_sandbox_send); anything else answers at once.
+function Session:forward(messageId, msgType, payload)
+  if type(messageId) ~= 'string' or messageId == '' then return end
+  if type(msgType) ~= 'string' or msgType == '' then
+    self:reply(messageId, errorValue('bad_request', 'type must be a non-empty string'))
+    return
+  end
+  if self.state ~= 'ready' then
+    local err = self.lastError
+    if not (self.terminal and err) then
+      err = errorValue('not_connected', 'not connected to the sandbox gateway' ..
+        (err and (' (' .. tostring(err.message) .. ')') or ''))
+    end
+    self:reply(messageId, err)
+    return
+  end
+  local okEncode, text = pcall(self.encode, M.computerRequest(self.traposId, messageId, msgType, M.coercePayload(payload)))
+  if not okEncode or type(text) ~= 'string' or text == '' then
+    self:reply(messageId, errorValue('bad_request', 'cannot encode: ' .. tostring(text)))
+    return
+  end
+  if #text > M.MAX_SEND then
+    self:reply(messageId, errorValue('too_large', ('message of %d bytes'):format(#text)))
+    return
+  end
+  local sent, err = self:sendOn(self.current.handle, text)
+  if not sent then
+    self:reply(messageId, errorValue('not_connected', 'send failed: ' .. tostring(err)))
+    self:fail(errorValue('not_connected', 'send failed: ' .. tostring(err)))
+    return
+  end
+  -- The map only makes a drop answer pending requests; past the cap, forget the oldest batch.
+  if self.inFlightCount >= M.MAX_IN_FLIGHT then self.inFlight, self.inFlightCount = {}, 0 end
+  self.inFlight[messageId] = true
+  self.inFlightCount = self.inFlightCount + 1
+end
+
+-- stopped, by the owner.
+function Session:stop()
+  if self.stopped then return end
+  self.stopped = true
+  self:endAttempt('daemon stopped')
+  self:stopJobs()
+  self:clearReconnect()
+  for i = 1, #self.disposers do self.disposers[i]() end
+  self.disposers = {}
+  self.state = 'stopped'
+  self:publish()
+end
+
+-- Which OS event calls which method.
+local SESSION_EVENTS = {
+  websocket_success = 'onOpen',
+  websocket_failure = 'onFailure',
+  websocket_closed = 'onClosed',
+  websocket_message = 'onFrame',
+  [M.EVENT_SEND] = 'forward',
+  [M.EVENT_CAPABILITIES] = 'announceCapabilities',
+}
+
+function Session:listen()
+  for name, method in pairs(SESSION_EVENTS) do
+    self.disposers[#self.disposers + 1] = self.loop.register(name, function(...)
+      local ok, err = pcall(self[method], self, dropEventName(name, ...))
+      if not ok then self.log(name .. ' handler failed: ' .. tostring(err)) end
+    end)
+  end
+end
+
 --[[ startSession(opts): the daemon. opts:
   url         gateway WebSocket URL (required), e.g. ws://host:4444/gateway
   secret      the shared password sent in hello (optional)
@@ -308,339 +971,871 @@ end
   state       table to publish state into                  default _G.traposSandboxState
   log         function(message)                            default: none
   helloTimeout, connectTimeout, backoffMin, backoffMax, backoffJitter (seconds / fraction)
-Returns a session: isReady(), lastError(), status(), stop(), loop (the event loop used). ]]
+For the sandbox requests (SPEC §9), the CraftOS APIs they use (default: the globals):
+  fs, term, settings (sandbox.allow), textutils (serialize, for eval)
+  shell       the shell exec runs programs with (the daemon's own; none: a plain loader)
+  clock       function() -> milliseconds              default os.epoch('utc')
+  screen      function() -> readable terminal or nil  default _G.traposSandboxScreen
+Returns a session: isReady(), lastError(), state(), status(), stop(), loop (the event loop used). ]]
 function M.startSession(opts)
   expect(1, opts, 'table')
   local baseUrl = expectNonEmpty(1, opts.url)
-  local secret = opts.secret
-  if secret ~= nil and type(secret) ~= 'string' then error('bad argument #1 (opts.secret: string expected)', 2) end
+  if opts.secret ~= nil and type(opts.secret) ~= 'string' then error('bad argument #1 (opts.secret: string expected)', 2) end
   local httpApi = opts.http or http
   if type(httpApi) ~= 'table' or type(httpApi.websocketAsync) ~= 'function' then
     error('bad argument #1 (opts.http with websocketAsync expected)', 2)
   end
   local osLike = opts.os or os
-  local loop = opts.eventLoop or rawget(_G, 'bootEventLoop') or M.createEventLoop(osLike)
-  local encode = opts.encode or defaultEncode
-  local decode = opts.decode or defaultDecode
-  local random = opts.random or math.random
-  local log = opts.log or function() end
-  local helloTimeout = opts.helloTimeout or M.HELLO_TIMEOUT
-  local connectTimeout = opts.connectTimeout or M.CONNECT_TIMEOUT
-  local backoffMin = opts.backoffMin or M.BACKOFF_MIN
-  local backoffMax = opts.backoffMax or M.BACKOFF_MAX
-  local backoffJitter = opts.backoffJitter or M.BACKOFF_JITTER
   local published = opts.state
   if published == nil then
     published = rawget(_G, 'traposSandboxState') or {}
     rawset(_G, 'traposSandboxState', published)
   end
 
-  local traposId = M.traposId(osLike)
-  local state = 'connecting' -- connecting | handshaking | ready | waiting | stopped
-  local terminal = false
-  local lastError = nil
-  local accountId = nil
-  local attempts = 0
-  local failures = 0
-  local current = nil -- { url, handle, done, helloId, clearHello, clearConnect }
-  local clearReconnect = nil
-  local closedHandles = setmetatable({}, { __mode = 'k' })
-  local inFlight, inFlightCount = {}, 0
-  local disposers = {}
-  local stopped = false
-  local session = { loop = loop, traposId = traposId }
+  local self = setmetatable({
+    baseUrl = baseUrl,
+    secret = opts.secret,
+    headers = opts.headers,
+    http = httpApi,
+    os = osLike,
+    loop = opts.eventLoop or rawget(_G, 'bootEventLoop') or M.createEventLoop(osLike),
+    encode = opts.encode or defaultEncode,
+    decode = opts.decode or defaultDecode,
+    random = opts.random or math.random,
+    log = opts.log or function() end,
+    helloTimeout = opts.helloTimeout or M.HELLO_TIMEOUT,
+    connectTimeout = opts.connectTimeout or M.CONNECT_TIMEOUT,
+    backoffMin = opts.backoffMin or M.BACKOFF_MIN,
+    backoffMax = opts.backoffMax or M.BACKOFF_MAX,
+    backoffJitter = opts.backoffJitter or M.BACKOFF_JITTER,
+    published = published,
+    traposId = M.traposId(osLike),
+    state = 'connecting',
+    terminal = false,
+    stopped = false,
+    attempts = 0,
+    failures = 0,
+    current = nil, -- the attempt: { url, handle, done, helloId, ctx, clearHello, clearConnect }
+    closedHandles = setmetatable({}, { __mode = 'k' }),
+    inFlight = {},
+    inFlightCount = 0,
+    disposers = {},
+    ownRequests = {},
+    announced = nil,
+    jobs = {},
+    jobCount = 0,
+    fs = opts.fs or rawget(_G, 'fs'),
+    term = opts.term or rawget(_G, 'term'),
+    settings = opts.settings or rawget(_G, 'settings'),
+    textutils = opts.textutils or rawget(_G, 'textutils'),
+    shell = opts.shell,
+    clock = opts.clock or function() return osLike.epoch('utc') end,
+    screen = opts.screen or function() return rawget(_G, 'traposSandboxScreen') end,
+  }, Session)
+  self:listen()
 
-  local function publish()
-    if not published then return end
-    published.running = not stopped
-    published.state = state
-    published.connected = state == 'ready'
-    published.traposId = traposId
-    published.url = baseUrl
-    published.lastError = lastError
-    published.accountId = accountId
-    published.version = _VERSION
-    published.updated = osLike.epoch and osLike.epoch('utc') or nil
-  end
-
-  local function queue(...)
-    local ok, err = pcall(osLike.queueEvent, ...)
-    if not ok then log('queueEvent failed: ' .. tostring(err)) end
-  end
-
-  local function closeHandle(handle)
-    if handle == nil or closedHandles[handle] then return end
-    closedHandles[handle] = true
-    local ok, err = pcall(handle.close)
-    if not ok then log('close failed: ' .. tostring(err)) end
-  end
-
-  local function safeSend(handle, text)
-    if handle == nil or closedHandles[handle] then return false, 'connection closed' end
-    if type(text) ~= 'string' or text == '' then return false, 'refusing to send an empty message' end
-    local ok, err = pcall(handle.send, text)
-    if not ok then return false, tostring(err) end
-    return true
-  end
-
-  local function failInFlight(message)
-    local ids = inFlight
-    inFlight, inFlightCount = {}, 0
-    for id in pairs(ids) do
-      queue(M.EVENT_REPLY, id, false, nil, errorValue('not_connected', message))
-    end
-  end
-
-  -- Ends the current attempt: timers cleared, handle closed once, pending sends failed.
-  local function endAttempt(message)
-    local attempt = current
-    if not attempt or attempt.done then return end
-    attempt.done = true
-    if attempt.clearHello then attempt.clearHello(); attempt.clearHello = nil end
-    if attempt.clearConnect then attempt.clearConnect(); attempt.clearConnect = nil end
-    closeHandle(attempt.handle)
-    failInFlight(message or 'connection lost')
-  end
-
-  local connect
-
-  local function scheduleReconnect()
-    if terminal or stopped then return end
-    failures = failures + 1
-    local base = backoffMin
-    for _ = 2, failures do
-      base = base * 2
-      if base >= backoffMax then base = backoffMax; break end
-    end
-    if base > backoffMax then base = backoffMax end
-    local delay = base * (1 - backoffJitter * random())
-    state = 'waiting'
-    publish()
-    log(('reconnecting in %.1f s'):format(delay))
-    if clearReconnect then clearReconnect() end
-    clearReconnect = loop.setTimeout(function()
-      clearReconnect = nil
-      connect()
-    end, delay)
-  end
-
-  local function stopForGood(err)
-    terminal = true
-    lastError = err
-    endAttempt(err.code .. ': ' .. (err.message or ''))
-    if clearReconnect then clearReconnect(); clearReconnect = nil end
-    state = 'stopped'
-    publish()
-    log('stopped: ' .. err.code .. ' ' .. (err.message or ''))
-  end
-
-  local function isCurrent(url)
-    return current ~= nil and not current.done and url == current.url
-  end
-
-  function connect()
-    if terminal or stopped then return end
-    attempts = attempts + 1
-    local nonce = ('%.0f-%d-%d'):format(osLike.epoch and osLike.epoch('utc') or 0, attempts,
-      math.floor(random() * 1000000))
-    local attempt = { url = M.withNonce(baseUrl, nonce) }
-    current = attempt
-    state = 'connecting'
-    publish()
-    attempt.clearConnect = loop.setTimeout(function()
-      attempt.clearConnect = nil
-      if current == attempt and not attempt.done and state == 'connecting' then
-        lastError = errorValue('not_connected', 'connection attempt timed out')
-        endAttempt('connection attempt timed out')
-        scheduleReconnect()
-      end
-    end, connectTimeout)
-    local ok, result, err = pcall(httpApi.websocketAsync, attempt.url, opts.headers)
-    if not ok or result == false then
-      -- CC:Tweaked may also queue websocket_failure for this URL; the attempt is done by then.
-      lastError = errorValue('not_connected', tostring(ok and (err or 'websocket refused') or result))
-      endAttempt(lastError.message)
-      scheduleReconnect()
-    end
-  end
-
-  local function onHello(messageId, ok, payload, err)
-    local attempt = current
-    if state ~= 'handshaking' or not attempt or attempt.done or messageId ~= attempt.helloId then return end
-    if attempt.clearHello then attempt.clearHello(); attempt.clearHello = nil end
-    if ok then
-      state = 'ready'
-      failures = 0
-      lastError = nil
-      accountId = payload and payload.accountId or nil
-      publish()
-      log('connected as ' .. traposId)
-      queue(M.EVENT_CONNECTED, traposId)
-    elseif err and err.code == 'unauthorized' then
-      stopForGood(err)
-    else
-      lastError = err
-      endAttempt('hello failed')
-      scheduleReconnect()
-    end
-  end
-
-  local function onReply(messageId)
-    if inFlight[messageId] then
-      inFlight[messageId] = nil
-      inFlightCount = inFlightCount - 1
-    end
-  end
-
-  local handlers = {}
-
-  function handlers.websocket_success(url, handle)
-    if not isCurrent(url) or current.handle then
-      -- A late success for an abandoned attempt: nobody will use it, free the slot.
-      if type(handle) == 'table' and not (current and current.handle == handle) then closeHandle(handle) end
-      return
-    end
-    local attempt = current
-    attempt.handle = handle
-    if attempt.clearConnect then attempt.clearConnect(); attempt.clearConnect = nil end
-    state = 'handshaking'
-    publish()
-    attempt.helloId = M.newMessageId(osLike)
-    local okEncode, text = pcall(encode, M.hello(traposId, attempt.helloId, secret, _VERSION))
-    local sent, sendErr = false, text
-    if okEncode then sent, sendErr = safeSend(handle, text) end
-    if not sent then
-      lastError = errorValue('not_connected', 'could not send hello: ' .. tostring(sendErr))
-      endAttempt(lastError.message)
-      scheduleReconnect()
-      return
-    end
-    attempt.clearHello = loop.setTimeout(function()
-      attempt.clearHello = nil
-      if current == attempt and not attempt.done and state == 'handshaking' then
-        lastError = errorValue('timeout', ('no hello answer within %d s'):format(helloTimeout))
-        endAttempt(lastError.message)
-        scheduleReconnect()
-      end
-    end, helloTimeout)
-  end
-
-  function handlers.websocket_failure(url, err)
-    if not isCurrent(url) then return end
-    lastError = errorValue('not_connected', 'connection failed: ' .. tostring(err or 'unknown error'))
-    endAttempt(lastError.message)
-    scheduleReconnect()
-  end
-
-  function handlers.websocket_closed(url, reason, code)
-    if not isCurrent(url) then return end
-    local attempt = current
-    -- The socket is gone: make sure we never call close() on it afterwards.
-    if attempt.handle then closedHandles[attempt.handle] = true end
-    local detail = (type(reason) == 'string' and reason ~= '') and reason or nil
-    if code == M.CLOSE_REPLACED then
-      stopForGood(errorValue('replaced', detail or 'replaced by a newer connection with the same traposId'))
-      return
-    end
-    if code == M.CLOSE_UNAUTHORIZED then
-      stopForGood(errorValue('unauthorized', detail or 'the gateway rejected the password'))
-      return
-    end
-    local message = 'connection closed'
-    if code then message = message .. ' (' .. tostring(code) .. (detail and (' ' .. detail) or '') .. ')' end
-    lastError = errorValue('not_connected', message)
-    endAttempt(message)
-    scheduleReconnect()
-  end
-
-  function handlers.websocket_message(url, content, isBinary)
-    if not isCurrent(url) or not current.handle or isBinary then return end
-    local handle = current.handle
-    M.onMessage(content, {
-      traposId = traposId,
-      encode = encode,
-      decode = decode,
-      send = function(text) return safeSend(handle, text) end,
-      queueEvent = queue,
-      onHello = onHello,
-      onReply = onReply,
-    })
-  end
-
-  handlers[M.EVENT_SEND] = function(messageId, msgType, payload)
-    if type(messageId) ~= 'string' or messageId == '' then return end
-    if type(msgType) ~= 'string' or msgType == '' then
-      queue(M.EVENT_REPLY, messageId, false, nil, errorValue('bad_request', 'type must be a non-empty string'))
-      return
-    end
-    if state ~= 'ready' then
-      local err
-      if terminal and lastError then
-        err = lastError
-      else
-        err = errorValue('not_connected', 'not connected to the sandbox gateway' ..
-          (lastError and (' (' .. tostring(lastError.message) .. ')') or ''))
-      end
-      queue(M.EVENT_REPLY, messageId, false, nil, err)
-      return
-    end
-    local okEncode, text = pcall(encode, M.computerRequest(traposId, messageId, msgType, M.coercePayload(payload)))
-    if not okEncode or type(text) ~= 'string' or text == '' then
-      queue(M.EVENT_REPLY, messageId, false, nil, errorValue('bad_request', 'cannot encode: ' .. tostring(text)))
-      return
-    end
-    if #text > M.MAX_FRAME then
-      queue(M.EVENT_REPLY, messageId, false, nil, errorValue('too_large', ('message of %d bytes'):format(#text)))
-      return
-    end
-    local sent, err = safeSend(current.handle, text)
-    if not sent then
-      queue(M.EVENT_REPLY, messageId, false, nil, errorValue('not_connected', 'send failed: ' .. tostring(err)))
-      lastError = errorValue('not_connected', 'send failed: ' .. tostring(err))
-      endAttempt('send failed')
-      scheduleReconnect()
-      return
-    end
-    if inFlightCount >= 256 then inFlight, inFlightCount = {}, 0 end
-    inFlight[messageId] = true
-    inFlightCount = inFlightCount + 1
-  end
-
-  local function guard(name, fn)
-    return function(...)
-      local ok, err = pcall(fn, dropEventName(name, ...))
-      if not ok then log(name .. ' handler failed: ' .. tostring(err)) end
-    end
-  end
-
-  for name, fn in pairs(handlers) do
-    disposers[#disposers + 1] = loop.register(name, guard(name, fn))
-  end
-
-  function session.isReady() return state == 'ready' end
-  function session.lastError() return lastError end
-  function session.state() return state end
-  function session.currentUrl() return current and current.url or nil end
+  local session = { loop = self.loop, traposId = self.traposId }
+  function session.isReady() return self.state == 'ready' end
+  function session.lastError() return self.lastError end
+  function session.state() return self.state end
+  function session.currentUrl() return self.current and self.current.url or nil end
   function session.status()
     return {
-      state = state, connected = state == 'ready', running = not stopped, traposId = traposId,
-      url = baseUrl, lastError = lastError, accountId = accountId, version = _VERSION,
-      attempts = attempts,
+      state = self.state, connected = self.state == 'ready', running = not self.stopped,
+      traposId = self.traposId, url = baseUrl, lastError = self.lastError, accountId = self.accountId,
+      version = _VERSION, attempts = self.attempts, capabilities = self:capabilities(),
+      jobs = self.jobCount,
     }
   end
-  function session.stop()
-    if stopped then return end
-    stopped = true
-    endAttempt('daemon stopped')
-    if clearReconnect then clearReconnect(); clearReconnect = nil end
+  function session.stop() self:stop() end
+
+  self:connect()
+  return session
+end
+
+-- Output capture ------------------------------------------------------------------
+
+--[[ What a program run by exec or eval prints is recorded per stream, up to maxBytes each
+(the rest is dropped and the stream flagged truncated), and queued for partial responses.
+It is caught at two depths while the program runs (only then):
+  - _G.write and _G.printError are swapped for capturedWrite / capturedPrintError, so print
+    and write land in stdout with their own newlines and printError in stderr;
+  - the program's terminal is a redirect that draws on the daemon's terminal (the player sees
+    it) and records term.write / term.blit calls made outside write, a row change or a scroll
+    standing for a newline.
+`depth` > 0 while inside the swapped functions, so their own term calls are not recorded twice. ]]
+local Capture = {}
+Capture.__index = Capture
+
+function M.newCapture(maxBytes, mergeStderr)
+  local function stream() return { pieces = {}, bytes = 0, truncated = false } end
+  return setmetatable({
+    max = maxBytes or M.MAX_OUTPUT_BYTES, merge = mergeStderr, depth = 0, row = nil,
+    stdout = stream(), stderr = stream(), pending = {},
+  }, Capture)
+end
+
+function Capture:record(name, text)
+  if text == '' then return end
+  if self.merge then name = 'stdout' end
+  local stream = self[name]
+  local room = self.max - stream.bytes
+  if room <= 0 then stream.truncated = true; return end
+  if #text > room then
+    text = text:sub(1, room)
+    stream.truncated = true
+  end
+  stream.pieces[#stream.pieces + 1] = text
+  stream.bytes = stream.bytes + #text
+  local last = self.pending[#self.pending]
+  if last and last.name == name then
+    last.pieces[#last.pieces + 1] = text
+    last.bytes = last.bytes + #text
+  else
+    self.pending[#self.pending + 1] = { name = name, pieces = { text }, bytes = #text }
+  end
+end
+
+function Capture:text(name)
+  return table.concat(self[name].pieces)
+end
+
+-- The oldest pending run of one stream, at most `limit` bytes of it: name, data (or nil).
+function Capture:takePending(limit)
+  local run = self.pending[1]
+  if not run then return nil end
+  local data = table.concat(run.pieces)
+  if #data > limit then
+    run.pieces, run.bytes = { data:sub(limit + 1) }, #data - limit
+    data = data:sub(1, limit)
+  else
+    table.remove(self.pending, 1)
+  end
+  return run.name, data
+end
+
+-- A redirect target drawing on `parent` (every method of it) that records what is written.
+function Capture:terminal(parent)
+  local cap = self
+  local t = {}
+  for name, fn in pairs(parent) do
+    if type(fn) == 'function' then t[name] = function(...) return parent[name](...) end end
+  end
+  if parent.getCursorPos then
+    local ok, _, y = pcall(parent.getCursorPos)
+    if ok then cap.row = y end
+  end
+  function t.write(text)
+    if cap.depth == 0 then cap:record('stdout', tostring(text)) end
+    return parent.write(text)
+  end
+  function t.blit(text, fg, bg)
+    if cap.depth == 0 then cap:record('stdout', tostring(text)) end
+    return parent.blit(text, fg, bg)
+  end
+  function t.setCursorPos(x, y)
+    if cap.depth == 0 and cap.row ~= nil and y ~= cap.row then cap:record('stdout', '\n') end
+    cap.row = y
+    return parent.setCursorPos(x, y)
+  end
+  function t.scroll(n)
+    if cap.depth == 0 and type(n) == 'number' and n >= 1 then cap:record('stdout', ('\n'):rep(n)) end
+    return parent.scroll(n)
+  end
+  return t
+end
+
+local activeCapture = nil              -- the capture of the job being resumed, if any
+local realWrite, realPrintError = nil, nil -- what _G held when a job last started running
+
+local function capturedWrite(text)
+  local cap = activeCapture
+  if cap and cap.depth == 0 and (type(text) == 'string' or type(text) == 'number') then
+    cap:record('stdout', tostring(text))
+    cap.depth = cap.depth + 1
+    local lines = realWrite and realWrite(text) or 0
+    cap.depth = cap.depth - 1
+    return lines
+  end
+  if realWrite then return realWrite(text) end
+  return 0
+end
+
+local function capturedPrintError(...)
+  local cap = activeCapture
+  if cap and cap.depth ~= 0 then cap = nil end
+  if cap then
+    local parts = {}
+    for i = 1, select('#', ...) do parts[i] = tostring((select(i, ...))) end
+    cap:record('stderr', table.concat(parts, '\t') .. '\n')
+    cap.depth = cap.depth + 1
+  end
+  if realPrintError then realPrintError(...) end
+  if cap then cap.depth = cap.depth - 1 end
+end
+
+-- Jobs: a program (exec) or a chunk (eval) running in its own coroutine -------------
+
+--[[ A job is resumed from the daemon's event loop like `parallel` resumes its coroutines: with
+every event that matches the filter it yielded (all events when none), and `terminate` always.
+On timeoutMs, cancel, or the end of its connection it is resumed once with `terminate`; if it
+has not ended M.TERMINATE_GRACE s later it is abandoned. Output streams back as partial
+responses, coalesced; before the final answer whatever is still buffered is sent, so the
+partials always carry the whole captured output and the final answer repeats it. ]]
+local Job = {}
+Job.__index = Job
+
+-- Event names for loops without registerAny (trapos's bootEventLoop): what programs wait on.
+M.PROGRAM_EVENTS = {
+  'alarm', 'char', 'computer_command', 'disk', 'disk_eject', 'file_transfer', 'http_check',
+  'http_failure', 'http_success', 'key', 'key_up', 'modem_message', 'monitor_resize',
+  'monitor_touch', 'mouse_click', 'mouse_drag', 'mouse_scroll', 'mouse_up', 'paste', 'peripheral',
+  'peripheral_detach', 'rednet_message', 'redstone', 'speaker_audio_empty', 'task_complete',
+  'term_resize', 'terminate', 'timer', 'turtle_inventory', 'websocket_closed', 'websocket_failure',
+  'websocket_message', 'websocket_success', M.EVENT_REPLY, M.EVENT_CONNECTED,
+}
+
+local function listenAll(loop, handler)
+  if type(loop.registerAny) == 'function' then
+    return loop.registerAny(function(...) return handler(...) end)
+  end
+  local disposers = {}
+  for _, name in ipairs(M.PROGRAM_EVENTS) do
+    disposers[#disposers + 1] = loop.register(name, function(...) handler(name, dropEventName(name, ...)) end)
+  end
+  return function()
     for i = 1, #disposers do disposers[i]() end
-    disposers = {}
-    state = 'stopped'
-    publish()
+  end
+end
+
+function Session:startJob(req, spec)
+  if self.jobs[req.messageId] then
+    return req.respond(false, nil, errorValue('bad_request', 'a request with this messageId is running'))
+  end
+  if self.jobCount >= M.MAX_JOBS then
+    return req.respond(false, nil, errorValue('overloaded', ('%d programs are running already'):format(self.jobCount)))
+  end
+  local job = setmetatable({
+    session = self, req = req, spec = spec, attempt = self.current,
+    capture = M.newCapture(spec.maxOutputBytes, spec.mergeStderr),
+    co = coroutine.create(spec.body), dir = spec.cwd, startedAt = self.clock(),
+    done = false, filter = nil, stopReason = nil, lastPartial = nil,
+  }, Job)
+  if self.term and self.term.current and self.term.redirect then
+    local ok, parent = pcall(self.term.current)
+    if ok and type(parent) == 'table' then job.term = job.capture:terminal(parent) end
+  end
+  self.jobs[req.messageId] = job
+  self.jobCount = self.jobCount + 1
+  job.dispose = listenAll(self.loop, function(...) job:onEvent(...) end)
+  job.clearTimeout = self.loop.setTimeout(function()
+    job.clearTimeout = nil
+    job:stop('timeout')
+  end, spec.timeoutMs / 1000)
+  job:resume()
+end
+
+-- Stops the jobs started on `attempt` (all jobs when nil).
+function Session:stopJobs(attempt)
+  local list = {}
+  for _, job in pairs(self.jobs) do
+    if attempt == nil or job.attempt == attempt then list[#list + 1] = job end
+  end
+  for _, job in ipairs(list) do job:stop('disconnect') end
+end
+
+function Job:onEvent(event, ...)
+  if self.done then return end
+  if self.filter == nil or self.filter == event or event == 'terminate' then
+    self:resume(event, ...)
+  end
+end
+
+-- One resume, with the program's terminal, output capture and working directory in place
+-- and everything put back afterwards.
+function Job:resume(...)
+  if self.done then return end
+  local session = self.session
+  local termApi, shellApi = session.term, session.shell
+  local prevTerm
+  if self.term then
+    prevTerm = termApi.current()
+    termApi.redirect(self.term)
+  end
+  local prevWrite, prevPrintError = rawget(_G, 'write'), rawget(_G, 'printError')
+  if prevWrite ~= capturedWrite then realWrite = prevWrite; rawset(_G, 'write', capturedWrite) end
+  if prevPrintError ~= capturedPrintError then realPrintError = prevPrintError; rawset(_G, 'printError', capturedPrintError) end
+  local prevDir
+  if shellApi and self.dir then
+    prevDir = shellApi.dir()
+    pcall(shellApi.setDir, self.dir)
+  end
+  local prevCapture = activeCapture
+  activeCapture = self.capture
+  self.capture.depth = 0
+
+  local result = table.pack(coroutine.resume(self.co, ...))
+
+  activeCapture = prevCapture
+  if prevDir then
+    self.dir = shellApi.dir()
+    pcall(shellApi.setDir, prevDir)
+  end
+  if rawget(_G, 'write') == capturedWrite then rawset(_G, 'write', prevWrite) end
+  if rawget(_G, 'printError') == capturedPrintError then rawset(_G, 'printError', prevPrintError) end
+  if prevTerm then
+    self.term = termApi.current()
+    termApi.redirect(prevTerm)
   end
 
-  connect()
-  return session
+  if coroutine.status(self.co) == 'dead' then
+    self:finish(result)
+  else
+    if result[1] then self.filter = result[2] end
+    self:flushOutput(false)
+  end
+end
+
+-- Sends pending output as partials: at once when the last partial is M.PARTIAL_INTERVAL_MS
+-- old or the run holds M.PARTIAL_MIN_BYTES; otherwise one timer sends it later.
+function Job:flushOutput(force)
+  local session, cap = self.session, self.capture
+  while cap.pending[1] do
+    local now = session.clock()
+    local wait = self.lastPartial and (self.lastPartial + M.PARTIAL_INTERVAL_MS - now) or 0
+    if not force and wait > 0 and cap.pending[1].bytes < M.PARTIAL_MIN_BYTES then
+      if not self.clearFlush then
+        self.clearFlush = session.loop.setTimeout(function()
+          self.clearFlush = nil
+          if not self.done then self:flushOutput(false) end
+        end, wait / 1000)
+      end
+      return
+    end
+    local name, data = cap:takePending(M.PARTIAL_MAX_BYTES)
+    self.req.partial({ type = name .. '_delta', data = data })
+    self.lastPartial = now
+  end
+end
+
+function Job:stop(reason)
+  if self.done then return false end
+  if reason == 'cancel' or not self.stopReason then self.stopReason = reason end
+  self:resume('terminate')
+  if not self.done and not self.clearGrace then
+    self.clearGrace = self.session.loop.setTimeout(function()
+      self.clearGrace = nil
+      self.abandoned = true
+      self:finish({ false, 'still running after terminate: abandoned', n = 2 })
+    end, M.TERMINATE_GRACE)
+  end
+  return true
+end
+
+-- Halves the longest output string of an answer that does not fit in one frame.
+local function shrinkOutput(answer)
+  local holder, key, longest = nil, nil, 0
+  local function consider(t, k)
+    if type(t[k]) == 'string' and #t[k] > longest then holder, key, longest = t, k, #t[k] end
+  end
+  consider(answer, 'stdout')
+  consider(answer, 'stderr')
+  if type(answer.returns) == 'table' then
+    for i = 1, #answer.returns do consider(answer.returns, i) end
+  end
+  if not holder or longest < 2 then return false end
+  holder[key] = holder[key]:sub(1, math.floor(longest / 2))
+  if holder == answer then answer[key .. 'Truncated'] = true end
+  return true
+end
+
+function Job:finish(result)
+  if self.done then return end
+  self.done = true
+  local session = self.session
+  if self.dispose then self.dispose() end
+  for _, clear in ipairs({ 'clearTimeout', 'clearGrace', 'clearFlush' }) do
+    if self[clear] then self[clear](); self[clear] = nil end
+  end
+  session.jobs[self.req.messageId] = nil
+  session.jobCount = session.jobCount - 1
+  local answer = self.spec.answer(self, result)
+  self:flushOutput(true)
+  if self.stopReason == 'cancel' then
+    self.req.respond(false, nil, errorValue('cancelled', 'cancelled by the gateway'))
+  else
+    self.req.respond(true, answer, nil, shrinkOutput)
+  end
+end
+
+function Job:durationMs()
+  return math.max(0, math.floor(self.session.clock() - self.startedAt))
+end
+
+-- Sandbox request handlers ----------------------------------------------------------
+
+local function badRequest(req, message)
+  req.respond(false, nil, errorValue('bad_request', message))
+end
+
+local function fsError(req, message)
+  req.respond(false, nil, errorValue('fs_error', message))
+end
+
+-- CraftOS's own message, without a "file:line:" prefix a Lua error may carry.
+local function errorText(err)
+  local text = tostring(err)
+  return (text:gsub('^[^%s:]+:%d+: ', ''))
+end
+
+local function sessionOf(req, ctx)
+  if type(ctx.session) ~= 'table' then
+    req.respond(false, nil, errorValue('internal', 'no sandbox session'))
+    return nil
+  end
+  return ctx.session
+end
+
+local function optionalNumber(payload, key, default, min, max)
+  local value = payload[key]
+  if value == nil then return default end
+  if type(value) ~= 'number' or value ~= value or value < min then
+    return nil, ('%s must be a number of at least %d'):format(key, min)
+  end
+  if max and value > max then value = max end
+  return math.floor(value)
+end
+
+-- A list field may arrive as {} or textutils.empty_json_array when empty (SPEC §2).
+local function stringList(value, key)
+  if value == nil then return {} end
+  if type(value) ~= 'table' then return nil, key .. ' must be a list of strings' end
+  local list = {}
+  for i = 1, #value do
+    if type(value[i]) ~= 'string' then return nil, key .. ' must be a list of strings' end
+    list[i] = value[i]
+  end
+  for k in pairs(value) do
+    if type(k) ~= 'number' or k < 1 or k > #value or k % 1 ~= 0 then return nil, key .. ' must be a list of strings' end
+  end
+  return list
+end
+
+-- A CraftOS path from payload[key]: absolute, or relative to payload.cwd (default /; the
+-- cwd itself is relative to /). Returns the fs path ('' for the root) and the display path
+-- ('/...'), or nil, message.
+local function resolvePath(fsApi, payload, key, required)
+  local path = payload[key]
+  if path == nil and not required then path = '' end
+  if type(path) ~= 'string' then return nil, key .. ' must be a string' end
+  local cwd = key ~= 'cwd' and payload.cwd or nil
+  if cwd ~= nil and type(cwd) ~= 'string' then return nil, 'cwd must be a string' end
+  local full
+  if path:sub(1, 1) == '/' or path:sub(1, 1) == '\\' then
+    full = fsApi.combine('', path)
+  else
+    full = fsApi.combine(fsApi.combine('', cwd or ''), path)
+  end
+  return full, '/' .. full
+end
+
+local function encodingOk(req)
+  local encoding = req.payload.encoding
+  if encoding ~= nil and encoding ~= 'base64' then
+    badRequest(req, 'encoding must be "base64"')
+    return false
+  end
+  return true
+end
+
+local function timeoutAndOutput(payload)
+  local timeoutMs, err = optionalNumber(payload, 'timeoutMs', M.EXEC_TIMEOUT_MS, 1)
+  if not timeoutMs then return nil, err end
+  local maxOutput
+  maxOutput, err = optionalNumber(payload, 'maxOutputBytes', M.MAX_OUTPUT_BYTES, 0, M.MAX_OUTPUT_BYTES)
+  if not maxOutput then return nil, err end
+  return timeoutMs, maxOutput
+end
+
+-- exec without a shell (a daemon started with none): resolve like the shell and run the file.
+M.PROGRAM_PATH = { '/rom/programs', '/rom/programs/http', '/rom/programs/advanced', '/rom/programs/fun', '/programs' }
+
+local function findProgram(fsApi, command, cwd)
+  local function found(path)
+    if fsApi.exists(path) and not fsApi.isDir(path) then return path end
+    if fsApi.exists(path .. '.lua') and not fsApi.isDir(path .. '.lua') then return path .. '.lua' end
+  end
+  if command:find('[/\\]') then
+    if command:find('^[/\\]') then return found(fsApi.combine('', command)) end
+    return found(fsApi.combine(cwd, command))
+  end
+  local hit = found(fsApi.combine(cwd, command))
+  if hit then return hit end
+  for _, dir in ipairs(M.PROGRAM_PATH) do
+    hit = found(fsApi.combine(dir, command))
+    if hit then return hit end
+  end
+end
+
+local function runWithoutShell(fsApi, command, args, cwd)
+  local report = function(message) local pe = rawget(_G, 'printError') or print; pe(message) end
+  local path = findProgram(fsApi, command, cwd)
+  if not path then report('No such program'); return false end
+  local handle, openErr = fsApi.open(path, 'r')
+  if not handle then report(openErr or ('cannot open ' .. path)); return false end
+  local source = handle.readAll()
+  handle.close()
+  local env = setmetatable({ arg = { [0] = command, table.unpack(args) } }, { __index = _G })
+  local fn, loadErr = load(source or '', '@/' .. path, 't', env)
+  if not fn then report(loadErr); return false end
+  local ok, err = pcall(fn, table.unpack(args))
+  if not ok then
+    if err ~= nil and err ~= '' then report(err) end
+    return false
+  end
+  return true
+end
+
+local function execAnswer(job, result)
+  local cap = job.capture
+  -- An error that escaped the program (not printed by the shell) still goes to stderr.
+  if not result[1] then cap:record('stderr', tostring(result[2]) .. '\n') end
+  local answer = {
+    exitCode = (result[1] and result[2] == true) and 0 or 1,
+    timedOut = job.stopReason == 'timeout',
+    durationMs = job:durationMs(),
+    stdout = cap:text('stdout'),
+    stderr = cap:text('stderr'),
+  }
+  if cap.stdout.truncated then answer.stdoutTruncated = true end
+  if cap.stderr.truncated then answer.stderrTruncated = true end
+  return answer
+end
+
+function M.requestHandlers.exec(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local payload, fsApi = req.payload, session.fs
+  local command = payload.command
+  if type(command) ~= 'string' or command == '' then return badRequest(req, 'command must be a non-empty string') end
+  local args, err = stringList(payload.args, 'args')
+  if not args then return badRequest(req, err) end
+  local cwd
+  cwd, err = resolvePath(fsApi, payload, 'cwd', false)
+  if not cwd then return badRequest(req, err) end
+  if not fsApi.isDir(cwd) then return badRequest(req, 'cwd /' .. cwd .. ' is not a directory') end
+  local timeoutMs, maxOutput = timeoutAndOutput(payload)
+  if not timeoutMs then return badRequest(req, maxOutput) end
+  local shellApi = session.shell
+  local body
+  if shellApi and shellApi.execute then
+    body = function() return shellApi.execute(command, table.unpack(args)) end
+  else
+    body = function() return runWithoutShell(fsApi, command, args, cwd) end
+  end
+  session:startJob(req, {
+    body = body, cwd = shellApi and cwd or nil, timeoutMs = timeoutMs, maxOutputBytes = maxOutput,
+    answer = execAnswer,
+  })
+end
+
+local function serializeValue(textutilsApi, value)
+  if textutilsApi and textutilsApi.serialize then
+    local ok, text = pcall(textutilsApi.serialize, value)
+    if ok and type(text) == 'string' then return text end
+  end
+  return tostring(value)
+end
+
+-- eval has one output stream: printError output goes to stdout too.
+local function evalAnswer(job, result)
+  local cap = job.capture
+  local answer = {
+    ok = result[1] == true and not job.abandoned,
+    returns = {},
+    stdout = cap:text('stdout'),
+    durationMs = job:durationMs(),
+    timedOut = job.stopReason == 'timeout',
+  }
+  if answer.ok then
+    for i = 2, result.n do answer.returns[i - 1] = serializeValue(job.session.textutils, result[i]) end
+  else
+    answer.error = tostring(result[2])
+  end
+  answer.returns = jsonList(answer.returns)
+  if cap.stdout.truncated then answer.stdoutTruncated = true end
+  return answer
+end
+
+-- The environment eval code runs in: reads fall through to the computer's globals, assignments
+-- stay here, and it lasts for the session (like the Lua prompt, `x = 1` then `return x` works).
+function Session:evalEnv()
+  if not self.evalGlobals then
+    self.evalGlobals = setmetatable({ shell = self.shell, multishell = rawget(_G, 'multishell') }, { __index = _G })
+  end
+  return self.evalGlobals
+end
+
+function M.requestHandlers.eval(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local code = req.payload.code
+  if type(code) ~= 'string' or code == '' then return badRequest(req, 'code must be a non-empty string') end
+  local timeoutMs, maxOutput = timeoutAndOutput(req.payload)
+  if not timeoutMs then return badRequest(req, maxOutput) end
+  local env = session:evalEnv()
+  -- Like the Lua prompt: an expression first, then statements.
+  local fn, err = load('return ' .. code, '=eval', 't', env)
+  if not fn then fn, err = load(code, '=eval', 't', env) end
+  if not fn then
+    return req.respond(true, { ok = false, returns = jsonList({}), stdout = '', error = tostring(err), durationMs = 0, timedOut = false })
+  end
+  session:startJob(req, {
+    body = fn, timeoutMs = timeoutMs, maxOutputBytes = maxOutput, mergeStderr = true, answer = evalAnswer,
+  })
+end
+
+function M.requestHandlers.cancel(req, ctx)
+  local messageId = req.payload.messageId
+  if type(messageId) ~= 'string' or messageId == '' then return badRequest(req, 'messageId must be a non-empty string') end
+  local job = type(ctx.session) == 'table' and ctx.session.jobs[messageId] or nil
+  req.respond(true, { cancelled = job ~= nil and job:stop('cancel') or false })
+end
+
+-- Files ----------------------------------------------------------------------------
+
+local function fileEntry(fsApi, dir, name)
+  local full = fsApi.combine(dir, name)
+  if fsApi.attributes then
+    local ok, attrs = pcall(fsApi.attributes, full)
+    if ok and type(attrs) == 'table' then
+      return { name = name, type = attrs.isDir and 'dir' or 'file', size = attrs.isDir and 0 or (attrs.size or 0),
+        readOnly = attrs.isReadOnly == true }
+    end
+  end
+  local isDir = fsApi.isDir(full)
+  return { name = name, type = isDir and 'dir' or 'file', size = isDir and 0 or fsApi.getSize(full),
+    readOnly = fsApi.isReadOnly(full) == true }
+end
+
+function M.requestHandlers.list_files(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local fsApi = session.fs
+  local path, shown = resolvePath(fsApi, req.payload, 'path', false)
+  if not path then return badRequest(req, shown) end
+  if not fsApi.exists(path) then return fsError(req, shown .. ': No such file') end
+  if not fsApi.isDir(path) then return fsError(req, shown .. ': Not a directory') end
+  local ok, names = pcall(fsApi.list, path)
+  if not ok then return fsError(req, errorText(names)) end
+  local entries = {}
+  for i, name in ipairs(names) do entries[i] = fileEntry(fsApi, path, name) end
+  req.respond(true, { path = shown, entries = jsonList(entries) })
+end
+
+-- Reads `length` bytes from `offset` of an open binary handle.
+local function readRange(handle, offset, length)
+  if offset > 0 then
+    if handle.seek then
+      handle.seek('set', offset)
+    else
+      local skipped = 0
+      while skipped < offset do
+        local chunk = handle.read(math.min(offset - skipped, M.MAX_CONTENT))
+        if not chunk or chunk == '' then break end
+        skipped = skipped + #chunk
+      end
+    end
+  end
+  local parts, got = {}, 0
+  while got < length do
+    local chunk = handle.read(length - got)
+    if not chunk or chunk == '' then break end
+    parts[#parts + 1] = chunk
+    got = got + #chunk
+  end
+  return table.concat(parts)
+end
+
+function M.requestHandlers.read_file(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local fsApi, payload = session.fs, req.payload
+  if not encodingOk(req) then return end
+  local path, shown = resolvePath(fsApi, payload, 'path', true)
+  if not path then return badRequest(req, shown) end
+  local offset, err = optionalNumber(payload, 'offset', 0, 0)
+  if not offset then return badRequest(req, err) end
+  local length
+  length, err = optionalNumber(payload, 'length', M.MAX_CONTENT, 0, M.MAX_CONTENT)
+  if not length then return badRequest(req, err) end
+  if not fsApi.exists(path) then return fsError(req, shown .. ': No such file') end
+  if fsApi.isDir(path) then return fsError(req, shown .. ': Is a directory') end
+  local handle, openErr = fsApi.open(path, 'rb')
+  if not handle then return fsError(req, openErr or (shown .. ': cannot open')) end
+  local ok, data = pcall(readRange, handle, offset, length)
+  handle.close()
+  if not ok then return fsError(req, errorText(data)) end
+  req.respond(true, {
+    content = M.base64Encode(data), encoding = 'base64', sizeBytes = fsApi.getSize(path),
+    offset = offset, bytesRead = #data,
+  })
+end
+
+-- The free space of the drive `path` is on (or will be on): asked of its nearest existing folder.
+local function freeSpaceFor(fsApi, path)
+  if not fsApi.getFreeSpace then return nil, 0 end
+  local dir, missing = fsApi.getDir(path), 0
+  while dir ~= '' and dir ~= '..' and not fsApi.exists(dir) do
+    missing = missing + 1
+    dir = fsApi.getDir(dir)
+  end
+  if dir == '..' then dir = '' end
+  local ok, free = pcall(fsApi.getFreeSpace, dir)
+  if ok and type(free) == 'number' then return free, missing end
+  return nil, missing -- "unlimited", or not answerable
+end
+
+-- Writes `data` to `path` ('wb' or 'ab'); the handle is closed exactly once. -> ok, message
+local function writeBytes(fsApi, path, mode, data)
+  local handle, openErr = fsApi.open(path, mode)
+  if not handle then return false, openErr or ('/' .. path .. ': cannot open') end
+  local ok, err = true, nil
+  if data ~= '' then ok, err = pcall(handle.write, data) end
+  local closed, closeErr = pcall(handle.close)
+  if ok and not closed then ok, err = false, closeErr end
+  if not ok then return false, errorText(err) end
+  return true
+end
+
+-- Moves `temp` onto `path`, so `path` is replaced whole or not at all. -> ok, message
+local function install(fsApi, temp, path)
+  local backup
+  if fsApi.exists(path) then
+    backup = temp .. '.old'
+    if fsApi.exists(backup) then pcall(fsApi.delete, backup) end
+    local ok, err = pcall(fsApi.move, path, backup)
+    if not ok then return false, errorText(err) end
+  end
+  local ok, err = pcall(fsApi.move, temp, path)
+  if not ok then
+    if backup then pcall(fsApi.move, backup, path) end
+    return false, errorText(err)
+  end
+  if backup then pcall(fsApi.delete, backup) end
+  return true
+end
+
+M.TEMP_SUFFIX = '.sandbox-part'
+
+function M.requestHandlers.write_file(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local fsApi, payload = session.fs, req.payload
+  if not encodingOk(req) then return end
+  local path, shown = resolvePath(fsApi, payload, 'path', true)
+  if not path then return badRequest(req, shown) end
+  if path == '' then return badRequest(req, 'path names a folder: /') end
+  if type(payload.content) ~= 'string' then return badRequest(req, 'content must be a base64 string') end
+  local data, decodeErr = M.base64Decode(payload.content)
+  if not data then return badRequest(req, 'content: ' .. decodeErr) end
+  if #data > M.MAX_CONTENT then
+    return badRequest(req, ('%d bytes in one frame, at most %d: send parts'):format(#data, M.MAX_CONTENT))
+  end
+  local part = payload.part
+  if part ~= nil and type(part) ~= 'table' then return badRequest(req, 'part must be {offset, final}') end
+  local offset, final = 0, true
+  if part then
+    local err
+    offset, err = optionalNumber(part, 'offset', 0, 0)
+    if not offset then return badRequest(req, 'part.' .. err) end
+    final = part.final == true
+  end
+  if fsApi.isReadOnly(path) then return fsError(req, shown .. ': Access denied') end
+  if fsApi.isDir(path) then return fsError(req, shown .. ': Cannot write to directory') end
+
+  -- Parts go to a temporary file beside the target; offset 0 starts it afresh.
+  local temp = fsApi.combine(fsApi.getDir(path), '.' .. fsApi.getName(path) .. M.TEMP_SUFFIX)
+  local have = 0
+  if offset > 0 then
+    have = fsApi.exists(temp) and fsApi.getSize(temp) or 0
+    if offset ~= have then
+      return badRequest(req, ('part.offset is %d but %d bytes of %s were received so far'):format(offset, have, shown))
+    end
+  end
+  local free, missingDirs = freeSpaceFor(fsApi, path)
+  local need = #data + (offset == 0 and M.FILE_OVERHEAD or 0) + missingDirs * M.FILE_OVERHEAD
+  if free and need > free then
+    return fsError(req, ('Out of space: writing %s needs %d bytes, %d free'):format(shown, need, free))
+  end
+  local dir = fsApi.getDir(path)
+  if dir ~= '' and not fsApi.exists(dir) then
+    local ok, err = pcall(fsApi.makeDir, dir)
+    if not ok then return fsError(req, errorText(err)) end
+  end
+  local ok, err = writeBytes(fsApi, temp, offset == 0 and 'wb' or 'ab', data)
+  if not ok then
+    pcall(fsApi.delete, temp)
+    return fsError(req, err)
+  end
+  local size = have + #data
+  if final then
+    ok, err = install(fsApi, temp, path)
+    if not ok then
+      pcall(fsApi.delete, temp)
+      return fsError(req, err)
+    end
+    size = fsApi.getSize(path)
+  end
+  req.respond(true, { bytesWritten = #data, sizeBytes = size })
+end
+
+function M.requestHandlers.delete_file(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local fsApi = session.fs
+  local path, shown = resolvePath(fsApi, req.payload, 'path', true)
+  if not path then return badRequest(req, shown) end
+  if path == '' then return badRequest(req, 'refusing to delete /') end
+  if not fsApi.exists(path) then return req.respond(true, { deleted = false }) end
+  if fsApi.isReadOnly(path) then return fsError(req, shown .. ': Access denied') end
+  local ok, err = pcall(fsApi.delete, path)
+  if not ok then return fsError(req, errorText(err)) end
+  req.respond(true, { deleted = not fsApi.exists(path) })
+end
+
+-- Screen ---------------------------------------------------------------------------
+
+--[[ The native terminal cannot be read back, so the screen is whatever readable terminal (one
+with getLine, i.e. a `window`) was recorded in _G.traposSandboxScreen. The startup file the
+installer writes records it: on a computer without multishell it wraps the whole screen in a
+window the shell and the daemon draw in; under multishell it records the window of the tab the
+first shell runs in (what the player sees while that tab is in front). ]]
+M.NO_SCREEN = 'this computer has no readable screen: start the daemon from /startup/sandbox-daemon.lua '
+  .. '(written by the installer), which keeps the shell\'s terminal in a window and records it '
+  .. 'in _G.traposSandboxScreen'
+
+function M.requestHandlers.screen(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local screen = session.screen()
+  if type(screen) ~= 'table' or type(screen.getLine) ~= 'function' or type(screen.getSize) ~= 'function' then
+    return req.respond(false, nil, errorValue('internal', M.NO_SCREEN))
+  end
+  local width, height = screen.getSize()
+  local cursorX, cursorY = 1, 1
+  if screen.getCursorPos then cursorX, cursorY = screen.getCursorPos() end
+  local lines, text, background = {}, {}, {}
+  for y = 1, height do
+    local line, fg, bg = screen.getLine(y)
+    lines[y] = line or ''
+    text[y] = fg
+    background[y] = bg
+  end
+  local answer = { width = width, height = height, cursorX = cursorX, cursorY = cursorY, lines = lines }
+  if #text == height then answer.text = text end
+  if #background == height then answer.background = background end
+  req.respond(true, answer)
 end
 
 --[[ request(type, payload, opts) -> ok, payloadOrError

@@ -2,9 +2,16 @@ local _VERSION = '0.1.0'
 
 --[[
 sandbox: talk to the trapsandbox gateway through the sandbox daemon.
-  sandbox health     ask the gateway (wire type probe_gateway) whether it and opencode are up
-  sandbox status     show the daemon's connection state, traposId, gateway URL and last error
+  sandbox health       ask the gateway (wire type probe_gateway) whether it and opencode are up
+  sandbox status       show the daemon's connection state, traposId, gateway URL, last error
+                       and what the sandbox agent is allowed to do here
+  sandbox allow CAP... let the agent use these capabilities on this computer
+  sandbox deny CAP...  take them back
   sandbox --version | --help
+Capabilities (setting sandbox.allow): exec (run programs), eval (run Lua code), fs.read (list
+and read files), fs.write (write and delete files), screen (read the terminal); `all` names
+every one. allow and deny save the setting and tell the running daemon (OS event
+trapos_sandbox_capabilities), which tells the gateway: no reboot needed.
 ]]
 
 local args = { ... }
@@ -23,10 +30,31 @@ end
 
 local function usage()
   print('Usage: sandbox <command>')
-  print('  health     check the sandbox gateway and opencode')
-  print('  status     show the daemon connection')
-  print('  --version  print the version')
-  print('Settings: sandbox.url (ws://host:4444/gateway), sandbox.password')
+  print('  health        check the sandbox gateway and opencode')
+  print('  status        show the daemon connection and what is allowed')
+  print('  allow CAP...  let the sandbox agent: exec, eval, fs.read, fs.write, screen or all')
+  print('  deny CAP...   take capabilities back')
+  print('  --version     print the version')
+  print('Settings: sandbox.url (ws://host:4444/gateway), sandbox.password, sandbox.allow')
+end
+
+local function describeAllowed(list)
+  if #list == 0 then return 'nothing (run "sandbox allow CAP...")' end
+  return table.concat(list, ', ')
+end
+
+-- sandbox allow / deny: change sandbox.allow, save it and tell the daemon.
+local function change(lib, allow, names)
+  local value, listOrError = lib.changeCapabilities(settings.get('sandbox.allow'), allow, names)
+  if not value then
+    print('sandbox ' .. (allow and 'allow' or 'deny') .. ': ' .. listOrError)
+    return false
+  end
+  if value == '' then settings.unset('sandbox.allow') else settings.set('sandbox.allow', value) end
+  if not settings.save() then print('sandbox: could not save settings') end
+  os.queueEvent(lib.EVENT_CAPABILITIES)
+  print('allowed: ' .. describeAllowed(listOrError))
+  return true
 end
 
 local function describeError(err)
@@ -50,6 +78,10 @@ local function health(lib)
   return true
 end
 
+local function allowedLine(lib)
+  print('allowed: ' .. describeAllowed(lib.parseCapabilities(settings.get('sandbox.allow'))))
+end
+
 local function status(lib, url)
   local state = rawget(_G, 'traposSandboxState')
   if type(state) ~= 'table' or not state.state then
@@ -57,6 +89,7 @@ local function status(lib, url)
     print('daemon: not running (start /servers/sandbox.lua)')
     print('gateway: ' .. url)
     print('traposId: ' .. lib.traposId(os))
+    allowedLine(lib)
     return
   end
   print('connected: ' .. tostring(state.connected == true))
@@ -64,6 +97,7 @@ local function status(lib, url)
   print('traposId: ' .. tostring(state.traposId))
   print('gateway: ' .. tostring(state.url or url))
   if state.lastError then print('last error: ' .. describeError(state.lastError)) end
+  allowedLine(lib)
 end
 
 local lib = locate()
@@ -76,6 +110,11 @@ if command == '--version' or command == '-v' then
 end
 if command == nil or command == '--help' or command == '-h' or command == 'help' then
   usage()
+  return
+end
+-- Consent is local: it needs no gateway.
+if command == 'allow' or command == 'deny' then
+  change(lib, command == 'allow', { table.unpack(args, 2) })
   return
 end
 

@@ -5,7 +5,10 @@ sandbox daemon: keeps one WebSocket to the trapsandbox gateway and bridges it to
 (see /apis/libsandbox.lua). Under trapos (`_G.bootEventLoop`) it registers its handlers and
 returns; on plain CraftOS it runs its own event loop forever, so start it in the background:
 `bg /servers/sandbox.lua`, or from startup (the installer adds /startup/sandbox-daemon.lua).
-Settings: sandbox.url (required) and sandbox.password.
+Settings: sandbox.url (required), sandbox.password, and sandbox.allow: what the gateway may ask
+of this computer (exec, eval, fs.read, fs.write, screen; see `sandbox allow`). It runs the
+programs the gateway asks for with this shell, in coroutines beside itself, drawing on its own
+terminal; the screen it reports is _G.traposSandboxScreen (set by the installer's startup file).
 ]]
 
 -- libsandbox lives in /apis: `require` finds it under trapos; plain CraftOS needs dofile.
@@ -38,9 +41,12 @@ if type(password) ~= 'string' then password = nil end
 
 local bootLoop = rawget(_G, 'bootEventLoop')
 local loop = bootLoop or lib.createEventLoop(os)
-local session = lib.startSession({ url = url, secret = password, eventLoop = loop })
+-- `shell` is this program's own (the shell API is not a global): exec runs programs with it.
+local session = lib.startSession({ url = url, secret = password, eventLoop = loop, shell = shell })
 _G.traposSandboxSession = session
 print(('sandbox daemon %s: connecting to %s as %s'):format(_VERSION, url, session.traposId))
+local allowed = session.status().capabilities
+print('allowed: ' .. (#allowed > 0 and table.concat(allowed, ', ') or 'nothing (see "sandbox allow")'))
 
 if not bootLoop then
   loop.run()

@@ -196,7 +196,7 @@ end
 
 -- Event loop with virtual time. Handlers get the event's parameters without its name.
 local function fakeLoop()
-  local l = { handlers = {}, timers = {}, now = 0, delays = {} }
+  local l = { handlers = {}, any = {}, timers = {}, now = 0, delays = {} }
   function l.register(event, handler)
     l.handlers[event] = l.handlers[event] or {}
     local entry = { fn = handler }
@@ -213,11 +213,23 @@ local function fakeLoop()
     table.insert(l.delays, seconds)
     return function() t.cleared = true end
   end
+  function l.registerAny(handler)
+    local entry = { fn = handler }
+    table.insert(l.any, entry)
+    return function()
+      for i, e in ipairs(l.any) do
+        if e == entry then table.remove(l.any, i); return end
+      end
+    end
+  end
   function l.emit(event, ...)
     local list = l.handlers[event] or {}
     local snapshot = {}
     for i, e in ipairs(list) do snapshot[i] = e end
     for _, e in ipairs(snapshot) do e.fn(...) end
+    local anySnapshot = {}
+    for i, e in ipairs(l.any) do anySnapshot[i] = e end
+    for _, e in ipairs(anySnapshot) do e.fn(event, ...) end
   end
   function l.advance(seconds)
     local target = l.now + seconds
@@ -280,7 +292,7 @@ end
 
 -- A started session on fakes. random() returns 0 so backoff delays are exact.
 local function newSession(extra)
-  local env = { os = fakeOs(extra and extra.label), loop = fakeLoop(), http = fakeHttp(), state = {}, logs = {} }
+  local env = { os = fakeOs(extra and extra.label), loop = extra and extra.loop or fakeLoop(), http = fakeHttp(), state = {}, logs = {} }
   local opts = {
     url = 'ws://gw.test:4444/gateway', secret = 's3cret', http = env.http, eventLoop = env.loop,
     os = env.os, encode = encode, decode = decode, random = function() return 0 end,
@@ -312,6 +324,15 @@ local function connected(env)
 end
 
 -- Suite ---------------------------------------------------------------------
+
+-- Undone after each case, failed or not (the fake CraftOS globals), so the suite can run on a
+-- real computer without leaving it changed.
+local cleanups = {}
+local function onCleanup(fn) cleanups[#cleanups + 1] = fn end
+local function runCleanups()
+  for i = #cleanups, 1, -1 do pcall(cleanups[i]) end
+  cleanups = {}
+end
 
 local cases, order = {}, {}
 local function test(name, fn)
@@ -413,6 +434,28 @@ test('onMessage answers other gateway requests with unknown_type', function()
   eq(ctx.sent[1].type, 'reboot', 'echoes type')
   eq(ctx.sent[1].messageId, 'g-2', 'echoes messageId')
   eq(ctx.sent[1].error.code, 'unknown_type', 'code')
+end)
+
+test('onMessage dispatches gateway requests through the handler table', function()
+  local ctx = msgCtx()
+  local seen = {}
+  ctx.handlers = {
+    echo = function(req) seen[#seen + 1] = req.payload; req.respond(true, { echoed = req.payload.x }) end,
+    broken = function() error('handler bug') end,
+    later = function(req) ctx.pending = req end,
+  }
+  eq(lib.onMessage(encode(lib.gatewayRequest('7:t', 'g-1', 'echo', { x = 5 })), ctx), 'echo', 'result')
+  eq(ctx.sent[1], { event = 'computer_response', traposSenderId = '7:t', messageId = 'g-1', type = 'echo', ok = true, payload = { echoed = 5 } }, 'answer')
+  lib.onMessage(encode(lib.gatewayRequest('7:t', 'g-2', 'broken')), ctx)
+  eq({ ctx.sent[2].ok, ctx.sent[2].error.code }, { false, 'internal' }, 'a raising handler answers internal')
+  truthy(ctx.sent[2].error.message:find('handler bug'), 'with its message')
+  lib.onMessage(encode(lib.gatewayRequest('7:t', 'g-3', 'ping')), ctx)
+  eq(ctx.sent[3].error.code, 'unknown_type', 'only the given table is used')
+  lib.onMessage(encode(lib.gatewayRequest('7:t', 'g-4', 'later')), ctx)
+  eq(#ctx.sent, 3, 'no answer yet')
+  eq(ctx.pending.respond(true, {}), true, 'answered later')
+  eq(ctx.pending.respond(true, {}), false, 'answered once only')
+  eq(#ctx.sent, 4, 'one answer')
 end)
 
 test('onMessage drives hello ok and unauthorized', function()
@@ -778,14 +821,18 @@ test('createEventLoop dispatches events and timers', function()
   local fired = 0
   loop.setTimeout(function() fired = fired + 1 end, 2)
   local clear = loop.setTimeout(function() fired = fired + 10 end, 3)
+  local all = {}
+  local disposeAny = loop.registerAny(function(event, a) all[#all + 1] = event .. ':' .. tostring(a) end)
   loop.dispatch('x', 'a', 'b')
   loop.dispatch('timer', 1)
   loop.dispatch('timer', 1)
   clear()
   loop.dispatch('timer', 2)
   dispose()
+  disposeAny()
   loop.dispatch('x', 'c', 'd')
   eq(seen, { 'ab' }, 'handler calls')
+  eq(all, { 'x:a', 'timer:1', 'timer:1', 'timer:2' }, 'registerAny sees every event, name first')
   eq(fired, 1, 'timer fired once, cleared one never')
   eq(started, { 2, 3 }, 'timers started')
   eq(cancelled, { 2 }, 'cleared timer cancelled')
@@ -882,6 +929,963 @@ test('request round-trips through a ready session', function()
   eq(payload, { sandboxOk = true, opencodeOk = false }, 'payload')
 end)
 
+-- The computer as a sandbox (SPEC §9) ------------------------------------------------
+
+-- Fake CraftOS: an in-memory fs (read-only /rom, a capacity counted like CC:Tweaked, 500 bytes
+-- at least per file or folder), a terminal that can be read back like a window, term with
+-- redirects, bios-like write/print/printError/sleep, os timers on the fake loop, a shell,
+-- textutils.serialize and settings.
+
+local function fakeFs(capacity)
+  local f = { files = {}, dirs = { [''] = true }, capacity = capacity or 1000000, closes = 0, opens = 0 }
+  local function norm(path)
+    local parts = {}
+    for seg in tostring(path):gsub('\\', '/'):gmatch('[^/]+') do
+      if seg == '..' then table.remove(parts) elseif seg ~= '.' then parts[#parts + 1] = seg end
+    end
+    return table.concat(parts, '/')
+  end
+  local function readOnly(p) return p == 'rom' or p:sub(1, 4) == 'rom/' end
+  local function denied(p) if readOnly(p) then error('/' .. p .. ': Access denied', 0) end end
+  local function under(p, q) return q:sub(1, #p + 1) == p .. '/' end
+  function f.combine(...)
+    local parts = {}
+    for i = 1, select('#', ...) do parts[i] = select(i, ...) end
+    return norm(table.concat(parts, '/'))
+  end
+  function f.getDir(p) p = norm(p); if p == '' then return '..' end return p:match('^(.*)/[^/]+$') or '' end
+  function f.getName(p) p = norm(p); if p == '' then return 'root' end return p:match('([^/]+)$') end
+  function f.exists(p) p = norm(p); return f.files[p] ~= nil or f.dirs[p] == true end
+  function f.isDir(p) return f.dirs[norm(p)] == true end
+  function f.isReadOnly(p) return readOnly(norm(p)) end
+  function f.getSize(p)
+    p = norm(p)
+    if f.files[p] then return #f.files[p] end
+    if f.dirs[p] then return 0 end
+    error('/' .. p .. ': No such file', 0)
+  end
+  function f.used()
+    local n = 0
+    for p, c in pairs(f.files) do if not readOnly(p) then n = n + math.max(500, #c) end end
+    for d in pairs(f.dirs) do if d ~= '' and not readOnly(d) then n = n + 500 end end
+    return n
+  end
+  function f.getFreeSpace(p)
+    p = norm(p)
+    if not f.exists(p) then error('/' .. p .. ': No such file', 0) end
+    if readOnly(p) then return 0 end
+    return f.capacity - f.used()
+  end
+  function f.makeDir(p)
+    p = norm(p)
+    denied(p)
+    if f.files[p] then error('/' .. p .. ': File exists', 0) end
+    local acc = {}
+    for seg in p:gmatch('[^/]+') do
+      acc[#acc + 1] = seg
+      f.dirs[table.concat(acc, '/')] = true
+    end
+  end
+  function f.list(p)
+    p = norm(p)
+    if not f.dirs[p] then error('/' .. p .. ': Not a directory', 0) end
+    local out, seen = {}, {}
+    local function add(q)
+      local rest = p == '' and q or (under(p, q) and q:sub(#p + 2))
+      if rest and rest ~= '' and not rest:find('/') and not seen[rest] then seen[rest] = true; out[#out + 1] = rest end
+    end
+    for q in pairs(f.files) do add(q) end
+    for q in pairs(f.dirs) do add(q) end
+    table.sort(out)
+    return out
+  end
+  function f.delete(p)
+    p = norm(p)
+    denied(p)
+    f.files[p] = nil
+    f.dirs[p] = nil
+    for q in pairs(f.files) do if under(p, q) then f.files[q] = nil end end
+    for q in pairs(f.dirs) do if under(p, q) then f.dirs[q] = nil end end
+  end
+  function f.move(a, b)
+    a, b = norm(a), norm(b)
+    denied(a); denied(b)
+    if not f.exists(a) then error('/' .. a .. ': No such file', 0) end
+    if f.exists(b) then error('/' .. b .. ': File exists', 0) end
+    if not f.files[a] then error('fake fs moves files only', 0) end
+    f.files[b], f.files[a] = f.files[a], nil
+  end
+  function f.open(p, mode)
+    p = norm(p)
+    if mode == 'r' or mode == 'rb' then
+      local content = f.files[p]
+      if not content then return nil, '/' .. p .. ': No such file' end
+      f.opens = f.opens + 1
+      local pos, closed = 1, false
+      local h = {}
+      local function check() if closed then error('attempt to use a closed file', 0) end end
+      function h.read(n)
+        check()
+        if pos > #content then return nil end
+        local s = content:sub(pos, pos + (n or 1) - 1)
+        pos = pos + #s
+        return s
+      end
+      function h.readAll() check(); local s = content:sub(pos); pos = #content + 1; return s end
+      function h.seek(whence, offset) check(); if whence == 'set' then pos = offset + 1 end; return pos - 1 end
+      function h.close() check(); closed = true; f.closes = f.closes + 1 end
+      return h
+    end
+    if mode == 'w' or mode == 'wb' or mode == 'a' or mode == 'ab' then
+      if readOnly(p) then return nil, '/' .. p .. ': Access denied' end
+      if f.dirs[p] then return nil, '/' .. p .. ': Cannot write to directory' end
+      if not f.dirs[f.getDir(p)] then return nil, '/' .. p .. ': No such file' end
+      f.opens = f.opens + 1
+      local append = mode:sub(1, 1) == 'a'
+      f.files[p] = append and (f.files[p] or '') or ''
+      local closed = false
+      local h = {}
+      function h.write(s)
+        if closed then error('attempt to use a closed file', 0) end
+        local grown = f.files[p] .. s
+        if f.used() - math.max(500, #f.files[p]) + math.max(500, #grown) > f.capacity then error('Out of space', 0) end
+        f.files[p] = grown
+      end
+      function h.close()
+        if closed then error('attempt to use a closed file', 0) end
+        closed = true
+        f.closes = f.closes + 1
+      end
+      return h
+    end
+    error('Unsupported mode', 2)
+  end
+  function f.put(p, content)
+    p = norm(p)
+    local dir = f.getDir(p)
+    if dir ~= '' then
+      local acc = {}
+      for seg in dir:gmatch('[^/]+') do acc[#acc + 1] = seg; f.dirs[table.concat(acc, '/')] = true end
+    end
+    f.files[p] = content
+  end
+  return f
+end
+
+-- A terminal whose lines can be read back (getLine), like a window.
+local function fakeWindow(w, h)
+  local t = { w = w or 20, h = h or 5, x = 1, y = 1, rows = {}, draws = 0 }
+  local function blank() return (' '):rep(t.w) end
+  for i = 1, t.h do t.rows[i] = blank() end
+  function t.write(s)
+    s = tostring(s)
+    t.draws = t.draws + 1
+    local row = t.rows[t.y]
+    if row and t.x <= t.w and t.x + #s > 1 then
+      local from = math.max(t.x, 1)
+      local text = s:sub(from - t.x + 1)
+      t.rows[t.y] = (row:sub(1, from - 1) .. text .. row:sub(from + #text)):sub(1, t.w)
+    end
+    t.x = t.x + #s
+  end
+  function t.blit(s) t.write(s) end
+  function t.getCursorPos() return t.x, t.y end
+  function t.setCursorPos(x, y) t.x, t.y = math.floor(x), math.floor(y) end
+  function t.getSize() return t.w, t.h end
+  function t.scroll(n)
+    for _ = 1, n do table.remove(t.rows, 1); t.rows[#t.rows + 1] = blank() end
+  end
+  function t.clear() for i = 1, t.h do t.rows[i] = blank() end end
+  function t.clearLine() t.rows[t.y] = blank() end
+  function t.setCursorBlink() end
+  function t.getCursorBlink() return false end
+  function t.isColor() return true end
+  t.isColour = t.isColor
+  function t.setTextColor(c) t.fg = c end
+  t.setTextColour = t.setTextColor
+  function t.getTextColor() return t.fg or 1 end
+  t.getTextColour = t.getTextColor
+  function t.setBackgroundColor() end
+  t.setBackgroundColour = t.setBackgroundColor
+  function t.getBackgroundColor() return 32768 end
+  t.getBackgroundColour = t.getBackgroundColor
+  function t.getLine(y) return t.rows[y], ('0'):rep(t.w), ('f'):rep(t.w) end
+  function t.text()
+    local out = {}
+    for i = 1, t.h do out[i] = (t.rows[i]:gsub(' +$', '')) end
+    return table.concat(out, '\n'):gsub('\n+$', '')
+  end
+  return t
+end
+
+-- The term API over a native terminal: calls go to the current redirect target.
+local function fakeTermApi(native)
+  local current = native
+  local api = { redirects = 0 }
+  function api.redirect(target)
+    if type(target) ~= 'table' then error('bad argument #1 (table expected)', 2) end
+    api.redirects = api.redirects + 1
+    local old = current
+    current = target
+    return old
+  end
+  function api.current() return current end
+  function api.native() return native end
+  return setmetatable(api, { __index = function(_, name) return function(...) return current[name](...) end end })
+end
+
+local function fakeShell(fsApi)
+  local sh = { dirValue = '', pathValue = '.:/rom/programs' }
+  function sh.dir() return sh.dirValue end
+  function sh.setDir(d)
+    if not fsApi.isDir(d) then error('Not a directory', 2) end
+    sh.dirValue = fsApi.combine(d, '')
+  end
+  function sh.resolve(p)
+    if p:sub(1, 1) == '/' then return fsApi.combine('', p) end
+    return fsApi.combine(sh.dirValue, p)
+  end
+  function sh.resolveProgram(command)
+    local function found(p)
+      if fsApi.exists(p) and not fsApi.isDir(p) then return p end
+      if fsApi.exists(p .. '.lua') and not fsApi.isDir(p .. '.lua') then return p .. '.lua' end
+    end
+    if command:find('/') then return found(sh.resolve(command)) end
+    for entry in sh.pathValue:gmatch('[^:]+') do
+      local hit = found(fsApi.combine(sh.resolve(entry), command))
+      if hit then return hit end
+    end
+  end
+  -- Like CC:Tweaked's shell.execute: the error a program raises is printed with printError.
+  function sh.execute(command, ...)
+    local path = sh.resolveProgram(command)
+    if not path then printError('No such program'); return false end
+    local h = fsApi.open(path, 'r')
+    local source = h.readAll()
+    h.close()
+    local env = setmetatable({ shell = sh, arg = { [0] = command, ... } }, { __index = _G })
+    local fn, err = load(source, '@/' .. path, 't', env)
+    if not fn then printError(err); return false end
+    local ok, runErr = pcall(fn, ...)
+    if not ok then
+      if runErr and runErr ~= '' then printError(runErr) end
+      return false
+    end
+    return true
+  end
+  return sh
+end
+
+local function serialize(value)
+  local t = type(value)
+  if t == 'string' then return ('%q'):format(value) end
+  if t == 'number' or t == 'boolean' or t == 'nil' then return tostring(value) end
+  if t ~= 'table' then error('Cannot serialize type ' .. t, 0) end
+  local keys = {}
+  for k in pairs(value) do keys[#keys + 1] = k end
+  table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+  local parts = {}
+  for i, k in ipairs(keys) do parts[i] = '[' .. serialize(k) .. '] = ' .. serialize(value[k]) end
+  return '{ ' .. table.concat(parts, ', ') .. ' }'
+end
+
+local function fakeSettings(values)
+  local st = { values = values or {}, saved = 0 }
+  function st.get(name, default)
+    local v = st.values[name]
+    if v == nil then return default end
+    return v
+  end
+  function st.set(name, value) st.values[name] = value end
+  function st.unset(name) st.values[name] = nil end
+  function st.save() st.saved = st.saved + 1; return true end
+  return st
+end
+
+-- Installs the fake CraftOS globals programs use (undone after the case) on `loop`.
+local function installCraftOS(loop, craft)
+  local saved = {}
+  local names = { 'term', 'write', 'print', 'printError', 'sleep', 'fs', 'textutils', 'settings', 'os', 'traposSandboxScreen' }
+  for _, name in ipairs(names) do saved[name] = rawget(_G, name) end
+  onCleanup(function() for _, name in ipairs(names) do rawset(_G, name, saved[name]) end end)
+
+  local realOs = saved.os
+  local fakeOsApi = setmetatable({}, { __index = realOs })
+  local nextTimer = 0
+  function fakeOsApi.startTimer(seconds)
+    nextTimer = nextTimer + 1
+    local id = nextTimer
+    craft.timers[id] = loop.setTimeout(function() craft.timers[id] = nil; loop.emit('timer', id) end, seconds)
+    return id
+  end
+  function fakeOsApi.cancelTimer(id) if craft.timers[id] then craft.timers[id](); craft.timers[id] = nil end end
+  function fakeOsApi.pullEventRaw(filter) return coroutine.yield(filter) end
+  function fakeOsApi.pullEvent(filter)
+    local e = table.pack(coroutine.yield(filter))
+    if e[1] == 'terminate' then error('Terminated', 0) end
+    return table.unpack(e, 1, e.n)
+  end
+  function fakeOsApi.queueEvent(...)
+    local e = table.pack(...)
+    loop.setTimeout(function() loop.emit(table.unpack(e, 1, e.n)) end, 0)
+  end
+  function fakeOsApi.epoch() return loop.now * 1000 end
+
+  rawset(_G, 'os', fakeOsApi)
+  rawset(_G, 'term', craft.term)
+  rawset(_G, 'fs', craft.fs)
+  rawset(_G, 'textutils', { serialize = serialize })
+  rawset(_G, 'settings', craft.settings)
+  -- bios-like write (no word wrap), print, printError and sleep, going through the globals.
+  rawset(_G, 'write', function(text)
+    text = tostring(text)
+    local lines = 0
+    local _, h = _G.term.getSize()
+    for piece, newline in text:gmatch('([^\n]*)(\n?)') do
+      if piece ~= '' then _G.term.write(piece) end
+      if newline ~= '' then
+        local _, y = _G.term.getCursorPos()
+        if y + 1 <= h then _G.term.setCursorPos(1, y + 1) else _G.term.setCursorPos(1, h); _G.term.scroll(1) end
+        lines = lines + 1
+      end
+    end
+    return lines
+  end)
+  rawset(_G, 'print', function(...)
+    local parts = {}
+    for i = 1, select('#', ...) do parts[i] = tostring((select(i, ...))) end
+    return _G.write(table.concat(parts, '\t') .. '\n')
+  end)
+  rawset(_G, 'printError', function(...)
+    local old = _G.term.getTextColor()
+    _G.term.setTextColor(16384)
+    _G.print(...)
+    _G.term.setTextColor(old)
+  end)
+  rawset(_G, 'sleep', function(seconds)
+    local id = _G.os.startTimer(seconds or 0)
+    repeat local _, t = _G.os.pullEvent('timer') until t == id
+  end)
+end
+
+local ALL = 'exec,eval,fs.read,fs.write,screen'
+
+--[[ A ready session on a fake CraftOS. extra: allow (sandbox.allow, default all), capacity,
+noShell, and any startSession option. Returns env with craft = { fs, native, term, shell,
+settings }, h (the socket) and ask(type, payload) -> messageId. ]]
+local function sandbox(extra)
+  extra = extra or {}
+  local loop = extra.loop or fakeLoop()
+  local craft = { timers = {} }
+  craft.fs = fakeFs(extra.capacity)
+  craft.fs.dirs['rom'], craft.fs.dirs['rom/programs'] = true, true
+  craft.native = fakeWindow(30, 6)
+  craft.term = fakeTermApi(craft.native)
+  craft.shell = fakeShell(craft.fs)
+  craft.settings = fakeSettings({ ['sandbox.allow'] = extra.allow == nil and ALL or extra.allow })
+  installCraftOS(loop, craft)
+  local opts = {
+    loop = loop, fs = craft.fs, term = craft.term, settings = craft.settings, textutils = { serialize = serialize },
+    shell = not extra.noShell and craft.shell or nil, clock = function() return loop.now * 1000 end,
+  }
+  for k, v in pairs(extra) do
+    if k ~= 'allow' and k ~= 'capacity' and k ~= 'noShell' then opts[k] = v end
+  end
+  local env = newSession(opts)
+  env.craft = craft
+  env.h, env.hello = connected(env)
+  function env.ask(msgType, payload, messageId)
+    messageId = messageId or lib.newMessageId(env.os)
+    env.loop.emit('websocket_message', env.http.lastUrl(), encode(lib.gatewayRequest('7:', messageId, msgType, payload)), false)
+    return messageId
+  end
+  -- The frames answering `messageId`: partials in order, and the final one (or nil).
+  function env.answers(messageId)
+    local partials, final = {}, nil
+    for _, frame in ipairs(env.h.frames()) do
+      if frame.messageId == messageId and frame.event == 'computer_response' then
+        if frame.partial then
+          truthy(final == nil, 'partial after the final answer')
+          partials[#partials + 1] = frame
+        else
+          truthy(final == nil, 'two final answers')
+          final = frame
+        end
+      end
+    end
+    return final, partials
+  end
+  function env.final(messageId)
+    local final = env.answers(messageId)
+    truthy(final, 'a final answer to ' .. messageId)
+    return final
+  end
+  -- One request answered at once: its final frame.
+  function env.call(msgType, payload)
+    return env.final(env.ask(msgType, payload))
+  end
+  function env.program(path, source) craft.fs.put(path, source) end
+  return env
+end
+
+local function okPayload(frame, what)
+  if not frame.ok then error((what or 'answer') .. ' failed: ' .. fmt(frame.error), 2) end
+  return frame.payload
+end
+
+local function errorCode(frame)
+  return frame.ok == false and frame.error.code or nil
+end
+
+-- Consent ----------------------------------------------------------------------
+
+test('capabilities parse in order and change with allow and deny', function()
+  eq(lib.parseCapabilities(nil), {}, 'unset')
+  eq(lib.parseCapabilities(''), {}, 'empty')
+  eq(lib.parseCapabilities('screen, exec,,bogus fs.read'), { 'exec', 'fs.read', 'screen' }, 'ordered, unknown dropped')
+  local value, list = lib.changeCapabilities('', true, { 'fs.write', 'exec' })
+  eq({ value, list }, { 'exec,fs.write', { 'exec', 'fs.write' } }, 'allow two')
+  eq((lib.changeCapabilities('exec,fs.write', false, { 'exec' })), 'fs.write', 'deny one')
+  eq((lib.changeCapabilities('exec', true, { 'all' })), ALL, 'allow all')
+  eq((lib.changeCapabilities(ALL, false, { 'all' })), '', 'deny all')
+  local bad, message = lib.changeCapabilities('exec', true, { 'eval', 'rm' })
+  eq(bad, nil, 'unknown name changes nothing')
+  truthy(message:find('unknown capability rm', 1, true) and message:find('fs.write', 1, true), 'says what is known: ' .. message)
+  eq(select(2, lib.changeCapabilities('', true, {})) ~= nil, true, 'no names is an error')
+end)
+
+test('defineSettings describes sandbox.url, sandbox.password and sandbox.allow', function()
+  local saved = rawget(_G, 'settings')
+  onCleanup(function() rawset(_G, 'settings', saved) end)
+  local defined = {}
+  rawset(_G, 'settings', { define = function(name, options) defined[name] = options end })
+  lib.defineSettings()
+  for _, name in ipairs({ 'sandbox.url', 'sandbox.password', 'sandbox.allow' }) do
+    truthy(defined[name] and type(defined[name].description) == 'string' and defined[name].type == 'string', name)
+  end
+  eq(defined['sandbox.allow'].default, '', 'nothing allowed by default')
+  truthy(defined['sandbox.allow'].description:find('fs.write', 1, true), 'the description names the capabilities')
+end)
+
+test('hello carries the allowed capabilities', function()
+  local env = newSession({ settings = fakeSettings({ ['sandbox.allow'] = 'screen,exec' }) })
+  local _, hello = open(env)
+  eq(hello.payload.capabilities, { 'exec', 'screen' }, 'allowed list')
+  local none = newSession({ settings = fakeSettings({}) })
+  local h = open(none)
+  truthy(h.sent[1]:find('"capabilities":{}', 1, true), 'empty list encodes as {}: ' .. h.sent[1])
+  eq(lib.hello('7:', 'h', 's').payload.capabilities, {}, 'hello without a list announces none')
+end)
+
+test('a change of sandbox.allow is announced once, without a reboot', function()
+  local settingsApi = fakeSettings({ ['sandbox.allow'] = 'exec' })
+  local env = newSession({ settings = settingsApi })
+  local h, hello = open(env)
+  settingsApi.set('sandbox.allow', 'exec,eval') -- changed while the hello is in flight
+  env.loop.emit('trapos_sandbox_capabilities')
+  eq(#h.sent, 1, 'nothing but hello before ready')
+  env.loop.emit('websocket_message', env.http.lastUrl(), helloReply(hello, true), false)
+  local announced = h.last()
+  eq({ announced.event, announced.type, announced.payload }, { 'computer_request', 'capabilities', { capabilities = { 'exec', 'eval' } } }, 'announced on ready')
+  env.loop.emit('trapos_sandbox_capabilities')
+  eq(#h.sent, 2, 'no change, no announcement')
+  settingsApi.set('sandbox.allow', '')
+  env.loop.emit('trapos_sandbox_capabilities')
+  eq(#h.sent, 3, 'announced again')
+  truthy(h.sent[3]:find('"capabilities":{}', 1, true), 'an empty list: ' .. h.sent[3])
+  -- The gateway's ok is consumed by the daemon: no program waits for it.
+  env.loop.emit('websocket_message', env.http.lastUrl(), encode(lib.gatewayResponse('7:', announced.messageId, 'capabilities', true, {})), false)
+  eq(env.os.count('trapos_sandbox_reply'), 0, 'no reply event for the daemon\'s own request')
+  eq(env.state.capabilities, {}, 'published')
+end)
+
+test('requests outside sandbox.allow are forbidden, ping and cancel need none', function()
+  local env = sandbox({ allow = 'fs.read' })
+  local needs = { exec = 'exec', eval = 'eval', write_file = 'fs.write', delete_file = 'fs.write', screen = 'screen' }
+  for msgType, capability in pairs(needs) do
+    local frame = env.call(msgType, { command = 'x', code = '1', path = 'x', content = '' })
+    eq(errorCode(frame), 'forbidden', msgType)
+    eq(frame.error.message, ('computer 7: has not allowed %s: on it, run "sandbox allow %s"'):format(capability, capability), msgType .. ' message')
+  end
+  okPayload(env.call('list_files', { path = '/' }), 'list_files with fs.read')
+  okPayload(env.call('ping', {}), 'ping')
+  eq(okPayload(env.call('cancel', { messageId = 'nothing' })), { cancelled = false }, 'cancel')
+  -- Revoked on the computer: refused at once, and the gateway is told.
+  env.craft.settings.set('sandbox.allow', '')
+  eq(errorCode(env.call('read_file', { path = 'x' })), 'forbidden', 'revoked')
+  local frames = env.h.frames()
+  local announced
+  for _, f in ipairs(frames) do if f.type == 'capabilities' then announced = f end end
+  truthy(announced, 'the revocation was announced')
+  eq(env.craft.fs.opens, 0, 'no file was opened')
+end)
+
+-- exec -----------------------------------------------------------------------------
+
+test('exec runs a program, captures stdout and stderr, and shows it on the screen', function()
+  local env = sandbox()
+  env.program('hello.lua', [[
+print('hello', 'world')
+write('no newline')
+term.write(' term')
+print()
+printError('careful')
+term.setCursorPos(1, 5)
+term.write('at row 5')
+]])
+  local answer = okPayload(env.call('exec', { command = 'hello' }))
+  eq(answer.exitCode, 0, 'exitCode')
+  eq(answer.timedOut, false, 'timedOut')
+  eq(answer.stdout, 'hello\tworld\nno newline term\n\nat row 5', 'stdout')
+  eq(answer.stderr, 'careful\n', 'stderr')
+  eq(answer.stdoutTruncated, nil, 'not truncated')
+  truthy(type(answer.durationMs) == 'number', 'durationMs')
+  truthy(env.craft.native.text():find('hello world', 1, true) or env.craft.native.text():find('hello\tworld', 1, true), 'drawn on the screen: ' .. env.craft.native.text())
+  truthy(env.craft.native.text():find('careful', 1, true), 'stderr drawn too')
+  eq(_G.term.current(), env.craft.native, 'the daemon\'s terminal is back')
+  eq(_G.write ~= nil and _G.printError ~= nil, true, 'globals kept')
+  local again = okPayload(env.call('exec', { command = 'hello' }))
+  eq(again.stdout, answer.stdout, 'the swapped globals were put back and work again')
+end)
+
+test('exec of a failing or missing program exits 1 with the error on stderr', function()
+  local env = sandbox()
+  env.program('boom.lua', "print('before') error('it broke', 0)")
+  local answer = okPayload(env.call('exec', { command = 'boom' }))
+  eq({ answer.exitCode, answer.stdout, answer.stderr }, { 1, 'before\n', 'it broke\n' }, 'raised error')
+  local missing = okPayload(env.call('exec', { command = 'nope' }))
+  eq({ missing.exitCode, missing.stderr }, { 1, 'No such program\n' }, 'not found')
+end)
+
+test('exec resolves the command on the shell path, with args and cwd', function()
+  local env = sandbox()
+  env.program('rom/programs/echo.lua', "print(table.concat({ ... }, ' ')) print(shell.dir())")
+  env.program('work/tool.lua', "print('tool in ' .. shell.dir())")
+  local answer = okPayload(env.call('exec', { command = 'echo', args = { 'a b', 'c' } }))
+  eq(answer.stdout, 'a b c\n\n', 'found on the path, args verbatim, cwd /')
+  answer = okPayload(env.call('exec', { command = 'tool', cwd = '/work' }))
+  eq(answer.stdout, 'tool in work\n', 'relative to cwd, which the program sees')
+  answer = okPayload(env.call('exec', { command = 'echo', args = {}, cwd = 'work' }))
+  eq(answer.stdout, '\nwork\n', 'empty args as {}')
+  eq(env.craft.shell.dir(), '', 'the daemon\'s shell directory is back')
+end)
+
+test('exec without a shell loads the program itself', function()
+  local env = sandbox({ noShell = true })
+  env.program('rom/programs/greet.lua', "print('hi ' .. (...)) error('late')")
+  local answer = okPayload(env.call('exec', { command = 'greet', args = { 'you' } }))
+  eq(answer.exitCode, 1, 'failed')
+  eq(answer.stdout, 'hi you\n', 'ran with args')
+  truthy(answer.stderr:find('late', 1, true), 'error on stderr: ' .. answer.stderr)
+  eq(okPayload(env.call('exec', { command = 'gone' })).stderr, 'No such program\n', 'missing')
+end)
+
+test('exec gets events like parallel: timers, its filter, terminate', function()
+  local env = sandbox()
+  env.program('wait.lua', [[
+local _, value = os.pullEvent('custom')
+print('got ' .. value)
+sleep(2)
+print('slept')
+]])
+  local id = env.ask('exec', { command = 'wait' })
+  env.loop.emit('other', 'ignored')
+  env.loop.emit('custom', 'x')
+  eq(env.answers(id), nil, 'still sleeping')
+  env.loop.advance(1.9)
+  eq(env.answers(id), nil, 'not yet')
+  env.loop.advance(0.1)
+  eq(okPayload(env.final(id)).stdout, 'got x\nslept\n', 'woke on its timer')
+  eq(#env.loop.any, 0, 'no listener left')
+end)
+
+test('exec works on a loop without registerAny, through the known event names', function()
+  local inner = fakeLoop()
+  local plain = { register = inner.register, setTimeout = inner.setTimeout }
+  local env = sandbox({ loop = inner, eventLoop = plain })
+  env.program('nap.lua', "sleep(1) local _, v = os.pullEvent('trapos_sandbox_reply') print(v)")
+  local id = env.ask('exec', { command = 'nap' })
+  inner.advance(1)
+  inner.emit('trapos_sandbox_reply', 'r-1')
+  eq(okPayload(env.final(id)).stdout, 'r-1\n', 'timer and a known event reached it')
+  eq(#inner.any, 0, 'registerAny was not used')
+  local left = 0
+  for _, list in pairs(inner.handlers) do left = left + #list end
+  local sessionHandlers = 6
+  eq(left, sessionHandlers, 'the program\'s listeners are gone, the session\'s remain')
+end)
+
+test('a ping is answered at once while a long exec runs', function()
+  local env = sandbox()
+  env.program('long.lua', "for i = 1, 30 do sleep(1) end print('done')")
+  local id = env.ask('exec', { command = 'long', timeoutMs = 60000 })
+  env.loop.advance(5)
+  local ping = env.call('ping', {})
+  eq(okPayload(ping), { traposId = '7:' }, 'ping answered mid-run')
+  eq(env.answers(id), nil, 'exec still running')
+  env.loop.advance(25)
+  eq(okPayload(env.final(id)).stdout, 'done\n', 'exec finished')
+end)
+
+test('exec timeout terminates a program that loops with sleep', function()
+  local env = sandbox()
+  env.program('loop.lua', "while true do print('tick') sleep(1) end")
+  local id = env.ask('exec', { command = 'loop', timeoutMs = 2500 })
+  env.loop.advance(2.4)
+  eq(env.answers(id), nil, 'running before the timeout')
+  env.loop.advance(0.1)
+  local answer = okPayload(env.final(id))
+  eq(answer.timedOut, true, 'timedOut')
+  eq(answer.exitCode, 1, 'exitCode')
+  eq(answer.stdout, 'tick\ntick\ntick\n', 'output so far')
+  eq(answer.stderr, 'Terminated\n', 'the terminate error')
+  eq(answer.durationMs, 2500, 'durationMs')
+  local programTimers = 0
+  for _ in pairs(env.craft.timers) do programTimers = programTimers + 1 end
+  eq(env.loop.pending(), programTimers, 'only the program\'s own sleep timer is left')
+end)
+
+test('a program that ignores terminate is abandoned after a grace second', function()
+  local env = sandbox()
+  env.program('stubborn.lua', "while true do os.pullEventRaw() end")
+  local id = env.ask('exec', { command = 'stubborn', timeoutMs = 1000 })
+  env.loop.advance(1)
+  eq(env.answers(id), nil, 'gets its grace')
+  env.loop.advance(1)
+  local answer = okPayload(env.final(id))
+  eq({ answer.timedOut, answer.exitCode }, { true, 1 }, 'abandoned with timedOut')
+  truthy(answer.stderr:find('abandoned', 1, true), 'says so: ' .. answer.stderr)
+  eq(#env.loop.any, 0, 'no longer resumed')
+end)
+
+test('cancel terminates a running exec, which ends with cancelled', function()
+  local env = sandbox()
+  env.program('loop.lua', "while true do sleep(1) end")
+  local id = env.ask('exec', { command = 'loop' })
+  env.loop.advance(3)
+  local cancel = env.call('cancel', { messageId = id })
+  eq(okPayload(cancel), { cancelled = true }, 'cancel answer')
+  local final = env.final(id)
+  eq({ final.ok, final.error.code }, { false, 'cancelled' }, 'the cancelled request')
+  eq(okPayload(env.call('cancel', { messageId = id })), { cancelled = false }, 'nothing left to cancel')
+  eq(errorCode(env.call('cancel', {})), 'bad_request', 'cancel needs a messageId')
+end)
+
+test('exec output streams as coalesced partials, then one final answer', function()
+  local env = sandbox()
+  env.program('chatty.lua', [[
+print('one')
+sleep(0.05)
+print('two')
+sleep(0.03)
+printError('three')
+sleep(0.5)
+write(('x'):rep(5000))
+sleep(0.01)
+print('end')
+]])
+  local id = env.ask('exec', { command = 'chatty' })
+  local _, partials = env.answers(id)
+  eq(#partials, 1, 'the first output goes at once')
+  eq(partials[1], { event = 'computer_response', traposSenderId = '7:', messageId = id, type = 'exec', ok = true, partial = true,
+    payload = { type = 'stdout_delta', data = 'one\n' } }, 'partial frame')
+  env.loop.advance(0.08)
+  eq(#select(2, env.answers(id)), 1, 'two and three wait for 100 ms')
+  env.loop.advance(0.02)
+  _, partials = env.answers(id)
+  eq(#partials, 2, 'sent at 100 ms, one partial per flush')
+  eq(partials[2].payload, { type = 'stdout_delta', data = 'two\n' }, 'stdout first')
+  env.loop.advance(0.1)
+  _, partials = env.answers(id)
+  eq(partials[3].payload, { type = 'stderr_delta', data = 'three\n' }, 'then stderr, 100 ms later')
+  env.loop.advance(0.3)
+  _, partials = env.answers(id)
+  eq(#partials, 3, 'quiet while sleeping')
+  env.loop.advance(0.085)
+  local final
+  final, partials = env.answers(id)
+  eq(#partials, 4, '4 KiB goes at once')
+  eq(#partials[4].payload.data, 5000, 'the big write')
+  eq(final, nil, 'still running')
+  env.loop.advance(0.01)
+  final, partials = env.answers(id)
+  eq(#partials, 5, 'what was left is sent before the final answer')
+  local streamed = { stdout_delta = {}, stderr_delta = {} }
+  for _, p in ipairs(partials) do table.insert(streamed[p.payload.type], p.payload.data) end
+  local answer = okPayload(final)
+  eq(table.concat(streamed.stdout_delta), answer.stdout, 'stdout partials add up to the final stdout')
+  eq(table.concat(streamed.stderr_delta), answer.stderr, 'stderr partials add up to the final stderr')
+  eq(answer.stdout, 'one\ntwo\n' .. ('x'):rep(5000) .. 'end\n', 'final stdout')
+end)
+
+test('exec output beyond maxOutputBytes is dropped and flagged', function()
+  local env = sandbox()
+  env.program('flood.lua', "for i = 1, 100 do write('0123456789') end printError('e1') printError('e2')")
+  local id = env.ask('exec', { command = 'flood', maxOutputBytes = 25 })
+  local final, partials = env.answers(id)
+  local answer = okPayload(final)
+  eq(answer.stdout, ('0123456789'):rep(2) .. '01234', 'stdout cut at 25 bytes')
+  eq(answer.stdoutTruncated, true, 'flagged')
+  eq(answer.stderr, 'e1\ne2\n', 'stderr has its own budget')
+  eq(answer.stderrTruncated, nil, 'stderr fits')
+  local total = 0
+  for _, p in ipairs(partials) do total = total + #p.payload.data end
+  eq(total, 31, 'partials carry only what was kept')
+end)
+
+test('an answer too large for one frame is shrunk or refused, never sent', function()
+  local env = sandbox()
+  -- Control characters are escaped six times over: 64 KiB of them cannot fit in 128 KiB.
+  env.program('binary.lua', "write(('\\1'):rep(65536))")
+  local id = env.ask('exec', { command = 'binary' })
+  local final, partials = env.answers(id)
+  for i, s in ipairs(env.h.sent) do truthy(#s <= lib.MAX_SEND, 'frame ' .. i .. ' is ' .. #s .. ' bytes') end
+  local answer = okPayload(final)
+  eq(answer.stdoutTruncated, true, 'the final stdout was cut to fit')
+  truthy(#answer.stdout < 65536 and #answer.stdout > 0, 'kept a part: ' .. #answer.stdout)
+  local streamed = 0
+  for _, p in ipairs(partials) do streamed = streamed + #p.payload.data end
+  eq(streamed, 65536, 'the partials carried all of it')
+  -- A handler answer that cannot shrink becomes too_large.
+  local ctx = msgCtx()
+  ctx.handlers = { big = function(req) req.respond(true, { blob = ('a'):rep(200000) }) end }
+  lib.onMessage(encode(lib.gatewayRequest('7:t', 'g-1', 'big')), ctx)
+  eq(ctx.sent[1].error.code, 'too_large', 'too_large')
+end)
+
+test('jobs stop when their connection drops', function()
+  local env = sandbox()
+  env.program('loop.lua', "local ok = pcall(function() while true do sleep(1) end end) _G.sawTerminate = not ok")
+  local id = env.ask('exec', { command = 'loop' })
+  local before = #env.h.sent
+  env.loop.emit('websocket_closed', env.http.lastUrl())
+  eq(rawget(_G, 'sawTerminate'), true, 'the program got terminate')
+  eq(#env.h.sent, before, 'nothing sent on the dead socket')
+  eq(env.session.status().jobs, 0, 'no job left')
+  eq(#env.loop.any, 0, 'no listener left')
+  rawset(_G, 'sawTerminate', nil)
+  eq(env.answers(id), nil, 'no answer')
+end)
+
+test('exec bad requests', function()
+  local env = sandbox()
+  for _, payload in ipairs({ {}, { command = '' }, { command = 5 }, { command = 'x', args = { 1 } }, { command = 'x', args = 'a' },
+    { command = 'x', cwd = '/nowhere' }, { command = 'x', timeoutMs = -1 }, { command = 'x', maxOutputBytes = 'lots' } }) do
+    eq(errorCode(env.call('exec', payload)), 'bad_request', 'exec ' .. encode(payload))
+  end
+  eq(errorCode(env.call('eval', {})), 'bad_request', 'eval without code')
+end)
+
+-- eval -----------------------------------------------------------------------------
+
+test('eval returns serialized values and captures what it prints', function()
+  local env = sandbox()
+  eq(okPayload(env.call('eval', { code = '1 + 1' })), { ok = true, returns = { '2' }, stdout = '', durationMs = 0, timedOut = false }, 'an expression')
+  local answer = okPayload(env.call('eval', { code = "local x = 2 print('p') printError('q') return x, 'a', nil, { k = true }" }))
+  eq(answer.returns, { '2', '"a"', 'nil', '{ ["k"] = true }' }, 'statements with returns')
+  eq(answer.stdout, 'p\nq\n', 'print and printError in stdout')
+  eq(okPayload(env.call('eval', { code = 'print' })).returns[1]:match('^function'), 'function', 'a function becomes tostring')
+  eq(okPayload(env.call('eval', { code = 'return fs ~= nil and term ~= nil' })).returns, { 'true' }, 'the computer\'s globals')
+  okPayload(env.call('eval', { code = 'counter = 41' }))
+  eq(okPayload(env.call('eval', { code = 'counter + 1' })).returns, { '42' }, 'assignments last for the session')
+  eq(rawget(_G, 'counter'), nil, 'without touching _G')
+end)
+
+test('eval compile and runtime errors are ok false with the error', function()
+  local env = sandbox()
+  local answer = okPayload(env.call('eval', { code = 'return +' }))
+  eq({ answer.ok, answer.returns }, { false, {} }, 'compile error')
+  truthy(answer.error:find('eval:1:', 1, true), 'with position: ' .. answer.error)
+  answer = okPayload(env.call('eval', { code = "print('half') error('bad thing')" }))
+  eq({ answer.ok, answer.stdout }, { false, 'half\n' }, 'runtime error')
+  truthy(answer.error:find('bad thing', 1, true), answer.error)
+end)
+
+test('eval times out like exec', function()
+  local env = sandbox()
+  local id = env.ask('eval', { code = 'while true do sleep(1) end', timeoutMs = 1500 })
+  env.loop.advance(1.5)
+  local answer = okPayload(env.final(id))
+  eq({ answer.ok, answer.timedOut, answer.error }, { false, true, 'Terminated' }, 'timed out')
+end)
+
+-- Files ----------------------------------------------------------------------------
+
+test('base64 matches known vectors', function()
+  local vectors = { [''] = '', f = 'Zg==', fo = 'Zm8=', foo = 'Zm9v', foob = 'Zm9vYg==', fooba = 'Zm9vYmE=', foobar = 'Zm9vYmFy' }
+  for plain, coded in pairs(vectors) do
+    eq(lib.base64Encode(plain), coded, 'encode ' .. plain)
+    eq(lib.base64Decode(coded), plain, 'decode ' .. coded)
+  end
+  eq(lib.base64Decode('Zm9v\nYmFy '), 'foobar', 'whitespace ignored')
+  for _, bad in ipairs({ 'Zm9', 'Zm9v!A==', '=Zm9', 'Zg=a' }) do
+    local value, err = lib.base64Decode(bad)
+    eq(value, nil, 'rejects ' .. bad)
+    truthy(type(err) == 'string', 'with a reason')
+  end
+end)
+
+test('base64 round trips all 256 byte values', function()
+  local bytes = {}
+  for i = 0, 255 do bytes[#bytes + 1] = string.char(i) end
+  local all = table.concat(bytes)
+  local coded = lib.base64Encode(all)
+  eq(coded, 'AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7PD0+P0BBQkNERUZHSElKS0xNTk9QUVJTVFVWV1hZWltcXV5fYGFiY2RlZmdoaWprbG1ub3BxcnN0dXZ3eHl6e3x9fn+AgYKDhIWGh4iJiouMjY6PkJGSk5SVlpeYmZqbnJ2en6ChoqOkpaanqKmqq6ytrq+wsbKztLW2t7i5uru8vb6/wMHCw8TFxsfIycrLzM3Oz9DR0tPU1dbX2Nna29zd3t/g4eLj5OXm5+jp6uvs7e7v8PHy8/T19vf4+fr7/P3+/w==', 'known encoding')
+  eq(lib.base64Decode(coded), all, 'decodes back')
+  for cut = 1, 3 do eq(lib.base64Decode(lib.base64Encode(all:sub(cut))), all:sub(cut), 'length ' .. (256 - cut + 1)) end
+end)
+
+-- Deterministic binary data: every byte value, in an order that does not repeat quickly.
+local function binaryData(n)
+  local codes, parts, seed = {}, {}, 12345
+  for i = 1, n do
+    seed = (seed * 1103515245 + 12345) % 2147483648
+    codes[#codes + 1] = math.floor(seed / 65536) % 256
+    if #codes == 1024 or i == n then parts[#parts + 1] = string.char(table.unpack(codes)); codes = {} end
+  end
+  return table.concat(parts)
+end
+
+test('a 300 KB file written in parts reads back identical in chunks', function()
+  local env = sandbox({ capacity = 2000000 })
+  local data = binaryData(300000)
+  env.craft.fs.put('big.bin', 'old contents')
+  local chunk = lib.MAX_CONTENT
+  local offset = 0
+  while offset < #data do
+    local piece = data:sub(offset + 1, offset + chunk)
+    local final = offset + #piece >= #data
+    local answer = okPayload(env.call('write_file', { path = '/big.bin', content = lib.base64Encode(piece), encoding = 'base64',
+      part = { offset = offset, final = final } }), 'part at ' .. offset)
+    offset = offset + #piece
+    eq({ answer.bytesWritten, answer.sizeBytes }, { #piece, offset }, 'part answer at ' .. offset)
+    if not final then eq(env.craft.fs.files['big.bin'], 'old contents', 'the old file stays until the last part') end
+  end
+  eq(#env.craft.fs.files['big.bin'], 300000, 'replaced whole')
+  eq(env.craft.fs.list(''), { 'big.bin', 'rom' }, 'no temporary file left')
+  local got, at = {}, 0
+  repeat
+    local answer = okPayload(env.call('read_file', { path = 'big.bin', offset = at, encoding = 'base64' }))
+    eq({ answer.encoding, answer.sizeBytes, answer.offset }, { 'base64', 300000, at }, 'read answer at ' .. at)
+    got[#got + 1] = lib.base64Decode(answer.content)
+    eq(#got[#got], answer.bytesRead, 'bytesRead')
+    truthy(answer.bytesRead <= lib.MAX_CONTENT, 'at most 64 KiB a frame')
+    at = at + answer.bytesRead
+  until answer.bytesRead == 0
+  eq(#got, 6, 'five chunks and an empty one')
+  truthy(table.concat(got) == data, 'identical bytes')
+  for i, s in ipairs(env.h.sent) do truthy(#s <= lib.MAX_SEND, 'frame ' .. i .. ' is ' .. #s .. ' bytes') end
+  eq(env.craft.fs.opens, env.craft.fs.closes, 'every handle closed once')
+end)
+
+test('write_file parts must follow on from what was received', function()
+  local env = sandbox()
+  local part1 = lib.base64Encode('hello ')
+  okPayload(env.call('write_file', { path = 'a.txt', content = part1, encoding = 'base64', part = { offset = 0, final = false } }))
+  local wrong = env.call('write_file', { path = 'a.txt', content = part1, encoding = 'base64', part = { offset = 3, final = true } })
+  eq(errorCode(wrong), 'bad_request', 'offset mismatch')
+  truthy(wrong.error.message:find('6 bytes', 1, true), wrong.error.message)
+  okPayload(env.call('write_file', { path = 'a.txt', content = lib.base64Encode('world'), encoding = 'base64', part = { offset = 6, final = true } }))
+  eq(env.craft.fs.files['a.txt'], 'hello world', 'joined')
+  eq(errorCode(env.call('write_file', { path = 'b.txt', content = 'abc' })), 'bad_request', 'bad base64')
+  eq(errorCode(env.call('write_file', { path = 'b.txt', content = '', encoding = 'utf8' })), 'bad_request', 'other encodings')
+  eq(errorCode(env.call('write_file', { path = 'b.txt' })), 'bad_request', 'no content')
+  eq(errorCode(env.call('write_file', { content = '' })), 'bad_request', 'no path')
+  eq(errorCode(env.call('write_file', { path = 'b.txt', content = lib.base64Encode(('z'):rep(lib.MAX_CONTENT + 1)) })), 'bad_request', 'over 64 KiB in a frame')
+end)
+
+test('write_file creates missing folders and writes whole files', function()
+  local env = sandbox()
+  local answer = okPayload(env.call('write_file', { path = 'deep/er/file.txt', content = lib.base64Encode('x\0y'), encoding = 'base64' }))
+  eq(answer, { bytesWritten = 3, sizeBytes = 3 }, 'answer')
+  eq(env.craft.fs.files['deep/er/file.txt'], 'x\0y', 'binary-safe')
+  okPayload(env.call('write_file', { path = 'deep/er/file.txt', content = '', encoding = 'base64' }))
+  eq(env.craft.fs.files['deep/er/file.txt'], '', 'an empty file')
+  okPayload(env.call('write_file', { path = 'rel.txt', cwd = '/deep', content = lib.base64Encode('r') }))
+  eq(env.craft.fs.files['deep/rel.txt'], 'r', 'relative to cwd')
+end)
+
+test('writing under /rom is fs_error Access denied', function()
+  local env = sandbox()
+  local frame = env.call('write_file', { path = '/rom/x', content = lib.base64Encode('no'), encoding = 'base64' })
+  eq({ frame.ok, frame.error }, { false, { code = 'fs_error', message = '/rom/x: Access denied' } }, 'write')
+  eq(env.call('delete_file', { path = 'rom/programs' }).error, { code = 'fs_error', message = '/rom/programs: Access denied' }, 'delete')
+  eq(env.craft.fs.files['rom/x'], nil, 'nothing written')
+end)
+
+test('out of space fails with fs_error before anything is written', function()
+  local env = sandbox({ capacity = 3000 })
+  env.craft.fs.put('keep.txt', 'kept')
+  local before = env.craft.fs.used()
+  local frame = env.call('write_file', { path = '/keep.txt', content = lib.base64Encode(('y'):rep(2500)), encoding = 'base64' })
+  eq(errorCode(frame), 'fs_error', 'fs_error')
+  truthy(frame.error.message:find('^Out of space'), frame.error.message)
+  eq(env.craft.fs.files['keep.txt'], 'kept', 'the old file is untouched')
+  eq(env.craft.fs.list(''), { 'keep.txt', 'rom' }, 'no temporary file')
+  eq(env.craft.fs.used(), before, 'no space used')
+  eq(env.craft.fs.opens, 0, 'nothing opened')
+  -- A write the precheck lets through but the disk refuses still leaves nothing behind.
+  env.craft.fs.getFreeSpace = nil
+  frame = env.call('write_file', { path = '/new.txt', content = lib.base64Encode(('y'):rep(2600)), encoding = 'base64' })
+  eq(frame.error, { code = 'fs_error', message = 'Out of space' }, 'CraftOS\'s own message')
+  eq(env.craft.fs.list(''), { 'keep.txt', 'rom' }, 'still nothing left')
+end)
+
+test('read_file windows, limits and errors', function()
+  local env = sandbox()
+  env.craft.fs.put('f.bin', '0123456789')
+  local answer = okPayload(env.call('read_file', { path = 'f.bin', offset = 2, length = 5, encoding = 'base64' }))
+  eq({ lib.base64Decode(answer.content), answer.bytesRead, answer.sizeBytes, answer.offset }, { '23456', 5, 10, 2 }, 'a window')
+  answer = okPayload(env.call('read_file', { path = 'f.bin', offset = 20 }))
+  eq({ answer.content, answer.bytesRead }, { '', 0 }, 'past the end')
+  env.craft.fs.put('huge.bin', ('h'):rep(lib.MAX_CONTENT + 10))
+  eq(okPayload(env.call('read_file', { path = 'huge.bin', length = 1000000 })).bytesRead, lib.MAX_CONTENT, 'length capped at 64 KiB')
+  eq(env.call('read_file', { path = 'missing' }).error, { code = 'fs_error', message = '/missing: No such file' }, 'missing')
+  eq(env.call('read_file', { path = 'rom' }).error, { code = 'fs_error', message = '/rom: Is a directory' }, 'a folder')
+  eq(errorCode(env.call('read_file', { path = 'f.bin', offset = -1 })), 'bad_request', 'negative offset')
+  eq(errorCode(env.call('read_file', { path = 'f.bin', encoding = 'hex' })), 'bad_request', 'other encodings')
+  eq(env.craft.fs.opens, env.craft.fs.closes, 'every handle closed once')
+end)
+
+test('list_files lists names, types, sizes and readOnly', function()
+  local env = sandbox()
+  env.craft.fs.put('a.txt', 'abc')
+  env.craft.fs.makeDir('sub')
+  local answer = okPayload(env.call('list_files', { path = '/' }))
+  eq(answer, { path = '/', entries = {
+    { name = 'a.txt', type = 'file', size = 3, readOnly = false },
+    { name = 'rom', type = 'dir', size = 0, readOnly = true },
+    { name = 'sub', type = 'dir', size = 0, readOnly = false },
+  } }, 'root')
+  eq(okPayload(env.call('list_files', { path = 'sub' })), { path = '/sub', entries = {} }, 'empty folder')
+  eq(env.call('list_files', { path = 'a.txt' }).error, { code = 'fs_error', message = '/a.txt: Not a directory' }, 'a file')
+  eq(env.call('list_files', { path = 'nope' }).error, { code = 'fs_error', message = '/nope: No such file' }, 'missing')
+end)
+
+test('delete_file deletes or says it did not', function()
+  local env = sandbox()
+  env.craft.fs.put('d/x.txt', 'x')
+  eq(okPayload(env.call('delete_file', { path = '/d/x.txt' })), { deleted = true }, 'deleted')
+  eq(env.craft.fs.files['d/x.txt'], nil, 'gone')
+  eq(okPayload(env.call('delete_file', { path = '/d/x.txt' })), { deleted = false }, 'nothing to delete')
+  eq(errorCode(env.call('delete_file', { path = '/' })), 'bad_request', 'not the root')
+end)
+
+-- Screen ---------------------------------------------------------------------------
+
+test('screen reads the recorded terminal, or says why it cannot', function()
+  local env = sandbox()
+  local missing = env.call('screen', {})
+  eq(errorCode(missing), 'internal', 'no readable terminal')
+  eq(missing.error.message, lib.NO_SCREEN, 'says why and what to do')
+  local win = fakeWindow(6, 2)
+  win.write('hi')
+  win.setCursorPos(3, 2)
+  rawset(_G, 'traposSandboxScreen', win)
+  eq(okPayload(env.call('screen', {})), { width = 6, height = 2, cursorX = 3, cursorY = 2, lines = { 'hi    ', '      ' },
+    text = { '000000', '000000' }, background = { 'ffffff', 'ffffff' } }, 'the screen')
+end)
+
 local suite = {}
 function suite.names()
   local out = {}
@@ -892,6 +1896,7 @@ function suite.run(name)
   local fn = cases[name]
   if not fn then return false, 'no such test: ' .. tostring(name) end
   local ok, err = pcall(fn)
+  runCleanups()
   if ok then return true end
   return false, tostring(err)
 end

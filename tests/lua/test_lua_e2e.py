@@ -1,5 +1,6 @@
 """Full boot: the real lua/ files on the CraftOS harness against the real gateway on loopback."""
 
+import base64
 from pathlib import Path
 
 from twisted.internet import defer, reactor
@@ -148,12 +149,13 @@ class EndToEndTests(GatewayMixin, TestCase):
         c = self.computer(install=False)
         c.set_settings({"sandbox.url": None, "sandbox.password": None})
         base = f"http://127.0.0.1:{self.port}"
-        proc = c.run(f"wget run {base}/client/install.lua {PASSWORD}")
+        proc = c.run(f"wget run {base}/client/install.lua {PASSWORD} --allow=exec,fs.read")
         ok, err = yield proc.done
         self.assertTrue(ok, err)
         self.assertIn("startup entry: /startup/sandbox-daemon.lua", c.output)
         self.assertEqual(c.get_setting("sandbox.url"), self.url.encode())
         self.assertEqual(c.get_setting("sandbox.password"), PASSWORD.encode())
+        self.assertEqual(c.get_setting("sandbox.allow"), b"exec,fs.read")
         for dest, source in CLIENT_FILES.items():
             self.assertEqual(c.read_file(dest), source.read_bytes())
         # Reboot: startup starts the daemon, and `sandbox` is an alias.
@@ -165,6 +167,20 @@ class EndToEndTests(GatewayMixin, TestCase):
         proc = rebooted.run("sandbox health")
         yield proc.done
         self.assertIn("sandboxOk: true", rebooted.output)
+
+    @defer.inlineCallbacks
+    def test_installer_asks_for_consent(self):
+        """Without --allow the installer asks once; Enter (no) allows nothing, y allows all."""
+        base = f"http://127.0.0.1:{self.port}"
+        for id, answer, expected in ((8, "", b""), (9, "y", b"exec,eval,fs.read,fs.write,screen")):
+            c = self.computer(id=id, install=False)
+            c.set_settings({"sandbox.url": None, "sandbox.password": None})
+            proc = c.run(f"wget run {base}/client/install.lua {PASSWORD}")
+            yield c.wait_for_output("see the screen on this computer? [y/N]")
+            c.type_line(answer)
+            ok, err = yield proc.done
+            self.assertTrue(ok, err)
+            self.assertEqual(c.get_setting("sandbox.allow"), expected)
 
 
 class RealOpencodeEndToEndTests(GatewayMixin, TestCase):
@@ -178,3 +194,102 @@ class RealOpencodeEndToEndTests(GatewayMixin, TestCase):
         self.assertIn("sandboxOk: true\n", c.output)
         self.assertIn("opencodeOk: true\n", c.output)
         self.assertNotIn("opencode: ", c.output)
+
+
+class SandboxEndToEndTests(GatewayMixin, TestCase):
+    """The §9 requests answered by the real client files on the harness."""
+
+    @defer.inlineCallbacks
+    def ready(self, allow="exec,eval,fs.read,fs.write,screen", label="sb"):
+        c = self.computer(label=label)
+        if allow is not None:
+            c.set_settings({"sandbox.allow": allow})
+        yield self.start_daemon(c)
+        return c
+
+    def ask(self, c, type, payload):
+        return self.gateway.registry.request(f"7:{c.label}", type, payload, timeout=10)
+
+    @defer.inlineCallbacks
+    def test_files_round_trip(self):
+        c = yield self.ready()
+        data = bytes(range(256)) * 200
+        answer = yield self.ask(
+            c,
+            "write_file",
+            {
+                "path": "/data/blob.bin",
+                "content": base64.b64encode(data).decode(),
+                "encoding": "base64",
+            },
+        )
+        self.assertTrue(answer.ok, answer.error)
+        self.assertEqual(answer.payload, {"bytesWritten": len(data), "sizeBytes": len(data)})
+        self.assertEqual(c.read_file("/data/blob.bin"), data)
+        answer = yield self.ask(
+            c, "read_file", {"path": "data/blob.bin", "offset": 1000, "length": 5000}
+        )
+        self.assertTrue(answer.ok, answer.error)
+        self.assertEqual(base64.b64decode(answer.payload["content"]), data[1000:6000])
+        self.assertEqual(answer.payload["sizeBytes"], len(data))
+        answer = yield self.ask(c, "list_files", {"path": "/data"})
+        self.assertEqual(
+            answer.payload,
+            {
+                "path": "/data",
+                "entries": [
+                    {"name": "blob.bin", "type": "file", "size": len(data), "readOnly": False}
+                ],
+            },
+        )
+        answer = yield self.ask(
+            c, "write_file", {"path": "/rom/x", "content": "", "encoding": "base64"}
+        )
+        self.assertEqual((answer.ok, answer.error.code), (False, "fs_error"))
+        self.assertIn("Access denied", answer.error.message)
+        answer = yield self.ask(c, "delete_file", {"path": "/data/blob.bin"})
+        self.assertEqual(answer.payload, {"deleted": True})
+        self.assertIsNone(c.read_file("/data/blob.bin"))
+        self.assertEqual(c.violations, [])
+
+    @defer.inlineCallbacks
+    def test_eval_and_a_quiet_exec(self):
+        c = yield self.ready()
+        answer = yield self.ask(c, "eval", {"code": "1 + 1"})
+        self.assertTrue(answer.ok, answer.error)
+        self.assertEqual(answer.payload["returns"], ["2"])
+        self.assertIs(answer.payload["ok"], True)
+        c.write_file("/quiet.lua", "sleep(0.1) _G.quietRan = (...)")
+        answer = yield self.ask(c, "exec", {"command": "quiet", "args": ["yes"]})
+        self.assertTrue(answer.ok, answer.error)
+        self.assertEqual((answer.payload["exitCode"], answer.payload["timedOut"]), (0, False))
+        self.assertEqual(c.eval("return quietRan"), b"yes")
+        ping = yield self.ask(c, "ping", {})
+        self.assertTrue(ping.ok)
+
+    @defer.inlineCallbacks
+    def test_nothing_allowed_is_forbidden_until_sandbox_allow(self):
+        c = yield self.ready(allow=None)
+        answer = yield self.ask(c, "eval", {"code": "1"})
+        self.assertEqual((answer.ok, answer.error.code), (False, "forbidden"))
+        self.assertIn('run "sandbox allow eval"', answer.error.message)
+        proc = c.run("/programs/sandbox.lua allow eval")
+        yield proc.done
+        self.assertIn("allowed: eval", c.output)
+        self.assertEqual(c.get_setting("sandbox.allow"), b"eval")
+        yield c.wait_for_lua("traposSandboxState.capabilities[1] == 'eval'")
+        answer = yield self.ask(c, "eval", {"code": "1"})
+        self.assertTrue(answer.ok, answer.error)
+        proc = c.run("/programs/sandbox.lua status")
+        yield proc.done
+        self.assertIn("allowed: eval", c.output)
+        proc = c.run("/programs/sandbox.lua deny bogus")
+        yield proc.done
+        self.assertIn("unknown capability bogus", c.output)
+
+    @defer.inlineCallbacks
+    def test_screen_without_a_readable_terminal_says_why(self):
+        c = yield self.ready()
+        answer = yield self.ask(c, "screen", {})
+        self.assertFalse(answer.ok)
+        self.assertIn("no readable screen", answer.error.message)

@@ -5,11 +5,14 @@ pytest functions: a plain pytest function would start pytest-twisted's reactor g
 the trial test cases that run after it could no longer run the reactor themselves.
 """
 
+import json
 import re
 from pathlib import Path
 
 from lupa import lua52
 from twisted.trial.unittest import SynchronousTestCase
+
+import trapsandbox
 
 LUA_DIR = Path(__file__).resolve().parents[2] / "lua"
 LIB = LUA_DIR / "apis" / "libsandbox.lua"
@@ -74,3 +77,20 @@ class LuaSourceTests(SynchronousTestCase):
                     re.search(r"(?<![\w.])unpack\(", code), f"{path}: global unpack: {line.strip()}"
                 )
             self.assertTrue(text.startswith("local _VERSION = '"), f"{path}: _VERSION first")
+
+
+class VersionTests(SynchronousTestCase):
+    def test_every_lua_version_ccpm_and_the_package_agree(self):
+        """One release: every Lua _VERSION, ccpm.json's version and trapsandbox.__version__."""
+
+        versions = {"trapsandbox.__version__": trapsandbox.__version__}
+        ccpm = LUA_DIR / "packages" / "trapos-sandbox" / "ccpm.json"
+        versions[str(ccpm.relative_to(LUA_DIR))] = json.loads(ccpm.read_text())["version"]
+        for path in sorted(LUA_DIR.rglob("*.lua")):
+            match = re.match(r"local _VERSION = '([^']*)'\n", path.read_text())
+            self.assertIsNotNone(match, f"{path}: no _VERSION on the first line")
+            versions[str(path.relative_to(LUA_DIR))] = match.group(1)
+        self.assertGreater(len(versions), 6)
+        self.assertEqual(
+            set(versions.values()), {trapsandbox.__version__}, f"versions disagree: {versions}"
+        )
