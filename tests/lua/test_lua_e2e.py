@@ -9,6 +9,7 @@ from twisted.trial.unittest import TestCase
 from tests.harness.craftos import Computer
 from tests.harness.opencode import start_opencode
 from tests.harness.support import closed_port, start_gateway
+from trapsandbox.wire import GatewayError
 
 LUA = Path(__file__).resolve().parents[2] / "lua"
 CLIENT_FILES = {
@@ -270,14 +271,25 @@ class SandboxEndToEndTests(GatewayMixin, TestCase):
     @defer.inlineCallbacks
     def test_nothing_allowed_is_forbidden_until_sandbox_allow(self):
         c = yield self.ready(allow=None)
+        # The gateway refuses without sending anything...
+        failure = yield self.assertFailure(self.ask(c, "eval", {"code": "1"}), GatewayError)
+        self.assertEqual(failure.code, "forbidden")
+        self.assertIn('run "sandbox allow eval"', failure.message)
+        # ... and so does the computer, should the gateway believe otherwise.
+        session = self.gateway.registry.find("7:sb")
+        session.capabilities = frozenset({"eval"})
         answer = yield self.ask(c, "eval", {"code": "1"})
         self.assertEqual((answer.ok, answer.error.code), (False, "forbidden"))
         self.assertIn('run "sandbox allow eval"', answer.error.message)
+        session.capabilities = frozenset()
         proc = c.run("/programs/sandbox.lua allow eval")
         yield proc.done
         self.assertIn("allowed: eval", c.output)
         self.assertEqual(c.get_setting("sandbox.allow"), b"eval")
         yield c.wait_for_lua("traposSandboxState.capabilities[1] == 'eval'")
+        # Frames are handled in order: once a ping is answered, so is the announcement.
+        yield self.ask(c, "ping", {})
+        self.assertEqual(session.capabilities, {"eval"})
         answer = yield self.ask(c, "eval", {"code": "1"})
         self.assertTrue(answer.ok, answer.error)
         proc = c.run("/programs/sandbox.lua status")
