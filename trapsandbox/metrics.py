@@ -39,7 +39,10 @@ GATEWAY_OUTCOMES = (
     wire.BAD_REQUEST,
     wire.INTERNAL,
     "cancelled",
+    wire.FORBIDDEN,
 )
+# Requests to computers with a label of their own (operators may send any type).
+GATEWAY_REQUEST_TYPES = frozenset({"ping", "cancel", *wire.CAPABILITY_OF})
 PROBE_OUTCOMES = ("ok", "unauthorized", "not_json", "http_error", "timeout", "unreachable", "error")
 OTHER = "other"
 
@@ -114,12 +117,13 @@ class Metrics:
 
         gateway = self._tallies(
             "gateway_requests",
-            "requests to computers by outcome: ok/error are the computer's answers",
+            "requests to computers by type and outcome: ok/error are the computer's answers",
+            "type",
             "outcome",
         )
         self._gateway_requests = gateway
         for outcome in GATEWAY_OUTCOMES:
-            gateway.labels(outcome)
+            gateway.labels("ping", outcome)
         self.gateway_request_seconds = Histogram(
             f"{PREFIX}_gateway_request_seconds",
             "time from sending a request to a computer to its answer, timeout or loss",
@@ -167,9 +171,10 @@ class Metrics:
         """The request types the gateway handles: their own label values."""
         self.computer_request_types = frozenset({"hello", *types})
 
-    def gateway_request(self, outcome: str, seconds: float | None) -> None:
+    def gateway_request(self, type: str, outcome: str, seconds: float | None) -> None:
         """Count one finished request to a computer; ``seconds`` None if it never went out."""
-        self._gateway_requests.labels(outcome).inc()
+        kind = type if type in GATEWAY_REQUEST_TYPES else OTHER
+        self._gateway_requests.labels(kind, outcome).inc()
         if seconds is not None:
             self.gateway_request_seconds.observe(seconds)
 

@@ -257,10 +257,10 @@ class Registry:
             d = session.request(type, payload or {}, timeout, on_partial)
         # A request refused before it went out has no latency worth recording.
         started = None if d.called else self.clock.seconds()
-        d.addBoth(self._count, started)
+        d.addBoth(self._count, type, started)
         return d
 
-    def _count(self, result: object, started: float | None) -> object:
+    def _count(self, result: object, type: str, started: float | None) -> object:
         if isinstance(result, Failure):
             if result.check(GatewayError):
                 outcome = result.value.code
@@ -271,5 +271,5 @@ class Registry:
         else:
             outcome = "ok" if result.ok else "error"
         seconds = None if started is None else self.clock.seconds() - started
-        self.metrics.gateway_request(outcome, seconds)
+        self.metrics.gateway_request(type, outcome, seconds)
         return result

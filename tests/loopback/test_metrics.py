@@ -98,9 +98,9 @@ class MetricsTests(TestCase):
         m = await self.scrape()
         self.assertEqual(self.value(m, "trapsandbox_gateway_requests_pending"), 0)
         gateway = "trapsandbox_gateway_requests_total"
-        self.assertEqual(self.value(m, gateway, outcome="ok"), 1)
-        self.assertEqual(self.value(m, gateway, outcome="timeout"), 1)
-        self.assertEqual(self.value(m, gateway, outcome="not_connected"), 1)
+        self.assertEqual(self.value(m, gateway, type="ping", outcome="ok"), 1)
+        self.assertEqual(self.value(m, gateway, type="ping", outcome="timeout"), 1)
+        self.assertEqual(self.value(m, gateway, type="ping", outcome="not_connected"), 1)
         # The refused one never went out: no latency for it.
         self.assertEqual(self.value(m, "trapsandbox_gateway_request_seconds_count"), 2)
         self.assertEqual(self.value(m, "trapsandbox_frames_sent_total", event="gateway_request"), 2)
@@ -119,8 +119,8 @@ class MetricsTests(TestCase):
         counted = Deferred()
         count = self.gateway.metrics.gateway_request
 
-        def observe(outcome, seconds):
-            count(outcome, seconds)
+        def observe(type, outcome, seconds):
+            count(type, outcome, seconds)
             counted.callback(outcome)
 
         self.patch(self.gateway.metrics, "gateway_request", observe)
