@@ -206,9 +206,7 @@ def cmd_request(args: argparse.Namespace) -> int:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
+    command = list(args.program)
     if not command:
         raise Failed("exec needs a command: trapsandbox-ctl exec ID -- CMD ARGS...")
     body: dict[str, Any] = {"command": command[0], "args": command[1:]}
@@ -423,7 +421,8 @@ def parser() -> argparse.ArgumentParser:
     run = on_computer("exec", "run a program on a computer, streaming its output", cmd_exec)
     run.add_argument("--cwd", default=None, help="working directory on the computer")
     run.add_argument("--timeout", type=_seconds, default=None, help="seconds (default 30)")
-    run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
+    # Everything after "--" is the command line, options of its own included (see main).
+    run.add_argument("program", nargs="*", metavar="-- CMD ARGS")
     evaluate = on_computer("eval", "run Lua code on a computer", cmd_eval, ("code", "CODE"))
     evaluate.add_argument("--timeout", type=_seconds, default=None, help="seconds (default 30)")
     on_computer("ls", "list a folder on a computer", cmd_ls, ("path", "PATH"))
@@ -440,7 +439,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    program = None
+    if "--" in argv:
+        # argparse mishandles "--" inside a subcommand: split it off here.
+        program, argv = argv[argv.index("--") + 1 :], argv[: argv.index("--")]
     args = parser().parse_args(argv)
+    if program is not None:
+        if args.command != "exec":
+            parser().error("only exec takes -- CMD ARGS")
+        args.program = [*args.program, *program]
     try:
         return args.run(args)
     except Failed as failure:
