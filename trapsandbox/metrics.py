@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 
-from trapsandbox import wire
+from trapsandbox import limits, wire
 
 PREFIX = "trapsandbox"
 
@@ -47,7 +47,10 @@ PROBE_OUTCOMES = ("ok", "unauthorized", "not_json", "http_error", "timeout", "un
 OTHER = "other"
 
 # Computers answer in milliseconds to minutes (a request may wait for a player).
-GATEWAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
+GATEWAY_BUCKETS = (
+    *(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+    limits.DEFAULT_REQUEST_TIMEOUT,
+)
 PROBE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
