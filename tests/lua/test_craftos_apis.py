@@ -1052,3 +1052,68 @@ class TextutilsTests(CraftOSTestCase):
     def test_url_encode(self):
         _, r = yield self.run_ok(r"R.u = textutils.urlEncode('a b&c~\n\233')")
         self.assertEqual(r["u"], "a+b%26c%7E%0D%0A%C3%A9")
+
+
+class CapturePatternTests(CraftOSTestCase):
+    @defer.inlineCallbacks
+    def test_a_program_in_a_coroutine_with_a_capturing_redirect(self):
+        """SPEC §9 exec's shape: a program runs in a coroutine beside the daemon, its output
+        captured through term.redirect and still drawn. As on CraftOS, print reaches a
+        redirect as words and spaces: a new line is a cursor move (or a scroll), never a
+        written "\\n"."""
+        c, r = yield self.run_ok(
+            """
+            local calls = {}
+            local parent = term.current()
+            local capture = {}
+            for k, fn in pairs(parent) do
+              capture[k] = function(...)
+                if k == 'write' or k == 'setCursorPos' or k == 'scroll' then
+                  calls[#calls + 1] = k .. ':' .. table.concat({ ... }, ',')
+                end
+                return fn(...)
+              end
+            end
+            local program = coroutine.create(function(...)
+              print('hello from', ...)
+              local _, v = os.pullEvent('go')
+              write('got ' .. v)
+              error('exec failed')
+            end)
+            local function step(...)
+              local previous = term.redirect(capture)
+              local ok, result = coroutine.resume(program, ...)
+              term.redirect(previous)
+              return ok, result
+            end
+            local ok, result = step('exec')
+            print('daemon still here')
+            os.queueEvent('go', 'value')
+            while coroutine.status(program) ~= 'dead' do
+              local event = table.pack(os.pullEventRaw(result))
+              ok, result = step(table.unpack(event, 1, event.n))
+            end
+            R.calls = calls
+            R.ended = { ok, result }
+            """,
+            size=(20, 5),
+        )
+        self.assertEqual(
+            r["calls"],
+            [
+                "write:hello",
+                "write: ",
+                "write:from",
+                "write:\t",
+                "write:exec",
+                "setCursorPos:1,2",
+                "write:got",
+                "write: ",
+                "write:value",
+            ],
+        )
+        self.assertEqual(r["ended"], [False, "harness:18: exec failed"])
+        self.assertEqual(
+            c.screen_lines()[:3],
+            ["hello from\texec".ljust(20), "daemon still here".ljust(20), "got value".ljust(20)],
+        )
