@@ -75,6 +75,11 @@ def _s(value: Any) -> Any:
 
 WAIT_TIMEOUT = 10.0
 
+
+def _no_attributes(obj: Any, name: Any, is_setting: bool) -> Any:
+    raise AttributeError("Lua code may not reach into Python objects")
+
+
 # A tiny ROM: the programs the tests and the installer flow need.
 ROM = {
     "programs/http/wget.lua": b"""
@@ -626,8 +631,14 @@ class Computer:
         self._write_rom()
         self.disk = Disk(self.root, capacity)
 
+        # Lua reaches Python only through the host table's functions: no python.eval, no
+        # builtins, no attributes of Python objects (debug.getupvalue can find `host`).
         self.lua = lua52.LuaRuntime(
-            encoding=None, unpack_returned_tuples=True, register_eval=False, register_builtins=False
+            encoding=None,
+            unpack_returned_tuples=True,
+            register_eval=False,
+            register_builtins=False,
+            attribute_filter=_no_attributes,
         )
         host = self.lua.table_from(
             {
@@ -662,7 +673,7 @@ class Computer:
                 b"fsReadLine": lambda h, trailing: self.disk.handles[h].read_line(bool(trailing)),
                 b"fsReadAll": lambda h: self.disk.handles[h].fh.read() or b"",
                 b"fsWrite": self._fs(lambda h, data: self.disk.handles[h].write(data)),
-                b"fsSeek": lambda h, whence, offset: self.disk.handles[h].seek(whence, offset),
+                b"fsSeek": lambda h, whence, offset: self.disk.handles[h].seek(whence, int(offset)),
                 b"wsOpen": self._ws_open,
                 b"wsSend": self._ws_send,
                 b"wsClose": self._ws_close,

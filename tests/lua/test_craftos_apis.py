@@ -686,6 +686,30 @@ class DiskTests(CraftOSTestCase):
         self.assertEqual(r["clean"], "a/bc/d")
 
     @defer.inlineCallbacks
+    def test_lua_cannot_reach_into_python(self):
+        _, r = yield self.run_ok(
+            """
+            local host
+            for i = 1, 20 do
+              local name, value = debug.getupvalue(fs.exists, i)
+              if name == 'host' then host = value end
+            end
+            R.found = host ~= nil
+            local ok, err = pcall(function() return host.fsExists.__globals__ end)
+            R.attr = { ok, tostring(err) }
+            R.python = python == nil
+            R.dump = string.dump == nil
+            R.bytecode = { load('\\27Lua') }
+            """
+        )
+        self.assertTrue(r["found"])  # debug is CraftOS's whole library...
+        self.assertFalse(r["attr"][0])  # ...but the Python behind it is out of reach
+        self.assertIn("may not reach into Python objects", r["attr"][1])
+        self.assertTrue(r["python"] and r["dump"])
+        self.assertIsNone(r["bytecode"][0])  # load takes text only, as Cobalt does
+        self.assertIn("binary chunk", r["bytecode"][1])
+
+    @defer.inlineCallbacks
     def test_python_writes_are_counted(self):
         c = self.computer()
         c.write_file("/payload.bin", b"z" * 3000)
