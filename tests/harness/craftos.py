@@ -1,10 +1,15 @@
 """A CraftOS computer for tests: real Lua 5.2 (lupa) driven by the Twisted reactor.
 
-Enough of CraftOS to run the files in ``lua/`` unmodified: the event queue (256 events, then
-dropped) with coroutines and ``parallel``, timers on the reactor, a filesystem rooted in a host
-directory, ``settings`` persisted to ``/.settings``, ``textutils`` JSON with CraftOS's rules,
-``shell``/``multishell``, ``read()`` fed by :meth:`Computer.type_line`, ``http.get`` and
-``http.websocketAsync`` backed by real connections, and captured terminal output.
+Enough of CraftOS to run the files in ``lua/`` unmodified, behaving as CC:Tweaked does: the
+event queue (256 events, then dropped) with coroutines and ``parallel``; timers on the reactor;
+"Too long without yielding" after ``yield_limit`` seconds without a yield; a terminal with a
+real text/colour buffer (``term``, ``window``, ``colors``, CraftOS's word-wrapping ``write``),
+multishell tabs each drawing into its own window; a filesystem rooted in a host directory with
+CC:Tweaked's space accounting, binary handles and error messages; ``settings`` persisted to
+``/.settings``; ``textutils`` serialisation and JSON with CraftOS's rules; ``shell``;
+``read()`` fed by :meth:`Computer.type_line`; ``http.get`` and ``http.websocketAsync`` backed
+by real connections. :attr:`Computer.output` is a flat log of everything written;
+:meth:`Computer.screen_lines` is what the screen shows.
 
 Lua strings are bytes on both sides (``encoding=None``): every string handed to Lua is bytes.
 
@@ -18,6 +23,13 @@ Usage (inside a trial ``TestCase`` or any reactor-driven test)::
     proc = computer.run("/programs/sandbox.lua health")
     yield proc.done                               # (ok, error) when the program ends
     yield computer.wait_for_output("sandboxOk: true", timeout=5)
+    computer.screen_lines()                       # the visible screen, one string a row
+
+Options: ``size=(51, 19)`` (the terminal), ``colour=True`` (an advanced computer),
+``capacity=1_000_000`` (bytes of disk, as CC:Tweaked's ``computer_space_limit``),
+``yield_limit=7.0`` (seconds a computer may run without yielding), ``multishell=True`` (each
+process is a multishell tab with its own window; keyboard events and ``terminate`` go to the
+focused tab only, see :meth:`Computer.focus`).
 
 Websocket behaviour follows CC:Tweaked by default (``close_mode="cct"``): a local ``close()``
 sends no close frame and queues no ``websocket_closed``; ``close_mode="craftos-pc"`` sends a
@@ -29,9 +41,11 @@ are recorded in :attr:`Computer.violations`.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -60,6 +74,11 @@ def _s(value: Any) -> Any:
 
 
 WAIT_TIMEOUT = 10.0
+
+
+def _no_attributes(obj: Any, name: Any, is_setting: bool) -> Any:
+    raise AttributeError("Lua code may not reach into Python objects")
+
 
 # A tiny ROM: the programs the tests and the installer flow need.
 ROM = {
@@ -116,6 +135,388 @@ class LuaProcessError(Exception):
     pass
 
 
+@dataclass
+class Screen:
+    """What a terminal shows: a row is a string of ``width`` cells (bytes as Latin-1, one a
+    cell), colours as blit strings (``0``-``f``, as ``window.getLine`` gives them)."""
+
+    width: int
+    height: int
+    cursor: tuple[int, int]
+    blink: bool
+    lines: list[str]
+    text_colours: list[str]
+    background_colours: list[str]
+
+
+def _screen(table: Any) -> Screen:
+    rows = table[b"height"]
+
+    def column(key: bytes) -> list[str]:
+        return [table[key][i].decode("latin-1") for i in range(1, rows + 1)]
+
+    return Screen(
+        width=table[b"width"],
+        height=rows,
+        cursor=(table[b"x"], table[b"y"]),
+        blink=bool(table[b"blink"]),
+        lines=column(b"text"),
+        text_colours=column(b"fg"),
+        background_colours=column(b"bg"),
+    )
+
+
+# -- the disk -------------------------------------------------------------------------
+
+MIN_FILE_SIZE = 500  # CC:Tweaked counts every file and folder as at least this many bytes
+_ILLEGAL = frozenset(b'"*:<>?|')
+_ILLEGAL_WILDCARDS = frozenset(b'":<>|')
+OPEN_MODES = {  # mode -> (host mode, read, write, create, truncate, append, seekable)
+    b"r": ("rb", True, False, False, False, False, True),
+    b"w": ("wb", False, True, True, True, False, True),
+    b"a": ("ab", False, True, True, False, True, False),
+    b"r+": ("r+b", True, True, False, False, False, True),
+    b"w+": ("w+b", True, True, True, True, False, True),
+}
+
+
+def sanitize_path(path: bytes, wildcards: bool = False) -> bytes:
+    """CC:Tweaked's ``FileSystem.sanitizePath``: ``\\`` is ``/``, control characters and
+    ``"*:<>?|`` (``*``/``?`` kept with ``wildcards``) dropped, parts stripped, ``.`` and
+    ``...`` ignored, ``..`` folded (kept at the front), parts cut to 255 bytes."""
+    illegal = _ILLEGAL_WILDCARDS if wildcards else _ILLEGAL
+    cleaned = bytes(c for c in path.replace(b"\\", b"/") if c >= 32 and c not in illegal)
+    parts: list[bytes] = []
+    for raw in cleaned.split(b"/"):
+        part = raw.strip()
+        if not part or part == b"." or (len(part) >= 3 and part.strip(b".") == b""):
+            continue
+        if part == b"..":
+            if parts and parts[-1] != b"..":
+                parts.pop()
+            else:
+                parts.append(b"..")
+        elif len(part) >= 255:
+            parts.append(part[:255].strip())
+        else:
+            parts.append(part)
+    return b"/".join(parts)
+
+
+def _contains(parent: bytes, child: bytes) -> bool:
+    parent, child = parent.lower(), child.lower()
+    if child == b".." or child.startswith(b"../"):
+        return False
+    return child == parent or parent == b"" or child.startswith(parent + b"/")
+
+
+class FsError(Exception):
+    """A CraftOS filesystem error; its message is what Lua sees."""
+
+    def __init__(self, message: str, path: bytes | None = None) -> None:
+        if path is not None:
+            message = "/" + os.fsdecode(path) + ": " + message
+        super().__init__(message)
+        self.message = message
+
+
+class _Handle:
+    def __init__(self, disk: Disk, fh: Any, path: Path, flags: tuple, rom: bool) -> None:
+        self.disk, self.fh, self.path, self.rom = disk, fh, path, rom
+        _, self.readable, self.writable, _, _, self.append, self.seekable = flags
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        size = os.fstat(self.fh.fileno()).st_size
+        position = size if self.append else self.fh.tell()
+        grow = position + len(data) - max(MIN_FILE_SIZE, size)
+        if grow > 0:
+            if self.disk.used + grow > self.disk.capacity + MIN_FILE_SIZE:
+                raise FsError("Out of space")
+            self.disk.used += grow
+        self.fh.write(data)
+
+    def read(self, count: int) -> bytes | None:
+        data = self.fh.read(count)
+        return data if data else None
+
+    def read_line(self, with_trailing: bool) -> bytes | None:
+        start = self.fh.tell()
+        chunks: list[bytes] = []
+        while True:
+            chunk = self.fh.read(8192)
+            if not chunk:
+                break
+            at = chunk.find(b"\n")
+            if at >= 0:
+                chunks.append(chunk[: at + 1])
+                self.fh.seek(start + sum(len(c) for c in chunks))
+                break
+            chunks.append(chunk)
+        line = b"".join(chunks)
+        if not line:
+            return None
+        if not line.endswith(b"\n"):
+            return line
+        if with_trailing:
+            return line
+        line = line[:-1]
+        return line[:-1] if line.endswith(b"\r") else line
+
+    def seek(self, whence: bytes, offset: int) -> int | None:
+        base = {b"set": 0, b"cur": self.fh.tell(), b"end": os.fstat(self.fh.fileno()).st_size}
+        target = base[whence] + offset
+        if target < 0:
+            return None
+        self.fh.seek(target)
+        return target
+
+
+class Disk:
+    """A computer's drive: the host directory ``root`` (``hdd``) with ``root/rom`` mounted
+    read-only at ``/rom``, CC:Tweaked's space accounting (``WritableFileMount``: every file
+    counts at least 500 bytes, every folder 500, the capacity is ``capacity`` + 500 for the
+    root) and its error messages. Paths are CraftOS paths (bytes)."""
+
+    def __init__(self, root: Path, capacity: int) -> None:
+        self.root = root
+        self.capacity = capacity
+        self.used = 0
+        self.handles: dict[int, _Handle] = {}
+        self._next_handle = 0
+        self.measure()
+
+    def measure(self) -> None:
+        """Recount the used space (after files were changed behind the computer's back)."""
+        used = MIN_FILE_SIZE
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            if Path(dirpath) == self.root and "rom" in dirnames:
+                dirnames.remove("rom")
+            used += MIN_FILE_SIZE * len(dirnames)
+            for name in filenames:
+                try:
+                    used += max(MIN_FILE_SIZE, os.lstat(os.path.join(dirpath, name)).st_size)
+                except OSError:
+                    pass
+        self.used = used
+
+    @property
+    def free(self) -> int:
+        return max(self.capacity + MIN_FILE_SIZE - self.used, 0)
+
+    # paths
+
+    def resolve(self, path: bytes) -> tuple[bytes, bool, Path]:
+        """(sanitised path, is it on the rom, host path); FsError for paths above the root."""
+        clean = sanitize_path(path)
+        if clean == b".." or clean.startswith(b"../"):
+            raise FsError("Invalid Path", clean)
+        parts = [os.fsdecode(p) for p in clean.split(b"/")] if clean else []
+        rom = bool(parts) and parts[0].lower() == "rom"
+        if rom:
+            parts[0] = "rom"
+        host = self.root.joinpath(*parts)
+        if not host.resolve().is_relative_to(self.root):
+            raise FsError("Access denied", clean)
+        return clean, rom, host
+
+    def _writable(self, path: bytes) -> tuple[bytes, Path]:
+        clean, rom, host = self.resolve(path)
+        if rom:
+            raise FsError("Access denied", clean)
+        return clean, host
+
+    # queries
+
+    def exists(self, path: bytes) -> bool:
+        try:
+            return self.resolve(path)[2].exists()
+        except FsError:
+            return False
+
+    def is_dir(self, path: bytes) -> bool:
+        try:
+            return self.resolve(path)[2].is_dir()
+        except FsError:
+            return False
+
+    def is_read_only(self, path: bytes) -> bool:
+        try:
+            return self.resolve(path)[1]
+        except FsError:
+            return False
+
+    def drive(self, path: bytes) -> bytes | None:
+        clean, rom, host = self.resolve(path)
+        if not host.exists():
+            return None
+        return b"rom" if rom else b"hdd"
+
+    def size(self, path: bytes) -> int:
+        clean, _, host = self.resolve(path)
+        if not host.exists():
+            raise FsError("No such file", clean)
+        return 0 if host.is_dir() else host.stat().st_size
+
+    def attributes(self, path: bytes) -> dict[bytes, Any]:
+        clean, rom, host = self.resolve(path)
+        if not host.exists():
+            raise FsError("No such file", clean)
+        st = host.stat()
+        modified = int(st.st_mtime * 1000)
+        created = int(getattr(st, "st_birthtime", st.st_ctime) * 1000)
+        return {
+            b"size": 0 if host.is_dir() else st.st_size,
+            b"isDir": host.is_dir(),
+            b"isReadOnly": rom,
+            b"created": created,
+            b"modified": modified,
+            b"modification": modified,
+        }
+
+    def list(self, path: bytes) -> list[bytes]:
+        clean, _, host = self.resolve(path)
+        if not host.exists():
+            raise FsError("No such file", clean)
+        if not host.is_dir():
+            raise FsError("Not a directory", clean)
+        return sorted(os.fsencode(p.name) for p in host.iterdir())
+
+    def free_space(self, path: bytes) -> int:
+        return 0 if self.resolve(path)[1] else self.free
+
+    def capacity_of(self, path: bytes) -> int | None:
+        return None if self.resolve(path)[1] else self.capacity
+
+    # changes
+
+    def make_dir(self, path: bytes) -> None:
+        clean, host = self._writable(path)
+        if host.exists():
+            if not host.is_dir():
+                raise FsError("File exists", clean)
+            return
+        missing = 1
+        parent = host.parent
+        while not parent.exists():
+            missing += 1
+            parent = parent.parent
+        if self.free < missing * MIN_FILE_SIZE:
+            raise FsError("Out of space", clean)
+        try:
+            host.mkdir(parents=True)
+        except OSError:
+            raise FsError("Access denied", clean) from None
+        self.used += missing * MIN_FILE_SIZE
+
+    def delete(self, path: bytes) -> None:
+        clean, host = self._writable(path)
+        if clean == b"":
+            raise FsError("Access denied", clean)
+        if host.exists() or host.is_symlink():
+            self._delete_tree(host)
+
+    def _delete_tree(self, host: Path) -> None:
+        if host.is_dir() and not host.is_symlink():
+            for child in host.iterdir():
+                self._delete_tree(child)
+            host.rmdir()
+            self.used -= MIN_FILE_SIZE
+        else:
+            size = host.lstat().st_size
+            host.unlink()
+            self.used -= max(MIN_FILE_SIZE, size)
+
+    def move(self, source: bytes, dest: bytes) -> None:
+        src, src_rom, src_host = self.resolve(source)
+        dst, dst_rom, dst_host = self.resolve(dest)
+        if src_rom or dst_rom:
+            raise FsError("Access denied")
+        if not src_host.exists():
+            raise FsError("No such file")
+        if dst_host.exists():
+            raise FsError("File exists")
+        if _contains(src, dst):
+            raise FsError("Can't move a directory inside itself")
+        parent = dst.rpartition(b"/")[0]
+        if parent and not self.resolve(parent)[2].exists():
+            self.make_dir(parent)
+        src_host.rename(dst_host)
+
+    def copy(self, source: bytes, dest: bytes) -> None:
+        src, _, src_host = self.resolve(source)
+        dst, dst_rom, dst_host = self.resolve(dest)
+        if dst_rom:
+            raise FsError("Access denied", dst)
+        if not src_host.exists():
+            raise FsError("No such file", src)
+        if dst_host.exists():
+            raise FsError("File exists", dst)
+        if _contains(src, dst):
+            raise FsError("Can't copy a directory inside itself", src)
+        self._copy_tree(src, dst, 0)
+
+    def _copy_tree(self, src: bytes, dst: bytes, depth: int) -> None:
+        host = self.resolve(src)[2]
+        if depth >= 128:
+            raise FsError("Too many directories to copy")
+        if host.is_dir():
+            self.make_dir(dst)
+            for name in sorted(os.fsencode(p.name) for p in host.iterdir()):
+                self._copy_tree(src + b"/" + name, dst + b"/" + name, depth + 1)
+        else:
+            handle = self.open(dst, b"w")
+            try:
+                self.handles[handle].write(host.read_bytes())
+            finally:
+                self.close(handle)
+
+    # handles
+
+    def open(self, path: bytes, mode: bytes) -> int:
+        """Open a file; ``mode`` without its ``b``. Returns a handle id."""
+        flags = OPEN_MODES[mode]
+        host_mode, readable, writable, create, truncate, _, _ = flags
+        clean, rom, host = self.resolve(path)
+        if not writable:
+            if not host.is_file():
+                raise FsError("Not a file" if host.exists() else "No such file", clean)
+        else:
+            if rom:
+                raise FsError("Access denied", clean)
+            if clean == b"" or host.is_dir():
+                raise FsError("Cannot write to directory" if create else "Not a file", clean)
+            if create:
+                parent = clean.rpartition(b"/")[0]
+                if parent and not host.exists() and not host.parent.exists():
+                    self.make_dir(parent)
+            if not host.exists():
+                if not create:
+                    raise FsError("No such file", clean)
+                if self.free < MIN_FILE_SIZE:
+                    raise FsError("Out of space", clean)
+                self.used += MIN_FILE_SIZE
+            elif truncate:
+                self.used -= max(host.stat().st_size, MIN_FILE_SIZE) - MIN_FILE_SIZE
+        try:
+            fh = open(host, host_mode, buffering=0)
+        except OSError as e:
+            raise FsError(e.strerror or "Access denied", clean) from None
+        self._next_handle += 1
+        self.handles[self._next_handle] = _Handle(self, fh, host, flags, rom)
+        return self._next_handle
+
+    def close(self, handle: int) -> None:
+        h = self.handles.pop(handle, None)
+        if h is not None:
+            h.fh.close()
+
+    def close_all(self) -> None:
+        for handle in list(self.handles):
+            self.close(handle)
+
+
 class Process:
     """A top-level coroutine on a computer (a multishell tab, the startup program, ...)."""
 
@@ -137,6 +538,17 @@ class Process:
         else:
             self._done.append(d)
         return d
+
+    def screen(self) -> Screen:
+        """This tab's own window (what the screen shows while the tab is focused, below the
+        tab bar); the whole screen when the computer has no multishell."""
+        table = self.computer.kernel[b"tabScreen"](self.pid)
+        if table is None:
+            raise LuaProcessError(f"process {self.pid} is not running")
+        return _screen(table)
+
+    def screen_lines(self) -> list[str]:
+        return self.screen().lines
 
     def _finish(self, ok: bool, error: str | None) -> None:
         self.finished, self.ok, self.error = True, ok, error
@@ -182,6 +594,10 @@ class Computer:
         multishell: bool = True,
         http: bool = True,
         close_mode: str = "cct",
+        size: tuple[int, int] = (51, 19),
+        colour: bool = True,
+        capacity: int = 1_000_000,
+        yield_limit: float = 7.0,
     ) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
@@ -213,8 +629,17 @@ class Computer:
         self._agent = Agent(reactor, pool=self._pool)
         self._started = time.monotonic()
         self._write_rom()
+        self.disk = Disk(self.root, capacity)
 
-        self.lua = lua52.LuaRuntime(encoding=None, unpack_returned_tuples=True)
+        # Lua reaches Python only through the host table's functions: no python.eval, no
+        # builtins, no attributes of Python objects (debug.getupvalue can find `host`).
+        self.lua = lua52.LuaRuntime(
+            encoding=None,
+            unpack_returned_tuples=True,
+            register_eval=False,
+            register_builtins=False,
+            attribute_filter=_no_attributes,
+        )
         host = self.lua.table_from(
             {
                 b"wake": self._wake,
@@ -228,24 +653,45 @@ class Computer:
                 b"startTimer": self._start_timer,
                 b"cancelTimer": self._cancel_timer,
                 b"shutdown": self._lua_shutdown,
-                b"fsExists": lambda p: self._path(p).exists(),
-                b"fsIsDir": lambda p: self._path(p).is_dir(),
-                b"fsSize": self._fs_size,
-                b"fsList": self._fs_list,
-                b"fsMakeDir": lambda p: self._path(p).mkdir(parents=True, exist_ok=True),
-                b"fsDelete": self._fs_delete,
-                b"fsMove": lambda a, b: shutil.move(self._path(a), self._path(b)),
-                b"fsCopy": self._fs_copy,
+                b"fsSanitize": lambda p, wildcards: sanitize_path(p, bool(wildcards)),
+                b"fsExists": self.disk.exists,
+                b"fsIsDir": self.disk.is_dir,
+                b"fsIsReadOnly": self.disk.is_read_only,
+                b"fsSize": self._fs(self.disk.size),
+                b"fsAttributes": self._fs(lambda p: self.lua.table_from(self.disk.attributes(p))),
+                b"fsList": self._fs(lambda p: self.lua.table_from(self.disk.list(p))),
+                b"fsDrive": self._fs(self.disk.drive),
+                b"fsFreeSpace": self._fs(self.disk.free_space),
+                b"fsCapacity": self._fs(self.disk.capacity_of),
+                b"fsMakeDir": self._fs(self.disk.make_dir),
+                b"fsDelete": self._fs(self.disk.delete),
+                b"fsMove": self._fs(self.disk.move),
+                b"fsCopy": self._fs(self.disk.copy),
+                b"fsOpen": self._fs(self.disk.open),
+                b"fsClose": self.disk.close,
                 b"fsRead": self._fs_read,
-                b"fsWrite": self._fs_write,
+                b"fsReadLine": lambda h, trailing: self.disk.handles[h].read_line(bool(trailing)),
+                b"fsReadAll": lambda h: self.disk.handles[h].fh.read() or b"",
+                b"fsWrite": self._fs(lambda h, data: self.disk.handles[h].write(data)),
+                b"fsSeek": lambda h, whence, offset: self.disk.handles[h].seek(whence, int(offset)),
                 b"wsOpen": self._ws_open,
                 b"wsSend": self._ws_send,
                 b"wsClose": self._ws_close,
                 b"httpRequest": self._http_request,
             }
         )
+        width, height = size
         options = self.lua.table_from(
-            {b"id": id, b"label": _b(label), b"multishell": multishell, b"http": http}
+            {
+                b"id": id,
+                b"label": _b(label),
+                b"multishell": multishell,
+                b"http": http,
+                b"width": width,
+                b"height": height,
+                b"colour": colour,
+                b"yieldLimit": float(yield_limit),
+            }
         )
         bios = self.lua.eval("load")(BIOS.read_bytes(), b"@craftos_bios.lua")
         if isinstance(bios, tuple):
@@ -261,6 +707,29 @@ class Computer:
             self._text_cache = "".join(self._chunks)
         return self._text_cache
 
+    def screen(self) -> Screen:
+        """The computer's screen (the native terminal) as it is now."""
+        return _screen(self.kernel[b"screen"]())
+
+    def screen_lines(self) -> list[str]:
+        """The visible screen, one string a row (trailing blanks kept: ``width`` cells)."""
+        return self.screen().lines
+
+    def focus(self, process: Process) -> None:
+        """Switch to a multishell tab, as clicking it does: its window is shown and keyboard
+        events and ``terminate`` go to it."""
+        if not self.kernel[b"focus"](process.pid):
+            raise LuaProcessError(f"process {process.pid} is not running")
+
+    def terminate(self) -> None:
+        """Hold Ctrl+T: a ``terminate`` event (to the focused tab under multishell)."""
+        self.queue_event("terminate")
+
+    @property
+    def free_space(self) -> int:
+        """``fs.getFreeSpace("/")``."""
+        return self.disk.free
+
     @property
     def errors(self) -> str:
         """What printError wrote (also part of :attr:`output`)."""
@@ -271,11 +740,13 @@ class Computer:
         target = self._path(_b(dest))
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)
+        self.disk.measure()
 
     def write_file(self, dest: str, content: str | bytes) -> None:
         target = self._path(_b(dest))
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(_b(content))
+        self.disk.measure()
 
     def read_file(self, path: str) -> bytes | None:
         target = self._path(_b(path))
@@ -351,6 +822,7 @@ class Computer:
         if self.alive:
             self.alive = False
             self.kernel[b"killAll"]()
+            self.disk.close_all()
             if self._pump_call is not None and self._pump_call.active():
                 self._pump_call.cancel()
             self._pump_call = None
@@ -486,16 +958,8 @@ class Computer:
     # -- filesystem --------------------------------------------------------------------
 
     def _path(self, path: bytes) -> Path:
-        parts: list[str] = []
-        for seg in _s(path).replace("\\", "/").split("/"):
-            if seg in ("", "."):
-                continue
-            if seg == "..":
-                if parts:
-                    parts.pop()
-                continue
-            parts.append(seg)
-        return self.root.joinpath(*parts)
+        """The host file behind a CraftOS path (never outside the computer's root)."""
+        return self.disk.resolve(path)[2]
 
     def _write_rom(self) -> None:
         for name, source in ROM.items():
@@ -503,39 +967,21 @@ class Computer:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(source)
 
-    def _fs_size(self, path: bytes) -> int:
-        target = self._path(path)
-        return target.stat().st_size if target.is_file() else 0
+    def _fs(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """A Disk operation for Lua: ``(true, result)``, or ``(false, message)`` on FsError."""
 
-    def _fs_list(self, path: bytes) -> Any:
-        target = self._path(path)
-        if not target.is_dir():
-            return None
-        return self.lua.table_from(sorted(p.name.encode() for p in target.iterdir()))
+        def call(*args: Any) -> Any:
+            try:
+                return (True, fn(*args))
+            except FsError as e:
+                return (False, e.message.encode("utf-8", "surrogateescape"))
+            except OSError as e:
+                return (False, _b(e.strerror or "Access denied"))
 
-    def _fs_delete(self, path: bytes) -> None:
-        target = self._path(path)
-        if target.is_dir():
-            shutil.rmtree(target)
-        elif target.exists():
-            target.unlink()
+        return call
 
-    def _fs_copy(self, a: bytes, b: bytes) -> None:
-        src, dst = self._path(a), self._path(b)
-        if src.is_dir():
-            shutil.copytree(src, dst)
-        else:
-            shutil.copyfile(src, dst)
-
-    def _fs_read(self, path: bytes) -> bytes | None:
-        target = self._path(path)
-        return target.read_bytes() if target.is_file() else None
-
-    def _fs_write(self, path: bytes, data: bytes, append: bool) -> None:
-        target = self._path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target, "ab" if append else "wb") as fh:
-            fh.write(data)
+    def _fs_read(self, handle: int, count: int) -> bytes | None:
+        return self.disk.handles[handle].read(int(count))
 
     # -- websockets --------------------------------------------------------------------
 
