@@ -42,7 +42,14 @@ local STARTUP_SOURCE = [[
 shell.setAlias('sandbox', '/programs/sandbox.lua')
 local function readable(t) return type(t) == 'table' and type(t.getLine) == 'function' end
 if multishell and shell.openTab then
-  if readable(term.current()) then _G.traposSandboxScreen = term.current() end
+  -- The shell's tab is a window (readable); a terminal that is not gets one over it.
+  local current = term.current()
+  if window and not readable(current) then
+    local width, height = current.getSize()
+    current = window.create(current, 1, 1, width, height, true)
+    term.redirect(current)
+  end
+  if readable(current) then _G.traposSandboxScreen = current end
   local tab = shell.openTab('/servers/sandbox.lua')
   if tab and multishell.setTitle then multishell.setTitle(tab, 'sandbox') end
   if tab and multishell.setFocus then multishell.setFocus(multishell.getCurrent()) end

@@ -1222,7 +1222,9 @@ function Session:startJob(req, spec)
     done = false, filter = nil, stopReason = nil, lastPartial = nil,
   }, Job)
   if self.term and self.term.current and self.term.redirect then
-    local ok, parent = pcall(self.term.current)
+    -- Draw where the player looks: the recorded screen (the shell's), else our own terminal.
+    local ok, parent = pcall(self.screen)
+    if not ok or type(parent) ~= 'table' then ok, parent = pcall(self.term.current) end
     if ok and type(parent) == 'table' then job.term = job.capture:terminal(parent) end
   end
   self.jobs[req.messageId] = job

@@ -8,8 +8,9 @@ import sys
 
 from twisted.trial.unittest import TestCase
 
+from tests.harness.craftos import Computer
 from tests.harness.processes import clean_env, spawn
-from tests.lua.test_lua_e2e import GatewayMixin
+from tests.lua.test_lua_e2e import PASSWORD, GatewayMixin
 
 CTL = os.path.join(os.path.dirname(sys.executable), "trapsandbox-ctl")
 ALL = "exec,eval,fs.read,fs.write,screen"
@@ -87,3 +88,26 @@ class OperatorTests(GatewayMixin, TestCase):
             self.assertIn("forbidden", child.output)
             self.assertIn('run "sandbox allow', child.output)
         self.assertEqual(c.read_file("/secret.txt"), b"mine")
+
+
+class ScreenTests(GatewayMixin, TestCase):
+    async def test_screen_after_print_on_an_installed_computer(self):
+        c = self.computer(install=False)
+        c.set_settings({"sandbox.url": None, "sandbox.password": None})
+        base = f"http://127.0.0.1:{self.port}"
+        ok, err = await c.run(f"wget run {base}/client/install.lua {PASSWORD} --allow=all").done
+        self.assertTrue(ok, err)
+        await c.shutdown()
+        # Rebooted as the player would: the startup file keeps a readable screen.
+        rebooted = Computer(c.root, id=7)
+        self.addCleanup(rebooted.shutdown)
+        await rebooted.boot().done
+        await rebooted.wait_for_lua("traposSandboxState and traposSandboxState.connected")
+        rebooted.write_file("/hello.lua", "print('hello from the agent')")
+        env = clean_env(TRAPSANDBOX_URL=f"http://127.0.0.1:{self.port}")
+        run = spawn(self, [CTL, "exec", "7:", "--", "hello"], env)
+        self.assertEqual(await run.wait_ended(10), 0, run.output)
+        screen = spawn(self, [CTL, "screen", "7:"], env)
+        self.assertEqual(await screen.wait_ended(10), 0, screen.output)
+        self.assertIn("hello from the agent", screen.output)
+        self.assertIn("hello from the agent", "\n".join(rebooted.screen_lines()))
