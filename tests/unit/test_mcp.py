@@ -5,7 +5,10 @@ version negotiation, auth, the eight tools over an in-memory §9 computer,
 """
 
 import base64
+import io
 import json
+import os
+import sys
 
 import orjson
 from hypothesis import given, settings
@@ -18,7 +21,7 @@ from twisted.web.resource import Resource
 
 from tests.harness.fakes import FixedProbe, SandboxComputer
 from tests.harness.logcapture import LogCapture
-from trapsandbox import __version__, auth, limits, mcp
+from trapsandbox import __version__, auth, ctl, limits, mcp
 from trapsandbox.probe import ProbeResult
 from trapsandbox.registry import Registry, Session
 from trapsandbox.web import GatewayApp
@@ -685,3 +688,39 @@ class PropertyTests(McpTestCase):
     @given(messages)
     def test_any_message_gets_an_answer(self, message):
         self.check(json.dumps(message).encode())
+
+
+class OpencodeConfigTests(SynchronousTestCase):
+    def print_config(self, *argv, environ=None):
+        self.patch(os, "environ", dict(environ or {}))
+        out = io.StringIO()
+        self.patch(sys, "stdout", out)
+        self.assertEqual(ctl.main([*argv, "opencode-config"]), 0)
+        return json.loads(out.getvalue())
+
+    def test_without_a_token(self):
+        self.assertEqual(
+            self.print_config(),
+            {
+                "mcp": {
+                    "trapsandbox": {
+                        "type": "remote",
+                        "url": "http://127.0.0.1:4444/mcp",
+                        "oauth": False,
+                    }
+                }
+            },
+        )
+
+    def test_with_a_token_the_block_reads_it_from_the_environment(self):
+        for argv, environ in (
+            (("--url", "http://gw.example:4444/", "--token", "t0k"), {}),
+            (("--url", "http://gw.example:4444"), {"SANDBOX_ADMIN_TOKEN": "t0k"}),
+        ):
+            server = self.print_config(*argv, environ=environ)["mcp"]["trapsandbox"]
+            self.assertEqual(server["url"], "http://gw.example:4444/mcp")
+            self.assertEqual(
+                server["headers"], {"Authorization": "Bearer {env:SANDBOX_ADMIN_TOKEN}"}
+            )
+            self.assertIs(server["oauth"], False)
+            self.assertNotIn("t0k", json.dumps(server))
