@@ -271,10 +271,6 @@ def _split(trapos_id: str) -> tuple[str, str]:
     return number, label
 
 
-def _describe(session: Session) -> str:
-    return session.trapos_id
-
-
 def resolve(registry: Registry, computer: object, account_id: str = LOCAL_ACCOUNT) -> Session:
     """The session ``computer`` names (SPEC §10), or a ``_ToolError`` saying why not."""
     sessions = sorted(
@@ -570,10 +566,8 @@ class McpEndpoint:
                 target = session.trapos_id
                 result, outcome = await self._tools[name](session, arguments)
         except _ToolError as error:
-            result, outcome = (
-                _result(error.text, {"ok": False, "code": error.outcome}, True),
-                (error.outcome),
-            )
+            outcome = error.outcome
+            result = _result(error.text, {"ok": False, "code": outcome}, error=True)
         seconds = self._clock.seconds() - started
         self._metrics.mcp_tool_call(name, outcome, seconds)
         log.info(
