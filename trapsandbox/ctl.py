@@ -10,6 +10,7 @@
     trapsandbox-ctl ls 7:base /            cat 7:base /startup.lua
     trapsandbox-ctl put 7:base LOCAL REMOTE    get 7:base REMOTE LOCAL
     trapsandbox-ctl rm 7:base REMOTE       screen 7:base
+    trapsandbox-ctl opencode-config        (the "mcp" block for opencode's config)
 
 It speaks the gateway's operator HTTP API with the standard library only, so
 it starts fast and needs no reactor.  Exit status: 0 on success, 1 on a
@@ -331,6 +332,20 @@ def cmd_screen(args: argparse.Namespace) -> int:
     return 0
 
 
+def opencode_config(url: str, token: bool) -> dict[str, Any]:
+    """opencode's config block for this gateway's MCP endpoint (SPEC §10)."""
+    server: dict[str, Any] = {"type": "remote", "url": url.rstrip("/") + "/mcp", "oauth": False}
+    if token:
+        # opencode reads the token from its own environment: it never lands in the file.
+        server["headers"] = {"Authorization": "Bearer {env:SANDBOX_ADMIN_TOKEN}"}
+    return {"mcp": {"trapsandbox": server}}
+
+
+def cmd_opencode_config(args: argparse.Namespace) -> int:
+    print(json.dumps(opencode_config(args.url, _has_token(args)), indent=2))
+    return 0
+
+
 def _answer_error(args: argparse.Namespace, type: str, answer: Any) -> str:
     error = answer.get("error") or {}
     return (
@@ -435,6 +450,17 @@ def parser() -> argparse.ArgumentParser:
     )
     on_computer("rm", "delete a file on a computer", cmd_rm, ("path", "PATH"))
     on_computer("screen", "show a computer's screen", cmd_screen)
+
+    config = commands.add_parser(
+        "opencode-config",
+        help="print the mcp block of opencode's config for this gateway",
+        description=(
+            "Print the mcp block to merge into opencode.json so that opencode's agent uses "
+            "the computers as tools (trapsandbox_run_lua, ...). With a token set or given, the "
+            "block sends it as {env:SANDBOX_ADMIN_TOKEN}: export it where opencode runs."
+        ),
+    )
+    config.set_defaults(run=cmd_opencode_config)
     return top
 
 

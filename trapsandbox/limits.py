@@ -55,6 +55,15 @@ MAX_FILE_BYTES = 1024 * 1024
 # One file, list or screen frame's round trip.
 FILE_REQUEST_TIMEOUT = 30.0
 
+# -- MCP (the agent's tools) -----------------------------------------------------------------
+
+# One tool call, whole: opencode gives an MCP call about 60 s.  Past it the
+# request is cancelled on the computer.
+MCP_CALL_TIMEOUT = 50.0
+# The longest run a tool asks for, so that the computer stops it and answers
+# with its output and timedOut well inside the call's bound.
+MCP_MAX_RUN_SECONDS = 45.0
+
 # -- Connections -----------------------------------------------------------------------------
 
 HELLO_TIMEOUT = 10.0

@@ -13,6 +13,9 @@ The HTTP side, on the same port as the WebSocket: a Klein app.
     POST /computers/<traposId>/requests   operators: {type, payload?, timeoutMs?}
                                                  -> the computer's {ok, payload?, error?}
     GET  /metrics                         operators: Prometheus text format
+    POST /mcp                             operators: MCP (Streamable HTTP, JSON-RPC 2.0),
+                                          the computers as an agent's tools (``mcp``);
+                                          other methods 405
 
   The computer as a sandbox (SPEC §9, ``trapsandbox.sandbox``), operators:
     POST /computers/<traposId>/execute     {command, args?, cwd?, timeoutMs?, maxOutputBytes?}
@@ -60,6 +63,7 @@ from werkzeug.exceptions import HTTPException
 
 from trapsandbox import __version__, auth, client, limits, wire
 from trapsandbox.limits import MAX_BODY_BYTES, MAX_REQUEST_TIMEOUT_MS
+from trapsandbox.mcp import McpEndpoint
 from trapsandbox.metrics import Metrics
 from trapsandbox.probe import OpencodeProbe, ProbeResult
 from trapsandbox.registry import Registry
@@ -375,6 +379,12 @@ class GatewayApp:
         self._websocket = websocket
         self._metrics = registry.metrics if metrics is None else metrics
         self._admission = auth.Admission(registry.clock) if admission is None else admission
+        self._mcp = McpEndpoint(
+            registry,
+            self._sandbox,
+            self._metrics,
+            loopback_only=lambda: not self._admission.operator_token_required,
+        )
 
     def resource(self) -> IResource:
         return _Root(self._websocket, self.app.resource())
@@ -585,6 +595,23 @@ class GatewayApp:
             _ok_body if ok else _plain_body, _sandbox_failed, (request,), None, (request,)
         )
         return d
+
+    # -- MCP (SPEC §10) ----------------------------------------------------------------------
+
+    @app.route("/mcp", methods=["POST"])
+    @operators_only
+    def mcp(self, request: IRequest):
+        try:
+            body = _take_body(request)
+        except _BadBody as error:
+            return self._mcp.post(request, None, str(error))
+        return self._mcp.post(request, body)
+
+    @app.route("/mcp", methods=["GET", "PUT", "DELETE", "PATCH", "OPTIONS"])
+    def mcp_other(self, request: IRequest) -> bytes:
+        # No server-to-client stream (GET) and no sessions to end (DELETE).
+        request.setHeader(b"allow", b"POST")
+        return json_error(request, 405, "method_not_allowed", "POST one JSON-RPC message to /mcp")
 
     @app.route("/metrics", methods=["GET"])
     @operators_only

@@ -1,5 +1,6 @@
 """The real opencode server (npm package opencode-ai) for tests."""
 
+import json
 import os
 
 import treq
@@ -29,8 +30,14 @@ async def _answering(url: str, seconds: float = 30) -> None:
             await deferLater(reactor(), 0.1, lambda: None)
 
 
-async def start_opencode(testcase, password: str) -> str:
-    """``opencode serve`` on a loopback port with a throwaway HOME; returns its URL."""
+async def start_opencode(
+    testcase, password: str, config: dict | None = None, env: dict[str, str] | None = None
+) -> str:
+    """
+    ``opencode serve`` on a loopback port with a throwaway HOME; returns its URL.
+    ``config`` is written as ``opencode.json`` in its working directory; ``env``
+    is added to its environment.
+    """
     if not os.path.exists(OPENCODE):
         testcase.fail(f"{OPENCODE} is missing: 'make test' installs it")
     home = os.path.abspath(testcase.mktemp())
@@ -43,7 +50,11 @@ async def start_opencode(testcase, password: str) -> str:
         XDG_STATE_HOME=os.path.join(home, ".local", "state"),
         OPENCODE_DISABLE_MODELS_FETCH="1",
         OPENCODE_SERVER_PASSWORD=password,
+        **(env or {}),
     )
+    if config is not None:
+        with open(os.path.join(home, "opencode.json"), "w", encoding="utf-8") as f:
+            json.dump(config, f)
     port = closed_port()
     argv = [OPENCODE, "serve", "--port", str(port), "--hostname", "127.0.0.1"]
     child = spawn(testcase, argv, env, cwd=home)

@@ -1,0 +1,180 @@
+"""
+MCP end to end (SPEC §10): a real gateway on loopback, computers on the
+CraftOS harness running the real Lua client, and two clients we did not
+write: the official MCP Python SDK, and the real opencode driven by a
+scripted model.
+"""
+
+import json
+import os
+import sys
+
+import treq
+from twisted.internet.task import deferLater
+from twisted.trial.unittest import TestCase
+from twisted.web.client import HTTPConnectionPool
+
+from tests.harness.fake_model import start_fake_model
+from tests.harness.opencode import start_opencode
+from tests.harness.processes import REPO, clean_env, spawn
+from tests.harness.support import bounded, reactor
+from tests.lua.test_lua_e2e import GatewayMixin
+from trapsandbox import ctl
+
+TOKEN = "mcp-test-token"
+OPENCODE_PASSWORD = "oc-mcp"
+
+
+class McpMixin(GatewayMixin):
+    timeout = 120
+
+    def setUp(self):
+        from tests.harness.support import closed_port
+
+        self.opencode_url = f"http://127.0.0.1:{closed_port()}"
+        self.start_gateway(0, admin_token=TOKEN)
+
+    @property
+    def mcp_url(self):
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    async def ready(self, label, allow, id=7):
+        c = self.computer(id=id, label=label)
+        c.set_settings({"sandbox.allow": allow})
+        await self.start_daemon(c)
+        return c
+
+
+class SdkClientTests(McpMixin, TestCase):
+    """The official MCP Python SDK's client, in a child process (it is asyncio)."""
+
+    async def sdk(self, steps):
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(steps, f)
+        argv = [sys.executable, "-m", "tests.harness.mcp_client", self.mcp_url, path]
+        child = spawn(self, argv + ["--token", TOKEN], clean_env(PYTHONPATH=REPO))
+        code = await child.wait_ended(60)
+        lines = [json.loads(line) for line in child.output.splitlines() if line.startswith("{")]
+        self.assertEqual(code, 0, child.output)
+        self.assertTrue(lines and lines[-1].get("done"), child.output)
+        return lines
+
+    async def test_sdk_lists_tools_runs_lua_and_round_trips_a_file(self):
+        c = await self.ready("mc", "eval,fs.read,fs.write")
+        tools, lua, wrote, read, forbidden, done = await self.sdk(
+            [
+                ["list_tools"],
+                ["call", "run_lua", {"computer": "7:mc", "code": "return 6*7"}],
+                [
+                    "call",
+                    "write_file",
+                    {"computer": "mc", "path": "/mcp/hello.txt", "content": "héllo from MCP\n"},
+                ],
+                ["call", "read_file", {"computer": "7", "path": "/mcp/hello.txt"}],
+                ["call", "run_command", {"command": "ls"}],
+            ]
+        )
+        self.assertEqual(
+            tools["tools"],
+            [
+                "list_computers",
+                "run_command",
+                "run_lua",
+                "list_files",
+                "read_file",
+                "write_file",
+                "delete_file",
+                "read_screen",
+            ],
+        )
+        self.assertFalse(lua["isError"], lua)
+        self.assertIn("Returned: 42", lua["text"])
+        self.assertEqual(lua["structuredContent"]["returns"], ["42"])
+        self.assertFalse(wrote["isError"], wrote)
+        self.assertEqual(c.read_file("/mcp/hello.txt"), "héllo from MCP\n".encode())
+        self.assertFalse(read["isError"], read)
+        self.assertIn("UTF-8 text:\nhéllo from MCP", read["text"])
+        self.assertEqual(read["structuredContent"]["content"], "héllo from MCP\n")
+        self.assertTrue(forbidden["isError"])
+        self.assertIn('run "sandbox allow exec"', forbidden["text"])
+        self.assertEqual((done["protocolVersion"], done["server"]), ("2025-11-25", "trapsandbox"))
+
+
+class RealOpencodeTests(McpMixin, TestCase):
+    """The real opencode as the MCP client, its agent driven by a scripted model."""
+
+    async def opencode(self, model):
+        config = {
+            **model.opencode_config(),
+            **ctl.opencode_config(self.mcp_url.removesuffix("/mcp"), True),
+        }
+        self.oc_url = await start_opencode(
+            self, OPENCODE_PASSWORD, config, env={"SANDBOX_ADMIN_TOKEN": TOKEN}
+        )
+        self.pool = HTTPConnectionPool(reactor(), persistent=False)
+
+    async def oc(self, method, path, body=None, seconds=60):
+        response = await bounded(
+            treq.request(
+                method,
+                self.oc_url + path,
+                json=body,
+                auth=("opencode", OPENCODE_PASSWORD),
+                pool=self.pool,
+            ),
+            seconds,
+        )
+        content = await bounded(treq.content(response), seconds)
+        self.assertEqual(response.code, 200, content)
+        return json.loads(content)
+
+    async def connected(self):
+        """opencode's GET /mcp, once it has connected to the gateway (or failed)."""
+        deadline = reactor().seconds() + 30
+        while True:
+            status = await self.oc("GET", "/mcp")
+            if status.get("trapsandbox", {}).get("status") != "pending" and "trapsandbox" in status:
+                return status
+            if reactor().seconds() > deadline:
+                return status
+            await deferLater(reactor(), 0.2, lambda: None)
+
+    async def prompt(self, model, text):
+        self.assertEqual((await self.connected())["trapsandbox"], {"status": "connected"})
+        session = await self.oc("POST", "/session", {"title": "mcp test"})
+        await self.oc(
+            "POST",
+            f"/session/{session['id']}/message",
+            {
+                "parts": [{"type": "text", "text": text}],
+                "model": {"providerID": "fake", "modelID": "m1"},
+            },
+            seconds=90,
+        )
+        result = await model.tool_result()
+        self.assertIn("trapsandbox_run_lua", model.offered_tools())
+        return result
+
+    async def test_opencode_calls_run_lua_and_the_model_gets_42(self):
+        await self.ready("oc", "eval")
+        model = await start_fake_model(
+            self, "trapsandbox_run_lua", {"computer": "7:oc", "code": "return 6*7"}
+        )
+        await self.opencode(model)
+        result = await self.prompt(model, "What is 6*7 on the computer?")
+        self.assertIn("42", result)
+        self.assertIn("Returned: 42", result)
+        self.assertTrue(
+            {"trapsandbox_list_computers", "trapsandbox_read_file"} <= model.offered_tools()
+        )
+
+    async def test_a_computer_that_allowed_nothing_gives_the_model_the_error_text(self):
+        await self.ready("shy", "")
+        model = await start_fake_model(
+            self, "trapsandbox_run_lua", {"computer": "7:shy", "code": "return 6*7"}
+        )
+        await self.opencode(model)
+        result = await self.prompt(model, "What is 6*7 on the computer?")
+        self.assertIn('run "sandbox allow eval"', result)
+        self.assertNotIn("42", result)
