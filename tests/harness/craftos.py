@@ -37,6 +37,22 @@ close frame and queues ``websocket_closed`` when it completes. A close frame fro
 gives ``websocket_closed(url, reason, code)``, a dropped connection just ``(url)``.
 Protocol slips the real emulators crash on (closing a handle twice, sending an empty string)
 are recorded in :attr:`Computer.violations`.
+
+Where it knowingly differs from CC:Tweaked (1.109+, whose sources it follows):
+
+- The first process started is the focused tab (CraftOS's shell); a tab ends when its program
+  ends (multishell would print "Press any key to continue" in a tab never focused); the tab bar
+  has no scroll arrows and mouse events are not translated for it.
+- The yield limit's error takes the position of the function running (as Cobalt's does);
+  errors from API functions take their caller's line, except when the API function is called
+  straight from ``pcall`` (Cobalt then uses the nearest Lua function's line).
+- ``textutils.serialize`` orders non-array keys (numbers, then strings, then the rest);
+  CraftOS uses ``next``'s order. Numbers print with Lua 5.2's ``%.14g``.
+- No limit of 128 open files, no closing of dropped handles by the garbage collector; attribute
+  times are the host's; timers are not rounded to 50 ms ticks; ``read()`` takes no history or
+  completion and draws the line only when Enter is pressed.
+- A program's own ``debug.sethook`` runs beside the yield limit's hook; a count hook asked for
+  more than 5000 instructions apart is called every 5000.
 """
 
 from __future__ import annotations
