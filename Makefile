@@ -19,6 +19,7 @@ test: $(VENV)/.installed $(OPENCODE) systemd-tools
 # The load benchmark against the real twistd gateway (see docs/benchmarks.md).
 bench: $(VENV)/.installed
 	$(BIN)/python -m bench $(BENCH_ARGS)
+	$(BIN)/python -m bench.sandbox
 
 # Generated hostile frames over real sockets: 100,000 of them (make test sends a few thousand).
 fuzz: $(VENV)/.installed

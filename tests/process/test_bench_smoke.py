@@ -72,3 +72,19 @@ class BenchSmokeTests(TestCase):
             self.assertGreaterEqual(ping["answered_by_computers"], ping["answered"])
         self.assertEqual(len(document["targets"]), 5)
         self.assertIn("health: round trips/s", document["ratios"])
+
+    async def test_sandbox_benchmark_runs(self):
+        """``python -m bench.sandbox``: exec round trips; 64 KiB to 1 MiB files back identical."""
+        output = os.path.abspath(self.mktemp())
+        child = spawn(
+            self,
+            [sys.executable, "-m", "bench.sandbox", "--execs", "5", "--output", output],
+            clean_env(),
+            cwd=REPO,
+        )
+        self.assertEqual(await child.wait_ended(60), 0, child.output)
+        with open(output, "rb") as f:
+            figures = orjson.loads(f.read())
+        self.assertEqual(figures["exec"]["count"], 5)
+        self.assertGreater(figures["exec"]["p50_ms"], 0)
+        self.assertEqual([f["bytes"] for f in figures["files"]], [65536, 300000, 1048576])
