@@ -31,7 +31,7 @@ import binascii
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail
 
 from trapsandbox import limits, wire
 from trapsandbox.limits import FILE_CHUNK_BYTES, LOCAL_ACCOUNT, MAX_FILE_BYTES
@@ -208,8 +208,10 @@ class Sandbox:
         the file is replaced whole or not at all.
         """
         if len(content) > MAX_FILE_BYTES:
-            raise GatewayError(
-                wire.TOO_LARGE, f"at most {MAX_FILE_BYTES} bytes can be written in one call"
+            return fail(
+                GatewayError(
+                    wire.TOO_LARGE, f"at most {MAX_FILE_BYTES} bytes can be written in one call"
+                )
             )
         return Deferred.fromCoroutine(self._write_file(account_id, trapos_id, path, content))
 
