@@ -170,19 +170,8 @@ class SandboxComputer:
         handler(request, payload)
 
     def answer(self, request, ok=True, payload=None, error=None, partial=False):
-        frame = {
-            "event": "computer_response",
-            "traposSenderId": self.session.trapos_id,
-            "messageId": request["messageId"],
-            "type": request["type"],
-            "ok": ok,
-        }
-        if payload is not None:
-            frame["payload"] = payload
-        if error is not None:
-            frame["error"] = error
-        if partial:
-            frame["partial"] = True
+        fields = {"partial": True} if partial else {}
+        frame = response_frame(self.session.trapos_id, request, ok, payload, error, **fields)
         decoded = wire.decode(orjson.dumps(frame))
         assert isinstance(decoded, wire.ComputerResponse), decoded
         self.session.resolve(decoded)

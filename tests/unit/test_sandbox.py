@@ -16,6 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 
 from tests.harness.fakes import FakeLink, FixedProbe, SandboxComputer
+from tests.harness.support import response_frame
 from trapsandbox import limits, wire
 from trapsandbox.probe import ProbeResult
 from trapsandbox.registry import Registry, Session
@@ -26,20 +27,10 @@ from trapsandbox.wire import GatewayError
 BASE = "http://127.0.0.1:4444"
 
 
-def computer_response(request, payload=None, partial=False, ok=True, error=None):
-    frame = {
-        "event": "computer_response",
-        "traposSenderId": request["traposReceiverId"],
-        "messageId": request["messageId"],
-        "type": request["type"],
-        "ok": ok,
-    }
-    if payload is not None:
-        frame["payload"] = payload
-    if error is not None:
-        frame["error"] = error
+def computer_response(request, payload=None, partial=False, **fields):
     if partial:
-        frame["partial"] = True
+        fields["partial"] = True
+    frame = response_frame(request["traposReceiverId"], request, payload=payload, **fields)
     return wire.decode(orjson.dumps(frame))
 
 
