@@ -72,6 +72,25 @@ INTERNAL_ERROR = -32603
 AMBIGUOUS = "ambiguous"
 INVALID_ARGUMENTS = "invalid_arguments"
 LUA_ERROR = "lua_error"
+# Every outcome a call can have: a computer's error code is counted only if it is one of ours.
+OUTCOMES = frozenset(
+    {
+        "ok",
+        AMBIGUOUS,
+        INVALID_ARGUMENTS,
+        LUA_ERROR,
+        wire.FORBIDDEN,
+        wire.NOT_CONNECTED,
+        wire.TIMEOUT,
+        wire.FS_ERROR,
+        wire.TOO_LARGE,
+        wire.OVERLOADED,
+        wire.BAD_REQUEST,
+        wire.UNKNOWN_TYPE,
+        wire.CANCELLED,
+        wire.INTERNAL,
+    }
+)
 
 _MAX_INT_ID = 2**63
 
@@ -271,11 +290,14 @@ def _split(trapos_id: str) -> tuple[str, str]:
     return number, label
 
 
+def _sessions(registry: Registry, account_id: str) -> list[Session]:
+    """The account's computers, by traposId."""
+    return sorted((s for s in registry if s.account_id == account_id), key=lambda s: s.trapos_id)
+
+
 def resolve(registry: Registry, computer: object, account_id: str = LOCAL_ACCOUNT) -> Session:
     """The session ``computer`` names (SPEC §10), or a ``_ToolError`` saying why not."""
-    sessions = sorted(
-        (s for s in registry if s.account_id == account_id), key=lambda s: s.trapos_id
-    )
+    sessions = _sessions(registry, account_id)
     known = ", ".join(s.trapos_id for s in sessions) or "none"
     if computer is None or computer == "":
         if len(sessions) == 1:
@@ -418,6 +440,7 @@ class McpEndpoint:
         self._registry = registry
         self._sandbox = sandbox
         self._metrics = metrics
+        metrics.mcp_labels(TOOL_NAMES, OUTCOMES)
         self._loopback_only = loopback_only
         self._clock = registry.clock if clock is None else clock
         self._tools: dict[str, Callable[[Session, dict[str, Any]], Coroutine]] = {
@@ -599,9 +622,7 @@ class McpEndpoint:
             ) from None
 
     def _list_computers(self) -> dict[str, Any]:
-        sessions = sorted(
-            (s for s in self._registry if s.account_id == LOCAL_ACCOUNT), key=lambda s: s.trapos_id
-        )
+        sessions = _sessions(self._registry, LOCAL_ACCOUNT)
         listed = []
         lines = []
         for session in sessions:

@@ -52,38 +52,6 @@ GATEWAY_BUCKETS = (
     limits.DEFAULT_REQUEST_TIMEOUT,
 )
 MCP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 50, 60)
-# MCP tool names, and the outcomes of a call: ok, the computer's error codes,
-# and the MCP side's own (trapsandbox.mcp).
-MCP_TOOLS = frozenset(
-    {
-        "list_computers",
-        "run_command",
-        "run_lua",
-        "list_files",
-        "read_file",
-        "write_file",
-        "delete_file",
-        "read_screen",
-    }
-)
-MCP_OUTCOMES = frozenset(
-    {
-        "ok",
-        "lua_error",
-        "ambiguous",
-        "invalid_arguments",
-        wire.FORBIDDEN,
-        wire.NOT_CONNECTED,
-        wire.TIMEOUT,
-        wire.FS_ERROR,
-        wire.TOO_LARGE,
-        wire.OVERLOADED,
-        wire.BAD_REQUEST,
-        wire.UNKNOWN_TYPE,
-        wire.CANCELLED,
-        wire.INTERNAL,
-    }
-)
 PROBE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
@@ -178,6 +146,8 @@ class Metrics:
             registry=self.registry,
         )
 
+        self._mcp_tools: frozenset[str] = frozenset()
+        self._mcp_outcomes: frozenset[str] = frozenset()
         self._mcp_calls = self._tallies(
             "mcp_tool_calls",
             "MCP tool calls by tool and outcome (ok or why not)",
@@ -227,10 +197,16 @@ class Metrics:
         if seconds is not None:
             self.gateway_request_seconds.observe(seconds)
 
+    def mcp_labels(self, tools: Iterable[str], outcomes: Iterable[str]) -> None:
+        """The MCP tools and call outcomes with label values of their own."""
+        self._mcp_tools = frozenset(tools)
+        self._mcp_outcomes = frozenset(outcomes)
+
     def mcp_tool_call(self, tool: str, outcome: str, seconds: float) -> None:
         """Count one answered MCP tool call (an isError result is answered, with its outcome)."""
         self._mcp_calls.labels(
-            tool if tool in MCP_TOOLS else OTHER, outcome if outcome in MCP_OUTCOMES else OTHER
+            tool if tool in self._mcp_tools else OTHER,
+            outcome if outcome in self._mcp_outcomes else OTHER,
         ).inc()
         self.mcp_tool_call_seconds.observe(seconds)
 

@@ -19,7 +19,7 @@ from tests.harness.opencode import start_opencode
 from tests.harness.processes import REPO, clean_env, spawn
 from tests.harness.support import bounded, reactor
 from tests.lua.test_lua_e2e import GatewayMixin
-from trapsandbox import ctl
+from trapsandbox import ctl, mcp
 
 TOKEN = "mcp-test-token"
 OPENCODE_PASSWORD = "oc-mcp"
@@ -75,19 +75,7 @@ class SdkClientTests(McpMixin, TestCase):
                 ["call", "run_command", {"command": "ls"}],
             ]
         )
-        self.assertEqual(
-            tools["tools"],
-            [
-                "list_computers",
-                "run_command",
-                "run_lua",
-                "list_files",
-                "read_file",
-                "write_file",
-                "delete_file",
-                "read_screen",
-            ],
-        )
+        self.assertEqual(tools["tools"], [tool["name"] for tool in mcp.TOOLS])
         self.assertFalse(lua["isError"], lua)
         self.assertIn("Returned: 42", lua["text"])
         self.assertEqual(lua["structuredContent"]["returns"], ["42"])
