@@ -350,12 +350,10 @@ def _string(arguments: dict[str, Any], name: str, empty: bool = False) -> str:
 
 
 def _strings(arguments: dict[str, Any], name: str) -> list[str]:
-    value = arguments.get(name)
-    if value is None:
-        return []
-    if type(value) is not list or any(type(item) is not str for item in value):
-        raise _ToolError(INVALID_ARGUMENTS, f"{name} must be a list of strings")
-    return value
+    try:
+        return wire.string_list(arguments.get(name) or [])
+    except TypeError:
+        raise _ToolError(INVALID_ARGUMENTS, f"{name} must be a list of strings") from None
 
 
 def _run_seconds(arguments: dict[str, Any]) -> float:

@@ -201,17 +201,15 @@ def _number(obj: dict[str, Any], name: str, high: float, integer: bool = False) 
     kinds = (int,) if integer else (int, float)
     if type(value) not in kinds or not math.isfinite(value) or not 0 < value <= high:
         kind = "whole number" if integer else "number"
-        raise _BadBody(f"{name} must be a {kind} from 1 to {high:g}")
+        raise _BadBody(f"{name} must be a {kind} from 1 to {high}")
     return value
 
 
 def _strings(obj: dict[str, Any], name: str) -> list[str]:
-    value = obj.get(name)
-    if value is None or value == {}:
-        return []
-    if type(value) is not list or any(type(item) is not str for item in value):
-        raise _BadBody(f"{name} must be a list of strings")
-    return value
+    try:
+        return wire.string_list(obj.get(name) or [])
+    except TypeError:
+        raise _BadBody(f"{name} must be a list of strings") from None
 
 
 def _base64(obj: dict[str, Any]) -> None:

@@ -225,13 +225,17 @@ def _strict(kind: type):
     return structure
 
 
-def _strings(value, _):
-    # CraftOS serialises an empty Lua table as {}: an empty list.
+def string_list(value: object) -> list[str]:
+    """A list of strings; ``{}`` (CraftOS's empty table) is an empty one.  Raises ``TypeError``."""
     if type(value) is dict and not value:
         return []
     if type(value) is not list or any(type(item) is not str for item in value):
         raise TypeError("expected a list of strings")
     return value
+
+
+def _strings(value, _):
+    return string_list(value)
 
 
 def _make_converter():
@@ -355,7 +359,7 @@ def decode_capabilities(value: object) -> frozenset[str]:
     The capabilities in a list a computer sent (``{}`` is an empty list); names
     this gateway does not know are left out.  Raises ``TypeError``.
     """
-    return frozenset(_strings(value, None)) & _KNOWN_CAPABILITIES
+    return frozenset(string_list(value)) & _KNOWN_CAPABILITIES
 
 
 _KNOWN_CAPABILITIES = frozenset(CAPABILITIES)

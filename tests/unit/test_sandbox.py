@@ -293,6 +293,7 @@ class EndpointTests(SandboxTestCase):
             ("execute", {}),
             ("execute", {"command": "ls", "args": "x"}),
             ("execute", {"command": "ls", "timeoutMs": -1}),
+            ("execute", {"command": "ls", "maxOutputBytes": 2**30}),
             ("eval", {"code": 3}),
             ("read-file", {"path": "a", "offset": -1}),
             ("read-file", {"path": "a", "encoding": "utf-8"}),
@@ -303,6 +304,7 @@ class EndpointTests(SandboxTestCase):
             answer = orjson.loads(content)
             self.assertEqual((response.code, answer["code"]), (400, "bad_request"), body)
             self.assertIsInstance(answer["error"], str)
+            self.assertNotIn("e+", answer["error"])  # limits read as numbers, not 1.04858e+06
         response, content = self.finish(
             self.http.post(BASE + "/computers/7%3Abase/eval", data=b"{nope")
         )
