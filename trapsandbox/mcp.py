@@ -351,7 +351,8 @@ def _string(arguments: dict[str, Any], name: str, empty: bool = False) -> str:
 
 def _strings(arguments: dict[str, Any], name: str) -> list[str]:
     try:
-        return wire.string_list(arguments.get(name) or [])
+        value = arguments.get(name)
+        return [] if value is None else wire.string_list(value)
     except TypeError:
         raise _ToolError(INVALID_ARGUMENTS, f"{name} must be a list of strings") from None
 

@@ -207,7 +207,8 @@ def _number(obj: dict[str, Any], name: str, high: float, integer: bool = False) 
 
 def _strings(obj: dict[str, Any], name: str) -> list[str]:
     try:
-        return wire.string_list(obj.get(name) or [])
+        value = obj.get(name)
+        return [] if value is None else wire.string_list(value)
     except TypeError:
         raise _BadBody(f"{name} must be a list of strings") from None
 
