@@ -501,6 +501,17 @@ function M.onMessage(content, ctx)
   return 'ignored'
 end
 
+-- Adds `handler` to `list`; returns the function that removes it again.
+local function addHandler(list, handler)
+  local entry = { fn = handler }
+  list[#list + 1] = entry
+  return function()
+    for i = #list, 1, -1 do
+      if list[i] == entry then table.remove(list, i) end
+    end
+  end
+end
+
 -- Built-in event loop for plain CraftOS: the same interface as trapos's bootEventLoop.
 function M.createEventLoop(osLike)
   osLike = osLike or os
@@ -515,25 +526,13 @@ function M.createEventLoop(osLike)
     expect(2, handler, 'function')
     local list = handlers[event]
     if not list then list = {}; handlers[event] = list end
-    local entry = { fn = handler }
-    list[#list + 1] = entry
-    return function()
-      for i = #list, 1, -1 do
-        if list[i] == entry then table.remove(list, i) end
-      end
-    end
+    return addHandler(list, handler)
   end
 
   -- Every event, with its name first (what a program run by exec or eval waits on).
   function loop.registerAny(handler)
     expect(1, handler, 'function')
-    local entry = { fn = handler }
-    anyHandlers[#anyHandlers + 1] = entry
-    return function()
-      for i = #anyHandlers, 1, -1 do
-        if anyHandlers[i] == entry then table.remove(anyHandlers, i) end
-      end
-    end
+    return addHandler(anyHandlers, handler)
   end
 
   function loop.setTimeout(fn, seconds)
