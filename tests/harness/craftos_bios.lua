@@ -1079,25 +1079,16 @@ end
 function fs.exists(path) return host.fsExists(arg(1, path, 'string')) end
 function fs.isDir(path) return host.fsIsDir(arg(1, path, 'string')) end
 function fs.isReadOnly(path) return host.fsIsReadOnly(arg(1, path, 'string')) end
-function fs.getSize(path)
-  local result = raise(host.fsSize(arg(1, path, 'string')))
-  return result
-end
-function fs.attributes(path)
-  local result = raise(host.fsAttributes(arg(1, path, 'string')))
-  return result
-end
-function fs.getDrive(path)
-  local result = raise(host.fsDrive(arg(1, path, 'string')))
-  return result
-end
-function fs.getFreeSpace(path)
-  local result = raise(host.fsFreeSpace(arg(1, path, 'string')))
-  return result
-end
-function fs.getCapacity(path)
-  local result = raise(host.fsCapacity(arg(1, path, 'string')))
-  return result
+-- One path in, one value (or CraftOS's error) out.
+for name, hostName in pairs({
+  getSize = 'fsSize', attributes = 'fsAttributes', getDrive = 'fsDrive',
+  getFreeSpace = 'fsFreeSpace', getCapacity = 'fsCapacity',
+}) do
+  local call = host[hostName]
+  fs[name] = function(path)
+    local result = raise(call(arg(1, path, 'string')))
+    return result
+  end
 end
 function fs.list(path)
   local names = raise(host.fsList(arg(1, path, 'string')))

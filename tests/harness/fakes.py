@@ -10,6 +10,7 @@ from twisted.internet.defer import succeed
 
 from tests.harness.support import response_frame
 from trapsandbox import wire
+from trapsandbox.registry import Session
 from trapsandbox.wire import GatewayError
 
 
@@ -152,6 +153,13 @@ class SandboxComputer:
         self.session = session
         session.capabilities = self.capabilities
         return session
+
+    @classmethod
+    def connect(cls, registry, trapos_id="7:base", account_id="local", **kwargs):
+        """A new one, registered in ``registry`` as ``trapos_id``."""
+        computer = cls(**kwargs)
+        registry.add(computer.attach(Session(account_id, trapos_id, computer, registry.clock)))
+        return computer
 
     def close(self, code, reason):
         self.closed.append((code, reason))

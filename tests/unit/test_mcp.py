@@ -23,7 +23,7 @@ from tests.harness.fakes import FixedProbe, SandboxComputer
 from tests.harness.logcapture import LogCapture
 from trapsandbox import __version__, auth, ctl, limits, mcp
 from trapsandbox.probe import ProbeResult
-from trapsandbox.registry import Registry, Session
+from trapsandbox.registry import Registry
 from trapsandbox.web import GatewayApp
 
 URL = "http://127.0.0.1:4444/mcp"
@@ -53,11 +53,7 @@ class McpTestCase(SynchronousTestCase):
         self.ids = 0
 
     def computer(self, trapos_id="7:base", **kwargs):
-        computer = SandboxComputer(**kwargs)
-        session = Session("local", trapos_id, computer, self.clock)
-        computer.attach(session)
-        self.registry.add(session)
-        return computer
+        return SandboxComputer.connect(self.registry, trapos_id, **kwargs)
 
     def post_raw(self, data, headers=None, method="POST"):
         headers = {"content-type": "application/json", **(headers or {})}

@@ -41,11 +41,7 @@ class SandboxTestCase(SynchronousTestCase):
         self.sandbox = Sandbox(self.registry)
 
     def computer(self, trapos_id="7:base", **kwargs):
-        computer = SandboxComputer(**kwargs)
-        session = Session("local", trapos_id, computer, self.clock)
-        computer.attach(session)
-        self.registry.add(session)
-        return computer
+        return SandboxComputer.connect(self.registry, trapos_id, **kwargs)
 
     def assertGatewayError(self, d, code):
         failure = self.failureResultOf(d, GatewayError)
