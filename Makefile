@@ -7,6 +7,9 @@ BIN := $(VENV)/bin
 OPENCODE_VERSION ?= 1.18.33
 OPENCODE := .opencode/node_modules/.bin/opencode
 PYTEST_ARGS ?=
+# The Node/Fastify build of the same design, a third side of `make bench` (skipped with a
+# note where it is absent, as in a clone without ../shared).
+BENCH_ARGS ?= --peer fastify=../shared/peers/fastify
 
 .PHONY: run test trial lint format bench fuzz clean distclean
 

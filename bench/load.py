@@ -293,7 +293,8 @@ class Generator:
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
         self.target = spec["target"]
-        self.gateway = self.target == "gateway"
+        # The Node peer speaks the same protocol and operator API as the gateway.
+        self.gateway = self.target in ("gateway", "fastify")
         self.url = spec["url"]
         self.host, port = spec["address"].rsplit(":", 1)
         self.port = int(port)

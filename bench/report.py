@@ -1,4 +1,4 @@
-"""The readable table, the gateway / bare ratios, and the issue's targets with pass or fail."""
+"""The readable table, the gateway / bare (and / peer) ratios, and the targets with pass or fail."""
 
 from __future__ import annotations
 
@@ -74,13 +74,25 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+# The sides besides the gateway, in the order they are shown.
+OTHERS = ("bare", "fastify")
+
+
+def _others(results: dict[str, dict[str, Any]]) -> list[str]:
+    return [side for side in OTHERS if side in results]
+
+
 def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
-    gateway, bare = results.get("gateway", {}), results.get("bare", {})
+    """gateway / bare as ``"scenario: label"``; gateway / a peer as ``"peer: scenario: label"``."""
+    gateway = results.get("gateway", {})
     out = {}
-    for scenario, label, path, _ in ROWS:
-        g, b = get(gateway.get(scenario), path), get(bare.get(scenario), path)
-        if _number(g) and _number(b) and b:
-            out[f"{scenario}: {label}"] = round(g / b, 3)
+    for side in _others(results):
+        other = results[side]
+        prefix = "" if side == "bare" else f"{side}: "
+        for scenario, label, path, _ in ROWS:
+            g, b = get(gateway.get(scenario), path), get(other.get(scenario), path)
+            if _number(g) and _number(b) and b:
+                out[f"{prefix}{scenario}: {label}"] = round(g / b, 3)
     return out
 
 
@@ -101,40 +113,46 @@ def _format(value: Any, scale: float = 1) -> str:
 
 def table(document: dict[str, Any]) -> str:
     results = document["results"]
-    gateway, bare = results.get("gateway", {}), results.get("bare", {})
-    rows: list[tuple[str, str, str, str, str]] = []
-    notes: list[str] = []
+    sides = ["gateway", *_others(results)]
+    rows: list[tuple[str, ...]] = []
+    notes: list[str] = list(document.get("peer_notes") or [])
     for scenario in ORDER:
-        g_fig, b_fig = gateway.get(scenario), bare.get(scenario)
-        if g_fig is None and b_fig is None:
+        figures = [results.get(side, {}).get(scenario) for side in sides]
+        if all(f is None for f in figures):
             continue
-        for figures, target in ((g_fig, "gateway"), (b_fig, "bare")):
-            if not figures:
+        for fig, target in zip(figures, sides, strict=True):
+            if not fig:
                 continue
             for key in ("failed", "skipped", "note"):
-                if figures.get(key):
-                    notes.append(f"{scenario} ({target}): {figures[key]}")
-            if figures.get("errors"):
-                notes.append(f"{scenario} ({target}): errors {figures['errors']}")
+                if fig.get(key):
+                    notes.append(f"{scenario} ({target}): {fig[key]}")
+            if fig.get("errors"):
+                notes.append(f"{scenario} ({target}): errors {fig['errors']}")
         name = scenario
         for _, label, path, scale in [r for r in ROWS if r[0] == scenario] + [
             (scenario, *c) for c in COMMON
         ]:
-            g, b = get(g_fig, path), get(b_fig, path)
-            if g is None and b is None:
+            values = [get(fig, path) for fig in figures]
+            if all(v is None for v in values):
                 continue
-            ratio = f"{g / b:.2f}" if _number(g) and _number(b) and b else ""
-            rows.append((name, label, _format(g, scale), _format(b, scale), ratio))
+            g = values[0]
+            shown = [_format(v, scale) for v in values]
+            shown += [f"{g / v:.2f}" if _number(g) and _number(v) and v else "" for v in values[1:]]
+            rows.append((name, label, *shown))
             name = ""
-        bottleneck = (get(g_fig, "bottleneck"), get(b_fig, "bottleneck"))
+        bottleneck = [get(fig, "bottleneck") for fig in figures]
         if any(bottleneck):
-            rows.append(("", "bottleneck", *(_format(v) for v in bottleneck), ""))
-    header = ("scenario", "figure", "gateway", "bare", "gw/bare")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(5)]
+            rows.append(
+                ("", "bottleneck", *(_format(v) for v in bottleneck), *[""] * (len(sides) - 1))
+            )
+    short = {"gateway": "gw", "bare": "bare", "fastify": "node"}
+    header = ("scenario", "figure", *sides, *(f"gw/{short[s]}" for s in sides[1:]))
+    columns = len(header)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(columns)]
 
     def line(r) -> str:
         return "  ".join(
-            r[i].ljust(widths[i]) if i < 2 else r[i].rjust(widths[i]) for i in range(5)
+            r[i].ljust(widths[i]) if i < 2 else r[i].rjust(widths[i]) for i in range(columns)
         ).rstrip()
 
     out = [line(header), line(tuple("-" * w for w in widths))]
@@ -145,7 +163,7 @@ def table(document: dict[str, Any]) -> str:
         out += ["", "errors in server logs:"]
         for label, lines in document["server_log_errors"].items():
             out += [f"  {label}: {text}" for text in lines[:5]]
-    out += ["", "targets (issue 5):"]
+    out += ["", "targets:"]
     for t in document["targets"]:
         verdict = {True: "PASS", False: "FAIL", None: "n/a"}[t["pass"]]
         scale = "" if t.get("conclusive", True) else " (too small a run to conclude)"
@@ -240,4 +258,31 @@ def targets(results: dict[str, dict[str, Any]], quick: bool = False) -> list[dic
         )
     else:
         add("churn leaves no leak", None, "not measured")
+
+    node = results.get("fastify")
+    if node:
+        # Issue 15: against the Node build of the same design, in the same run.
+        for scenario, path, label, op, want in PEER_TARGETS:
+            g, n = get(gateway.get(scenario), path), get(node.get(scenario), path)
+            name = f"vs Node: {label} {op} {want:g} x the Node peer's"
+            if _number(g) and _number(n) and n:
+                ratio = g / n
+                add(
+                    name,
+                    ratio >= want if op == ">=" else ratio <= want,
+                    f"{_format(g)} vs {_format(n)} = {ratio:.2f} x",
+                )
+            else:
+                add(name, None, "not measured")
     return out
+
+
+# Issue 15's targets, gateway / Node: (scenario, figure, label, comparison, ratio).
+PEER_TARGETS = (
+    ("connect", "hellos_per_s", "hellos/s", ">=", 1.0),
+    ("connect", "server_cpu_us_per_op", "server CPU per hello", "<=", 1.0),
+    ("ping", "pings_per_s", "operator requests/s", ">=", 1.0),
+    ("health", "round_trips_per_s", "health round trips/s", ">=", 3.0),
+    ("churn", "cycles_per_s", "churn cycles/s", ">=", 1.0),
+    ("idle", "bytes_per_computer", "bytes per idle computer", "<=", 1.0),
+)

@@ -18,6 +18,7 @@ import os
 import platform
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -33,7 +34,9 @@ from trapsandbox.limits import AUTO_PING_INTERVAL
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
+# twistd and the bare server say "listening on ADDR:PORT"; the Node peer (pino)
+# "Server listening at http://ADDR:PORT".
+LISTENING = re.compile(r"listening (?:on|at) (?:http://)?127\.0\.0\.1:(\d+)")
 SECRET = "bench-secret"
 ADMIN_TOKEN = "bench-admin-token"
 # A larger listen backlog than Twisted's default of 50: the connect scenario
@@ -74,6 +77,8 @@ QUICK: dict[str, dict[str, Any]] = {
 }
 SCENARIOS = tuple(FULL)
 TARGETS = ("bare", "gateway")
+# Optional sides, given with --peer NAME=PATH.
+PEERS = ("fastify",)
 # Scenarios that mean nothing against an echo server.
 GATEWAY_ONLY = {"ping", "slowreader"}
 
@@ -86,7 +91,9 @@ def _bound(params: dict[str, Any]) -> float:
 class Child:
     """A child process whose output goes to a log file, watched for ``listening on``."""
 
-    def __init__(self, name: str, argv: list[str], log: Path, cpu: int | None, env=None) -> None:
+    def __init__(
+        self, name: str, argv: list[str], log: Path, cpu: int | None, env=None, cwd=None
+    ) -> None:
         self.name = name
         self.log = log
         self.port: int | None = None
@@ -97,7 +104,7 @@ class Child:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=env,
-            cwd=log.parent,
+            cwd=cwd or log.parent,
             preexec_fn=proc.child_setup(cpu),
         )
         self.pid = self.process.pid
@@ -240,6 +247,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         metavar="SCENARIO.PARAM=VALUE",
         help="override a parameter, e.g. --set health.duration=5 --set idle.steps=1000,5000",
     )
+    parser.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="fastify=PATH",
+        help="also run every scenario against the Node/Fastify build of the same design in "
+        "PATH (its folder; npm ci is run there when node_modules is missing); skipped with "
+        "a note when PATH does not exist",
+    )
     parser.add_argument("--output", help="the JSON file (default: bench-results/bench-TIME.json)")
     parser.add_argument(
         "--fake-delay-ms", type=float, default=0.0, help="hold each fake opencode answer"
@@ -280,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     for target in targets:
         if target not in TARGETS:
             raise SystemExit(f"bench: unknown target {target!r}")
+    peers, peer_notes = _peers(args.peer)
+    targets += list(peers)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     output = Path(
         args.output
@@ -294,9 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     # One server per scenario, bare then gateway, so the two see the same
     # machine noise; --quick runs all scenarios on one server per target.
     if args.quick:
-        runs = [(t, [n for n in plan if t == "gateway" or n not in GATEWAY_ONLY]) for t in targets]
+        runs = [(t, [n for n in plan if t != "bare" or n not in GATEWAY_ONLY]) for t in targets]
     else:
-        runs = [(t, [n]) for n in plan for t in targets if t == "gateway" or n not in GATEWAY_ONLY]
+        runs = [(t, [n]) for n in plan for t in targets if t != "bare" or n not in GATEWAY_ONLY]
     runs = [(t, names) for t, names in runs if names]
 
     results: dict[str, dict[str, Any]] = {t: {} for t in targets}
@@ -305,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     children: list[Child] = []
     fake = None
     try:
-        if "gateway" in targets:
+        if set(targets) - {"bare"}:
             fake = Child(
                 "fake opencode",
                 [sys.executable, "-m", "bench.fakeopencode", "--port", "0"]
@@ -318,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             fake.wait_listening()
         for target, names in runs:
             label = f"{target}-{'-'.join(names) if len(names) < 3 else 'all'}"
-            server = _start_server(target, label, logs, server_cpu, fake)
+            server = _start_server(target, label, logs, server_cpu, fake, peers.get(target))
             children.append(server)
             port = server.wait_listening()
             print(
@@ -336,8 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                 "url": f"ws://127.0.0.1:{port}/gateway",
                 "address": f"127.0.0.1:{port}",
                 "server_pid": server.pid,
-                "fake_pid": fake.pid if fake and target == "gateway" else None,
-                "fake_port": fake.port if fake and target == "gateway" else None,
+                "fake_pid": fake.pid if fake and target != "bare" else None,
+                "fake_port": fake.port if fake and target != "bare" else None,
                 "secret": SECRET,
                 "admin_token": ADMIN_TOKEN,
                 "scenarios": [{"name": n, **plan[n]} for n in names],
@@ -375,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         "parameters": plan,
         "results": results,
         "server_log_errors": server_errors,
+        "peer_notes": peer_notes,
         "runtime_s": round(time.monotonic() - started, 1),
     }
     if args.py_spy:
@@ -388,8 +407,57 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _start_server(target: str, label: str, logs: Path, cpu: int | None, fake: Child | None):
+def _peers(given: list[str]) -> tuple[dict[str, Path], list[str]]:
+    """The peers to run (name -> folder, installed), and a note for each one skipped."""
+    peers, notes = {}, []
+    for entry in given:
+        name, _, path = entry.partition("=")
+        if name not in PEERS or not path:
+            raise SystemExit(f"bench: --peer {entry!r}: give {' or '.join(PEERS)}=PATH")
+        folder = Path(path).expanduser().resolve()
+        if not (folder / "server.js").exists():
+            notes.append(f"{name}: skipped, no server.js in {folder}")
+            continue
+        if not (folder / "node_modules").is_dir():
+            done = subprocess.run(
+                ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+                cwd=folder,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+            )
+            if done.returncode != 0:
+                notes.append(f"{name}: skipped, npm ci failed: {done.stderr.decode()[-300:]}")
+                continue
+        peers[name] = folder
+    for note in notes:
+        print(f"bench: {note}", file=sys.stderr)
+    return peers, notes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_server(
+    target: str,
+    label: str,
+    logs: Path,
+    cpu: int | None,
+    fake: Child | None,
+    folder: Path | None = None,
+):
     endpoint = f"tcp:0:interface=127.0.0.1:backlog={BACKLOG}"
+    opencode = f"http://127.0.0.1:{fake.port}" if fake else ""
+    if target == "fastify":
+        env = _clean_env(
+            SANDBOX_HOST="127.0.0.1",
+            SANDBOX_PORT=str(_free_port()),
+            SANDBOX_PASSWORD=SECRET,
+            OPENCODE_URL=opencode,
+        )
+        return Child(target, ["node", "server.js"], logs / f"{label}.log", cpu, env=env, cwd=folder)
     if target == "bare":
         argv = [sys.executable, "-m", "bench.bare", "--port", endpoint]
         env = _with_repo_path()
@@ -398,7 +466,7 @@ def _start_server(target: str, label: str, logs: Path, cpu: int | None, fake: Ch
         env = _clean_env(
             SANDBOX_PASSWORD=SECRET,
             SANDBOX_ADMIN_TOKEN=ADMIN_TOKEN,
-            OPENCODE_URL=f"http://127.0.0.1:{fake.port}" if fake else "",
+            OPENCODE_URL=opencode,
         )
     return Child(target, argv, logs / f"{label}.log", cpu, env=env)
 
