@@ -13,6 +13,7 @@ from twisted.web.client import HTTPConnectionPool, ResponseNeverReceived
 from twisted.web.resource import Resource
 
 from tests.harness.fakes import FakeLink, FixedProbe
+from tests.harness.logcapture import LogCapture
 from tests.harness.support import bounded, connect, reactor, start_gateway
 from trapsandbox import wire
 from trapsandbox.auth import Admission, is_loopback
@@ -373,6 +374,12 @@ class LoopbackAPITests(TestCase):
     async def answer(self, d):
         response = await bounded(d)
         return response, orjson.loads(await bounded(treq.content(response)))
+
+    async def test_no_access_line_per_request(self):
+        log = LogCapture(self)
+        response, _ = await self.answer(treq.get(self.base + "/health", pool=self.pool))
+        self.assertEqual(response.code, 200)
+        self.assertEqual([t for t in log.texts() if "GET /health" in t], [])
 
     async def test_list_and_ping_a_computer(self):
         computer = await connect(self, self.gateway.port)
