@@ -263,7 +263,9 @@ class GatewayService(service.MultiService):
             "operator endpoints: {operators}",
             operators="bearer token required"
             if self.settings.admin_token
-            else "loopback clients only (no SANDBOX_ADMIN_TOKEN)",
+            else "loopback clients only (no SANDBOX_ADMIN_TOKEN)"
+            if self.admission.accounts is None
+            else "account tokens, and loopback clients as the admin (no SANDBOX_ADMIN_TOKEN)",
         )
         if self.admission.accounts is not None:
             log.info(
