@@ -24,6 +24,7 @@ from trapsandbox.wire import GatewayError
 THERE = IPv4Address("TCP", "203.0.113.9", 5000)
 HERE = IPv4Address("TCP", "127.0.0.1", 5000)
 NAMES = ("alice", "bob", "carol")
+ADMIN_TOKEN = "admin"
 
 
 def secret_of(name):
@@ -499,3 +500,34 @@ class AdminHTTPTests(SynchronousTestCase):
         self.assertEqual(status, 200)
         self.assertIn(b'trapsandbox_account_computers_connected{account="alice"} 1.0', body)
         self.assertIn(b'trapsandbox_account_computers_connected{account="bob"} 1.0', body)
+
+    def mcp(self, token, name, arguments=None, query=""):
+        body = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": name, "arguments": arguments or {}},
+        }
+        response = self.successResultOf(
+            self.http.post(
+                "http://gw:4444/mcp" + query,
+                headers={"authorization": f"Bearer {token}"},
+                data=orjson.dumps(body),
+            )
+        )
+        return orjson.loads(self.successResultOf(self.http.content(response)))["result"]
+
+    def test_mcp_lists_and_resolves_in_the_tokens_account(self):
+        listed = self.mcp("token-of-alice", "list_computers")["structuredContent"]["computers"]
+        self.assertEqual([(c["accountId"], c["traposId"]) for c in listed], [("alice", "1:")])
+        # Omitted computer: alice has exactly one, so it is that one.
+        self.assertFalse(self.mcp("token-of-alice", "read_screen").get("isError", False))
+        self.assertEqual((len(self.alice.sent), len(self.bob.sent)), (1, 0))
+        listed = self.mcp(ADMIN_TOKEN, "list_computers")
+        self.assertIn("account bob", listed["content"][0]["text"])
+        ambiguous = self.mcp(ADMIN_TOKEN, "read_screen", {"computer": "1:"})
+        self.assertTrue(ambiguous["isError"])
+        self.assertIn("?account=NAME", ambiguous["content"][0]["text"])
+        scoped = self.mcp(ADMIN_TOKEN, "read_screen", {"computer": "1:"}, "?account=bob")
+        self.assertFalse(scoped.get("isError", False))
+        self.assertEqual((len(self.alice.sent), len(self.bob.sent)), (1, 1))
