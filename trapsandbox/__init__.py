@@ -12,8 +12,10 @@ The wire and connection side (computers, over one WebSocket each)
     ``gateway``    the Autobahn protocol: hello, dispatch, limits, close codes
     ``outbound``   flow control of what one computer is sent
     ``handlers``   computer -> gateway requests: one handler per type
-    ``auth``       admission: computer secrets, operator tokens, throttles
-                   (accounts extend it)
+    ``auth``       admission: computer secrets, operator tokens (an ``Operator``:
+                   the admin or one account), throttles, reload
+    ``accounts``   the accounts file (SPEC §12): hashes looked up by hash, and
+                   the edits ``trapsandbox-ctl accounts`` makes
     ``throttle``   the per-address back-off ``auth`` uses
 
 The HTTP side (operators, agents, installs; same port)

@@ -1,13 +1,20 @@
 """
 Admission: who may connect as a computer, and who may act as an operator.
 
-- A computer presents a secret in ``hello``.  With no password configured,
-  auth is off and any secret is accepted; otherwise the secret is compared in
-  constant time.  ``resolve_account`` maps a good secret to its account: today
-  always ``"local"``; this is the seam for "one account owns many computers".
+- A computer presents a secret in ``hello``.  With no password and no
+  accounts file configured, auth is off and any secret is accepted as the
+  account ``local``.  ``SANDBOX_PASSWORD`` (compared in constant time) is the
+  account ``local``; an accounts file's secret (looked up by its SHA-256,
+  never compared entry by entry) is its account (SPEC §12).
 - An operator (the HTTP operator endpoints) presents
-  ``Authorization: Bearer <SANDBOX_ADMIN_TOKEN>``; with no token configured
-  only clients on this machine are served.
+  ``Authorization: Bearer <token>``: ``SANDBOX_ADMIN_TOKEN`` is the admin, who
+  sees every account; an account's token (looked up by its SHA-256) sees that
+  account's computers only.  With no admin token configured, a client on
+  this machine without a token is the admin.  ``operator`` answers an
+  ``Operator`` (who) or a ``Refusal`` (why not), and ``Operator.account_of``
+  is the one place a per-computer request finds the account it means.
+- ``reload`` replaces the accounts (SIGHUP); ``revoked`` says which connected
+  computers the new accounts no longer admit.
 
 Both checks go through one throttle per kind: an address that keeps failing
 is refused for a growing while *without its secret being checked*, so
@@ -26,8 +33,12 @@ from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
+from trapsandbox import wire
+from trapsandbox.accounts import Accounts, sha256_hex
+from trapsandbox.config import ConfigError
 from trapsandbox.limits import LOCAL_ACCOUNT
 from trapsandbox.throttle import FailureThrottle
+from trapsandbox.wire import GatewayError
 
 log = Logger()
 
@@ -44,6 +55,60 @@ class Refusal:
     message: str
     # THROTTLED: seconds until the address may try again.
     wait: float = 0.0
+
+
+# An HTTP-only error code: a traposId held by several accounts, for the admin (409).
+AMBIGUOUS = "ambiguous"
+# The scope of an account token that asked for another account: nobody's computers.
+NOBODY = ""
+
+
+@attrs.frozen
+class Operator:
+    """Who an admitted operator is: the admin (``account`` None) or one account."""
+
+    account: str | None = None
+
+    @property
+    def admin(self) -> bool:
+        return self.account is None
+
+    def scope(self, asked: str | None = None) -> str | None:
+        """
+        The account whose computers this operator reaches, asking for
+        ``asked`` (``?account=``); None: every account (the admin's).  An
+        account token asking for another account reaches nobody's, so that
+        the answer is the one for a missing computer.
+        """
+        if self.account is None:
+            return asked
+        return self.account if asked in (None, self.account) else NOBODY
+
+    def account_of(self, registry: Any, trapos_id: str, asked: str | None = None) -> str:
+        """
+        The account holding ``trapos_id`` that this operator means, or a
+        ``GatewayError``: ``not_connected`` (the same for another account's
+        computer as for a missing one), or for the admin without ``asked``
+        ``ambiguous`` when several accounts hold it.
+        """
+        scope = self.scope(asked)
+        if scope is not None:
+            if registry.find(trapos_id, scope) is None:
+                raise GatewayError(wire.NOT_CONNECTED, f"{trapos_id} is not connected")
+            return scope
+        holders = registry.accounts_holding(trapos_id)
+        if len(holders) == 1:
+            return holders[0]
+        if not holders:
+            raise GatewayError(wire.NOT_CONNECTED, f"{trapos_id} is not connected")
+        raise GatewayError(
+            AMBIGUOUS,
+            f"{trapos_id} is connected in {len(holders)} accounts: {', '.join(holders)}; "
+            "say which with ?account=NAME",
+        )
+
+
+ADMIN = Operator()
 
 
 def host_of(address: object) -> str:
@@ -82,30 +147,81 @@ class Admission:
         admin_token: str | None = None,
         hello_throttle: FailureThrottle | None = None,
         token_throttle: FailureThrottle | None = None,
+        accounts: Accounts | None = None,
     ) -> None:
-        # None: auth is off and any secret is accepted.
+        # None (and no accounts): auth is off and any secret is accepted.
         self._password = None if password is None else password.encode("utf-8")
-        # None: operators are served on loopback only.
+        # None: operators are served on loopback only (and account tokens anywhere).
         self._admin_token = None if admin_token is None else admin_token.encode("ascii")
         self.hello_throttle = FailureThrottle(clock) if hello_throttle is None else hello_throttle
         self.token_throttle = FailureThrottle(clock) if token_throttle is None else token_throttle
+        self.accounts: Accounts | None = None
+        if accounts is not None:
+            self.reload(accounts)
+
+    def reload(self, accounts: Accounts) -> None:
+        """Use ``accounts`` from now on; ``ConfigError`` (and no change) if they clash."""
+        if self._password is not None:
+            clash = accounts.by_secret.get(sha256_hex(self._password))
+            if clash is not None:
+                raise ConfigError(f"account {clash.name}'s secret is SANDBOX_PASSWORD")
+        if self._admin_token is not None:
+            clash = accounts.by_token.get(sha256_hex(self._admin_token))
+            if clash is not None:
+                raise ConfigError(f"account {clash.name}'s token is SANDBOX_ADMIN_TOKEN")
+        self.accounts = accounts
 
     @property
     def enabled(self) -> bool:
         """Whether computers need a secret."""
-        return self._password is not None
+        return self._password is not None or self.accounts is not None
 
     @property
     def operator_token_required(self) -> bool:
+        """Whether every operator needs a token (no loopback admin without one)."""
         return self._admin_token is not None
+
+    def account_names(self) -> list[str]:
+        """Every account a computer may be admitted to."""
+        names = [] if self.accounts is None else list(self.accounts.by_name)
+        if self._password is not None or not self.enabled:
+            names.insert(0, LOCAL_ACCOUNT)
+        return names
+
+    def max_computers(self, account_id: str) -> int | None:
+        """How many computers ``account_id`` may have connected at once; None: no limit."""
+        account = None if self.accounts is None else self.accounts.by_name.get(account_id)
+        return None if account is None else account.max_computers
 
     def resolve_account(self, secret: object) -> str | None:
         """The account ``secret`` belongs to, or None: unauthorized."""
-        if self._password is None:
+        if not self.enabled:
             return LOCAL_ACCOUNT
-        if isinstance(secret, str) and _same(secret.encode("utf-8"), self._password):
+        if not isinstance(secret, str):
+            return None
+        if self._password is not None and _same(
+            secret.encode("utf-8", "surrogatepass"), self._password
+        ):
             return LOCAL_ACCOUNT
+        if self.accounts is not None:
+            account = self.accounts.by_secret.get(sha256_hex(secret))
+            if account is not None:
+                return account.name
         return None
+
+    def admits(self, account_id: str, credential: str) -> bool:
+        """
+        Whether a computer admitted to ``account_id`` with a secret whose
+        SHA-256 is ``credential`` is still admitted (after a reload).
+        """
+        if account_id == LOCAL_ACCOUNT:
+            return True  # the password (or no auth) does not change on reload
+        account = None if self.accounts is None else self.accounts.by_name.get(account_id)
+        return account is not None and account.secret_sha256 == credential
+
+    def revoked(self, sessions: Any) -> list[Any]:
+        """The ``sessions`` (with ``account_id`` and ``credential``) no longer admitted."""
+        return [s for s in sessions if not self.admits(s.account_id, s.credential)]
 
     def computer(self, host: str, secret: object, who: str) -> str | Refusal:
         """The account of a computer at ``host`` presenting ``secret``, or why not."""
@@ -118,11 +234,11 @@ class Admission:
             lambda: log.warn("hello from {who} refused: wrong secret", who=who),
         )
 
-    def operator(self, address: object, authorization: bytes | None) -> Refusal | None:
-        """None if the HTTP client at ``address`` may act as an operator, else why not."""
-        if self._admin_token is None:
+    def operator(self, address: object, authorization: bytes | None) -> Operator | Refusal:
+        """Who the HTTP client at ``address`` is as an operator, or why it is not one."""
+        if self._admin_token is None and self.accounts is None:
             if is_loopback(address):
-                return None
+                return ADMIN
             return Refusal(
                 NOT_LOOPBACK,
                 "operator endpoints answer only loopback clients while no "
@@ -130,21 +246,29 @@ class Admission:
             )
         scheme, _, token = (authorization or b"").partition(b" ")
         host = host_of(address)
-        if not scheme and self.token_throttle.blocked_for(host) == 0:
-            # No token at all is not a guess: nothing to count against the address.
-            return Refusal(MISSING, "a bearer token is required")
-        verdict = self._throttled(
+        if not scheme:
+            if self._admin_token is None and is_loopback(address):
+                return ADMIN
+            if self.token_throttle.blocked_for(host) == 0:
+                # No token at all is not a guess: nothing to count against the address.
+                return Refusal(MISSING, "a bearer token is required")
+        return self._throttled(
             self.token_throttle,
             host,
             "wrong operator tokens",
-            lambda: self._is_admin(scheme, token),
+            lambda: self._operator_of(scheme, token.strip()),
             lambda: Refusal(WRONG, "wrong bearer token"),
         )
-        return verdict if isinstance(verdict, Refusal) else None
 
-    def _is_admin(self, scheme: bytes, token: bytes) -> bool | None:
-        if scheme.lower() == b"bearer" and _same(token.strip(), self._admin_token):
-            return True
+    def _operator_of(self, scheme: bytes, token: bytes) -> Operator | None:
+        if scheme.lower() != b"bearer" or not token:
+            return None
+        if self._admin_token is not None and _same(token, self._admin_token):
+            return ADMIN
+        if self.accounts is not None:
+            account = self.accounts.by_token.get(sha256_hex(token))
+            if account is not None:
+                return Operator(account.name)
         return None
 
     def _throttled(

@@ -41,6 +41,10 @@ class Settings:
     opencode_password: str | None = attrs.field(default=None, repr=False)
     max_connections: int = MAX_CONNECTIONS
     max_unauthenticated_per_address: int = MAX_UNAUTHENTICATED_PER_ADDRESS
+    # SANDBOX_ACCOUNTS_FILE (SPEC §12): read again on SIGHUP.
+    accounts_file: str | None = None
+    # Its accounts (a ``trapsandbox.accounts.Accounts``) as read at start.
+    accounts: Any = attrs.field(default=None, repr=False)
 
 
 def _escape(host: str) -> str:
@@ -162,8 +166,19 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
         if (found := given("opencode-username", variable)) is not None and found[0]:
             username = found[0]
 
+    accounts_file = accounts = None
+    if (found := given("accounts-file", "SANDBOX_ACCOUNTS_FILE")) is not None:
+        from trapsandbox import accounts as accounts_module  # it imports ConfigError from here
+
+        accounts_file, name = found
+        if not accounts_file:
+            raise ConfigError(f"{name} is empty: unset it to have no accounts file")
+        accounts = accounts_module.load(accounts_file, name)
+
     return Settings(
         ports=ports,
+        accounts_file=accounts_file,
+        accounts=accounts,
         password=secret("password", "SANDBOX_PASSWORD", _password),
         admin_token=secret("admin-token", "SANDBOX_ADMIN_TOKEN", _admin_token),
         request_timeout=setting(

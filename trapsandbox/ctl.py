@@ -11,6 +11,12 @@
     trapsandbox-ctl put 7:base LOCAL REMOTE    get 7:base REMOTE LOCAL
     trapsandbox-ctl rm 7:base REMOTE       screen 7:base
     trapsandbox-ctl opencode-config        (the "mcp" block for opencode's config)
+    trapsandbox-ctl accounts add NAME --file F [--max-computers N]
+    trapsandbox-ctl accounts list --file F     accounts remove NAME --file F
+
+``--account NAME`` (the admin token only) picks the account of a traposId that
+several accounts hold.  The ``accounts`` commands edit the accounts file
+(SPEC §12) and need no gateway: send it SIGHUP afterwards.
 
 It speaks the gateway's operator HTTP API with the standard library only, so
 it starts fast and needs no reactor.  Exit status: 0 on success, 1 on a
@@ -23,6 +29,7 @@ import argparse
 import base64
 import json
 import os
+import secrets
 import sys
 import time
 import urllib.error
@@ -31,7 +38,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from trapsandbox import limits
+from trapsandbox import accounts, limits
 from trapsandbox.limits import (
     CTL_HTTP_MARGIN,
     CTL_PING_TIMEOUT,
@@ -132,8 +139,11 @@ def _has_token(args: argparse.Namespace) -> bool:
     return bool(args.token or args.token_file)
 
 
-def _computer_path(trapos_id: str, action: str = "requests") -> str:
-    return f"/computers/{urllib.parse.quote(trapos_id, safe='')}/{action}"
+def _computer_path(trapos_id: str, action: str = "requests", account: str | None = None) -> str:
+    path = f"/computers/{urllib.parse.quote(trapos_id, safe='')}/{action}"
+    if account:
+        path += "?" + urllib.parse.urlencode({"account": account})
+    return path
 
 
 def _send(args: argparse.Namespace, type: str, payload: Any, timeout: float | None) -> Any:
@@ -145,7 +155,9 @@ def _send(args: argparse.Namespace, type: str, payload: Any, timeout: float | No
     # Without a timeout of its own the request lasts as long as the gateway's
     # default, which only the gateway knows: wait as long as it may take.
     http_timeout = (timeout or MAX_REQUEST_TIMEOUT) + CTL_HTTP_MARGIN
-    return call(args, "POST", _computer_path(args.trapos_id), body, http_timeout)
+    return call(
+        args, "POST", _computer_path(args.trapos_id, account=args.account), body, http_timeout
+    )
 
 
 def cmd_health(args: argparse.Namespace) -> int:
@@ -232,7 +244,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     call(
         args,
         "POST",
-        _computer_path(args.trapos_id, "execute"),
+        _computer_path(args.trapos_id, "execute", args.account),
         body,
         run + CTL_HTTP_MARGIN,
         lines=line,
@@ -252,7 +264,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.timeout is not None:
         body["timeoutMs"] = args.timeout * 1000
     run = (args.timeout or limits.DEFAULT_RUN_TIMEOUT_MS / 1000) + limits.RUN_ANSWER_MARGIN
-    answer = call(args, "POST", _computer_path(args.trapos_id, "eval"), body, run + CTL_HTTP_MARGIN)
+    answer = call(
+        args,
+        "POST",
+        _computer_path(args.trapos_id, "eval", args.account),
+        body,
+        run + CTL_HTTP_MARGIN,
+    )
     if answer.get("stdout"):
         sys.stdout.write(answer["stdout"])
     for value in answer.get("returns") or []:
@@ -264,7 +282,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    answer = call(args, "POST", _computer_path(args.trapos_id, "list-files"), {"path": args.path})
+    answer = call(
+        args,
+        "POST",
+        _computer_path(args.trapos_id, "list-files", args.account),
+        {"path": args.path},
+    )
     for entry in answer.get("entries") or []:
         name = entry.get("name", "?") + ("/" if entry.get("type") == "dir" else "")
         flags = "r" if entry.get("readOnly") else " "
@@ -274,7 +297,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def _read(args: argparse.Namespace, path: str) -> bytes:
     body = {"path": path, "encoding": "base64"}
-    answer = call(args, "POST", _computer_path(args.trapos_id, "read-file"), body)
+    answer = call(args, "POST", _computer_path(args.trapos_id, "read-file", args.account), body)
     content = base64.b64decode(answer.get("content") or "")
     if answer.get("sizeBytes", len(content)) > answer.get("offset", 0) + len(content):
         print(
@@ -313,20 +336,27 @@ def cmd_put(args: argparse.Namespace) -> int:
         "content": base64.b64encode(content).decode("ascii"),
         "encoding": "base64",
     }
-    answer = call(args, "POST", _computer_path(args.trapos_id, "write-file"), body, 120.0)
+    answer = call(
+        args, "POST", _computer_path(args.trapos_id, "write-file", args.account), body, 120.0
+    )
     print(f"{args.local} -> {args.trapos_id}:{args.remote} ({answer.get('bytesWritten')} bytes)")
     return 0
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
-    answer = call(args, "POST", _computer_path(args.trapos_id, "delete-file"), {"path": args.path})
+    answer = call(
+        args,
+        "POST",
+        _computer_path(args.trapos_id, "delete-file", args.account),
+        {"path": args.path},
+    )
     if not answer.get("deleted"):
         raise Failed(f"{args.trapos_id}: {args.path} does not exist")
     return 0
 
 
 def cmd_screen(args: argparse.Namespace) -> int:
-    answer = call(args, "GET", _computer_path(args.trapos_id, "screen"))
+    answer = call(args, "GET", _computer_path(args.trapos_id, "screen", args.account))
     for line in answer.get("lines") or []:
         print(line.rstrip())
     return 0
@@ -401,6 +431,12 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("SANDBOX_ADMIN_TOKEN_FILE") or None,
         help="read the token from this file (env SANDBOX_ADMIN_TOKEN_FILE)",
     )
+    top.add_argument(
+        "--account",
+        default=None,
+        metavar="NAME",
+        help="with the admin token: the account of the computer named (when several hold it)",
+    )
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     health = commands.add_parser("health", help="the gateway's and opencode's health")
@@ -461,7 +497,126 @@ def parser() -> argparse.ArgumentParser:
         ),
     )
     config.set_defaults(run=cmd_opencode_config)
+
+    accounts_parser = commands.add_parser(
+        "accounts",
+        help="add, list or remove the accounts of an accounts file",
+        description=(
+            "Edit SANDBOX_ACCOUNTS_FILE (players sharing this gateway). Only the SHA-256 of "
+            "secrets and tokens is written; reload the gateway (SIGHUP) afterwards."
+        ),
+    )
+    each = accounts_parser.add_subparsers(dest="accounts_command", required=True, metavar="ACTION")
+    add = each.add_parser("add", help="add an account; prints its secret and token once")
+    add.add_argument("name", metavar="NAME")
+    add.add_argument(
+        "--max-computers", type=int, default=None, metavar="N", help="most computers at once"
+    )
+    add.add_argument(
+        "--gateway-url",
+        default=None,
+        metavar="URL",
+        help="the URL computers reach the gateway at, for the install line (default: --url)",
+    )
+    add.set_defaults(run=cmd_accounts_add)
+    listing = each.add_parser("list", help="list the accounts")
+    listing.set_defaults(run=cmd_accounts_list)
+    remove = each.add_parser("remove", help="remove an account")
+    remove.add_argument("name", metavar="NAME")
+    remove.set_defaults(run=cmd_accounts_remove)
+    for sub in (add, listing, remove):
+        sub.add_argument(
+            "--file",
+            required=not os.environ.get("SANDBOX_ACCOUNTS_FILE"),
+            default=os.environ.get("SANDBOX_ACCOUNTS_FILE") or None,
+            metavar="F",
+            help="the accounts file (env SANDBOX_ACCOUNTS_FILE)",
+        )
     return top
+
+
+def _accounts_text(path: str) -> str:
+    try:
+        text = accounts.read_text(path)
+        accounts.parse(text)
+    except OSError as error:
+        raise Failed(f"cannot read {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise Failed(f"{path}: not UTF-8 text") from None
+    except ValueError as error:
+        raise Failed(f"{path}: {error}") from None
+    return text
+
+
+def _write_accounts(path: str, text: str) -> None:
+    try:
+        accounts.write_text(path, text)
+    except OSError as error:
+        raise Failed(f"cannot write {path}: {error.strerror}") from None
+
+
+def cmd_accounts_add(args: argparse.Namespace) -> int:
+    name = args.name
+    if not accounts.NAME.match(name) or name == limits.LOCAL_ACCOUNT:
+        raise Failed(
+            f"{name!r} cannot be an account name: 1 to 64 of A-Z a-z 0-9 _ -, and not "
+            f"{limits.LOCAL_ACCOUNT!r} (the SANDBOX_PASSWORD's)"
+        )
+    if args.max_computers is not None and args.max_computers < 1:
+        raise Failed("--max-computers must be at least 1")
+    text = _accounts_text(args.file)
+    # 128 bits each: hex for the secret (typed into a computer), URL-safe for the token.
+    secret = secrets.token_hex(16)
+    token = secrets.token_urlsafe(24)
+    account = accounts.Account(
+        name, accounts.sha256_hex(secret), accounts.sha256_hex(token), args.max_computers
+    )
+    try:
+        new = accounts.with_account(text, account)
+    except ValueError as error:
+        raise Failed(f"{args.file}: {error}") from None
+    _write_accounts(args.file, new)
+    url = (args.gateway_url or args.url).rstrip("/")
+    print(f"account {name} added to {args.file} (it keeps only hashes: note these now)")
+    print()
+    print(f"  computer secret: {secret}")
+    print(f"  operator token:  {token}")
+    print()
+    print("Reload the gateway to use it: systemctl reload trapsandbox (or kill -HUP its pid).")
+    print()
+    print(f"On each of {name}'s computers, in the game, install the client with the secret:")
+    print(f"  wget run {url}/client/install.lua {secret}")
+    print("or, on a computer that already has the client:")
+    print(f"  set sandbox.password {secret}")
+    print("  reboot")
+    print()
+    print(f"{name}'s operator commands (they see only {name}'s computers):")
+    print(f"  trapsandbox-ctl --url {url} --token {token} computers")
+    return 0
+
+
+def cmd_accounts_list(args: argparse.Namespace) -> int:
+    found = accounts.parse(_accounts_text(args.file))
+    if not found:
+        print(f"no accounts in {args.file}")
+        return 0
+    for account in found.by_name.values():
+        most = account.max_computers
+        print(f"{account.name}  max_computers={'-' if most is None else most}")
+    return 0
+
+
+def cmd_accounts_remove(args: argparse.Namespace) -> int:
+    text = _accounts_text(args.file)
+    try:
+        new = accounts.without_account(text, args.name)
+    except ValueError as error:
+        raise Failed(f"{args.file}: {error}") from None
+    _write_accounts(args.file, new)
+    print(
+        f"account {args.name} removed from {args.file}; reload the gateway to close its computers"
+    )
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,7 +14,8 @@ The WebSocket side: one ``GatewayProtocol`` per computer connection.
 Before a successful hello every request is answered ``not_authenticated``;
 without one within ``hello_timeout`` the connection is closed with 4002.  An
 address that keeps failing hello is refused for a while (``overloaded``,
-close 4003), and so is one with too many connections waiting for hello.
+close 4003), and so is one with too many connections waiting for hello, and
+a computer past its account's ``max_computers`` (SPEC §12).
 Bad frames are ignored (logged, rate-limited) and never end the connection.
 Nothing raised while handling a message escapes ``onMessage``: Autobahn
 would drop the TCP connection without a close frame.
@@ -33,6 +34,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from trapsandbox import auth, compat, limits, wire
+from trapsandbox.accounts import sha256_hex
 from trapsandbox.handlers import Handler
 from trapsandbox.metrics import Metrics
 from trapsandbox.outbound import Outbound
@@ -294,6 +296,22 @@ class GatewayProtocol(WebSocketServerProtocol):
                     "unauthorized",
                 )
             return
+        most = self.factory.admission.max_computers(account_id)
+        registry = self.factory.registry
+        if (
+            most is not None
+            and registry.find(hello.trapos_id, account_id) is None
+            and registry.count(account_id) >= most
+        ):
+            self._refuse_hello(
+                frame,
+                hello,
+                wire.OVERLOADED,
+                f"account {account_id} already has {most} computers connected (its max_computers)",
+                wire.CLOSE_TOO_MANY_COMPUTERS,
+                "too many computers",
+            )
+            return
         self._cancel_hello_timer()
         self._hello_done()
         self.factory.metrics.hello("ok")
@@ -306,6 +324,7 @@ class GatewayProtocol(WebSocketServerProtocol):
             version=hello.version,
             connected_at=self.factory.clock.seconds(),
             capabilities=wire.decode_capabilities(hello.capabilities),
+            credential=sha256_hex(hello.secret) if isinstance(hello.secret, str) else "",
         )
         self.factory.registry.add(self.session)
         log.info(

@@ -290,15 +290,34 @@ def _split(trapos_id: str) -> tuple[str, str]:
     return number, label
 
 
-def _sessions(registry: Registry, account_id: str) -> list[Session]:
-    """The account's computers, by traposId."""
-    return sorted((s for s in registry if s.account_id == account_id), key=lambda s: s.trapos_id)
+def _sessions(registry: Registry, account_id: str | None) -> list[Session]:
+    """The account's computers (None: every account's), by traposId."""
+    return sorted(registry.of_account(account_id), key=lambda s: (s.trapos_id, s.account_id))
 
 
-def resolve(registry: Registry, computer: object, account_id: str = LOCAL_ACCOUNT) -> Session:
-    """The session ``computer`` names (SPEC §10), or a ``_ToolError`` saying why not."""
+def _several_accounts(sessions: list[Session]) -> bool:
+    """Whether names must say the account (the admin sees more than one)."""
+    return len({s.account_id for s in sessions}) > 1
+
+
+def _name(session: Session, every_account: bool) -> str:
+    return (
+        f"{session.trapos_id} (account {session.account_id})"
+        if every_account
+        else (session.trapos_id)
+    )
+
+
+def resolve(
+    registry: Registry, computer: object, account_id: str | None = LOCAL_ACCOUNT
+) -> Session:
+    """
+    The session ``computer`` names (SPEC §10) among ``account_id``'s computers
+    (None: every account's, for the admin), or a ``_ToolError`` saying why not.
+    """
     sessions = _sessions(registry, account_id)
-    known = ", ".join(s.trapos_id for s in sessions) or "none"
+    every = _several_accounts(sessions)
+    known = ", ".join(_name(s, every) for s in sessions) or "none"
     if computer is None or computer == "":
         if len(sessions) == 1:
             return sessions[0]
@@ -315,10 +334,7 @@ def resolve(registry: Registry, computer: object, account_id: str = LOCAL_ACCOUN
         )
     if type(computer) is not str:
         raise _ToolError(INVALID_ARGUMENTS, 'computer must be a string, e.g. "7:base" or "7"')
-    for session in sessions:
-        if session.trapos_id == computer:
-            return session
-    matches: list[Session] = []
+    matches = [s for s in sessions if s.trapos_id == computer]
     if ":" not in computer:
         matches = [s for s in sessions if _split(s.trapos_id)[0] == computer]
         if not matches:
@@ -326,11 +342,14 @@ def resolve(registry: Registry, computer: object, account_id: str = LOCAL_ACCOUN
     if len(matches) == 1:
         return matches[0]
     if matches:
-        candidates = ", ".join(s.trapos_id for s in matches)
+        candidates = ", ".join(_name(s, every) for s in matches)
+        hint = (
+            "Add ?account=NAME to the MCP URL to use one account's computers."
+            if len({s.trapos_id for s in matches}) == 1
+            else "Give the traposId of the one you mean as computer."
+        )
         raise _ToolError(
-            AMBIGUOUS,
-            f'"{computer}" matches {len(matches)} computers: {candidates}. Give the '
-            "traposId of the one you mean as computer.",
+            AMBIGUOUS, f'"{computer}" matches {len(matches)} computers: {candidates}. {hint}'
         )
     raise _ToolError(
         wire.NOT_CONNECTED,
@@ -454,8 +473,18 @@ class McpEndpoint:
 
     # -- HTTP ------------------------------------------------------------------------------
 
-    def post(self, request: IRequest, body: bytes | None, too_large: str | None = None):
-        """The answer to ``POST /mcp`` with ``body`` (None and ``too_large``: it was refused)."""
+    def post(
+        self,
+        request: IRequest,
+        body: bytes | None,
+        too_large: str | None = None,
+        scope: str | None = LOCAL_ACCOUNT,
+    ):
+        """
+        The answer to ``POST /mcp`` with ``body`` (None and ``too_large``: it was
+        refused); the tools reach the computers of the account ``scope`` (None:
+        every account's).
+        """
         refusal = self._foreign_origin(request)
         if refusal is not None:
             return _reply(request, _error(None, INVALID_REQUEST, refusal), 403)
@@ -466,7 +495,7 @@ class McpEndpoint:
         except orjson.JSONDecodeError as error:
             return _reply(request, _error(None, PARSE_ERROR, f"the body is not JSON: {error}"), 400)
         try:
-            return self._message(request, message)
+            return self._message(request, message, scope)
         except _Invalid as invalid:
             return _reply(request, _error(None, invalid.code, invalid.message), invalid.status)
 
@@ -484,7 +513,7 @@ class McpEndpoint:
             return None
         return "requests from web pages of other origins are refused"
 
-    def _message(self, request: IRequest, message: Any):
+    def _message(self, request: IRequest, message: Any, scope: str | None):
         if type(message) is list:
             raise _Invalid(
                 INVALID_REQUEST,
@@ -525,7 +554,7 @@ class McpEndpoint:
             params = {}
         elif type(params) is not dict:
             return _reply(request, _error(id, INVALID_PARAMS, "params must be an object"))
-        d = Deferred.fromCoroutine(self._dispatch(method, params))
+        d = Deferred.fromCoroutine(self._dispatch(method, params, scope))
         d.addCallback(
             lambda result: _reply(request, {"jsonrpc": "2.0", "id": id, "result": result})
         )
@@ -542,7 +571,9 @@ class McpEndpoint:
 
     # -- Methods ---------------------------------------------------------------------------
 
-    async def _dispatch(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    async def _dispatch(
+        self, method: str, params: dict[str, Any], scope: str | None
+    ) -> dict[str, Any]:
         if method == "initialize":
             return self._initialize(params)
         if method == "ping":
@@ -550,7 +581,7 @@ class McpEndpoint:
         if method == "tools/list":
             return {"tools": TOOLS}
         if method == "tools/call":
-            return await self._tools_call(params)
+            return await self._tools_call(params, scope)
         raise _Invalid(METHOD_NOT_FOUND, f"no method {method!r}")
 
     def _initialize(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -564,7 +595,7 @@ class McpEndpoint:
             "instructions": INSTRUCTIONS,
         }
 
-    async def _tools_call(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _tools_call(self, params: dict[str, Any], scope: str | None) -> dict[str, Any]:
         name = params.get("name")
         if type(name) is not str:
             raise _Invalid(INVALID_PARAMS, "tools/call needs name, a string")
@@ -582,9 +613,9 @@ class McpEndpoint:
         target = computer if type(computer) is str and computer else "-"
         try:
             if name == "list_computers":
-                result, outcome = self._list_computers(), "ok"
+                result, outcome = self._list_computers(scope), "ok"
             else:
-                session = resolve(self._registry, computer)
+                session = resolve(self._registry, computer, scope)
                 target = session.trapos_id
                 result, outcome = await self._tools[name](session, arguments)
         except _ToolError as error:
@@ -620,8 +651,9 @@ class McpEndpoint:
                 "the request was cancelled on it. " + _ADVICE[wire.TIMEOUT],
             ) from None
 
-    def _list_computers(self) -> dict[str, Any]:
-        sessions = _sessions(self._registry, LOCAL_ACCOUNT)
+    def _list_computers(self, scope: str | None) -> dict[str, Any]:
+        sessions = _sessions(self._registry, scope)
+        every = _several_accounts(sessions)
         listed = []
         lines = []
         for session in sessions:
@@ -634,9 +666,12 @@ class McpEndpoint:
                     "label": label or None,
                     "capabilities": allowed,
                     "version": session.version,
+                    "accountId": session.account_id,
                 }
             )
             named = f'label "{label}"' if label else "no label"
+            if every:
+                named += f", account {session.account_id}"
             lines.append(
                 f"- {session.trapos_id} (id {number}, {named}); allowed: "
                 + (

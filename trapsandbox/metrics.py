@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from trapsandbox import limits, wire
 
@@ -235,3 +235,26 @@ class Metrics:
             "requests to computers waiting for an answer",
             registry=r,
         ).set_function(pending)
+
+    def watch_accounts(self, counts: Callable[[], dict[str, int]]) -> None:
+        """A gauge of connected computers per account, read when scraped."""
+        self.registry.register(_AccountGauge(counts))
+
+
+class _AccountGauge:
+    """``trapsandbox_account_computers_connected{account}``: every known account, 0 included."""
+
+    NAME = f"{PREFIX}_account_computers_connected"
+    DOCUMENTATION = "computers that completed hello, by account"
+
+    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(self.NAME, self.DOCUMENTATION, labels=("account",))
+        for account, count in sorted(self._counts().items()):
+            family.add_metric((account,), count)
+        yield family
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily(self.NAME, self.DOCUMENTATION, labels=("account",))]

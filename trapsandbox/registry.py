@@ -67,6 +67,9 @@ class Session:
     # What the computer's owner allowed (wire.CAPABILITIES); announced in hello
     # and again with a ``capabilities`` request when it changes.
     capabilities: frozenset[str] = frozenset()
+    # The SHA-256 of the secret it was admitted with: a reload that changes
+    # its account's secret closes it (``Admission.admits``).
+    credential: str = attrs.field(default="", repr=False)
     max_in_flight: int = limits.MAX_IN_FLIGHT
     _pending: dict[str, _Pending] = attrs.field(factory=dict, init=False)
 
@@ -199,6 +202,9 @@ class Registry:
     request_timeout: float = limits.DEFAULT_REQUEST_TIMEOUT
     metrics: Metrics = attrs.field(factory=Metrics, repr=False)
     _sessions: dict[tuple[str, str], Session] = attrs.field(factory=dict, init=False)
+    # traposId -> the accounts holding it, and account -> how many computers it has.
+    _holders: dict[str, set[str]] = attrs.field(factory=dict, init=False)
+    _per_account: dict[str, int] = attrs.field(factory=dict, init=False)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -206,10 +212,31 @@ class Registry:
     def __iter__(self) -> Iterator[Session]:
         return iter(list(self._sessions.values()))
 
+    def accounts_holding(self, trapos_id: str) -> list[str]:
+        """The accounts with a computer ``trapos_id`` connected, sorted."""
+        return sorted(self._holders.get(trapos_id, ()))
+
+    def count(self, account_id: str) -> int:
+        """How many computers ``account_id`` has connected."""
+        return self._per_account.get(account_id, 0)
+
+    def counts(self) -> dict[str, int]:
+        """Connected computers by account (accounts with none left out)."""
+        return dict(self._per_account)
+
+    def of_account(self, account_id: str | None) -> list[Session]:
+        """The computers of ``account_id`` (None: every account's)."""
+        if account_id is None:
+            return list(self._sessions.values())
+        return [s for s in self._sessions.values() if s.account_id == account_id]
+
     def add(self, session: Session) -> Session | None:
         """Register ``session``; close and return the one it replaces, if any."""
         old = self._sessions.get(session.key)
         self._sessions[session.key] = session
+        if old is None:
+            self._holders.setdefault(session.trapos_id, set()).add(session.account_id)
+            self._per_account[session.account_id] = self.count(session.account_id) + 1
         if old is not None and old is not session:
             log.info(
                 "{traposId} from {peer} replaces its connection from {oldPeer}",
@@ -226,6 +253,15 @@ class Registry:
         """Forget ``session`` (if it is still the registered one) and fail its requests."""
         if self._sessions.get(session.key) is session:
             del self._sessions[session.key]
+            holders = self._holders[session.trapos_id]
+            holders.discard(session.account_id)
+            if not holders:
+                del self._holders[session.trapos_id]
+            left = self._per_account[session.account_id] - 1
+            if left:
+                self._per_account[session.account_id] = left
+            else:
+                del self._per_account[session.account_id]
         session.fail_all(GatewayError(wire.NOT_CONNECTED, "the computer disconnected"))
 
     @property

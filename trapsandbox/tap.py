@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 from typing import Any
 
 from autobahn.twisted.resource import WebSocketResource
@@ -20,7 +21,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from trapsandbox import __version__, compat, config, limits
+from trapsandbox import __version__, accounts, compat, config, limits, wire
 from trapsandbox.auth import Admission
 from trapsandbox.gateway import GatewayFactory
 from trapsandbox.handlers import ComputerRequests
@@ -50,6 +51,12 @@ class Options(usage.Options):
             None,
             None,
             "The operators' bearer token (prefer --admin-token-file; unset: loopback only).",
+        ],
+        [
+            "accounts-file",
+            None,
+            None,
+            "The accounts file (TOML; several players on one gateway); SIGHUP reloads it.",
         ],
         ["request-timeout-ms", None, None, "Default timeout of requests to a computer."],
         [
@@ -160,7 +167,12 @@ class GatewayService(service.MultiService):
             settings.opencode_password,
             metrics=self.metrics,
         )
-        self.admission = Admission(reactor, settings.password, settings.admin_token)
+        self.admission = Admission(
+            reactor, settings.password, settings.admin_token, accounts=settings.accounts
+        )
+        # Set by makeService: the real daemon reloads the accounts on SIGHUP.
+        self.reload_on_sighup = False
+        self._previous_sighup: Any = None
         self.factory = GatewayFactory(
             self.registry,
             self.admission,
@@ -175,6 +187,7 @@ class GatewayService(service.MultiService):
             connections=lambda: len(self.factory.connections),
             pending=lambda: self.registry.pending,
         )
+        self.metrics.watch_accounts(self._account_counts)
         app = GatewayApp(
             self.registry,
             self.probe,
@@ -187,8 +200,54 @@ class GatewayService(service.MultiService):
         for listener in self.listeners:
             listener.setServiceParent(self)
 
+    def _account_counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(self.admission.account_names(), 0)
+        counts.update(self.registry.counts())
+        return counts
+
+    def reload_accounts(self) -> bool:
+        """
+        Read the accounts file again (SIGHUP).  Computers whose account is
+        gone, or whose account's secret changed, are closed with 4001; every
+        other connection stays.  A bad file keeps the accounts in use and
+        logs one error line.  True if the new accounts are in use.
+        """
+        path = self.settings.accounts_file
+        if path is None:
+            log.info("reload: no accounts file is configured; nothing to reload")
+            return False
+        try:
+            self.admission.reload(accounts.load(path))
+        except config.ConfigError as error:
+            log.error(
+                "accounts not reloaded, keeping the {count} in use: {error}",
+                count=len(self.admission.accounts or ()),
+                error=str(error),
+            )
+            return False
+        revoked = self.admission.revoked(self.registry)
+        for session in revoked:
+            # Unreachable at once, before its close handshake ends.
+            self.registry.remove(session)
+            session.link.close(wire.CLOSE_UNAUTHORIZED, "unauthorized")
+        log.info(
+            "accounts reloaded from {path}: {count} accounts; {closed} computers closed",
+            path=path,
+            count=len(self.admission.accounts or ()),
+            closed=len(revoked),
+        )
+        return True
+
+    def _sighup(self, signum: int, frame: Any) -> None:
+        # A signal handler runs between two bytecodes of whatever the reactor
+        # was doing: do the work on the reactor's own turn.
+        self._reactor.callFromThread(self.reload_accounts)
+
     def startService(self) -> None:
         super().startService()
+        if self.reload_on_sighup:
+            # Twisted's own handlers are SIGINT, SIGTERM and SIGCHLD; SIGHUP is ours.
+            self._previous_sighup = signal.signal(signal.SIGHUP, self._sighup)
         # privilegedStartService bound every port: connections are accepted now.
         self.notifier.ready(
             "listening on " + ", ".join(_describe(each.port.getHost()) for each in self.listeners)
@@ -204,8 +263,16 @@ class GatewayService(service.MultiService):
             "operator endpoints: {operators}",
             operators="bearer token required"
             if self.settings.admin_token
-            else "loopback clients only (no SANDBOX_ADMIN_TOKEN)",
+            else "loopback clients only (no SANDBOX_ADMIN_TOKEN)"
+            if self.admission.accounts is None
+            else "account tokens, and loopback clients as the admin (no SANDBOX_ADMIN_TOKEN)",
         )
+        if self.admission.accounts is not None:
+            log.info(
+                "accounts: {count} from {path} (SIGHUP reloads it)",
+                count=len(self.admission.accounts),
+                path=self.settings.accounts_file,
+            )
         if not self.admission.enabled:
             log.warn(
                 "auth is off: any computer can connect. Set SANDBOX_PASSWORD or "
@@ -213,6 +280,9 @@ class GatewayService(service.MultiService):
             )
 
     def stopService(self) -> Deferred:
+        if self._previous_sighup is not None:
+            signal.signal(signal.SIGHUP, self._previous_sighup)
+            self._previous_sighup = None
         self.notifier.stopping()
         log.info("shutting down: closing {count} connections", count=len(self.factory.connections))
         stopped = super().stopService()  # stop listening first
@@ -233,6 +303,7 @@ def makeService(options: Options) -> service.IService:
     try:
         settings = config.load(os.environ, options)
         gateway = GatewayService(settings, reactor, Notifier.from_environ(reactor, os.environ))
+        gateway.reload_on_sighup = True
     except config.ConfigError as error:
         raise SystemExit(f"trapsandbox: {error}") from None
     # Everything loaded so far lives as long as the process: keep the cyclic

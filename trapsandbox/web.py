@@ -33,8 +33,11 @@ The HTTP side, on the same port as the WebSocket: a Klein app.
   Their failures are {ok: false, error: "<message>", code} with the status of
   ``STATUS_OF_ERROR``; a caller leaving /execute cancels the run.
 
-Operators present ``Authorization: Bearer <SANDBOX_ADMIN_TOKEN>``; with no
-token configured only loopback clients are served.  Every answer, errors
+Operators present ``Authorization: Bearer <SANDBOX_ADMIN_TOKEN>`` (the
+admin: every account) or an account's token (that account's computers only,
+SPEC §12); with no admin token configured, loopback clients are the admin.
+Per-computer routes resolve their account in one place (``on_computer``);
+the admin may add ``?account=NAME``.  ``/metrics`` is the admin's alone.  Every answer, errors
 included, is JSON (``{ok: false, error: {code, message}}``), never an HTML
 traceback page.
 """
@@ -75,6 +78,8 @@ STATUS_OF_ERROR = {
     wire.BAD_REQUEST: 400,
     wire.FORBIDDEN: 403,
     wire.NOT_CONNECTED: 404,
+    # The admin named a traposId that several accounts hold (SPEC §12).
+    auth.AMBIGUOUS: 409,
     wire.TOO_LARGE: 413,
     wire.FS_ERROR: 422,
     # The computer runs a client that does not know the request (an older version).
@@ -104,16 +109,57 @@ def _lua(request: IRequest, body: bytes) -> bytes:
 
 
 def operators_only(route):
-    """Serve ``route`` only to an operator: the bearer token, or loopback when there is none."""
+    """
+    Serve ``route`` only to an operator (a bearer token, or loopback when no
+    admin token is set); it is called with ``operator=`` the ``auth.Operator``.
+    """
 
     @functools.wraps(route)
     def guarded(self: GatewayApp, request: IRequest, *args: Any, **kwargs: Any):
-        refusal = self._refuse(request)
-        if refusal is not None:
-            return refusal
-        return route(self, request, *args, **kwargs)
+        operator = self._operator(request)
+        if not isinstance(operator, auth.Operator):
+            return operator
+        return route(self, request, *args, operator=operator, **kwargs)
 
     return guarded
+
+
+def _asked_account(request: IRequest) -> str | None:
+    """The ``?account=NAME`` of a request, if it has one."""
+    values = request.args.get(b"account")
+    if not values:
+        return None
+    return values[0].decode("utf-8", "replace")
+
+
+def on_computer(error: Callable[[IRequest, int, str, str], bytes]):
+    """
+    An operator route on one computer: its account is resolved here, in one
+    place, from the operator and ``?account=`` (``auth.Operator.account_of``),
+    and the route is called with ``account_id=``.  Another account's computer
+    answers as a missing one does (the route is run for nobody's account);
+    ``error`` makes the body of an answer given here (409 for the admin).
+    """
+
+    def decorate(route):
+        @functools.wraps(route)
+        def resolved(self: GatewayApp, request: IRequest, trapos_id: str, operator: auth.Operator):
+            try:
+                account_id = operator.account_of(self._registry, trapos_id, _asked_account(request))
+            except GatewayError as failure:
+                if failure.code == wire.NOT_CONNECTED:
+                    # Missing, or another account's: the route runs on as it would for
+                    # a missing computer (its body is checked first, then the request
+                    # finds nobody's computer), so the two answers cannot differ.
+                    return route(self, request, trapos_id, account_id=auth.NOBODY)
+                return error(
+                    request, STATUS_OF_ERROR.get(failure.code, 500), failure.code, failure.message
+                )
+            return route(self, request, trapos_id, account_id=account_id)
+
+        return operators_only(resolved)
+
+    return decorate
 
 
 class _CappedContent(io.BytesIO):
@@ -388,19 +434,20 @@ class GatewayApp:
             registry,
             self._sandbox,
             self._metrics,
+            # A browser page on another origin could reach a loopback admin.
             loopback_only=lambda: not self._admission.operator_token_required,
         )
 
     def resource(self) -> IResource:
         return _Root(self._websocket, self.app.resource())
 
-    def _refuse(self, request: IRequest) -> bytes | None:
-        """The error answer for a request that is not from an operator, or None."""
+    def _operator(self, request: IRequest) -> auth.Operator | bytes:
+        """Who the request's operator is, or the error answer for one that is not."""
         refusal = self._admission.operator(
             request.getClientAddress(), request.getHeader(b"authorization")
         )
-        if refusal is None:
-            return None
+        if isinstance(refusal, auth.Operator):
+            return refusal
         if refusal.reason == auth.NOT_LOOPBACK:
             return json_error(request, 403, "forbidden", refusal.message)
         if refusal.reason == auth.THROTTLED:
@@ -437,8 +484,11 @@ class GatewayApp:
 
     @app.route("/computers", methods=["GET"])
     @operators_only
-    def computers(self, request: IRequest) -> bytes:
-        sessions = sorted(self._registry, key=lambda s: (s.account_id, s.trapos_id))
+    def computers(self, request: IRequest, operator: auth.Operator) -> bytes:
+        scope = operator.scope(_asked_account(request))
+        sessions = sorted(
+            self._registry.of_account(scope), key=lambda s: (s.account_id, s.trapos_id)
+        )
         listed = [
             {
                 "traposId": session.trapos_id,
@@ -455,13 +505,13 @@ class GatewayApp:
 
     # ``path``: a label may hold a "/" (sent as %2F, which Twisted decodes).
     @app.route("/computers/<path:trapos_id>/requests", methods=["POST"])
-    @operators_only
-    def computer_request(self, request: IRequest, trapos_id: str):
+    @on_computer(json_error)
+    def computer_request(self, request: IRequest, trapos_id: str, account_id: str):
         try:
             kind, payload, timeout = _parse_request_body(_take_body(request))
         except _BadBody as error:
             return json_error(request, error.status, error.code, str(error))
-        d = self._registry.request(trapos_id, kind, payload, timeout)
+        d = self._registry.request(trapos_id, kind, payload, timeout, account_id=account_id)
         d.addCallbacks(self._answered, self._failed, (request,), None, (request,))
         return d
 
@@ -494,8 +544,8 @@ class GatewayApp:
         return _json_object(_take_body(request), shape)
 
     @app.route("/computers/<path:trapos_id>/execute", methods=["POST"])
-    @operators_only
-    def execute(self, request: IRequest, trapos_id: str):
+    @on_computer(sandbox_error)
+    def execute(self, request: IRequest, trapos_id: str, account_id: str):
         try:
             body = self._sandbox_body(request, _EXECUTE)
             command = _string(body, "command")
@@ -507,7 +557,14 @@ class GatewayApp:
             return sandbox_error(request, error.status, error.code, str(error))
         stream = _OutputStream(request)
         d = self._sandbox.execute(
-            trapos_id, command, args, cwd, timeout_ms, max_output, on_output=stream.output
+            trapos_id,
+            command,
+            args,
+            cwd,
+            timeout_ms,
+            max_output,
+            on_output=stream.output,
+            account_id=account_id,
         )
         if not d.called:
             stream.begin()  # it went out: from now on, failures are lines of the stream
@@ -515,22 +572,23 @@ class GatewayApp:
         return d
 
     @app.route("/computers/<path:trapos_id>/eval", methods=["POST"])
-    @operators_only
-    def eval(self, request: IRequest, trapos_id: str):
+    @on_computer(sandbox_error)
+    def eval(self, request: IRequest, trapos_id: str, account_id: str):
         def call(body: dict[str, Any]) -> Deferred:
             return self._sandbox.eval(
                 trapos_id,
                 _string(body, "code"),
                 _number(body, "timeoutMs", MAX_REQUEST_TIMEOUT_MS),
                 _number(body, "maxOutputBytes", limits.MAX_OUTPUT_BYTES, integer=True),
+                account_id=account_id,
             )
 
         # The answer has its own ok: false when the code failed, and is still a 200.
         return self._sandbox_call(request, '{"code", "timeoutMs"?}', call, ok=False)
 
     @app.route("/computers/<path:trapos_id>/read-file", methods=["POST"])
-    @operators_only
-    def read_file(self, request: IRequest, trapos_id: str):
+    @on_computer(sandbox_error)
+    def read_file(self, request: IRequest, trapos_id: str, account_id: str):
         def call(body: dict[str, Any]) -> Deferred:
             _base64(body)
             offset = body.get("offset", 0)
@@ -538,14 +596,14 @@ class GatewayApp:
                 raise _BadBody("offset must be a whole number of bytes, 0 or more")
             length = _number(body, "length", limits.MAX_FILE_BYTES, integer=True)
             return self._sandbox.read_file(
-                trapos_id, _string(body, "path"), offset, length
+                trapos_id, _string(body, "path"), offset, length, account_id=account_id
             ).addCallback(_encoded)
 
         return self._sandbox_call(request, '{"path", "offset"?, "length"?}', call)
 
     @app.route("/computers/<path:trapos_id>/write-file", methods=["POST"])
-    @operators_only
-    def write_file(self, request: IRequest, trapos_id: str):
+    @on_computer(sandbox_error)
+    def write_file(self, request: IRequest, trapos_id: str, account_id: str):
         def call(body: dict[str, Any]) -> Deferred:
             path = _string(body, "path")
             _base64(body)
@@ -556,30 +614,32 @@ class GatewayApp:
                 data = base64.b64decode(content, validate=True)
             except (ValueError, binascii.Error):
                 raise _BadBody("content must be the file's bytes in base64") from None
-            return self._sandbox.write_file(trapos_id, path, data)
+            return self._sandbox.write_file(trapos_id, path, data, account_id=account_id)
 
         return self._sandbox_call(request, '{"path", "content", "encoding": "base64"}', call)
 
     @app.route("/computers/<path:trapos_id>/list-files", methods=["POST"])
-    @operators_only
-    def list_files(self, request: IRequest, trapos_id: str):
+    @on_computer(sandbox_error)
+    def list_files(self, request: IRequest, trapos_id: str, account_id: str):
         def call(body: dict[str, Any]) -> Deferred:
-            return self._sandbox.list_files(trapos_id, _string(body, "path"))
+            return self._sandbox.list_files(trapos_id, _string(body, "path"), account_id=account_id)
 
         return self._sandbox_call(request, '{"path"}', call)
 
     @app.route("/computers/<path:trapos_id>/delete-file", methods=["POST"])
-    @operators_only
-    def delete_file(self, request: IRequest, trapos_id: str):
+    @on_computer(sandbox_error)
+    def delete_file(self, request: IRequest, trapos_id: str, account_id: str):
         def call(body: dict[str, Any]) -> Deferred:
-            return self._sandbox.delete_file(trapos_id, _string(body, "path"))
+            return self._sandbox.delete_file(
+                trapos_id, _string(body, "path"), account_id=account_id
+            )
 
         return self._sandbox_call(request, '{"path"}', call)
 
     @app.route("/computers/<path:trapos_id>/screen", methods=["GET"])
-    @operators_only
-    def screen(self, request: IRequest, trapos_id: str):
-        d = self._sandbox.screen(trapos_id)
+    @on_computer(sandbox_error)
+    def screen(self, request: IRequest, trapos_id: str, account_id: str):
+        d = self._sandbox.screen(trapos_id, account_id=account_id)
         d.addCallbacks(_ok_body, _sandbox_failed, (request,), None, (request,))
         return d
 
@@ -605,12 +665,15 @@ class GatewayApp:
 
     @app.route("/mcp", methods=["POST"])
     @operators_only
-    def mcp(self, request: IRequest):
+    def mcp(self, request: IRequest, operator: auth.Operator):
+        # An account token's tools reach its computers only; the admin's every
+        # account's, or one account's with /mcp?account=NAME.
+        scope = operator.scope(_asked_account(request))
         try:
             body = _take_body(request)
         except _BadBody as error:
-            return self._mcp.post(request, None, str(error))
-        return self._mcp.post(request, body)
+            return self._mcp.post(request, None, str(error), scope=scope)
+        return self._mcp.post(request, body, scope=scope)
 
     @app.route("/mcp", methods=["GET", "PUT", "DELETE", "PATCH", "OPTIONS"])
     def mcp_other(self, request: IRequest) -> bytes:
@@ -620,7 +683,10 @@ class GatewayApp:
 
     @app.route("/metrics", methods=["GET"])
     @operators_only
-    def metrics(self, request: IRequest) -> bytes:
+    def metrics(self, request: IRequest, operator: auth.Operator) -> bytes:
+        if not operator.admin:
+            # Counts of every account's computers are the admin's alone.
+            return json_error(request, 403, "forbidden", "/metrics needs the admin token")
         accept = (request.getHeader(b"accept") or b"").decode("latin-1")
         encoder, content_type = choose_encoder(accept)
         request.setHeader(b"content-type", content_type.encode("ascii"))

@@ -67,6 +67,8 @@ CLOSE_REPLACED = 4000
 CLOSE_UNAUTHORIZED = 4001
 CLOSE_HELLO_TIMEOUT = 4002
 CLOSE_THROTTLED = 4003  # too many failed hellos from this address
+# Its account already has its max_computers connected (SPEC §12): refused like a flood.
+CLOSE_TOO_MANY_COMPUTERS = 4003
 CLOSE_STALLED = 4004  # the computer stopped reading what we send
 
 _TRAPOS_ID = re.compile(rf"(0|[1-9][0-9]{{0,15}}):([^\x00-\x1f\x7f]{{0,{MAX_LABEL_LENGTH}}})\Z")

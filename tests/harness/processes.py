@@ -100,5 +100,8 @@ def clean_env(**extra: str) -> dict[str, str]:
         for key, value in os.environ.items()
         if not key.startswith(("SANDBOX_", "OPENCODE_"))
     }
+    # The child runs this tree's code, not whatever the shared venv installed.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, env.get("PYTHONPATH"))))
     env.update(extra)
     return env

@@ -277,3 +277,133 @@ class TimeoutTests(SynchronousTestCase):
     def test_with_timeout_it_waits_that_long_plus_a_margin(self):
         waited = self.waited(["request", "7:", "ping", "--timeout", "5"])
         self.assertEqual(waited, 5 + limits.CTL_HTTP_MARGIN)
+
+
+class AccountsCommandTests(TestCase):
+    """``trapsandbox-ctl accounts``: edits the file, needs no gateway."""
+
+    async def ctl(self, *args):
+        child = spawn(self, [CTL, *args], clean_env())
+        code = await child.wait_ended(15)
+        return code, child.output
+
+    async def test_add_list_remove(self):
+        import re
+        import stat
+
+        from trapsandbox import accounts
+
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write("# the server's players\n")
+        os.chmod(path, 0o644)
+        code, output = await self.ctl(
+            "accounts", "add", "alice", "--file", path, "--gateway-url", "http://mc.example:4444"
+        )
+        self.assertEqual(code, 0, output)
+        secret = re.search(r"computer secret: (\S+)", output).group(1)
+        token = re.search(r"operator token:  (\S+)", output).group(1)
+        self.assertGreaterEqual(len(secret), 32)  # 128 bits in hex
+        self.assertGreaterEqual(len(token), 32)
+        self.assertIn(f"wget run http://mc.example:4444/client/install.lua {secret}", output)
+        self.assertIn(f"set sandbox.password {secret}", output)
+        with open(path) as f:
+            text = f.read()
+        self.assertTrue(text.startswith("# the server's players\n"))
+        self.assertNotIn(secret, text)
+        self.assertNotIn(token, text)
+        found = accounts.load(path).by_name["alice"]
+        self.assertEqual(
+            (found.secret_sha256, found.token_sha256),
+            (accounts.sha256_hex(secret), accounts.sha256_hex(token)),
+        )
+        self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o600)
+
+        code, output = await self.ctl(
+            "accounts", "add", "bob", "--file", path, "--max-computers", "3"
+        )
+        self.assertEqual(code, 0, output)
+        code, output = await self.ctl("accounts", "add", "bob", "--file", path)
+        self.assertEqual(code, 1)
+        self.assertIn("there is already an account bob", output)
+        code, output = await self.ctl("accounts", "list", "--file", path)
+        self.assertEqual(
+            (code, output.splitlines()), (0, ["alice  max_computers=-", "bob  max_computers=3"])
+        )
+        code, output = await self.ctl("accounts", "remove", "alice", "--file", path)
+        self.assertEqual(code, 0, output)
+        self.assertEqual(sorted(accounts.load(path).by_name), ["bob"])
+        with open(path) as f:
+            self.assertTrue(f.read().startswith("# the server's players\n"))
+        self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o600)
+        code, output = await self.ctl("accounts", "remove", "alice", "--file", path)
+        self.assertEqual(code, 1)
+        self.assertIn("there is no account alice", output)
+
+    async def test_a_new_file_is_created_0600(self):
+        import stat
+
+        path = os.path.join(os.path.abspath(self.mktemp()) + "-accounts.toml")
+        code, output = await self.ctl("accounts", "add", "carol", "--file", path)
+        self.assertEqual(code, 0, output)
+        self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o600)
+        code, output = await self.ctl("accounts", "add", "local", "--file", path)
+        self.assertEqual(code, 1)
+        self.assertIn("cannot be an account name", output)
+
+    async def test_a_bad_file_is_left_alone(self):
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write("[accounts.x\n")
+        code, output = await self.ctl("accounts", "add", "dave", "--file", path)
+        self.assertEqual(code, 1)
+        self.assertIn("not TOML", output)
+        with open(path) as f:
+            self.assertEqual(f.read(), "[accounts.x\n")
+
+
+class AccountTokenTests(TestCase):
+    """An account's token from the CLI sees its own computers; the admin picks with --account."""
+
+    async def test_account_token_and_admin_account(self):
+        from trapsandbox import accounts
+
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            for name in ("alice", "bob"):
+                f.write(
+                    f"[accounts.{name}]\n"
+                    f'secret_sha256 = "{accounts.sha256_hex("s-" + name)}"\n'
+                    f'token_sha256 = "{accounts.sha256_hex("t-" + name)}"\n'
+                )
+        gateway = start_gateway(
+            self, admin_token=TOKEN, accounts_file=path, accounts=accounts.load(path)
+        )
+        url = f"http://127.0.0.1:{gateway.port}"
+        computers = {}
+        for name in ("alice", "bob"):
+            computers[name] = await connect(self, gateway.port)
+            self.assertTrue((await computers[name].hello("s-" + name, "1:"))["ok"])
+
+        child = spawn(self, [CTL, "--url", url, "--token", "t-alice", "computers"], clean_env())
+        self.assertEqual(await child.wait_ended(15), 0, child.output)
+        self.assertIn("alice", child.output)
+        self.assertNotIn("bob", child.output)
+
+        child = spawn(self, [CTL, "--url", url, "--token", "t-alice", "ping", "2:"], clean_env())
+        self.assertEqual(await child.wait_ended(15), 1)
+        self.assertIn("not_connected: 2: is not connected", child.output)
+
+        child = spawn(self, [CTL, "--url", url, "--token", TOKEN, "screen", "1:"], clean_env())
+        self.assertEqual(await child.wait_ended(15), 1)
+        self.assertIn("ambiguous: 1: is connected in 2 accounts: alice, bob", child.output)
+
+        child = spawn(
+            self,
+            [CTL, "--url", url, "--token", TOKEN, "--account", "bob", "ping", "1:"],
+            clean_env(),
+        )
+        request = await computers["bob"].next_message()
+        self.assertEqual(request["type"], "ping")
+        computers["bob"].respond(request, payload={"traposId": "1:"})
+        self.assertEqual(await child.wait_ended(15), 0, child.output)

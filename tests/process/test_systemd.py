@@ -142,6 +142,7 @@ class UnitFileTests(SynchronousTestCase):
                 "SANDBOX_HOST",
                 "SANDBOX_PORT",
                 "SANDBOX_ADMIN_TOKEN",
+                "SANDBOX_ACCOUNTS_FILE",
                 "SANDBOX_REQUEST_TIMEOUT_MS",
                 "OPENCODE_URL",
                 "OPENCODE_SERVER_USERNAME",

@@ -68,3 +68,64 @@ class TwistdTests(TestCase):
             "trapsandbox: SANDBOX_PORT must be a port number from 0 to 65535, not '44444444'",
         )
         self.assertNotIn("Traceback", child.output)
+
+
+def _account(name: str, secret: str) -> str:
+    from trapsandbox.accounts import sha256_hex
+
+    return (
+        f"[accounts.{name}]\n"
+        f'secret_sha256 = "{sha256_hex(secret)}"\n'
+        f'token_sha256 = "{sha256_hex("token-" + name)}"\n'
+    )
+
+
+class AccountsTwistdTests(TestCase):
+    twistd = TwistdTests.twistd
+
+    async def test_sighup_reloads_a_rewritten_file(self):
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write(_account("alice", "s-alice") + _account("bob", "s-bob"))
+        child = self.twistd(
+            "--port", "tcp:0:interface=127.0.0.1", "--accounts-file", path, OPENCODE_URL=""
+        )
+        port = int((await child.wait_for(r"listening on 127\.0\.0\.1:(\d+)")).group(1))
+        await child.wait_for(r"accounts: 2 from ")
+        alice, bob = await connect(self, port), await connect(self, port)
+        self.assertEqual((await alice.hello("s-alice", "1:"))["payload"], {"accountId": "alice"})
+        self.assertEqual((await bob.hello("s-bob", "1:"))["payload"], {"accountId": "bob"})
+
+        # A bad file keeps the accounts: one error line, nobody closed.
+        with open(path, "w") as f:
+            f.write("[accounts.alice\n")
+        child.signal("HUP")
+        await child.wait_for(r"accounts not reloaded, keeping the 2 in use: .*not TOML")
+        with open(path, "w") as f:
+            f.write(_account("alice", "s-alice"))
+        child.signal("HUP")
+        self.assertEqual(await bob.wait_closed(), (4001, "unauthorized"))
+        await child.wait_for(r"accounts reloaded from .*: 1 accounts; 1 computers closed")
+        self.assertTrue((await alice.request("probe_gateway"))["ok"])
+        self.assertFalse(alice.closed.called)
+        self.assertNotIn("Traceback", child.output)
+
+    async def test_a_bad_file_at_start_is_one_clear_line(self):
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write(_account("alice", "s") + _account("bob", "s"))
+        child = self.twistd(SANDBOX_ACCOUNTS_FILE=path)
+        self.assertEqual(await child.wait_ended(), 1)
+        self.assertEqual(
+            child.output.strip().splitlines()[-1],
+            f"trapsandbox: SANDBOX_ACCOUNTS_FILE {path}: accounts alice and bob have the same "
+            "secret_sha256",
+        )
+        missing = self.twistd("--accounts-file", path + ".missing")
+        self.assertEqual(await missing.wait_ended(), 1)
+        self.assertEqual(
+            missing.output.strip().splitlines()[-1],
+            f"trapsandbox: --accounts-file {path}.missing: cannot read it: No such file or "
+            "directory",
+        )
+        self.assertNotIn("Traceback", child.output + missing.output)

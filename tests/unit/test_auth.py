@@ -46,8 +46,8 @@ class OperatorTests(SynchronousTestCase):
         self.admission = auth.Admission(self.clock, admin_token="tok")
 
     def test_the_token(self):
-        self.assertIsNone(self.admission.operator(THERE, b"Bearer tok"))
-        self.assertIsNone(self.admission.operator(THERE, b"bearer tok "))
+        self.assertEqual(self.admission.operator(THERE, b"Bearer tok"), auth.ADMIN)
+        self.assertEqual(self.admission.operator(THERE, b"bearer tok "), auth.ADMIN)
 
     def test_missing_and_wrong_tokens(self):
         self.assertEqual(self.admission.operator(THERE, None).reason, auth.MISSING)
@@ -57,7 +57,7 @@ class OperatorTests(SynchronousTestCase):
     def test_only_guesses_count_against_the_address(self):
         for _ in range(limits.FREE_FAILURES * 3):
             self.admission.operator(THERE, None)
-        self.assertIsNone(self.admission.operator(THERE, b"Bearer tok"))
+        self.assertEqual(self.admission.operator(THERE, b"Bearer tok"), auth.ADMIN)
         for _ in range(limits.FREE_FAILURES + 1):
             self.admission.operator(THERE, b"Bearer x")
         self.assertEqual(self.admission.operator(THERE, b"Bearer tok").reason, auth.THROTTLED)
@@ -65,6 +65,6 @@ class OperatorTests(SynchronousTestCase):
 
     def test_without_a_token_only_loopback_is_served(self):
         admission = auth.Admission(self.clock)
-        self.assertIsNone(admission.operator(HERE, None))
-        self.assertIsNone(admission.operator(UNIXAddress(b"/run/s"), None))
+        self.assertEqual(admission.operator(HERE, None), auth.ADMIN)
+        self.assertEqual(admission.operator(UNIXAddress(b"/run/s"), None), auth.ADMIN)
         self.assertEqual(admission.operator(THERE, b"Bearer tok").reason, auth.NOT_LOOPBACK)
