@@ -46,6 +46,28 @@ class Link(Protocol):
 PartialListener = Callable[[dict[str, Any]], None]
 
 
+class Peers(Protocol):
+    """
+    Other gateway processes (cluster mode, ``trapsandbox.cluster``): told of
+    the computers registered here, asked for the ones that are not.
+    """
+
+    def added(self, session: Session) -> None: ...
+
+    def removed(self, session: Session) -> None: ...
+
+    def request(
+        self,
+        account_id: str,
+        trapos_id: str,
+        type: str,
+        payload: dict[str, Any],
+        timeout: float,
+        on_partial: PartialListener | None,
+    ) -> Deferred:
+        """Fires like ``Session.request``, for a computer held by another process."""
+
+
 @attrs.define(eq=False)
 class _Pending:
     deferred: Deferred
@@ -198,6 +220,8 @@ class Registry:
     clock: IReactorTime
     request_timeout: float = limits.DEFAULT_REQUEST_TIMEOUT
     metrics: Metrics = attrs.field(factory=Metrics, repr=False)
+    # Cluster mode: the other processes; None (one process) changes nothing.
+    peers: Peers | None = attrs.field(default=None, repr=False)
     _sessions: dict[tuple[str, str], Session] = attrs.field(factory=dict, init=False)
 
     def __len__(self) -> int:
@@ -210,6 +234,8 @@ class Registry:
         """Register ``session``; close and return the one it replaces, if any."""
         old = self._sessions.get(session.key)
         self._sessions[session.key] = session
+        if self.peers is not None:
+            self.peers.added(session)
         if old is not None and old is not session:
             log.info(
                 "{traposId} from {peer} replaces its connection from {oldPeer}",
@@ -226,6 +252,8 @@ class Registry:
         """Forget ``session`` (if it is still the registered one) and fail its requests."""
         if self._sessions.get(session.key) is session:
             del self._sessions[session.key]
+            if self.peers is not None:
+                self.peers.removed(session)
         session.fail_all(GatewayError(wire.NOT_CONNECTED, "the computer disconnected"))
 
     @property
@@ -247,7 +275,16 @@ class Registry:
     ) -> Deferred:
         """Send a ``gateway_request``; fires with the final ``ComputerResponse``."""
         session = self.find(trapos_id, account_id)
-        if session is None:
+        if session is None and self.peers is not None and (timeout is None or timeout > 0):
+            d = self.peers.request(
+                account_id,
+                trapos_id,
+                type,
+                payload or {},
+                self.request_timeout if timeout is None else timeout,
+                on_partial,
+            )
+        elif session is None:
             d = fail(GatewayError(wire.NOT_CONNECTED, f"{trapos_id} is not connected"))
         elif timeout is not None and not timeout > 0:
             d = fail(GatewayError(wire.BAD_REQUEST, "timeout must be positive"))

@@ -66,7 +66,7 @@ from trapsandbox.limits import MAX_BODY_BYTES, MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.mcp import McpEndpoint
 from trapsandbox.metrics import Metrics
 from trapsandbox.probe import OpencodeProbe, ProbeResult
-from trapsandbox.registry import Registry
+from trapsandbox.registry import Registry, Session
 from trapsandbox.sandbox import Sandbox
 from trapsandbox.wire import GatewayError
 
@@ -80,6 +80,7 @@ STATUS_OF_ERROR = {
     # The computer runs a client that does not know the request (an older version).
     wire.UNKNOWN_TYPE: 501,
     wire.OVERLOADED: 503,
+    wire.UNAVAILABLE: 503,
     wire.TIMEOUT: 504,
 }
 
@@ -151,6 +152,19 @@ class GatewaySite(Site):
 
 def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def describe_session(session: Session) -> dict[str, Any]:
+    """A computer's entry in ``/computers``."""
+    return {
+        "traposId": session.trapos_id,
+        "accountId": session.account_id,
+        "peer": session.peer,
+        "connectedSince": _iso(session.connected_at),
+        "version": session.version,
+        "inFlight": session.in_flight,
+        "capabilities": sorted(session.capabilities),
+    }
 
 
 class _BadBody(ValueError):
@@ -371,8 +385,11 @@ class GatewayApp:
         websocket: IResource,
         metrics: Metrics | None = None,
         admission: auth.Admission | None = None,
+        cluster: Any = None,
     ) -> None:
         self._registry = registry
+        # Cluster mode: a ``trapsandbox.cluster.Cluster`` (not imported otherwise).
+        self._cluster = cluster
         self._sandbox = Sandbox(registry)
         self._probe = probe
         self._websocket = websocket
@@ -412,6 +429,8 @@ class GatewayApp:
     def _health_body(self, result: ProbeResult, request: IRequest) -> bytes:
         body = result.to_payload()
         body["computers"] = len(self._registry)
+        if self._cluster is not None:
+            body.update(self._cluster.health(len(self._registry)))
         body["version"] = __version__
         return json_body(request, body)
 
@@ -433,18 +452,11 @@ class GatewayApp:
     @operators_only
     def computers(self, request: IRequest) -> bytes:
         sessions = sorted(self._registry, key=lambda s: (s.account_id, s.trapos_id))
-        listed = [
-            {
-                "traposId": session.trapos_id,
-                "accountId": session.account_id,
-                "peer": session.peer,
-                "connectedSince": _iso(session.connected_at),
-                "version": session.version,
-                "inFlight": session.in_flight,
-                "capabilities": sorted(session.capabilities),
-            }
-            for session in sessions
-        ]
+        listed = [describe_session(session) for session in sessions]
+        if self._cluster is not None:
+            return self._cluster.computers(listed).addCallback(
+                lambda body: json_body(request, body)
+            )
         return json_body(request, {"computers": listed})
 
     # ``path``: a label may hold a "/" (sent as %2F, which Twisted decodes).
