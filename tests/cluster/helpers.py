@@ -13,7 +13,7 @@ from twisted.internet import task
 from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.processes import REPO, Child, clean_env, spawn
-from tests.harness.support import bounded, reactor
+from tests.harness.support import TestComputer, bounded, connect, reactor
 
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 # Short enough for tests: owner keys live 1.5 s, heartbeats every 0.5 s.
@@ -56,6 +56,10 @@ class Http:
         body = await bounded(treq.content(response), seconds)
         return response.code, orjson.loads(body)
 
+    async def get_text(self, gateway: Gateway, path: str, seconds: float = 10):
+        response = await bounded(treq.get(gateway.url + path, pool=self.pool), seconds)
+        return response.code, (await bounded(treq.content(response), seconds)).decode()
+
     async def request(
         self, gateway: Gateway, trapos_id: str, body: dict, seconds: float = 10, path="requests"
     ):
@@ -77,3 +81,27 @@ async def until(condition, seconds: float = 10, step: float = 0.05):
         if time.monotonic() > deadline:
             raise AssertionError(f"not true within {seconds} s")
         await task.deferLater(reactor(), step, lambda: None)
+
+
+class Pinged(TestComputer):
+    """A test computer that answers every ``ping`` by itself."""
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        frame = orjson.loads(payload)
+        if frame.get("event") == "gateway_request" and frame.get("type") == "ping":
+            self.respond(frame, payload={"traposId": self.trapos_id})
+        else:
+            self.messages.put(frame)
+
+
+async def computer(testcase, gateway: Gateway, trapos_id: str, answers_pings: bool = True):
+    """A computer connected to ``gateway`` that completed hello."""
+    connected = await connect(testcase, gateway.port, protocol=Pinged if answers_pings else None)
+    reply = await connected.hello(trapos_id=trapos_id)
+    testcase.assertTrue(reply["ok"], reply)
+    return connected
+
+
+async def ping(http: Http, gateway: Gateway, trapos_id: str, seconds: float = 10):
+    code, body = await http.request(gateway, trapos_id, {"type": "ping"}, seconds)
+    return code, orjson.loads(body)
