@@ -1,5 +1,6 @@
 # trapsandbox: `make run` serves on the defaults, `make test` runs the whole suite.
-# Both install what they need from nothing (virtualenv, Python packages, opencode).
+# Both install what they need from nothing (virtualenv, Python packages, opencode,
+# and for the tests redis-server).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -16,7 +17,7 @@ BENCH_ARGS ?= --peer fastify=../shared/peers/fastify
 run: $(VENV)/.installed
 	$(BIN)/twistd --nodaemon --pidfile= trapsandbox
 
-test: $(VENV)/.installed $(OPENCODE) systemd-tools
+test: $(VENV)/.installed $(OPENCODE) systemd-tools redis-server
 	$(BIN)/pytest -q $(PYTEST_ARGS) tests
 
 # The load benchmark against the real twistd gateway (see docs/benchmarks.md).
@@ -29,7 +30,7 @@ fuzz: $(VENV)/.installed
 	TRAPSANDBOX_FUZZ_FRAMES=100000 $(BIN)/pytest -q tests/loopback/test_fuzz.py
 
 # The trial-style test classes also run under trial.
-trial: $(VENV)/.installed $(OPENCODE) systemd-tools
+trial: $(VENV)/.installed $(OPENCODE) systemd-tools redis-server
 	$(BIN)/trial tests
 
 lint: $(VENV)/.installed
@@ -59,6 +60,11 @@ $(OPENCODE):
 systemd-tools:
 	@command -v systemd-analyze >/dev/null && command -v systemd-socket-activate >/dev/null \
 		|| $(MAKE) --no-print-directory debian-packages PACKAGES=systemd
+
+# The cluster tests start redis-servers of their own (Debian's redis-server package).
+.PHONY: redis-server
+redis-server:
+	@command -v redis-server >/dev/null || $(MAKE) --no-print-directory debian-packages PACKAGES=redis-server
 
 .PHONY: debian-packages
 debian-packages:

@@ -33,7 +33,6 @@ from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from trapsandbox import wire
 from trapsandbox.accounts import Accounts, sha256_hex
 from trapsandbox.config import ConfigError
 from trapsandbox.limits import LOCAL_ACCOUNT
@@ -86,21 +85,22 @@ class Operator:
 
     def account_of(self, registry: Any, trapos_id: str, asked: str | None = None) -> str:
         """
-        The account holding ``trapos_id`` that this operator means, or a
-        ``GatewayError``: ``not_connected`` (the same for another account's
-        computer as for a missing one), or for the admin without ``asked``
-        ``ambiguous`` when several accounts hold it.
+        The account whose ``trapos_id`` this operator means, or a
+        ``GatewayError`` ``ambiguous`` for the admin without ``asked`` when
+        several accounts hold it here.
         """
         scope = self.scope(asked)
         if scope is not None:
-            if registry.find(trapos_id, scope) is None:
-                raise GatewayError(wire.NOT_CONNECTED, f"{trapos_id} is not connected")
+            # Held here, by another gateway process (cluster mode) or by nobody: the
+            # request itself finds out, with the same answer for all but the first.
             return scope
         holders = registry.accounts_holding(trapos_id)
         if len(holders) == 1:
             return holders[0]
         if not holders:
-            raise GatewayError(wire.NOT_CONNECTED, f"{trapos_id} is not connected")
+            # Not held here: on another gateway process, ``local``'s (give ?account= for
+            # another account's there), or missing.
+            return LOCAL_ACCOUNT
         raise GatewayError(
             AMBIGUOUS,
             f"{trapos_id} is connected in {len(holders)} accounts: {', '.join(holders)}; "

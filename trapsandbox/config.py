@@ -45,6 +45,9 @@ class Settings:
     accounts_file: str | None = None
     # Its accounts (a ``trapsandbox.accounts.Accounts``) as read at start.
     accounts: Any = attrs.field(default=None, repr=False)
+    # Cluster mode (SPEC §13): None is one process on its own.
+    redis_url: str | None = attrs.field(default=None, repr=False)
+    cluster_refresh_interval: float = limits.CLUSTER_REFRESH_INTERVAL
 
 
 def _escape(host: str) -> str:
@@ -97,6 +100,22 @@ def _opencode_url(value: str, name: str) -> str:
             f"{name} must not carry user:password@; set OPENCODE_SERVER_USERNAME and "
             "OPENCODE_SERVER_PASSWORD instead"
         )
+    return value
+
+
+def _redis_url(value: str, name: str) -> str | None:
+    if value == "":
+        return None
+    try:
+        url = URL.from_text(value)
+        port = url.port
+        db = url.path[0] if url.path and url.path[0] else "0"
+        valid = url.scheme == "redis" and bool(url.host) and db.isdigit() and len(url.path) <= 1
+    except (ValueError, TypeError):
+        valid = False
+    if not valid or port is None:
+        # Not echoed: it may hold a password.
+        raise ConfigError(f"{name} must be a URL redis://[:PASSWORD@]HOST[:PORT][/DB]")
     return value
 
 
@@ -200,5 +219,12 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
             "SANDBOX_MAX_UNAUTHENTICATED_PER_ADDRESS",
             _count,
             MAX_UNAUTHENTICATED_PER_ADDRESS,
+        ),
+        redis_url=setting("redis", "SANDBOX_REDIS_URL", _redis_url, None),
+        cluster_refresh_interval=setting(
+            "redis-refresh-ms",
+            "SANDBOX_REDIS_REFRESH_MS",
+            _timeout_ms,
+            limits.CLUSTER_REFRESH_INTERVAL,
         ),
     )

@@ -119,6 +119,31 @@ OPENCODE_PERSISTENT_CONNECTIONS = 2
 # The cyclic collector's first threshold once start-up is frozen out of it.
 GC_THRESHOLD = 20_000
 
+# -- Cluster mode (several processes sharing presence through Redis) ------------------------
+
+# How often each process renews the ownership of its computers, in one batched
+# script per CLUSTER_REFRESH_BATCH computers; an owner key lives
+# CLUSTER_OWNER_TTL_FACTOR refresh intervals, so a dead process's keys are gone
+# within that (its computers are reachable again as soon as they reconnect).
+CLUSTER_REFRESH_INTERVAL = 5.0
+CLUSTER_OWNER_TTL_FACTOR = 3
+CLUSTER_REFRESH_BATCH = 500
+# Each process's heartbeat key: written this often (at most), lives three times as long.
+CLUSTER_HEARTBEAT_INTERVAL = 2.0
+CLUSTER_HEARTBEAT_TTL_FACTOR = 3
+# Every Redis call is bounded by this (txredisapi queues commands while Redis is down).
+CLUSTER_CALL_TIMEOUT = 2.0
+# Reconnecting to Redis: the first retry after this, then backing off to at most this.
+CLUSTER_RECONNECT_INITIAL_DELAY = 0.2
+CLUSTER_RECONNECT_MAX_DELAY = 2.0
+# A request relayed to the process holding the computer waits this much longer
+# than its own timeout for that process's answer (which carries the timeout).
+CLUSTER_RELAY_MARGIN = 2.0
+# /computers asks every other process for its list and waits this long for them.
+CLUSTER_LIST_TIMEOUT = 2.0
+# Keys and channels start with this.
+CLUSTER_PREFIX = "trapsandbox:"
+
 # -- trapsandbox-ctl -------------------------------------------------------------------------
 
 DEFAULT_CTL_URL = "http://127.0.0.1:4444"

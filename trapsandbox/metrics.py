@@ -258,3 +258,15 @@ class _AccountGauge:
 
     def describe(self) -> list[GaugeMetricFamily]:
         return [GaugeMetricFamily(self.NAME, self.DOCUMENTATION, labels=("account",))]
+
+    def watch_cluster(self, gateways: Callable[[], int], redis_up: Callable[[], int]) -> None:
+        """Cluster mode's gauges, read when scraped."""
+        r = self.registry
+        Gauge(
+            f"{PREFIX}_cluster_gateways",
+            "gateway processes in the cluster, this one included (1 while Redis is away)",
+            registry=r,
+        ).set_function(gateways)
+        Gauge(
+            f"{PREFIX}_cluster_redis_up", "1 while connected and subscribed to Redis", registry=r
+        ).set_function(redis_up)

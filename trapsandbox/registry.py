@@ -46,6 +46,28 @@ class Link(Protocol):
 PartialListener = Callable[[dict[str, Any]], None]
 
 
+class Peers(Protocol):
+    """
+    Other gateway processes (cluster mode, ``trapsandbox.cluster``): told of
+    the computers registered here, asked for the ones that are not.
+    """
+
+    def added(self, session: Session) -> None: ...
+
+    def removed(self, session: Session) -> None: ...
+
+    def request(
+        self,
+        account_id: str,
+        trapos_id: str,
+        type: str,
+        payload: dict[str, Any],
+        timeout: float,
+        on_partial: PartialListener | None,
+    ) -> Deferred:
+        """Fires like ``Session.request``, for a computer held by another process."""
+
+
 @attrs.define(eq=False)
 class _Pending:
     deferred: Deferred
@@ -201,6 +223,8 @@ class Registry:
     clock: IReactorTime
     request_timeout: float = limits.DEFAULT_REQUEST_TIMEOUT
     metrics: Metrics = attrs.field(factory=Metrics, repr=False)
+    # Cluster mode: the other processes; None (one process) changes nothing.
+    peers: Peers | None = attrs.field(default=None, repr=False)
     _sessions: dict[tuple[str, str], Session] = attrs.field(factory=dict, init=False)
     # traposId -> the accounts holding it, and account -> how many computers it has.
     _holders: dict[str, set[str]] = attrs.field(factory=dict, init=False)
@@ -237,6 +261,8 @@ class Registry:
         if old is None:
             self._holders.setdefault(session.trapos_id, set()).add(session.account_id)
             self._per_account[session.account_id] = self.count(session.account_id) + 1
+        if self.peers is not None:
+            self.peers.added(session)
         if old is not None and old is not session:
             log.info(
                 "{traposId} from {peer} replaces its connection from {oldPeer}",
@@ -262,6 +288,8 @@ class Registry:
                 self._per_account[session.account_id] = left
             else:
                 del self._per_account[session.account_id]
+            if self.peers is not None:
+                self.peers.removed(session)
         session.fail_all(GatewayError(wire.NOT_CONNECTED, "the computer disconnected"))
 
     @property
@@ -283,7 +311,16 @@ class Registry:
     ) -> Deferred:
         """Send a ``gateway_request``; fires with the final ``ComputerResponse``."""
         session = self.find(trapos_id, account_id)
-        if session is None:
+        if session is None and self.peers is not None and (timeout is None or timeout > 0):
+            d = self.peers.request(
+                account_id,
+                trapos_id,
+                type,
+                payload or {},
+                self.request_timeout if timeout is None else timeout,
+                on_partial,
+            )
+        elif session is None:
             d = fail(GatewayError(wire.NOT_CONNECTED, f"{trapos_id} is not connected"))
         elif timeout is not None and not timeout > 0:
             d = fail(GatewayError(wire.BAD_REQUEST, "timeout must be positive"))

@@ -75,6 +75,20 @@ class Options(usage.Options):
         ["opencode-url", None, None, "The opencode server (empty: not probed)."],
         ["opencode-username", None, None, "opencode's Basic-auth user."],
         ["opencode-password", None, None, "opencode's Basic-auth password."],
+        [
+            "redis",
+            None,
+            None,
+            "Cluster mode: share computers with other gateways through this Redis, "
+            "redis://[:PASSWORD@]HOST[:PORT][/DB] (SANDBOX_REDIS_URL).",
+        ],
+        [
+            "redis-refresh-ms",
+            None,
+            None,
+            "Cluster mode: how often ownership is refreshed "
+            f"({limits.CLUSTER_REFRESH_INTERVAL * 1000:g}; owner keys live 3 times as long).",
+        ],
     ]
 
     def __init__(self) -> None:
@@ -182,6 +196,22 @@ class GatewayService(service.MultiService):
             max_connections=settings.max_connections,
             max_unauthenticated_per_address=settings.max_unauthenticated_per_address,
         )
+        self.cluster = None
+        if settings.redis_url is not None:
+            # Imported only here: one process needs neither txredisapi nor Redis.
+            from trapsandbox.cluster import Cluster
+            from trapsandbox.web import describe_session
+
+            self.cluster = Cluster(
+                self.registry,
+                settings.redis_url,
+                reactor,
+                describe_session,
+                refresh_interval=settings.cluster_refresh_interval,
+            )
+            self.registry.peers = self.cluster
+            cluster = self.cluster
+            self.metrics.watch_cluster(lambda: cluster.size, lambda: int(cluster.redis_ok))
         self.metrics.watch(
             computers=lambda: len(self.registry),
             connections=lambda: len(self.factory.connections),
@@ -194,6 +224,7 @@ class GatewayService(service.MultiService):
             WebSocketResource(self.factory),
             metrics=self.metrics,
             admission=self.admission,
+            cluster=self.cluster,
         )
         self.site = GatewaySite(app.resource())
         self.listeners = [_Listener(reactor, port, self.site) for port in settings.ports]
@@ -248,6 +279,8 @@ class GatewayService(service.MultiService):
         if self.reload_on_sighup:
             # Twisted's own handlers are SIGINT, SIGTERM and SIGCHLD; SIGHUP is ours.
             self._previous_sighup = signal.signal(signal.SIGHUP, self._sighup)
+        if self.cluster is not None:
+            self.cluster.start()
         # privilegedStartService bound every port: connections are accepted now.
         self.notifier.ready(
             "listening on " + ", ".join(_describe(each.port.getHost()) for each in self.listeners)
@@ -287,6 +320,10 @@ class GatewayService(service.MultiService):
         log.info("shutting down: closing {count} connections", count=len(self.factory.connections))
         stopped = super().stopService()  # stop listening first
         closed = self.factory.shutdown()
+        if self.cluster is not None:
+            # Once every computer is closed (and released), leave the cluster.
+            cluster = self.cluster
+            closed.addBoth(lambda _: cluster.stop())
         d = DeferredList([stopped, closed, self._pool.closeCachedConnections()], consumeErrors=True)
         d.addCallback(self._stopped)
         return d

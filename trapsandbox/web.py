@@ -69,7 +69,7 @@ from trapsandbox.limits import MAX_BODY_BYTES, MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.mcp import McpEndpoint
 from trapsandbox.metrics import Metrics
 from trapsandbox.probe import OpencodeProbe, ProbeResult
-from trapsandbox.registry import Registry
+from trapsandbox.registry import Registry, Session
 from trapsandbox.sandbox import Sandbox
 from trapsandbox.wire import GatewayError
 
@@ -85,6 +85,7 @@ STATUS_OF_ERROR = {
     # The computer runs a client that does not know the request (an older version).
     wire.UNKNOWN_TYPE: 501,
     wire.OVERLOADED: 503,
+    wire.UNAVAILABLE: 503,
     wire.TIMEOUT: 504,
 }
 
@@ -137,8 +138,8 @@ def on_computer(error: Callable[[IRequest, int, str, str], bytes]):
     An operator route on one computer: its account is resolved here, in one
     place, from the operator and ``?account=`` (``auth.Operator.account_of``),
     and the route is called with ``account_id=``.  Another account's computer
-    answers as a missing one does (the route is run for nobody's account);
-    ``error`` makes the body of an answer given here (409 for the admin).
+    answers as a missing one does; ``error`` makes the body of an answer given
+    here (409 for the admin).
     """
 
     def decorate(route):
@@ -147,14 +148,12 @@ def on_computer(error: Callable[[IRequest, int, str, str], bytes]):
             try:
                 account_id = operator.account_of(self._registry, trapos_id, _asked_account(request))
             except GatewayError as failure:
-                if failure.code == wire.NOT_CONNECTED:
-                    # Missing, or another account's: the route runs on as it would for
-                    # a missing computer (its body is checked first, then the request
-                    # finds nobody's computer), so the two answers cannot differ.
-                    return route(self, request, trapos_id, account_id=auth.NOBODY)
                 return error(
                     request, STATUS_OF_ERROR.get(failure.code, 500), failure.code, failure.message
                 )
+            # A missing computer and another account's take the same path from here
+            # (the body is checked, then the request finds nothing), so their answers
+            # cannot differ.
             return route(self, request, trapos_id, account_id=account_id)
 
         return operators_only(resolved)
@@ -203,6 +202,26 @@ class GatewaySite(Site):
 
 def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _in_scope(body: dict[str, Any], scope: str | None) -> dict[str, Any]:
+    """A cluster-wide listing cut down to the computers of ``scope`` (None: all)."""
+    if scope is not None:
+        body["computers"] = [c for c in body["computers"] if c.get("accountId") == scope]
+    return body
+
+
+def describe_session(session: Session) -> dict[str, Any]:
+    """A computer's entry in ``/computers``."""
+    return {
+        "traposId": session.trapos_id,
+        "accountId": session.account_id,
+        "peer": session.peer,
+        "connectedSince": _iso(session.connected_at),
+        "version": session.version,
+        "inFlight": session.in_flight,
+        "capabilities": sorted(session.capabilities),
+    }
 
 
 class _BadBody(ValueError):
@@ -469,8 +488,11 @@ class GatewayApp:
         websocket: IResource,
         metrics: Metrics | None = None,
         admission: auth.Admission | None = None,
+        cluster: Any = None,
     ) -> None:
         self._registry = registry
+        # Cluster mode: a ``trapsandbox.cluster.Cluster`` (not imported otherwise).
+        self._cluster = cluster
         self._sandbox = Sandbox(registry)
         self._probe = probe
         self._websocket = websocket
@@ -523,6 +545,8 @@ class GatewayApp:
     def _health_body(self, result: ProbeResult, request: IRequest) -> bytes:
         body = result.to_payload()
         body["computers"] = len(self._registry)
+        if self._cluster is not None:
+            body.update(self._cluster.health(len(self._registry)))
         body["version"] = __version__
         return json_body(request, body)
 
@@ -547,18 +571,10 @@ class GatewayApp:
         sessions = sorted(
             self._registry.of_account(scope), key=lambda s: (s.account_id, s.trapos_id)
         )
-        listed = [
-            {
-                "traposId": session.trapos_id,
-                "accountId": session.account_id,
-                "peer": session.peer,
-                "connectedSince": _iso(session.connected_at),
-                "version": session.version,
-                "inFlight": session.in_flight,
-                "capabilities": sorted(session.capabilities),
-            }
-            for session in sessions
-        ]
+        listed = [describe_session(session) for session in sessions]
+        if self._cluster is not None:
+            d = self._cluster.computers(listed)
+            return d.addCallback(lambda body: json_body(request, _in_scope(body, scope)))
         return json_body(request, {"computers": listed})
 
     # ``path``: a label may hold a "/" (sent as %2F, which Twisted decodes).

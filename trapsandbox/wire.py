@@ -44,6 +44,8 @@ FORBIDDEN = "forbidden"  # the computer's owner has not allowed that capability
 CANCELLED = "cancelled"  # the requester gave up and said so
 FS_ERROR = "fs_error"  # CraftOS refused a file operation; the message is its own
 OPENCODE_ERROR = "opencode_error"
+# Cluster mode: the process holding the computer, or Redis, cannot be reached.
+UNAVAILABLE = "unavailable"
 
 # What a computer's owner can allow (the Lua setting sandbox.allow), and the
 # capability each gateway -> computer request type needs.  ping and cancel need none.

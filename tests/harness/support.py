@@ -122,12 +122,16 @@ class TestComputer(WebSocketClientProtocol):
 
 
 async def connect(
-    testcase, port: int, path: str = "/gateway?n=1", trust: ssl.Certificate | None = None
+    testcase,
+    port: int,
+    path: str = "/gateway?n=1",
+    trust: ssl.Certificate | None = None,
+    protocol: type[TestComputer] | None = None,
 ) -> TestComputer:
-    """A connected TestComputer; over TLS for ``localhost`` when ``trust`` is given."""
+    """A connected TestComputer (or ``protocol``); over TLS for ``localhost`` with ``trust``."""
     scheme = "wss" if trust else "ws"
     factory = WebSocketClientFactory(f"{scheme}://localhost:{port}{path}")
-    factory.protocol = TestComputer
+    factory.protocol = TestComputer if protocol is None else protocol
     factory.opened = Deferred()
     unbatch_timers(factory)
     factory.setProtocolOptions(
