@@ -236,6 +236,18 @@ class Metrics:
             registry=r,
         ).set_function(pending)
 
+    def watch_cluster(self, gateways: Callable[[], int], redis_up: Callable[[], int]) -> None:
+        """Cluster mode's gauges, read when scraped."""
+        r = self.registry
+        Gauge(
+            f"{PREFIX}_cluster_gateways",
+            "gateway processes in the cluster, this one included (1 while Redis is away)",
+            registry=r,
+        ).set_function(gateways)
+        Gauge(
+            f"{PREFIX}_cluster_redis_up", "1 while connected and subscribed to Redis", registry=r
+        ).set_function(redis_up)
+
     def watch_accounts(self, counts: Callable[[], dict[str, int]]) -> None:
         """A gauge of connected computers per account, read when scraped."""
         self.registry.register(_AccountGauge(counts))
@@ -258,15 +270,3 @@ class _AccountGauge:
 
     def describe(self) -> list[GaugeMetricFamily]:
         return [GaugeMetricFamily(self.NAME, self.DOCUMENTATION, labels=("account",))]
-
-    def watch_cluster(self, gateways: Callable[[], int], redis_up: Callable[[], int]) -> None:
-        """Cluster mode's gauges, read when scraped."""
-        r = self.registry
-        Gauge(
-            f"{PREFIX}_cluster_gateways",
-            "gateway processes in the cluster, this one included (1 while Redis is away)",
-            registry=r,
-        ).set_function(gateways)
-        Gauge(
-            f"{PREFIX}_cluster_redis_up", "1 while connected and subscribed to Redis", registry=r
-        ).set_function(redis_up)
