@@ -118,7 +118,6 @@ class GatewayProtocol(WebSocketServerProtocol):
         self._hello_timer = self.factory.clock.callLater(
             self.factory.hello_timeout, self._hello_timed_out
         )
-        log.debug("connection from {peer}", peer=self.peer_address)
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
         try:
@@ -345,6 +344,15 @@ class GatewayProtocol(WebSocketServerProtocol):
         close_reason: str,
     ) -> None:
         self.factory.metrics.hello(code)
+        log.debug(
+            "refused hello from {peer}: {code}, traposId {traposId}, client {version}, "
+            "allows {capabilities}",
+            peer=self.peer_address,
+            code=code,
+            traposId=hello.trapos_id,
+            version=hello.version,
+            capabilities=hello.capabilities,
+        )
         self._reply_error(frame, code, message, receiver=hello.trapos_id)
         self._cancel_hello_timer()
         self.close(close_code, close_reason)
