@@ -41,6 +41,9 @@ class Settings:
     opencode_password: str | None = attrs.field(default=None, repr=False)
     max_connections: int = MAX_CONNECTIONS
     max_unauthenticated_per_address: int = MAX_UNAUTHENTICATED_PER_ADDRESS
+    # Where each computer's ask sessions get an opencode directory of their own (None:
+    # the temporary folder's trapsandbox-ask).  opencode must see the same path.
+    ask_directory: str | None = None
 
 
 def _escape(host: str) -> str:
@@ -186,4 +189,5 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
             _count,
             MAX_UNAUTHENTICATED_PER_ADDRESS,
         ),
+        ask_directory=setting("ask-dir", "SANDBOX_ASK_DIR", lambda value, _: value or None, None),
     )

@@ -339,6 +339,18 @@ def resolve(registry: Registry, computer: object, account_id: str = LOCAL_ACCOUN
     )
 
 
+def _pinned(registry: Registry, scope: tuple[str, str]) -> Session:
+    """The asking computer of an ask's token (SPEC §11), connected or not."""
+    account_id, trapos_id = scope
+    for session in _sessions(registry, account_id):
+        if session.trapos_id == trapos_id:
+            return session
+    raise _ToolError(
+        wire.NOT_CONNECTED,
+        f"{trapos_id}, the computer you are working for, is not connected any more.",
+    )
+
+
 # -- Arguments ---------------------------------------------------------------------------
 
 
@@ -454,8 +466,18 @@ class McpEndpoint:
 
     # -- HTTP ------------------------------------------------------------------------------
 
-    def post(self, request: IRequest, body: bytes | None, too_large: str | None = None):
-        """The answer to ``POST /mcp`` with ``body`` (None and ``too_large``: it was refused)."""
+    def post(
+        self,
+        request: IRequest,
+        body: bytes | None,
+        too_large: str | None = None,
+        scope: tuple[str, str] | None = None,
+    ):
+        """
+        The answer to ``POST /mcp`` with ``body`` (None and ``too_large``: it was
+        refused).  ``scope``: the (account, traposId) an ask's token is for; every
+        tool then acts on that computer only, whatever ``computer`` says.
+        """
         refusal = self._foreign_origin(request)
         if refusal is not None:
             return _reply(request, _error(None, INVALID_REQUEST, refusal), 403)
@@ -466,7 +488,7 @@ class McpEndpoint:
         except orjson.JSONDecodeError as error:
             return _reply(request, _error(None, PARSE_ERROR, f"the body is not JSON: {error}"), 400)
         try:
-            return self._message(request, message)
+            return self._message(request, message, scope)
         except _Invalid as invalid:
             return _reply(request, _error(None, invalid.code, invalid.message), invalid.status)
 
@@ -484,7 +506,7 @@ class McpEndpoint:
             return None
         return "requests from web pages of other origins are refused"
 
-    def _message(self, request: IRequest, message: Any):
+    def _message(self, request: IRequest, message: Any, scope: tuple[str, str] | None = None):
         if type(message) is list:
             raise _Invalid(
                 INVALID_REQUEST,
@@ -525,7 +547,7 @@ class McpEndpoint:
             params = {}
         elif type(params) is not dict:
             return _reply(request, _error(id, INVALID_PARAMS, "params must be an object"))
-        d = Deferred.fromCoroutine(self._dispatch(method, params))
+        d = Deferred.fromCoroutine(self._dispatch(method, params, scope))
         d.addCallback(
             lambda result: _reply(request, {"jsonrpc": "2.0", "id": id, "result": result})
         )
@@ -542,7 +564,9 @@ class McpEndpoint:
 
     # -- Methods ---------------------------------------------------------------------------
 
-    async def _dispatch(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    async def _dispatch(
+        self, method: str, params: dict[str, Any], scope: tuple[str, str] | None = None
+    ) -> dict[str, Any]:
         if method == "initialize":
             return self._initialize(params)
         if method == "ping":
@@ -550,7 +574,7 @@ class McpEndpoint:
         if method == "tools/list":
             return {"tools": TOOLS}
         if method == "tools/call":
-            return await self._tools_call(params)
+            return await self._tools_call(params, scope)
         raise _Invalid(METHOD_NOT_FOUND, f"no method {method!r}")
 
     def _initialize(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -564,7 +588,9 @@ class McpEndpoint:
             "instructions": INSTRUCTIONS,
         }
 
-    async def _tools_call(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _tools_call(
+        self, params: dict[str, Any], scope: tuple[str, str] | None = None
+    ) -> dict[str, Any]:
         name = params.get("name")
         if type(name) is not str:
             raise _Invalid(INVALID_PARAMS, "tools/call needs name, a string")
@@ -582,9 +608,12 @@ class McpEndpoint:
         target = computer if type(computer) is str and computer else "-"
         try:
             if name == "list_computers":
-                result, outcome = self._list_computers(), "ok"
+                result, outcome = self._list_computers(scope), "ok"
             else:
-                session = resolve(self._registry, computer)
+                if scope is None:
+                    session = resolve(self._registry, computer)
+                else:
+                    session = _pinned(self._registry, scope)
                 target = session.trapos_id
                 result, outcome = await self._tools[name](session, arguments)
         except _ToolError as error:
@@ -620,8 +649,11 @@ class McpEndpoint:
                 "the request was cancelled on it. " + _ADVICE[wire.TIMEOUT],
             ) from None
 
-    def _list_computers(self) -> dict[str, Any]:
-        sessions = _sessions(self._registry, LOCAL_ACCOUNT)
+    def _list_computers(self, scope: tuple[str, str] | None = None) -> dict[str, Any]:
+        if scope is None:
+            sessions = _sessions(self._registry, LOCAL_ACCOUNT)
+        else:
+            sessions = [s for s in _sessions(self._registry, scope[0]) if s.trapos_id == scope[1]]
         listed = []
         lines = []
         for session in sessions:

@@ -25,6 +25,7 @@ from trapsandbox.auth import Admission
 from trapsandbox.gateway import GatewayFactory
 from trapsandbox.handlers import ComputerRequests
 from trapsandbox.metrics import Metrics
+from trapsandbox.opencode import Asks, OpencodeClient
 from trapsandbox.probe import OpencodeProbe, redact
 from trapsandbox.registry import Registry
 from trapsandbox.systemd import Notifier
@@ -68,6 +69,7 @@ class Options(usage.Options):
         ["opencode-url", None, None, "The opencode server (empty: not probed)."],
         ["opencode-username", None, None, "opencode's Basic-auth user."],
         ["opencode-password", None, None, "opencode's Basic-auth password."],
+        ["ask-dir", None, None, "Where sandbox ask keeps each computer's opencode directory."],
     ]
 
     def __init__(self) -> None:
@@ -150,10 +152,23 @@ class GatewayService(service.MultiService):
         )
         self._pool = HTTPConnectionPool(reactor, persistent=True)
         self._pool.maxPersistentPerHost = limits.OPENCODE_PERSISTENT_CONNECTIONS
-        self.probe = OpencodeProbe(
-            HTTPClient(
-                Agent(reactor, pool=self._pool, connectTimeout=limits.OPENCODE_CONNECT_TIMEOUT)
+        http = HTTPClient(
+            Agent(reactor, pool=self._pool, connectTimeout=limits.OPENCODE_CONNECT_TIMEOUT)
+        )
+        self.asks = Asks(
+            OpencodeClient(
+                http,
+                reactor,
+                settings.opencode_url,
+                settings.opencode_username,
+                settings.opencode_password,
             ),
+            reactor,
+            self.metrics,
+            settings.ask_directory,
+        )
+        self.probe = OpencodeProbe(
+            http,
             reactor,
             settings.opencode_url,
             settings.opencode_username,
@@ -164,7 +179,7 @@ class GatewayService(service.MultiService):
         self.factory = GatewayFactory(
             self.registry,
             self.admission,
-            ComputerRequests(self.probe).table(),
+            ComputerRequests(self.probe, self.asks).table(),
             reactor,
             metrics=self.metrics,
             max_connections=settings.max_connections,
@@ -181,6 +196,7 @@ class GatewayService(service.MultiService):
             WebSocketResource(self.factory),
             metrics=self.metrics,
             admission=self.admission,
+            asks=self.asks,
         )
         self.site = GatewaySite(app.resource())
         self.listeners = [_Listener(reactor, port, self.site) for port in settings.ports]
@@ -216,6 +232,7 @@ class GatewayService(service.MultiService):
         self.notifier.stopping()
         log.info("shutting down: closing {count} connections", count=len(self.factory.connections))
         stopped = super().stopService()  # stop listening first
+        self.asks.stop()
         closed = self.factory.shutdown()
         d = DeferredList([stopped, closed, self._pool.closeCachedConnections()], consumeErrors=True)
         d.addCallback(self._stopped)

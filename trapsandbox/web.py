@@ -65,6 +65,7 @@ from trapsandbox import __version__, auth, client, limits, wire
 from trapsandbox.limits import MAX_BODY_BYTES, MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.mcp import McpEndpoint
 from trapsandbox.metrics import Metrics
+from trapsandbox.opencode import Asks
 from trapsandbox.probe import OpencodeProbe, ProbeResult
 from trapsandbox.registry import Registry
 from trapsandbox.sandbox import Sandbox
@@ -371,8 +372,10 @@ class GatewayApp:
         websocket: IResource,
         metrics: Metrics | None = None,
         admission: auth.Admission | None = None,
+        asks: Asks | None = None,
     ) -> None:
         self._registry = registry
+        self._asks = asks
         self._sandbox = Sandbox(registry)
         self._probe = probe
         self._websocket = websocket
@@ -598,13 +601,21 @@ class GatewayApp:
     # -- MCP (SPEC §10) ----------------------------------------------------------------------
 
     @app.route("/mcp", methods=["POST"])
-    @operators_only
     def mcp(self, request: IRequest):
+        # An ask's own token (SPEC §11) reaches the asking computer only; any other
+        # caller must be an operator.
+        scope = (
+            None if self._asks is None else self._asks.scope_of(request.getHeader(b"authorization"))
+        )
+        if scope is None:
+            refusal = self._refuse(request)
+            if refusal is not None:
+                return refusal
         try:
             body = _take_body(request)
         except _BadBody as error:
-            return self._mcp.post(request, None, str(error))
-        return self._mcp.post(request, body)
+            return self._mcp.post(request, None, str(error), scope=scope)
+        return self._mcp.post(request, body, scope=scope)
 
     @app.route("/mcp", methods=["GET", "PUT", "DELETE", "PATCH", "OPTIONS"])
     def mcp_other(self, request: IRequest) -> bytes:
