@@ -1954,7 +1954,7 @@ test('ask prints deltas, a line per tool, asks permission and restarts its timer
   eq({ p.queued[1][1], p.queued[1][3], p.queued[1][4] }, { 'trapos_sandbox_send', 'ask', { prompt = 'write hello', new = false, yes = false } }, 'the ask')
   eq({ p.queued[2][3], p.queued[2][4] }, { 'ask_permission', { permissionId = 'per_1', response = 'once' } }, 'the permission answer')
   eq(p.screen(), { 'I will write the', 'file.', 'Allow write_file:', '/hello.lua?', '[y] once [a] always', '[n] no', '> allowed (once)', '[write_file]', 'Done.' }, 'screen')
-  eq(#p.timers, 8, 'a fresh timer per partial')
+  eq(#p.timers, 7, 'the first timer and a fresh one per partial')
   eq(p.timers[1], lib.ASK_IDLE_TIMEOUT, 'idle timeout')
 end)
 
