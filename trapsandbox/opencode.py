@@ -7,7 +7,7 @@ one event stream the whole gateway shares.
                                   POST /mcp?directory=D            the computer's own MCP block
                                   POST /session?directory=D        rules: ask before changes
                                   POST /session/S/prompt_async ->  204
-                                                               <-  GET /event (shared, SSE)
+                                                               <-  GET /global/event (SSE)
           <- partial {type: text_delta, text}                      message.part.delta
           <- partial {type: tool, name, status}                    message.part.updated (tool)
           <- partial {type: permission, id, tool, detail}          permission.asked
@@ -24,10 +24,12 @@ bearer token is minted for that computer alone.  ``/mcp`` serves such a
 token with every tool pinned to that computer, whatever ``computer`` the
 model names (``trapsandbox.mcp``).  The same block is written to the
 directory's ``opencode.json``, so an instance opencode re-creates reads it
-too.  The prompt turns every other tool off (opencode's own bash, edit, … act
-on the host, not on the computer).
+too.  The session's permission rules deny every other tool (opencode's own
+bash, edit, … act on the host, not on the computer).
 
-The event stream: one ``GET /event`` for the whole gateway, opened with the
+The event stream: one ``GET /global/event`` for the whole gateway (``/event``
+carries one directory's instance only; the global stream wraps every
+instance's events as ``{directory, payload}``), opened with the
 first ask and kept, reconnected with backoff (1 s doubling to 30 s) when it
 drops or falls silent past opencode's heartbeat; events are dispatched by
 ``sessionID``.  After a reconnect, every running ask asks opencode whether
@@ -75,8 +77,24 @@ READING_TOOLS = (
     "trapsandbox_read_file",
     "trapsandbox_read_screen",
 )
-# What a prompt may use: these and nothing else.
-ASK_TOOLS = {"*": False, **{name: True for name in CHANGING_TOOLS + READING_TOOLS}}
+
+
+def session_rules(yes: bool) -> list[dict[str, str]]:
+    """
+    An ask session's permission rules (the last match wins): nothing but the
+    computer's tools (opencode's own bash, edit, … act on the host); reading
+    is free; a change is asked for unless ``yes``.  (A prompt's ``tools`` map
+    would not do: opencode turns its ``true`` entries into ``allow`` rules that
+    override the session's ``ask``.)
+    """
+    change = "allow" if yes else "ask"
+    return [
+        {"permission": "*", "pattern": "*", "action": "deny"},
+        *({"permission": name, "pattern": "*", "action": "allow"} for name in READING_TOOLS),
+        *({"permission": name, "pattern": "*", "action": change} for name in CHANGING_TOOLS),
+    ]
+
+
 PERMISSION_REPLIES = ("once", "always", "reject")
 MCP_NAME = "trapsandbox"
 
@@ -243,10 +261,8 @@ class OpencodeClient:
     ) -> Deferred:
         return self.call("POST", "/session", {"title": title, "permission": permission}, directory)
 
-    def prompt_async(
-        self, directory: str, session_id: str, text: str, system: str, tools: dict[str, bool]
-    ) -> Deferred:
-        body = {"parts": [{"type": "text", "text": text}], "system": system, "tools": tools}
+    def prompt_async(self, directory: str, session_id: str, text: str, system: str) -> Deferred:
+        body = {"parts": [{"type": "text", "text": text}], "system": system}
         return self.call("POST", f"/session/{session_id}/prompt_async", body, directory)
 
     def abort(self, directory: str, session_id: str) -> Deferred:
@@ -298,7 +314,7 @@ class _StreamBody(Protocol):
 
 class EventStream:
     """
-    The one ``GET /event`` of the gateway.  ``subscribe(sessionID, listener)``
+    The one ``GET /global/event`` of the gateway.  ``subscribe(sessionID, listener)``
     hears that session's events; ``ready()`` fires once connected (or fails
     with an ``opencode_error``); ``on_reconnect`` listeners run after every
     reconnection.
@@ -360,7 +376,7 @@ class EventStream:
     def _connect(self) -> None:
         self._parser = SSEParser(self._event)
         d = self._client.http.get(
-            self._client.target("/event"),
+            self._client.target("/global/event"),
             auth=self._client.auth,
             headers={b"Accept": [b"text/event-stream"]},
             unbuffered=True,
@@ -461,6 +477,10 @@ class EventStream:
             self._body.abort()
 
     def _event(self, event: dict[str, Any]) -> None:
+        # /global/event wraps each instance's event: {directory, payload: {id, type, properties}}.
+        payload = event.get("payload")
+        if type(payload) is dict:
+            event = payload
         properties = event.get("properties")
         if type(properties) is not dict:
             return
@@ -577,7 +597,10 @@ class Asks:
         self._clock = clock
         self._metrics = Metrics() if metrics is None else metrics
         self._metrics.ask_labels(ASK_OUTCOMES)
-        self.root = directory or os.path.join(tempfile.gettempdir(), "trapsandbox-ask")
+        # opencode resolves a relative directory against its own working directory.
+        self.root = os.path.abspath(
+            directory or os.path.join(tempfile.gettempdir(), "trapsandbox-ask")
+        )
         self.stream = EventStream(client, clock) if stream is None else stream
         self.stream.on_reconnect.append(self._reconnected)
         self._timeout = timeout
@@ -681,7 +704,6 @@ class Asks:
                 conversation.session_id,
                 prompt,
                 system_note(trapos_id, capabilities),
-                ASK_TOOLS,
             )
         except BaseException as error:
             failure = Failure()
@@ -707,8 +729,7 @@ class Asks:
         except OSError as error:
             raise opencode_error(f"cannot make the ask directory {directory}: {error}") from None
         await self._scope(key, directory)
-        action = "allow" if yes else "ask"
-        rules = [{"permission": name, "pattern": "*", "action": action} for name in CHANGING_TOOLS]
+        rules = session_rules(yes)
         session = await self._client.create_session(directory, key[1], rules)
         if not isinstance(session, dict) or type(session.get("id")) is not str:
             raise opencode_error("opencode answered POST /session without a session id")
