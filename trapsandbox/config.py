@@ -48,6 +48,9 @@ class Settings:
     # Cluster mode (SPEC §13): None is one process on its own.
     redis_url: str | None = attrs.field(default=None, repr=False)
     cluster_refresh_interval: float = limits.CLUSTER_REFRESH_INTERVAL
+    # Where each computer's ask sessions get an opencode directory of their own (None:
+    # the temporary folder's trapsandbox-ask).  opencode must see the same path.
+    ask_directory: str | None = None
 
 
 def _escape(host: str) -> str:
@@ -227,4 +230,5 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
             _timeout_ms,
             limits.CLUSTER_REFRESH_INTERVAL,
         ),
+        ask_directory=setting("ask-dir", "SANDBOX_ASK_DIR", lambda value, _: value or None, None),
     )

@@ -170,6 +170,15 @@ class GatewayProtocol(WebSocketServerProtocol):
         self._send(data)
         self.factory.metrics.gateway_request_sent()
 
+    def send_partial(self, message_id: str, type: str, payload: dict[str, Any]) -> None:
+        # A streaming handler's interim answer (SPEC §2); the final one goes through _reply.
+        receiver = self.session.trapos_id if self.session else "?"
+        data = wire.encode_response(receiver, message_id, type, payload, partial=True)
+        if len(data) > limits.MAX_OUTBOUND_BYTES:
+            raise GatewayError(wire.TOO_LARGE, "a partial answer is larger than a computer accepts")
+        self._send(data)
+        self.factory.metrics.gateway_response_sent()
+
     def _send(self, data: bytes) -> None:
         if self.state != WebSocketProtocol.STATE_OPEN:
             raise GatewayError(wire.NOT_CONNECTED, "the connection is closing")

@@ -4,13 +4,18 @@ What the gateway answers when a computer asks: one handler per request type.
     computer_request probe_gateway | health  ->  {sandboxOk, opencodeOk, opencodeDetail?}
     computer_request capabilities {capabilities: [..]}  ->  {capabilities: [..]}
         what the computer's owner allows from now on (``sandbox allow``/``deny``)
+    computer_request ask {prompt, new?, yes?}  ->  partials {type: text_delta | tool |
+        permission, ..}, then {sessionId, text}  (SPEC §11, ``trapsandbox.opencode``)
+    computer_request cancel {messageId}  ->  {cancelled: bool}: abort that ask
+    computer_request ask_permission {permissionId, response: once|always|reject}  ->  {}
 
 A handler takes the computer's ``Session`` and its ``ComputerRequest`` and
 returns the answer's payload, or a Deferred that fires with it; a
 ``GatewayError`` (raised or as a failure) is answered as that error, anything
-else as ``internal``.  ``hello`` is not here: it is the connection's own
-business (``trapsandbox.gateway``).  A new request type is one method here and
-one entry in ``table``.
+else as ``internal``.  A streaming handler sends partial responses first,
+through ``session.link.send_partial(messageId, type, payload)``.  ``hello``
+is not here: it is the connection's own business (``trapsandbox.gateway``).
+A new request type is one method here and one entry in ``table``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from trapsandbox import wire
 from trapsandbox.wire import GatewayError
 
 if TYPE_CHECKING:
+    from trapsandbox.opencode import Asks
     from trapsandbox.probe import OpencodeProbe, ProbeResult
     from trapsandbox.registry import Session
 
@@ -36,8 +42,9 @@ Handler = Callable[["Session", wire.ComputerRequest], "Deferred | dict[str, Any]
 class ComputerRequests:
     """The handlers of one gateway, and the table the connections dispatch on."""
 
-    def __init__(self, probe: OpencodeProbe) -> None:
+    def __init__(self, probe: OpencodeProbe, asks: Asks | None = None) -> None:
         self._probe = probe
+        self._asks = asks
 
     def table(self) -> dict[str, Handler]:
         return {
@@ -45,6 +52,9 @@ class ComputerRequests:
             # The first seed's name for it; the answer echoes the type asked.
             "health": self.probe_gateway,
             "capabilities": self.capabilities,
+            "ask": self.ask,
+            "cancel": self.cancel,
+            "ask_permission": self.ask_permission,
         }
 
     def probe_gateway(self, session: Session, frame: wire.ComputerRequest) -> Deferred | dict:
@@ -66,6 +76,45 @@ class ComputerRequests:
             )
         session.capabilities = allowed
         return {"capabilities": sorted(allowed)}
+
+    def _need_asks(self) -> Asks:
+        if self._asks is None:
+            raise GatewayError(wire.OPENCODE_ERROR, "this gateway does not talk to opencode")
+        return self._asks
+
+    def ask(self, session: Session, frame: wire.ComputerRequest) -> Deferred:
+        asks = self._need_asks()
+
+        def emit(payload: dict[str, Any]) -> None:
+            session.link.send_partial(frame.message_id, frame.type, payload)
+
+        return Deferred.fromCoroutine(
+            asks.ask(
+                session.account_id,
+                session.trapos_id,
+                session.capabilities,
+                frame.message_id,
+                frame.payload,
+                emit,
+            )
+        )
+
+    def cancel(self, session: Session, frame: wire.ComputerRequest) -> Deferred | dict[str, Any]:
+        d = self._need_asks().cancel(
+            session.account_id, session.trapos_id, frame.payload.get("messageId")
+        )
+        if d is None:
+            return {"cancelled": False}
+        return d.addCallback(lambda _: {"cancelled": True})
+
+    def ask_permission(self, session: Session, frame: wire.ComputerRequest) -> Deferred:
+        d = self._need_asks().reply(
+            session.account_id,
+            session.trapos_id,
+            frame.payload.get("permissionId"),
+            frame.payload.get("response"),
+        )
+        return d.addCallback(lambda _: {})
 
 
 def _payload_of(result: ProbeResult) -> dict[str, Any]:

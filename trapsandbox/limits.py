@@ -150,3 +150,28 @@ DEFAULT_CTL_URL = "http://127.0.0.1:4444"
 CTL_PING_TIMEOUT = 10.0
 # Beyond a request's own timeout, how long to wait for the gateway's answer.
 CTL_HTTP_MARGIN = 10.0
+
+# -- sandbox ask (the agent in the game) -----------------------------------------------------
+
+# A whole ask, from the prompt to the answer; past it the run is aborted.
+ASK_TIMEOUT = 600.0
+# One HTTP exchange with opencode for an ask (create a session, send a prompt, abort, reply).
+ASK_CALL_TIMEOUT = 30.0
+# How long an ask waits for the shared event stream to connect.
+ASK_STREAM_READY_TIMEOUT = 10.0
+# After an abort, how long the gateway waits for opencode to say the session is idle.
+ASK_ABORT_GRACE = 10.0
+# The shared /event stream: reconnected after a drop, 1 s doubling to 30 s; opencode sends
+# a heartbeat every 10 s, so a stream silent this long is taken as dead.
+EVENT_RECONNECT_MIN = 1.0
+EVENT_RECONNECT_MAX = 30.0
+EVENT_SILENCE_TIMEOUT = 35.0
+# One SSE line longer than this is dropped (opencode's events are small).
+MAX_EVENT_BYTES = 4 * 1024 * 1024
+# Text deltas are coalesced into partials at least this far apart, or this large.
+ASK_PARTIAL_INTERVAL = 0.1
+ASK_PARTIAL_MAX_CHARS = 4096
+# The longest prompt a computer may send.
+MAX_PROMPT_CHARS = 16 * 1024
+# The shown detail of a permission request (a command line, the first lines of code, a path).
+PERMISSION_DETAIL_CHARS = 200

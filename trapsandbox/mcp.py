@@ -358,6 +358,18 @@ def resolve(
     )
 
 
+def _pinned(registry: Registry, scope: tuple[str, str]) -> Session:
+    """The asking computer of an ask's token (SPEC §11), connected or not."""
+    account_id, trapos_id = scope
+    for session in _sessions(registry, account_id):
+        if session.trapos_id == trapos_id:
+            return session
+    raise _ToolError(
+        wire.NOT_CONNECTED,
+        f"{trapos_id}, the computer you are working for, is not connected any more.",
+    )
+
+
 # -- Arguments ---------------------------------------------------------------------------
 
 
@@ -479,11 +491,13 @@ class McpEndpoint:
         body: bytes | None,
         too_large: str | None = None,
         scope: str | None = LOCAL_ACCOUNT,
+        pin: tuple[str, str] | None = None,
     ):
         """
         The answer to ``POST /mcp`` with ``body`` (None and ``too_large``: it was
         refused); the tools reach the computers of the account ``scope`` (None:
-        every account's).
+        every account's), or with ``pin``, the (account, traposId) an ask's token
+        is for, that computer only, whatever ``computer`` says.
         """
         refusal = self._foreign_origin(request)
         if refusal is not None:
@@ -495,7 +509,7 @@ class McpEndpoint:
         except orjson.JSONDecodeError as error:
             return _reply(request, _error(None, PARSE_ERROR, f"the body is not JSON: {error}"), 400)
         try:
-            return self._message(request, message, scope)
+            return self._message(request, message, scope, pin)
         except _Invalid as invalid:
             return _reply(request, _error(None, invalid.code, invalid.message), invalid.status)
 
@@ -513,7 +527,13 @@ class McpEndpoint:
             return None
         return "requests from web pages of other origins are refused"
 
-    def _message(self, request: IRequest, message: Any, scope: str | None):
+    def _message(
+        self,
+        request: IRequest,
+        message: Any,
+        scope: str | None,
+        pin: tuple[str, str] | None = None,
+    ):
         if type(message) is list:
             raise _Invalid(
                 INVALID_REQUEST,
@@ -554,7 +574,7 @@ class McpEndpoint:
             params = {}
         elif type(params) is not dict:
             return _reply(request, _error(id, INVALID_PARAMS, "params must be an object"))
-        d = Deferred.fromCoroutine(self._dispatch(method, params, scope))
+        d = Deferred.fromCoroutine(self._dispatch(method, params, scope, pin))
         d.addCallback(
             lambda result: _reply(request, {"jsonrpc": "2.0", "id": id, "result": result})
         )
@@ -572,7 +592,11 @@ class McpEndpoint:
     # -- Methods ---------------------------------------------------------------------------
 
     async def _dispatch(
-        self, method: str, params: dict[str, Any], scope: str | None
+        self,
+        method: str,
+        params: dict[str, Any],
+        scope: str | None,
+        pin: tuple[str, str] | None = None,
     ) -> dict[str, Any]:
         if method == "initialize":
             return self._initialize(params)
@@ -581,7 +605,7 @@ class McpEndpoint:
         if method == "tools/list":
             return {"tools": TOOLS}
         if method == "tools/call":
-            return await self._tools_call(params, scope)
+            return await self._tools_call(params, scope, pin)
         raise _Invalid(METHOD_NOT_FOUND, f"no method {method!r}")
 
     def _initialize(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -595,7 +619,9 @@ class McpEndpoint:
             "instructions": INSTRUCTIONS,
         }
 
-    async def _tools_call(self, params: dict[str, Any], scope: str | None) -> dict[str, Any]:
+    async def _tools_call(
+        self, params: dict[str, Any], scope: str | None, pin: tuple[str, str] | None = None
+    ) -> dict[str, Any]:
         name = params.get("name")
         if type(name) is not str:
             raise _Invalid(INVALID_PARAMS, "tools/call needs name, a string")
@@ -613,9 +639,12 @@ class McpEndpoint:
         target = computer if type(computer) is str and computer else "-"
         try:
             if name == "list_computers":
-                result, outcome = self._list_computers(scope), "ok"
+                result, outcome = self._list_computers(scope, pin), "ok"
             else:
-                session = resolve(self._registry, computer, scope)
+                if pin is None:
+                    session = resolve(self._registry, computer, scope)
+                else:
+                    session = _pinned(self._registry, pin)
                 target = session.trapos_id
                 result, outcome = await self._tools[name](session, arguments)
         except _ToolError as error:
@@ -651,8 +680,12 @@ class McpEndpoint:
                 "the request was cancelled on it. " + _ADVICE[wire.TIMEOUT],
             ) from None
 
-    def _list_computers(self, scope: str | None) -> dict[str, Any]:
-        sessions = _sessions(self._registry, scope)
+    def _list_computers(
+        self, scope: str | None, pin: tuple[str, str] | None = None
+    ) -> dict[str, Any]:
+        sessions = _sessions(self._registry, scope if pin is None else pin[0])
+        if pin is not None:
+            sessions = [s for s in sessions if s.trapos_id == pin[1]]
         every = _several_accounts(sessions)
         listed = []
         lines = []

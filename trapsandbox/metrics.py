@@ -161,6 +161,12 @@ class Metrics:
             registry=self.registry,
         )
 
+        self._asks = self._tallies("asks", "sandbox ask runs by outcome", "outcome")
+        self._ask_outcomes: frozenset[str] = frozenset()
+        self._ask_tokens = self._tallies(
+            "ask_tokens", "model tokens opencode reported for asks, by kind", "kind"
+        )
+
     def _tallies(self, name: str, documentation: str, *labels: str) -> Tallies:
         tallies = Tallies(f"{PREFIX}_{name}", documentation, labels)
         self.registry.register(tallies)
@@ -209,6 +215,21 @@ class Metrics:
             outcome if outcome in self._mcp_outcomes else OTHER,
         ).inc()
         self.mcp_tool_call_seconds.observe(seconds)
+
+    def ask_labels(self, outcomes: Iterable[str]) -> None:
+        """The ask outcomes with label values of their own (shown as 0 before the first)."""
+        self._ask_outcomes = frozenset(outcomes)
+        for outcome in outcomes:
+            self._asks.labels(outcome)
+
+    def ask(self, outcome: str) -> None:
+        """Count one finished ask."""
+        self._asks.labels(outcome if outcome in self._ask_outcomes else OTHER).inc()
+
+    def ask_tokens(self, input: int, output: int) -> None:
+        """Add the tokens one ask used, when opencode reported them."""
+        for kind, count in (("input", input), ("output", output)):
+            self._ask_tokens.labels(kind).value += count
 
     def probe(self, outcome: str, seconds: float) -> None:
         self._probes.labels(outcome).inc()

@@ -42,6 +42,9 @@ class Link(Protocol):
     def close(self, code: int, reason: str) -> None:
         """Start a close handshake."""
 
+    def send_partial(self, message_id: str, type: str, payload: dict[str, Any]) -> None:
+        """Send a partial ``gateway_response``; raise ``GatewayError(not_connected)`` if closed."""
+
 
 PartialListener = Callable[[dict[str, Any]], None]
 

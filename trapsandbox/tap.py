@@ -26,6 +26,7 @@ from trapsandbox.auth import Admission
 from trapsandbox.gateway import GatewayFactory
 from trapsandbox.handlers import ComputerRequests
 from trapsandbox.metrics import Metrics
+from trapsandbox.opencode import Asks, OpencodeClient
 from trapsandbox.probe import OpencodeProbe, redact
 from trapsandbox.registry import Registry
 from trapsandbox.systemd import Notifier
@@ -89,6 +90,7 @@ class Options(usage.Options):
             "Cluster mode: how often ownership is refreshed "
             f"({limits.CLUSTER_REFRESH_INTERVAL * 1000:g}; owner keys live 3 times as long).",
         ],
+        ["ask-dir", None, None, "Where sandbox ask keeps each computer's opencode directory."],
     ]
 
     def __init__(self) -> None:
@@ -171,10 +173,23 @@ class GatewayService(service.MultiService):
         )
         self._pool = HTTPConnectionPool(reactor, persistent=True)
         self._pool.maxPersistentPerHost = limits.OPENCODE_PERSISTENT_CONNECTIONS
-        self.probe = OpencodeProbe(
-            HTTPClient(
-                Agent(reactor, pool=self._pool, connectTimeout=limits.OPENCODE_CONNECT_TIMEOUT)
+        http = HTTPClient(
+            Agent(reactor, pool=self._pool, connectTimeout=limits.OPENCODE_CONNECT_TIMEOUT)
+        )
+        self.asks = Asks(
+            OpencodeClient(
+                http,
+                reactor,
+                settings.opencode_url,
+                settings.opencode_username,
+                settings.opencode_password,
             ),
+            reactor,
+            self.metrics,
+            settings.ask_directory,
+        )
+        self.probe = OpencodeProbe(
+            http,
             reactor,
             settings.opencode_url,
             settings.opencode_username,
@@ -190,7 +205,7 @@ class GatewayService(service.MultiService):
         self.factory = GatewayFactory(
             self.registry,
             self.admission,
-            ComputerRequests(self.probe).table(),
+            ComputerRequests(self.probe, self.asks).table(),
             reactor,
             metrics=self.metrics,
             max_connections=settings.max_connections,
@@ -225,6 +240,7 @@ class GatewayService(service.MultiService):
             metrics=self.metrics,
             admission=self.admission,
             cluster=self.cluster,
+            asks=self.asks,
         )
         self.site = GatewaySite(app.resource())
         self.listeners = [_Listener(reactor, port, self.site) for port in settings.ports]
@@ -319,6 +335,7 @@ class GatewayService(service.MultiService):
         self.notifier.stopping()
         log.info("shutting down: closing {count} connections", count=len(self.factory.connections))
         stopped = super().stopService()  # stop listening first
+        self.asks.stop()
         closed = self.factory.shutdown()
         if self.cluster is not None:
             # Once every computer is closed (and released), leave the cluster.

@@ -68,6 +68,7 @@ from trapsandbox import __version__, auth, client, limits, wire
 from trapsandbox.limits import MAX_BODY_BYTES, MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.mcp import McpEndpoint
 from trapsandbox.metrics import Metrics
+from trapsandbox.opencode import Asks
 from trapsandbox.probe import OpencodeProbe, ProbeResult
 from trapsandbox.registry import Registry, Session
 from trapsandbox.sandbox import Sandbox
@@ -489,10 +490,12 @@ class GatewayApp:
         metrics: Metrics | None = None,
         admission: auth.Admission | None = None,
         cluster: Any = None,
+        asks: Asks | None = None,
     ) -> None:
         self._registry = registry
         # Cluster mode: a ``trapsandbox.cluster.Cluster`` (not imported otherwise).
         self._cluster = cluster
+        self._asks = asks
         self._sandbox = Sandbox(registry)
         self._probe = probe
         self._websocket = websocket
@@ -738,16 +741,24 @@ class GatewayApp:
     # -- MCP (SPEC §10) ----------------------------------------------------------------------
 
     @app.route("/mcp", methods=["POST"])
-    @operators_only
-    def mcp(self, request: IRequest, operator: auth.Operator):
-        # An account token's tools reach its computers only; the admin's every
-        # account's, or one account's with /mcp?account=NAME.
-        scope = operator.scope(_asked_account(request))
+    def mcp(self, request: IRequest):
+        # An ask's own token (SPEC §11) reaches the asking computer only. Any other
+        # caller must be an operator: an account token's tools reach its computers
+        # only; the admin's every account's, or one account's with /mcp?account=NAME.
+        pin = (
+            None if self._asks is None else self._asks.scope_of(request.getHeader(b"authorization"))
+        )
+        scope = None
+        if pin is None:
+            operator = self._operator(request)
+            if not isinstance(operator, auth.Operator):
+                return operator
+            scope = operator.scope(_asked_account(request))
         try:
             body = _take_body(request)
         except _BadBody as error:
-            return self._mcp.post(request, None, str(error), scope=scope)
-        return self._mcp.post(request, body, scope=scope)
+            return self._mcp.post(request, None, str(error), scope=scope, pin=pin)
+        return self._mcp.post(request, body, scope=scope, pin=pin)
 
     @app.route("/mcp", methods=["GET", "PUT", "DELETE", "PATCH", "OPTIONS"])
     def mcp_other(self, request: IRequest) -> bytes:

@@ -62,6 +62,8 @@ CAPABILITY_OF = {
 # Request types that run on the computer until they end or are cancelled
 # (with a ``cancel {messageId}`` request), streaming partial responses.
 STREAMING = frozenset({"exec", "eval"})
+# Computer -> gateway request types answered with partial responses first.
+COMPUTER_STREAMING = frozenset({"ask"})
 
 # Close codes.
 CLOSE_NORMAL = 1000
@@ -335,11 +337,13 @@ def encode_response(
     type: str,
     payload: dict[str, Any] | None = None,
     error: Error | None = None,
+    partial: bool = False,
 ) -> bytes:
     """
     ``encode(GatewayResponse(...))`` without building the frame: every answer
     the gateway sends goes through here, and its fields are already valid
-    (they come from a decoded request).
+    (they come from a decoded request).  ``partial``: an interim answer of a
+    streaming request (ok, with a payload).
     """
     body: dict[str, Any] = {
         "event": "gateway_response",
@@ -352,6 +356,8 @@ def encode_response(
         body["error"] = {"code": error.code, "message": error.message}
     elif payload is not None:
         body["payload"] = payload
+    if partial:
+        body["partial"] = True
     try:
         return orjson.dumps(body)
     except orjson.JSONEncodeError as failure:

@@ -11,6 +11,9 @@ known file locations; see `locate` at the end of each of them.
 OS events (all prefixed `trapos_sandbox_`):
   trapos_sandbox_send(messageId, type, payload)        a program asks the daemon to send
   trapos_sandbox_reply(messageId, ok, payload, error)  the daemon hands back the answer
+  trapos_sandbox_partial(messageId, payload)           an interim answer (`partial: true`) to a
+                                                       program's streaming request (`ask`): the
+                                                       request is still running
   trapos_sandbox_connected(traposId)                   the hello handshake succeeded
   trapos_sandbox_capabilities()                        sandbox.allow changed (`sandbox allow`):
                                                        the daemon tells the gateway
@@ -48,6 +51,11 @@ local M = {
   _VERSION = _VERSION,
   EVENT_SEND = 'trapos_sandbox_send',
   EVENT_REPLY = 'trapos_sandbox_reply',
+  EVENT_PARTIAL = 'trapos_sandbox_partial',
+  -- sandbox ask: silence this long (no partial) ends it; the gateway bounds an ask at 10 min.
+  ASK_IDLE_TIMEOUT = 660,
+  -- After Ctrl+T (cancel), how long to wait for the gateway's final answer.
+  ASK_CANCEL_WAIT = 15,
   EVENT_CONNECTED = 'trapos_sandbox_connected',
   HELLO_TIMEOUT = 10,
   CONNECT_TIMEOUT = 30,
@@ -492,6 +500,11 @@ function M.onMessage(content, ctx)
     if msgType == 'hello' then
       if ctx.onHello then ctx.onHello(messageId, ok, payload, err) end
       return 'hello'
+    end
+    -- A partial answer to a program's streaming request: the request stays pending.
+    if frame.partial == true then
+      if ok then ctx.queueEvent(M.EVENT_PARTIAL, messageId, payload) end
+      return 'partial'
     end
     -- An answer to the daemon's own request is consumed; others go to the program waiting.
     if ctx.onReply and ctx.onReply(messageId, ok, payload, err) == true then return 'reply' end
@@ -1865,6 +1878,155 @@ function M.request(msgType, payload, opts)
       return false, M.coerceError(d)
     elseif event == 'timer' and a == timer then
       return false, errorValue('timeout', ('no reply from the sandbox daemon within %s s'):format(tostring(timeout)))
+    end
+  end
+end
+
+--[[ newWrapper(width, write, newline, column) -> wrapper
+Word-wraps streamed text to `width` columns: `write(s)` puts text on the current line (never
+past the width), `newline()` starts the next one; `column` is where the cursor starts (0-based).
+  wrapper.text(s)  add text; a word split across two calls is kept until it is complete
+  wrapper.flush()  print a kept word
+  wrapper.line(s)  s on a line of its own ]]
+function M.newWrapper(width, write, newline, column)
+  local w = { col = column or 0, pending = '', space = false }
+  if width < 1 then width = 1 end
+  local function nl() newline(); w.col = 0; w.space = false end
+  local function put(word)
+    if w.space then
+      -- A space is written only in front of the word that follows it on the same line.
+      w.space = false
+      if w.col + 1 + #word <= width then write(' '); w.col = w.col + 1 else nl() end
+    end
+    while #word > 0 do
+      if w.col > 0 and w.col + #word > width then nl() end
+      if #word <= width - w.col then
+        write(word); w.col = w.col + #word
+        return
+      end
+      local room = width - w.col
+      write(word:sub(1, room)); word = word:sub(room + 1); nl()
+    end
+  end
+  function w.text(s)
+    s = w.pending .. tostring(s)
+    w.pending = ''
+    local i, n = 1, #s
+    while i <= n do
+      local c = s:sub(i, i)
+      if c == '\n' then
+        nl(); i = i + 1
+      elseif c == ' ' or c == '\t' or c == '\r' then
+        if w.col > 0 then w.space = true end
+        i = i + 1
+      else
+        local j = s:find('[ \t\r\n]', i)
+        if not j then w.pending = s:sub(i); break end
+        put(s:sub(i, j - 1)); i = j
+      end
+    end
+    if #w.pending >= width then put(w.pending); w.pending = '' end
+  end
+  function w.flush()
+    if w.pending ~= '' then put(w.pending); w.pending = '' end
+  end
+  function w.line(s)
+    w.flush()
+    if w.col > 0 then nl() end
+    w.text(s); w.flush(); nl()
+  end
+  return w
+end
+
+local function shortTool(name)
+  name = tostring(name or '?')
+  return (name:gsub('^trapsandbox_', ''))
+end
+
+--[[ ask(prompt, opts) -> ok, payloadOrError
+`sandbox ask`: sends computer_request ask {prompt, new?, yes?} through the daemon and prints
+its partials as they arrive: text word-wrapped through opts.out (a newWrapper), one line per
+tool the agent uses, a y/a/n question per permission request (answered with ask_permission).
+`terminate` (Ctrl+T) sends cancel {messageId} and waits for the final answer a while; a second
+one gives up at once. Every partial restarts the idle timer, so a long answer never times out.
+opts: new, yes, out, print, pullEvent (raw: it must return terminate), queueEvent, startTimer,
+cancelTimer, os, timeout. ]]
+function M.ask(prompt, opts)
+  expectNonEmpty(1, prompt)
+  opts = opts or {}
+  local osLike = opts.os or os
+  local queueEvent = opts.queueEvent or osLike.queueEvent
+  local pullEvent = opts.pullEvent or osLike.pullEventRaw
+  local startTimer = opts.startTimer or osLike.startTimer
+  local cancelTimer = opts.cancelTimer or osLike.cancelTimer
+  local say = opts.print or print
+  local out = opts.out
+  local timeout = opts.timeout or M.ASK_IDLE_TIMEOUT
+
+  local messageId = M.newMessageId(osLike)
+  local timer = startTimer(timeout)
+  local function restart(seconds)
+    if cancelTimer then pcall(cancelTimer, timer) end
+    timer = startTimer(seconds)
+  end
+  local function line(text)
+    if out then out.line(text) else say(text) end
+  end
+  queueEvent(M.EVENT_SEND, messageId, 'ask', { prompt = prompt, new = opts.new == true, yes = opts.yes == true })
+  local asking, cancelled, printed = nil, false, false
+  while true do
+    local event, a, b, c, d = pullEvent()
+    if event == M.EVENT_PARTIAL and a == messageId then
+      if not cancelled then restart(timeout) end
+      local p = type(b) == 'table' and b or {}
+      if p.type == 'text_delta' and type(p.text) == 'string' then
+        printed = true
+        if out then out.text(p.text) else write(p.text) end
+      elseif p.type == 'tool' then
+        if p.status == 'running' then
+          line('[' .. shortTool(p.name) .. ']')
+        elseif p.status == 'error' then
+          line('[' .. shortTool(p.name) .. ' failed' .. (p.error and (': ' .. tostring(p.error)) or '') .. ']')
+        end
+      elseif p.type == 'permission' and type(p.id) == 'string' then
+        line('Allow ' .. shortTool(p.tool) .. ': ' .. tostring(p.detail or '') .. '?')
+        line('[y] once  [a] always  [n] no')
+        asking = p.id
+      end
+    elseif event == M.EVENT_REPLY and a == messageId then
+      if cancelTimer then pcall(cancelTimer, timer) end
+      if b ~= true then
+        if out then out.flush() end
+        return false, M.coerceError(d)
+      end
+      local answer = M.coercePayload(c)
+      -- Nothing streamed (events lost on the way): the final answer has the whole text.
+      if not printed and type(answer.text) == 'string' and answer.text ~= '' then
+        if out then out.text(answer.text) else write(answer.text) end
+      end
+      if out then out.flush() end
+      return true, answer
+    elseif event == 'char' and asking then
+      local response = ({ y = 'once', a = 'always', n = 'reject' })[string.lower(tostring(a))]
+      if response then
+        queueEvent(M.EVENT_SEND, M.newMessageId(osLike), 'ask_permission',
+          { permissionId = asking, response = response })
+        line(response == 'reject' and '> refused' or ('> allowed (' .. response .. ')'))
+        asking = nil
+      end
+    elseif event == 'terminate' then
+      if cancelled then
+        if out then out.flush() end
+        return false, errorValue('cancelled', 'stopped waiting for the agent')
+      end
+      cancelled, asking = true, nil
+      queueEvent(M.EVENT_SEND, M.newMessageId(osLike), 'cancel', { messageId = messageId })
+      line('Cancelling the agent...')
+      restart(M.ASK_CANCEL_WAIT)
+    elseif event == 'timer' and a == timer then
+      if out then out.flush() end
+      if cancelled then return false, errorValue('cancelled', 'the agent was cancelled') end
+      return false, errorValue('timeout', ('no word from the agent for %s s'):format(tostring(timeout)))
     end
   end
 end

@@ -7,6 +7,10 @@ sandbox: talk to the trapsandbox gateway through the sandbox daemon.
                        and what the sandbox agent is allowed to do here
   sandbox allow CAP... let the agent use these capabilities on this computer
   sandbox deny CAP...  take them back
+  sandbox ask [--new] [--yes] PROMPT...
+                       ask the opencode agent; its answer streams onto the screen, it asks
+                       y/a/n before each change (unless --yes), Ctrl+T cancels it; --new
+                       starts a fresh conversation
   sandbox --version | --help
 Capabilities (setting sandbox.allow): exec (run programs), eval (run Lua code), fs.read (list
 and read files), fs.write (write and delete files), screen (read the terminal); `all` names
@@ -34,6 +38,7 @@ local function usage()
   print('  status        show the daemon connection and what is allowed')
   print('  allow CAP...  let the sandbox agent: exec, eval, fs.read, fs.write, screen or all')
   print('  deny CAP...   take capabilities back')
+  print('  ask [--new] [--yes] PROMPT...  ask the agent (Ctrl+T cancels)')
   print('  --version     print the version')
   print('Settings: sandbox.url (ws://host:4444/gateway), sandbox.password, sandbox.allow')
 end
@@ -74,6 +79,43 @@ local function health(lib)
   print('opencodeOk: ' .. tostring(result.opencodeOk == true))
   if result.opencodeOk ~= true then
     print('opencode: ' .. tostring(result.opencodeDetail or 'no detail'))
+  end
+  return true
+end
+
+local function ask(lib, words)
+  local new, yes, prompt = false, false, {}
+  for _, word in ipairs(words) do
+    if #prompt == 0 and word == '--new' then new = true
+    elseif #prompt == 0 and word == '--yes' then yes = true
+    else prompt[#prompt + 1] = word end
+  end
+  if #prompt == 0 then
+    print('Usage: sandbox ask [--new] [--yes] PROMPT...')
+    return false
+  end
+  local width = term.getSize()
+  local column = term.getCursorPos()
+  local function newline()
+    local _, y = term.getCursorPos()
+    local _, h = term.getSize()
+    if y >= h then
+      term.scroll(1)
+      term.setCursorPos(1, h)
+    else
+      term.setCursorPos(1, y + 1)
+    end
+  end
+  local out = lib.newWrapper(width, term.write, newline, column - 1)
+  local ok, result = lib.ask(table.concat(prompt, ' '), { new = new, yes = yes, out = out })
+  if out.col > 0 then newline() end
+  if not ok then
+    if type(result) == 'table' and result.code == 'cancelled' then
+      print('sandbox ask: cancelled')
+    else
+      print('sandbox ask failed: ' .. describeError(result))
+    end
+    return false
   end
   return true
 end
@@ -128,6 +170,8 @@ if command == 'health' then
   health(lib)
 elseif command == 'status' then
   status(lib, url)
+elseif command == 'ask' then
+  ask(lib, { table.unpack(args, 2) })
 else
   print('sandbox: unknown command ' .. tostring(command))
   usage()

@@ -1886,6 +1886,114 @@ test('screen reads the recorded terminal, or says why it cannot', function()
     text = { '000000', '000000' }, background = { 'ffffff', 'ffffff' } }, 'the screen')
 end)
 
+-- sandbox ask (SPEC §11) --------------------------------------------------------
+
+local function wrapTo(width, column)
+  local lines, current = {}, ''
+  local w = lib.newWrapper(width,
+    function(s) current = current .. s end,
+    function() lines[#lines + 1] = current; current = '' end,
+    column)
+  return w, function() local all = {}; for i, l in ipairs(lines) do all[i] = l end; all[#all + 1] = current; return all end
+end
+
+test('newWrapper wraps words to the width and keeps a word split across deltas whole', function()
+  local w, screen = wrapTo(10)
+  w.text('hello wor'); w.text('ld, this is'); w.text(' wrapped\nnext')
+  w.flush()
+  eq(screen(), { 'hello', 'world,', 'this is', 'wrapped', 'next' }, 'lines')
+  for _, l in ipairs(screen()) do truthy(#l <= 10, 'line within width: ' .. l) end
+end)
+
+test('newWrapper breaks a word longer than the line and starts at the cursor column', function()
+  local w, screen = wrapTo(5, 3)
+  w.text('ab abcdefghijkl x')
+  w.flush()
+  eq(screen(), { 'ab', 'abcde', 'fghij', 'kl x' }, 'lines')
+  local l, lines = lib.newWrapper(4, function() end, function() end), nil
+  l.line('[write_file]')
+  eq(l.col, 0, 'a line ends at column 0')
+end)
+
+test('onMessage queues a partial gateway_response as trapos_sandbox_partial', function()
+  local ctx = msgCtx()
+  eq(lib.onMessage('{"event":"gateway_response","traposReceiverId":"7:t","messageId":"m-1","type":"ask","ok":true,"partial":true,"payload":{"type":"text_delta","text":"hi"}}', ctx), 'partial', 'result')
+  eq(#ctx.queued, 1, 'one event')
+  eq({ ctx.queued[1][1], ctx.queued[1][2], ctx.queued[1][3] }, { 'trapos_sandbox_partial', 'm-1', { type = 'text_delta', text = 'hi' } }, 'the partial event')
+end)
+
+local function askScript(script)
+  local p = scriptedEvents(script)
+  p.printed = {}
+  p.print = function(s) p.printed[#p.printed + 1] = s end
+  local w, screen = wrapTo(20)
+  p.out = w
+  p.screen = screen
+  return p
+end
+
+local function partial(payload)
+  return function(s) return { 'trapos_sandbox_partial', s.queued[1][2], payload, n = 3 } end
+end
+
+test('ask prints deltas, a line per tool, asks permission and restarts its timer on partials', function()
+  local p = askScript({
+    partial({ type = 'text_delta', text = 'I will write ' }),
+    partial({ type = 'text_delta', text = 'the file.' }),
+    partial({ type = 'permission', id = 'per_1', tool = 'trapsandbox_write_file', detail = '/hello.lua' }),
+    { 'char', 'y' },
+    partial({ type = 'tool', name = 'trapsandbox_write_file', status = 'running' }),
+    partial({ type = 'tool', name = 'trapsandbox_write_file', status = 'completed' }),
+    partial({ type = 'text_delta', text = ' Done.' }),
+    function(s) return { 'trapos_sandbox_reply', s.queued[1][2], true, { sessionId = 'ses_1', text = 'x' }, n = 5 } end,
+  })
+  p.yes = false
+  local ok, answer = lib.ask('write hello', p)
+  eq(ok, true, 'ok')
+  eq(answer.sessionId, 'ses_1', 'final answer')
+  eq({ p.queued[1][1], p.queued[1][3], p.queued[1][4] }, { 'trapos_sandbox_send', 'ask', { prompt = 'write hello', new = false, yes = false } }, 'the ask')
+  eq({ p.queued[2][3], p.queued[2][4] }, { 'ask_permission', { permissionId = 'per_1', response = 'once' } }, 'the permission answer')
+  eq(p.screen(), { 'I will write the', 'file.', 'Allow write_file:', '/hello.lua?', '[y] once [a] always', '[n] no', '> allowed (once)', '[write_file]', 'Done.' }, 'screen')
+  eq(#p.timers, 7, 'the first timer and a fresh one per partial')
+  eq(p.timers[1], lib.ASK_IDLE_TIMEOUT, 'idle timeout')
+end)
+
+test('ask: n refuses, and Ctrl+T sends cancel and waits for the final answer', function()
+  local p = askScript({
+    partial({ type = 'permission', id = 'per_2', tool = 'trapsandbox_run_command', detail = 'rm /x' }),
+    { 'char', 'q' },
+    { 'char', 'n' },
+    { 'terminate' },
+    function(s) return { 'trapos_sandbox_reply', s.queued[1][2], false, nil, { code = 'cancelled', message = 'cancelled: the agent was stopped' }, n = 5 } end,
+  })
+  local ok, err = lib.ask('do it', p)
+  eq(ok, false, 'not ok')
+  eq(err.code, 'cancelled', 'cancelled')
+  eq({ p.queued[2][3], p.queued[2][4] }, { 'ask_permission', { permissionId = 'per_2', response = 'reject' } }, 'refused')
+  eq({ p.queued[3][3], p.queued[3][4] }, { 'cancel', { messageId = p.queued[1][2] } }, 'cancel names the ask')
+  eq(p.timers[#p.timers], lib.ASK_CANCEL_WAIT, 'waits a while after cancel')
+  local shown = table.concat(p.screen(), ' ')
+  truthy(shown:find('> refused', 1, true) and shown:find('Cancelling', 1, true), shown)
+end)
+
+test('ask: a second Ctrl+T gives up at once; silence times out', function()
+  local p = askScript({ { 'terminate' }, { 'terminate' } })
+  local ok, err = lib.ask('x', p)
+  eq({ ok, err.code }, { false, 'cancelled' }, 'gave up')
+  local q = askScript({ { 'timer', 999 }, { 'timer', 101 } })
+  q.timeout = 5
+  local ok2, err2 = lib.ask('x', q)
+  eq({ ok2, err2.code }, { false, 'timeout' }, 'timed out')
+end)
+
+test('ask prints the final text when no delta arrived', function()
+  local p = askScript({
+    function(s) return { 'trapos_sandbox_reply', s.queued[1][2], true, { sessionId = 's', text = 'All done here.' }, n = 5 } end,
+  })
+  lib.ask('x', p)
+  eq(p.screen(), { 'All done here.' }, 'screen')
+end)
+
 local suite = {}
 function suite.names()
   local out = {}

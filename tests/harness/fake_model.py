@@ -54,11 +54,24 @@ def tool_messages(request: dict[str, Any]) -> list[str]:
 class FakeModel(Resource):
     isLeaf = True
 
-    def __init__(self, tool: str, arguments: dict[str, Any], answer: str = "Done.") -> None:
+    def __init__(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        answer: str = "Done.",
+        script: list[tuple[str, dict[str, Any]]] | None = None,
+        hold: bool = False,
+    ) -> None:
         super().__init__()
+        # ``script``: tool calls made one after the other (the Nth once N-1 results are in);
+        # ``hold``: the closing text starts and never ends (until opencode hangs up).
+        self.script = script or [(tool, arguments)]
         self.tool = tool
         self.arguments = arguments
         self.answer = answer
+        self.hold = hold
+        self.held: list[Any] = []
+        self.hung_up: Deferred = Deferred()
         self.requests: list[dict[str, Any]] = []
         self.port = 0
         self._waiting: list[Deferred] = []
@@ -76,16 +89,23 @@ class FakeModel(Resource):
             waiting, self._waiting = self._waiting, []
             for d in waiting:
                 d.callback(results[0])
-        if not body.get("tools") or results:
+        if not body.get("tools") or len(results) >= len(self.script):
             text = self.answer if body.get("tools") else "A title"
             request.write(_chunk({"role": "assistant", "content": text}))
+            if self.hold and body.get("tools"):
+                self.held.append(request)
+                request.notifyFinish().addBoth(
+                    lambda _: self.hung_up.called or self.hung_up.callback(None)
+                )
+                return NOT_DONE_YET
             request.write(_chunk({}, "stop"))
         else:
+            tool, arguments = self.script[len(results)]
             call = {
                 "index": 0,
-                "id": "call_fake_1",
+                "id": f"call_fake_{len(results) + 1}",
                 "type": "function",
-                "function": {"name": self.tool, "arguments": json.dumps(self.arguments)},
+                "function": {"name": tool, "arguments": json.dumps(arguments)},
             }
             request.write(_chunk({"role": "assistant", "content": None, "tool_calls": [call]}))
             request.write(_chunk({}, "tool_calls"))
@@ -131,9 +151,11 @@ class FakeModel(Resource):
         }
 
 
-async def start_fake_model(testcase, tool: str, arguments: dict[str, Any]) -> FakeModel:
+async def start_fake_model(
+    testcase, tool: str, arguments: dict[str, Any], **options: Any
+) -> FakeModel:
     """A ``FakeModel`` listening on 127.0.0.1 (stopped at cleanup)."""
-    model = FakeModel(tool, arguments)
+    model = FakeModel(tool, arguments, **options)
     endpoint = endpoints.TCP4ServerEndpoint(reactor(), 0, interface="127.0.0.1")
     port = await bounded(endpoint.listen(Site(model)))
     testcase.addCleanup(port.stopListening)

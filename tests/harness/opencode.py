@@ -31,12 +31,19 @@ async def _answering(url: str, seconds: float = 30) -> None:
 
 
 async def start_opencode(
-    testcase, password: str, config: dict | None = None, env: dict[str, str] | None = None
+    testcase,
+    password: str,
+    config: dict | None = None,
+    env: dict[str, str] | None = None,
+    global_config: bool = False,
+    port: int | None = None,
 ) -> str:
     """
     ``opencode serve`` on a loopback port with a throwaway HOME; returns its URL.
-    ``config`` is written as ``opencode.json`` in its working directory; ``env``
-    is added to its environment.
+    ``config`` is written as ``opencode.json`` in its working directory, or with
+    ``global_config`` as its user config (``$XDG_CONFIG_HOME/opencode``), which
+    every directory's instance reads; ``env`` is added to its environment;
+    ``port`` (a free one) is where it listens, when its URL must be known first.
     """
     if not os.path.exists(OPENCODE):
         testcase.fail(f"{OPENCODE} is missing: 'make test' installs it")
@@ -53,9 +60,11 @@ async def start_opencode(
         **(env or {}),
     )
     if config is not None:
-        with open(os.path.join(home, "opencode.json"), "w", encoding="utf-8") as f:
+        where = os.path.join(home, ".config", "opencode") if global_config else home
+        os.makedirs(where, exist_ok=True)
+        with open(os.path.join(where, "opencode.json"), "w", encoding="utf-8") as f:
             json.dump(config, f)
-    port = closed_port()
+    port = port or closed_port()
     argv = [OPENCODE, "serve", "--port", str(port), "--hostname", "127.0.0.1"]
     child = spawn(testcase, argv, env, cwd=home)
     await child.wait_for(r"listening on", 30)
