@@ -42,6 +42,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import urlsplit
 
+import attrs
 import orjson
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.interfaces import IReactorTime
@@ -295,6 +296,25 @@ def _sessions(registry: Registry, account_id: str | None) -> list[Session]:
     return sorted(registry.of_account(account_id), key=lambda s: (s.trapos_id, s.account_id))
 
 
+@attrs.frozen
+class _Remote:
+    """A computer another gateway process holds (cluster mode), as its listing says."""
+
+    trapos_id: str
+    account_id: str
+    capabilities: frozenset[str]
+    version: str | None
+
+
+def _remote(entry: dict[str, Any]) -> _Remote:
+    return _Remote(
+        str(entry.get("traposId")),
+        str(entry.get("accountId")),
+        frozenset(entry.get("capabilities") or ()),
+        entry.get("version"),
+    )
+
+
 def _several_accounts(sessions: list[Session]) -> bool:
     """Whether names must say the account (the admin sees more than one)."""
     return len({s.account_id for s in sessions}) > 1
@@ -309,13 +329,18 @@ def _name(session: Session, every_account: bool) -> str:
 
 
 def resolve(
-    registry: Registry, computer: object, account_id: str | None = LOCAL_ACCOUNT
+    registry: Registry,
+    computer: object,
+    account_id: str | None = LOCAL_ACCOUNT,
+    sessions: list[Any] | None = None,
 ) -> Session:
     """
     The session ``computer`` names (SPEC §10) among ``account_id``'s computers
-    (None: every account's, for the admin), or a ``_ToolError`` saying why not.
+    (None: every account's, for the admin) or among ``sessions`` when given,
+    or a ``_ToolError`` saying why not.
     """
-    sessions = _sessions(registry, account_id)
+    if sessions is None:
+        sessions = _sessions(registry, account_id)
     every = _several_accounts(sessions)
     known = ", ".join(_name(s, every) for s in sessions) or "none"
     if computer is None or computer == "":
@@ -639,10 +664,10 @@ class McpEndpoint:
         target = computer if type(computer) is str and computer else "-"
         try:
             if name == "list_computers":
-                result, outcome = self._list_computers(scope, pin), "ok"
+                result, outcome = self._list_computers(await self._computers(scope, pin)), "ok"
             else:
                 if pin is None:
-                    session = resolve(self._registry, computer, scope)
+                    session = resolve(self._registry, computer, scope, await self._computers(scope))
                 else:
                     session = _pinned(self._registry, pin)
                 target = session.trapos_id
@@ -680,12 +705,26 @@ class McpEndpoint:
                 "the request was cancelled on it. " + _ADVICE[wire.TIMEOUT],
             ) from None
 
-    def _list_computers(
-        self, scope: str | None, pin: tuple[str, str] | None = None
-    ) -> dict[str, Any]:
-        sessions = _sessions(self._registry, scope if pin is None else pin[0])
+    async def _computers(self, scope: str | None, pin: tuple[str, str] | None = None) -> list:
+        """
+        The computers the tools may name: ``scope``'s here and, in cluster mode,
+        on the other gateway processes; only the asking one for an ask's token.
+        """
         if pin is not None:
-            sessions = [s for s in sessions if s.trapos_id == pin[1]]
+            return [s for s in _sessions(self._registry, pin[0]) if s.trapos_id == pin[1]]
+        found: list[Any] = _sessions(self._registry, scope)
+        listing = getattr(self._registry.peers, "computers", None)
+        if listing is not None:
+            others = await listing([])  # the other processes' computers only
+            found += [
+                _remote(entry)
+                for entry in others.get("computers", [])
+                if scope is None or entry.get("accountId") == scope
+            ]
+            found.sort(key=lambda s: (s.trapos_id, s.account_id))
+        return found
+
+    def _list_computers(self, sessions: list[Any]) -> dict[str, Any]:
         every = _several_accounts(sessions)
         listed = []
         lines = []

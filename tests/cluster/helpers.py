@@ -68,6 +68,14 @@ class Http:
         content = await bounded(treq.content(response), seconds)
         return response.code, content
 
+    async def mcp(self, gateway: Gateway, method: str, params: dict, seconds: float = 10):
+        """One JSON-RPC request to ``/mcp``; its result."""
+        message = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+        response = await bounded(
+            treq.post(gateway.url + "/mcp", data=orjson.dumps(message), pool=self.pool), seconds
+        )
+        return orjson.loads(await bounded(treq.content(response), seconds))["result"]
+
 
 async def until(condition, seconds: float = 10, step: float = 0.05):
     """Poll ``condition`` (maybe async) until it is true; fail after ``seconds``."""

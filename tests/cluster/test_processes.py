@@ -57,6 +57,31 @@ class ClusterTests(TestCase):
         _, metrics = await http.get_text(b, "/metrics")
         self.assertIn("trapsandbox_cluster_gateways 2.0", metrics)
 
+    async def test_mcp_tools_reach_a_computer_on_another_process(self):
+        redis = await start_redis(self)
+        a = await start_gateway(self, redis.url)
+        b = await start_gateway(self, redis.url)
+        http = Http()
+        at_a = await connect(self, a.port)
+        self.assertTrue((await at_a.hello(trapos_id="4:far"))["ok"])
+        await at_a.request("capabilities", {"capabilities": ["eval"]})
+        listed = await http.mcp(b, "tools/call", {"name": "list_computers", "arguments": {}})
+        self.assertIn("4:far", listed["content"][0]["text"])
+        call = Deferred.fromCoroutine(
+            http.mcp(
+                b,
+                "tools/call",
+                {"name": "run_lua", "arguments": {"computer": "far", "code": "return 6*7"}},
+            )
+        )
+        request = await at_a.next_message()
+        self.assertEqual((request["type"], request["payload"]["code"]), ("eval", "return 6*7"))
+        answer = {"ok": True, "returns": ["42"], "stdout": "", "durationMs": 1, "timedOut": False}
+        at_a.respond(request, payload=answer)
+        result = await call
+        self.assertNotIn("isError", result)
+        self.assertIn("Returned: 42", result["content"][0]["text"])
+
     async def test_partial_responses_cross(self):
         redis = await start_redis(self)
         a = await start_gateway(self, redis.url)
