@@ -19,6 +19,8 @@ The wire and connection side (computers, over one WebSocket each)
     ``throttle``   the per-address back-off ``auth`` uses
 
 The HTTP side (operators, agents, installs; same port)
+    ``front``      what listens: a computer's ``GET /gateway`` straight to Autobahn,
+                   the rest to the site
     ``web``        the Klein app: /health, /client, /computers, /metrics
     ``client``     the Lua files served for the one-line install
     ``sandbox``    the §9 operations on a computer (exec, files, screen)

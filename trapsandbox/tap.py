@@ -23,6 +23,7 @@ from twisted.web.client import Agent, HTTPConnectionPool
 
 from trapsandbox import __version__, accounts, compat, config, limits, wire
 from trapsandbox.auth import Admission
+from trapsandbox.front import FrontFactory
 from trapsandbox.gateway import GatewayFactory
 from trapsandbox.handlers import ComputerRequests
 from trapsandbox.metrics import Metrics
@@ -243,7 +244,8 @@ class GatewayService(service.MultiService):
             asks=self.asks,
         )
         self.site = GatewaySite(app.resource())
-        self.listeners = [_Listener(reactor, port, self.site) for port in settings.ports]
+        front = FrontFactory(self.site, self.factory, reactor)
+        self.listeners = [_Listener(reactor, port, front) for port in settings.ports]
         for listener in self.listeners:
             listener.setServiceParent(self)
 

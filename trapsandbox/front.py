@@ -1,0 +1,88 @@
+"""
+What listens on the port: one look at a connection's first bytes.
+
+A computer's connection starts ``GET /gateway`` (with a query: the client's
+nonce) and goes straight to Autobahn's own protocol, which parses the upgrade
+once; everything else goes to the HTTP site (twisted.web), which also still
+serves ``/gateway`` for an upgrade that comes later on a kept-alive
+connection.  Going through twisted.web first would parse every hello's HTTP
+request twice (Autobahn's ``WebSocketResource`` rebuilds the request from
+twisted.web's parse and hands it to Autobahn to parse again).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import protocol
+from twisted.internet.interfaces import IReactorTime
+from twisted.protocols.policies import ProtocolWrapper
+
+from trapsandbox import limits
+
+GATEWAY = b"GET /gateway"
+# What may follow the path in the request line.
+_AFTER = (b" ", b"?")
+
+
+class _FirstBytes(protocol.Protocol):
+    """Waits for enough bytes to choose, then gives the connection away."""
+
+    def __init__(self, factory: FrontFactory, address: Any) -> None:
+        self._factory = factory
+        self._address = address
+        self._buffer = b""
+        self._timer: Any = None
+
+    def connectionMade(self) -> None:
+        self._timer = self._factory.clock.callLater(
+            limits.HTTP_IDLE_TIMEOUT, self.transport.abortConnection
+        )
+
+    def dataReceived(self, data: bytes) -> None:
+        buffer = self._buffer + data
+        if len(buffer) <= len(GATEWAY) and GATEWAY.startswith(buffer):
+            self._buffer = buffer  # still possibly a computer: wait for the rest
+            return
+        gateway = buffer.startswith(GATEWAY) and buffer[len(GATEWAY) : len(GATEWAY) + 1] in _AFTER
+        self._hand_over(self._factory.websocket if gateway else self._factory.site, buffer)
+
+    def _hand_over(self, factory: Any, data: bytes) -> None:
+        self._cancel_timer()
+        chosen = factory.buildProtocol(self._address)
+        transport = self.transport
+        # As Autobahn's WebSocketResource takes a transport over from twisted.web.
+        if isinstance(transport, ProtocolWrapper):
+            transport.wrappedProtocol = chosen  # TLS
+        else:
+            transport.protocol = chosen
+        chosen.makeConnection(transport)
+        chosen.dataReceived(data)
+
+    def connectionLost(self, reason: Any) -> None:
+        self._cancel_timer()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+
+class FrontFactory(protocol.Factory):
+    """The factory every listener serves: computers to Autobahn, the rest to the site."""
+
+    noisy = False
+
+    def __init__(self, site: Any, websocket: Any, clock: IReactorTime) -> None:
+        self.site = site
+        self.websocket = websocket
+        self.clock = clock
+
+    def startFactory(self) -> None:
+        self.site.doStart()
+
+    def stopFactory(self) -> None:
+        self.site.doStop()
+
+    def buildProtocol(self, addr: Any) -> _FirstBytes:
+        return _FirstBytes(self, addr)
