@@ -107,6 +107,7 @@ class FakeHTTP:
 
     def get(self, url, **kwargs):
         if str(url).endswith("/global/event"):
+            self.stream_kwargs = kwargs
             d = Deferred()
             self.stream_gets.append(d)
             if self.auto_stream:
@@ -278,7 +279,8 @@ class EventStreamTests(SynchronousTestCase):
         self.assertTrue(self.stream.connected)
 
     def test_the_stream_is_opened_with_the_credentials(self):
-        self.assertEqual(self.http.stream_gets and self.client.auth, ("opencode", "pw"))
+        self.assertEqual(self.http.stream_kwargs["auth"], ("opencode", "pw"))
+        self.assertTrue(self.http.stream_kwargs["unbuffered"])  # events as they come
 
 
 # -- Asks -----------------------------------------------------------------------------------
