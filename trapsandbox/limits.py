@@ -175,3 +175,5 @@ ASK_PARTIAL_MAX_CHARS = 4096
 MAX_PROMPT_CHARS = 16 * 1024
 # The shown detail of a permission request (a command line, the first lines of code, a path).
 PERMISSION_DETAIL_CHARS = 200
+# How long a permission request waits for its tool's input before it shows the pattern.
+ASK_PERMISSION_DETAIL_WAIT = 2.0

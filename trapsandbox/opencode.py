@@ -271,6 +271,10 @@ class OpencodeClient:
     def reply_permission(self, directory: str, permission_id: str, reply: str) -> Deferred:
         return self.call("POST", f"/permission/{permission_id}/reply", {"reply": reply}, directory)
 
+    def message(self, directory: str, session_id: str, message_id: str) -> Deferred:
+        """``{info, parts}`` of one message of a session."""
+        return self.call("GET", f"/session/{session_id}/message/{message_id}", None, directory)
+
     def statuses(self, directory: str) -> Deferred:
         """``{sessionID: {type: busy|idle|retry}}`` of the busy sessions."""
         return self.call("GET", "/session/status", None, directory)
@@ -532,7 +536,8 @@ class Run:
     tool_status: dict[str, str] = attrs.field(factory=dict)
     tokens: dict[str, tuple[int, int]] = attrs.field(factory=dict)  # messageID -> (in, out)
     permissions: set[str] = attrs.field(factory=set)
-    pending: list[str] = attrs.field(factory=list)
+    # permission.asked whose tool input is not known yet: permissionID -> (event, timer)
+    pending: dict[str, tuple[dict[str, Any], Any]] = attrs.field(factory=dict)
     flush_timer: Any = None
     bound: Any = None
     unsubscribe: Callable[[], None] | None = None
@@ -811,6 +816,8 @@ class Asks:
         known = run.tools.setdefault(call, {"name": name, "input": None})
         if type(state.get("input")) is dict and state["input"]:
             known["input"] = state["input"]
+            if run.pending:
+                self._release_call(run, call)
         if status == "pending" or run.tool_status.get(call) == status:
             return
         run.tool_status[call] = status
@@ -820,9 +827,68 @@ class Asks:
         self._send(run, message)
 
     def _permission(self, run: Run, props: dict[str, Any]) -> None:
+        """
+        A permission request reaches the player with what the tool would do.
+
+        opencode often asks before the gateway has heard the tool part's input
+        (``message.part.updated`` running), so the request may wait for it: it
+        goes out as soon as the input arrives, is fetched from opencode
+        (``GET /session/S/message/M``), or after ``ASK_PERMISSION_DETAIL_WAIT``
+        with the permission's patterns.
+        """
         permission_id = props.get("id")
-        if type(permission_id) is not str:
+        if type(permission_id) is not str or permission_id in run.pending:
             return
+        run.permissions.add(permission_id)
+        self._by_permission[permission_id] = run
+        tool = props.get("tool") if type(props.get("tool")) is dict else {}
+        call, message_id = tool.get("callID"), tool.get("messageID")
+        known = run.tools.get(call) if type(call) is str else None
+        if known is not None and known.get("input") is not None:
+            self._ask_player(run, props)
+            return
+        if type(call) is not str:
+            self._ask_player(run, props)
+            return
+        timer = self._clock.callLater(
+            limits.ASK_PERMISSION_DETAIL_WAIT, self._release_permission, run, permission_id
+        )
+        run.pending[permission_id] = (props, timer)
+        if type(message_id) is str:
+            conversation = run.conversation
+            d = self._client.message(conversation.directory, conversation.session_id, message_id)
+            d.addCallback(self._fetched_message, run, call)
+            d.addErrback(
+                lambda f: log.info("fetching a tool's input failed: {why}", why=f.getErrorMessage())
+            )
+
+    def _fetched_message(self, message: Any, run: Run, call: str) -> None:
+        parts = message.get("parts") if isinstance(message, dict) else None
+        for part in parts if isinstance(parts, list) else []:
+            if isinstance(part, dict) and part.get("callID") == call and part.get("type") == "tool":
+                state = part.get("state") if type(part.get("state")) is dict else {}
+                if type(state.get("input")) is dict and state["input"]:
+                    known = run.tools.setdefault(call, {"name": part.get("tool"), "input": None})
+                    known["input"] = state["input"]
+                    self._release_call(run, call)
+
+    def _release_call(self, run: Run, call: str) -> None:
+        for permission_id, (props, _) in list(run.pending.items()):
+            tool = props.get("tool") if type(props.get("tool")) is dict else {}
+            if tool.get("callID") == call:
+                self._release_permission(run, permission_id)
+
+    def _release_permission(self, run: Run, permission_id: str) -> None:
+        waiting = run.pending.pop(permission_id, None)
+        if waiting is None:
+            return
+        props, timer = waiting
+        if timer.active():
+            timer.cancel()
+        if permission_id in run.permissions:  # not answered (or ended) meanwhile
+            self._ask_player(run, props)
+
+    def _ask_player(self, run: Run, props: dict[str, Any]) -> None:
         tool = props.get("permission") if type(props.get("permission")) is str else "?"
         call = props.get("tool", {}).get("callID") if type(props.get("tool")) is dict else None
         known = run.tools.get(call) if type(call) is str else None
@@ -831,9 +897,7 @@ class Asks:
         else:
             patterns = props.get("patterns")
             detail = ", ".join(map(str, patterns)) if isinstance(patterns, list) else ""
-        run.permissions.add(permission_id)
-        self._by_permission[permission_id] = run
-        self._send(run, {"type": "permission", "id": permission_id, "tool": tool, "detail": detail})
+        self._send(run, {"type": "permission", "id": props["id"], "tool": tool, "detail": detail})
 
     # -- Sending -------------------------------------------------------------------------
 
@@ -909,6 +973,10 @@ class Asks:
             del self.runs[run.key]
         for permission in run.permissions:
             self._by_permission.pop(permission, None)
+        for _, waiting in run.pending.values():
+            if waiting.active():
+                waiting.cancel()
+        run.pending.clear()
         for timer in (run.flush_timer, run.bound):
             if timer is not None and timer.active():
                 timer.cancel()

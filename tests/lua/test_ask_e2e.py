@@ -104,11 +104,10 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         await self.opencode(model)
         c = await self.ready()
         self.ask(c, "/programs/sandbox.lua ask write a program that greets me")
-        # TODO: the detail should be the path; opencode's permission.asked comes before the
-        # tool's input is known to the gateway, which then shows the pattern ("*").
-        await c.wait_for_output("Allow write_file:", 90)
+        # The detail is what the tool would do (the path), not the permission's pattern ("*").
+        await c.wait_for_output("Allow write_file: /hello.lua (", 90)
         c.queue_event("char", "y")
-        await c.wait_for_output("Allow run_command:", 60)
+        await c.wait_for_output("Allow run_command: /hello.lua?", 60)
         self.assertEqual(c.read_file("/hello.lua"), PROGRAM.encode())
         c.queue_event("char", "y")
         await self.on_screen(c, "printed its greeting.", 60)
@@ -149,9 +148,8 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         await self.opencode(model)
         c = await self.ready()
         self.ask(c, "/programs/sandbox.lua ask write a program")
-        # TODO: the detail should be the path; opencode's permission.asked comes before the
-        # tool's input is known to the gateway, which then shows the pattern ("*").
-        await c.wait_for_output("Allow write_file:", 90)
+        # The detail is what the tool would do (the path), not the permission's pattern ("*").
+        await c.wait_for_output("Allow write_file: /hello.lua (", 90)
         c.queue_event("char", "n")
         await c.wait_for_output("> refused", 10)
         # opencode ends the run with the tool's failure; the shell prompts again.
