@@ -7,7 +7,10 @@ it, against through another gateway relayed by Redis (SPEC §13).
 Starts its own redis-server and two ``twistd trapsandbox`` (refresh 5 s) on
 127.0.0.1, one in-process computer connected to the first, then sends the
 same ``ping`` requests over HTTP keep-alive to each gateway and prints
-requests/s and p50/p99.  Everything it started is stopped at the end.
+requests/s and p50/p99.  Then it counts the Redis commands idle computers
+cost: the commands Redis ran in a window with no computers (heartbeats), and
+in one with ``IDLE`` computers on the first gateway, the difference per
+computer per minute.  Everything it started is stopped at the end.
 """
 
 from __future__ import annotations
@@ -52,14 +55,21 @@ def _start(argv: list[str], env: dict[str, str], ready: str) -> tuple[subprocess
     raise SystemExit(f"did not start: {argv[0]}\n{seen}")
 
 
+IDLE = 500
+IDLE_WINDOW = 30.0
+
+
 class _Computer(WebSocketClientProtocol):
+    trapos_id = "1:bench"
+
     def onOpen(self) -> None:
+        self.trapos_id = self.factory.trapos_id
         hello = {
             "event": "computer_request",
-            "traposSenderId": "1:bench",
+            "traposSenderId": self.trapos_id,
             "messageId": "hello",
             "type": "hello",
-            "payload": {"traposId": "1:bench"},
+            "payload": {"traposId": self.trapos_id},
         }
         self.sendMessage(orjson.dumps(hello))
 
@@ -70,13 +80,47 @@ class _Computer(WebSocketClientProtocol):
         elif frame["event"] == "gateway_request":
             answer = {
                 "event": "computer_response",
-                "traposSenderId": "1:bench",
+                "traposSenderId": self.trapos_id,
                 "messageId": frame["messageId"],
                 "type": frame["type"],
                 "ok": True,
-                "payload": {"traposId": "1:bench"},
+                "payload": {"traposId": self.trapos_id},
             }
             self.sendMessage(orjson.dumps(answer))
+
+
+async def _connect(reactor, port: int, trapos_id: str) -> _Computer:
+    factory = WebSocketClientFactory(f"ws://127.0.0.1:{port}/gateway")
+    factory.protocol = _Computer
+    factory.trapos_id = trapos_id
+    factory.ready = defer.Deferred()
+    await endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1", port).connect(factory)
+    return await factory.ready
+
+
+def _commands(redis_port: int) -> tuple[int, int]:
+    """
+    (calls the gateways made, commands Redis ran in all) so far, from INFO
+    commandstats, the INFO itself left out: a script is one call, and the
+    commands it runs count too.
+    """
+    out = subprocess.run(
+        ["redis-cli", "-p", str(redis_port), "info", "commandstats"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    calls = {m[0]: int(m[1]) for m in re.findall(r"cmdstat_(\w+):calls=(\d+)", out)}
+    # The gateways send scripts and PUBLISH only; the rest is what the scripts run.
+    clients = sum(n for name, n in calls.items() if name in ("eval", "evalsha", "publish"))
+    return clients, sum(n for name, n in calls.items() if name != "info")
+
+
+async def _window(reactor, redis_port: int) -> tuple[int, int]:
+    before = _commands(redis_port)
+    await task.deferLater(reactor, IDLE_WINDOW, lambda: None)
+    after = _commands(redis_port)
+    return after[0] - before[0], after[1] - before[1]
 
 
 async def _measure(reactor, url: str, requests: int, concurrency: int) -> dict[str, float]:
@@ -139,11 +183,8 @@ async def main(reactor, requests: int = 5000, concurrency: int = 20) -> None:
             )
             port = int(re.search(r"listening on 127\.0\.0\.1:(\d+)", seen).group(1))
             gateways.append((proc, port))
-        factory = WebSocketClientFactory(f"ws://127.0.0.1:{gateways[0][1]}/gateway")
-        factory.protocol = _Computer
-        factory.ready = defer.Deferred()
-        await endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1", gateways[0][1]).connect(factory)
-        computer = await factory.ready
+        baseline = await _window(reactor, redis_port)
+        computer = await _connect(reactor, gateways[0][1], "1:bench")
         for name, (_, port) in (("same process", gateways[0]), ("cross process", gateways[1])):
             url = f"http://127.0.0.1:{port}/computers/1%3Abench/requests"
             await _measure(reactor, url, 200, concurrency)  # warm up
@@ -152,7 +193,18 @@ async def main(reactor, requests: int = 5000, concurrency: int = 20) -> None:
                 f"{name:14} {figures['rps']:8.0f} req/s  p50 {figures['p50_ms']:6.2f} ms"
                 f"  p99 {figures['p99_ms']:6.2f} ms  ({requests} pings, {concurrency} at once)"
             )
-        computer.sendClose(1000)
+        idle = [await _connect(reactor, gateways[0][1], f"{n}:idle") for n in range(2, IDLE + 2)]
+        loaded = await _window(reactor, redis_port)
+        scale = 60 / IDLE_WINDOW / (IDLE + 1)
+        print(
+            f"Redis, {IDLE_WINDOW:g} s windows, no computer (2 gateways' heartbeats) vs "
+            f"{IDLE + 1} idle computers: calls {baseline[0]} vs {loaded[0]}, commands run "
+            f"{baseline[1]} vs {loaded[1]}; per idle computer per minute: "
+            f"{(loaded[0] - baseline[0]) * scale:.3f} calls, "
+            f"{(loaded[1] - baseline[1]) * scale:.1f} commands (inside the batched scripts)"
+        )
+        for each in (computer, *idle):
+            each.sendClose(1000)
     finally:
         for proc, _ in gateways:
             proc.terminate()
