@@ -64,31 +64,16 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Site
 from werkzeug.exceptions import HTTPException
 
-from trapsandbox import __version__, auth, client, limits, wire
+from trapsandbox import __version__, auth, client, limits, operator, wire
 from trapsandbox.limits import MAX_BODY_BYTES, MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.mcp import McpEndpoint
 from trapsandbox.metrics import Metrics
 from trapsandbox.opencode import Asks
+from trapsandbox.operator import STATUS_OF_ERROR, Answer, OperatorRequests
 from trapsandbox.probe import OpencodeProbe, ProbeResult
 from trapsandbox.registry import Registry, Session
 from trapsandbox.sandbox import Sandbox
 from trapsandbox.wire import GatewayError
-
-# The HTTP status for each way a request to a computer can fail.
-STATUS_OF_ERROR = {
-    wire.BAD_REQUEST: 400,
-    wire.FORBIDDEN: 403,
-    wire.NOT_CONNECTED: 404,
-    # The admin named a traposId that several accounts hold (SPEC §12).
-    auth.AMBIGUOUS: 409,
-    wire.TOO_LARGE: 413,
-    wire.FS_ERROR: 422,
-    # The computer runs a client that does not know the request (an older version).
-    wire.UNKNOWN_TYPE: 501,
-    wire.OVERLOADED: 503,
-    wire.UNAVAILABLE: 503,
-    wire.TIMEOUT: 504,
-}
 
 log = Logger()
 
@@ -102,6 +87,21 @@ def json_body(request: IRequest, body: Any, code: int = 200) -> bytes:
 
 def json_error(request: IRequest, code: int, error: str, message: str) -> bytes:
     return json_body(request, {"ok": False, "error": {"code": error, "message": message}}, code)
+
+
+def write_answer(request: IRequest, answer: Answer) -> bytes:
+    """An ``operator.Answer`` onto ``request``: its status and headers set, its body returned."""
+    status, body, headers = answer.encoded()
+    request.setResponseCode(status)
+    for name, value in headers:
+        request.setHeader(name, value)
+    request.setHeader(b"content-type", b"application/json")
+    request.setHeader(b"cache-control", b"no-store")
+    return body
+
+
+def _written(answer: Answer, request: IRequest) -> bytes:
+    return write_answer(request, answer)
 
 
 def _lua(request: IRequest, body: bytes) -> bytes:
@@ -225,20 +225,14 @@ def describe_session(session: Session) -> dict[str, Any]:
     }
 
 
-class _BadBody(ValueError):
-    """A request body to answer with ``status`` and ``code``; the message says why."""
-
-    def __init__(self, message: str, status: int = 400, code: str = wire.BAD_REQUEST) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
+_BadBody = operator.BadBody
 
 
 def _take_body(request: IRequest) -> bytes:
     """The request's body, which the request keeps no copy of; raises ``_BadBody``."""
     body = request.content.read(MAX_BODY_BYTES + 1)
     if getattr(request.content, "over_limit", False) or len(body) > MAX_BODY_BYTES:
-        raise _BadBody(f"the body is over {MAX_BODY_BYTES} bytes", 413, wire.TOO_LARGE)
+        raise operator.TOO_LARGE
     # The request object lives until the computer answers: keep no copy of
     # a body that may be megabytes.
     request.content.close()
@@ -246,14 +240,7 @@ def _take_body(request: IRequest) -> bytes:
     return body
 
 
-def _json_object(body: bytes, shape: str) -> dict[str, Any]:
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError as error:
-        raise _BadBody(f"the body is not JSON: {error}") from None
-    if type(obj) is not dict:
-        raise _BadBody(f"the body must be a JSON object: {shape}")
-    return obj
+_json_object = operator.json_object
 
 
 def _string(obj: dict[str, Any], name: str, required: bool = True) -> str | None:
@@ -289,31 +276,6 @@ def _base64(obj: dict[str, Any]) -> None:
     encoding = obj.get("encoding", "base64")
     if encoding != "base64":
         raise _BadBody('encoding must be "base64"')
-
-
-def _parse_request_body(body: bytes) -> tuple[str, dict[str, Any], float | None]:
-    """``(type, payload, timeout in seconds or None)``; raises ``_BadBody``."""
-    obj = _json_object(body, '{"type", "payload"?, "timeoutMs"?}')
-    kind = obj.get("type")
-    if type(kind) is not str or not 0 < len(kind) <= limits.MAX_TYPE_LENGTH:
-        raise _BadBody(f"type must be a string of 1 to {limits.MAX_TYPE_LENGTH} characters")
-    payload = obj.get("payload")
-    if payload is None:
-        payload = {}
-    elif type(payload) is not dict:
-        raise _BadBody("payload must be a JSON object")
-    timeout = obj.get("timeoutMs")
-    if timeout is not None:
-        if (
-            type(timeout) not in (int, float)
-            or not math.isfinite(timeout)
-            or not 0 < timeout <= MAX_REQUEST_TIMEOUT_MS
-        ):
-            raise _BadBody(
-                f"timeoutMs must be a number of milliseconds, 1 to {MAX_REQUEST_TIMEOUT_MS}"
-            )
-        timeout = timeout / 1000
-    return kind, payload, timeout
 
 
 _EXECUTE = '{"command", "args"?, "cwd"?, "timeoutMs"?, "maxOutputBytes"?}'
@@ -501,6 +463,7 @@ class GatewayApp:
         self._websocket = websocket
         self._metrics = registry.metrics if metrics is None else metrics
         self._admission = auth.Admission(registry.clock) if admission is None else admission
+        self._requests = OperatorRequests(registry, self._admission)
         self._mcp = McpEndpoint(
             registry,
             self._sandbox,
@@ -526,18 +489,12 @@ class GatewayApp:
 
     def _operator(self, request: IRequest) -> auth.Operator | bytes:
         """Who the request's operator is, or the error answer for one that is not."""
-        refusal = self._admission.operator(
+        who = self._requests.operator(
             request.getClientAddress(), request.getHeader(b"authorization")
         )
-        if isinstance(refusal, auth.Operator):
-            return refusal
-        if refusal.reason == auth.NOT_LOOPBACK:
-            return json_error(request, 403, "forbidden", refusal.message)
-        if refusal.reason == auth.THROTTLED:
-            request.setHeader(b"retry-after", b"%d" % math.ceil(refusal.wait))
-            return json_error(request, 429, "too_many_requests", refusal.message)
-        request.setHeader(b"www-authenticate", b'Bearer realm="trapsandbox"')
-        return json_error(request, 401, "unauthorized", refusal.message)
+        if isinstance(who, Answer):
+            return write_answer(request, who)
+        return who
 
     @app.route("/health", methods=["GET"])
     def health(self, request: IRequest):
@@ -582,38 +539,21 @@ class GatewayApp:
 
     # ``path``: a label may hold a "/" (sent as %2F, which Twisted decodes).
     @app.route("/computers/<path:trapos_id>/requests", methods=["POST"])
-    @on_computer(json_error)
-    def computer_request(self, request: IRequest, trapos_id: str, account_id: str):
+    def computer_request(self, request: IRequest, trapos_id: str):
         try:
-            kind, payload, timeout = _parse_request_body(_take_body(request))
-        except _BadBody as error:
-            return json_error(request, error.status, error.code, str(error))
-        d = self._registry.request(trapos_id, kind, payload, timeout, account_id=account_id)
-        d.addCallbacks(self._answered, self._failed, (request,), None, (request,))
-        return d
-
-    def _answered(self, response: wire.ComputerResponse, request: IRequest) -> bytes:
-        body: dict[str, Any] = {"ok": response.ok}
-        if response.payload is not None:
-            body["payload"] = response.payload
-        if response.error is not None:
-            body["error"] = {"code": response.error.code, "message": response.error.message}
-        try:
-            return json_body(request, body)
-        except orjson.JSONEncodeError as error:
-            # orjson reads deeper nesting (1024) than it writes (254).
-            return json_error(
-                request, 502, wire.INTERNAL, f"the computer's answer cannot be relayed: {error}"
-            )
-
-    def _failed(self, failure: Failure, request: IRequest) -> bytes | Failure:
-        if failure.check(CancelledError):
-            return failure  # the HTTP client went away; nobody to answer
-        if failure.check(GatewayError):
-            error = failure.value
-            status = STATUS_OF_ERROR.get(error.code, 500)
-            return json_error(request, status, error.code, error.message)
-        return failure
+            body: bytes | operator.BadBody = _take_body(request)
+        except operator.BadBody as error:
+            body = error
+        answer = self._requests.http(
+            request.getClientAddress(),
+            request.getHeader(b"authorization"),
+            trapos_id,
+            _asked_account(request),
+            body,
+        )
+        if isinstance(answer, Answer):
+            return write_answer(request, answer)
+        return answer.addCallback(_written, request)
 
     # -- The computer as a sandbox (SPEC §9) -------------------------------------------------
 
