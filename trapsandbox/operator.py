@@ -197,7 +197,18 @@ class OperatorRequests:
         try:
             if isinstance(body, BadBody):
                 raise body
-            kind, payload, timeout = parse_request(json_object(body, _REQUEST))
+            obj = json_object(body, _REQUEST)
+        except BadBody as error:
+            return error_answer(error.status, error.code, str(error))
+        return self.send(trapos_id, account_id, obj)
+
+    def send(self, trapos_id: str, account_id: str, obj: dict[str, Any]) -> Answer | Deferred:
+        """
+        ``obj`` (``{type, payload?, timeoutMs?}``) to the computer of the
+        account ``account`` resolved; the answer, or a Deferred of it, as ``http``.
+        """
+        try:
+            kind, payload, timeout = parse_request(obj)
         except BadBody as error:
             return error_answer(error.status, error.code, str(error))
         d = self._registry.request(trapos_id, kind, payload, timeout, account_id=account_id)
