@@ -70,6 +70,24 @@ def exit_zero_after_stop_signal(reactor: Any) -> None:
         reactor._exitSignal = None
 
 
+class HeadersOnDeny:
+    """
+    A server protocol whose ``ConnectionDeny`` goes out with ``deny_headers``.
+
+    ``ConnectionDeny`` carries a status and a reason but no headers, and
+    Autobahn answers it with ``failHandshake(reason, code)``, which could
+    send headers but is given none; set ``deny_headers`` (``(name, value)``
+    strings) before raising it, and they are added there (Retry-After, say).
+    """
+
+    deny_headers: list[tuple[str, str]] | None = None
+
+    def failHandshake(self, reason: str, code: int = 400, responseHeaders: Any = None) -> None:
+        if responseHeaders is None:
+            responseHeaders = self.deny_headers
+        super().failHandshake(reason, code, responseHeaders)  # type: ignore[misc]
+
+
 class _PlainTimers:
     def __init__(self, reactor: Any) -> None:
         self._reactor = reactor

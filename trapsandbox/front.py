@@ -3,8 +3,9 @@ What listens on the port: one look at a connection's first bytes.
 
 A computer's connection starts ``GET /gateway`` (with a query: the client's
 nonce) and goes straight to Autobahn's own protocol, which parses the upgrade
-once; everything else goes to the HTTP site (twisted.web), which also still
-serves ``/gateway`` for an upgrade that comes later on a kept-alive
+once (an operator's ``GET /operator`` goes to its own Autobahn factory the
+same way); everything else goes to the HTTP site (twisted.web), which also still
+serves ``/gateway`` and ``/operator`` for an upgrade that comes later on a kept-alive
 connection.  Going through twisted.web first would parse every hello's HTTP
 request twice (Autobahn's ``WebSocketResource`` rebuilds the request from
 twisted.web's parse and hands it to Autobahn to parse again).
@@ -21,6 +22,7 @@ from twisted.protocols.policies import ProtocolWrapper
 from trapsandbox import limits
 
 GATEWAY = b"GET /gateway"
+OPERATOR = b"GET /operator"  # the operator WebSocket (``opsocket``)
 # What may follow the path in the request line.
 _AFTER = (b" ", b"?")
 
@@ -41,11 +43,14 @@ class _FirstBytes(protocol.Protocol):
 
     def dataReceived(self, data: bytes) -> None:
         buffer = self._buffer + data
-        if len(buffer) <= len(GATEWAY) and GATEWAY.startswith(buffer):
-            self._buffer = buffer  # still possibly a computer: wait for the rest
-            return
-        gateway = buffer.startswith(GATEWAY) and buffer[len(GATEWAY) : len(GATEWAY) + 1] in _AFTER
-        self._hand_over(self._factory.websocket if gateway else self._factory.site, buffer)
+        for prefix, factory in self._factory.routes:
+            if len(buffer) <= len(prefix) and prefix.startswith(buffer):
+                self._buffer = buffer  # still possibly this WebSocket: wait for the rest
+                return
+            if buffer.startswith(prefix) and buffer[len(prefix) : len(prefix) + 1] in _AFTER:
+                self._hand_over(factory, buffer)
+                return
+        self._hand_over(self._factory.site, buffer)
 
     def _hand_over(self, factory: Any, data: bytes) -> None:
         self._cancel_timer()
@@ -73,10 +78,14 @@ class FrontFactory(protocol.Factory):
 
     noisy = False
 
-    def __init__(self, site: Any, websocket: Any, clock: IReactorTime) -> None:
+    def __init__(
+        self, site: Any, websocket: Any, clock: IReactorTime, operator: Any = None
+    ) -> None:
         self.site = site
         self.websocket = websocket
         self.clock = clock
+        # The request lines that go straight to a WebSocket factory.
+        self.routes = [(GATEWAY, websocket)] + ([(OPERATOR, operator)] if operator else [])
 
     def startFactory(self) -> None:
         self.site.doStart()

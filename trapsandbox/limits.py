@@ -37,6 +37,8 @@ MAX_REQUEST_TIMEOUT = MAX_REQUEST_TIMEOUT_MS / 1000
 MAX_IN_FLIGHT = 64
 # Requests from one computer handled at once; more are refused.
 MAX_BUSY = 16
+# Requests in flight on one operator WebSocket (``GET /operator``); more are answered 503.
+MAX_OPERATOR_IN_FLIGHT = 256
 # How long a computer may take to acknowledge a ``cancel``.
 CANCEL_TIMEOUT = 10.0
 

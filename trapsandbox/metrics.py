@@ -161,6 +161,17 @@ class Metrics:
             registry=self.registry,
         )
 
+        self._operator_sockets = self._tallies(
+            "operator_socket_connections",
+            "operator WebSocket upgrades (GET /operator): open, or the refusal's HTTP status",
+            "outcome",
+        )
+        self._operator_socket_requests = self._tallies(
+            "operator_socket_requests",
+            "answers sent on operator WebSockets, by the HTTP status they carry",
+            "status",
+        )
+
         self._asks = self._tallies("asks", "sandbox ask runs by outcome", "outcome")
         self._ask_outcomes: frozenset[str] = frozenset()
         self._ask_tokens = self._tallies(
@@ -202,6 +213,14 @@ class Metrics:
         self._gateway_requests.labels(kind, outcome).inc()
         if seconds is not None:
             self.gateway_request_seconds.observe(seconds)
+
+    def operator_socket(self, outcome: str) -> None:
+        """Count one operator WebSocket upgrade: ``open`` or the refusal's status."""
+        self._operator_sockets.labels(outcome).inc()
+
+    def operator_socket_request(self, status: int) -> None:
+        """Count one answer on an operator WebSocket (statuses are a small fixed set)."""
+        self._operator_socket_requests.labels(str(status)).inc()
 
     def mcp_labels(self, tools: Iterable[str], outcomes: Iterable[str]) -> None:
         """The MCP tools and call outcomes with label values of their own."""

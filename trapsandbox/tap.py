@@ -28,6 +28,8 @@ from trapsandbox.gateway import GatewayFactory
 from trapsandbox.handlers import ComputerRequests
 from trapsandbox.metrics import Metrics
 from trapsandbox.opencode import Asks, OpencodeClient
+from trapsandbox.operator import OperatorRequests
+from trapsandbox.opsocket import OperatorSocketFactory
 from trapsandbox.probe import OpencodeProbe, redact
 from trapsandbox.registry import Registry
 from trapsandbox.systemd import Notifier
@@ -234,6 +236,9 @@ class GatewayService(service.MultiService):
             pending=lambda: self.registry.pending,
         )
         self.metrics.watch_accounts(self._account_counts)
+        self.operator_socket = OperatorSocketFactory(
+            OperatorRequests(self.registry, self.admission), reactor, self.metrics
+        )
         app = GatewayApp(
             self.registry,
             self.probe,
@@ -242,9 +247,10 @@ class GatewayService(service.MultiService):
             admission=self.admission,
             cluster=self.cluster,
             asks=self.asks,
+            operator_socket=WebSocketResource(self.operator_socket),
         )
         self.site = GatewaySite(app.resource())
-        front = FrontFactory(self.site, self.factory, reactor)
+        front = FrontFactory(self.site, self.factory, reactor, self.operator_socket)
         self.listeners = [_Listener(reactor, port, front) for port in settings.ports]
         for listener in self.listeners:
             listener.setServiceParent(self)
@@ -339,6 +345,8 @@ class GatewayService(service.MultiService):
         stopped = super().stopService()  # stop listening first
         self.asks.stop()
         closed = self.factory.shutdown()
+        # After the computers: requests failed by their close are answered first.
+        self.operator_socket.shutdown()
         if self.cluster is not None:
             # Once every computer is closed (and released), leave the cluster.
             cluster = self.cluster

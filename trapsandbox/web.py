@@ -5,6 +5,9 @@ The HTTP side, on the same port as the WebSocket: a Klein app.
                                                  computers, version}
     /gateway                              the WebSocket endpoint for computers (routed
                                           ahead of Klein, by ``_Root``)
+    /operator                             operators: the WebSocket carrying many requests
+                                          {id, traposId, type, ...} -> {id, status, ...}
+                                          (``opsocket``; routed ahead of Klein)
     GET  /client/install.lua              open: the one-line installer for a computer
     GET  /client/<dir>/<file>             open: the Lua client files it downloads
     GET  /computers                       operators: {computers: [{traposId, accountId, peer,
@@ -416,9 +419,12 @@ class _Root(Resource):
     connect and every operator request would otherwise pay for Klein's routing.
     """
 
-    def __init__(self, websocket: IResource, app: IResource, requests: _Direct) -> None:
+    def __init__(
+        self, websocket: IResource, app: IResource, requests: _Direct, operator: Any = None
+    ) -> None:
         super().__init__()
         self._websocket = websocket
+        self._operator = operator
         self._app = app
         self._requests = requests
 
@@ -426,6 +432,8 @@ class _Root(Resource):
         postpath = request.postpath
         if name == b"gateway" and not postpath:
             return self._websocket
+        if name == b"operator" and not postpath and self._operator is not None:
+            return self._operator
         if (
             name == b"computers"
             and request.method == b"POST"
@@ -453,8 +461,10 @@ class GatewayApp:
         admission: auth.Admission | None = None,
         cluster: Any = None,
         asks: Asks | None = None,
+        operator_socket: IResource | None = None,
     ) -> None:
         self._registry = registry
+        self._operator_socket = operator_socket
         # Cluster mode: a ``trapsandbox.cluster.Cluster`` (not imported otherwise).
         self._cluster = cluster
         self._asks = asks
@@ -477,6 +487,7 @@ class GatewayApp:
             self._websocket,
             self.app.resource(),
             _Direct(self._direct_request, self.internal_error),
+            self._operator_socket,
         )
 
     def _direct_request(self, request: IRequest) -> Any:

@@ -42,6 +42,7 @@ def start_gateway(testcase, **settings) -> GatewayService:
     settings.setdefault("opencode_url", f"http://127.0.0.1:{closed_port()}")
     service = GatewayService(config.Settings(**settings), reactor())
     unbatch_timers(service.factory)
+    unbatch_timers(service.operator_socket)
     service.privilegedStartService()
     service.startService()
     testcase.addCleanup(lambda: service.running and service.stopService())
