@@ -153,3 +153,73 @@ async def connect(
 
     testcase.addCleanup(lambda: Deferred.fromCoroutine(close()))
     return computer
+
+
+class Refused(Exception):
+    """The gateway refused a WebSocket upgrade: its HTTP status line and headers."""
+
+    def __init__(self, status: int | None, line: str, headers: dict) -> None:
+        super().__init__(line)
+        self.status = status
+        self.headers = headers
+
+
+class TestOperator(WebSocketClientProtocol):
+    """An operator on ``/operator``: messages land in ``messages``, decoded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: DeferredQueue = DeferredQueue()
+        self.closed: Deferred = Deferred()
+        self.close_code: int | None = None
+
+    def onOpen(self) -> None:
+        self.factory.opened.callback(self)
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        self.messages.put(orjson.loads(payload))
+
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        self.close_code = code
+        if not self.factory.opened.called:
+            line = getattr(self, "http_status_line", None) or str(reason)
+            parts = line.split()
+            status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+            headers = getattr(self, "http_headers", None) or {}
+            self.factory.opened.errback(Refused(status, line, headers))
+        self.closed.callback((code, reason))
+
+    def send(self, obj, binary: bool = False) -> None:
+        self.sendMessage(obj if isinstance(obj, bytes) else orjson.dumps(obj), binary)
+
+    def next_message(self) -> Deferred:
+        return bounded(self.messages.get())
+
+    async def answers(self, count: int) -> list:
+        return [await self.next_message() for _ in range(count)]
+
+    def wait_closed(self) -> Deferred:
+        return bounded(self.closed)
+
+
+async def connect_operator(testcase, port: int, token: str | None = None) -> TestOperator:
+    """A ``TestOperator`` on ``/operator``, with ``token`` as its bearer token; or ``Refused``."""
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    factory = WebSocketClientFactory(f"ws://127.0.0.1:{port}/operator", headers=headers)
+    factory.protocol = TestOperator
+    factory.opened = Deferred()
+    unbatch_timers(factory)
+    factory.setProtocolOptions(
+        maxMessagePayloadSize=0, maxFramePayloadSize=0, closeHandshakeTimeout=0.1
+    )
+    endpoint = endpoints.TCP4ClientEndpoint(reactor(), "127.0.0.1", port)
+    await bounded(endpoint.connect(factory))
+    operator = await bounded(factory.opened)
+
+    async def close():
+        if not operator.closed.called:
+            operator.sendClose(1000)
+            await bounded(operator.closed)
+
+    testcase.addCleanup(lambda: Deferred.fromCoroutine(close()))
+    return operator

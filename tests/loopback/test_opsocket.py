@@ -1,0 +1,312 @@
+"""The operator WebSocket ``/operator`` on a real gateway: the router, Autobahn, real computers."""
+
+import os
+
+import orjson
+import treq
+from twisted.internet import protocol
+from twisted.internet.defer import Deferred
+from twisted.trial.unittest import TestCase
+from twisted.web.client import HTTPConnectionPool
+
+from tests.harness.support import (
+    Refused,
+    bounded,
+    connect,
+    connect_operator,
+    reactor,
+    start_gateway,
+)
+from trapsandbox import accounts
+
+PASSWORD = "sesame"
+TOKEN = "op-token-1234"
+
+
+class OperatorSocketTests(TestCase):
+    def setUp(self):
+        self.gateway = start_gateway(self, password=PASSWORD)
+        self.port = self.gateway.port
+
+    async def computer(self, trapos_id="7:base", capabilities=()):
+        computer = await connect(self, self.port)
+        hello = {"traposId": trapos_id, "secret": PASSWORD, "capabilities": list(capabilities)}
+        self.assertTrue((await computer.request("hello", hello))["ok"])
+        computer.trapos_id = trapos_id
+        return computer
+
+    async def test_a_ping_round_trip_is_the_http_answer_with_its_id(self):
+        computer = await self.computer()
+        operator = await connect_operator(self, self.port)
+        operator.send({"id": "a", "traposId": "7:base", "type": "ping", "timeoutMs": 5000})
+        request = await computer.next_message()
+        self.assertEqual((request["type"], request["traposReceiverId"]), ("ping", "7:base"))
+        computer.respond(request, payload={"traposId": "7:base"})
+        answer = await operator.next_message()
+        self.assertEqual(
+            answer, {"id": "a", "status": 200, "ok": True, "payload": {"traposId": "7:base"}}
+        )
+        # The same request over HTTP answers the same body.
+        pool = HTTPConnectionPool(reactor(), persistent=False)
+        posted = treq.post(
+            f"http://127.0.0.1:{self.port}/computers/7%3Abase/requests",
+            data=b'{"type": "ping"}',
+            pool=pool,
+        )
+        request = await computer.next_message()
+        computer.respond(request, payload={"traposId": "7:base"})
+        response = await bounded(posted)
+        body = orjson.loads(await bounded(treq.content(response)))
+        self.assertEqual(
+            {"id": "a", "status": response.code, **body}, answer, "HTTP and socket differ"
+        )
+
+    async def test_many_requests_in_flight_are_answered_by_id_as_they_complete(self):
+        computer = await self.computer()
+        operator = await connect_operator(self, self.port)
+        count = 50
+        for n in range(count):
+            operator.send({"id": n, "traposId": "7:base", "type": "ping", "payload": {"n": n}})
+        requests = [await computer.next_message() for _ in range(count)]
+        self.assertEqual(self.gateway.registry.pending, count)
+        for request in reversed(requests):
+            computer.respond(request, payload={"n": request["payload"]["n"]})
+        answers = await operator.answers(count)
+        self.assertEqual([a["id"] for a in answers], list(reversed(range(count))))
+        for answer in answers:
+            self.assertEqual((answer["status"], answer["payload"]["n"]), (200, answer["id"]))
+
+    async def test_failures_carry_the_http_status(self):
+        operator = await connect_operator(self, self.port)
+        operator.send({"id": 1, "traposId": "9:", "type": "ping"})
+        operator.send({"id": 2, "traposId": "9:", "type": "ping", "timeoutMs": -1})
+        first, second = await operator.answers(2)
+        self.assertEqual((first["id"], first["status"]), (1, 404))
+        self.assertEqual(first["error"]["code"], "not_connected")
+        self.assertEqual((second["id"], second["status"]), (2, 400))
+
+    async def test_bad_messages_are_answered_400_and_the_socket_stays_usable(self):
+        computer = await self.computer()
+        operator = await connect_operator(self, self.port)
+        bad = [
+            (b"{", None),
+            (b"[1]", None),
+            (b'{"traposId": "7:base", "type": "ping"}', None),
+            (b'{"id": true, "traposId": "7:base", "type": "ping"}', None),
+            (b'{"id": 1.5, "traposId": "7:base", "type": "ping"}', None),
+            (b'{"id": "", "traposId": "7:base", "type": "ping"}', None),
+            (b'{"id": 3, "type": "ping"}', 3),
+            (b'{"id": "x", "traposId": 7, "type": "ping"}', "x"),
+            (b'{"id": 4, "traposId": "7:base", "type": "ping", "account": 5}', 4),
+            (b'{"id": 5, "traposId": "7:base"}', 5),
+        ]
+        for raw, _ in bad:
+            operator.send(raw)
+        operator.send(b'{"id": 6}', binary=True)
+        answers = await operator.answers(len(bad) + 1)
+        self.assertEqual([a["id"] for a in answers], [i for _, i in bad] + [None])
+        for answer in answers:
+            self.assertEqual((answer["status"], answer["error"]["code"]), (400, "bad_request"))
+        # A duplicate id while the first is in flight.
+        operator.send({"id": "d", "traposId": "7:base", "type": "ping"})
+        request = await computer.next_message()
+        operator.send({"id": "d", "traposId": "7:base", "type": "ping"})
+        duplicate = await operator.next_message()
+        self.assertEqual((duplicate["id"], duplicate["status"]), ("d", 400))
+        self.assertIn("already in flight", duplicate["error"]["message"])
+        computer.respond(request, payload={})
+        self.assertEqual((await operator.next_message())["status"], 200)
+        # Once answered, the id may be used again.
+        operator.send({"id": "d", "traposId": "7:base", "type": "ping"})
+        computer.respond(await computer.next_message(), payload={})
+        self.assertEqual(
+            await operator.next_message(), {"id": "d", "status": 200, "ok": True, "payload": {}}
+        )
+
+    async def test_past_the_cap_requests_are_refused_at_once(self):
+        self.gateway.operator_socket.max_in_flight = 2
+        computer = await self.computer()
+        operator = await connect_operator(self, self.port)
+        for n in range(3):
+            operator.send({"id": n, "traposId": "7:base", "type": "ping"})
+        refused = await operator.next_message()
+        self.assertEqual((refused["id"], refused["status"]), (2, 503))
+        self.assertEqual(refused["error"]["code"], "overloaded")
+        for request in [await computer.next_message() for _ in range(2)]:
+            computer.respond(request, payload={})
+        self.assertEqual(sorted(a["id"] for a in await operator.answers(2)), [0, 1])
+
+    async def test_closing_cancels_every_request_in_flight(self):
+        computer = await self.computer(capabilities=["exec"])
+        operator = await connect_operator(self, self.port)
+        operator.send({"id": 1, "traposId": "7:base", "type": "ping"})
+        operator.send(
+            {"id": 2, "traposId": "7:base", "type": "exec", "payload": {"command": "sleep"}}
+        )
+        ping = await computer.next_message()
+        run = await computer.next_message()
+        self.assertEqual((ping["type"], run["type"]), ("ping", "exec"))
+        self.assertEqual(self.gateway.registry.pending, 2)
+        operator.sendClose(1000)
+        await operator.wait_closed()
+        # The run is cancelled on the computer, as when an HTTP caller goes away.
+        cancel = await computer.next_message()
+        self.assertEqual(
+            (cancel["type"], cancel["payload"]), ("cancel", {"messageId": run["messageId"]})
+        )
+        computer.respond(cancel, payload={"cancelled": True})
+        # Frames are handled in order: once this is answered, so is the cancel.
+        await computer.request("probe_gateway")
+        self.assertEqual(self.gateway.registry.pending, 0)
+        self.assertEqual(self.gateway.operator_socket.connections, set())
+
+    async def test_a_message_over_the_body_limit_is_closed_1009(self):
+        from trapsandbox.limits import MAX_BODY_BYTES
+
+        operator = await connect_operator(self, self.port)
+        operator.send(b'"' + b"x" * MAX_BODY_BYTES + b'"')
+        code, _ = await operator.wait_closed()
+        self.assertEqual(code, 1009)
+
+    async def test_an_upgrade_on_a_kept_alive_http_connection(self):
+        client = _RawClient()
+        await bounded(
+            protocol.ClientCreator(reactor(), lambda: client).connectTCP("127.0.0.1", self.port)
+        )
+        self.addCleanup(client.transport.abortConnection)
+        client.transport.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertIn(b" 200 ", await client.response())
+        client.transport.write(
+            b"GET /operator HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 13\r\n\r\n"
+        )
+        self.assertIn(b" 101 ", await client.response())
+        client.send_text(b'{"id": 1, "traposId": "9:", "type": "ping"}')
+        answer = orjson.loads(await client.text())
+        self.assertEqual((answer["id"], answer["status"]), (1, 404))
+
+
+class _RawClient(protocol.Protocol):
+    """HTTP/1.1 by hand, then WebSocket frames by hand: one connection throughout."""
+
+    def __init__(self):
+        self.buffer = b""
+        self.waiting: Deferred | None = None
+
+    def dataReceived(self, data):
+        self.buffer += data
+        if self.waiting is not None:
+            waiting, self.waiting = self.waiting, None
+            waiting.callback(None)
+
+    async def _more(self):
+        self.waiting = Deferred()
+        await bounded(self.waiting)
+
+    async def response(self):
+        """One response's head, its body skipped (by Content-Length, or chunked)."""
+        while b"\r\n\r\n" not in self.buffer:
+            await self._more()
+        head = self.buffer.partition(b"\r\n\r\n")[0]
+        if b"transfer-encoding: chunked" in head.lower():
+            while b"\r\n0\r\n\r\n" not in self.buffer:
+                await self._more()
+            self.buffer = self.buffer.partition(b"\r\n0\r\n\r\n")[2]
+            return head
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        while len(self.buffer.partition(b"\r\n\r\n")[2]) < length:
+            await self._more()
+        self.buffer = self.buffer.partition(b"\r\n\r\n")[2][length:]
+        return head
+
+    def send_text(self, payload):
+        mask = os.urandom(4)
+        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        assert len(payload) < 126
+        self.transport.write(bytes([0x81, 0x80 | len(payload)]) + mask + masked)
+
+    async def text(self):
+        """The next text frame from the server (unmasked, one frame, length < 64 KiB)."""
+        while len(self.buffer) < 2:
+            await self._more()
+        length, start = self.buffer[1] & 0x7F, 2
+        if length == 126:
+            while len(self.buffer) < 4:
+                await self._more()
+            length, start = int.from_bytes(self.buffer[2:4], "big"), 4
+        while len(self.buffer) < start + length:
+            await self._more()
+        assert self.buffer[0] == 0x81, self.buffer[:2]  # FIN, text
+        payload, self.buffer = self.buffer[start : start + length], self.buffer[start + length :]
+        return payload
+
+
+class OperatorSocketAuthTests(TestCase):
+    def setUp(self):
+        self.gateway = start_gateway(self, password=PASSWORD, admin_token=TOKEN)
+
+    async def refused(self, token=None):
+        try:
+            await connect_operator(self, self.gateway.port, token)
+        except Refused as refusal:
+            return refusal
+        self.fail("the upgrade was not refused")
+
+    async def test_no_or_a_wrong_token_is_401_with_its_challenge(self):
+        for token in (None, "wrong"):
+            refusal = await self.refused(token)
+            self.assertEqual(refusal.status, 401, refusal)
+            self.assertEqual(refusal.headers.get("www-authenticate"), 'Bearer realm="trapsandbox"')
+            self.assertNotIn(TOKEN, str(refusal))
+        operator = await connect_operator(self, self.gateway.port, TOKEN)
+        operator.send({"id": 1, "traposId": "9:", "type": "ping"})
+        self.assertEqual((await operator.next_message())["status"], 404)
+
+    async def test_token_guessing_is_throttled_429_with_retry_after(self):
+        for _ in range(6):
+            self.assertEqual((await self.refused("guess")).status, 401)
+        refusal = await self.refused(TOKEN)
+        self.assertEqual(refusal.status, 429)
+        self.assertEqual(refusal.headers.get("retry-after"), "2")
+
+
+def _table(name, secret):
+    return (
+        f"[accounts.{name}]\n"
+        f'secret_sha256 = "{accounts.sha256_hex(secret)}"\n'
+        f'token_sha256 = "{accounts.sha256_hex("token-" + name)}"\n'
+    )
+
+
+class OperatorSocketAccountTests(TestCase):
+    async def test_an_account_token_reaches_its_own_computers_only(self):
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write(_table("alice", "s-alice") + _table("bob", "s-bob"))
+        gateway = start_gateway(
+            self, admin_token=TOKEN, accounts_file=path, accounts=accounts.load(path)
+        )
+        bob = await connect(self, gateway.port)
+        self.assertEqual((await bob.hello("s-bob", "2:"))["payload"], {"accountId": "bob"})
+        alice = await connect_operator(self, gateway.port, "token-alice")
+        # Bob's computer, asked for plainly and with account=bob, and a missing one.
+        alice.send({"id": 1, "traposId": "2:", "type": "ping"})
+        alice.send({"id": 2, "traposId": "2:", "type": "ping", "account": "bob"})
+        alice.send({"id": 3, "traposId": "3:", "type": "ping"})
+        answers = {a.pop("id"): a for a in await alice.answers(3)}
+        self.assertEqual(answers[1]["status"], 404)
+        missing = orjson.dumps(answers[3]).replace(b"3:", b"2:")
+        self.assertEqual(orjson.dumps(answers[1]), missing)
+        self.assertEqual(orjson.dumps(answers[2]), missing)
+        # The admin reaches it, naming the account or not.
+        admin = await connect_operator(self, gateway.port, TOKEN)
+        admin.send({"id": "x", "traposId": "2:", "type": "ping", "account": "bob"})
+        request = await bob.next_message()
+        bob.respond(request, payload={"who": "bob"})
+        answer = await admin.next_message()
+        self.assertEqual((answer["status"], answer["payload"]), (200, {"who": "bob"}))
