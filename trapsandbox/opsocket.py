@@ -28,8 +28,8 @@ cancelled as when an HTTP caller goes away).
 
 What the gateway sends goes through an ``Outbound``, as a computer's
 connection does: an operator that stops reading has its new requests
-refused, and is closed with 4004 once it has been stalled for the stall
-timeout.
+refused once an answer finds no room, and is closed with 4004 once it has
+been stalled for the stall timeout.
 """
 
 from __future__ import annotations
@@ -119,6 +119,8 @@ class OperatorSocket(compat.HeadersOnDeny, WebSocketServerProtocol):
         self.peer_address = "?"
         self.outbound: Outbound | None = None
         self.in_flight: dict[str | int, Deferred] = {}
+        # An answer found no room while the transport was paused (``Outbound``).
+        self.dropped = False
 
     # Autobahn callbacks
 
@@ -200,10 +202,11 @@ class OperatorSocket(compat.HeadersOnDeny, WebSocketServerProtocol):
                 ),
             )
             return
-        if self.outbound.queued_bytes >= factory.max_queued_bytes:
-            # Not reading its answers: start no more work for it (this answer waits too).
+        if self.outbound.paused and self.dropped:
+            # Not reading its answers (some already had no room): start no more work for it.
             self._answer(message_id, error_answer(503, wire.OVERLOADED, "answers are not read"))
             return
+        self.dropped = False
         requests = factory.requests
         account_id = requests.account(self.operator, trapos_id, account)
         if type(account_id) is Answer:
@@ -236,6 +239,7 @@ class OperatorSocket(compat.HeadersOnDeny, WebSocketServerProtocol):
         try:
             self.outbound.send(encode_answer(message_id, answer))
         except GatewayError:
+            self.dropped = True
             log.debug("an answer to {peer} dropped: it is not reading", peer=self.peer_address)
 
     # Sending

@@ -9,7 +9,7 @@ would fail.
 from pprint import pformat
 
 import autobahn.websocket.protocol
-from autobahn.twisted.websocket import WebSocketServerFactory
+from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from twisted.internet import base
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
@@ -62,6 +62,25 @@ class AutobahnTests(SynchronousTestCase):
         call = factory._batched_timer.call_later(1, lambda: None)
         call.cancel()
         self.assertEqual(clock.getDelayedCalls(), [])
+
+    def test_deny_headers(self):
+        # Autobahn answers a ConnectionDeny through failHandshake(reason, code): no headers.
+        source = open(autobahn.websocket.protocol.__file__).read()
+        self.assertIn("self.failHandshake(err.value.reason, err.value.code)", source)
+        sent = []
+
+        class Protocol(compat.HeadersOnDeny, WebSocketServerProtocol):
+            def sendHttpErrorResponse(self, code, reason, responseHeaders=None):
+                sent.append((code, reason, responseHeaders))
+
+            def dropConnection(self, abort=False):
+                pass
+
+        protocol = Protocol()
+        protocol.failHandshake("no", 401)
+        protocol.deny_headers = [("Retry-After", "2")]
+        protocol.failHandshake("slow down", 429)
+        self.assertEqual(sent, [(401, "no", None), (429, "slow down", [("Retry-After", "2")])])
 
 
 class TwistedTests(SynchronousTestCase):

@@ -49,7 +49,8 @@ class FrontTests(SynchronousTestCase):
     def setUp(self):
         self.clock = Clock()
         self.site, self.websocket = Side("site"), Side("websocket")
-        self.front = FrontFactory(self.site, self.websocket, self.clock)
+        self.operator = Side("operator")
+        self.front = FrontFactory(self.site, self.websocket, self.clock, self.operator)
 
     def connect(self, *chunks):
         router = self.front.buildProtocol(None)
@@ -83,6 +84,17 @@ class FrontTests(SynchronousTestCase):
             self.assertEqual(transport.protocol.name, "site", request)
             self.assertEqual(transport.protocol.data, request)
         self.assertEqual(self.websocket.built, [])
+
+    def test_an_operators_upgrade_goes_to_its_own_factory_even_in_pieces(self):
+        for request in (b"GET /operator HTTP/1.1\r\n\r\n", b"GET /operator?x=1 HTTP/1.1\r\n\r\n"):
+            pieces = (request[:3], request[3:7], request[7:13], request[13:])
+            transport = self.connect(*pieces)
+            self.assertEqual(transport.protocol.name, "operator", request)
+            self.assertEqual(transport.protocol.data, request)
+        for request in (b"GET /operatorx HTTP/1.1\r\n\r\n", b"GET /operator/x HTTP/1.1\r\n\r\n"):
+            self.assertEqual(self.connect(request).protocol.name, "site", request)
+        self.assertEqual((len(self.operator.built), self.websocket.built), (2, []))
+        self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def test_a_connection_that_never_says_enough_is_closed(self):
         transport = self.connect(b"GET /gat")
