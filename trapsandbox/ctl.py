@@ -11,6 +11,7 @@
     trapsandbox-ctl put 7:base LOCAL REMOTE    get 7:base REMOTE LOCAL
     trapsandbox-ctl rm 7:base REMOTE       screen 7:base
     trapsandbox-ctl opencode-config        (the "mcp" block for opencode's config)
+    trapsandbox-ctl batch [--file F] [--concurrency N]   (NDJSON requests over one WebSocket)
     trapsandbox-ctl accounts add NAME --file F [--max-computers N]
     trapsandbox-ctl accounts list --file F     accounts remove NAME --file F
 
@@ -21,6 +22,8 @@ several accounts hold.  The ``accounts`` commands edit the accounts file
 It speaks the gateway's operator HTTP API with the standard library only, so
 it starts fast and needs no reactor.  Exit status: 0 on success, 1 on a
 failure (with one line on stderr saying what failed), 2 on a usage error.
+``batch`` alone runs the reactor (``trapsandbox.batch``): it exits 0 when
+every answer is a 200, 1 when one is not, 2 when the connection failed.
 """
 
 from __future__ import annotations
@@ -376,6 +379,31 @@ def cmd_opencode_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _concurrency(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 0 < value <= limits.MAX_OPERATOR_IN_FLIGHT:
+        raise argparse.ArgumentTypeError(f"must be 1 to {limits.MAX_OPERATOR_IN_FLIGHT}")
+    return value
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    from trapsandbox import batch
+
+    try:
+        if args.file is None:
+            data = sys.stdin.buffer.read().splitlines()
+        else:
+            with open(args.file, "rb") as f:
+                data = f.read().splitlines()
+    except OSError as error:
+        raise Failed(f"cannot read {args.file}: {error.strerror}") from None
+    lines = batch.read_lines(data, args.account)
+    return batch.run(lines, args.url, _token(args), args.concurrency)
+
+
 def _answer_error(args: argparse.Namespace, type: str, answer: Any) -> str:
     error = answer.get("error") or {}
     return (
@@ -486,6 +514,27 @@ def parser() -> argparse.ArgumentParser:
     )
     on_computer("rm", "delete a file on a computer", cmd_rm, ("path", "PATH"))
     on_computer("screen", "show a computer's screen", cmd_screen)
+
+    many = commands.add_parser(
+        "batch",
+        help="send NDJSON requests over one operator WebSocket, printing each answer",
+        description=(
+            'Read requests, one JSON object a line: {"traposId", "type", "payload"?, '
+            '"timeoutMs"?, "account"?, "id"?} (id: the line number if absent), send them over '
+            "one /operator WebSocket and print each answer as one JSON line as it arrives "
+            '({"id", "status", "ok", "payload"?, "error"?}). Exit status: 0 if every answer '
+            "is a 200, 1 if not, 2 if the connection failed or was refused."
+        ),
+    )
+    many.add_argument("--file", default=None, metavar="F", help="read F (default: stdin)")
+    many.add_argument(
+        "--concurrency",
+        type=_concurrency,
+        default=32,
+        metavar="N",
+        help="requests in flight at once (default %(default)s)",
+    )
+    many.set_defaults(run=cmd_batch)
 
     config = commands.add_parser(
         "opencode-config",

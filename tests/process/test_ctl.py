@@ -238,6 +238,78 @@ class TokenTests(CtlTestCase):
         self.assertIn("sandboxOk: true", output)
 
 
+class BatchTests(CtlTestCase):
+    admin_token = TOKEN
+
+    def requests_file(self, *lines):
+        path = os.path.abspath(self.mktemp())
+        with open(path, "wb") as f:
+            f.write(b"".join(line + b"\n" for line in lines))
+        return path
+
+    def answers(self, output):
+        return [orjson.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+    async def test_answers_come_back_by_line_and_a_failure_exits_1(self):
+        computer = await self.ready("7:base")
+        path = self.requests_file(
+            b'{"traposId": "7:base", "type": "ping"}',
+            b"",
+            b'{"id": "x", "traposId": "7:base", "type": "ping", "payload": {"n": 2}}',
+            b'{"traposId": "9:", "type": "ping"}',
+            b"not json",
+        )
+        child = self.start("--token", TOKEN, "batch", "--file", path)
+        requests = [await computer.next_message() for _ in range(2)]
+        for request in requests:
+            computer.respond(request, payload={"n": request["payload"].get("n", 1)})
+        self.assertEqual(await child.wait_ended(), 1, child.output)
+        answers = {answer.pop("id"): answer for answer in self.answers(child.output)}
+        self.assertEqual(sorted(answers, key=str), [1, 4, 5, "x"])
+        self.assertEqual(answers[1], {"status": 200, "ok": True, "payload": {"n": 1}})
+        self.assertEqual(answers["x"], {"status": 200, "ok": True, "payload": {"n": 2}})
+        self.assertEqual(
+            (answers[4]["status"], answers[4]["error"]["code"]), (404, "not_connected")
+        )
+        self.assertEqual(answers[5]["status"], 400)
+
+    async def test_stdin_at_most_concurrency_in_flight_and_all_200_exits_0(self):
+        computer = await self.ready("7:base")
+        child = self.start("--token", TOKEN, "batch", "--concurrency", "2")
+        for n in range(5):
+            line = {"id": n, "traposId": "7:base", "type": "ping", "payload": {"n": n}}
+            child.transport.write(orjson.dumps(line) + b"\n")
+        child.transport.closeStdin()
+        for _ in range(5):
+            request = await computer.next_message()
+            # Never more than two at once: the next one comes only after an answer.
+            self.assertLessEqual(self.gateway.registry.pending, 2)
+            computer.respond(request, payload=request["payload"])
+        self.assertEqual(await child.wait_ended(), 0, child.output)
+        answers = self.answers(child.output)
+        self.assertEqual(sorted(a["id"] for a in answers), list(range(5)))
+        self.assertEqual([a["payload"]["n"] for a in answers], [a["id"] for a in answers])
+
+    async def test_a_refusal_or_no_gateway_is_one_line_and_exits_2(self):
+        path = self.requests_file(b'{"traposId": "7:", "type": "ping"}')
+        code, output = await self.ctl("--token", "wrong", "batch", "--file", path)
+        self.assertEqual(code, 2, output)
+        self.assertEqual(
+            output,
+            f"trapsandbox-ctl: the gateway at ws://127.0.0.1:{self.gateway.port}/operator "
+            "refused the operator socket: 401 wrong bearer token\n",
+        )
+        code, output = await self.ctl("batch", "--file", path)
+        self.assertEqual(code, 2, output)
+        self.assertIn("401 a bearer token is required (give --token", output)
+        url = f"http://127.0.0.1:{closed_port()}"
+        code, output = await self.ctl("--token", TOKEN, "batch", "--file", path, url=url)
+        self.assertEqual(code, 2, output)
+        self.assertEqual(len(output.splitlines()), 1, output)
+        self.assertIn(f"cannot reach the gateway at {url}", output)
+        self.assertNotIn("Traceback", output)
+
+
 class ExplainTests(SynchronousTestCase):
     def explain(self, status, answer, token=None):
         args = argparse.Namespace(url="http://gw:4444", token=token, token_file=None)
