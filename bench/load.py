@@ -164,6 +164,46 @@ class Computer(WSListener):
             self.transport.send_close(WSCloseCode.OK)
 
 
+class Operator(WSListener):
+    """One operator on ``/operator``: one request at a time, answers matched by arrival."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport = None
+        self.waiter: asyncio.Future | None = None
+        self.closed = loop.create_future()
+
+    def on_ws_connected(self, transport) -> None:
+        self.transport = transport
+
+    def on_ws_frame(self, transport, frame) -> None:
+        kind = frame.msg_type
+        if kind == TEXT:
+            waiter, self.waiter = self.waiter, None
+            if waiter is not None and not waiter.done():
+                waiter.set_result(frame.get_payload_as_bytes())
+        elif kind == PING:
+            transport.send_pong(frame.get_payload_as_bytes())
+        elif kind == CLOSE and not transport.is_close_frame_sent:
+            transport.send_close(WSCloseCode.OK)
+            transport.disconnect()
+
+    def on_ws_disconnected(self, transport) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(ConnectionError("the operator socket closed"))
+
+    async def call(self, data: bytes) -> bytes:
+        self.waiter = self.loop.create_future()
+        self.transport.send(TEXT, data)
+        return await self.waiter
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_close_frame_sent:
+            self.transport.send_close(WSCloseCode.OK)
+
+
 class Http(asyncio.Protocol):
     """A minimal HTTP/1.1 keep-alive client: one request at a time."""
 
@@ -672,6 +712,83 @@ class Generator:
         figures["stragglers"] = await self.close_many(opened)
         return figures
 
+    async def opws(self, computers: int, concurrency: int, duration: float) -> dict[str, Any]:
+        """``ping``'s load through ``/operator``: one WebSocket per client, closed loop."""
+        if self.target != "gateway":
+            return {"skipped": "only the gateway has the operator WebSocket /operator"}
+        opened, _, open_errors = await self.open_many(
+            self.next_ids(computers, "opws"), 64, timeout=60
+        )
+        if not opened:
+            return {"skipped": "no computer could connect", "open_errors": dict(open_errors)}
+        url = f"ws://{self.host}:{self.port}/operator"
+        headers = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else None
+        ids = [c.trapos_id.encode() for c in opened]
+        message = b'{"id":%d,"traposId":"%b","type":"ping","timeoutMs":10000}'
+
+        async def operator() -> Operator:
+            _, client = await ws_connect(
+                lambda: Operator(self.loop),
+                url,
+                websocket_handshake_timeout=OPEN_TIMEOUT,
+                enable_auto_pong=False,
+                extra_headers=headers,
+            )
+            return client
+
+        try:
+            probe = await operator()
+            answer = loads(await asyncio.wait_for(probe.call(message % (0, ids[0])), 10))
+            probe.close()
+        except Exception as error:
+            await self.close_many(opened)
+            return {"skipped": f"no operator WebSocket /operator ({type(error).__name__}: {error})"}
+        if answer.get("status") != 200:
+            await self.close_many(opened)
+            return {"skipped": f"/operator answered {str(answer)[:200]}"}
+
+        clients = await asyncio.gather(*(operator() for _ in range(concurrency)))
+        latencies: list[float] = []
+        errors: Counter = Counter()
+        state = {"measuring": True}
+
+        async def client(index: int, socket: Operator) -> None:
+            n = index
+            while state["measuring"]:
+                data = message % (n, ids[n % len(ids)])
+                n += concurrency
+                started = perf_counter()
+                answer = loads(await asyncio.wait_for(socket.call(data), 15))
+                if answer.get("status") == 200 and answer.get("ok") is True:
+                    if state["measuring"]:
+                        latencies.append(perf_counter() - started)
+                else:
+                    errors[f"status {answer.get('status')}"] += 1
+
+        meter = Meter(self)
+        running = [asyncio.ensure_future(client(i, c)) for i, c in enumerate(clients)]
+        await asyncio.sleep(duration)
+        state["measuring"] = False
+        answered = len(latencies)
+        figures = meter.stop(answered)
+        results = await asyncio.gather(*running, return_exceptions=True)
+        errors.update(type(r).__name__ for r in results if isinstance(r, BaseException))
+        for socket in clients:
+            socket.close()
+        await asyncio.wait([c.closed for c in clients], timeout=CLOSE_TIMEOUT)
+        figures.update(
+            computers=len(opened),
+            operator_sockets=concurrency,
+            open_errors=dict(open_errors),
+            errors=dict(errors),
+            answered=answered,
+            requests_per_s=round(answered / figures["wall_s"], 1),
+            latency=percentiles(latencies),
+            answered_by_computers=sum(c.pings for c in opened),
+        )
+        figures["stragglers"] = await self.close_many(opened)
+        return figures
+
     async def slowreader(
         self, computers: int, in_flight: int, senders: int, request_bytes: int, duration: float
     ) -> dict[str, Any]:
@@ -824,7 +941,7 @@ class Generator:
         return figures
 
 
-SCENARIOS = ("connect", "idle", "health", "burst", "ping", "churn", "slowreader")
+SCENARIOS = ("connect", "idle", "health", "burst", "ping", "opws", "churn", "slowreader")
 
 
 async def run(spec: dict[str, Any]) -> dict[str, Any]:

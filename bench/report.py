@@ -35,6 +35,10 @@ ROWS: list[tuple[str, str, str, float]] = [
     ("ping", "p50 (ms)", "latency.p50_ms", 1),
     ("ping", "p99 (ms)", "latency.p99_ms", 1),
     ("ping", "server CPU per ping (us)", "server_cpu_us_per_op", 1),
+    ("opws", "requests/s (one /operator WebSocket a client)", "requests_per_s", 1),
+    ("opws", "p50 (ms)", "latency.p50_ms", 1),
+    ("opws", "p99 (ms)", "latency.p99_ms", 1),
+    ("opws", "server CPU per request (us)", "server_cpu_us_per_op", 1),
     ("churn", "cycles completed", "completed", 1),
     ("churn", "cycles/s", "cycles_per_s", 1),
     ("churn", "cycle p99 (ms)", "cycle.p99_ms", 1),
@@ -54,7 +58,7 @@ COMMON = [
     ("fake opencode CPU (%)", "fake_opencode_cpu_pct", 1),
     ("other processes CPU (%)", "other_cpu_pct", 1),
 ]
-ORDER = ("connect", "idle", "health", "burst", "ping", "churn", "slowreader")
+ORDER = ("connect", "idle", "health", "burst", "ping", "opws", "churn", "slowreader")
 
 
 def get(figures: dict[str, Any] | None, path: str) -> Any:

@@ -51,6 +51,8 @@ FULL: dict[str, dict[str, Any]] = {
     "health": {"computers": 100, "in_flight": 4, "duration": 10.0, "warmup": 1.0},
     "burst": {"computers": 1000},
     "ping": {"computers": 50, "concurrency": 32, "duration": 10.0},
+    # ping's load over the operator WebSocket: one /operator socket per client.
+    "opws": {"computers": 50, "concurrency": 32, "duration": 10.0},
     "churn": {"cycles": 20000, "concurrency": 32, "checkpoint": 1000, "max_seconds": 90.0},
     "slowreader": {
         "computers": 20,
@@ -66,6 +68,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "health": {"computers": 5, "in_flight": 2, "duration": 0.5, "warmup": 0.2},
     "burst": {"computers": 20},
     "ping": {"computers": 5, "concurrency": 4, "duration": 0.5},
+    "opws": {"computers": 5, "concurrency": 4, "duration": 0.5},
     "churn": {"cycles": 100, "concurrency": 8, "checkpoint": 20, "max_seconds": 10.0},
     "slowreader": {
         "computers": 3,
@@ -80,7 +83,7 @@ TARGETS = ("bare", "gateway")
 # Optional sides, given with --peer NAME=PATH.
 PEERS = ("fastify",)
 # Scenarios that mean nothing against an echo server.
-GATEWAY_ONLY = {"ping", "slowreader"}
+GATEWAY_ONLY = {"ping", "opws", "slowreader"}
 
 
 def _bound(params: dict[str, Any]) -> float:

@@ -16,7 +16,7 @@ from twisted.trial.unittest import TestCase
 
 from tests.harness.processes import REPO, clean_env, spawn
 
-SCENARIOS = ("connect", "idle", "health", "burst", "ping", "churn")
+SCENARIOS = ("connect", "idle", "health", "burst", "ping", "opws", "churn")
 
 
 class BenchSmokeTests(TestCase):
@@ -40,7 +40,7 @@ class BenchSmokeTests(TestCase):
         for name in SCENARIOS:
             self.assertNotIn("failed", gateway[name], name)
             self.assertEqual(gateway[name]["server_exit_code"], 0, name)
-            if name != "ping":
+            if name not in ("ping", "opws"):
                 self.assertNotIn("failed", bare[name], name)
                 self.assertEqual(bare[name]["server_exit_code"], 0, name)
 
@@ -70,6 +70,12 @@ class BenchSmokeTests(TestCase):
             self.assertGreater(ping["answered"], 0)
             self.assertEqual(ping["errors"], {})
             self.assertGreaterEqual(ping["answered_by_computers"], ping["answered"])
+        opws = gateway["opws"]
+        self.assertNotIn("skipped", opws)
+        self.assertGreater(opws["answered"], 0)
+        self.assertEqual(opws["errors"], {})
+        self.assertGreaterEqual(opws["answered_by_computers"], opws["answered"])
+        self.assertIn("server_cpu_us_per_op", opws)
         self.assertEqual(len(document["targets"]), 5)
         self.assertIn("health: round trips/s", document["ratios"])
 
