@@ -19,9 +19,13 @@ The wire and connection side (computers, over one WebSocket each)
     ``throttle``   the per-address back-off ``auth`` uses
 
 The HTTP side (operators, agents, installs; same port)
-    ``front``      what listens: a computer's ``GET /gateway`` straight to Autobahn,
-                   the rest to the site
+    ``front``      what listens: a computer's ``GET /gateway`` and an operator's
+                   ``GET /operator`` straight to Autobahn, the rest to the site
     ``web``        the Klein app: /health, /client, /computers, /metrics
+    ``operator``   an operator's request to one computer, however it came: who may ask,
+                   which account is meant, each outcome's status (an ``Answer``)
+    ``opsocket``   ``GET /operator``: one operator WebSocket carrying many requests to
+                   computers, answered by id as ``operator`` decides
     ``client``     the Lua files served for the one-line install
     ``sandbox``    the §9 operations on a computer (exec, files, screen)
     ``mcp``        the MCP endpoint that lets opencode use the computers
@@ -34,6 +38,7 @@ Operations
     ``config``     settings from the environment and options
     ``tap``        ``twistd trapsandbox``: options and service assembly
     ``ctl``        ``trapsandbox-ctl``, the operator's command line
+    ``batch``      ``trapsandbox-ctl batch``: NDJSON requests over one ``/operator``
     ``metrics``    Prometheus metrics on the gateway's own registry
     ``logs``       journald and JSON log observers
     ``systemd``    sd_notify
