@@ -160,6 +160,19 @@ class OperatorSocketTests(TestCase):
         self.assertEqual(self.gateway.registry.pending, 0)
         self.assertEqual(self.gateway.operator_socket.connections, set())
 
+    async def test_stopping_answers_what_is_in_flight_then_closes_1000(self):
+        computer = await self.computer()
+        operator = await connect_operator(self, self.port)
+        operator.send({"id": 1, "traposId": "7:base", "type": "ping"})
+        await computer.next_message()
+        stopped = self.gateway.stopService()
+        answer = await operator.next_message()
+        self.assertEqual((answer["id"], answer["status"]), (1, 404))
+        self.assertEqual(answer["error"]["message"], "the gateway is shutting down")
+        code, _ = await operator.wait_closed()
+        self.assertEqual(code, 1000)
+        await bounded(stopped)
+
     async def test_a_message_over_the_body_limit_is_closed_1009(self):
         from trapsandbox.limits import MAX_BODY_BYTES
 
