@@ -244,7 +244,7 @@ class GatewayService(service.MultiService):
             asks=self.asks,
         )
         self.site = GatewaySite(app.resource())
-        front = FrontFactory(self.site, self.factory, reactor)
+        front = FrontFactory(self.site, self.factory, reactor, app.requests)
         self.listeners = [_Listener(reactor, port, front) for port in settings.ports]
         for listener in self.listeners:
             listener.setServiceParent(self)
