@@ -42,6 +42,7 @@ from trapsandbox.registry import Registry, Session
 from trapsandbox.wire import GatewayError
 
 compat.lazy_autobahn_debug_formatting()
+compat.fast_small_frame_masks()
 
 log = Logger()
 
