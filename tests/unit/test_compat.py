@@ -50,6 +50,16 @@ class AutobahnTests(SynchronousTestCase):
         source = open(autobahn.websocket.protocol.__file__).read()
         self.assertIn("self.current_frame_masker = create_xor_masker(", source)
 
+    def test_highlighted_debug_values_are_lazy_and_still_render(self):
+        compat.lazy_autobahn_debug_formatting()
+        for module in compat._HIGHLIGHTING:
+            source = open(module.__file__).read()
+            for name in ("hltype", "hlval"):
+                self.assertIn(f"={name}(self.", source, f"{module.__name__} no longer uses {name}")
+                lazy = getattr(module, name)(self.protocol)
+                self.assertIsInstance(lazy, compat._LazyCall)
+                self.assertEqual(f"{lazy}", getattr(autobahn.util, name)(self.protocol))
+
     def protocol(self):
         factory = WebSocketServerFactory()
         protocol = factory.buildProtocol(None)
