@@ -12,7 +12,7 @@ import autobahn.websocket.protocol
 from autobahn.twisted.websocket import WebSocketServerFactory
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from twisted.internet import base
+from twisted.internet import abstract, base, tcp
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -107,3 +107,14 @@ class TwistedTests(SynchronousTestCase):
         reactor = Reactor()
         compat.exit_zero_after_stop_signal(reactor)
         self.assertIsNone(reactor._exitSignal)
+
+
+class WriteThroughTests(SynchronousTestCase):
+    """The Twisted internals of compat.write_through_accepted_connections."""
+
+    def test_the_internals_it_reads_are_there(self):
+        compat.write_through_accepted_connections()
+        self.assertIs(tcp.Server.write, compat._write_through)
+        source = open(abstract.__file__).read()
+        for name in ("self._tempDataLen", "self.offset", "self.dataBuffer", "_writeDisconnected"):
+            self.assertIn(name, source)
