@@ -13,7 +13,10 @@ from contextlib import suppress
 from pprint import pformat
 from typing import Any
 
+import autobahn.twisted.websocket
+import autobahn.util
 import autobahn.websocket.protocol
+from twisted.internet import abstract, tcp
 from twisted.internet.error import AlreadyCalled, AlreadyCancelled
 
 
@@ -29,14 +32,137 @@ class _LazyFormat:
     __repr__ = __str__
 
 
+class _LazyCall:
+    """``function(*args)`` deferred until a log line that uses it is written."""
+
+    __slots__ = ("_args", "_function")
+
+    def __init__(self, function: Any, *args: Any) -> None:
+        self._function = function
+        self._args = args
+
+    def __str__(self) -> str:
+        return str(self._function(*self._args))
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+    __repr__ = __str__
+
+
+def _lazy(function: Any) -> Any:
+    def deferred(*args: Any) -> _LazyCall:
+        return _LazyCall(function, *args)
+
+    return deferred
+
+
+# Modules whose debug lines colour their arguments (``hltype``, ``hlval``)
+# before the logger knows the line will not be written.
+_HIGHLIGHTING = (autobahn.websocket.protocol, autobahn.twisted.websocket)
+
+
 def lazy_autobahn_debug_formatting() -> None:
     """
     Autobahn pretty-prints ~40 options on every new connection for a debug
     line that is almost never written: a quarter of a connect's CPU.  Its
     other uses of ``pformat`` are debug lines too (and timing reports, which
-    we leave off).
+    we leave off).  Likewise, every read and every send of a WebSocket
+    colours three values (with click) for a debug line: ~4.5 us each time.
     """
     autobahn.websocket.protocol.pformat = _LazyFormat
+    for module in _HIGHLIGHTING:
+        for name in ("hltype", "hlval"):
+            function = getattr(autobahn.util, name)
+            setattr(module, name, _lazy(function))
+
+
+# Up to this many payload bytes, Python's integers unmask faster than Autobahn's
+# NVX masker, whose C object costs ~5 us to make (once per frame); past it, NVX.
+SMALL_FRAME = 512
+
+
+class _IntMasker:
+    """Unmasks a small frame as one XOR of two integers."""
+
+    __slots__ = ("_mask", "_ptr")
+
+    def __init__(self, mask: bytes) -> None:
+        self._mask = bytes(mask)
+        self._ptr = 0
+
+    def pointer(self) -> int:
+        return self._ptr
+
+    def reset(self) -> None:
+        self._ptr = 0
+
+    def process(self, data: bytes) -> bytes:
+        n = len(data)
+        if not n:
+            return b""
+        shift = self._ptr & 3
+        mask = self._mask[shift:] + self._mask[:shift] if shift else self._mask
+        self._ptr += n
+        key = (mask * ((n >> 2) + 1))[:n]
+        return (int.from_bytes(data, "little") ^ int.from_bytes(key, "little")).to_bytes(
+            n, "little"
+        )
+
+
+_autobahn_masker = autobahn.websocket.protocol.create_xor_masker
+
+
+def _create_masker(mask: bytes, length: int | None = None) -> Any:
+    if length is not None and length <= SMALL_FRAME:
+        return _IntMasker(mask)
+    return _autobahn_masker(mask, length)
+
+
+def fast_small_frame_masks() -> None:
+    """
+    Every frame a computer sends is masked, and Autobahn makes a masker
+    object per frame; for the small frames of requests and answers, a
+    Python one is cheaper (a health round trip, or an operator request,
+    unmasks one such frame).
+    """
+    autobahn.websocket.protocol.create_xor_masker = _create_masker
+
+
+_buffered_write = abstract.FileDescriptor.write
+
+
+def _write_through(self: Any, data: bytes) -> None:
+    # Nothing waits to be sent: send now; what the socket does not take, and
+    # anything when something is queued, goes Twisted's way, after it.
+    if (
+        type(data) is bytes
+        and data
+        and self.connected
+        and not self._writeDisconnected
+        and not self._tempDataLen
+        and self.offset == len(self.dataBuffer)
+    ):
+        sent = self.writeSomeData(data)
+        if type(sent) is int and sent > 0:  # else an error doWrite will report, or EAGAIN
+            if sent == len(data):
+                return
+            data = data[sent:]
+    _buffered_write(self, data)
+
+
+def write_through_accepted_connections() -> None:
+    """
+    Twisted queues every write until the reactor's next turn finds the socket
+    writable: two ``epoll_ctl`` calls and one more event per answer (a tenth
+    of a health round trip).  A write to a connection with nothing queued is
+    sent at once instead, as asyncio's and Node's transports do; the order
+    of the bytes, backpressure (what is left is queued as before) and how
+    errors are reported (by the reactor's next write) are unchanged.  Only
+    connections accepted by a listening port (``tcp.Server``): the gateway's
+    own clients (treq, Redis) are untouched.
+    """
+    tcp.Server.write = _write_through
 
 
 def cancel_close_handshake_timer(protocol: Any) -> None:

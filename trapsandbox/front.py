@@ -3,12 +3,14 @@ What listens on the port: one look at a connection's first bytes.
 
 A computer's connection starts ``GET /gateway`` (with a query: the client's
 nonce) and goes straight to Autobahn's own protocol, which parses the upgrade
-once (an operator's ``GET /operator`` goes to its own Autobahn factory the
-same way); everything else goes to the HTTP site (twisted.web), which also still
-serves ``/gateway`` and ``/operator`` for an upgrade that comes later on a kept-alive
-connection.  Going through twisted.web first would parse every hello's HTTP
-request twice (Autobahn's ``WebSocketResource`` rebuilds the request from
-twisted.web's parse and hands it to Autobahn to parse again).
+once; an operator's ``GET /operator`` goes to its own Autobahn factory the
+same way.  Everything else is HTTP: read by ``fasthttp`` while its requests are
+the operator's hot route, and by the site (twisted.web) from the first that
+is not.  The site also still serves ``/gateway`` and ``/operator`` for an
+upgrade that comes later on a kept-alive connection.  Going through
+twisted.web first would parse every hello's HTTP request twice (Autobahn's
+``WebSocketResource`` rebuilds the request from twisted.web's parse and hands
+it to Autobahn to parse again).
 """
 
 from __future__ import annotations
@@ -20,11 +22,25 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.protocols.policies import ProtocolWrapper
 
 from trapsandbox import limits
+from trapsandbox.fasthttp import FastHTTPFactory
 
 GATEWAY = b"GET /gateway"
 OPERATOR = b"GET /operator"  # the operator WebSocket (``opsocket``)
 # What may follow the path in the request line.
 _AFTER = (b" ", b"?")
+
+
+def hand_over(transport: Any, factory: Any, address: Any, data: bytes) -> None:
+    """Give ``transport`` to a new protocol of ``factory``, starting with ``data``."""
+    chosen = factory.buildProtocol(address)
+    # As Autobahn's WebSocketResource takes a transport over from twisted.web.
+    if isinstance(transport, ProtocolWrapper):
+        transport.wrappedProtocol = chosen  # TLS
+    else:
+        transport.protocol = chosen
+    chosen.makeConnection(transport)
+    if data:
+        chosen.dataReceived(data)
 
 
 class _FirstBytes(protocol.Protocol):
@@ -50,19 +66,11 @@ class _FirstBytes(protocol.Protocol):
             if buffer.startswith(prefix) and buffer[len(prefix) : len(prefix) + 1] in _AFTER:
                 self._hand_over(factory, buffer)
                 return
-        self._hand_over(self._factory.site, buffer)
+        self._hand_over(self._factory.http, buffer)
 
     def _hand_over(self, factory: Any, data: bytes) -> None:
         self._cancel_timer()
-        chosen = factory.buildProtocol(self._address)
-        transport = self.transport
-        # As Autobahn's WebSocketResource takes a transport over from twisted.web.
-        if isinstance(transport, ProtocolWrapper):
-            transport.wrappedProtocol = chosen  # TLS
-        else:
-            transport.protocol = chosen
-        chosen.makeConnection(transport)
-        chosen.dataReceived(data)
+        hand_over(self.transport, factory, self._address, data)
 
     def connectionLost(self, reason: Any) -> None:
         self._cancel_timer()
@@ -79,11 +87,21 @@ class FrontFactory(protocol.Factory):
     noisy = False
 
     def __init__(
-        self, site: Any, websocket: Any, clock: IReactorTime, operator: Any = None
+        self,
+        site: Any,
+        websocket: Any,
+        clock: IReactorTime,
+        requests: Any = None,
+        operator: Any = None,
     ) -> None:
         self.site = site
         self.websocket = websocket
         self.clock = clock
+        # HTTP: read by ``fasthttp`` for the operator's hot route (given ``requests``,
+        # an ``operator.OperatorRequests``), which hands the rest to the site.
+        self.http = site
+        if requests is not None:
+            self.http = FastHTTPFactory(requests, site, hand_over, clock)
         # The request lines that go straight to a WebSocket factory.
         self.routes = [(GATEWAY, websocket)] + ([(OPERATOR, operator)] if operator else [])
 

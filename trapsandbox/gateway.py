@@ -42,6 +42,8 @@ from trapsandbox.registry import Registry, Session
 from trapsandbox.wire import GatewayError
 
 compat.lazy_autobahn_debug_formatting()
+compat.fast_small_frame_masks()
+compat.write_through_accepted_connections()
 
 log = Logger()
 
@@ -64,6 +66,45 @@ class _Throttle:
         self._next = now + self._interval
         suppressed, self._suppressed = self._suppressed, 0
         return suppressed
+
+
+class _Budget:
+    """
+    At most ``limit`` lines a second; the rest are counted, and ``summary``
+    is called with their number once that second is over.
+    """
+
+    def __init__(self, clock: IReactorTime, limit: int, summary: Any) -> None:
+        self._clock = clock
+        self._limit = limit
+        self._summary = summary
+        self._second = 0
+        self._used = 0
+        self._suppressed = 0
+        self._timer: Any = None
+
+    def allow(self) -> bool:
+        now = self._clock.seconds()
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._used = 0
+        if self._used < self._limit:
+            self._used += 1
+            return True
+        self._suppressed += 1
+        if self._timer is None:
+            self._timer = self._clock.callLater(second + 1 - now, self.flush)
+        return False
+
+    def flush(self) -> None:
+        """Say what was counted now (also when the gateway stops)."""
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        suppressed, self._suppressed = self._suppressed, 0
+        if suppressed:
+            self._summary(suppressed)
 
 
 class GatewayProtocol(WebSocketServerProtocol):
@@ -134,6 +175,7 @@ class GatewayProtocol(WebSocketServerProtocol):
         self.factory.connections.discard(self)
         if self.session is not None:
             self.factory.registry.remove(self.session)
+        if self.session is not None and self.factory.disconnect_lines.allow():
             log.info(
                 "{traposId} from {peer} disconnected ({code} {reason})",
                 traposId=self.session.trapos_id,
@@ -335,12 +377,13 @@ class GatewayProtocol(WebSocketServerProtocol):
             credential=sha256_hex(hello.secret) if isinstance(hello.secret, str) else "",
         )
         self.factory.registry.add(self.session)
-        log.info(
-            "{traposId} connected from {peer} (client {version})",
-            traposId=hello.trapos_id,
-            peer=self.peer_address,
-            version=hello.version or "unknown",
-        )
+        if self.factory.connect_lines.allow():
+            log.info(
+                "{traposId} connected from {peer} (client {version})",
+                traposId=hello.trapos_id,
+                peer=self.peer_address,
+                version=hello.version or "unknown",
+            )
         self._reply(frame.message_id, frame.type, payload={"accountId": account_id})
 
     def _refuse_hello(
@@ -453,6 +496,15 @@ class GatewayProtocol(WebSocketServerProtocol):
         self.close(wire.CLOSE_HELLO_TIMEOUT, "hello timeout")
 
 
+def _more(count: int, what: str) -> None:
+    log.info(
+        "{count} more computers {what} in the last second (at most {limit} such lines a second)",
+        count=count,
+        what=what,
+        limit=limits.CONNECT_LINES_PER_SECOND,
+    )
+
+
 class GatewayFactory(WebSocketServerFactory):
     """Shared state of all computer connections."""
 
@@ -490,6 +542,14 @@ class GatewayFactory(WebSocketServerFactory):
         self.awaiting_hello: dict[str, int] = {}
         self.ignored_log = _Throttle(clock, limits.LOG_INTERVAL)
         self.refused_log = _Throttle(clock, limits.LOG_INTERVAL)
+        # A fleet reconnecting at once would write thousands of lines (and a
+        # hello's log line costs as much as a tenth of the hello).
+        self.connect_lines = _Budget(
+            clock, limits.CONNECT_LINES_PER_SECOND, lambda n: _more(n, "connected")
+        )
+        self.disconnect_lines = _Budget(
+            clock, limits.CONNECT_LINES_PER_SECOND, lambda n: _more(n, "disconnected")
+        )
         self._drained: list[Deferred] = []
         # One call with every option: a later call without allowNullOrigin
         # would reset it.
@@ -520,6 +580,7 @@ class GatewayFactory(WebSocketServerFactory):
         for connection in list(self.connections):
             connection.close(wire.CLOSE_NORMAL, "server shutting down")
         if not self.connections:
+            self._flush_lines()
             return succeed(None)
         d = Deferred()
         self._drained.append(d)
@@ -530,9 +591,15 @@ class GatewayFactory(WebSocketServerFactory):
     def _drop_stragglers(self, failure: Failure) -> None:
         for connection in list(self.connections):
             connection.dropConnection(abort=True)
+        self._flush_lines()
+
+    def _flush_lines(self) -> None:
+        self.connect_lines.flush()
+        self.disconnect_lines.flush()
 
     def check_drained(self) -> None:
         if not self.connections:
+            self._flush_lines()
             drained, self._drained = self._drained, []
             for d in drained:
                 d.callback(None)

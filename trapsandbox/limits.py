@@ -87,6 +87,9 @@ MAX_QUEUED_BYTES = 1024 * 1024
 STALL_TIMEOUT = 60.0
 # "Ignored a bad frame" and "refused a connection" lines: at most one per interval.
 LOG_INTERVAL = 10.0
+# "Connected" and "disconnected" lines: at most this many a second of each; the
+# rest (a fleet reconnecting after a restart) are counted in one line a second.
+CONNECT_LINES_PER_SECOND = 20
 
 # -- Guessing secrets and tokens, per address --------------------------------------------------
 

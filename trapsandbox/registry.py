@@ -15,7 +15,6 @@ response arriving on the connection the request went out on resolves it.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -140,9 +139,9 @@ class Session:
                     f"{self.trapos_id} already has {self.max_in_flight} requests in flight",
                 )
             )
-        message_id = str(uuid.uuid4())
+        message_id = wire.new_message_id()
         try:
-            data = wire.encode(wire.GatewayRequest(self.trapos_id, message_id, type, payload))
+            data = wire.encode_request(self.trapos_id, message_id, type, payload)
         except (ValueError, TypeError) as error:
             return fail(GatewayError(wire.BAD_REQUEST, f"cannot send this request: {error}"))
         if len(data) > limits.MAX_OUTBOUND_BYTES:

@@ -250,7 +250,9 @@ class GatewayService(service.MultiService):
             operator_socket=WebSocketResource(self.operator_socket),
         )
         self.site = GatewaySite(app.resource())
-        front = FrontFactory(self.site, self.factory, reactor, self.operator_socket)
+        front = FrontFactory(
+            self.site, self.factory, reactor, app.requests, operator=self.operator_socket
+        )
         self.listeners = [_Listener(reactor, port, front) for port in settings.ports]
         for listener in self.listeners:
             listener.setServiceParent(self)

@@ -482,6 +482,11 @@ class GatewayApp:
             loopback_only=lambda: not self._admission.operator_token_required,
         )
 
+    @property
+    def requests(self) -> OperatorRequests:
+        """``POST /computers/{id}/requests`` as a value, for ``fasthttp``."""
+        return self._requests
+
     def resource(self) -> IResource:
         return _Root(
             self._websocket,

@@ -18,6 +18,7 @@ a request that is still running; exactly one final response ends it.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -329,6 +330,37 @@ def encode(frame: Frame) -> bytes:
         return orjson.dumps(body)
     except orjson.JSONEncodeError as error:
         raise EncodeError(str(error)) from None
+
+
+def encode_request(receiver: str, message_id: str, type: str, payload: dict[str, Any]) -> bytes:
+    """
+    ``encode(GatewayRequest(...))`` without building the frame (every request
+    to a computer goes through here): the same checks (``ValueError`` for a
+    type of the wrong length, ``EncodeError`` for a payload orjson cannot
+    write) and the same bytes.
+    """
+    if not type or len(type) > MAX_TYPE_LENGTH:
+        raise ValueError(f"type must be 1 to {MAX_TYPE_LENGTH} characters")
+    body = {
+        "event": "gateway_request",
+        "traposReceiverId": receiver,
+        "messageId": message_id,
+        "type": type,
+        "payload": _as_object(payload),
+    }
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError as error:
+        raise EncodeError(str(error)) from None
+
+
+def new_message_id() -> str:
+    """A messageId for the gateway's requests: a UUID4 string (SPEC §1), made cheaply."""
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
+
+
+_VARIANT = "89ab"
 
 
 def encode_response(

@@ -10,7 +10,9 @@ from pprint import pformat
 
 import autobahn.websocket.protocol
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
-from twisted.internet import base
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.internet import abstract, base, tcp
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -27,6 +29,36 @@ class AutobahnTests(SynchronousTestCase):
         self.assertEqual(f"\n{lazy}", "\n" + pformat(value))
         source = open(autobahn.websocket.protocol.__file__).read()
         self.assertIn("pformat(configAttrLog)", source, "Autobahn no longer pformats its options")
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        st.binary(min_size=4, max_size=4),
+        st.binary(max_size=2 * compat.SMALL_FRAME),
+        st.lists(st.integers(min_value=1, max_value=600), max_size=5),
+    )
+    def test_small_frame_masks_unmask_as_autobahns_do(self, mask, payload, cuts):
+        # Autobahn unmasks a frame's payload in the pieces it arrives in.
+        compat.fast_small_frame_masks()
+        ours = autobahn.websocket.protocol.create_xor_masker(mask, len(payload))
+        theirs = compat._autobahn_masker(mask, len(payload))
+        if len(payload) <= compat.SMALL_FRAME:
+            self.assertIsInstance(ours, compat._IntMasker)
+        points = sorted({c for c in cuts if c < len(payload)})
+        for a, b in zip([0, *points], [*points, len(payload)], strict=True):
+            self.assertEqual(ours.process(payload[a:b]), theirs.process(payload[a:b]))
+            self.assertEqual(ours.pointer(), theirs.pointer())
+        source = open(autobahn.websocket.protocol.__file__).read()
+        self.assertIn("self.current_frame_masker = create_xor_masker(", source)
+
+    def test_highlighted_debug_values_are_lazy_and_still_render(self):
+        compat.lazy_autobahn_debug_formatting()
+        for module in compat._HIGHLIGHTING:
+            source = open(module.__file__).read()
+            for name in ("hltype", "hlval"):
+                self.assertIn(f"={name}(self.", source, f"{module.__name__} no longer uses {name}")
+                lazy = getattr(module, name)(self.protocol)
+                self.assertIsInstance(lazy, compat._LazyCall)
+                self.assertEqual(f"{lazy}", getattr(autobahn.util, name)(self.protocol))
 
     def protocol(self):
         factory = WebSocketServerFactory()
@@ -94,3 +126,14 @@ class TwistedTests(SynchronousTestCase):
         reactor = Reactor()
         compat.exit_zero_after_stop_signal(reactor)
         self.assertIsNone(reactor._exitSignal)
+
+
+class WriteThroughTests(SynchronousTestCase):
+    """The Twisted internals of compat.write_through_accepted_connections."""
+
+    def test_the_internals_it_reads_are_there(self):
+        compat.write_through_accepted_connections()
+        self.assertIs(tcp.Server.write, compat._write_through)
+        source = open(abstract.__file__).read()
+        for name in ("self._tempDataLen", "self.offset", "self.dataBuffer", "_writeDisconnected"):
+            self.assertIn(name, source)

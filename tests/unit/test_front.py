@@ -50,7 +50,7 @@ class FrontTests(SynchronousTestCase):
         self.clock = Clock()
         self.site, self.websocket = Side("site"), Side("websocket")
         self.operator = Side("operator")
-        self.front = FrontFactory(self.site, self.websocket, self.clock, self.operator)
+        self.front = FrontFactory(self.site, self.websocket, self.clock, operator=self.operator)
 
     def connect(self, *chunks):
         router = self.front.buildProtocol(None)

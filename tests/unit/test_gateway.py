@@ -11,11 +11,13 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.fakes import Computer
+from tests.harness.logcapture import LogCapture
 from tests.harness.support import response_frame
 from trapsandbox import wire
 from trapsandbox.auth import Admission, host_of
 from trapsandbox.gateway import GatewayFactory
 from trapsandbox.handlers import ComputerRequests
+from trapsandbox.limits import CONNECT_LINES_PER_SECOND
 from trapsandbox.registry import Registry
 from trapsandbox.wire import GatewayError
 
@@ -422,3 +424,34 @@ class LimitTests(GatewayTestCase):
         self.assertEqual(host_of(IPv4Address("TCP", "1.2.3.4", 5678)), "1.2.3.4")
         self.assertEqual(host_of(IPv6Address("TCP", "::1", 5678)), "::1")
         self.assertEqual(host_of(UNIXAddress(b"/run/gw.sock")), "unix")
+
+
+class ConnectLineTests(GatewayTestCase):
+    """A fleet reconnecting at once: a line per computer up to a budget a second, then a count."""
+
+    def lines(self, captured, pattern):
+        return [text for text in captured.texts() if pattern in text]
+
+    def test_past_the_budget_the_rest_of_a_second_are_counted(self):
+        captured = LogCapture(self)
+        self.clock.advance(1000.5)
+        computers = [self.ready(f"{n}:") for n in range(CONNECT_LINES_PER_SECOND + 5)]
+        self.assertEqual(len(self.lines(captured, " connected from ")), CONNECT_LINES_PER_SECOND)
+        self.assertEqual(self.lines(captured, "more computers connected"), [])
+        self.clock.advance(0.5)  # that second is over
+        [summary] = self.lines(captured, "more computers connected")
+        self.assertIn("5 more computers connected in the last second", summary)
+        # A new second, a new budget.
+        late = self.ready("99:late")
+        self.assertIn("99:late connected from", self.lines(captured, " connected from ")[-1])
+        for computer in computers:
+            computer.lost()
+        self.assertEqual(len(self.lines(captured, " disconnected (")), CONNECT_LINES_PER_SECOND)
+        self.assertEqual(self.lines(captured, "more computers disconnected"), [])
+        # The last computer gone: the count is said at once, and no timer is left.
+        late.lost()
+        [summary] = self.lines(captured, "more computers disconnected")
+        self.assertIn("6 more computers disconnected", summary)
+        self.assertFalse(
+            [call for call in self.clock.getDelayedCalls() if "flush" in repr(call.func)]
+        )

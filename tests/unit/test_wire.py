@@ -1,5 +1,7 @@
 """The wire codec: decode never raises, and frames survive a round trip."""
 
+import uuid
+
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
@@ -159,6 +161,24 @@ class EncodeTests(SynchronousTestCase):
         self.assertEqual(
             wire.encode_response(receiver, message_id, type, payload, error), wire.encode(frame)
         )
+
+    @given(ids, ids, st.text(max_size=limits.MAX_TYPE_LENGTH + 2), payloads | st.just([]))
+    def test_encode_request_is_encode_of_the_frame(self, receiver, message_id, kind, payload):
+        try:
+            expected = wire.encode(wire.GatewayRequest(receiver, message_id, kind, payload))
+        except ValueError:
+            with self.assertRaises(ValueError):
+                wire.encode_request(receiver, message_id, kind, payload)
+            return
+        self.assertEqual(wire.encode_request(receiver, message_id, kind, payload), expected)
+
+    def test_message_ids_are_uuid4_strings(self):
+        ids = {wire.new_message_id() for _ in range(1000)}
+        self.assertEqual(len(ids), 1000)
+        for message_id in ids:
+            parsed = uuid.UUID(message_id)
+            self.assertEqual((parsed.version, parsed.variant), (4, uuid.RFC_4122))
+            self.assertEqual(str(parsed), message_id)
 
     def test_camel_case_and_event_on_the_wire(self):
         data = orjson.loads(wire.encode(wire.GatewayRequest("7:", "m", "ping", {})))

@@ -1,0 +1,355 @@
+"""
+The operator's hot route read off the socket: ``POST /computers/{id}/requests``
+without twisted.web.
+
+An agent or an operator working across a fleet sends thousands of these a
+second on kept-alive connections, and twisted.web's per-request machinery
+(``LineReceiver``, ``Headers``, ``Request`` and its resource traversal) was
+most of their cost.  ``FastHTTP`` reads each request's head itself and serves
+it when it is the plain case: ``POST /computers/{traposId}/requests[?query]
+HTTP/1.1`` with one ``Content-Length`` (at most ``MAX_BODY_BYTES``), no
+``Transfer-Encoding``, no ``Expect`` and no ``Connection`` other than
+keep-alive.  Anything else (another route, chunked, a malformed or
+oversized head, HTTP/1.0, ``Connection: close``) is the site's: at that
+request's first byte, with nothing of ours still to answer, the connection is
+handed to twisted.web for good, as the port's first-bytes router does
+(``front.hand_over``), and twisted.web answers it as it always has.
+
+What the request means is ``operator.OperatorRequests.http``, the same call
+twisted.web's route makes; the rules of a connection are twisted.web's: one
+request at a time (later ones are buffered, and reading stops past 16 KiB of
+them), no idle timeout while a request is answered, and the connection closed
+after ``HTTP_IDLE_TIMEOUT`` without a byte from the client.  A client that
+goes away cancels its request.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import parse_qs, unquote_to_bytes
+
+from twisted.internet import protocol
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IReactorTime, ITCPTransport
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.http import RESPONSES, datetimeToString
+
+from trapsandbox import limits
+from trapsandbox.operator import INTERNAL, NO_SUCH_COMPUTER, Answer, OperatorRequests
+
+log = Logger()
+
+# twisted.web's own bounds on a request's head, so that what is handed over
+# meets the same limits.
+MAX_HEAD_BYTES = 16384
+MAX_HEADERS = 500
+# Bytes of later requests kept while one is answered before reading stops
+# (twisted.web's ``_optimisticEagerReadSize``).
+MAX_BUFFERED = 0x4000
+# After an idle timeout closes a connection whose client does not read.
+ABORT_AFTER = 15.0
+
+
+class _Dates:
+    """The ``Date`` header's value, formatted once a second."""
+
+    def __init__(self, clock: IReactorTime) -> None:
+        self._clock = clock
+        self._second = -1
+        self._value = b""
+
+    def now(self) -> bytes:
+        second = int(self._clock.seconds())
+        if second != self._second:
+            self._second = second
+            self._value = datetimeToString(second)
+        return self._value
+
+
+def _head(status: int) -> bytes:
+    return b"HTTP/1.1 %d %s\r\n" % (status, RESPONSES.get(status, b"Unknown"))
+
+
+_STATUS_LINES = {status: _head(status) for status in RESPONSES}
+
+
+_RESPONSE = (
+    b"%sContent-Type: application/json\r\nCache-Control: no-store\r\n%s"
+    b"Date: %s\r\nContent-Length: %d\r\n\r\n%s"
+)
+
+
+def response(answer: Answer, date: bytes) -> bytes:
+    """The whole HTTP/1.1 response to send for ``answer``."""
+    status, body, headers = answer.encoded()
+    extra = b"".join(b"%s: %s\r\n" % header for header in headers)
+    status_line = _STATUS_LINES.get(status) or _head(status)
+    return _RESPONSE % (status_line, extra, date, len(body), body)
+
+
+class _Plain:
+    """A request head read and found to be the hot route's plain case."""
+
+    __slots__ = ("authorization", "length", "query", "segment", "target")
+
+    def __init__(
+        self, target: bytes, segment: bytes, query: bytes, length: int, authorization: bytes | None
+    ) -> None:
+        self.target = target
+        self.segment = segment
+        self.query = query
+        self.length = length
+        self.authorization = authorization
+
+
+# The request line of the hot route: one path segment (the traposId, %-encoded), a
+# query perhaps (``?account=``).
+_REQUEST_LINE = re.compile(rb"POST (/computers/([^/?# ]+)/requests(?:\?([^ #]*))?) HTTP/1\.1")
+_TOKEN = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+# Header lines as RFC 9112 has them: no folding, no space before the colon.
+_FIELDS = re.compile(rb"(?:" + _TOKEN + rb":[^\r\n]*(?:\r\n|$))*")
+_FIELD = re.compile(rb"(" + _TOKEN + rb"):[ \t]*([^\r\n]*)")
+
+
+def read_head(head: bytes) -> _Plain | None:
+    """
+    ``head`` (a request's bytes up to, not including, the blank line) as the
+    hot route's plain case, or None: the site's to answer.
+    """
+    if len(head) > MAX_HEAD_BYTES:
+        return None
+    line_end = head.find(b"\r\n")
+    if line_end < 0:
+        return None
+    line = _REQUEST_LINE.fullmatch(head, 0, line_end)
+    if line is None or _FIELDS.fullmatch(head, line_end + 2) is None:
+        return None
+    fields = _FIELD.findall(head, line_end + 2)
+    if len(fields) > MAX_HEADERS:
+        return None
+    length = None
+    authorization = None
+    for name, value in fields:
+        name = name.lower()
+        if name == b"content-length":
+            value = value.rstrip(b" \t")
+            if length is not None or not value.isdigit():
+                return None
+            length = int(value)
+        elif name == b"authorization":
+            if authorization is not None:
+                return None
+            authorization = value.rstrip(b" \t")
+        elif name == b"transfer-encoding" or name == b"expect":
+            return None
+        elif name == b"connection" and value.rstrip(b" \t").lower() != b"keep-alive":
+            return None
+    if length is None or length > limits.MAX_BODY_BYTES:
+        return None
+    target, segment, query = line.groups()
+    return _Plain(target, segment, query or b"", length, authorization)
+
+
+def _asked_account(query: bytes) -> str | None:
+    if not query:
+        return None
+    values = parse_qs(query, keep_blank_values=True).get(b"account")
+    if not values:
+        return None
+    return values[0].decode("utf-8", "replace")
+
+
+class FastHTTP(protocol.Protocol):
+    """One HTTP connection while its requests are the hot route's plain case."""
+
+    def __init__(
+        self,
+        requests: OperatorRequests,
+        site: Any,
+        hand_over: Any,
+        address: Any,
+        clock: IReactorTime,
+        dates: _Dates,
+    ) -> None:
+        self._requests = requests
+        self._site = site
+        self._hand_over = hand_over
+        self._address = address
+        self._clock = clock
+        self._dates = dates
+        self._buffer = b""
+        # A body still arriving: its pieces so far (None otherwise), and the
+        # buffer's length that completes the request.
+        self._pieces: list[bytes] | None = None
+        self._have = 0
+        self._need = 0
+        self._serving = False
+        # The answer being waited for: its Deferred (None while no request is answered).
+        self._answering: Deferred | None = None
+        self._busy = False
+        self._paused = False
+        self._gone = False
+        self._last = 0.0
+        self._timer: Any = None
+
+    def connectionMade(self) -> None:
+        if ITCPTransport.providedBy(self.transport):
+            self.transport.setTcpNoDelay(True)
+        self._last = self._clock.seconds()
+        self._timer = self._clock.callLater(limits.HTTP_IDLE_TIMEOUT, self._idle)
+
+    def dataReceived(self, data: bytes) -> None:
+        self._last = self._clock.seconds()
+        if self._pieces is not None:
+            # A large body comes in many reads: join them once, not once per read.
+            self._pieces.append(data)
+            self._have += len(data)
+            if self._have < self._need:
+                return
+            self._buffer = b"".join(self._pieces)
+            self._pieces = None
+        else:
+            self._buffer = self._buffer + data if self._buffer else data
+        if self._busy:
+            if len(self._buffer) > MAX_BUFFERED and not self._paused:
+                self._paused = True
+                self.transport.pauseProducing()
+            return
+        self._serve()
+
+    def _serve(self) -> None:
+        """Answer every whole request buffered, until one must wait or is the site's."""
+        self._serving = True
+        try:
+            self._serve_buffered()
+        finally:
+            self._serving = False
+
+    def _serve_buffered(self) -> None:
+        while not self._busy and not self._gone:
+            buffer = self._buffer
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buffer) > MAX_HEAD_BYTES or (buffer and not _could_be_plain(buffer)):
+                    self._give_up()
+                return
+            plain = read_head(buffer[:end])
+            if plain is None:
+                self._give_up()
+                return
+            start = end + 4
+            if len(buffer) - start < plain.length:
+                # The body is still coming.
+                self._pieces = [buffer]
+                self._have = len(buffer)
+                self._need = start + plain.length
+                return
+            body = buffer[start : start + plain.length]
+            self._buffer = buffer[start + plain.length :]
+            self._answer(plain, body)
+
+    def _answer(self, plain: _Plain, body: bytes) -> None:
+        try:
+            trapos_id = unquote_to_bytes(plain.segment).decode("utf-8")
+        except UnicodeDecodeError:
+            self._send(NO_SUCH_COMPUTER)
+            return
+        result = self._requests.http(
+            self._address, plain.authorization, trapos_id, _asked_account(plain.query), body
+        )
+        if type(result) is Answer:
+            self._send(result)
+            return
+        self._busy = True
+        self._answering = result
+        result.addCallbacks(self._answered, self._failed, errbackArgs=(plain.target,))
+
+    def _answered(self, answer: Answer) -> None:
+        self._answering = None
+        self._busy = False
+        if self._gone:
+            return
+        self._send(answer)
+        self._last = self._clock.seconds()
+        if self._paused:
+            self._paused = False
+            self.transport.resumeProducing()
+        if not self._serving:  # else an answer at once: the loop goes on by itself
+            self._serve()
+
+    def _failed(self, failure: Failure, target: bytes) -> None:
+        if failure.check(CancelledError):
+            if self._gone:
+                self._answering = None  # the client went away: nobody to answer
+                return
+        else:
+            log.failure("POST {uri} failed", failure, uri=target.decode("latin-1"))
+        self._answered(INTERNAL)
+
+    def _send(self, answer: Answer) -> None:
+        self.transport.write(response(answer, self._dates.now()))
+
+    def _give_up(self) -> None:
+        """The rest of this connection is the site's, from the buffered request on."""
+        self._cancel_timer()
+        if self._paused:
+            self._paused = False
+            self.transport.resumeProducing()
+        buffer, self._buffer = self._buffer, b""
+        self._gone = True  # for this protocol: the site's from here
+        self._hand_over(self.transport, self._site, self._address, buffer)
+
+    def _idle(self) -> None:
+        self._timer = None
+        if self._gone:
+            return
+        wait = self._last + limits.HTTP_IDLE_TIMEOUT - self._clock.seconds()
+        if self._busy or wait > 0:
+            self._timer = self._clock.callLater(
+                limits.HTTP_IDLE_TIMEOUT if self._busy else wait, self._idle
+            )
+            return
+        self.transport.loseConnection()
+        self._timer = self._clock.callLater(ABORT_AFTER, self.transport.abortConnection)
+
+    def connectionLost(self, reason: Any) -> None:
+        self._gone = True
+        self._cancel_timer()
+        answering, self._answering = self._answering, None
+        if answering is not None:
+            answering.cancel()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+
+_START = b"POST /computers/"
+
+
+def _could_be_plain(buffer: bytes) -> bool:
+    """Whether a head still arriving may be the plain case (else the site takes it now)."""
+    if len(buffer) < len(_START):
+        return _START.startswith(buffer)
+    return buffer.startswith(_START)
+
+
+class FastHTTPFactory:
+    """Makes the ``FastHTTP`` for a connection the first-bytes router gives it."""
+
+    def __init__(
+        self, requests: OperatorRequests, site: Any, hand_over: Any, clock: IReactorTime
+    ) -> None:
+        self._requests = requests
+        self._site = site
+        self._hand_over = hand_over
+        self._clock = clock
+        self._dates = _Dates(clock)
+
+    def buildProtocol(self, address: Any) -> FastHTTP:
+        return FastHTTP(
+            self._requests, self._site, self._hand_over, address, self._clock, self._dates
+        )
