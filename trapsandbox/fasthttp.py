@@ -124,32 +124,58 @@ def read_head(head: bytes) -> _Plain | None:
     if line_end < 0:
         return None
     line = _REQUEST_LINE.fullmatch(head, 0, line_end)
-    if line is None or _FIELDS.fullmatch(head, line_end + 2) is None:
+    if line is None:
         return None
-    fields = _FIELD.findall(head, line_end + 2)
-    if len(fields) > MAX_HEADERS:
+    fields = head[line_end + 2 :]
+    known = _FIELDS_READ.get(fields)
+    if known is None:
+        known = _read_fields(fields)
+        if len(fields) <= _FIELDS_KEPT_BYTES:
+            if len(_FIELDS_READ) >= _FIELDS_KEPT:
+                _FIELDS_READ.clear()
+            _FIELDS_READ[fields] = known
+    if known is _NOT_PLAIN:
         return None
+    length, authorization = known
+    target, segment, query = line.groups()
+    return _Plain(target, segment, query or b"", length, authorization)
+
+
+# A client sends the same header lines again and again (the path, in the request
+# line, is what changes): what they were read as, for the last few thousand kinds.
+_FIELDS_READ: dict[bytes, Any] = {}
+_FIELDS_KEPT = 4096
+_FIELDS_KEPT_BYTES = 1024
+_NOT_PLAIN = object()
+
+
+def _read_fields(fields: bytes) -> tuple[int, bytes | None] | object:
+    """``(Content-Length, Authorization)`` of plain header lines, or ``_NOT_PLAIN``."""
+    if _FIELDS.fullmatch(fields) is None:
+        return _NOT_PLAIN
+    found = _FIELD.findall(fields)
+    if len(found) > MAX_HEADERS:
+        return _NOT_PLAIN
     length = None
     authorization = None
-    for name, value in fields:
+    for name, value in found:
         name = name.lower()
         if name == b"content-length":
             value = value.rstrip(b" \t")
             if length is not None or not value.isdigit():
-                return None
+                return _NOT_PLAIN
             length = int(value)
         elif name == b"authorization":
             if authorization is not None:
-                return None
+                return _NOT_PLAIN
             authorization = value.rstrip(b" \t")
         elif name == b"transfer-encoding" or name == b"expect":
-            return None
+            return _NOT_PLAIN
         elif name == b"connection" and value.rstrip(b" \t").lower() != b"keep-alive":
-            return None
+            return _NOT_PLAIN
     if length is None or length > limits.MAX_BODY_BYTES:
-        return None
-    target, segment, query = line.groups()
-    return _Plain(target, segment, query or b"", length, authorization)
+        return _NOT_PLAIN
+    return length, authorization
 
 
 def _asked_account(query: bytes) -> str | None:

@@ -43,6 +43,7 @@ from trapsandbox.wire import GatewayError
 
 compat.lazy_autobahn_debug_formatting()
 compat.fast_small_frame_masks()
+compat.python_utf8_validation()
 compat.write_through_accepted_connections()
 
 log = Logger()

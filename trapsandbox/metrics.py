@@ -17,10 +17,13 @@ for the types the gateway handles, and ``other`` otherwise.
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from trapsandbox import limits, wire
 
@@ -92,6 +95,35 @@ class Tallies:
         return [CounterMetricFamily(self._name, self._documentation, labels=self._labels)]
 
 
+class Durations:
+    """A histogram of seconds counted in plain integers; a prometheus_client collector."""
+
+    def __init__(self, name: str, documentation: str, buckets: Iterable[float]) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._bounds = tuple(sorted(buckets))
+        # One count per bound (a value lands in the first bound at or above it), then +Inf.
+        self._counts = [0] * (len(self._bounds) + 1)
+        self._sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self._counts[bisect_left(self._bounds, seconds)] += 1
+        self._sum += seconds
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        cumulative = 0
+        buckets = []
+        for bound, count in zip((*self._bounds, math.inf), self._counts, strict=True):
+            cumulative += count
+            buckets.append((floatToGoString(bound), cumulative))
+        yield HistogramMetricFamily(
+            self._name, self._documentation, buckets=buckets, sum_value=self._sum
+        )
+
+    def describe(self) -> list[HistogramMetricFamily]:
+        return [HistogramMetricFamily(self._name, self._documentation)]
+
+
 class Metrics:
     """Every metric of one gateway, and its ``CollectorRegistry``."""
 
@@ -128,12 +160,12 @@ class Metrics:
         self._gateway_requests = gateway
         for outcome in GATEWAY_OUTCOMES:
             gateway.labels("ping", outcome)
-        self.gateway_request_seconds = Histogram(
+        self.gateway_request_seconds = Durations(
             f"{PREFIX}_gateway_request_seconds",
             "time from sending a request to a computer to its answer, timeout or loss",
-            buckets=GATEWAY_BUCKETS,
-            registry=self.registry,
+            GATEWAY_BUCKETS,
         )
+        self.registry.register(self.gateway_request_seconds)
 
         probes = self._tallies("opencode_probes", "HTTP probes of opencode by outcome", "outcome")
         self._probes = probes

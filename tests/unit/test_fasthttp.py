@@ -97,7 +97,7 @@ class Port:
             admission=Admission(self.clock, admin_token=admin_token),
         )
         self.site = GatewaySite(self.app.resource())
-        self.site.doStart()
+        self.site.reactor = self.clock  # twisted.web's channels time out on our clock
         self.front = FrontFactory(self.site, None, self.clock, self.app.requests if fast else None)
         self.links = {}
 
@@ -269,6 +269,7 @@ class ReadHeadTests(SynchronousTestCase):
         ):
             with self.subTest(request=request):
                 self.assertIsNone(self.head(request))
+                self.assertIsNone(self.head(request))  # and once its header lines are known
         self.assertIsNotNone(self.head(post(headers=b"Connection: Keep-Alive\r\n")))
 
 

@@ -3,7 +3,7 @@
 import uuid
 
 import orjson
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -46,6 +46,36 @@ frame_like = st.fixed_dictionaries(
             "payload",
             "error",
         )
+    },
+)
+
+
+# Responses of every shape: mostly plain ones, with any extra or odd fields.
+_odd = {
+    "payload": payloads | json_values,
+    "error": st.none() | st.fixed_dictionaries({"code": st.text(), "message": st.text()}),
+    "partial": st.booleans() | st.none() | json_values,
+    "extra": json_values,
+}
+plain_responses = st.fixed_dictionaries(
+    {
+        "event": st.just("computer_response"),
+        "traposSenderId": ids,
+        "messageId": ids,
+        "type": types,
+        "ok": st.booleans(),
+    },
+    optional=_odd,
+)
+response_like = st.fixed_dictionaries(
+    {"event": st.just("computer_response")},
+    optional={
+        "traposSenderId": ids | json_values,
+        "messageId": ids | json_values,
+        "type": types | json_values,
+        "ok": st.booleans() | json_values,
+        **_odd,
+        "error": _odd["error"] | json_values,
     },
 )
 
@@ -171,6 +201,12 @@ class EncodeTests(SynchronousTestCase):
                 wire.encode_request(receiver, message_id, kind, payload)
             return
         self.assertEqual(wire.encode_request(receiver, message_id, kind, payload), expected)
+
+    @settings(max_examples=300)
+    @given(st.one_of(plain_responses, response_like))
+    def test_the_direct_read_of_a_response_is_cattrs_read(self, obj):
+        direct = wire.decode(orjson.dumps(obj))
+        self.assertEqual(direct, wire.structure(obj, wire.ComputerResponse))
 
     def test_message_ids_are_uuid4_strings(self):
         ids = {wire.new_message_id() for _ in range(1000)}
