@@ -167,6 +167,72 @@ def python_utf8_validation() -> None:
     autobahn.websocket.protocol.Utf8Validator = _Utf8Validator
 
 
+_OPEN = autobahn.websocket.protocol.WebSocketProtocol.STATE_OPEN
+
+
+class WholeFrames:
+    """
+    For a WebSocket server protocol: a message that arrives as one whole
+    frame, the usual case (masked, text, final, not compressed, up to 64 KiB,
+    within the size limits, valid UTF-8), is read in one step and given to
+    ``onMessage``; everything else (control frames, fragments, binary, large
+    or invalid frames, a frame still arriving) goes through Autobahn's own
+    ``processData`` unchanged, which then fails the connection or reads the
+    frame as it always does.  Autobahn's frame-by-frame callbacks and its
+    per-message bookkeeping (a frame header object, a masker, six callbacks,
+    a Deferred for "message" observers) were a third of a health round trip.
+    The step keeps what Autobahn keeps of such a frame: its traffic counts,
+    and the cancel of a pending auto-ping timeout.
+    """
+
+    def processData(self) -> bool:
+        data = self.data
+        if (
+            data[:1] == b"\x81"
+            and self.current_frame is None
+            and not self.inside_message
+            and self.state == _OPEN
+            and not self.failedByMe
+            and self._listeners is None
+            and self._perMessageCompress is None
+            and not self.logFrames
+            and not self.trackedTimings
+        ):
+            second = data[1] if len(data) > 1 else 0
+            if 0x80 < second < 0xFE:  # masked, 1 to 125 bytes
+                length = second & 0x7F
+                start = 6
+            elif second == 0xFE and len(data) >= 4:  # masked, a 16-bit length
+                length = (data[2] << 8) | data[3]
+                start = 8
+            else:
+                length = start = 0
+            end = start + length
+            if (
+                length >= (126 if start == 8 else 1)  # else Autobahn's protocol violation
+                and len(data) >= end
+                and not 0 < self.maxFramePayloadSize < length
+                and not 0 < self.maxMessagePayloadSize < length
+            ):
+                payload = _create_masker(data[start - 4 : start], length).process(data[start:end])
+                if self.utf8validateIncoming:
+                    try:
+                        str(payload, "utf-8")
+                    except UnicodeDecodeError:
+                        return super().processData()  # Autobahn's 1007
+                self.data = data[end:]
+                stats = self.trafficStats
+                stats.incomingOctetsWebSocketLevel += length
+                stats.incomingOctetsAppLevel += length
+                stats.incomingWebSocketFrames += 1
+                stats.incomingWebSocketMessages += 1
+                if self.autoPingTimeoutCall and self.autoPingRestartOnAnyTraffic:
+                    self._cancelAutoPingTimeoutCall()
+                self._onMessage(payload, False)
+                return len(self.data) > 0
+        return super().processData()
+
+
 _buffered_write = abstract.FileDescriptor.write
 
 

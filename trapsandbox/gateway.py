@@ -108,7 +108,7 @@ class _Budget:
             self._summary(suppressed)
 
 
-class GatewayProtocol(WebSocketServerProtocol):
+class GatewayProtocol(compat.WholeFrames, WebSocketServerProtocol):
     factory: GatewayFactory
 
     def __init__(self) -> None:

@@ -109,7 +109,7 @@ def encode_answer(message_id: str | int | None, answer: Answer) -> bytes:
     return b'{"id":%b,"status":%d,%b' % (orjson.dumps(message_id), status, body[1:])
 
 
-class OperatorSocket(compat.HeadersOnDeny, WebSocketServerProtocol):
+class OperatorSocket(compat.WholeFrames, compat.HeadersOnDeny, WebSocketServerProtocol):
     factory: OperatorSocketFactory
 
     def __init__(self) -> None:

@@ -6,15 +6,18 @@ if the attribute moved: the workaround would do nothing, and nothing else
 would fail.
 """
 
+import struct
 from pprint import pformat
 
 import autobahn.websocket.protocol
 import autobahn.websocket.utf8validator
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from autobahn.websocket.protocol import WebSocketProtocol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet import abstract, base, tcp
 from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
 from trapsandbox import compat
@@ -157,3 +160,91 @@ class WriteThroughTests(SynchronousTestCase):
         source = open(abstract.__file__).read()
         for name in ("self._tempDataLen", "self.offset", "self.dataBuffer", "_writeDisconnected"):
             self.assertIn(name, source)
+
+
+def _frame(opcode, payload, fin=True, masked=True, mask=b"\x01\x02\x03\x04", wide=False):
+    """One WebSocket frame as a client sends it; ``wide``: a 16-bit length even if short."""
+    head = bytes([(0x80 if fin else 0) | opcode])
+    bit = 0x80 if masked else 0
+    if len(payload) < 126 and not wide:
+        head += bytes([bit | len(payload)])
+    elif len(payload) < 65536:
+        head += bytes([bit | 126]) + struct.pack("!H", len(payload))
+    else:
+        head += bytes([bit | 127]) + struct.pack("!Q", len(payload))
+    if not masked:
+        return head + payload
+    key = (mask * (len(payload) // 4 + 1))[: len(payload)]
+    return head + mask + bytes(a ^ b for a, b in zip(payload, key, strict=True))
+
+
+def _ascii(data):
+    return bytes(byte & 0x7F for byte in data)
+
+
+_texts = st.text(max_size=300).map(str.encode) | st.binary(max_size=40)
+_frames = st.one_of(
+    st.builds(_frame, st.just(1), _texts),  # the usual: one whole text frame
+    st.builds(_frame, st.just(1), st.binary(min_size=126, max_size=600).map(_ascii)),
+    # Around the limits of run_protocol (frame 1000, message 1500).
+    st.builds(_frame, st.just(1), st.integers(900, 1600).map(lambda n: b"a" * n)),
+    st.builds(_frame, st.just(1), st.binary(max_size=125), wide=st.just(True)),
+    st.builds(_frame, st.just(1), _texts, fin=st.just(False)),  # fragments
+    st.builds(_frame, st.just(0), _texts, fin=st.booleans()),
+    st.builds(_frame, st.just(2), st.binary(max_size=50)),
+    st.builds(_frame, st.sampled_from([9, 10]), st.binary(max_size=20)),
+    st.builds(_frame, st.just(1), _texts, masked=st.just(False)),
+    st.builds(_frame, st.just(8), st.just(struct.pack("!H", 1000))),
+    st.binary(min_size=1, max_size=8),  # junk
+)
+
+
+class _Transport(StringTransport):
+    def unregisterProducer(self):
+        self.producer = None
+
+
+class WholeFramesTests(SynchronousTestCase):
+    """A protocol with ``compat.WholeFrames`` reads any bytes as Autobahn alone does."""
+
+    def run_protocol(self, base, data, cuts):
+        seen = []
+
+        class Recorder(*base):
+            def onMessage(self, payload, isBinary):
+                seen.append(("message", payload, isBinary))
+
+            def onClose(self, wasClean, code, reason):
+                seen.append(("close", code))
+
+        factory = WebSocketServerFactory()
+        # No timers: nothing here may reach the real reactor.
+        factory.setProtocolOptions(
+            maxFramePayloadSize=1000,
+            maxMessagePayloadSize=1500,
+            openHandshakeTimeout=0,
+            closeHandshakeTimeout=0,
+        )
+        compat.plain_autobahn_timers(factory, Clock())
+        factory.protocol = Recorder
+        protocol = factory.buildProtocol(None)
+        transport = _Transport()
+        protocol.makeConnection(transport)
+        protocol.dataReceived(
+            b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        points = sorted({c for c in cuts if c < len(data)})
+        for a, b in zip([0, *points], [*points, len(data)], strict=True):
+            if protocol.state == WebSocketProtocol.STATE_CLOSED:
+                break
+            protocol.dataReceived(data[a:b])
+        return seen, transport.value(), protocol.state, protocol.trafficStats.__json__()
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.lists(_frames, max_size=8), st.lists(st.integers(min_value=1, max_value=3000)))
+    def test_any_bytes_are_read_as_autobahn_reads_them(self, frames, cuts):
+        data = b"".join(frames)
+        ours = self.run_protocol((compat.WholeFrames, WebSocketServerProtocol), data, cuts)
+        theirs = self.run_protocol((WebSocketServerProtocol,), data, cuts)
+        self.assertEqual(ours, theirs)
