@@ -205,12 +205,12 @@ class _Transport(StringTransport):
 
 
 class WholeFramesTests(SynchronousTestCase):
-    """A protocol with ``compat.WholeFrames`` reads any bytes as Autobahn alone does."""
+    """A protocol with ``compat.WholeFrames`` reads and sends as Autobahn alone does."""
 
-    def run_protocol(self, base, data, cuts):
-        seen = []
+    def open(self, bases, seen):
+        """A server protocol of ``bases`` in memory, past its opening handshake."""
 
-        class Recorder(*base):
+        class Recorder(*bases):
             def onMessage(self, payload, isBinary):
                 seen.append(("message", payload, isBinary))
 
@@ -234,6 +234,11 @@ class WholeFramesTests(SynchronousTestCase):
             b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
         )
+        return protocol, transport
+
+    def read(self, bases, data, cuts):
+        seen = []
+        protocol, transport = self.open(bases, seen)
         points = sorted({c for c in cuts if c < len(data)})
         for a, b in zip([0, *points], [*points, len(data)], strict=True):
             if protocol.state == WebSocketProtocol.STATE_CLOSED:
@@ -245,6 +250,29 @@ class WholeFramesTests(SynchronousTestCase):
     @given(st.lists(_frames, max_size=8), st.lists(st.integers(min_value=1, max_value=3000)))
     def test_any_bytes_are_read_as_autobahn_reads_them(self, frames, cuts):
         data = b"".join(frames)
-        ours = self.run_protocol((compat.WholeFrames, WebSocketServerProtocol), data, cuts)
-        theirs = self.run_protocol((WebSocketServerProtocol,), data, cuts)
+        ours = self.read((compat.WholeFrames, WebSocketServerProtocol), data, cuts)
+        theirs = self.read((WebSocketServerProtocol,), data, cuts)
         self.assertEqual(ours, theirs)
+
+    @settings(max_examples=100, deadline=None)
+    @given(
+        st.lists(
+            st.tuples(
+                st.binary(max_size=2000).map(_ascii)
+                | st.integers(0, 300).map(lambda n: b"x" * n)
+                | st.integers(65_530, 65_540).map(lambda n: b"y" * n),
+                st.booleans(),
+            ),
+            max_size=5,
+        ),
+    )
+    def test_messages_are_sent_as_autobahn_sends_them(self, messages):
+        sent = []
+        for bases in ((compat.WholeFrames, WebSocketServerProtocol), (WebSocketServerProtocol,)):
+            protocol, transport = self.open(bases, [])
+            protocol.maxMessagePayloadSize = 0  # here: no limit on what is sent
+            start = len(transport.value())
+            for payload, binary in messages:
+                protocol.sendMessage(payload, binary)
+            sent.append((transport.value()[start:], protocol.trafficStats.__json__()))
+        self.assertEqual(sent[0], sent[1])
