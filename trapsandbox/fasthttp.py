@@ -277,8 +277,9 @@ class FastHTTP(protocol.Protocol):
             self._answer(plain, body)
 
     def _answer(self, plain: _Plain, body: bytes) -> None:
+        segment = plain.segment
         try:
-            trapos_id = unquote_to_bytes(plain.segment).decode("utf-8")
+            trapos_id = (unquote_to_bytes(segment) if b"%" in segment else segment).decode("utf-8")
         except UnicodeDecodeError:
             self._send(NO_SUCH_COMPUTER)
             return

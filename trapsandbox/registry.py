@@ -75,6 +75,8 @@ class _Pending:
     deferred: Deferred
     type: str
     on_partial: PartialListener | None
+    # The timeout's call, cancelled when the request ends otherwise.
+    timer: Any = None
 
 
 @attrs.define(eq=False)
@@ -152,29 +154,44 @@ class Session:
                     f"{limits.MAX_OUTBOUND_BYTES}",
                 )
             )
-        d = Deferred(lambda _: self._cancelled(message_id, type))
-        self._pending[message_id] = _Pending(d, type, on_partial)
-        d.addTimeout(timeout, self.clock, onTimeoutCancel=_timed_out)
-        d.addBoth(self._forget, message_id)
+        d = Deferred(lambda _: self._cancelled(message_id))
+        timer = self.clock.callLater(timeout, self._timed_out, message_id, timeout)
+        self._pending[message_id] = _Pending(d, type, on_partial, timer)
         try:
             self.link.send_frame(data)
         except GatewayError as error:
             self._fail(message_id, error)
         return d
 
-    def _cancelled(self, message_id: str, type: str) -> None:
-        # The Deferred fails with CancelledError (a timeout turns it into ``timeout``).
-        if self._pending.pop(message_id, None) is not None and type in wire.STREAMING:
+    def _end(self, message_id: str) -> _Pending | None:
+        """Forget a request that ends now (its timer too); None if it already had."""
+        pending = self._pending.pop(message_id, None)
+        if pending is not None and pending.timer.active():
+            pending.timer.cancel()
+        return pending
+
+    def _stop_on_computer(self, message_id: str, pending: _Pending) -> None:
+        if pending.type in wire.STREAMING:
             self.request("cancel", {"messageId": message_id}, limits.CANCEL_TIMEOUT).addErrback(
                 _ignore
             )
 
-    def _forget(self, result: object, message_id: str) -> object:
-        self._pending.pop(message_id, None)
-        return result
+    def _cancelled(self, message_id: str) -> None:
+        # The Deferred then fails with CancelledError.
+        pending = self._end(message_id)
+        if pending is not None:
+            self._stop_on_computer(message_id, pending)
+
+    def _timed_out(self, message_id: str, timeout: float) -> None:
+        pending = self._pending.pop(message_id, None)
+        if pending is not None:
+            self._stop_on_computer(message_id, pending)
+            pending.deferred.errback(
+                GatewayError(wire.TIMEOUT, f"no answer from the computer within {timeout:g} s")
+            )
 
     def _fail(self, message_id: str, error: GatewayError) -> None:
-        pending = self._pending.pop(message_id, None)
+        pending = self._end(message_id)
         if pending is not None:
             pending.deferred.errback(Failure(error))
 
@@ -190,7 +207,7 @@ class Session:
                 except Exception:
                     log.failure("a listener of {type} output failed", type=pending.type)
             return True
-        pending = self._pending.pop(frame.message_id, None)
+        pending = self._end(frame.message_id)
         if pending is None:
             return False
         pending.deferred.callback(frame)
@@ -210,12 +227,6 @@ class Session:
 
 def _ignore(failure: Failure) -> None:
     return None
-
-
-def _timed_out(result: object, timeout: float) -> object:
-    if isinstance(result, Failure) and result.check(CancelledError):
-        raise GatewayError(wire.TIMEOUT, f"no answer from the computer within {timeout:g} s")
-    return result
 
 
 @attrs.define
