@@ -16,8 +16,9 @@ from typing import Any
 import autobahn.twisted.websocket
 import autobahn.util
 import autobahn.websocket.protocol
-from twisted.internet import abstract, tcp
+from twisted.internet import abstract, epollreactor, tcp
 from twisted.internet.error import AlreadyCalled, AlreadyCancelled
+from twisted.python import log as legacy_log
 
 
 class _LazyFormat:
@@ -311,6 +312,40 @@ def write_through_accepted_connections() -> None:
     own clients (treq, Redis) are untouched.
     """
     tcp.Server.write = _write_through
+
+
+class _DirectDispatch:
+    """
+    ``twisted.python.log`` as the epoll reactor sees it, except that
+    ``callWithLogger`` calls the reader or writer without setting up the
+    legacy log context (a copied dict pushed and popped per event).  Any
+    exception is still caught and logged, as there.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(legacy_log, name)
+
+    @staticmethod
+    def callWithLogger(logger: Any, func: Any, *args: Any, **kw: Any) -> Any:
+        try:
+            return func(*args, **kw)
+        except KeyboardInterrupt:
+            raise
+        except BaseException:
+            legacy_log.err(system="reactor")
+
+
+def direct_reactor_dispatch() -> None:
+    """
+    The epoll reactor wraps every read and every write event in
+    ``log.callWithLogger``, which only names the connection in the ``system``
+    of *legacy* log events (``twisted.python.log.msg``) made meanwhile: a
+    few microseconds an event, twice per operator request.  The gateway and
+    the Twisted parts it uses log through ``twisted.logger``, whose lines
+    name their namespace instead; legacy lines made while reading now say
+    ``reactor``.
+    """
+    epollreactor.log = _DirectDispatch()
 
 
 def cancel_close_handshake_timer(protocol: Any) -> None:

@@ -45,6 +45,7 @@ compat.lazy_autobahn_debug_formatting()
 compat.fast_small_frame_masks()
 compat.python_utf8_validation()
 compat.write_through_accepted_connections()
+compat.direct_reactor_dispatch()
 
 log = Logger()
 

@@ -15,9 +15,10 @@ from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerPr
 from autobahn.websocket.protocol import WebSocketProtocol
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from twisted.internet import abstract, base, tcp
+from twisted.internet import abstract, base, epollreactor, tcp
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.python import log as legacy_log
 from twisted.trial.unittest import SynchronousTestCase
 
 from trapsandbox import compat
@@ -149,6 +150,17 @@ class TwistedTests(SynchronousTestCase):
         reactor = Reactor()
         compat.exit_zero_after_stop_signal(reactor)
         self.assertIsNone(reactor._exitSignal)
+
+
+class DirectDispatchTests(SynchronousTestCase):
+    def test_the_reactor_still_calls_through_log_and_errors_are_logged(self):
+        compat.direct_reactor_dispatch()
+        source = open(epollreactor.__file__).read()
+        self.assertIn("log.callWithLogger(selectable, _drdw, selectable, fd, event)", source)
+        self.assertIs(epollreactor.log.msg, legacy_log.msg)
+        self.assertEqual(epollreactor.log.callWithLogger(None, lambda a, b: a + b, 1, b=2), 3)
+        epollreactor.log.callWithLogger(None, lambda: 1 / 0)
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
 
 
 class WriteThroughTests(SynchronousTestCase):
