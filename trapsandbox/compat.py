@@ -165,6 +165,62 @@ def write_through_accepted_connections() -> None:
     tcp.Server.write = _write_through
 
 
+# What Autobahn's server protocol (26.x) keeps on each connection, by name:
+# its options copied from the factory, the handshake, the frame parser, the
+# close handshake and auto-ping.
+AUTOBAHN_SERVER_ATTRIBUTES = (
+    # ObservableMixin, WebSocketAdapterProtocol
+    "is_closed", "is_open", "_transport_details",
+    # options (WebSocketProtocol.CONFIG_ATTRS_SERVER)
+    "logOctets", "logFrames", "trackTimings", "utf8validateIncoming", "applyMask",
+    "maxFramePayloadSize", "maxMessagePayloadSize", "autoFragmentSize", "failByDrop",
+    "echoCloseCodeReason", "openHandshakeTimeout", "closeHandshakeTimeout", "tcpNoDelay",
+    "autoPingInterval", "autoPingTimeout", "autoPingSize", "autoPingRestartOnAnyTraffic",
+    "versions", "webStatus", "requireMaskedClientFrames", "maskServerFrames",
+    "perMessageCompressionAccept", "serveFlashSocketPolicy", "flashSocketPolicy",
+    "allowedOrigins", "allowedOriginsPatterns", "allowNullOrigin", "maxConnections",
+    "trustXForwardedFor",
+    # connection state
+    "_perMessageCompress", "trackedTimings", "trafficStats", "state", "send_state", "data",
+    "send_queue", "triggered", "utf8validator", "wasMaxFramePayloadSizeExceeded",
+    "wasMaxMessagePayloadSizeExceeded", "closedByMe", "failedByMe", "droppedByMe", "wasClean",
+    "wasNotCleanReason", "wasServerConnectionDropTimeout", "wasOpenHandshakeTimeout",
+    "wasCloseHandshakeTimeout", "wasServingFlashSocketPolicyFile", "localCloseCode",
+    "localCloseReason", "remoteCloseCode", "remoteCloseReason", "openHandshakeTimeoutCall",
+    "closeHandshakeTimeoutCall",
+    "autoPingTimeoutCall", "autoPingPending", "autoPingPendingCall", "autoPingPendingSeq",
+    "autoPingPendingSent",
+    # the opening handshake
+    "http_request_data", "http_status_line", "http_headers", "http_request_uri",
+    "http_request_path", "http_request_params", "http_request_host", "websocket_version",
+    "websocket_protocols", "websocket_origin", "websocket_extensions", "_wskey",
+    "websocket_protocol_in_use", "websocket_extensions_in_use", "http_response_data",
+    # frames and messages
+    "inside_message", "current_frame", "current_frame_masker", "control_frame_data",
+    "_isMessageCompressed", "utf8validateIncomingCurrentMessage", "utf8validateLast",
+    "message_is_binary", "message_data", "message_data_total_length", "frame_length",
+    "frame_data",
+)  # fmt: skip
+
+
+def protocol_slots(base: type, own: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """
+    ``__slots__`` for a subclass of Autobahn's server protocol ``base``: the
+    ~100 attributes Autobahn sets on every connection, and ``own``.
+
+    Python 3.11 shares an instance dict's keys between instances only up to
+    30 names; past that each connection has its own ~3.3 kB dict.  A slot is
+    8 bytes, and a slot works for an attribute set by the base class's code
+    too.  Names the classes of ``base`` define (a class attribute as a
+    default, e.g. Twisted's ``transport = None``) are left to the dict: a
+    slot would hide the default.  A name missing here only costs its dict
+    entry (``tests/unit/test_compat.py`` lists what a connection still keeps
+    there).
+    """
+    defined = {name for cls in base.__mro__ for name in vars(cls)}
+    return tuple(name for name in AUTOBAHN_SERVER_ATTRIBUTES + own if name not in defined)
+
+
 def cancel_close_handshake_timer(protocol: Any) -> None:
     """
     Autobahn keeps its close-handshake timer when the peer drops the

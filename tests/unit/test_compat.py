@@ -6,6 +6,7 @@ if the attribute moved: the workaround would do nothing, and nothing else
 would fail.
 """
 
+import struct
 from pprint import pformat
 
 import autobahn.websocket.protocol
@@ -13,7 +14,10 @@ from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerPr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet import abstract, base, tcp
+from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from trapsandbox import compat
@@ -113,6 +117,70 @@ class AutobahnTests(SynchronousTestCase):
         protocol.deny_headers = [("Retry-After", "2")]
         protocol.failHandshake("slow down", 429)
         self.assertEqual(sent, [(401, "no", None), (429, "slow down", [("Retry-After", "2")])])
+
+
+def _client_frame(opcode: int, payload: bytes) -> bytes:
+    mask = b"\x01\x02\x03\x04"
+    masked = bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
+    return bytes([0x80 | opcode, 0x80 | len(payload)]) + mask + masked
+
+
+class SlotsTests(SynchronousTestCase):
+    """compat.protocol_slots: Autobahn's per-connection attributes by name."""
+
+    def lifetime(self):
+        """A connection through upgrade, a message, auto-ping, a ping and a close."""
+
+        class Slotted(WebSocketServerProtocol):
+            __slots__ = compat.protocol_slots(WebSocketServerProtocol, ("echoed",))
+
+            def onMessage(self, payload, isBinary):
+                self.echoed = payload
+                self.sendMessage(payload)
+
+        clock = Clock()
+        factory = WebSocketServerFactory("ws://localhost:9000")
+        factory.protocol = Slotted
+        factory.setProtocolOptions(autoPingInterval=5, autoPingTimeout=2)
+        compat.plain_autobahn_timers(factory, clock)
+        protocol = factory.buildProtocol(None)
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        protocol.dataReceived(
+            b"GET /gateway?n=1 HTTP/1.1\r\nHost: localhost:9000\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 13\r\n\r\n"
+        )
+        self.assertTrue(transport.value().startswith(b"HTTP/1.1 101 "))
+        protocol.dataReceived(_client_frame(1, b"hello"))
+        self.assertEqual(protocol.echoed, b"hello")
+        clock.advance(5)
+        protocol.dataReceived(_client_frame(9, b"ping"))
+        transport.registerProducer(object(), True)  # Autobahn unregisters it on close
+        protocol.dataReceived(_client_frame(8, struct.pack("!H", 1000)))
+        protocol.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(protocol.remoteCloseCode, 1000)
+        return Slotted, protocol
+
+    def test_autobahn_keeps_nothing_else_in_the_instance_dict(self):
+        # A new attribute of Autobahn's (or a renamed one) lands in the dict:
+        # add it to AUTOBAHN_SERVER_ATTRIBUTES.
+        _, protocol = self.lifetime()
+        defined = {name for cls in WebSocketServerProtocol.__mro__ for name in vars(cls)}
+        self.assertEqual(set(vars(protocol)) - defined, set())
+        self.assertLessEqual(len(vars(protocol)), 8)
+
+    def test_every_slot_is_still_used(self):
+        # A name Autobahn no longer sets is a slot nobody fills (and, renamed, a dict entry).
+        cls, protocol = self.lifetime()
+        self.assertEqual([name for name in cls.__slots__ if not hasattr(protocol, name)], [])
+
+    def test_class_defaults_stay_visible(self):
+        # A slot named like a class attribute would hide its default (Twisted's transport = None).
+        cls, _ = self.lifetime()
+        self.assertNotIn("transport", cls.__slots__)
+        self.assertNotIn("peer", cls.__slots__)
+        self.assertIsNone(cls().transport)
 
 
 class TwistedTests(SynchronousTestCase):
