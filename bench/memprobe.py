@@ -65,6 +65,12 @@ def _server(args: argparse.Namespace) -> None:
     from trapsandbox.tap import GatewayService
 
     proc.raise_fd_limit()
+    if args.daemon_gc:
+        from trapsandbox import limits
+
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(limits.GC_THRESHOLD, 10, 10)
     if args.trace:
         tracemalloc.start(args.frames)
     port_text = "tcp:0:interface=127.0.0.1:backlog=1024"
@@ -73,8 +79,16 @@ def _server(args: argparse.Namespace) -> None:
     )
     marks: list = []
 
+    if args.garbage:
+        gc.disable()
+
     def mark() -> None:
-        gc.collect()
+        if args.garbage:
+            rss = proc.rss_bytes(os.getpid())
+            found = gc.collect()
+            print(f"garbage: {found} objects in cycles; RSS {rss:,} before collecting", flush=True)
+        if not args.daemon_gc:
+            gc.collect()
         rss = proc.rss_bytes(os.getpid())
         snapshot = tracemalloc.take_snapshot() if args.trace else None
         marks.append((rss, snapshot))
@@ -205,6 +219,14 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--tracebacks", type=int, default=0)
     parser.add_argument("--inspect", action="store_true")
+    parser.add_argument(
+        "--garbage", action="store_true", help="no cyclic GC: count what each step leaves in cycles"
+    )
+    parser.add_argument(
+        "--daemon-gc",
+        action="store_true",
+        help="the cyclic GC as twistd trapsandbox sets it (frozen, threshold), no collect",
+    )
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
