@@ -221,6 +221,33 @@ def protocol_slots(base: type, own: tuple[str, ...] = ()) -> tuple[str, ...]:
     return tuple(name for name in AUTOBAHN_SERVER_ATTRIBUTES + own if name not in defined)
 
 
+# What an accepted connection's transport is given after it is made: its
+# producer (the WebSocket's Outbound, registered when it opens) and the state
+# of a buffered write.
+_LATER_TRANSPORT_ATTRIBUTES = (
+    "producer",
+    "streamingProducer",
+    "producerPaused",
+    "dataBuffer",
+    "offset",
+)
+
+
+def share_transport_dict_keys() -> None:
+    """
+    Python 3.11 keeps the attribute names of a class's instances in one
+    table that their dicts share (a transport's dict is then ~0.2 kB, not
+    ~0.8 kB), but each new instance makes room for fewer new names: once a
+    few dozen connections exist, a name first set then (``producer``, when a
+    WebSocket opens) gives every transport that sets it a dict of its own.
+    Naming them on a throwaway instance at import puts them in the table
+    while there is room.
+    """
+    seed = tcp.Server.__new__(tcp.Server)
+    for name in _LATER_TRANSPORT_ATTRIBUTES:
+        setattr(seed, name, getattr(tcp.Server, name))
+
+
 def cancel_close_handshake_timer(protocol: Any) -> None:
     """
     Autobahn keeps its close-handshake timer when the peer drops the

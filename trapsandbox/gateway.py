@@ -44,6 +44,7 @@ from trapsandbox.wire import GatewayError
 compat.lazy_autobahn_debug_formatting()
 compat.fast_small_frame_masks()
 compat.write_through_accepted_connections()
+compat.share_transport_dict_keys()
 
 log = Logger()
 

@@ -6,14 +6,16 @@ if the attribute moved: the workaround would do nothing, and nothing else
 would fail.
 """
 
+import socket
 import struct
+import sys
 from pprint import pformat
 
 import autobahn.websocket.protocol
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from twisted.internet import abstract, base, tcp
+from twisted.internet import abstract, base, protocol, tcp
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -181,6 +183,46 @@ class SlotsTests(SynchronousTestCase):
         self.assertNotIn("transport", cls.__slots__)
         self.assertNotIn("peer", cls.__slots__)
         self.assertIsNone(cls().transport)
+
+
+class TransportKeysTests(SynchronousTestCase):
+    """compat.share_transport_dict_keys: what a transport is given later, named early."""
+
+    def server(self, port):
+        ours, theirs = socket.socketpair()
+        self.addCleanup(ours.close)
+        self.addCleanup(theirs.close)
+        return tcp.Server(ours, protocol.Protocol(), ("127.0.0.1", 1), port, 0, self.reactor)
+
+    def test_a_late_producer_keeps_the_shared_dict(self):
+        from twisted.internet import reactor
+
+        self.reactor = reactor
+        compat.share_transport_dict_keys()
+        port = tcp.Port(0, protocol.Factory(), reactor=reactor)
+        fresh = self.server(port)
+        # Enough instances that the shared table takes no new names.
+        servers = [self.server(port) for _ in range(40)]
+        last = servers[-1]
+        last.registerProducer(object(), True)  # as GatewayProtocol.onOpen does
+        last.producerPaused = True
+        last.dataBuffer, last.offset = b"queued", 1
+        later = set(vars(last)) - set(vars(fresh))
+        self.assertEqual(later, set(compat._LATER_TRANSPORT_ATTRIBUTES))
+
+        class Unseeded:
+            pass
+
+        others = [Unseeded() for _ in range(41)]
+        for other in others:
+            vars(other).update(vars(fresh))
+        for name in later:
+            setattr(others[-1], name, None)
+        # Without the seed, the last one has a dict of its own (3.11: ~0.8 kB).
+        self.assertLess(sys.getsizeof(vars(last)), sys.getsizeof(vars(others[-1])))
+        for name in compat._LATER_TRANSPORT_ATTRIBUTES:
+            defaults = [cls for cls in tcp.Server.__mro__ if name in vars(cls)]
+            self.assertTrue(defaults, f"Twisted renamed {name}")
 
 
 class TwistedTests(SynchronousTestCase):
