@@ -160,6 +160,7 @@ class GatewayProtocol(WebSocketServerProtocol):
         self._awaiting_hello = True
 
     def onOpen(self) -> None:
+        compat.release_handshake(self)
         self.factory.connections.add(self)
         self.outbound = Outbound(
             self._write,

@@ -134,7 +134,11 @@ class SlotsTests(SynchronousTestCase):
         """A connection through upgrade, a message, auto-ping, a ping and a close."""
 
         class Slotted(WebSocketServerProtocol):
-            __slots__ = compat.protocol_slots(WebSocketServerProtocol, ("echoed",))
+            __slots__ = compat.protocol_slots(WebSocketServerProtocol, ("echoed", "at_open"))
+
+            def onOpen(self):
+                self.at_open = {n for n in compat.HANDSHAKE_LEFTOVERS if hasattr(self, n)}
+                compat.release_handshake(self)
 
             def onMessage(self, payload, isBinary):
                 self.echoed = payload
@@ -176,6 +180,24 @@ class SlotsTests(SynchronousTestCase):
         # A name Autobahn no longer sets is a slot nobody fills (and, renamed, a dict entry).
         cls, protocol = self.lifetime()
         self.assertEqual([name for name in cls.__slots__ if not hasattr(protocol, name)], [])
+
+    def test_the_handshake_is_let_go_and_the_connection_carries_on(self):
+        # lifetime() echoes a message, answers a ping and closes after the release.
+        _, protocol = self.lifetime()
+        self.assertEqual(protocol.at_open, set(compat.HANDSHAKE_LEFTOVERS))
+        for name in compat.HANDSHAKE_LEFTOVERS:
+            self.assertIsNone(getattr(protocol, name))
+        source = open(autobahn.websocket.protocol.__file__).read()
+        server = source[source.index("class WebSocketServerProtocol") :]
+        server = server[: server.index("class WebSocketServerFactory")]
+        # What runs once onOpen is called: the rest of the server, and the frames and close.
+        base = source[
+            source.index("class WebSocketProtocol(") : source.index("class PreparedMessage")
+        ]
+        after_handshake = base + server[server.index("self._onOpen()") :]
+        for name in compat.HANDSHAKE_LEFTOVERS:
+            # Read again past the handshake: releasing it would break that.
+            self.assertNotIn(f"self.{name}", after_handshake.replace(f"self.{name} =", ""))
 
     def test_class_defaults_stay_visible(self):
         # A slot named like a class attribute would hide its default (Twisted's transport = None).
