@@ -190,6 +190,8 @@ class WholeFrames:
     Autobahn's traffic counts; anything else is Autobahn's.
     """
 
+    __slots__ = ()
+
     def dataReceived(self, data: bytes) -> None:
         # Autobahn's own logs a debug line (evaluating its arguments) per read.
         self._dataReceived(data)
@@ -346,6 +348,117 @@ def direct_reactor_dispatch() -> None:
     ``reactor``.
     """
     epollreactor.log = _DirectDispatch()
+
+
+# What Autobahn's server protocol (26.x) keeps on each connection, by name:
+# its options copied from the factory, the handshake, the frame parser, the
+# close handshake and auto-ping.
+AUTOBAHN_SERVER_ATTRIBUTES = (
+    # ObservableMixin, WebSocketAdapterProtocol
+    "is_closed", "is_open", "_transport_details",
+    # options (WebSocketProtocol.CONFIG_ATTRS_SERVER)
+    "logOctets", "logFrames", "trackTimings", "utf8validateIncoming", "applyMask",
+    "maxFramePayloadSize", "maxMessagePayloadSize", "autoFragmentSize", "failByDrop",
+    "echoCloseCodeReason", "openHandshakeTimeout", "closeHandshakeTimeout", "tcpNoDelay",
+    "autoPingInterval", "autoPingTimeout", "autoPingSize", "autoPingRestartOnAnyTraffic",
+    "versions", "webStatus", "requireMaskedClientFrames", "maskServerFrames",
+    "perMessageCompressionAccept", "serveFlashSocketPolicy", "flashSocketPolicy",
+    "allowedOrigins", "allowedOriginsPatterns", "allowNullOrigin", "maxConnections",
+    "trustXForwardedFor",
+    # connection state
+    "_perMessageCompress", "trackedTimings", "trafficStats", "state", "send_state", "data",
+    "send_queue", "triggered", "utf8validator", "wasMaxFramePayloadSizeExceeded",
+    "wasMaxMessagePayloadSizeExceeded", "closedByMe", "failedByMe", "droppedByMe", "wasClean",
+    "wasNotCleanReason", "wasServerConnectionDropTimeout", "wasOpenHandshakeTimeout",
+    "wasCloseHandshakeTimeout", "wasServingFlashSocketPolicyFile", "localCloseCode",
+    "localCloseReason", "remoteCloseCode", "remoteCloseReason", "openHandshakeTimeoutCall",
+    "closeHandshakeTimeoutCall",
+    "autoPingTimeoutCall", "autoPingPending", "autoPingPendingCall", "autoPingPendingSeq",
+    "autoPingPendingSent",
+    # the opening handshake
+    "http_request_data", "http_status_line", "http_headers", "http_request_uri",
+    "http_request_path", "http_request_params", "http_request_host", "websocket_version",
+    "websocket_protocols", "websocket_origin", "websocket_extensions", "_wskey",
+    "websocket_protocol_in_use", "websocket_extensions_in_use", "http_response_data",
+    # frames and messages
+    "inside_message", "current_frame", "current_frame_masker", "control_frame_data",
+    "_isMessageCompressed", "utf8validateIncomingCurrentMessage", "utf8validateLast",
+    "message_is_binary", "message_data", "message_data_total_length", "frame_length",
+    "frame_data",
+)  # fmt: skip
+
+
+def protocol_slots(base: type, own: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """
+    ``__slots__`` for a subclass of Autobahn's server protocol ``base``: the
+    ~100 attributes Autobahn sets on every connection, and ``own``.
+
+    Python 3.11 shares an instance dict's keys between instances only up to
+    30 names; past that each connection has its own ~3.3 kB dict.  A slot is
+    8 bytes, and a slot works for an attribute set by the base class's code
+    too.  Names the classes of ``base`` define (a class attribute as a
+    default, e.g. Twisted's ``transport = None``) are left to the dict: a
+    slot would hide the default.  A name missing here only costs its dict
+    entry (``tests/unit/test_compat.py`` lists what a connection still keeps
+    there).
+    """
+    defined = {name for cls in base.__mro__ for name in vars(cls)}
+    return tuple(name for name in AUTOBAHN_SERVER_ATTRIBUTES + own if name not in defined)
+
+
+# What Autobahn's server keeps of the opening handshake once it is over: the
+# request's bytes, status line, headers, URI parts, key and origin, and its
+# own response.  It reads them only while it processes the handshake (they
+# are copied into the ``ConnectionRequest`` that ``onConnect`` is given).
+HANDSHAKE_LEFTOVERS = (
+    "http_request_data",
+    "http_status_line",
+    "http_headers",
+    "http_request_uri",
+    "http_request_path",
+    "http_request_params",
+    "http_request_host",
+    "websocket_origin",
+    "websocket_extensions",
+    "_wskey",
+    "http_response_data",
+)
+
+
+def release_handshake(protocol: Any) -> None:
+    """
+    Let go of what the opening handshake left on ``protocol`` (~1 kB a
+    connection); call from ``onOpen``.
+    """
+    for name in HANDSHAKE_LEFTOVERS:
+        setattr(protocol, name, None)
+
+
+# What an accepted connection's transport is given after it is made: its
+# producer (the WebSocket's Outbound, registered when it opens) and the state
+# of a buffered write.
+_LATER_TRANSPORT_ATTRIBUTES = (
+    "producer",
+    "streamingProducer",
+    "producerPaused",
+    "dataBuffer",
+    "offset",
+)
+
+
+def share_transport_dict_keys() -> None:
+    """
+    Python 3.11 keeps the attribute names of a class's instances in one
+    table that their dicts share (a transport's dict is then ~0.2 kB, not
+    ~0.8 kB), but each new instance makes room for fewer new names: once a
+    few dozen connections exist, a name first set then (``producer``, when a
+    WebSocket opens) gives every transport that sets it a dict of its own.
+    Naming them on a throwaway instance at import puts them in the table
+    while there is room.
+    """
+    seed = tcp.Server.__new__(tcp.Server)
+    for name in _LATER_TRANSPORT_ATTRIBUTES:
+        setattr(seed, name, getattr(tcp.Server, name))
 
 
 def cancel_close_handshake_timer(protocol: Any) -> None:

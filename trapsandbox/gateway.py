@@ -46,6 +46,7 @@ compat.fast_small_frame_masks()
 compat.python_utf8_validation()
 compat.write_through_accepted_connections()
 compat.direct_reactor_dispatch()
+compat.share_transport_dict_keys()
 
 log = Logger()
 
@@ -110,6 +111,21 @@ class _Budget:
 
 
 class GatewayProtocol(compat.WholeFrames, WebSocketServerProtocol):
+    # Autobahn's attributes and ours as slots: 8 bytes each rather than a
+    # 3.3 kB dict per computer (compat.protocol_slots).
+    __slots__ = compat.protocol_slots(
+        WebSocketServerProtocol,
+        (
+            "session",
+            "peer_address",
+            "peer_host",
+            "outbound",
+            "_hello_timer",
+            "_busy",
+            "_awaiting_hello",
+            "_answering_close",
+        ),
+    )
     factory: GatewayFactory
 
     def __init__(self) -> None:
@@ -146,6 +162,7 @@ class GatewayProtocol(compat.WholeFrames, WebSocketServerProtocol):
         self._awaiting_hello = True
 
     def onOpen(self) -> None:
+        compat.release_handshake(self)
         self.factory.connections.add(self)
         self.outbound = Outbound(
             self._write,

@@ -23,6 +23,20 @@ from trapsandbox.wire import GatewayError
 
 @implementer(IPushProducer)
 class Outbound:
+    # One per computer: no instance dict, and no queue (a deque is 0.6 kB
+    # empty) until the transport first says "pause".
+    __slots__ = (
+        "_write",
+        "_on_stalled",
+        "_clock",
+        "_max_queued",
+        "_stall_timeout",
+        "_queue",
+        "_stall_timer",
+        "paused",
+        "queued_bytes",
+    )
+
     def __init__(
         self,
         write: Callable[[bytes], None],
@@ -36,7 +50,7 @@ class Outbound:
         self._clock = clock
         self._max_queued = max_queued
         self._stall_timeout = stall_timeout
-        self._queue: deque[bytes] = deque()
+        self._queue: deque[bytes] | None = None
         self._stall_timer: IDelayedCall | None = None
         self.paused = False
         self.queued_bytes = 0
@@ -50,6 +64,8 @@ class Outbound:
                 wire.OVERLOADED,
                 f"the computer is not reading: {self.queued_bytes} bytes are waiting for it",
             )
+        if self._queue is None:
+            self._queue = deque()
         self._queue.append(data)
         self.queued_bytes += len(data)
 
@@ -64,14 +80,16 @@ class Outbound:
         self.paused = False
         self._cancel_stall_timer()
         # Each write may pause us again.
-        while self._queue and not self.paused:
+        while self._queue and not self.paused:  # None or empty: nothing waits
             data = self._queue.popleft()
             self.queued_bytes -= len(data)
             self._write(data)
+        if not self._queue:
+            self._queue = None
 
     def stopProducing(self) -> None:
         self._cancel_stall_timer()
-        self._queue.clear()
+        self._queue = None
         self.queued_bytes = 0
 
     def _stalled(self) -> None:

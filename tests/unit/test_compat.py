@@ -6,7 +6,9 @@ if the attribute moved: the workaround would do nothing, and nothing else
 would fail.
 """
 
+import socket
 import struct
+import sys
 from pprint import pformat
 
 import autobahn.websocket.protocol
@@ -15,10 +17,12 @@ from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerPr
 from autobahn.websocket.protocol import WebSocketProtocol
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from twisted.internet import abstract, base, epollreactor, tcp
+from twisted.internet import abstract, base, epollreactor, protocol, tcp
+from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
+from twisted.internet.testing import MemoryReactor, StringTransport
 from twisted.python import log as legacy_log
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from trapsandbox import compat
@@ -137,6 +141,131 @@ class AutobahnTests(SynchronousTestCase):
         protocol.deny_headers = [("Retry-After", "2")]
         protocol.failHandshake("slow down", 429)
         self.assertEqual(sent, [(401, "no", None), (429, "slow down", [("Retry-After", "2")])])
+
+
+def _client_frame(opcode: int, payload: bytes) -> bytes:
+    mask = b"\x01\x02\x03\x04"
+    masked = bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
+    return bytes([0x80 | opcode, 0x80 | len(payload)]) + mask + masked
+
+
+class SlotsTests(SynchronousTestCase):
+    """compat.protocol_slots: Autobahn's per-connection attributes by name."""
+
+    def lifetime(self):
+        """A connection through upgrade, a message, auto-ping, a ping and a close."""
+
+        class Slotted(WebSocketServerProtocol):
+            __slots__ = compat.protocol_slots(WebSocketServerProtocol, ("echoed", "at_open"))
+
+            def onOpen(self):
+                self.at_open = {n for n in compat.HANDSHAKE_LEFTOVERS if hasattr(self, n)}
+                compat.release_handshake(self)
+
+            def onMessage(self, payload, isBinary):
+                self.echoed = payload
+                self.sendMessage(payload)
+
+        clock = Clock()
+        factory = WebSocketServerFactory("ws://localhost:9000")
+        factory.protocol = Slotted
+        factory.setProtocolOptions(autoPingInterval=5, autoPingTimeout=2)
+        compat.plain_autobahn_timers(factory, clock)
+        protocol = factory.buildProtocol(None)
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        protocol.dataReceived(
+            b"GET /gateway?n=1 HTTP/1.1\r\nHost: localhost:9000\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 13\r\n\r\n"
+        )
+        self.assertTrue(transport.value().startswith(b"HTTP/1.1 101 "))
+        protocol.dataReceived(_client_frame(1, b"hello"))
+        self.assertEqual(protocol.echoed, b"hello")
+        clock.advance(5)
+        protocol.dataReceived(_client_frame(9, b"ping"))
+        transport.registerProducer(object(), True)  # Autobahn unregisters it on close
+        protocol.dataReceived(_client_frame(8, struct.pack("!H", 1000)))
+        protocol.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(protocol.remoteCloseCode, 1000)
+        return Slotted, protocol
+
+    def test_autobahn_keeps_nothing_else_in_the_instance_dict(self):
+        # A new attribute of Autobahn's (or a renamed one) lands in the dict:
+        # add it to AUTOBAHN_SERVER_ATTRIBUTES.
+        _, protocol = self.lifetime()
+        defined = {name for cls in WebSocketServerProtocol.__mro__ for name in vars(cls)}
+        self.assertEqual(set(vars(protocol)) - defined, set())
+        self.assertLessEqual(len(vars(protocol)), 8)
+
+    def test_every_slot_is_still_used(self):
+        # A name Autobahn no longer sets is a slot nobody fills (and, renamed, a dict entry).
+        cls, protocol = self.lifetime()
+        self.assertEqual([name for name in cls.__slots__ if not hasattr(protocol, name)], [])
+
+    def test_the_handshake_is_let_go_and_the_connection_carries_on(self):
+        # lifetime() echoes a message, answers a ping and closes after the release.
+        _, protocol = self.lifetime()
+        self.assertEqual(protocol.at_open, set(compat.HANDSHAKE_LEFTOVERS))
+        for name in compat.HANDSHAKE_LEFTOVERS:
+            self.assertIsNone(getattr(protocol, name))
+        source = open(autobahn.websocket.protocol.__file__).read()
+        server = source[source.index("class WebSocketServerProtocol") :]
+        server = server[: server.index("class WebSocketServerFactory")]
+        # What runs once onOpen is called: the rest of the server, and the frames and close.
+        base = source[
+            source.index("class WebSocketProtocol(") : source.index("class PreparedMessage")
+        ]
+        after_handshake = base + server[server.index("self._onOpen()") :]
+        for name in compat.HANDSHAKE_LEFTOVERS:
+            # Read again past the handshake: releasing it would break that.
+            self.assertNotIn(f"self.{name}", after_handshake.replace(f"self.{name} =", ""))
+
+    def test_class_defaults_stay_visible(self):
+        # A slot named like a class attribute would hide its default (Twisted's transport = None).
+        cls, _ = self.lifetime()
+        self.assertNotIn("transport", cls.__slots__)
+        self.assertNotIn("peer", cls.__slots__)
+        self.assertIsNone(cls().transport)
+
+
+class TransportKeysTests(SynchronousTestCase):
+    """compat.share_transport_dict_keys: what a transport is given later, named early."""
+
+    def server(self, port):
+        ours, theirs = socket.socketpair()
+        self.addCleanup(ours.close)
+        self.addCleanup(theirs.close)
+        return tcp.Server(ours, protocol.Protocol(), ("127.0.0.1", 1), port, 0, self.reactor)
+
+    def test_a_late_producer_keeps_the_shared_dict(self):
+        # Not the real reactor: these transports' sockets must never reach its epoll.
+        reactor = self.reactor = MemoryReactor()
+        compat.share_transport_dict_keys()
+        port = tcp.Port(0, protocol.Factory(), reactor=reactor)
+        fresh = self.server(port)
+        # Enough instances that the shared table takes no new names.
+        servers = [self.server(port) for _ in range(40)]
+        last = servers[-1]
+        last.registerProducer(object(), True)  # as GatewayProtocol.onOpen does
+        last.producerPaused = True
+        last.dataBuffer, last.offset = b"queued", 1
+        later = set(vars(last)) - set(vars(fresh))
+        self.assertEqual(later, set(compat._LATER_TRANSPORT_ATTRIBUTES))
+
+        class Unseeded:
+            pass
+
+        others = [Unseeded() for _ in range(41)]
+        for other in others:
+            vars(other).update(vars(fresh))
+        for name in later:
+            setattr(others[-1], name, None)
+        # Without the seed, the last one has a dict of its own (3.11: ~0.8 kB).
+        self.assertLess(sys.getsizeof(vars(last)), sys.getsizeof(vars(others[-1])))
+        for name in compat._LATER_TRANSPORT_ATTRIBUTES:
+            defaults = [cls for cls in tcp.Server.__mro__ if name in vars(cls)]
+            self.assertTrue(defaults, f"Twisted renamed {name}")
 
 
 class TwistedTests(SynchronousTestCase):
