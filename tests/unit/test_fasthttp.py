@@ -178,6 +178,18 @@ class SameAnswersTests(SynchronousTestCase):
                 self.assertEqual(headers[b"content-type"], b"application/json")
                 self.assertIs(orjson.loads(body)["ok"], False)
 
+    def test_token_guessing_is_throttled_alike(self):
+        wrong = post(headers=b"Authorization: Bearer guess\r\n")
+        answers = []
+        for port in both():
+            transport = port.connect(*[wrong] * 8, post())
+            answers.append(comparable(responses(transport.value())))
+        self.assertEqual(answers[0], answers[1])
+        statuses = [status for status, _, _ in answers[0]]
+        # Five free failures, then the address is blocked, the right token included.
+        self.assertEqual(statuses, [401] * 6 + [429] * 3)
+        self.assertEqual(answers[0][-1][1][b"retry-after"], b"2")
+
     def test_what_the_fast_reader_leaves_to_the_site(self):
         chunked = (
             b"POST /computers/7%3A/requests HTTP/1.1\r\nHost: gw\r\n"
