@@ -137,6 +137,10 @@ def _same(given: bytes, expected: bytes) -> bool:
     return hmac.compare_digest(given, expected)
 
 
+def _nobody() -> None:
+    return None
+
+
 class Admission:
     """The gateway's two doors, each with its own guessing throttle."""
 
@@ -252,11 +256,18 @@ class Admission:
             if self.token_throttle.blocked_for(host) == 0:
                 # No token at all is not a guess: nothing to count against the address.
                 return Refusal(MISSING, "a bearer token is required")
+        check = None
+        if self.token_throttle.blocked_for(host) == 0:
+            # The usual case, checked without building the throttled path's closures.
+            operator = self._operator_of(scheme, token.strip())
+            if operator is not None:
+                return operator
+            check = _nobody  # a failure: the throttle counts it
         return self._throttled(
             self.token_throttle,
             host,
             "wrong operator tokens",
-            lambda: self._operator_of(scheme, token.strip()),
+            check or (lambda: self._operator_of(scheme, token.strip())),
             lambda: Refusal(WRONG, "wrong bearer token"),
         )
 

@@ -178,6 +178,25 @@ def _read_fields(fields: bytes) -> tuple[int, bytes | None] | object:
     return length, authorization
 
 
+# The traposIds of the path segments seen lately (``7%3Abase`` -> ``7:base``).
+_IDS: dict[bytes, str | None] = {}
+
+
+def _trapos_id(segment: bytes) -> str | None:
+    """The traposId a %-encoded path segment names; None if it is not UTF-8."""
+    known = _IDS.get(segment, _NOT_PLAIN)
+    if known is not _NOT_PLAIN:
+        return known
+    try:
+        trapos_id = (unquote_to_bytes(segment) if b"%" in segment else segment).decode("utf-8")
+    except UnicodeDecodeError:
+        trapos_id = None
+    if len(_IDS) >= _FIELDS_KEPT:
+        _IDS.clear()
+    _IDS[segment] = trapos_id
+    return trapos_id
+
+
 def _asked_account(query: bytes) -> str | None:
     if not query:
         return None
@@ -277,10 +296,8 @@ class FastHTTP(protocol.Protocol):
             self._answer(plain, body)
 
     def _answer(self, plain: _Plain, body: bytes) -> None:
-        segment = plain.segment
-        try:
-            trapos_id = (unquote_to_bytes(segment) if b"%" in segment else segment).decode("utf-8")
-        except UnicodeDecodeError:
+        trapos_id = _trapos_id(plain.segment)
+        if trapos_id is None:
             self._send(NO_SUCH_COMPUTER)
             return
         result = self._requests.http(

@@ -392,20 +392,24 @@ def encode_request(receiver: str, message_id: str, type: str, payload: dict[str,
 
 def new_message_id() -> str:
     """
-    A messageId for the gateway's requests: a UUID4 string (SPEC §1), made
-    cheaply (ids need to be unique, not secret: no system call per id).
+    A messageId for the gateway's requests: a UUID4 string (SPEC §1).  Ids
+    need to be unique, not secret: a random prefix drawn when the process
+    starts, then a count (2**48 ids before it repeats).
     """
-    h = f"{_random_bits(128) & _KEEP | _VERSION_4:032x}"
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    global _next_id
+    _next_id += 1
+    return f"{_ID_PREFIX}{_next_id & 0xFFFFFFFFFFFF:012x}"
 
 
-# Seeded from the system's randomness when the process starts.
-_random_bits = random.Random().getrandbits
+def _id_prefix() -> str:
+    # The version (4) and variant (RFC 4122) bits, as uuid.uuid4() sets them.
+    bits = random.SystemRandom().getrandbits(128) & ~(0xF000 << 64) & ~(0xC000 << 48)
+    h = f"{bits | (0x4000 << 64) | (0x8000 << 48):032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-"
 
 
-# The version (4) and variant (RFC 4122) bits, as uuid.UUID(version=4) sets them.
-_KEEP = ~((0xF000 << 64) | (0xC000 << 48))
-_VERSION_4 = (0x4000 << 64) | (0x8000 << 48)
+_ID_PREFIX = _id_prefix()
+_next_id = random.SystemRandom().getrandbits(48)
 
 
 def encode_response(
