@@ -180,12 +180,13 @@ def _read_fields(fields: bytes) -> tuple[int, bytes | None] | object:
 
 # The traposIds of the path segments seen lately (``7%3Abase`` -> ``7:base``).
 _IDS: dict[bytes, str | None] = {}
+_UNSEEN = object()
 
 
 def _trapos_id(segment: bytes) -> str | None:
     """The traposId a %-encoded path segment names; None if it is not UTF-8."""
-    known = _IDS.get(segment, _NOT_PLAIN)
-    if known is not _NOT_PLAIN:
+    known = _IDS.get(segment, _UNSEEN)
+    if known is not _UNSEEN:
         return known
     try:
         trapos_id = (unquote_to_bytes(segment) if b"%" in segment else segment).decode("utf-8")
