@@ -27,6 +27,7 @@ import hmac
 import ipaddress
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
@@ -133,6 +134,30 @@ def is_loopback(address: object) -> bool:
     return ip.is_loopback
 
 
+def loopback_name(host: str) -> bool:
+    """A host name or address that means this machine."""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def foreign_origin(origin: str | None) -> bool:
+    """
+    Whether an ``Origin`` header is a web page's on another machine's name: a
+    browser on this machine could reach a loopback admin (DNS rebinding).
+    """
+    if origin is None:
+        return False
+    try:
+        host = urlsplit(origin).hostname or ""
+    except ValueError:
+        host = ""
+    return not loopback_name(host)
+
+
 def _same(given: bytes, expected: bytes) -> bool:
     return hmac.compare_digest(given, expected)
 
@@ -222,6 +247,12 @@ class Admission:
             return True  # the password (or no auth) does not change on reload
         account = None if self.accounts is None else self.accounts.by_name.get(account_id)
         return account is not None and account.secret_sha256 == credential
+
+    def token_still_admits(self, account_id: str, authorization: bytes | None) -> bool:
+        """Whether an operator admitted to ``account_id`` with ``authorization`` still is."""
+        scheme, _, token = (authorization or b"").partition(b" ")
+        operator = self._operator_of(scheme, token.strip())
+        return operator is not None and operator.account == account_id
 
     def revoked(self, sessions: Any) -> list[Any]:
         """The ``sessions`` (with ``account_id`` and ``credential``) no longer admitted."""

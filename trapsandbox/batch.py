@@ -167,7 +167,7 @@ def _client(batch: Batch, url: str, token: str | None) -> Any:
     factory.setProtocolOptions(
         openHandshakeTimeout=limits.OPEN_HANDSHAKE_TIMEOUT,
         closeHandshakeTimeout=limits.CLOSE_HANDSHAKE_TIMEOUT,
-        autoPingInterval=limits.AUTO_PING_TIMEOUT,
+        autoPingInterval=limits.AUTO_PING_INTERVAL,
         autoPingTimeout=limits.AUTO_PING_TIMEOUT,
     )
     return factory

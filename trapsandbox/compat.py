@@ -19,6 +19,7 @@ import autobahn.websocket.protocol
 from twisted.internet import abstract, epollreactor, tcp
 from twisted.internet.error import AlreadyCalled, AlreadyCancelled
 from twisted.python import log as legacy_log
+from twisted.web import http
 
 
 class _LazyFormat:
@@ -290,6 +291,8 @@ def _write_through(self: Any, data: bytes) -> None:
         type(data) is bytes
         and data
         and self.connected
+        and not self._aborting
+        and not self.TLS
         and not self._writeDisconnected
         and not self._tempDataLen
         and self.offset == len(self.dataBuffer)
@@ -345,7 +348,7 @@ def direct_reactor_dispatch() -> None:
     few microseconds an event, twice per operator request.  The gateway and
     the Twisted parts it uses log through ``twisted.logger``, whose lines
     name their namespace instead; legacy lines made while reading now say
-    ``reactor``.
+    ``-`` (and an exception escaping a reader or writer, ``reactor``).
     """
     epollreactor.log = _DirectDispatch()
 
@@ -459,6 +462,25 @@ def share_transport_dict_keys() -> None:
     seed = tcp.Server.__new__(tcp.Server)
     for name in _LATER_TRANSPORT_ATTRIBUTES:
         setattr(seed, name, getattr(tcp.Server, name))
+
+
+_choose_transfer_decoder = http.HTTPChannel._maybeChooseTransferDecoder
+
+
+def _bounded_content_length(self: Any, header: bytes, data: bytes) -> bool:
+    if header == b"Content-Length" and len(data) > 18:
+        return self._failChooseTransferDecoder()  # 400, as for any bad length
+    return _choose_transfer_decoder(self, header, data)
+
+
+def bounded_content_length() -> None:
+    """
+    twisted.web reads ``Content-Length`` with ``int()``, which raises on more
+    than 4,300 digits: the exception escaped the channel, the reactor logged
+    a traceback and dropped the connection.  A length of more than 18 digits
+    (past any body) is answered 400 like any other bad length.
+    """
+    http.HTTPChannel._maybeChooseTransferDecoder = _bounded_content_length
 
 
 def cancel_close_handshake_timer(protocol: Any) -> None:

@@ -106,7 +106,9 @@ class _Plain:
 
 # The request line of the hot route: one path segment (the traposId, %-encoded), a
 # query perhaps (``?account=``).
-_REQUEST_LINE = re.compile(rb"POST (/computers/([^/?# ]+)/requests(?:\?([^ #]*))?) HTTP/1\.1")
+_REQUEST_LINE = re.compile(
+    rb"POST (/computers/([^/?#\x00-\x20\x7f]+)/requests(?:\?([^#\x00-\x20\x7f]*))?) HTTP/1\.1"
+)
 _TOKEN = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 # Header lines as RFC 9112 has them: no folding, no space before the colon.
 _FIELDS = re.compile(rb"(?:" + _TOKEN + rb":[^\r\n]*(?:\r\n|$))*")
@@ -162,8 +164,8 @@ def _read_fields(fields: bytes) -> tuple[int, bytes | None] | object:
         name = name.lower()
         if name == b"content-length":
             value = value.rstrip(b" \t")
-            if length is not None or not value.isdigit():
-                return _NOT_PLAIN
+            if length is not None or not value.isdigit() or len(value) > 18:
+                return _NOT_PLAIN  # (twisted.web answers a length past any body 400 or 413)
             length = int(value)
         elif name == b"authorization":
             if authorization is not None:
@@ -180,6 +182,7 @@ def _read_fields(fields: bytes) -> tuple[int, bytes | None] | object:
 
 # The traposIds of the path segments seen lately (``7%3Abase`` -> ``7:base``).
 _IDS: dict[bytes, str | None] = {}
+_IDS_KEPT = 4096
 _UNSEEN = object()
 
 
@@ -192,7 +195,7 @@ def _trapos_id(segment: bytes) -> str | None:
         trapos_id = (unquote_to_bytes(segment) if b"%" in segment else segment).decode("utf-8")
     except UnicodeDecodeError:
         trapos_id = None
-    if len(_IDS) >= _FIELDS_KEPT:
+    if len(_IDS) >= _IDS_KEPT:
         _IDS.clear()
     _IDS[segment] = trapos_id
     return trapos_id
@@ -235,7 +238,11 @@ class FastHTTP(protocol.Protocol):
         # The answer being waited for: its Deferred (None while no request is answered).
         self._answering: Deferred | None = None
         self._busy = False
-        self._paused = False
+        # Reading stops while too much waits behind a request, or while the
+        # transport cannot take our answers (we are its producer).
+        self._buffer_full = False
+        self._writes_full = False
+        self._reading_paused = False
         self._gone = False
         self._last = 0.0
         self._timer: Any = None
@@ -245,6 +252,33 @@ class FastHTTP(protocol.Protocol):
             self.transport.setTcpNoDelay(True)
         self._last = self._clock.seconds()
         self._timer = self._clock.callLater(limits.HTTP_IDLE_TIMEOUT, self._idle)
+        # A client that sends requests without reading the answers stops being read
+        # (as twisted.web's channel does), rather than growing the write buffer.
+        self.transport.registerProducer(self, True)
+
+    # IPushProducer: the transport's write buffer is full, then drained.
+
+    def pauseProducing(self) -> None:
+        self._writes_full = True
+        self._update_reading()
+
+    def resumeProducing(self) -> None:
+        self._writes_full = False
+        self._update_reading()
+        if not self._busy and not self._serving and not self._gone:
+            self._serve()
+
+    def stopProducing(self) -> None:
+        pass  # the connection is lost: connectionLost follows
+
+    def _update_reading(self) -> None:
+        paused = self._buffer_full or self._writes_full
+        if paused != self._reading_paused and not self._gone:
+            self._reading_paused = paused
+            if paused:
+                self.transport.pauseProducing()
+            else:
+                self.transport.resumeProducing()
 
     def dataReceived(self, data: bytes) -> None:
         self._last = self._clock.seconds()
@@ -258,10 +292,10 @@ class FastHTTP(protocol.Protocol):
             self._pieces = None
         else:
             self._buffer = self._buffer + data if self._buffer else data
-        if self._busy:
-            if len(self._buffer) > MAX_BUFFERED and not self._paused:
-                self._paused = True
-                self.transport.pauseProducing()
+        if self._busy or self._writes_full:
+            if len(self._buffer) > MAX_BUFFERED and not self._buffer_full:
+                self._buffer_full = True
+                self._update_reading()
             return
         self._serve()
 
@@ -274,7 +308,7 @@ class FastHTTP(protocol.Protocol):
             self._serving = False
 
     def _serve_buffered(self) -> None:
-        while not self._busy and not self._gone:
+        while not self._busy and not self._gone and not self._writes_full:
             buffer = self._buffer
             end = buffer.find(b"\r\n\r\n")
             if end < 0:
@@ -318,9 +352,9 @@ class FastHTTP(protocol.Protocol):
             return
         self._send(answer)
         self._last = self._clock.seconds()
-        if self._paused:
-            self._paused = False
-            self.transport.resumeProducing()
+        if self._buffer_full:
+            self._buffer_full = False
+            self._update_reading()
         if not self._serving:  # else an answer at once: the loop goes on by itself
             self._serve()
 
@@ -339,9 +373,10 @@ class FastHTTP(protocol.Protocol):
     def _give_up(self) -> None:
         """The rest of this connection is the site's, from the buffered request on."""
         self._cancel_timer()
-        if self._paused:
-            self._paused = False
-            self.transport.resumeProducing()
+        self._buffer_full = self._writes_full = False
+        self._update_reading()
+        # twisted.web's channel registers itself as the producer.
+        self.transport.unregisterProducer()
         buffer, self._buffer = self._buffer, b""
         self._gone = True  # for this protocol: the site's from here
         self._hand_over(self.transport, self._site, self._address, buffer)

@@ -131,7 +131,12 @@ def minimum_level(environ: Mapping[str, str]) -> LogLevel:
 
 def _observer(format: Callable[[Mapping[str, Any]], str], stream: IO[str] | None):
     observer = LineObserver(sys.stdout if stream is None else stream, format)
-    predicate = LogLevelFilterPredicate(defaultLogLevel=minimum_level(os.environ))
+    level = minimum_level(os.environ)
+    predicate = LogLevelFilterPredicate(defaultLogLevel=level)
+    # Autobahn's debug lines show whole upgrade requests, Authorization headers included.
+    predicate.setLogLevelForNamespace(
+        "autobahn", LogLevel.info if level == LogLevel.debug else level
+    )
     return FilteringLogObserver(observer, [predicate])
 
 

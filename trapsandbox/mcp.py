@@ -36,11 +36,9 @@ correct itself.
 from __future__ import annotations
 
 import base64
-import ipaddress
 import math
 from collections.abc import Callable, Coroutine
 from typing import Any
-from urllib.parse import urlsplit
 
 import attrs
 import orjson
@@ -50,7 +48,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 
-from trapsandbox import __version__, limits, wire
+from trapsandbox import __version__, auth, limits, wire
 from trapsandbox.limits import LOCAL_ACCOUNT
 from trapsandbox.metrics import Metrics
 from trapsandbox.registry import Registry, Session
@@ -544,13 +542,9 @@ class McpEndpoint:
         if origin is None or not self._loopback_only():
             # With a bearer token, a page cannot act without being given the token.
             return None
-        try:
-            host = urlsplit(origin.decode("latin-1")).hostname or ""
-        except ValueError:
-            host = ""
-        if _loopback_name(host):
-            return None
-        return "requests from web pages of other origins are refused"
+        if auth.foreign_origin(origin.decode("latin-1")):
+            return "requests from web pages of other origins are refused"
+        return None
 
     def _message(
         self,
@@ -921,15 +915,6 @@ class McpEndpoint:
             f"cursor at column {answer.get('cursorX')}, line {answer.get('cursorY')}):"
         )
         return _result(f"{header}\n{shown}", answer), "ok"
-
-
-def _loopback_name(host: str) -> bool:
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _error(id: Any, code: int, message: str) -> dict[str, Any]:

@@ -91,7 +91,9 @@ class BadBody(ValueError):
         self.code = code
 
 
-TOO_LARGE = BadBody(f"the body is over {MAX_BODY_BYTES} bytes", 413, wire.TOO_LARGE)
+def too_large() -> BadBody:
+    # A new one each time: a raised exception keeps the frames it went through.
+    return BadBody(f"the body is over {MAX_BODY_BYTES} bytes", 413, wire.TOO_LARGE)
 
 
 def json_object(body: bytes, shape: str) -> dict[str, Any]:
@@ -154,6 +156,11 @@ class OperatorRequests:
     def __init__(self, registry: Registry, admission: auth.Admission) -> None:
         self._registry = registry
         self._admission = admission
+
+    @property
+    def loopback_admin(self) -> bool:
+        """No token is needed: loopback clients are the admin."""
+        return not self._admission.operator_token_required
 
     def operator(self, address: object, authorization: bytes | None) -> auth.Operator | Answer:
         """Who the client at ``address`` is as an operator, or the answer to one that is not."""

@@ -116,6 +116,7 @@ class OperatorSocket(compat.WholeFrames, compat.HeadersOnDeny, WebSocketServerPr
         super().__init__()
         # onClose runs even for connections that never opened: all state here.
         self.operator: auth.Operator | None = None
+        self.authorization: bytes | None = None
         self.peer_address = "?"
         self.outbound: Outbound | None = None
         self.in_flight: dict[str | int, Deferred] = {}
@@ -128,7 +129,13 @@ class OperatorSocket(compat.WholeFrames, compat.HeadersOnDeny, WebSocketServerPr
         self.peer_address = request.peer
         header = request.headers.get("authorization")
         authorization = None if header is None else header.encode("latin-1", "replace")
-        who = self.factory.requests.operator(self.transport.getPeer(), authorization)
+        requests = self.factory.requests
+        if requests.loopback_admin and auth.foreign_origin(request.headers.get("origin")):
+            # A web page in a browser on this machine must not act as the loopback admin.
+            self.factory.metrics.operator_socket("403")
+            raise ConnectionDeny(403, "requests from web pages of other origins are refused")
+        who = requests.operator(self.transport.getPeer(), authorization)
+        self.authorization = authorization  # an account's token is checked again at reload
         if isinstance(who, Answer):
             self.factory.metrics.operator_socket(str(who.status))
             # Retry-After and WWW-Authenticate, as the HTTP routes send them.
@@ -300,6 +307,21 @@ class OperatorSocketFactory(WebSocketServerFactory):
             allowNullOrigin=True,
             webStatus=False,
         )
+
+    def revoke(self, admission: auth.Admission) -> int:
+        """
+        Close (4001) the sockets of account tokens that no longer admit their
+        account, after the accounts file was read again; how many.
+        """
+        closed = 0
+        for connection in list(self.connections):
+            operator = connection.operator
+            if operator is None or operator.admin:
+                continue  # the admin token is not in the accounts file
+            if not admission.token_still_admits(operator.account, connection.authorization):
+                connection.close(wire.CLOSE_UNAUTHORIZED, "unauthorized")
+                closed += 1
+        return closed
 
     def shutdown(self) -> None:
         """Close every operator connection with 1000 (their requests are answered first)."""

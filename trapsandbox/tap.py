@@ -287,11 +287,13 @@ class GatewayService(service.MultiService):
             # Unreachable at once, before its close handshake ends.
             self.registry.remove(session)
             session.link.close(wire.CLOSE_UNAUTHORIZED, "unauthorized")
+        sockets = self.operator_socket.revoke(self.admission)
         log.info(
-            "accounts reloaded from {path}: {count} accounts; {closed} computers closed",
+            "accounts reloaded from {path}: {count} accounts; {closed} computers closed{sockets}",
             path=path,
             count=len(self.admission.accounts or ()),
             closed=len(revoked),
+            sockets=f", {sockets} operator sockets closed" if sockets else "",
         )
         return True
 

@@ -67,18 +67,27 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Site
 from werkzeug.exceptions import HTTPException
 
-from trapsandbox import __version__, auth, client, limits, operator, wire
+from trapsandbox import __version__, auth, client, compat, limits, wire
 from trapsandbox.limits import MAX_BODY_BYTES, MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.mcp import McpEndpoint
 from trapsandbox.metrics import Metrics
 from trapsandbox.opencode import Asks
-from trapsandbox.operator import STATUS_OF_ERROR, Answer, OperatorRequests
+from trapsandbox.operator import (
+    STATUS_OF_ERROR,
+    Answer,
+    BadBody,
+    OperatorRequests,
+    json_object,
+    too_large,
+)
 from trapsandbox.probe import OpencodeProbe, ProbeResult
 from trapsandbox.registry import Registry, Session
 from trapsandbox.sandbox import Sandbox
 from trapsandbox.wire import GatewayError
 
 log = Logger()
+
+compat.bounded_content_length()
 
 
 def json_body(request: IRequest, body: Any, code: int = 200) -> bytes:
@@ -101,10 +110,6 @@ def write_answer(request: IRequest, answer: Answer) -> bytes:
     request.setHeader(b"content-type", b"application/json")
     request.setHeader(b"cache-control", b"no-store")
     return body
-
-
-def _written(answer: Answer, request: IRequest) -> bytes:
-    return write_answer(request, answer)
 
 
 def _lua(request: IRequest, body: bytes) -> bytes:
@@ -228,14 +233,11 @@ def describe_session(session: Session) -> dict[str, Any]:
     }
 
 
-_BadBody = operator.BadBody
-
-
 def _take_body(request: IRequest) -> bytes:
-    """The request's body, which the request keeps no copy of; raises ``_BadBody``."""
+    """The request's body, which the request keeps no copy of; raises ``BadBody``."""
     body = request.content.read(MAX_BODY_BYTES + 1)
     if getattr(request.content, "over_limit", False) or len(body) > MAX_BODY_BYTES:
-        raise operator.TOO_LARGE
+        raise too_large()
     # The request object lives until the computer answers: keep no copy of
     # a body that may be megabytes.
     request.content.close()
@@ -243,15 +245,12 @@ def _take_body(request: IRequest) -> bytes:
     return body
 
 
-_json_object = operator.json_object
-
-
 def _string(obj: dict[str, Any], name: str, required: bool = True) -> str | None:
     value = obj.get(name)
     if value is None and not required:
         return None
     if type(value) is not str or (required and not value):
-        raise _BadBody(f"{name} must be a non-empty string")
+        raise BadBody(f"{name} must be a non-empty string")
     return value
 
 
@@ -263,7 +262,7 @@ def _number(obj: dict[str, Any], name: str, high: float, integer: bool = False) 
     kinds = (int,) if integer else (int, float)
     if type(value) not in kinds or not math.isfinite(value) or not 0 < value <= high:
         kind = "whole number" if integer else "number"
-        raise _BadBody(f"{name} must be a {kind} from 1 to {high}")
+        raise BadBody(f"{name} must be a {kind} from 1 to {high}")
     return value
 
 
@@ -272,13 +271,13 @@ def _strings(obj: dict[str, Any], name: str) -> list[str]:
         value = obj.get(name)
         return [] if value is None else wire.string_list(value)
     except TypeError:
-        raise _BadBody(f"{name} must be a list of strings") from None
+        raise BadBody(f"{name} must be a list of strings") from None
 
 
 def _base64(obj: dict[str, Any]) -> None:
     encoding = obj.get("encoding", "base64")
     if encoding != "base64":
-        raise _BadBody('encoding must be "base64"')
+        raise BadBody('encoding must be "base64"')
 
 
 _EXECUTE = '{"command", "args"?, "cwd"?, "timeoutMs"?, "maxOutputBytes"?}'
@@ -557,8 +556,8 @@ class GatewayApp:
     @app.route("/computers/<path:trapos_id>/requests", methods=["POST"])
     def computer_request(self, request: IRequest, trapos_id: str):
         try:
-            body: bytes | operator.BadBody = _take_body(request)
-        except operator.BadBody as error:
+            body: bytes | BadBody = _take_body(request)
+        except BadBody as error:
             body = error
         answer = self._requests.http(
             request.getClientAddress(),
@@ -569,12 +568,12 @@ class GatewayApp:
         )
         if isinstance(answer, Answer):
             return write_answer(request, answer)
-        return answer.addCallback(_written, request)
+        return answer.addCallback(lambda done: write_answer(request, done))
 
     # -- The computer as a sandbox (SPEC §9) -------------------------------------------------
 
     def _sandbox_body(self, request: IRequest, shape: str) -> dict[str, Any]:
-        return _json_object(_take_body(request), shape)
+        return json_object(_take_body(request), shape)
 
     @app.route("/computers/<path:trapos_id>/execute", methods=["POST"])
     @on_computer(sandbox_error)
@@ -586,7 +585,7 @@ class GatewayApp:
             cwd = _string(body, "cwd", required=False)
             timeout_ms = _number(body, "timeoutMs", MAX_REQUEST_TIMEOUT_MS)
             max_output = _number(body, "maxOutputBytes", limits.MAX_OUTPUT_BYTES, integer=True)
-        except _BadBody as error:
+        except BadBody as error:
             return sandbox_error(request, error.status, error.code, str(error))
         stream = _OutputStream(request)
         d = self._sandbox.execute(
@@ -626,7 +625,7 @@ class GatewayApp:
             _base64(body)
             offset = body.get("offset", 0)
             if type(offset) is not int or offset < 0:
-                raise _BadBody("offset must be a whole number of bytes, 0 or more")
+                raise BadBody("offset must be a whole number of bytes, 0 or more")
             length = _number(body, "length", limits.MAX_FILE_BYTES, integer=True)
             return self._sandbox.read_file(
                 trapos_id, _string(body, "path"), offset, length, account_id=account_id
@@ -646,7 +645,7 @@ class GatewayApp:
                     raise ValueError
                 data = base64.b64decode(content, validate=True)
             except (ValueError, binascii.Error):
-                raise _BadBody("content must be the file's bytes in base64") from None
+                raise BadBody("content must be the file's bytes in base64") from None
             return self._sandbox.write_file(trapos_id, path, data, account_id=account_id)
 
         return self._sandbox_call(request, '{"path", "content", "encoding": "base64"}', call)
@@ -685,7 +684,7 @@ class GatewayApp:
     ):
         try:
             d = call(self._sandbox_body(request, shape))
-        except _BadBody as error:
+        except BadBody as error:
             return sandbox_error(request, error.status, error.code, str(error))
         except GatewayError:
             return _sandbox_failed(Failure(), request)
@@ -712,7 +711,7 @@ class GatewayApp:
             scope = operator.scope(_asked_account(request))
         try:
             body = _take_body(request)
-        except _BadBody as error:
+        except BadBody as error:
             return self._mcp.post(request, None, str(error), scope=scope, pin=pin)
         return self._mcp.post(request, body, scope=scope, pin=pin)
 

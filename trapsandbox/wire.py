@@ -392,7 +392,7 @@ def encode_request(receiver: str, message_id: str, type: str, payload: dict[str,
 
 def new_message_id() -> str:
     """
-    A messageId for the gateway's requests: a UUID4 string (SPEC §1).  Ids
+    A messageId for the gateway's requests: a UUID4 string (SPEC §2).  Ids
     need to be unique, not secret: a random prefix drawn when the process
     starts, then a count (2**48 ids before it repeats).
     """

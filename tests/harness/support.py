@@ -202,10 +202,14 @@ class TestOperator(WebSocketClientProtocol):
         return bounded(self.closed)
 
 
-async def connect_operator(testcase, port: int, token: str | None = None) -> TestOperator:
+async def connect_operator(
+    testcase, port: int, token: str | None = None, origin: str | None = None
+) -> TestOperator:
     """A ``TestOperator`` on ``/operator``, with ``token`` as its bearer token; or ``Refused``."""
     headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-    factory = WebSocketClientFactory(f"ws://127.0.0.1:{port}/operator", headers=headers)
+    factory = WebSocketClientFactory(
+        f"ws://127.0.0.1:{port}/operator", headers=headers, origin=origin
+    )
     factory.protocol = TestOperator
     factory.opened = Deferred()
     unbatch_timers(factory)

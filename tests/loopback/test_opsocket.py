@@ -259,6 +259,23 @@ class _RawClient(protocol.Protocol):
         return payload
 
 
+class LoopbackAdminOriginTests(TestCase):
+    async def test_a_web_page_of_another_origin_is_refused_403(self):
+        # No admin token: loopback clients are the admin, but not a browser page of
+        # another site on this machine (DNS rebinding), as on /mcp.
+        gateway = start_gateway(self, password=PASSWORD)
+        try:
+            await connect_operator(self, gateway.port, origin="http://evil.example")
+        except Refused as refusal:
+            self.assertEqual(refusal.status, 403, refusal)
+        else:
+            self.fail("the upgrade was not refused")
+        for origin in (None, "http://localhost:8080", "http://127.0.0.1"):
+            operator = await connect_operator(self, gateway.port, origin=origin)
+            operator.send({"id": 1, "traposId": "9:", "type": "ping"})
+            self.assertEqual((await operator.next_message())["status"], 404)
+
+
 class OperatorSocketAuthTests(TestCase):
     def setUp(self):
         self.gateway = start_gateway(self, password=PASSWORD, admin_token=TOKEN)
@@ -297,6 +314,24 @@ def _table(name, secret):
 
 
 class OperatorSocketAccountTests(TestCase):
+    async def test_a_reload_closes_the_sockets_of_tokens_no_longer_admitted(self):
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write(_table("alice", "s-alice") + _table("bob", "s-bob"))
+        gateway = start_gateway(
+            self, admin_token=TOKEN, accounts_file=path, accounts=accounts.load(path)
+        )
+        alice = await connect_operator(self, gateway.port, "token-alice")
+        bob = await connect_operator(self, gateway.port, "token-bob")
+        admin = await connect_operator(self, gateway.port, TOKEN)
+        with open(path, "w") as f:
+            f.write(_table("alice", "s-alice"))  # bob is gone
+        self.assertTrue(gateway.reload_accounts())
+        self.assertEqual((await bounded(bob.closed))[0], 4001)
+        for still in (alice, admin):
+            still.send({"id": 1, "traposId": "9:", "type": "ping"})
+            self.assertEqual((await still.next_message())["status"], 404)
+
     async def test_an_account_token_reaches_its_own_computers_only(self):
         path = os.path.abspath(self.mktemp())
         with open(path, "w") as f:

@@ -301,6 +301,9 @@ class WriteThroughTests(SynchronousTestCase):
         source = open(abstract.__file__).read()
         for name in ("self._tempDataLen", "self.offset", "self.dataBuffer", "_writeDisconnected"):
             self.assertIn(name, source)
+        # Never a write after an abort, nor through Twisted's own TLS connection mixin.
+        self.assertIs(tcp.Server._aborting, False)
+        self.assertIs(tcp.Server.TLS, False)
 
 
 def _frame(opcode, payload, fin=True, masked=True, mask=b"\x01\x02\x03\x04", wide=False):

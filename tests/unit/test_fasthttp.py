@@ -233,6 +233,11 @@ class SameAnswersTests(SynchronousTestCase):
             b"POST /computers/7%3A/requests HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3"
             b"\r\n\r\n{}",
             b"POST /computers/7%3A/requests HTTP/1.1\r\nContent-Length: -2\r\n\r\n{}",
+            # A length Python will not read as an int (past 4,300 digits).
+            b"POST /computers/7%3A/requests HTTP/1.1\r\nContent-Length: "
+            + b"9" * 5000
+            + b"\r\n\r\n{}",
+            b"POST /computers/a\tb/requests HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
         ):
             with self.subTest(request=request[:80]):
                 answers = []
@@ -274,6 +279,9 @@ class ReadHeadTests(SynchronousTestCase):
             post(path=b"/computers//requests"),
             post(path=b"/computers/7/requests#f"),
             post(path=b"http://gw/computers/7/requests"),
+            post(path=b"/computers/7\x00/requests"),
+            post(path=b"/computers/7/requests?account=a\x7fb"),
+            post().replace(b"Content-Length: 15", b"Content-Length: " + b"1" * 19),
             post().replace(b"POST", b"PUT"),
             post().replace(b"Content-Length: 15", b"Content-Length: 0x1"),
             post().replace(b"Content-Length: 15", b"Content-Length: \xd9\xa1"),
@@ -364,6 +372,24 @@ class ConnectionTests(SynchronousTestCase):
         self.assertEqual(transport.producerState, "paused")
         self.port.answer(payload={})
         self.assertEqual(transport.producerState, "producing")
+
+    def test_a_client_that_does_not_read_its_answers_stops_being_read(self):
+        first = post(headers=b"")
+        transport = self.port.connect(first[:20])
+        protocol = transport.protocol
+        self.assertIs(transport.producer, protocol)
+        protocol.pauseProducing()  # as the transport does when its write buffer is full
+        self.assertEqual(transport.producerState, "paused")
+        protocol.dataReceived(first[20:] + first * 2)  # three refusals waiting to be written
+        self.assertEqual(transport.value(), b"")
+        protocol.resumeProducing()
+        self.assertEqual([s for s, _, _ in responses(transport.value())], [401] * 3)
+        self.assertEqual(transport.producerState, "producing")
+
+    def test_the_site_takes_over_as_the_transports_producer(self):
+        transport = self.port.connect(b"GET /health HTTP/1.1\r\n\r\n")
+        self.assertNotIsInstance(transport.producer, FastHTTP)
+        self.assertIsNotNone(transport.producer)
 
     def test_a_large_body_in_many_reads(self):
         payload = {"blob": "x" * 100_000}

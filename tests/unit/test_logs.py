@@ -63,6 +63,22 @@ class JournaldTests(LogTestCase):
         self.log.info("signal")
         self.assertEqual(self.lines(), ["<6>[trapsandbox.gateway] signal\n"])
 
+    def test_autobahns_debug_lines_never_pass_even_at_debug(self):
+        # They carry whole upgrade requests: an operator socket's Authorization header.
+        self.patch(logs.os, "environ", {"SANDBOX_LOG_LEVEL": "debug"})
+        stream = io.StringIO()
+        observer = logs.journald(stream)
+        for namespace in ("autobahn.websocket.protocol.WebSocketServerProtocol", "trapsandbox.web"):
+            observer(
+                {
+                    "log_namespace": namespace,
+                    "log_level": LogLevel.debug,
+                    "log_format": "x-" + namespace,
+                }
+            )
+        self.assertNotIn("x-autobahn", stream.getvalue())
+        self.assertIn("x-trapsandbox.web", stream.getvalue())
+
     def test_level_from_the_environment(self):
         for name, expected in (("debug", 2), ("warning", 0), ("nonsense", 1)):
             self.patch(logs.os, "environ", {"SANDBOX_LOG_LEVEL": name})
