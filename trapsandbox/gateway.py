@@ -515,6 +515,29 @@ class GatewayProtocol(compat.WholeFrames, WebSocketServerProtocol):
         self.close(wire.CLOSE_HELLO_TIMEOUT, "hello timeout")
 
 
+def server_options(
+    max_bytes: int, auto_ping_interval: float, auto_ping_timeout: float
+) -> dict[str, Any]:
+    """
+    The Autobahn options of the port's WebSockets, to give in one
+    ``setProtocolOptions`` call (a later call without ``allowNullOrigin``
+    would reset it).
+    """
+    return {
+        "maxFramePayloadSize": max_bytes,
+        "maxMessagePayloadSize": max_bytes,
+        # Oversized messages get a real 1009 close frame, not a dropped socket.
+        "failByDrop": False,
+        "autoPingInterval": auto_ping_interval,
+        "autoPingTimeout": auto_ping_timeout,
+        "openHandshakeTimeout": limits.OPEN_HANDSHAKE_TIMEOUT,
+        "closeHandshakeTimeout": limits.CLOSE_HANDSHAKE_TIMEOUT,
+        "allowNullOrigin": True,
+        # A plain GET gets an error, not an HTML status page.
+        "webStatus": False,
+    }
+
+
 def _more(count: int, what: str) -> None:
     log.info(
         "{count} more computers {what} in the last second (at most {limit} such lines a second)",
@@ -570,22 +593,10 @@ class GatewayFactory(WebSocketServerFactory):
             clock, limits.CONNECT_LINES_PER_SECOND, lambda n: _more(n, "disconnected")
         )
         self._drained: list[Deferred] = []
-        # One call with every option: a later call without allowNullOrigin
-        # would reset it.
         self.setProtocolOptions(
-            maxFramePayloadSize=limits.MAX_INBOUND_BYTES,
-            maxMessagePayloadSize=limits.MAX_INBOUND_BYTES,
-            # Oversized messages get a real 1009 close frame, not a dropped socket.
-            failByDrop=False,
-            autoPingInterval=auto_ping_interval,
-            autoPingTimeout=auto_ping_timeout,
-            openHandshakeTimeout=limits.OPEN_HANDSHAKE_TIMEOUT,
-            closeHandshakeTimeout=limits.CLOSE_HANDSHAKE_TIMEOUT,
+            **server_options(limits.MAX_INBOUND_BYTES, auto_ping_interval, auto_ping_timeout),
             # Past this, the upgrade is refused with a 503.
             maxConnections=max_connections,
-            allowNullOrigin=True,
-            # A plain GET of /gateway gets an error, not an HTML status page.
-            webStatus=False,
         )
 
     def shutdown(self, grace: float = limits.SHUTDOWN_GRACE) -> Deferred:

@@ -46,6 +46,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from trapsandbox import auth, compat, limits, wire
+from trapsandbox.gateway import server_options
 from trapsandbox.metrics import Metrics
 from trapsandbox.operator import INTERNAL, Answer, OperatorRequests, error_answer
 from trapsandbox.outbound import Outbound
@@ -294,18 +295,8 @@ class OperatorSocketFactory(WebSocketServerFactory):
         self.max_queued_bytes = max_queued_bytes
         self.stall_timeout = stall_timeout
         self.connections: set[OperatorSocket] = set()
-        # One call with every option: a later call without allowNullOrigin would reset it.
         self.setProtocolOptions(
-            maxFramePayloadSize=limits.MAX_BODY_BYTES,
-            maxMessagePayloadSize=limits.MAX_BODY_BYTES,
-            # Oversized messages get a real 1009 close frame, not a dropped socket.
-            failByDrop=False,
-            autoPingInterval=auto_ping_interval,
-            autoPingTimeout=auto_ping_timeout,
-            openHandshakeTimeout=limits.OPEN_HANDSHAKE_TIMEOUT,
-            closeHandshakeTimeout=limits.CLOSE_HANDSHAKE_TIMEOUT,
-            allowNullOrigin=True,
-            webStatus=False,
+            **server_options(limits.MAX_BODY_BYTES, auto_ping_interval, auto_ping_timeout)
         )
 
     def revoke(self, admission: auth.Admission) -> int:
