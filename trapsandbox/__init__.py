@@ -20,7 +20,9 @@ The wire and connection side (computers, over one WebSocket each)
 
 The HTTP side (operators, agents, installs; same port)
     ``front``      what listens: a computer's ``GET /gateway`` and an operator's
-                   ``GET /operator`` straight to Autobahn, the rest to the site
+                   ``GET /operator`` straight to Autobahn, the rest to ``fasthttp``
+    ``fasthttp``   ``POST /computers/{id}/requests`` read off the socket while a
+                   connection's requests are its plain case; the rest to the site
     ``web``        the Klein app: /health, /client, /computers, /metrics
     ``operator``   an operator's request to one computer, however it came: who may ask,
                    which account is meant, each outcome's status (an ``Answer``)
