@@ -110,7 +110,54 @@ class _Budget:
             self._summary(suppressed)
 
 
-class GatewayProtocol(compat.WholeFrames, WebSocketServerProtocol):
+class Sending:
+    """
+    How both of the port's WebSocket protocols send: through an ``Outbound``
+    (``self.outbound``), registered as the transport's producer when the
+    connection opens; a peer that stops reading is closed 4004.  The factory
+    has ``clock``, ``max_queued_bytes`` and ``stall_timeout``; ``who()`` names
+    the peer in the log.
+    """
+
+    __slots__ = ()
+
+    def start_sending(self) -> None:
+        factory = self.factory
+        self.outbound = Outbound(
+            self._write,
+            self._stalled,
+            factory.clock,
+            factory.max_queued_bytes,
+            factory.stall_timeout,
+        )
+        # The HTTP channel that parsed the upgrade, if any, is still the
+        # transport's producer; our sends take its place.
+        self.transport.unregisterProducer()
+        self.transport.registerProducer(self.outbound, True)
+
+    def _write(self, data: bytes) -> None:
+        # Also called when a paused transport drains, maybe after a close
+        # began: what was queued for the connection then goes nowhere.
+        if self.state == WebSocketProtocol.STATE_OPEN:
+            self.sendMessage(data)
+
+    def close(self, code: int, reason: str) -> None:
+        if self.state == WebSocketProtocol.STATE_OPEN:
+            self.sendClose(code, reason)
+
+    def _stalled(self) -> None:
+        log.warn(
+            "{who} stopped reading for {timeout:g} s with {queued} bytes waiting: closing",
+            who=self.who(),
+            timeout=self.factory.stall_timeout,
+            queued=self.outbound.queued_bytes,
+        )
+        # The close frame waits behind the unread data; Autobahn drops the
+        # connection when the close handshake times out.
+        self.close(wire.CLOSE_STALLED, "stalled")
+
+
+class GatewayProtocol(compat.WholeFrames, Sending, WebSocketServerProtocol):
     # Autobahn's attributes and ours as slots: 8 bytes each rather than a
     # 3.3 kB dict per computer (compat.protocol_slots).
     __slots__ = compat.protocol_slots(
@@ -164,17 +211,7 @@ class GatewayProtocol(compat.WholeFrames, WebSocketServerProtocol):
     def onOpen(self) -> None:
         compat.release_handshake(self)
         self.factory.connections.add(self)
-        self.outbound = Outbound(
-            self._write,
-            self._stalled,
-            self.factory.clock,
-            self.factory.max_queued_bytes,
-            self.factory.stall_timeout,
-        )
-        # The HTTP channel that parsed the upgrade is still the transport's
-        # producer; our sends take its place.
-        self.transport.unregisterProducer()
-        self.transport.registerProducer(self.outbound, True)
+        self.start_sending()
         self._hello_timer = self.factory.clock.callLater(
             self.factory.hello_timeout, self._hello_timed_out
         )
@@ -244,16 +281,6 @@ class GatewayProtocol(compat.WholeFrames, WebSocketServerProtocol):
         if self.state != WebSocketProtocol.STATE_OPEN:
             raise GatewayError(wire.NOT_CONNECTED, "the connection is closing")
         self.outbound.send(data)
-
-    def _write(self, data: bytes) -> None:
-        # Also called when a paused transport drains, maybe after a close
-        # began: what was queued for the connection then goes nowhere.
-        if self.state == WebSocketProtocol.STATE_OPEN:
-            self.sendMessage(data)
-
-    def close(self, code: int, reason: str) -> None:
-        if self.state == WebSocketProtocol.STATE_OPEN:
-            self.sendClose(code, reason)
 
     # Messages
 
@@ -494,16 +521,8 @@ class GatewayProtocol(compat.WholeFrames, WebSocketServerProtocol):
             else:
                 del awaiting[self.peer_host]
 
-    def _stalled(self) -> None:
-        log.warn(
-            "{who} stopped reading for {timeout:g} s with {queued} bytes waiting: closing",
-            who=self.session.trapos_id if self.session else self.peer_address,
-            timeout=self.factory.stall_timeout,
-            queued=self.outbound.queued_bytes,
-        )
-        # The close frame waits behind the unread data; Autobahn drops the
-        # connection when the close handshake times out.
-        self.close(wire.CLOSE_STALLED, "stalled")
+    def who(self) -> str:
+        return self.session.trapos_id if self.session else self.peer_address
 
     def _hello_timed_out(self) -> None:
         self._hello_timer = None

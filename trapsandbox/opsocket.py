@@ -46,7 +46,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from trapsandbox import auth, compat, limits, wire
-from trapsandbox.gateway import server_options
+from trapsandbox.gateway import Sending, server_options
 from trapsandbox.metrics import Metrics
 from trapsandbox.operator import INTERNAL, Answer, OperatorRequests, error_answer
 from trapsandbox.outbound import Outbound
@@ -110,7 +110,7 @@ def encode_answer(message_id: str | int | None, answer: Answer) -> bytes:
     return b'{"id":%b,"status":%d,%b' % (orjson.dumps(message_id), status, body[1:])
 
 
-class OperatorSocket(compat.WholeFrames, compat.HeadersOnDeny, WebSocketServerProtocol):
+class OperatorSocket(compat.WholeFrames, Sending, compat.HeadersOnDeny, WebSocketServerProtocol):
     factory: OperatorSocketFactory
 
     def __init__(self) -> None:
@@ -148,16 +148,7 @@ class OperatorSocket(compat.WholeFrames, compat.HeadersOnDeny, WebSocketServerPr
         factory = self.factory
         factory.connections.add(self)
         factory.metrics.operator_socket("open")
-        self.outbound = Outbound(
-            self._write,
-            self._stalled,
-            factory.clock,
-            factory.max_queued_bytes,
-            factory.stall_timeout,
-        )
-        # Under twisted.web the HTTP channel is still the transport's producer.
-        self.transport.unregisterProducer()
-        self.transport.registerProducer(self.outbound, True)
+        self.start_sending()
         log.info(
             "operator socket from {peer} opened ({who})",
             peer=self.peer_address,
@@ -250,25 +241,8 @@ class OperatorSocket(compat.WholeFrames, compat.HeadersOnDeny, WebSocketServerPr
             self.dropped = True
             log.debug("an answer to {peer} dropped: it is not reading", peer=self.peer_address)
 
-    # Sending
-
-    def _write(self, data: bytes) -> None:
-        if self.state == WebSocketProtocol.STATE_OPEN:
-            self.sendMessage(data)
-
-    def close(self, code: int, reason: str) -> None:
-        if self.state == WebSocketProtocol.STATE_OPEN:
-            self.sendClose(code, reason)
-
-    def _stalled(self) -> None:
-        log.warn(
-            "operator socket from {peer} stopped reading for {timeout:g} s with {queued} bytes "
-            "waiting: closing",
-            peer=self.peer_address,
-            timeout=self.factory.stall_timeout,
-            queued=self.outbound.queued_bytes,
-        )
-        self.close(wire.CLOSE_STALLED, "stalled")
+    def who(self) -> str:
+        return f"operator socket from {self.peer_address}"
 
 
 class OperatorSocketFactory(WebSocketServerFactory):
