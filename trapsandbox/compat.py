@@ -100,16 +100,18 @@ class _IntMasker:
         self._ptr = 0
 
     def process(self, data: bytes) -> bytes:
-        n = len(data)
-        if not n:
-            return b""
         shift = self._ptr & 3
-        mask = self._mask[shift:] + self._mask[:shift] if shift else self._mask
-        self._ptr += n
-        key = (mask * ((n >> 2) + 1))[:n]
-        return (int.from_bytes(data, "little") ^ int.from_bytes(key, "little")).to_bytes(
-            n, "little"
-        )
+        self._ptr += len(data)
+        return _unmask(self._mask[shift:] + self._mask[:shift] if shift else self._mask, data)
+
+
+def _unmask(mask: bytes, data: bytes) -> bytes:
+    """``data`` XOR the 4-byte ``mask`` repeated, as one XOR of two integers."""
+    n = len(data)
+    if not n:
+        return b""
+    key = (mask * ((n >> 2) + 1))[:n]
+    return (int.from_bytes(data, "little") ^ int.from_bytes(key, "little")).to_bytes(n, "little")
 
 
 _autobahn_masker = autobahn.websocket.protocol.create_xor_masker
@@ -262,7 +264,11 @@ class WholeFrames:
                 and not 0 < self.maxFramePayloadSize < length
                 and not 0 < self.maxMessagePayloadSize < length
             ):
-                payload = _create_masker(data[start - 4 : start], length).process(data[start:end])
+                mask = data[start - 4 : start]
+                if length <= SMALL_FRAME:  # (no masker object: the frame is whole)
+                    payload = _unmask(mask, data[start:end])
+                else:
+                    payload = _autobahn_masker(mask, length).process(data[start:end])
                 if self.utf8validateIncoming:
                     try:
                         str(payload, "utf-8")

@@ -133,9 +133,7 @@ def read_head(head: bytes) -> _Plain | None:
     if known is None:
         known = _read_fields(fields)
         if len(fields) <= _FIELDS_KEPT_BYTES:
-            if len(_FIELDS_READ) >= _FIELDS_KEPT:
-                _FIELDS_READ.clear()
-            _FIELDS_READ[fields] = known
+            _remember(_FIELDS_READ, fields, known)
     if known is _NOT_PLAIN:
         return None
     length, authorization = known
@@ -146,8 +144,17 @@ def read_head(head: bytes) -> _Plain | None:
 # A client sends the same header lines again and again (the path, in the request
 # line, is what changes): what they were read as, for the last few thousand kinds.
 _FIELDS_READ: dict[bytes, Any] = {}
-_FIELDS_KEPT = 4096
 _FIELDS_KEPT_BYTES = 1024
+# How many of each kind of thing read are remembered (then forgotten all at once).
+_KEPT = 4096
+
+
+def _remember(memo: dict[bytes, Any], key: bytes, value: Any) -> None:
+    if len(memo) >= _KEPT:
+        memo.clear()
+    memo[key] = value
+
+
 _NOT_PLAIN = object()
 
 
@@ -182,7 +189,6 @@ def _read_fields(fields: bytes) -> tuple[int, bytes | None] | object:
 
 # The traposIds of the path segments seen lately (``7%3Abase`` -> ``7:base``).
 _IDS: dict[bytes, str | None] = {}
-_IDS_KEPT = 4096
 _UNSEEN = object()
 
 
@@ -195,9 +201,7 @@ def _trapos_id(segment: bytes) -> str | None:
         trapos_id = (unquote_to_bytes(segment) if b"%" in segment else segment).decode("utf-8")
     except UnicodeDecodeError:
         trapos_id = None
-    if len(_IDS) >= _IDS_KEPT:
-        _IDS.clear()
-    _IDS[segment] = trapos_id
+    _remember(_IDS, segment, trapos_id)
     return trapos_id
 
 

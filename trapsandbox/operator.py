@@ -134,6 +134,10 @@ def parse_request(obj: dict[str, Any]) -> tuple[str, dict[str, Any], float | Non
     return kind, payload, timeout
 
 
+def _bad_body(error: BadBody) -> Answer:
+    return error_answer(error.status, error.code, str(error))
+
+
 def _answered(response: wire.ComputerResponse) -> Answer:
     body: dict[str, Any] = {"ok": response.ok}
     if response.payload is not None:
@@ -201,12 +205,12 @@ class OperatorRequests:
         # A missing computer and another account's take the same path from here
         # (the body is checked, then the request finds nothing), so their answers
         # cannot differ.
+        if isinstance(body, BadBody):
+            return _bad_body(body)  # not raised again: it would keep this frame too
         try:
-            if isinstance(body, BadBody):
-                raise body
             obj = json_object(body, _REQUEST)
         except BadBody as error:
-            return error_answer(error.status, error.code, str(error))
+            return _bad_body(error)
         return self.send(trapos_id, account_id, obj)
 
     def send(self, trapos_id: str, account_id: str, obj: dict[str, Any]) -> Answer | Deferred:
@@ -217,7 +221,7 @@ class OperatorRequests:
         try:
             kind, payload, timeout = parse_request(obj)
         except BadBody as error:
-            return error_answer(error.status, error.code, str(error))
+            return _bad_body(error)
         d = self._registry.request(trapos_id, kind, payload, timeout, account_id=account_id)
         d.addCallbacks(_answered, _failed)
         return d
