@@ -132,27 +132,32 @@ async def connect(
     """A connected TestComputer (or ``protocol``); over TLS for ``localhost`` with ``trust``."""
     scheme = "wss" if trust else "ws"
     factory = WebSocketClientFactory(f"{scheme}://localhost:{port}{path}")
-    factory.protocol = TestComputer if protocol is None else protocol
-    factory.opened = Deferred()
-    unbatch_timers(factory)
-    factory.setProtocolOptions(
-        maxMessagePayloadSize=0, maxFramePayloadSize=0, closeHandshakeTimeout=0.1
-    )
     endpoint = endpoints.TCP4ClientEndpoint(reactor(), "127.0.0.1", port)
     if trust is not None:
         endpoint = endpoints.wrapClientTLS(
             ssl.optionsForClientTLS("localhost", trustRoot=trust), endpoint
         )
+    return await _opened(testcase, factory, protocol or TestComputer, endpoint)
+
+
+async def _opened(testcase, factory, protocol, endpoint):
+    """``factory``'s ``protocol`` connected through ``endpoint`` and open; closed at cleanup."""
+    factory.protocol = protocol
+    factory.opened = Deferred()
+    unbatch_timers(factory)
+    factory.setProtocolOptions(
+        maxMessagePayloadSize=0, maxFramePayloadSize=0, closeHandshakeTimeout=0.1
+    )
     await bounded(endpoint.connect(factory))
-    computer = await bounded(factory.opened)
+    opened = await bounded(factory.opened)
 
     async def close():
-        if not computer.closed.called:
-            computer.sendClose(1000)
-            await bounded(computer.closed)
+        if not opened.closed.called:
+            opened.sendClose(1000)
+            await bounded(opened.closed)
 
     testcase.addCleanup(lambda: Deferred.fromCoroutine(close()))
-    return computer
+    return opened
 
 
 class Refused(Exception):
@@ -210,20 +215,5 @@ async def connect_operator(
     factory = WebSocketClientFactory(
         f"ws://127.0.0.1:{port}/operator", headers=headers, origin=origin
     )
-    factory.protocol = TestOperator
-    factory.opened = Deferred()
-    unbatch_timers(factory)
-    factory.setProtocolOptions(
-        maxMessagePayloadSize=0, maxFramePayloadSize=0, closeHandshakeTimeout=0.1
-    )
     endpoint = endpoints.TCP4ClientEndpoint(reactor(), "127.0.0.1", port)
-    await bounded(endpoint.connect(factory))
-    operator = await bounded(factory.opened)
-
-    async def close():
-        if not operator.closed.called:
-            operator.sendClose(1000)
-            await bounded(operator.closed)
-
-    testcase.addCleanup(lambda: Deferred.fromCoroutine(close()))
-    return operator
+    return await _opened(testcase, factory, TestOperator, endpoint)
