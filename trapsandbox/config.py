@@ -41,6 +41,7 @@ class Settings:
     opencode_password: str | None = attrs.field(default=None, repr=False)
     max_connections: int = MAX_CONNECTIONS
     max_unauthenticated_per_address: int = MAX_UNAUTHENTICATED_PER_ADDRESS
+    max_operator_sockets_per_account: int = limits.MAX_OPERATOR_SOCKETS_PER_ACCOUNT
     # SANDBOX_ACCOUNTS_FILE (SPEC §12): read again on SIGHUP.
     accounts_file: str | None = None
     # Its accounts (a ``trapsandbox.accounts.Accounts``) as read at start.
@@ -222,6 +223,12 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
             "SANDBOX_MAX_UNAUTHENTICATED_PER_ADDRESS",
             _count,
             MAX_UNAUTHENTICATED_PER_ADDRESS,
+        ),
+        max_operator_sockets_per_account=setting(
+            "max-operator-sockets-per-account",
+            "SANDBOX_MAX_OPERATOR_SOCKETS_PER_ACCOUNT",
+            _count,
+            limits.MAX_OPERATOR_SOCKETS_PER_ACCOUNT,
         ),
         redis_url=setting("redis", "SANDBOX_REDIS_URL", _redis_url, None),
         cluster_refresh_interval=setting(

@@ -36,7 +36,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES, datetimeToString
 
-from trapsandbox import limits
+from trapsandbox import limits, wire
 from trapsandbox.operator import INTERNAL, NO_SUCH_COMPUTER, Answer, OperatorRequests
 
 log = Logger()
@@ -368,7 +368,7 @@ class FastHTTP(protocol.Protocol):
                 self._answering = None  # the client went away: nobody to answer
                 return
         else:
-            log.failure("POST {uri} failed", failure, uri=target.decode("latin-1"))
+            log.failure("POST {uri} failed", failure, uri=wire.cut(target.decode("latin-1")))
         self._answered(INTERNAL)
 
     def _send(self, answer: Answer) -> None:

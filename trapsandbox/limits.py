@@ -39,6 +39,8 @@ MAX_IN_FLIGHT = 64
 MAX_BUSY = 16
 # Requests in flight on one operator WebSocket (``GET /operator``); more are answered 503.
 MAX_OPERATOR_IN_FLIGHT = 256
+# Operator WebSockets one account's token may hold open at once (SPEC §4).
+MAX_OPERATOR_SOCKETS_PER_ACCOUNT = 16
 # How long a computer may take to acknowledge a ``cancel``.
 CANCEL_TIMEOUT = 10.0
 

@@ -372,11 +372,12 @@ def resolve(
             else "Give the traposId of the one you mean as computer."
         )
         raise _ToolError(
-            AMBIGUOUS, f'"{computer}" matches {len(matches)} computers: {candidates}. {hint}'
+            AMBIGUOUS,
+            f'"{wire.cut(computer)}" matches {len(matches)} computers: {candidates}. {hint}',
         )
     raise _ToolError(
         wire.NOT_CONNECTED,
-        f'No connected computer is "{computer}". Connected: {known}. Call list_computers '
+        f'No connected computer is "{wire.cut(computer)}". Connected: {known}. Call list_computers '
         "to see them.",
     )
 
@@ -625,7 +626,7 @@ class McpEndpoint:
             return {"tools": TOOLS}
         if method == "tools/call":
             return await self._tools_call(params, scope, pin)
-        raise _Invalid(METHOD_NOT_FOUND, f"no method {method!r}")
+        raise _Invalid(METHOD_NOT_FOUND, f'no method "{wire.cut(method)}"')
 
     def _initialize(self, params: dict[str, Any]) -> dict[str, Any]:
         asked = params.get("protocolVersion")
@@ -646,7 +647,8 @@ class McpEndpoint:
             raise _Invalid(INVALID_PARAMS, "tools/call needs name, a string")
         if name not in TOOL_NAMES:
             raise _Invalid(
-                INVALID_PARAMS, f"no tool {name!r}; the tools are " + ", ".join(sorted(TOOL_NAMES))
+                INVALID_PARAMS,
+                f'no tool "{wire.cut(name)}"; the tools are ' + ", ".join(sorted(TOOL_NAMES)),
             )
         arguments = params.get("arguments")
         if arguments is None:
@@ -655,7 +657,7 @@ class McpEndpoint:
             raise _Invalid(INVALID_PARAMS, "arguments must be an object")
         started = self._clock.seconds()
         computer = arguments.get("computer")
-        target = computer if type(computer) is str and computer else "-"
+        target = wire.cut(computer) if type(computer) is str and computer else "-"
         try:
             if name == "list_computers":
                 result, outcome = self._list_computers(await self._computers(scope, pin)), "ok"

@@ -24,7 +24,9 @@ connection stays open after each of them.  Past ``MAX_OPERATOR_IN_FLIGHT``
 requests in flight a request is answered 503 ``overloaded`` at once; a
 message over ``MAX_BODY_BYTES`` is closed with 1009 (by Autobahn).  Closing
 the connection cancels every request in flight (runs on computers are
-cancelled as when an HTTP caller goes away).
+cancelled as when an HTTP caller goes away).  One account's token may hold at
+most ``max_per_account`` sockets open at once (the admin is not bounded here);
+past it the upgrade is refused 429.
 
 What the gateway sends goes through an ``Outbound``, as a computer's
 connection does: an operator that stops reading has its new requests
@@ -117,6 +119,8 @@ class OperatorSocket(compat.WholeFrames, Sending, compat.HeadersOnDeny, WebSocke
         super().__init__()
         # onClose runs even for connections that never opened: all state here.
         self.operator: auth.Operator | None = None
+        # The account this socket counts against (``factory.per_account``) until it closes.
+        self.counted: str | None = None
         self.authorization: bytes | None = None
         self.peer_address = "?"
         self.outbound: Outbound | None = None
@@ -142,6 +146,17 @@ class OperatorSocket(compat.WholeFrames, Sending, compat.HeadersOnDeny, WebSocke
             # Retry-After and WWW-Authenticate, as the HTTP routes send them.
             self.deny_headers = [(name.decode(), value.decode()) for name, value in who.headers]
             raise ConnectionDeny(who.status, who.body["error"]["message"])
+        if who.account is not None:
+            held = self.factory.per_account
+            if held.get(who.account, 0) >= self.factory.max_per_account:
+                self.factory.metrics.operator_socket("429")
+                raise ConnectionDeny(
+                    429,
+                    f"account {who.account} already has {self.factory.max_per_account} "
+                    "operator sockets open; close one first",
+                )
+            held[who.account] = held.get(who.account, 0) + 1
+            self.counted = who.account
         self.operator = who
 
     def onOpen(self) -> None:
@@ -172,6 +187,7 @@ class OperatorSocket(compat.WholeFrames, Sending, compat.HeadersOnDeny, WebSocke
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
         compat.cancel_close_handshake_timer(self)
         self.factory.connections.discard(self)
+        self._release()
         if self.outbound is not None:
             self.outbound.stopProducing()
         in_flight, self.in_flight = self.in_flight, {}
@@ -184,6 +200,18 @@ class OperatorSocket(compat.WholeFrames, Sending, compat.HeadersOnDeny, WebSocke
                 code=code,
                 count=len(in_flight),
             )
+
+    def _release(self) -> None:
+        # Counted from onConnect's acceptance to the first onClose.
+        account, self.counted = self.counted, None
+        if account is None:
+            return
+        held = self.factory.per_account
+        left = held.get(account, 0) - 1
+        if left > 0:
+            held[account] = left
+        else:
+            held.pop(account, None)
 
     # Requests
 
@@ -260,6 +288,7 @@ class OperatorSocketFactory(WebSocketServerFactory):
         stall_timeout: float = limits.STALL_TIMEOUT,
         auto_ping_interval: float = limits.AUTO_PING_INTERVAL,
         auto_ping_timeout: float = limits.AUTO_PING_TIMEOUT,
+        max_per_account: int = limits.MAX_OPERATOR_SOCKETS_PER_ACCOUNT,
     ) -> None:
         super().__init__()
         self.requests = requests
@@ -269,6 +298,9 @@ class OperatorSocketFactory(WebSocketServerFactory):
         self.max_queued_bytes = max_queued_bytes
         self.stall_timeout = stall_timeout
         self.connections: set[OperatorSocket] = set()
+        self.max_per_account = max_per_account
+        # Sockets accepted and not yet closed, by account (account tokens only).
+        self.per_account: dict[str, int] = {}
         self.setProtocolOptions(
             **server_options(limits.MAX_BODY_BYTES, auto_ping_interval, auto_ping_timeout)
         )

@@ -334,7 +334,7 @@ class Registry:
                 on_partial,
             )
         elif session is None:
-            d = fail(GatewayError(wire.NOT_CONNECTED, f"{trapos_id} is not connected"))
+            d = fail(GatewayError(wire.NOT_CONNECTED, f"{wire.cut(trapos_id)} is not connected"))
         elif timeout is not None and not timeout > 0:
             d = fail(GatewayError(wire.BAD_REQUEST, "timeout must be positive"))
         else:

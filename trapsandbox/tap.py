@@ -76,6 +76,13 @@ class Options(usage.Options):
             "Most connections from one address still awaiting hello "
             f"({limits.MAX_UNAUTHENTICATED_PER_ADDRESS}).",
         ],
+        [
+            "max-operator-sockets-per-account",
+            None,
+            None,
+            "Most /operator WebSockets one account's token holds open at once "
+            f"({limits.MAX_OPERATOR_SOCKETS_PER_ACCOUNT}).",
+        ],
         ["opencode-url", None, None, "The opencode server (empty: not probed)."],
         ["opencode-username", None, None, "opencode's Basic-auth user."],
         ["opencode-password", None, None, "opencode's Basic-auth password."],
@@ -237,7 +244,10 @@ class GatewayService(service.MultiService):
         )
         self.metrics.watch_accounts(self._account_counts)
         self.operator_socket = OperatorSocketFactory(
-            OperatorRequests(self.registry, self.admission), reactor, self.metrics
+            OperatorRequests(self.registry, self.admission),
+            reactor,
+            self.metrics,
+            max_per_account=settings.max_operator_sockets_per_account,
         )
         app = GatewayApp(
             self.registry,

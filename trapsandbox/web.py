@@ -536,7 +536,7 @@ class GatewayApp:
     def client_file(self, request: IRequest, name: str) -> bytes:
         body = client.read(name)
         if body is None:
-            return json_error(request, 404, "not_found", f"no client file {name!r}")
+            return json_error(request, 404, "not_found", f'no client file "{wire.cut(name)}"')
         return _lua(request, body)
 
     @app.route("/computers", methods=["GET"])
@@ -741,5 +741,7 @@ class GatewayApp:
 
     @app.handle_errors
     def internal_error(self, request: IRequest, failure: Failure) -> bytes:
-        log.failure("{method} {uri} failed", failure, method=request.method, uri=request.uri)
+        log.failure(
+            "{method} {uri} failed", failure, method=request.method, uri=wire.cut(request.uri)
+        )
         return json_error(request, 500, "internal", "the gateway failed to handle this request")

@@ -79,6 +79,19 @@ CLOSE_STALLED = 4004  # the computer stopped reading what we send
 _TRAPOS_ID = re.compile(rf"(0|[1-9][0-9]{{0,15}}):([^\x00-\x1f\x7f]{{0,{MAX_LABEL_LENGTH}}})\Z")
 
 
+# Values from outside (a traposId, a tool's ``computer``, a path, a type) are cut
+# to this many characters wherever they are logged or echoed in an error (SPEC §4).
+ECHO_LIMIT = 200
+
+
+def cut(value: object, limit: int = ECHO_LIMIT) -> str:
+    """``value`` as text for a log line or an error message, at most ``limit`` characters."""
+    text = value if type(value) is str else repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 1]}\u2026"
+
+
 def is_trapos_id(value: object) -> bool:
     """``"<computerId>:<label>"``, the label possibly empty."""
     return isinstance(value, str) and _TRAPOS_ID.match(value) is not None

@@ -358,3 +358,32 @@ class OperatorSocketAccountTests(TestCase):
         bob.respond(request, payload={"who": "bob"})
         answer = await admin.next_message()
         self.assertEqual((answer["status"], answer["payload"]), (200, {"who": "bob"}))
+
+    async def test_an_account_holds_at_most_its_bound_of_sockets(self):
+        # SPEC §4: per-account bounds.  A full account is refused 429; closing one of
+        # its sockets makes room; other accounts and the admin are not affected.
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write(_table("alice", "s-alice") + _table("bob", "s-bob"))
+        gateway = start_gateway(
+            self,
+            admin_token=TOKEN,
+            accounts_file=path,
+            accounts=accounts.load(path),
+            max_operator_sockets_per_account=2,
+        )
+        first = await connect_operator(self, gateway.port, "token-alice")
+        await connect_operator(self, gateway.port, "token-alice")
+        try:
+            await connect_operator(self, gateway.port, "token-alice")
+        except Refused as refusal:
+            self.assertEqual(refusal.status, 429, refusal)
+            self.assertIn("alice already has 2 operator sockets open", str(refusal))
+        else:
+            self.fail("a third socket of alice was accepted")
+        for token in ("token-bob", TOKEN, TOKEN, TOKEN):
+            await connect_operator(self, gateway.port, token)
+        first.sendClose(1000)
+        await bounded(first.closed)
+        await connect_operator(self, gateway.port, "token-alice")
+        self.assertEqual(gateway.operator_socket.per_account, {"alice": 2, "bob": 1})

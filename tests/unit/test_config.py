@@ -161,3 +161,14 @@ class ConfigTests(SynchronousTestCase):
         self.assertConfigError(
             {}, "--max-unauthenticated-per-address", "x", names="--max-unauthenticated-per-address"
         )
+
+    def test_operator_sockets_per_account(self):
+        self.assertEqual(self.load({}).max_operator_sockets_per_account, 16)
+        settings = self.load({"SANDBOX_MAX_OPERATOR_SOCKETS_PER_ACCOUNT": "3"})
+        self.assertEqual(settings.max_operator_sockets_per_account, 3)
+        settings = self.load({}, "--max-operator-sockets-per-account", "5")
+        self.assertEqual(settings.max_operator_sockets_per_account, 5)
+        self.assertConfigError(
+            {"SANDBOX_MAX_OPERATOR_SOCKETS_PER_ACCOUNT": "0"},
+            names="SANDBOX_MAX_OPERATOR_SOCKETS_PER_ACCOUNT",
+        )

@@ -349,6 +349,24 @@ class ResolutionTests(McpTestCase):
         result = self.call("read_screen", computer=7)
         self.assertTrue(result["isError"])
 
+    def test_outside_values_are_cut_in_answers_and_logs(self):
+        # SPEC §4: a huge ``computer`` (or tool, or method name) is neither echoed nor
+        # logged whole.
+        self.computer("7:base")
+        logs = LogCapture(self)
+        huge = "x" * 1_900_000
+        result = self.call("read_screen", computer=huge)
+        self.assertTrue(result["isError"])
+        self.assertLess(len(self.text(result)), 600)
+        self.assertIn('"' + "x" * 199 + "\u2026", self.text(result))
+        for answer in (
+            self.rpc_error("tools/call", {"name": huge}),
+            self.rpc_error(huge),
+        ):
+            self.assertLess(len(answer["message"]), 600)
+        self.assertTrue(logs.events)
+        self.assertLess(max(len(text) for text in logs.texts()), 2000)
+
 
 class ToolTests(McpTestCase):
     def test_list_computers(self):

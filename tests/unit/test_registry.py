@@ -108,6 +108,10 @@ class RegistryTests(SynchronousTestCase):
     def test_not_connected(self):
         error = self.assertGatewayError(self.registry.request("9:", "ping"), wire.NOT_CONNECTED)
         self.assertIn("9:", error.message)
+        # An operator's traposId comes from a URL: echoed cut (SPEC §4).
+        long_id = "9:" + "x" * 5000
+        error = self.assertGatewayError(self.registry.request(long_id, "ping"), wire.NOT_CONNECTED)
+        self.assertLess(len(error.message), wire.ECHO_LIMIT + 30)
 
     def test_bad_timeout(self):
         self.connect()

@@ -261,3 +261,18 @@ class HelloTests(SynchronousTestCase):
             with self.assertRaises(ValueError) as caught:
                 wire.decode_hello(payload)
             self.assertIn(field, str(caught.exception))
+
+
+class CutTests(SynchronousTestCase):
+    @given(st.text(max_size=500), st.integers(min_value=1, max_value=300))
+    def test_a_value_is_kept_whole_or_cut_to_the_limit_with_an_ellipsis(self, value, limit):
+        text = wire.cut(value, limit)
+        if len(value) <= limit:
+            self.assertEqual(text, value)
+        else:
+            self.assertEqual(len(text), limit)
+            self.assertEqual(text, value[: limit - 1] + "\u2026")
+
+    def test_other_values_are_shown_as_their_repr(self):
+        self.assertEqual(wire.cut(7), "7")
+        self.assertEqual(len(wire.cut(list(range(10_000)))), wire.ECHO_LIMIT)
