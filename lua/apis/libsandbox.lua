@@ -1126,12 +1126,32 @@ function Capture:takePending(limit)
   return run.name, data
 end
 
--- A redirect target drawing on `parent` (every method of it) that records what is written.
+--[[ The methods of CraftOS's terminal (term.native() once term.lua has moved
+nativePaletteColour and screenshot onto `term`): CC:Tweaked's TermMethods, then CraftOS-PC's
+graphics-mode extras. A terminal built over another takes its parent's methods by these names,
+by indexing: a parent that is a wrapper (`setmetatable({write = ...}, {__index = ...})`, as
+screen recorders and multiplexers make them) has most of its methods behind `__index`, where
+`pairs` never looks. A name the parent lacks stays absent, so term.redirect treats the new
+terminal as it would the parent: CraftOS-PC lends the native graphics methods, and a missing
+standard method becomes its "Redirect object is missing method X." stub. ]]
+M.TERM_METHODS = {
+  'write', 'scroll', 'setCursorPos', 'setCursorBlink', 'getCursorPos', 'getCursorBlink',
+  'getSize', 'clear', 'clearLine', 'setTextColour', 'setTextColor', 'setBackgroundColour',
+  'setBackgroundColor', 'isColour', 'isColor', 'getTextColour', 'getTextColor',
+  'getBackgroundColour', 'getBackgroundColor', 'blit', 'setPaletteColour', 'setPaletteColor',
+  'getPaletteColour', 'getPaletteColor',
+  'setGraphicsMode', 'getGraphicsMode', 'setPixel', 'getPixel', 'drawPixels', 'getPixels',
+  'showMouse', 'relativeMouse', 'setFrozen', 'getFrozen',
+  -- A window's own, passed on when the parent is one (a program may ask its terminal for them).
+  'getLine', 'setVisible', 'isVisible', 'redraw', 'restoreCursor', 'getPosition', 'reposition',
+}
+
+-- A redirect target drawing on `parent` (each of its M.TERM_METHODS) that records what is written.
 function Capture:terminal(parent)
   local cap = self
   local t = {}
-  for name, fn in pairs(parent) do
-    if type(fn) == 'function' then t[name] = function(...) return parent[name](...) end end
+  for _, name in ipairs(M.TERM_METHODS) do
+    if type(parent[name]) == 'function' then t[name] = function(...) return parent[name](...) end end
   end
   if parent.getCursorPos then
     local ok, _, y = pcall(parent.getCursorPos)

@@ -305,3 +305,79 @@ class SandboxEndToEndTests(GatewayMixin, TestCase):
         answer = yield self.ask(c, "screen", {})
         self.assertFalse(answer.ok)
         self.assertIn("no readable screen", answer.error.message)
+
+
+# The daemon started from a shell whose terminal is a wrapper drawing through a metatable, as
+# screen recorders, multiplexers and trapos write them (issue 25). `...` picks what the wrapper
+# stands on: the terminal it was started with ('term'), or a window over it (a readable
+# screen); 'none' runs the daemon without a wrapper.
+WRAPPED_DAEMON = """
+local over = ...
+local parent = term.current()
+_G.wrapperWrites = 0
+if over == 'none' then return shell.run('/servers/sandbox.lua') end
+if over == 'window' then
+  local width, height = parent.getSize()
+  parent = window.create(parent, 1, 1, width, height, true)
+end
+local wrapper = setmetatable({
+  write = function(text) _G.wrapperWrites = _G.wrapperWrites + 1 return parent.write(text) end,
+  blit = function(...) return parent.blit(...) end,
+}, { __index = parent })
+term.redirect(wrapper)
+if over == 'window' then _G.traposSandboxScreen = wrapper end
+shell.run('/servers/sandbox.lua')
+"""
+
+
+class WrappedTerminalTests(GatewayMixin, TestCase):
+    """exec, eval and screen on a computer whose terminal is a metatable-backed wrapper."""
+
+    @defer.inlineCallbacks
+    def ready(self, over):
+        c = self.computer(label="wr")
+        c.set_settings({"sandbox.allow": "exec,eval,screen"})
+        c.write_file("/wrapped.lua", WRAPPED_DAEMON)
+        c.write_file("/hi.lua", "print('hi from agent')\nprintError('and a warning')")
+        c.run(f"/wrapped.lua {over}")
+        yield c.wait_for_lua("traposSandboxState and traposSandboxState.connected")
+        return c
+
+    def ask(self, type, payload):
+        return self.gateway.registry.request("7:wr", type, payload, timeout=10)
+
+    @defer.inlineCallbacks
+    def check_exec_and_eval(self, c, wrapped=True):
+        answer = yield self.ask("exec", {"command": "hi"})
+        self.assertTrue(answer.ok, answer.error)
+        self.assertEqual(answer.payload["exitCode"], 0, answer.payload)
+        self.assertEqual(answer.payload["stdout"], "hi from agent\n")
+        self.assertEqual(answer.payload["stderr"], "and a warning\n")
+        answer = yield self.ask("eval", {"code": "print('evaluated') return term.isColour()"})
+        self.assertTrue(answer.ok, answer.error)
+        self.assertEqual((answer.payload["ok"], answer.payload["returns"]), (True, ["true"]))
+        self.assertEqual(answer.payload["stdout"], "evaluated\n")
+        # Drawn through the wrapper, where the player looks.
+        self.assertEqual(c.eval("return wrapperWrites") > 0, wrapped)
+
+    @defer.inlineCallbacks
+    def test_exec_and_eval_under_a_wrapper_of_the_shells_terminal(self):
+        c = yield self.ready("term")
+        yield self.check_exec_and_eval(c)
+        self.assertIn("hi from agent", "\n".join(c.screen_lines()))
+
+    @defer.inlineCallbacks
+    def test_exec_eval_and_screen_under_a_wrapper_of_a_window(self):
+        c = yield self.ready("window")
+        yield self.check_exec_and_eval(c)
+        answer = yield self.ask("screen", {})
+        self.assertTrue(answer.ok, answer.error)
+        lines = [line.rstrip() for line in answer.payload["lines"]]
+        self.assertIn("hi from agent", lines)
+        self.assertIn("evaluated", lines)
+
+    @defer.inlineCallbacks
+    def test_exec_and_eval_on_the_native_terminal(self):
+        c = yield self.ready("none")
+        yield self.check_exec_and_eval(c, wrapped=False)
+        self.assertIn("hi from agent", "\n".join(c.screen_lines()))
