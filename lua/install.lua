@@ -13,7 +13,8 @@ It downloads /client/apis/libsandbox.lua, /client/servers/sandbox.lua and
 /client/programs/sandbox.lua into /apis, /servers and /programs, sets sandbox.url to the
 gateway's ws(s)://HOST:PORT/gateway and sandbox.password (argument, or asked for), asks once
 whether the sandbox agent may act on this computer (sandbox.allow: y allows exec, eval,
-fs.read, fs.write and screen; anything else allows nothing), saves the settings and, on plain
+fs.read, fs.write and screen; anything else allows nothing), saying that exec and eval give it
+the whole computer, sandbox password included; saves the settings and, on plain
 CraftOS (no trapos), writes /startup/sandbox-daemon.lua, which makes `sandbox` runnable,
 starts the daemon in the background and keeps the screen readable for `screen` requests.
 
@@ -167,11 +168,13 @@ if allowArg ~= nil then
     local err
     allowValue, err = lib.changeCapabilities('', true, names)
     if not allowValue then fail('--allow: ' .. err) end
+    if lib.grantsWholeComputer(names) then print('note: ' .. lib.WHOLE_COMPUTER) end
   else
     allowValue = ''
   end
 else
-  write('Let the sandbox agent run programs, read and change files and see the screen on this computer? [y/N] ')
+  write('Let the sandbox agent run programs and Lua, read and change files and see the screen on this '
+    .. 'computer? Note: ' .. lib.WHOLE_COMPUTER .. '. [y/N] ')
   local answer = read()
   if type(answer) == 'string' and answer:lower():match('^%s*y') then
     allowValue = lib.changeCapabilities('', true, { 'all' })

@@ -9,6 +9,8 @@ The wire and connection side (computers, over one WebSocket each)
     ``wire``       the four frames, error and close codes, ``GatewayError``
     ``registry``   connected computers (newest wins) and requests to them
                    (Deferreds correlated by messageId, partial responses)
+    ``settingsfile`` no file request on a computer's /.settings (its credential);
+                   the twin of the Lua client's rule
     ``gateway``    the Autobahn protocol: hello, dispatch, limits, close codes
     ``outbound``   flow control of what one computer is sent
     ``handlers``   computer -> gateway requests: one handler per type

@@ -454,9 +454,10 @@ _ADVICE = {
 
 def _gateway_error_text(error: GatewayError, session: Session | None) -> str:
     name = session.trapos_id if session is not None else "the computer"
-    if error.code == wire.FORBIDDEN:
+    if error.code == wire.FORBIDDEN and "sandbox allow" in error.message:
         # The message names the capability and the command: "computer 7:base has not
-        # allowed exec: on it, run "sandbox allow exec"".
+        # allowed exec: on it, run "sandbox allow exec"".  (A refusal no command lifts,
+        # such as the settings file's, is told as it is, below.)
         return (
             f"Refused: {error.message}. Only the player at {name} can allow it; ask them to "
             "run that command on the computer, then call this tool again."

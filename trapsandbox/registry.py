@@ -8,9 +8,10 @@ fires with the computer's final ``ComputerResponse`` (even one with ``ok``
 false), or fails with a ``GatewayError``: ``timeout``, ``not_connected`` when
 its connection closes, ``overloaded``, ``too_large``, ``bad_request``,
 ``forbidden`` (refused before sending: the computer has not allowed that
-capability).  Partial responses before the final one go to a listener the
-caller gives, in order; one for a finished request is ignored.  Only a
-response arriving on the connection the request went out on resolves it.
+capability, or a file request names its settings file).  Partial responses
+before the final one go to a listener the caller gives, in order; one for a
+finished request is ignored.  Only a response arriving on the connection the
+request went out on resolves it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import limits, wire
+from trapsandbox import limits, settingsfile, wire
 from trapsandbox.limits import LOCAL_ACCOUNT
 from trapsandbox.metrics import Metrics
 from trapsandbox.wire import GatewayError
@@ -107,11 +108,15 @@ class Session:
     def in_flight(self) -> int:
         return len(self._pending)
 
-    def refusal(self, type: str) -> GatewayError | None:
-        """Why this computer must not be sent a ``type`` request, if it must not."""
+    def refusal(self, type: str, payload: dict[str, Any]) -> GatewayError | None:
+        """
+        Why this computer must not be sent this request, if it must not: a
+        capability its owner has not allowed, or a file request on its
+        settings file (which holds its credential).
+        """
         capability = wire.CAPABILITY_OF.get(type)
         if capability is None or capability in self.capabilities:
-            return None
+            return settingsfile.refusal(type, payload)
         return GatewayError(
             wire.FORBIDDEN,
             f"computer {self.trapos_id} has not allowed {capability}: on it, run "
@@ -131,7 +136,7 @@ class Session:
         partial response before it.  Cancelling the Deferred forgets the
         request and, for a type that runs on the computer, cancels it there.
         """
-        refusal = self.refusal(type)
+        refusal = self.refusal(type, payload)
         if refusal is not None:
             return fail(refusal)
         if len(self._pending) >= self.max_in_flight:

@@ -179,6 +179,19 @@ function M.changeCapabilities(value, allow, names)
   return table.concat(list, ','), list
 end
 
+-- Said in plain words wherever exec or eval is allowed (the installer's question, `sandbox
+-- allow`): file requests keep away from /.settings, but a program or Lua chunk can read it.
+M.WHOLE_COMPUTER = 'exec and eval (running programs and Lua) give the agent the whole computer, '
+  .. 'including its sandbox password'
+
+-- Whether a list in `allowed` (names as given to `sandbox allow`, or a new allowed list) has exec, eval or all.
+function M.grantsWholeComputer(allowed)
+  for _, name in ipairs(allowed) do
+    if name == 'exec' or name == 'eval' or name == 'all' then return true end
+  end
+  return false
+end
+
 -- Base64 ------------------------------------------------------------------------
 
 --[[ Built for CraftOS's Lua, where making strings piecewise is slow (SPEC §6): output bytes are
@@ -1126,12 +1139,32 @@ function Capture:takePending(limit)
   return run.name, data
 end
 
--- A redirect target drawing on `parent` (every method of it) that records what is written.
+--[[ The methods of CraftOS's terminal (term.native() once term.lua has moved
+nativePaletteColour and screenshot onto `term`): CC:Tweaked's TermMethods, then CraftOS-PC's
+graphics-mode extras. A terminal built over another takes its parent's methods by these names,
+by indexing: a parent that is a wrapper (`setmetatable({write = ...}, {__index = ...})`, as
+screen recorders and multiplexers make them) has most of its methods behind `__index`, where
+`pairs` never looks. A name the parent lacks stays absent, so term.redirect treats the new
+terminal as it would the parent: CraftOS-PC lends the native graphics methods, and a missing
+standard method becomes its "Redirect object is missing method X." stub. ]]
+M.TERM_METHODS = {
+  'write', 'scroll', 'setCursorPos', 'setCursorBlink', 'getCursorPos', 'getCursorBlink',
+  'getSize', 'clear', 'clearLine', 'setTextColour', 'setTextColor', 'setBackgroundColour',
+  'setBackgroundColor', 'isColour', 'isColor', 'getTextColour', 'getTextColor',
+  'getBackgroundColour', 'getBackgroundColor', 'blit', 'setPaletteColour', 'setPaletteColor',
+  'getPaletteColour', 'getPaletteColor',
+  'setGraphicsMode', 'getGraphicsMode', 'setPixel', 'getPixel', 'drawPixels', 'getPixels',
+  'showMouse', 'relativeMouse', 'setFrozen', 'getFrozen',
+  -- A window's own, passed on when the parent is one (a program may ask its terminal for them).
+  'getLine', 'setVisible', 'isVisible', 'redraw', 'restoreCursor', 'getPosition', 'reposition',
+}
+
+-- A redirect target drawing on `parent` (each of its M.TERM_METHODS) that records what is written.
 function Capture:terminal(parent)
   local cap = self
   local t = {}
-  for name, fn in pairs(parent) do
-    if type(fn) == 'function' then t[name] = function(...) return parent[name](...) end end
+  for _, name in ipairs(M.TERM_METHODS) do
+    if type(parent[name]) == 'function' then t[name] = function(...) return parent[name](...) end end
   end
   if parent.getCursorPos then
     local ok, _, y = pcall(parent.getCursorPos)
@@ -1453,6 +1486,66 @@ local function resolvePath(fsApi, payload, key, required)
   return full, '/' .. full
 end
 
+--[[ The computer's credential stays on it (SPEC §9): /.settings holds sandbox.password, so
+file requests may not read, list, write or delete it. CraftOS normalises a path before it
+touches the disk, and differently in CC:Tweaked (fs.combine keeps `*`; fs.open drops it) and
+CraftOS-PC (drops `"*:<>?|`, control and non-ASCII bytes, then folds `..`, trims spaces, drops
+all-dot parts, cuts a long last part at 255), on hosts whose names may ignore case and trailing
+dots and spaces. So a path is the settings file when, folded with the illegal characters
+dropped before or after folding, its first part is `.settings` in any case with any trailing
+dots or spaces (or a part of 255 bytes or more starting with it): the file, or a path under it
+(which would make a folder of that name where the settings are saved). `..` above the root
+stays at the root. The gateway refuses the same paths (trapsandbox/settingsfile.py, its twin). ]]
+M.SETTINGS_FILE = '.settings'
+local PATH_DROPPED = '[%c\128-\255"*:<>?|]'
+
+local function foldPath(path)
+  local parts = {}
+  for raw in path:gmatch('[^/\\]+') do
+    local part = raw:gsub('^[%c ]+', ''):gsub('[%c ]+$', '')
+    if part == '..' then
+      parts[#parts] = nil
+    elseif part ~= '' and not part:find('^%.+$') then
+      parts[#parts + 1] = part
+    end
+  end
+  return parts
+end
+
+local function namesSettings(parts)
+  if #parts == 0 then return false end
+  local name = parts[1]:lower()
+  if #name >= 255 then return name:sub(1, #M.SETTINGS_FILE) == M.SETTINGS_FILE end
+  return (name:gsub('[%. ]+$', '')) == M.SETTINGS_FILE
+end
+
+-- Whether `path` (absolute, or relative to `cwd`, itself relative to /) is /.settings.
+function M.isSettingsPath(path, cwd)
+  local first = path:sub(1, 1)
+  local joined = path
+  if first ~= '/' and first ~= '\\' then joined = (cwd or '') .. '/' .. path end
+  local folded = table.concat(foldPath(joined), '/')
+  return namesSettings(foldPath((joined:gsub(PATH_DROPPED, ''))))
+    or namesSettings(foldPath((folded:gsub(PATH_DROPPED, ''))))
+end
+
+local function settingsForbidden(req, shown)
+  req.respond(false, nil, errorValue('forbidden', shown .. ' is this computer\'s settings file and holds its '
+    .. 'sandbox password: file requests may not read, list, write or delete it'))
+end
+
+-- The path of a file request (see resolvePath), or nil once the request has been answered:
+-- bad_request, or forbidden for the settings file.
+local function filePath(req, fsApi, required)
+  local path, shown = resolvePath(fsApi, req.payload, 'path', required)
+  if not path then return badRequest(req, shown) end
+  local cwd = req.payload.cwd
+  if M.isSettingsPath(req.payload.path or '', cwd) or M.isSettingsPath(shown) then
+    return settingsForbidden(req, shown)
+  end
+  return path, shown
+end
+
 local function encodingOk(req)
   local encoding = req.payload.encoding
   if encoding ~= nil and encoding ~= 'base64' then
@@ -1636,8 +1729,8 @@ function M.requestHandlers.list_files(req, ctx)
   local session = sessionOf(req, ctx)
   if not session then return end
   local fsApi = session.fs
-  local path, shown = resolvePath(fsApi, req.payload, 'path', false)
-  if not path then return badRequest(req, shown) end
+  local path, shown = filePath(req, fsApi, false)
+  if not path then return end
   if not fsApi.exists(path) then return fsError(req, shown .. ': No such file') end
   if not fsApi.isDir(path) then return fsError(req, shown .. ': Not a directory') end
   local ok, names = pcall(fsApi.list, path)
@@ -1676,8 +1769,8 @@ function M.requestHandlers.read_file(req, ctx)
   if not session then return end
   local fsApi, payload = session.fs, req.payload
   if not encodingOk(req) then return end
-  local path, shown = resolvePath(fsApi, payload, 'path', true)
-  if not path then return badRequest(req, shown) end
+  local path, shown = filePath(req, fsApi, true)
+  if not path then return end
   local offset, err = optionalNumber(payload, 'offset', 0, 0)
   if not offset then return badRequest(req, err) end
   local length
@@ -1747,8 +1840,8 @@ function M.requestHandlers.write_file(req, ctx)
   if not session then return end
   local fsApi, payload = session.fs, req.payload
   if not encodingOk(req) then return end
-  local path, shown = resolvePath(fsApi, payload, 'path', true)
-  if not path then return badRequest(req, shown) end
+  local path, shown = filePath(req, fsApi, true)
+  if not path then return end
   if path == '' then return badRequest(req, 'path names a folder: /') end
   if type(payload.content) ~= 'string' then return badRequest(req, 'content must be a base64 string') end
   local data, decodeErr = M.base64Decode(payload.content)
@@ -1770,6 +1863,7 @@ function M.requestHandlers.write_file(req, ctx)
 
   -- Parts go to a temporary file beside the target; offset 0 starts it afresh.
   local temp = fsApi.combine(fsApi.getDir(path), '.' .. fsApi.getName(path) .. M.TEMP_SUFFIX)
+  if M.isSettingsPath('/' .. temp) or M.isSettingsPath('/' .. temp .. '.old') then return settingsForbidden(req, shown) end
   local have = 0
   if offset > 0 then
     have = fsApi.exists(temp) and fsApi.getSize(temp) or 0
@@ -1808,8 +1902,8 @@ function M.requestHandlers.delete_file(req, ctx)
   local session = sessionOf(req, ctx)
   if not session then return end
   local fsApi = session.fs
-  local path, shown = resolvePath(fsApi, req.payload, 'path', true)
-  if not path then return badRequest(req, shown) end
+  local path, shown = filePath(req, fsApi, true)
+  if not path then return end
   if path == '' then return badRequest(req, 'refusing to delete /') end
   if not fsApi.exists(path) then return req.respond(true, { deleted = false }) end
   if fsApi.isReadOnly(path) then return fsError(req, shown .. ': Access denied') end

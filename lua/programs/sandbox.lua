@@ -14,7 +14,8 @@ sandbox: talk to the trapsandbox gateway through the sandbox daemon.
   sandbox --version | --help
 Capabilities (setting sandbox.allow): exec (run programs), eval (run Lua code), fs.read (list
 and read files), fs.write (write and delete files), screen (read the terminal); `all` names
-every one. allow and deny save the setting and tell the running daemon (OS event
+every one. exec and eval give the agent the whole computer, including its sandbox password
+(file requests cannot touch /.settings; programs and Lua can). allow and deny save the setting and tell the running daemon (OS event
 trapos_sandbox_capabilities), which tells the gateway: no reboot needed.
 ]]
 
@@ -59,6 +60,7 @@ local function change(lib, allow, names)
   if not settings.save() then print('sandbox: could not save settings') end
   os.queueEvent(lib.EVENT_CAPABILITIES)
   print('allowed: ' .. describeAllowed(listOrError))
+  if allow and lib.grantsWholeComputer(names) then print('note: ' .. lib.WHOLE_COMPUTER) end
   return true
 end
 

@@ -1448,6 +1448,21 @@ term.write('at row 5')
   eq(again.stdout, answer.stdout, 'the swapped globals were put back and work again')
 end)
 
+test('the capture terminal takes a metatable-backed parent\'s methods by name', function()
+  local win = fakeWindow(20, 3)
+  local parent = setmetatable({ write = function(text) return win.write(text) end }, { __index = win })
+  local cap = lib.newCapture(100)
+  local t = cap:terminal(parent)
+  for _, name in ipairs({ 'isColour', 'isColor', 'getSize', 'getCursorPos', 'clear', 'getLine', 'blit' }) do
+    eq(type(t[name]), 'function', name .. ' reached through __index')
+  end
+  eq(t.setGraphicsMode, nil, 'a method the parent lacks stays absent')
+  eq(t.isColour(), true, 'isColour answers')
+  t.write('seen')
+  eq(cap:text('stdout'), 'seen', 'recorded')
+  eq(win.text(), 'seen', 'drawn on the parent')
+end)
+
 test('exec of a failing or missing program exits 1 with the error on stderr', function()
   local env = sandbox()
   env.program('boom.lua', "print('before') error('it broke', 0)")

@@ -424,10 +424,21 @@ function term.blit(text, fg, bg)
   return redirectTarget.blit(text, fg, bg)
 end
 term.nativePaletteColour, term.nativePaletteColor = nativePaletteColour, nativePaletteColour
+local GRAPHICS_METHODS = {
+  'setGraphicsMode', 'getGraphicsMode', 'setPixel', 'getPixel', 'drawPixels', 'getPixels',
+  'showMouse', 'relativeMouse', 'setFrozen', 'getFrozen',
+}
 function term.redirect(target)
   expect(1, target, 'table')
   if target == term or target == _G.term then
     error('term is not a recommended redirect target, try term.current() instead', 2)
+  end
+  -- As CraftOS-PC's rom/apis/term.lua: its graphics-mode methods are lent from the native
+  -- terminal when the target lacks them; every other native method the target does not have
+  -- (looked up by indexing, so a metatable's __index counts) becomes a stub that raises
+  -- "Redirect object is missing method X." when called, as CC:Tweaked's and CraftOS-PC's do.
+  for _, method in ipairs(GRAPHICS_METHODS) do
+    if target[method] == nil then target[method] = native[method] end
   end
   for k, v in pairs(native) do
     if type(k) == 'string' and type(v) == 'function' and type(target[k]) ~= 'function' then

@@ -162,6 +162,40 @@ class TerminalTests(CraftOSTestCase):
         self.assertIs(r["nativeHasIt"], False)  # term.lua moves it onto term
 
     @defer.inlineCallbacks
+    def test_redirect_looks_methods_up_through_a_metatable_like_craftos(self):
+        """CraftOS-PC's term.lua (v2.8.3) and CC:Tweaked's index every native method name on
+        the target: a wrapper whose methods come from ``__index`` is complete, a copy of it
+        made with ``pairs`` is not, and printError then fails as on a real computer
+        ("bios.lua:277: Redirect object is missing method isColour.")."""
+        c, r = yield self.run_ok(
+            """
+            local native = term.current()
+            local wrapper = setmetatable({
+              write = function(s) return native.write(s) end,
+              blit = function(...) return native.blit(...) end,
+            }, { __index = native })
+            term.redirect(wrapper)
+            print('through the wrapper')
+            R.wrapped = { pcall(printError, 'an error line') }
+            local copy = {}
+            for name, fn in pairs(wrapper) do copy[name] = fn end
+            term.redirect(copy)
+            R.copied = { pcall(printError, 'never drawn') }
+            R.stub = rawget(copy, 'isColour') ~= nil
+            term.redirect(native)
+            """,
+            size=(30, 4),
+            multishell=False,
+        )
+        self.assertEqual(r["wrapped"], [True])
+        self.assertEqual(
+            c.screen_lines()[:2], ["through the wrapper".ljust(30), "an error line".ljust(30)]
+        )
+        self.assertFalse(r["copied"][0])
+        self.assertIn("Redirect object is missing method isColour.", r["copied"][1])
+        self.assertTrue(r["stub"])  # term.redirect fills the gap on the target itself
+
+    @defer.inlineCallbacks
     def test_redirect_returns_the_previous_target(self):
         c, r = yield self.run_ok(
             """

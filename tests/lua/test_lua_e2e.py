@@ -9,6 +9,8 @@ from twisted.trial.unittest import TestCase
 from tests.harness.craftos import Computer
 from tests.harness.opencode import start_opencode
 from tests.harness.support import closed_port, start_gateway
+from tests.unit.test_settingsfile import SETTINGS_SPELLINGS
+from trapsandbox import settingsfile
 from trapsandbox.wire import GatewayError
 
 LUA = Path(__file__).resolve().parents[2] / "lua"
@@ -154,6 +156,7 @@ class EndToEndTests(GatewayMixin, TestCase):
         ok, err = yield proc.done
         self.assertTrue(ok, err)
         self.assertIn("startup entry: /startup/sandbox-daemon.lua", c.output)
+        self.assertIn("note: exec and eval (running programs and Lua) give the agent", c.output)
         self.assertEqual(c.get_setting("sandbox.url"), self.url.encode())
         self.assertEqual(c.get_setting("sandbox.password"), PASSWORD.encode())
         self.assertEqual(c.get_setting("sandbox.allow"), b"exec,fs.read")
@@ -177,7 +180,13 @@ class EndToEndTests(GatewayMixin, TestCase):
             c = self.computer(id=id, install=False)
             c.set_settings({"sandbox.url": None, "sandbox.password": None})
             proc = c.run(f"wget run {base}/client/install.lua {PASSWORD}")
-            yield c.wait_for_output("see the screen on this computer? [y/N]")
+            yield c.wait_for_output("[y/N] ")
+            # The question says what exec and eval give away, before the answer.
+            self.assertIn(
+                "see the screen on this computer? Note: exec and eval (running programs and Lua) "
+                "give the agent the whole computer, including its sandbox password. [y/N]",
+                c.output,
+            )
             c.type_line(answer)
             ok, err = yield proc.done
             self.assertTrue(ok, err)
@@ -284,7 +293,11 @@ class SandboxEndToEndTests(GatewayMixin, TestCase):
         session.capabilities = frozenset()
         proc = c.run("/programs/sandbox.lua allow eval")
         yield proc.done
-        self.assertIn("allowed: eval", c.output)
+        self.assertIn(
+            "allowed: eval\nnote: exec and eval (running programs and Lua) give the agent the "
+            "whole computer, including its sandbox password\n",
+            c.output,
+        )
         self.assertEqual(c.get_setting("sandbox.allow"), b"eval")
         yield c.wait_for_lua("traposSandboxState.capabilities[1] == 'eval'")
         # Frames are handled in order: once a ping is answered, so is the announcement.
@@ -305,3 +318,127 @@ class SandboxEndToEndTests(GatewayMixin, TestCase):
         answer = yield self.ask(c, "screen", {})
         self.assertFalse(answer.ok)
         self.assertIn("no readable screen", answer.error.message)
+
+
+# The daemon started from a shell whose terminal is a wrapper drawing through a metatable, as
+# screen recorders, multiplexers and trapos write them (issue 25). `...` picks what the wrapper
+# stands on: the terminal it was started with ('term'), or a window over it (a readable
+# screen); 'none' runs the daemon without a wrapper.
+WRAPPED_DAEMON = """
+local over = ...
+local parent = term.current()
+_G.wrapperWrites = 0
+if over == 'none' then return shell.run('/servers/sandbox.lua') end
+if over == 'window' then
+  local width, height = parent.getSize()
+  parent = window.create(parent, 1, 1, width, height, true)
+end
+local wrapper = setmetatable({
+  write = function(text) _G.wrapperWrites = _G.wrapperWrites + 1 return parent.write(text) end,
+  blit = function(...) return parent.blit(...) end,
+}, { __index = parent })
+term.redirect(wrapper)
+if over == 'window' then _G.traposSandboxScreen = wrapper end
+shell.run('/servers/sandbox.lua')
+"""
+
+
+class WrappedTerminalTests(GatewayMixin, TestCase):
+    """exec, eval and screen on a computer whose terminal is a metatable-backed wrapper."""
+
+    @defer.inlineCallbacks
+    def ready(self, over):
+        c = self.computer(label="wr")
+        c.set_settings({"sandbox.allow": "exec,eval,screen"})
+        c.write_file("/wrapped.lua", WRAPPED_DAEMON)
+        c.write_file("/hi.lua", "print('hi from agent')\nprintError('and a warning')")
+        c.run(f"/wrapped.lua {over}")
+        yield c.wait_for_lua("traposSandboxState and traposSandboxState.connected")
+        return c
+
+    def ask(self, type, payload):
+        return self.gateway.registry.request("7:wr", type, payload, timeout=10)
+
+    @defer.inlineCallbacks
+    def check_exec_and_eval(self, c, wrapped=True):
+        answer = yield self.ask("exec", {"command": "hi"})
+        self.assertTrue(answer.ok, answer.error)
+        self.assertEqual(answer.payload["exitCode"], 0, answer.payload)
+        self.assertEqual(answer.payload["stdout"], "hi from agent\n")
+        self.assertEqual(answer.payload["stderr"], "and a warning\n")
+        answer = yield self.ask("eval", {"code": "print('evaluated') return term.isColour()"})
+        self.assertTrue(answer.ok, answer.error)
+        self.assertEqual((answer.payload["ok"], answer.payload["returns"]), (True, ["true"]))
+        self.assertEqual(answer.payload["stdout"], "evaluated\n")
+        # Drawn through the wrapper, where the player looks.
+        self.assertEqual(c.eval("return wrapperWrites") > 0, wrapped)
+
+    @defer.inlineCallbacks
+    def test_exec_and_eval_under_a_wrapper_of_the_shells_terminal(self):
+        c = yield self.ready("term")
+        yield self.check_exec_and_eval(c)
+        self.assertIn("hi from agent", "\n".join(c.screen_lines()))
+
+    @defer.inlineCallbacks
+    def test_exec_eval_and_screen_under_a_wrapper_of_a_window(self):
+        c = yield self.ready("window")
+        yield self.check_exec_and_eval(c)
+        answer = yield self.ask("screen", {})
+        self.assertTrue(answer.ok, answer.error)
+        lines = [line.rstrip() for line in answer.payload["lines"]]
+        self.assertIn("hi from agent", lines)
+        self.assertIn("evaluated", lines)
+
+    @defer.inlineCallbacks
+    def test_exec_and_eval_on_the_native_terminal(self):
+        c = yield self.ready("none")
+        yield self.check_exec_and_eval(c, wrapped=False)
+        self.assertIn("hi from agent", "\n".join(c.screen_lines()))
+
+
+class SettingsFileTests(GatewayMixin, TestCase):
+    """The computer refuses file requests on /.settings itself (the gateway's refusal is
+    switched off here, so the requests reach it)."""
+
+    @defer.inlineCallbacks
+    def test_file_requests_on_the_settings_file_are_forbidden_on_the_computer(self):
+        self.patch(settingsfile, "refusal", lambda type, payload: None)
+        c = self.computer(label="st")
+        c.set_settings({"sandbox.allow": "fs.read,fs.write"})
+        yield self.start_daemon(c)
+        saved = c.read_file("/.settings")
+        self.assertIn(PASSWORD.encode(), saved)
+        empty = base64.b64encode(b"stolen").decode()
+        requests = {
+            "read_file": {},
+            "list_files": {},
+            "write_file": {"content": empty, "encoding": "base64"},
+            "delete_file": {},
+        }
+        for path, cwd in SETTINGS_SPELLINGS:
+            for kind, extra in requests.items():
+                payload = {"path": path, **extra}
+                if cwd is not None:
+                    payload["cwd"] = cwd
+                answer = yield self.gateway.registry.request("7:st", kind, payload, timeout=10)
+                self.assertEqual(
+                    (answer.ok, answer.error and answer.error.code),
+                    (False, "forbidden"),
+                    (kind, payload, answer.payload),
+                )
+                self.assertIn("sandbox password", answer.error.message)
+                self.assertNotIn(PASSWORD, answer.error.message)
+        self.assertEqual(c.read_file("/.settings"), saved)
+        # No part file or folder was left behind.
+        self.assertEqual(c.eval("return #fs.find('.settings*') + #fs.find('..settings*')"), 1)
+        # Other files, and the listing of / (which names .settings), still work.
+        answer = yield self.gateway.registry.request(
+            "7:st", "write_file", {"path": "/notes.txt", "content": empty, "encoding": "base64"}
+        )
+        self.assertTrue(answer.ok, answer.error)
+        answer = yield self.gateway.registry.request("7:st", "read_file", {"path": "notes.txt"})
+        self.assertEqual(base64.b64decode(answer.payload["content"]), b"stolen")
+        answer = yield self.gateway.registry.request("7:st", "list_files", {"path": "/"})
+        self.assertIn(".settings", [entry["name"] for entry in answer.payload["entries"]])
+        answer = yield self.gateway.registry.request("7:st", "delete_file", {"path": "/notes.txt"})
+        self.assertEqual(answer.payload, {"deleted": True})

@@ -549,6 +549,17 @@ class ToolTests(McpTestCase):
             self.assertEqual(result["structuredContent"]["code"], "forbidden")
         self.assertEqual(c.sent, [])
 
+    def test_the_settings_file_is_refused_without_asking_for_a_permission(self):
+        c = self.computer()
+        c.files["/.settings"] = b"secret"
+        result = self.call("read_file", path="/.settings")
+        self.assertTrue(result["isError"])
+        self.assertEqual(result["structuredContent"]["code"], "forbidden")
+        self.assertIn("holds its sandbox password", self.text(result))
+        self.assertNotIn("allow", self.text(result))
+        self.assertNotIn("secret", self.text(result))
+        self.assertEqual(c.sent, [])
+
     def test_fs_error_says_what_paths_are(self):
         self.computer()
         result = self.call("write_file", path="/rom/x", content="no")
