@@ -84,6 +84,15 @@ def is_trapos_id(value: object) -> bool:
     return isinstance(value, str) and _TRAPOS_ID.match(value) is not None
 
 
+def cut(value: str, limit: int = 200) -> str:
+    """
+    A value from outside (a traposId, a tool name, a path) as it may be logged
+    or echoed in an error: at most ``limit`` characters (SPEC §4), so nobody
+    fills a log line or an answer with a value of their choosing.
+    """
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
 def _as_object(value: object) -> dict[str, Any]:
     # CraftOS may send ``[]`` for an empty table; anything not an object is ``{}``.
     return value if type(value) is dict else {}
