@@ -19,10 +19,9 @@ Confinement.  opencode keeps one instance per ``directory`` query parameter,
 each with its own MCP connections.  Every computer's sessions live in a
 directory of their own (under ``ask_directory``, made and opened as
 ``trapsandbox.state`` says: 0700, ours, never through a symbolic link), whose
-instance is given a
-``trapsandbox`` MCP server (``POST /mcp?directory=D``, the same name as the
-operator's, so it replaces it there and the tools keep their names) whose
-bearer token is minted for that computer alone.  ``/mcp`` serves such a
+instance is given a ``trapsandbox`` MCP server (``POST /mcp?directory=D``, the
+same name as the operator's, so it replaces it there and the tools keep their
+names) whose bearer token is minted for that computer alone.  ``/mcp`` serves such a
 token with every tool pinned to that computer, whatever ``computer`` the
 model names (``trapsandbox.mcp``).  The same block is written to the
 directory's ``opencode.json``, so an instance opencode re-creates reads it
