@@ -53,7 +53,11 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def run(reactor, args: argparse.Namespace) -> dict:
-    settings = config.Settings(ports=("tcp:0:interface=127.0.0.1",), opencode_url="")
+    settings = config.Settings(
+        ports=("tcp:0:interface=127.0.0.1",),
+        opencode_url="",
+        state_dir=tempfile.mkdtemp(prefix="trapsandbox-bench-state-"),
+    )
     gateway = GatewayService(settings, reactor)
     gateway.privilegedStartService()
     gateway.startService()

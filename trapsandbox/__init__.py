@@ -40,6 +40,8 @@ The opencode side
 
 Operations
     ``config``     settings from the environment and options
+    ``state``      the state directory (SANDBOX_STATE_DIR) and the private
+                   directories and files in it (ask directories)
     ``tap``        ``twistd trapsandbox``: options and service assembly
     ``ctl``        ``trapsandbox-ctl``, the operator's command line
     ``batch``      ``trapsandbox-ctl batch``: NDJSON requests over one ``/operator``

@@ -49,9 +49,13 @@ class Settings:
     # Cluster mode (SPEC §13): None is one process on its own.
     redis_url: str | None = attrs.field(default=None, repr=False)
     cluster_refresh_interval: float = limits.CLUSTER_REFRESH_INTERVAL
+    # SANDBOX_STATE_DIR: what the gateway keeps on disk; made private at start (``state``).
+    state_dir: str = limits.DEFAULT_STATE_DIR
     # Where each computer's ask sessions get an opencode directory of their own (None:
-    # the temporary folder's trapsandbox-ask).  opencode must see the same path.
+    # ``ask`` in the state directory).  opencode must see the same path.
     ask_directory: str | None = None
+    # Ask conversations remembered per account (SPEC §4), the least recently used dropped.
+    max_ask_conversations: int = limits.MAX_ASK_CONVERSATIONS
 
 
 def _escape(host: str) -> str:
@@ -120,6 +124,12 @@ def _redis_url(value: str, name: str) -> str | None:
     if not valid or port is None:
         # Not echoed: it may hold a password.
         raise ConfigError(f"{name} must be a URL redis://[:PASSWORD@]HOST[:PORT][/DB]")
+    return value
+
+
+def _directory(value: str, name: str) -> str:
+    if not value or "\0" in value:
+        raise ConfigError(f"{name} must be a directory path, not {value!r}")
     return value
 
 
@@ -238,4 +248,11 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
             limits.CLUSTER_REFRESH_INTERVAL,
         ),
         ask_directory=setting("ask-dir", "SANDBOX_ASK_DIR", lambda value, _: value or None, None),
+        state_dir=setting("state-dir", "SANDBOX_STATE_DIR", _directory, limits.DEFAULT_STATE_DIR),
+        max_ask_conversations=setting(
+            "max-ask-conversations",
+            "SANDBOX_MAX_ASK_CONVERSATIONS",
+            _count,
+            limits.MAX_ASK_CONVERSATIONS,
+        ),
     )

@@ -67,6 +67,13 @@ MCP_CALL_TIMEOUT = 50.0
 # The longest run a tool asks for, so that the computer stops it and answers
 # with its output and timedOut well inside the call's bound.
 MCP_MAX_RUN_SECONDS = 45.0
+# The ``timeout`` (ms) of the MCP block the gateway writes for a computer's ask sessions.
+# opencode 1.18.33 cuts a tool call that sends no progress at that timeout (NOTES-opencode.md),
+# so it must outlast the longest call the gateway lets run (MCP_CALL_TIMEOUT) plus the
+# answer's way back.  Set, not left to opencode's default (60 s today), because the block is
+# copied from the operator's, whose ``timeout`` may be short (5000 cut calls at 5.5 s: issue
+# 26), and a default may change with opencode's version.
+ASK_MCP_TIMEOUT_MS = int((MCP_CALL_TIMEOUT + 10) * 1000)
 
 # -- Connections -----------------------------------------------------------------------------
 
@@ -161,6 +168,15 @@ CTL_PING_TIMEOUT = 10.0
 CTL_HTTP_MARGIN = 10.0
 
 # -- sandbox ask (the agent in the game) -----------------------------------------------------
+
+# SANDBOX_STATE_DIR: what the gateway keeps on disk (ask directories, snapshots); a relative
+# path is taken from the working directory (``make run``: the repository's ./state).
+DEFAULT_STATE_DIR = "state"
+# SANDBOX_ASK_DIR's default, inside the state directory.
+ASK_DIRECTORY_NAME = "ask"
+# Ask conversations remembered per account (an opencode session, a scoped MCP token and
+# its directory's state per computer); past it the least recently used is forgotten.
+MAX_ASK_CONVERSATIONS = 256
 
 # A whole ask, from the prompt to the answer; past it the run is aborted.
 ASK_TIMEOUT = 600.0

@@ -17,15 +17,21 @@ one event stream the whole gateway shares.
 
 Confinement.  opencode keeps one instance per ``directory`` query parameter,
 each with its own MCP connections.  Every computer's sessions live in a
-directory of their own (under ``ask_directory``), whose instance is given a
-``trapsandbox`` MCP server (``POST /mcp?directory=D``, the same name as the
-operator's, so it replaces it there and the tools keep their names) whose
-bearer token is minted for that computer alone.  ``/mcp`` serves such a
+directory of their own (under ``ask_directory``, made and opened as
+``trapsandbox.state`` says: 0700, ours, never through a symbolic link), whose
+instance is given a ``trapsandbox`` MCP server (``POST /mcp?directory=D``, the
+same name as the operator's, so it replaces it there and the tools keep their
+names) whose bearer token is minted for that computer alone.  ``/mcp`` serves such a
 token with every tool pinned to that computer, whatever ``computer`` the
 model names (``trapsandbox.mcp``).  The same block is written to the
 directory's ``opencode.json``, so an instance opencode re-creates reads it
 too.  The session's permission rules deny every other tool (opencode's own
 bash, edit, … act on the host, not on the computer).
+
+What is remembered per computer (its conversation, its token, whether its
+directory's instance has the block) is bounded per account: past
+``max_conversations`` the least recently used computer's is forgotten (its
+token stops working; its next ask starts a new session).
 
 The event stream: one ``GET /global/event`` for the whole gateway (``/event``
 carries one directory's instance only; the global stream wraps every
@@ -41,7 +47,6 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -60,7 +65,8 @@ from twisted.web.client import ResponseDone, ResponseFailed
 from trapsandbox import limits, wire
 from trapsandbox.metrics import Metrics
 from trapsandbox.probe import redact
-from trapsandbox.wire import GatewayError
+from trapsandbox.state import Unsafe, private_directory, write_private
+from trapsandbox.wire import GatewayError, cut
 
 log = Logger()
 
@@ -171,7 +177,7 @@ def explain(failure: Failure, where: str) -> GatewayError:
     elif failure.check(DNSLookupError):
         reason = "host name not found"
     elif failure.check(ConnectError):
-        reason = f"cannot connect: {failure.getErrorMessage()}"
+        reason = f"cannot connect: {cut(failure.getErrorMessage())}"
     elif failure.check(ResponseFailed):
         reason = "the connection closed before a complete answer"
     else:
@@ -180,7 +186,7 @@ def explain(failure: Failure, where: str) -> GatewayError:
         if failure.check(TimeoutError):
             reason = "no answer in time"
         else:
-            reason = failure.getErrorMessage() or failure.type.__name__
+            reason = cut(failure.getErrorMessage() or failure.type.__name__)
     return opencode_error(f"opencode at {where}: {reason}")
 
 
@@ -235,7 +241,7 @@ class OpencodeClient:
             )
         if not 200 <= code < 300:
             raise opencode_error(
-                f"opencode at {self.where} answered HTTP {code} to {method} {path}"
+                f"opencode at {self.where} answered HTTP {code} to {method} {cut(path)}"
                 + _detail_of(body)
             )
         if not body.strip():
@@ -244,7 +250,7 @@ class OpencodeClient:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
             raise opencode_error(
-                f"opencode at {self.where} answered {method} {path} with something not JSON: "
+                f"opencode at {self.where} answered {method} {cut(path)} with something not JSON: "
                 "is OPENCODE_URL an opencode server?"
             ) from None
 
@@ -293,7 +299,7 @@ def _detail_of(body: bytes) -> str:
         data = answer.get("data")
         message = data.get("message") if isinstance(data, dict) else answer.get("message")
         if isinstance(message, str) and message:
-            return ": " + message[:300]
+            return ": " + cut(message)
     return ""
 
 
@@ -545,7 +551,14 @@ class Run:
 
 
 def _directory_name(account_id: str, trapos_id: str) -> str:
+    """
+    A computer's ask directory: its number (for a reader of the folder) and a
+    digest of the account and traposId, so neither can put a ``/`` or ``..``
+    into the path.  Not a secret: the parent is 0700.
+    """
     number = trapos_id.partition(":")[0]
+    if not (number.isascii() and number.isdigit() and len(number) <= 16):
+        number = "x"
     digest = hashlib.sha256(f"{account_id}\0{trapos_id}".encode()).hexdigest()[:16]
     return f"{number}-{digest}"
 
@@ -594,24 +607,28 @@ class Asks:
         client: OpencodeClient,
         clock: IReactorTime,
         metrics: Metrics | None = None,
-        directory: str | None = None,
+        *,
+        directory: str,
         stream: EventStream | None = None,
         timeout: float = limits.ASK_TIMEOUT,
+        max_conversations: int = limits.MAX_ASK_CONVERSATIONS,
     ) -> None:
         self._client = client
         self._clock = clock
         self._metrics = Metrics() if metrics is None else metrics
         self._metrics.ask_labels(ASK_OUTCOMES)
-        # opencode resolves a relative directory against its own working directory.
-        self.root = os.path.abspath(
-            directory or os.path.join(tempfile.gettempdir(), "trapsandbox-ask")
-        )
+        # A private directory (``state.prepare``, at start).  opencode resolves a
+        # relative directory against its own working directory: give it an absolute one.
+        self.root = os.path.abspath(directory)
         self.stream = EventStream(client, clock) if stream is None else stream
         self.stream.on_reconnect.append(self._reconnected)
         self._timeout = timeout
+        self._max_conversations = max_conversations
+        # account -> its computers' traposIds, the least recently asked first.
+        self._recent: dict[str, dict[str, None]] = {}
         self._tokens: dict[str, tuple[str, str]] = {}  # sha256(token) -> (account, traposId)
         self._token_of: dict[tuple[str, str], str] = {}
-        self._scoped: set[str] = set()  # directories whose instance has our MCP block
+        self._scoped: set[tuple[str, str]] = set()  # computers whose instance has our MCP block
         self.conversations: dict[tuple[str, str], Conversation] = {}
         self.runs: dict[tuple[str, str], Run] = {}
         self._by_permission: dict[str, Run] = {}
@@ -633,9 +650,58 @@ class Asks:
             self._tokens[hashlib.sha256(token.encode()).hexdigest()] = key
         return token
 
+    # -- Remembered per computer, bounded per account ------------------------------------
+
+    def _remember(self, key: tuple[str, str]) -> None:
+        """``key`` was just asked for; forget its account's least recently used past the bound."""
+        recent = self._recent.setdefault(key[0], {})
+        recent.pop(key[1], None)
+        recent[key[1]] = None
+        if len(recent) <= self._max_conversations:
+            return
+        for trapos_id in list(recent):
+            if len(recent) <= self._max_conversations:
+                break
+            if (key[0], trapos_id) not in self.runs:  # one asking now is kept
+                del recent[trapos_id]
+                self._forget((key[0], trapos_id))
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        """Drop what is kept for ``key``: its session id, its token (revoked), its block's mark."""
+        self.conversations.pop(key, None)
+        token = self._token_of.pop(key, None)
+        if token is not None:
+            self._tokens.pop(hashlib.sha256(token.encode()).hexdigest(), None)
+        self._scoped.discard(key)
+        log.info(
+            "forgot the ask conversation of {traposId} (account {account}): the account's "
+            "{bound} most recently asked computers are kept",
+            traposId=cut(key[1]),
+            account=cut(key[0]),
+            bound=self._max_conversations,
+        )
+
+    def _directory(self, key: tuple[str, str]) -> str:
+        """The computer's ask directory, made or checked (``private_directory``)."""
+        name = _directory_name(*key)
+        try:
+            with private_directory(self.root, name):
+                pass
+        except (Unsafe, OSError) as error:
+            raise self._unsafe(os.path.join(self.root, name), error) from None
+        return os.path.join(self.root, name)
+
+    def _unsafe(self, path: str, error: Exception) -> GatewayError:
+        reason = str(error) if isinstance(error, Unsafe) else error.strerror or str(error)
+        log.error("the ask directory {path} is not usable: {reason}", path=path, reason=reason)
+        return opencode_error(
+            f"the gateway's ask directory for this computer is not usable ({cut(reason)}); "
+            "the operator must remove or fix it"
+        )
+
     async def _scope(self, key: tuple[str, str], directory: str) -> None:
         """Give ``directory``'s opencode instance a ``trapsandbox`` MCP block for this computer."""
-        if directory in self._scoped:
+        if key in self._scoped:
             return
         config = await self._client.config()
         servers = config.get("mcp") if isinstance(config, dict) else None
@@ -646,7 +712,7 @@ class Asks:
                 "(trapsandbox-ctl opencode-config prints the block)",
                 name=MCP_NAME,
             )
-            self._scoped.add(directory)
+            self._scoped.add(key)
             return
         headers = server.get("headers") if isinstance(server.get("headers"), dict) else {}
         headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
@@ -656,13 +722,17 @@ class Asks:
             "url": server["url"],
             "oauth": False,
             "headers": headers,
-            "timeout": server.get("timeout", 5000),
+            # Not the operator's: opencode cuts a tool call at it (limits.ASK_MCP_TIMEOUT_MS).
+            "timeout": limits.ASK_MCP_TIMEOUT_MS,
         }
-        path = os.path.join(directory, "opencode.json")
-        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-            f.write(orjson.dumps({"mcp": {MCP_NAME: scoped}}))
+        name = os.path.basename(directory)
+        try:
+            with private_directory(self.root, name) as fd:
+                write_private(fd, "opencode.json", orjson.dumps({"mcp": {MCP_NAME: scoped}}))
+        except (Unsafe, OSError) as error:
+            raise self._unsafe(os.path.join(directory, "opencode.json"), error) from None
         await self._client.add_mcp(directory, MCP_NAME, scoped)
-        self._scoped.add(directory)
+        self._scoped.add(key)
 
     # -- ask ---------------------------------------------------------------------------
 
@@ -725,14 +795,11 @@ class Asks:
         return await done
 
     async def _conversation(self, key: tuple[str, str], new: bool, yes: bool) -> Conversation:
+        self._remember(key)
         conversation = self.conversations.get(key)
         if conversation is not None and not new and conversation.yes == yes:
             return conversation
-        directory = os.path.join(self.root, _directory_name(*key))
-        try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-        except OSError as error:
-            raise opencode_error(f"cannot make the ask directory {directory}: {error}") from None
+        directory = self._directory(key)
         await self._scope(key, directory)
         rules = session_rules(yes)
         session = await self._client.create_session(directory, key[1], rules)
@@ -742,8 +809,8 @@ class Asks:
         self.conversations[key] = conversation
         log.info(
             "{traposId} talks to opencode session {session}",
-            traposId=key[1],
-            session=conversation.session_id,
+            traposId=cut(key[1]),
+            session=cut(conversation.session_id),
         )
         return conversation
 
@@ -858,9 +925,7 @@ class Asks:
             conversation = run.conversation
             d = self._client.message(conversation.directory, conversation.session_id, message_id)
             d.addCallback(self._fetched_message, run, call)
-            d.addErrback(
-                lambda f: log.info("fetching a tool's input failed: {why}", why=f.getErrorMessage())
-            )
+            d.addErrback(_logged("fetching a tool's input"))
 
     def _fetched_message(self, message: Any, run: Run, call: str) -> None:
         parts = message.get("parts") if isinstance(message, dict) else None
@@ -945,7 +1010,7 @@ class Asks:
             run.emit(message)
         except GatewayError:
             # The computer is gone: nobody is reading this answer any more.
-            log.info("{traposId} left during an ask: aborting it", traposId=run.key[1])
+            log.info("{traposId} left during an ask: aborting it", traposId=cut(run.key[1]))
             self._abort(run)
             self._finish(run, GatewayError(wire.NOT_CONNECTED, "the computer left"), "disconnected")
 
@@ -998,7 +1063,7 @@ class Asks:
         run.bound = None
         log.info(
             "an ask on {traposId} ran past {timeout:g} s: aborting",
-            traposId=run.key[1],
+            traposId=cut(run.key[1]),
             timeout=self._timeout,
         )
         self._abort(run)
@@ -1014,7 +1079,7 @@ class Asks:
         run.aborted = True
         conversation = run.conversation
         d = self._client.abort(conversation.directory, conversation.session_id)
-        d.addErrback(lambda f: log.info("abort failed: {why}", why=f.getErrorMessage()))
+        d.addErrback(_logged("abort"))
         return d
 
     def _reconnected(self) -> None:
@@ -1024,7 +1089,7 @@ class Asks:
                 continue
             d = self._client.statuses(run.conversation.directory)
             d.addCallback(self._check_status, run)
-            d.addErrback(lambda f: log.info("status check failed: {why}", why=f.getErrorMessage()))
+            d.addErrback(_logged("status check"))
 
     def _check_status(self, statuses: Any, run: Run) -> None:
         status = statuses.get(run.conversation.session_id) if isinstance(statuses, dict) else None
@@ -1070,6 +1135,13 @@ class Asks:
             self._finish(run, GatewayError(wire.NOT_CONNECTED, "the gateway is shutting down"))
 
 
+def _logged(what: str) -> Callable[[Failure], None]:
+    """An errback for a call whose failure only needs a log line."""
+    return lambda failure: log.info(
+        "{what} failed: {why}", what=what, why=cut(failure.getErrorMessage())
+    )
+
+
 def _count(value: Any) -> int:
     return value if type(value) is int and value >= 0 else 0
 
@@ -1084,4 +1156,4 @@ def _run_error(error: dict[str, Any]) -> str:
         hint = " (the model provider refused opencode's key)"
     else:
         hint = ""
-    return f"the agent's run failed: {name}{': ' + message[:300] if message else ''}{hint}"
+    return f"the agent's run failed: {cut(name)}{': ' + cut(message) if message else ''}{hint}"

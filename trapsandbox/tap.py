@@ -21,7 +21,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from trapsandbox import __version__, accounts, compat, config, limits, wire
+from trapsandbox import __version__, accounts, compat, config, limits, state, wire
 from trapsandbox.auth import Admission
 from trapsandbox.front import FrontFactory
 from trapsandbox.gateway import GatewayFactory
@@ -101,6 +101,19 @@ class Options(usage.Options):
             f"({limits.CLUSTER_REFRESH_INTERVAL * 1000:g}; owner keys live 3 times as long).",
         ],
         ["ask-dir", None, None, "Where sandbox ask keeps each computer's opencode directory."],
+        [
+            "state-dir",
+            None,
+            None,
+            f"What the gateway keeps on disk (./{limits.DEFAULT_STATE_DIR}); made private (0700).",
+        ],
+        [
+            "max-ask-conversations",
+            None,
+            None,
+            "Ask conversations remembered per account, the least recently used dropped "
+            f"({limits.MAX_ASK_CONVERSATIONS}).",
+        ],
     ]
 
     def __init__(self) -> None:
@@ -177,6 +190,12 @@ class GatewayService(service.MultiService):
         self.settings = settings
         self._reactor = reactor
         self.notifier = Notifier(reactor) if notifier is None else notifier
+        # Made private here, at start: a bad one stops the daemon with one line.
+        self.state_dir = state.prepare(settings.state_dir, "SANDBOX_STATE_DIR")
+        ask_directory = state.prepare(
+            settings.ask_directory or os.path.join(self.state_dir, limits.ASK_DIRECTORY_NAME),
+            "SANDBOX_ASK_DIR",
+        )
         self.metrics = Metrics()
         self.registry = Registry(
             reactor, request_timeout=settings.request_timeout, metrics=self.metrics
@@ -196,7 +215,8 @@ class GatewayService(service.MultiService):
             ),
             reactor,
             self.metrics,
-            settings.ask_directory,
+            directory=ask_directory,
+            max_conversations=settings.max_ask_conversations,
         )
         self.probe = OpencodeProbe(
             http,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -128,11 +129,12 @@ class SettingsTests(SynchronousTestCase):
             self.assertNotIn("pw", str(raised.exception))
 
     def test_one_process_imports_nothing_of_it(self):
+        state = os.path.abspath(self.mktemp())
         code = (
             "import sys, trapsandbox.tap\n"
             "from twisted.internet import reactor\n"
             "from trapsandbox import config\n"
-            "g = trapsandbox.tap.GatewayService(config.Settings(), reactor)\n"
+            f"g = trapsandbox.tap.GatewayService(config.Settings(state_dir={state!r}), reactor)\n"
             "assert g.cluster is None and g.registry.peers is None\n"
             "assert 'txredisapi' not in sys.modules and 'trapsandbox.cluster' not in sys.modules\n"
         )

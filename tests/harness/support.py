@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
 import orjson
@@ -40,6 +41,8 @@ def start_gateway(testcase, **settings) -> GatewayService:
     """A running gateway on an ephemeral loopback port, stopped at cleanup."""
     settings.setdefault("ports", ("tcp:0:interface=127.0.0.1",))
     settings.setdefault("opencode_url", f"http://127.0.0.1:{closed_port()}")
+    # Never the repository's ./state: the test's own folder.
+    settings.setdefault("state_dir", os.path.abspath(testcase.mktemp()))
     service = GatewayService(config.Settings(**settings), reactor())
     unbatch_timers(service.factory)
     unbatch_timers(service.operator_socket)

@@ -14,7 +14,7 @@ from tests.harness.fake_model import start_fake_model, tool_messages
 from tests.harness.opencode import start_opencode
 from tests.harness.support import bounded, closed_port, reactor
 from tests.lua.test_lua_e2e import GatewayMixin
-from trapsandbox import ctl
+from trapsandbox import ctl, limits
 
 TOKEN = "ask-test-admin-token"
 OPENCODE_PASSWORD = "oc-ask"
@@ -24,6 +24,12 @@ SCRIPT = [
     ("trapsandbox_run_command", {"computer": "7:ask", "command": "/hello.lua"}),
 ]
 CLOSING = "I wrote hello.lua and ran it: it printed its greeting."
+# Sleeps its argument's seconds, a line each second, then says it finished.
+SLOW = (
+    "local seconds = tonumber(...)\n"
+    "for i = 1, seconds do os.sleep(1) print('slept ' .. i .. ' s') end\n"
+    "print('finished after ' .. seconds .. ' s')\n"
+)
 
 
 class AskEndToEndTests(GatewayMixin, TestCase):
@@ -172,3 +178,48 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         status = await self.session_status(conversation.session_id, conversation.directory)
         self.assertIn(status, (None, {"type": "idle"}))
         self.assertEqual(self.gateway.metrics._asks.labels("cancelled").value, 1)
+
+    async def run_slow(self, seconds, **arguments):
+        """
+        ``sandbox ask --yes`` whose agent runs ``/slow.lua SECONDS``; the tool
+        result the model received.  The harness's ``os.sleep`` is a reactor
+        timer: the program takes real seconds, and so does opencode's call.
+        """
+        call = {"computer": "7:ask", "command": "/slow.lua", "args": [str(seconds)], **arguments}
+        model = await start_fake_model(
+            self, "", {}, script=[("trapsandbox_run_command", call)], answer="It ran."
+        )
+        await self.opencode(model)
+        c = await self.ready()
+        c.write_file("/slow.lua", SLOW.encode())
+        self.ask(c, "/programs/sandbox.lua ask --yes run the slow program")
+        await self.on_screen(c, "It ran.", seconds + 90)
+        (result,) = [text for body in model.requests for text in tool_messages(body)][-1:]
+        self.assertNotIn("MCP error", result)  # opencode's "-32001: Request timed out"
+        return result
+
+    async def test_a_tool_call_of_8_s_reaches_the_model(self):
+        """
+        Issue 26: the operator's MCP block (ctl.opencode_config) sets no
+        ``timeout`` and the computer's copy used to say 5000 ms, which opencode
+        1.18.33 applies to tool calls: an 8 s program was cut at 5.5 s with
+        ``MCP error -32001: Request timed out``.
+        """
+        result = await self.run_slow(8)
+        self.assertIn("finished after 8 s", result)
+        self.assertIn("exit code 0", result)
+
+    async def test_a_tool_call_as_long_as_the_gateway_allows_reaches_the_model(self):
+        """
+        Today's bound, pinned (no progress notifications yet, SPEC §17): a run
+        stops at limits.MCP_MAX_RUN_SECONDS (45 s, the most ``timeoutSeconds``
+        may ask) inside the call's 50 s bound, so a 55 s program answers at
+        ~45 s with its output so far — its last line before the stop — and
+        opencode, whose block now allows limits.ASK_MCP_TIMEOUT_MS, hands that
+        to the model instead of cutting the call.
+        """
+        limit = limits.MCP_MAX_RUN_SECONDS
+        result = await self.run_slow(55, timeoutSeconds=limit)
+        self.assertIn(f"It was stopped after {limit:g} s (timed out)", result)
+        self.assertIn(f"slept {int(limit) - 2} s", result)  # a line from near the end
+        self.assertNotIn("finished after", result)

@@ -121,6 +121,13 @@ class UnitFileTests(SynchronousTestCase):
         self.assertIn("LoadCredential=password:/etc/trapsandbox/password\n", service)
         self.assertIn("Environment=SANDBOX_PASSWORD_FILE=%d/password\n", service)
 
+    def test_the_state_directory_is_systemds(self):
+        # SPEC §5: the unit's StateDirectory= is SANDBOX_STATE_DIR, private to the service.
+        service = read("trapsandbox.service")
+        self.assertIn("StateDirectory=trapsandbox\n", service)
+        self.assertIn("StateDirectoryMode=0700\n", service)
+        self.assertIn("Environment=SANDBOX_STATE_DIR=%S/trapsandbox\n", service)
+
     def test_socket_and_drop_in_agree_on_the_name(self):
         self.assertIn("FileDescriptorName=gateway\n", read("trapsandbox.socket"))
         drop_in = read("socket-activation.conf")

@@ -2,6 +2,7 @@
 
 import os
 import socket
+import stat
 import sys
 
 import orjson
@@ -68,6 +69,29 @@ class TwistdTests(TestCase):
             "trapsandbox: SANDBOX_PORT must be a port number from 0 to 65535, not '44444444'",
         )
         self.assertNotIn("Traceback", child.output)
+
+    async def test_the_state_directory_is_made_private_in_the_working_directory(self):
+        cwd = os.path.abspath(self.mktemp())
+        os.makedirs(cwd)
+        argv = [TWISTD, "-n", "--pidfile=", "trapsandbox", "--port", "tcp:0:interface=127.0.0.1"]
+        child = spawn(self, argv, clean_env(OPENCODE_URL=""), cwd=cwd)
+        await child.wait_for(r"trapsandbox 0\.1\.0 started")
+        for path in ("state", os.path.join("state", "ask")):
+            self.assertEqual(stat.S_IMODE(os.stat(os.path.join(cwd, path)).st_mode), 0o700)
+
+    async def test_another_users_state_directory_is_one_clear_line(self):
+        if os.geteuid() != 0:
+            self.skipTest("only root can give a directory to another user")
+        path = os.path.abspath(self.mktemp())
+        os.mkdir(path, 0o700)
+        os.chown(path, 65534, 65534)
+        child = self.twistd(SANDBOX_STATE_DIR=path)
+        self.assertEqual(await child.wait_ended(), 1)
+        self.assertEqual(
+            child.output.strip().splitlines()[-1],
+            f"trapsandbox: SANDBOX_STATE_DIR: {path} belongs to another user (uid 65534, the "
+            "gateway runs as uid 0): give it a directory of its own",
+        )
 
 
 def _account(name: str, secret: str) -> str:

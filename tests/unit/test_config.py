@@ -172,3 +172,22 @@ class ConfigTests(SynchronousTestCase):
             {"SANDBOX_MAX_OPERATOR_SOCKETS_PER_ACCOUNT": "0"},
             names="SANDBOX_MAX_OPERATOR_SOCKETS_PER_ACCOUNT",
         )
+
+    def test_state_directory(self):
+        self.assertEqual(self.load().state_dir, "state")  # ./state of the working directory
+        self.assertEqual(self.load({"SANDBOX_STATE_DIR": "/var/lib/ts"}).state_dir, "/var/lib/ts")
+        self.assertEqual(
+            self.load({"SANDBOX_STATE_DIR": "/env"}, "--state-dir", "/opt").state_dir, "/opt"
+        )
+        self.assertConfigError({"SANDBOX_STATE_DIR": ""}, names="SANDBOX_STATE_DIR")
+        self.assertConfigError({}, "--state-dir", "a\0b", names="--state-dir")
+
+    def test_ask_conversations_per_account(self):
+        self.assertEqual(self.load().max_ask_conversations, 256)
+        settings = self.load({"SANDBOX_MAX_ASK_CONVERSATIONS": "3"})
+        self.assertEqual(settings.max_ask_conversations, 3)
+        self.assertEqual(self.load({}, "--max-ask-conversations", "9").max_ask_conversations, 9)
+        for value in ("0", "many"):
+            self.assertConfigError(
+                {"SANDBOX_MAX_ASK_CONVERSATIONS": value}, names="SANDBOX_MAX_ASK_CONVERSATIONS"
+            )

@@ -5,6 +5,7 @@ event stream the tests drive, with recorded event shapes (NOTES-opencode.md).
 """
 
 import os
+import stat
 
 import orjson
 from hyperlink import DecodedURL
@@ -17,9 +18,10 @@ from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 
+from tests.harness.logcapture import LogCapture
 from trapsandbox import limits, wire
 from trapsandbox.metrics import Metrics
-from trapsandbox.opencode import Asks, EventStream, OpencodeClient, SSEParser
+from trapsandbox.opencode import Asks, EventStream, OpencodeClient, SSEParser, _directory_name
 from trapsandbox.wire import GatewayError
 
 URL = "http://127.0.0.1:4096"
@@ -292,7 +294,9 @@ class AskTestsMixin:
         self.http = FakeHTTP()
         self.client = OpencodeClient(self.http, self.clock, URL, password="pw")
         self.metrics = Metrics()
-        self.asks = Asks(self.client, self.clock, self.metrics, directory=self.mktemp())
+        self.root = os.path.abspath(self.mktemp())
+        os.mkdir(self.root, 0o700)  # as state.prepare leaves it at start
+        self.asks = Asks(self.client, self.clock, self.metrics, directory=self.root)
         self.partials = []
 
     def ask(self, prompt="hi", trapos="1:a", account="local", message_id="m1", **payload):
@@ -425,6 +429,145 @@ class AskSessionTests(AskTestsMixin, SynchronousTestCase):
             )
             self.assertEqual(self.failureResultOf(d, GatewayError).value.code, wire.BAD_REQUEST)
         self.assertEqual(self.http.calls, [])
+
+
+class AskDirectoryTests(AskTestsMixin, SynchronousTestCase):
+    """Each computer's directory is the gateway's own (SPEC §11, issue 19 finding 4)."""
+
+    def directory(self, account="local", trapos="1:a"):
+        return os.path.join(self.root, _directory_name(account, trapos))
+
+    def refused(self, reason):
+        captured = LogCapture(self)
+        d = self.ask()
+        error = self.failureResultOf(d, GatewayError).value
+        self.assertEqual(error.code, wire.OPENCODE_ERROR)
+        self.assertIn("ask directory for this computer is not usable", error.message)
+        self.assertIn(reason, error.message)
+        self.assertEqual(self.outcome("opencode_error"), 1)
+        self.assertNotIn("/session", self.http.paths("POST"))  # no session, no prompt
+        self.assertNotIn("/mcp", self.http.paths("POST"))
+        self.assertTrue(
+            [t for t in captured.errors() if self.directory() in t and reason in t],
+            captured.texts(),
+        )
+        self.assertNotIn(("local", "1:a"), self.asks.runs)  # the computer may ask again
+        return error
+
+    def test_the_directory_and_opencode_json_are_private(self):
+        self.ask()
+        path = self.directory()
+        self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o700)
+        self.assertEqual(stat.S_IMODE(os.stat(os.path.join(path, "opencode.json")).st_mode), 0o600)
+
+    def test_a_planted_symbolic_link_at_opencode_json_is_refused_and_its_target_untouched(self):
+        victim = os.path.abspath(self.mktemp())
+        with open(victim, "wb") as f:
+            f.write(b"the gateway user's file")
+        os.mkdir(self.directory(), 0o700)
+        os.symlink(victim, os.path.join(self.directory(), "opencode.json"))
+        self.refused("a symbolic link")
+        with open(victim, "rb") as f:
+            self.assertEqual(f.read(), b"the gateway user's file")
+
+    def test_a_directory_writable_by_others_is_refused(self):
+        os.mkdir(self.directory())
+        os.chmod(self.directory(), 0o777)
+        self.refused("writable by group or others")
+        self.assertEqual(os.listdir(self.directory()), [])  # no token left in it
+
+    def test_another_users_directory_is_refused(self):
+        if os.geteuid() != 0:
+            self.skipTest("only root can give a directory to another user")
+        os.mkdir(self.directory(), 0o700)
+        os.chown(self.directory(), 65534, 65534)
+        self.refused("belongs to another user")
+
+    def test_a_symbolic_link_for_the_directory_is_refused(self):
+        elsewhere = os.path.abspath(self.mktemp())
+        os.mkdir(elsewhere, 0o700)
+        os.symlink(elsewhere, self.directory())
+        self.refused("a symbolic link")
+        self.assertEqual(os.listdir(elsewhere), [])
+
+    def test_names_are_plain_whatever_the_traposid_and_account(self):
+        for account, trapos in (("local", "../../x:.."), ("a/../../b", "7:a/b"), ("x", "7:..")):
+            name = _directory_name(account, trapos)
+            self.assertNotIn("/", name)
+            self.assertNotIn("..", name)
+        self.assertTrue(_directory_name("local", "7:base").startswith("7-"))
+
+    def test_the_mcp_block_outlasts_the_longest_tool_call(self):
+        # Issue 26: the operator's block may say 5000 ms; opencode would cut calls at 5.5 s.
+        self.http.answers[("GET", "/config")] = {
+            "mcp": {"trapsandbox": {"type": "remote", "url": "http://gw/mcp", "timeout": 5000}}
+        }
+        self.ask()
+        (mcp,) = [c for c in self.http.calls if c[:2] == ("POST", "/mcp")]
+        timeout = mcp[3]["config"]["timeout"]
+        self.assertEqual(timeout, limits.ASK_MCP_TIMEOUT_MS)
+        self.assertGreaterEqual(timeout, (limits.MCP_CALL_TIMEOUT + 5) * 1000)
+        with open(os.path.join(self.directory(), "opencode.json"), "rb") as f:
+            self.assertEqual(orjson.loads(f.read())["mcp"]["trapsandbox"]["timeout"], timeout)
+
+
+class AskBoundTests(AskTestsMixin, SynchronousTestCase):
+    """Per account, at most ``max_conversations`` computers are remembered (SPEC §4)."""
+
+    def setUp(self):
+        super().setUp()
+        self.asks = Asks(
+            self.client, self.clock, self.metrics, directory=self.root, max_conversations=2
+        )
+
+    def asked(self, trapos, account="local"):
+        d = self.ask(trapos=trapos, account=account)
+        session = self.asks.conversations[(account, trapos)].session_id
+        self.busy(session)
+        self.idle(session)
+        self.successResultOf(d)
+
+    def token(self, account, trapos):
+        for call in self.http.calls:
+            if call[:2] == ("POST", "/mcp") and call[2] == [
+                os.path.join(self.root, _directory_name(account, trapos))
+            ]:
+                token = call[3]["config"]["headers"]["Authorization"]
+        return token.encode()
+
+    def test_the_least_recently_asked_computer_is_forgotten(self):
+        self.asked("1:a")
+        self.asked("2:b")
+        self.asked("1:a")  # 1:a is now the most recent
+        first_token = self.token("local", "1:a")
+        old_token = self.token("local", "2:b")
+        self.asked("3:c")
+        self.assertEqual(set(self.asks.conversations), {("local", "1:a"), ("local", "3:c")})
+        self.assertIsNone(self.asks.scope_of(old_token))  # its token no longer works
+        self.assertEqual(self.asks.scope_of(first_token), ("local", "1:a"))
+        self.assertEqual(len(self.asks._tokens), 2)
+        self.assertEqual(len(self.asks._token_of), 2)
+        self.assertEqual(len(self.asks._scoped), 2)
+        # Asking again starts a new session with a new token and block.
+        sessions = self.http.sessions
+        self.asked("2:b")
+        self.assertEqual(self.http.sessions, sessions + 1)
+        self.assertEqual(self.asks.scope_of(self.token("local", "2:b")), ("local", "2:b"))
+        self.assertEqual(set(self.asks.conversations), {("local", "3:c"), ("local", "2:b")})
+
+    def test_the_bound_is_per_account(self):
+        self.asked("1:a")
+        self.asked("2:b")
+        self.asked("1:a", account="other")
+        self.asked("2:b", account="other")
+        self.assertEqual(len(self.asks.conversations), 4)
+
+    def test_a_computer_asking_now_is_not_forgotten(self):
+        self.ask(trapos="1:a")  # still running
+        self.asked("2:b")
+        self.asked("3:c")
+        self.assertIn(("local", "1:a"), self.asks.conversations)
+        self.assertEqual(set(self.asks.conversations), {("local", "1:a"), ("local", "3:c")})
 
 
 class AskStreamingTests(AskTestsMixin, SynchronousTestCase):
