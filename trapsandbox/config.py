@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 from hyperlink import URL
 
-from trapsandbox import limits
+from trapsandbox import limits, proxies
 from trapsandbox.limits import (
     DEFAULT_HOST,
     DEFAULT_OPENCODE_URL,
@@ -51,6 +51,9 @@ class Settings:
     # Where each computer's ask sessions get an opencode directory of their own (None:
     # the temporary folder's trapsandbox-ask).  opencode must see the same path.
     ask_directory: str | None = None
+    # SANDBOX_TRUSTED_PROXIES (SPEC §4): networks (and perhaps ``unix``) whose
+    # X-Forwarded-For/Forwarded are believed; none by default.
+    trusted_proxies: tuple[Any, ...] = ()
 
 
 def _escape(host: str) -> str:
@@ -151,6 +154,15 @@ def _admin_token(value: str, name: str) -> str:
     return value
 
 
+def _trusted_proxies(value: str, name: str) -> tuple[Any, ...]:
+    try:
+        return proxies.parse(value)
+    except ValueError as error:
+        raise ConfigError(
+            f"{name} must be comma-separated addresses or CIDRs (or unix): {error}"
+        ) from None
+
+
 def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -> Settings:
     """
     Build ``Settings`` from ``environ`` and twistd ``options`` (keys as in
@@ -231,4 +243,5 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
             limits.CLUSTER_REFRESH_INTERVAL,
         ),
         ask_directory=setting("ask-dir", "SANDBOX_ASK_DIR", lambda value, _: value or None, None),
+        trusted_proxies=setting("trusted-proxies", "SANDBOX_TRUSTED_PROXIES", _trusted_proxies, ()),
     )

@@ -134,6 +134,14 @@ def operators_only(route):
     return guarded
 
 
+def _joined(request: IRequest, name: bytes) -> str | None:
+    """All of a request's ``name`` header lines as one comma-separated list, or None."""
+    values = request.requestHeaders.getRawHeaders(name)
+    if not values:
+        return None
+    return ", ".join(value.decode("latin-1") for value in values)
+
+
 def _asked_account(request: IRequest) -> str | None:
     """The ``?account=NAME`` of a request, if it has one."""
     values = request.args.get(b"account")
@@ -502,10 +510,18 @@ class GatewayApp:
             return json_error(request, 404, "not_found", "no such computer")
         return self.computer_request(request, trapos_id)
 
+    def client_address(self, request: IRequest) -> object:
+        """The request's client: its peer, or a trusted reverse proxy's client (SPEC §4)."""
+        return self._admission.client_address(
+            request.getClientAddress(),
+            _joined(request, b"x-forwarded-for"),
+            _joined(request, b"forwarded"),
+        )
+
     def _operator(self, request: IRequest) -> auth.Operator | bytes:
         """Who the request's operator is, or the error answer for one that is not."""
         who = self._requests.operator(
-            request.getClientAddress(), request.getHeader(b"authorization")
+            self.client_address(request), request.getHeader(b"authorization")
         )
         if isinstance(who, Answer):
             return write_answer(request, who)
@@ -560,7 +576,7 @@ class GatewayApp:
         except BadBody as error:
             body = error
         answer = self._requests.http(
-            request.getClientAddress(),
+            self.client_address(request),
             request.getHeader(b"authorization"),
             trapos_id,
             _asked_account(request),

@@ -28,16 +28,18 @@ class ComputerTests(SynchronousTestCase):
         self.assertFalse(admission.enabled)
         self.assertEqual(admission.computer("h", None, "7:"), limits.LOCAL_ACCOUNT)
 
-    def test_a_guessing_address_is_refused_unchecked(self):
+    def test_a_guessing_address_has_its_wrong_secrets_refused_not_its_right_one(self):
         for _ in range(limits.FREE_FAILURES + 1):
-            self.admission.computer("h", "nope", "7:")
-        refusal = self.admission.computer("h", "sesame", "7:")
+            self.assertEqual(self.admission.computer("h", "nope", "7:").reason, auth.WRONG)
+        refusal = self.admission.computer("h", "nope", "7:")
         self.assertEqual(refusal.reason, auth.THROTTLED)
         self.assertGreater(refusal.wait, 0)
-        # Another address is not affected; the blocked one may try again later.
-        self.assertEqual(self.admission.computer("other", "sesame", "7:"), limits.LOCAL_ACCOUNT)
-        self.clock.advance(refusal.wait)
+        # The right secret is checked first and let in, however blocked its address is.
         self.assertEqual(self.admission.computer("h", "sesame", "7:"), limits.LOCAL_ACCOUNT)
+        # Another address is not affected; the blocked one may try again later.
+        self.assertEqual(self.admission.computer("other", "nope", "7:").reason, auth.WRONG)
+        self.clock.advance(refusal.wait)
+        self.assertEqual(self.admission.computer("h", "nope", "7:").reason, auth.WRONG)
 
 
 class OperatorTests(SynchronousTestCase):
@@ -60,8 +62,10 @@ class OperatorTests(SynchronousTestCase):
         self.assertEqual(self.admission.operator(THERE, b"Bearer tok"), auth.ADMIN)
         for _ in range(limits.FREE_FAILURES + 1):
             self.admission.operator(THERE, b"Bearer x")
-        self.assertEqual(self.admission.operator(THERE, b"Bearer tok").reason, auth.THROTTLED)
+        self.assertEqual(self.admission.operator(THERE, b"Bearer x").reason, auth.THROTTLED)
         self.assertEqual(self.admission.operator(THERE, None).reason, auth.THROTTLED)
+        # The right token is checked first and admitted.
+        self.assertEqual(self.admission.operator(THERE, b"Bearer tok"), auth.ADMIN)
 
     def test_without_a_token_only_loopback_is_served(self):
         admission = auth.Admission(self.clock)
