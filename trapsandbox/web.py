@@ -39,6 +39,8 @@ The HTTP side, on the same port as the WebSocket: a Klein app.
 Operators present ``Authorization: Bearer <SANDBOX_ADMIN_TOKEN>`` (the
 admin: every account) or an account's token (that account's computers only,
 SPEC §12); with no admin token configured, loopback clients are the admin.
+A client's address is ``GatewayApp.client_address``: the peer's, or behind
+a proxy listed in ``SANDBOX_TRUSTED_PROXIES`` the client it forwards.
 Per-computer routes resolve their account in one place (``on_computer``);
 the admin may add ``?account=NAME``.  ``/metrics`` is the admin's alone.  Every answer, errors
 included, is JSON (``{ok: false, error: {code, message}}``), never an HTML
