@@ -10,22 +10,37 @@ Admission: who may connect as a computer, and who may act as an operator.
   ``Authorization: Bearer <token>``: ``SANDBOX_ADMIN_TOKEN`` is the admin, who
   sees every account; an account's token (looked up by its SHA-256) sees that
   account's computers only.  With no admin token configured, a client on
-  this machine without a token is the admin.  ``operator`` answers an
+  this machine without a token is the admin (behind a trusted proxy, the
+  client it forwards decides, not the proxy).  ``operator`` answers an
   ``Operator`` (who) or a ``Refusal`` (why not), and ``Operator.account_of``
   is the one place a per-computer request finds the account it means.
 - ``reload`` replaces the accounts (SIGHUP); ``revoked`` says which connected
   computers the new accounts no longer admit.
 
-Both checks go through one throttle per kind: an address that keeps failing
-is refused for a growing while *without its secret being checked*, so
-guessing gains nothing, and it is warned about once per period.
+A right credential always works (SPEC §4): the secret or token is checked
+first, and the right one is admitted at once, whatever its address did
+before; a computer's or an operator's address is shared by many (a
+Minecraft server's computers, every client of a reverse proxy), and one
+stranger's guesses there must not lock them out.  Only wrong ones go to the
+throttle of their kind (``throttle``): an address that keeps failing has its
+wrong attempts refused for a growing while (``THROTTLED``: ``overloaded``
+and 4003 for a hello, 429 with ``Retry-After`` for an operator) and is
+warned about once per period.  A check costs one constant-time comparison
+and at most one SHA-256, so checking before throttling costs nothing worth
+protecting.  What the throttle does not do is stop guessing: a refusal tells
+a guesser nothing, but a right guess is admitted even while its address is
+blocked, so the secrets' strength is what stops it (accounts' are 128-bit;
+the daemon warns at start about a short ``SANDBOX_PASSWORD``).
+
+Whose address it is: ``client_address`` (``proxies``), the peer's own unless
+the peer is a trusted reverse proxy.
 """
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -37,6 +52,7 @@ from twisted.logger import Logger
 from trapsandbox.accounts import Accounts, sha256_hex
 from trapsandbox.config import ConfigError
 from trapsandbox.limits import LOCAL_ACCOUNT
+from trapsandbox.proxies import Network, TrustedProxies
 from trapsandbox.throttle import FailureThrottle
 from trapsandbox.wire import GatewayError
 
@@ -45,7 +61,7 @@ log = Logger()
 # Why an admission was refused.
 WRONG = "wrong"  # a secret or token was given and is wrong
 MISSING = "missing"  # an operator gave no token
-THROTTLED = "throttled"  # the address failed too often: not checked at all
+THROTTLED = "throttled"  # wrong, from an address that failed too often: slow down
 NOT_LOOPBACK = "not_loopback"  # no admin token is set and the client is not on this machine
 
 
@@ -162,10 +178,6 @@ def _same(given: bytes, expected: bytes) -> bool:
     return hmac.compare_digest(given, expected)
 
 
-def _nobody() -> None:
-    return None
-
-
 class Admission:
     """The gateway's two doors, each with its own guessing throttle."""
 
@@ -177,6 +189,7 @@ class Admission:
         hello_throttle: FailureThrottle | None = None,
         token_throttle: FailureThrottle | None = None,
         accounts: Accounts | None = None,
+        trusted_proxies: Iterable[Network | str] = (),
     ) -> None:
         # None (and no accounts): auth is off and any secret is accepted.
         self._password = None if password is None else password.encode("utf-8")
@@ -187,6 +200,17 @@ class Admission:
         self.accounts: Accounts | None = None
         if accounts is not None:
             self.reload(accounts)
+        self.trusted_proxies = TrustedProxies(trusted_proxies)
+
+    def client_address(
+        self, peer: object, x_forwarded_for: str | None, forwarded: str | None
+    ) -> object:
+        """
+        The address of the client behind the connection's ``peer``, given
+        its forwarding headers: every use of a client's address takes it
+        from here (``proxies.TrustedProxies.client_address``).
+        """
+        return self.trusted_proxies.client_address(peer, x_forwarded_for, forwarded)
 
     def reload(self, accounts: Accounts) -> None:
         """Use ``accounts`` from now on; ``ConfigError`` (and no change) if they clash."""
@@ -260,17 +284,22 @@ class Admission:
 
     def computer(self, host: str, secret: object, who: str) -> str | Refusal:
         """The account of a computer at ``host`` presenting ``secret``, or why not."""
-        return self._throttled(
+        account = self.resolve_account(secret)
+        if account is not None:
+            return account
+        return self._failed(
             self.hello_throttle,
             host,
             "wrong secrets",
-            lambda: self.resolve_account(secret),
-            lambda: Refusal(WRONG, "wrong secret: check sandbox.password"),
+            Refusal(WRONG, "wrong secret: check sandbox.password"),
             lambda: log.warn("hello from {who} refused: wrong secret", who=who),
         )
 
     def operator(self, address: object, authorization: bytes | None) -> Operator | Refusal:
-        """Who the HTTP client at ``address`` is as an operator, or why it is not one."""
+        """
+        Who the HTTP client at ``address`` (``client_address``) is as an
+        operator, or why it is not one.
+        """
         if self._admin_token is None and self.accounts is None:
             if is_loopback(address):
                 return ADMIN
@@ -280,26 +309,23 @@ class Admission:
                 "SANDBOX_ADMIN_TOKEN is set",
             )
         scheme, _, token = (authorization or b"").partition(b" ")
-        host = host_of(address)
         if not scheme:
             if self._admin_token is None and is_loopback(address):
                 return ADMIN
-            if self.token_throttle.blocked_for(host) == 0:
-                # No token at all is not a guess: nothing to count against the address.
-                return Refusal(MISSING, "a bearer token is required")
-        check = None
-        if self.token_throttle.blocked_for(host) == 0:
-            # The usual case, checked without building the throttled path's closures.
-            operator = self._operator_of(scheme, token.strip())
-            if operator is not None:
-                return operator
-            check = _nobody  # a failure: the throttle counts it
-        return self._throttled(
+            # No token at all is not a guess: nothing to count against the address,
+            # but a blocked one is told to wait, as for a guess.
+            wait = self.token_throttle.blocked_for(host_of(address))
+            if wait > 0:
+                return _throttled("wrong operator tokens", wait)
+            return Refusal(MISSING, "a bearer token is required")
+        operator = self._operator_of(scheme, token.strip())
+        if operator is not None:
+            return operator
+        return self._failed(
             self.token_throttle,
-            host,
+            host_of(address),
             "wrong operator tokens",
-            check or (lambda: self._operator_of(scheme, token.strip())),
-            lambda: Refusal(WRONG, "wrong bearer token"),
+            Refusal(WRONG, "wrong bearer token"),
         )
 
     def _operator_of(self, scheme: bytes, token: bytes) -> Operator | None:
@@ -313,34 +339,35 @@ class Admission:
                 return Operator(account.name)
         return None
 
-    def _throttled(
+    def _failed(
         self,
         throttle: FailureThrottle,
         host: str,
         what: str,
-        check: Callable[[], Any],
-        refusal: Callable[[], Refusal],
+        refusal: Refusal,
         first_failures: Callable[[], None] | None = None,
-    ) -> Any:
+    ) -> Refusal:
         """
-        ``check()`` unless ``host`` is blocked; a None result counts as a
-        failure against it and answers ``refusal()``.
+        The answer to a wrong credential from ``host``: ``THROTTLED`` while
+        the address is blocked (not counted again: its block does not grow
+        while it waits), else counted against it and answered ``refusal``.
         """
         wait = throttle.blocked_for(host)
         if wait > 0:
-            return Refusal(THROTTLED, f"too many {what} from your address", wait)
-        result = check()
-        if result is not None:
-            return result
+            return _throttled(what, wait)
         block, warn = throttle.failed(host)
         if block == 0:
             if first_failures is not None:
                 first_failures()
         elif warn:
             log.warn(
-                "{host} keeps sending {what}: refusing it for up to {block:.0f} s at a time",
+                "{host} keeps sending {what}: refusing them for up to {block:.0f} s at a time",
                 host=host,
                 what=what,
                 block=block,
             )
-        return refusal()
+        return refusal
+
+
+def _throttled(what: str, wait: float) -> Refusal:
+    return Refusal(THROTTLED, f"too many {what} from your address", wait)

@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 from hyperlink import URL
 
-from trapsandbox import limits
+from trapsandbox import limits, proxies
 from trapsandbox.limits import (
     DEFAULT_HOST,
     DEFAULT_OPENCODE_URL,
@@ -56,6 +56,9 @@ class Settings:
     ask_directory: str | None = None
     # Ask conversations remembered per account (SPEC §4), the least recently used dropped.
     max_ask_conversations: int = limits.MAX_ASK_CONVERSATIONS
+    # SANDBOX_TRUSTED_PROXIES (SPEC §4): networks (and perhaps ``unix``) whose
+    # X-Forwarded-For/Forwarded are believed; none by default.
+    trusted_proxies: tuple[Any, ...] = ()
 
 
 def _escape(host: str) -> str:
@@ -162,6 +165,15 @@ def _admin_token(value: str, name: str) -> str:
     return value
 
 
+def _trusted_proxies(value: str, name: str) -> tuple[Any, ...]:
+    try:
+        return proxies.parse(value)
+    except ValueError as error:
+        raise ConfigError(
+            f"{name} must be comma-separated addresses or CIDRs (or unix): {error}"
+        ) from None
+
+
 def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -> Settings:
     """
     Build ``Settings`` from ``environ`` and twistd ``options`` (keys as in
@@ -255,4 +267,5 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
             _count,
             limits.MAX_ASK_CONVERSATIONS,
         ),
+        trusted_proxies=setting("trusted-proxies", "SANDBOX_TRUSTED_PROXIES", _trusted_proxies, ()),
     )

@@ -92,16 +92,34 @@ def response(answer: Answer, date: bytes) -> bytes:
 class _Plain:
     """A request head read and found to be the hot route's plain case."""
 
-    __slots__ = ("authorization", "length", "query", "segment", "target")
+    __slots__ = (
+        "authorization",
+        "forwarded",
+        "length",
+        "query",
+        "segment",
+        "target",
+        "x_forwarded_for",
+    )
 
     def __init__(
-        self, target: bytes, segment: bytes, query: bytes, length: int, authorization: bytes | None
+        self,
+        target: bytes,
+        segment: bytes,
+        query: bytes,
+        length: int,
+        authorization: bytes | None,
+        x_forwarded_for: str | None = None,
+        forwarded: str | None = None,
     ) -> None:
         self.target = target
         self.segment = segment
         self.query = query
         self.length = length
         self.authorization = authorization
+        # Believed only from a trusted proxy (``OperatorRequests.client_address``).
+        self.x_forwarded_for = x_forwarded_for
+        self.forwarded = forwarded
 
 
 # The request line of the hot route: one path segment (the traposId, %-encoded), a
@@ -136,9 +154,8 @@ def read_head(head: bytes) -> _Plain | None:
             _remember(_FIELDS_READ, fields, known)
     if known is _NOT_PLAIN:
         return None
-    length, authorization = known
     target, segment, query = line.groups()
-    return _Plain(target, segment, query or b"", length, authorization)
+    return _Plain(target, segment, query or b"", *known)
 
 
 # A client sends the same header lines again and again (the path, in the request
@@ -158,8 +175,12 @@ def _remember(memo: dict[bytes, Any], key: bytes, value: Any) -> None:
 _NOT_PLAIN = object()
 
 
-def _read_fields(fields: bytes) -> tuple[int, bytes | None] | object:
-    """``(Content-Length, Authorization)`` of plain header lines, or ``_NOT_PLAIN``."""
+def _read_fields(fields: bytes) -> tuple[int, bytes | None, str | None, str | None] | object:
+    """
+    ``(Content-Length, Authorization, X-Forwarded-For, Forwarded)`` of plain
+    header lines (the last two each all its lines joined with ``, ``, or
+    None), or ``_NOT_PLAIN``.
+    """
     if _FIELDS.fullmatch(fields) is None:
         return _NOT_PLAIN
     found = _FIELD.findall(fields)
@@ -167,6 +188,7 @@ def _read_fields(fields: bytes) -> tuple[int, bytes | None] | object:
         return _NOT_PLAIN
     length = None
     authorization = None
+    forwarding: dict[bytes, list[str]] = {}
     for name, value in found:
         name = name.lower()
         if name == b"content-length":
@@ -182,9 +204,18 @@ def _read_fields(fields: bytes) -> tuple[int, bytes | None] | object:
             return _NOT_PLAIN
         elif name == b"connection" and value.rstrip(b" \t").lower() != b"keep-alive":
             return _NOT_PLAIN
+        elif name == b"x-forwarded-for" or name == b"forwarded":
+            forwarding.setdefault(name, []).append(value.rstrip(b" \t").decode("latin-1"))
     if length is None or length > limits.MAX_BODY_BYTES:
         return _NOT_PLAIN
-    return length, authorization
+    x_forwarded_for = forwarding.get(b"x-forwarded-for")
+    forwarded = forwarding.get(b"forwarded")
+    return (
+        length,
+        authorization,
+        None if x_forwarded_for is None else ", ".join(x_forwarded_for),
+        None if forwarded is None else ", ".join(forwarded),
+    )
 
 
 # The traposIds of the path segments seen lately (``7%3Abase`` -> ``7:base``).
@@ -339,8 +370,11 @@ class FastHTTP(protocol.Protocol):
         if trapos_id is None:
             self._send(NO_SUCH_COMPUTER)
             return
+        client = self._address
+        if plain.x_forwarded_for is not None or plain.forwarded is not None:
+            client = self._requests.client_address(client, plain.x_forwarded_for, plain.forwarded)
         result = self._requests.http(
-            self._address, plain.authorization, trapos_id, _asked_account(plain.query), body
+            client, plain.authorization, trapos_id, _asked_account(plain.query), body
         )
         if type(result) is Answer:
             self._send(result)

@@ -12,10 +12,14 @@ The WebSocket side: one ``GatewayProtocol`` per computer connection.
     computer_response ping ok {traposId}       ->
 
 Before a successful hello every request is answered ``not_authenticated``;
-without one within ``hello_timeout`` the connection is closed with 4002.  An
-address that keeps failing hello is refused for a while (``overloaded``,
-close 4003), and so is one with too many connections waiting for hello, and
-a computer past its account's ``max_computers`` (SPEC §12).
+without one within ``hello_timeout`` the connection is closed with 4002.  A
+hello's secret is always checked (``auth.Admission.computer``): the right
+one is admitted; a wrong one from an address that keeps failing is refused
+for a while (``overloaded``, close 4003).  An address with too many
+connections waiting for hello is refused the upgrade (429), and a computer
+past its account's ``max_computers`` its hello (SPEC §12).  A computer's
+address is the one ``auth.Admission.client_address`` gives (a trusted
+reverse proxy's client).
 Bad frames are ignored (logged, rate-limited) and never end the connection.
 Nothing raised while handling a message escapes ``onMessage``: Autobahn
 would drop the TCP connection without a close frame.
@@ -33,7 +37,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import auth, compat, limits, wire
+from trapsandbox import auth, compat, limits, proxies, wire
 from trapsandbox.accounts import sha256_hex
 from trapsandbox.handlers import Handler
 from trapsandbox.metrics import Metrics
@@ -191,8 +195,13 @@ class GatewayProtocol(compat.WholeFrames, Sending, WebSocketServerProtocol):
 
     def onConnect(self, request) -> None:
         factory = self.factory
-        self.peer_address = request.peer
-        self.peer_host = auth.host_of(self.transport.getPeer())
+        # Behind a trusted reverse proxy, the computer it forwards (SPEC §4).
+        headers = request.headers
+        peer = factory.admission.client_address(
+            self.transport.getPeer(), headers.get("x-forwarded-for"), headers.get("forwarded")
+        )
+        self.peer_address = proxies.describe(peer)
+        self.peer_host = auth.host_of(peer)
         waiting = factory.awaiting_hello.get(self.peer_host, 0)
         if waiting >= factory.max_unauthenticated_per_address:
             suppressed = factory.refused_log.allow()

@@ -109,6 +109,9 @@ BASE_BLOCK = 2.0
 MAX_BLOCK = 300.0
 FORGET_AFTER = 900.0
 MAX_THROTTLED_ADDRESSES = 10_000
+# A right guess is admitted even from a throttled address (SPEC §4): a
+# SANDBOX_PASSWORD shorter than this is warned about at start.
+MIN_PASSWORD_LENGTH = 16
 
 # -- HTTP ------------------------------------------------------------------------------------
 

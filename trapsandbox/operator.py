@@ -166,8 +166,17 @@ class OperatorRequests:
         """No token is needed: loopback clients are the admin."""
         return not self._admission.operator_token_required
 
+    def client_address(
+        self, peer: object, x_forwarded_for: str | None, forwarded: str | None
+    ) -> object:
+        """The client behind ``peer`` (``auth.Admission.client_address``)."""
+        return self._admission.client_address(peer, x_forwarded_for, forwarded)
+
     def operator(self, address: object, authorization: bytes | None) -> auth.Operator | Answer:
-        """Who the client at ``address`` is as an operator, or the answer to one that is not."""
+        """
+        Who the client at ``address`` (``client_address``) is as an operator,
+        or the answer to one that is not.
+        """
         operator = self._admission.operator(address, authorization)
         if isinstance(operator, auth.Operator):
             return operator

@@ -47,7 +47,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import auth, compat, limits, wire
+from trapsandbox import auth, compat, limits, proxies, wire
 from trapsandbox.gateway import Sending, server_options
 from trapsandbox.metrics import Metrics
 from trapsandbox.operator import INTERNAL, Answer, OperatorRequests, error_answer
@@ -131,7 +131,11 @@ class OperatorSocket(compat.WholeFrames, Sending, compat.HeadersOnDeny, WebSocke
     # Autobahn callbacks
 
     def onConnect(self, request) -> None:
-        self.peer_address = request.peer
+        headers = request.headers
+        client = self.factory.requests.client_address(
+            self.transport.getPeer(), headers.get("x-forwarded-for"), headers.get("forwarded")
+        )
+        self.peer_address = proxies.describe(client)
         header = request.headers.get("authorization")
         authorization = None if header is None else header.encode("latin-1", "replace")
         requests = self.factory.requests
@@ -139,7 +143,7 @@ class OperatorSocket(compat.WholeFrames, Sending, compat.HeadersOnDeny, WebSocke
             # A web page in a browser on this machine must not act as the loopback admin.
             self.factory.metrics.operator_socket("403")
             raise ConnectionDeny(403, "requests from web pages of other origins are refused")
-        who = requests.operator(self.transport.getPeer(), authorization)
+        who = requests.operator(client, authorization)
         self.authorization = authorization  # an account's token is checked again at reload
         if isinstance(who, Answer):
             self.factory.metrics.operator_socket(str(who.status))

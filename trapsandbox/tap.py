@@ -114,6 +114,13 @@ class Options(usage.Options):
             "Ask conversations remembered per account, the least recently used dropped "
             f"({limits.MAX_ASK_CONVERSATIONS}).",
         ],
+        [
+            "trusted-proxies",
+            None,
+            None,
+            "Reverse proxies whose X-Forwarded-For/Forwarded name the client: comma-separated "
+            "addresses or CIDRs, or unix (SANDBOX_TRUSTED_PROXIES; default none).",
+        ],
     ]
 
     def __init__(self) -> None:
@@ -227,7 +234,11 @@ class GatewayService(service.MultiService):
             metrics=self.metrics,
         )
         self.admission = Admission(
-            reactor, settings.password, settings.admin_token, accounts=settings.accounts
+            reactor,
+            settings.password,
+            settings.admin_token,
+            accounts=settings.accounts,
+            trusted_proxies=settings.trusted_proxies,
         )
         # Set by makeService: the real daemon reloads the accounts on SIGHUP.
         self.reload_on_sighup = False
@@ -368,6 +379,22 @@ class GatewayService(service.MultiService):
             log.warn(
                 "auth is off: any computer can connect. Set SANDBOX_PASSWORD or "
                 "SANDBOX_PASSWORD_FILE to require a secret."
+            )
+        password = self.settings.password
+        if password is not None and len(password) < limits.MIN_PASSWORD_LENGTH:
+            # A right guess is let in even from a throttled address: only the
+            # password's strength stops guessing.
+            log.warn(
+                "SANDBOX_PASSWORD is shorter than {least} characters: a right guess is let "
+                "in even from an address refused for wrong ones, so its strength is what "
+                "stops guessing. Use a long random one, e.g. head -c 24 /dev/urandom | base64",
+                least=limits.MIN_PASSWORD_LENGTH,
+            )
+        if self.admission.trusted_proxies:
+            log.info(
+                "trusted reverse proxies: {proxies} (their X-Forwarded-For/Forwarded name "
+                "the client)",
+                proxies=", ".join(map(str, self.settings.trusted_proxies)),
             )
 
     def stopService(self) -> Deferred:

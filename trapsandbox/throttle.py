@@ -1,13 +1,22 @@
 """
-Slowing down password guessing, per peer address.
+Slowing down wrong secrets and tokens, per client address.
 
 An address may fail a few times freely; after that each failure blocks it
-for a growing period (doubling, capped).  While blocked, its attempts are
-refused without looking at the secret, so guessing gains nothing, and other
-addresses are not affected.  A success does not clear the record: computers
-behind one address (a Minecraft server) would otherwise reset a guesser's
-count there.  An address that stays quiet is forgotten, and the table is
-bounded so a flood of addresses cannot grow it without limit.
+for a growing period (doubling, capped), and its wrong attempts are refused
+until the block ends (they are not counted again meanwhile), while other
+addresses are not affected.  Only failures come here: ``auth.Admission``
+checks a credential first and admits a right one whatever its address's
+record (SPEC §4), so a stranger's guesses never lock out the computers or
+the operator sharing that address.
+
+What this protects, then: it tells a misconfigured client to back off
+(4003 and ``Retry-After`` are temporary; the Lua client waits), it bounds
+the warnings (one per address and period) and the table (bounded, quiet
+addresses forgotten).  It does not stop guessing: a refusal tells the
+guesser nothing, but a right guess is admitted even while blocked, so the
+secret's strength is what stops it.  A success does not clear the record:
+computers behind one address (a Minecraft server) would otherwise reset a
+guesser's count there.
 """
 
 from __future__ import annotations

@@ -39,6 +39,8 @@ The HTTP side, on the same port as the WebSocket: a Klein app.
 Operators present ``Authorization: Bearer <SANDBOX_ADMIN_TOKEN>`` (the
 admin: every account) or an account's token (that account's computers only,
 SPEC §12); with no admin token configured, loopback clients are the admin.
+A client's address is ``GatewayApp.client_address``: the peer's, or behind
+a proxy listed in ``SANDBOX_TRUSTED_PROXIES`` the client it forwards.
 Per-computer routes resolve their account in one place (``on_computer``);
 the admin may add ``?account=NAME``.  ``/metrics`` is the admin's alone.  Every answer, errors
 included, is JSON (``{ok: false, error: {code, message}}``), never an HTML
@@ -132,6 +134,14 @@ def operators_only(route):
         return route(self, request, *args, operator=operator, **kwargs)
 
     return guarded
+
+
+def _joined(request: IRequest, name: bytes) -> str | None:
+    """All of a request's ``name`` header lines as one comma-separated list, or None."""
+    values = request.requestHeaders.getRawHeaders(name)
+    if not values:
+        return None
+    return ", ".join(value.decode("latin-1") for value in values)
 
 
 def _asked_account(request: IRequest) -> str | None:
@@ -502,10 +512,18 @@ class GatewayApp:
             return json_error(request, 404, "not_found", "no such computer")
         return self.computer_request(request, trapos_id)
 
+    def client_address(self, request: IRequest) -> object:
+        """The request's client: its peer, or a trusted reverse proxy's client (SPEC §4)."""
+        return self._admission.client_address(
+            request.getClientAddress(),
+            _joined(request, b"x-forwarded-for"),
+            _joined(request, b"forwarded"),
+        )
+
     def _operator(self, request: IRequest) -> auth.Operator | bytes:
         """Who the request's operator is, or the error answer for one that is not."""
         who = self._requests.operator(
-            request.getClientAddress(), request.getHeader(b"authorization")
+            self.client_address(request), request.getHeader(b"authorization")
         )
         if isinstance(who, Answer):
             return write_answer(request, who)
@@ -560,7 +578,7 @@ class GatewayApp:
         except BadBody as error:
             body = error
         answer = self._requests.http(
-            request.getClientAddress(),
+            self.client_address(request),
             request.getHeader(b"authorization"),
             trapos_id,
             _asked_account(request),

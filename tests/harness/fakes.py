@@ -35,9 +35,11 @@ class FakeLink:
 class FakeUpgrade:
     peer = "tcp4:10.0.0.7:50123"
 
-    def __init__(self, peer=None):
+    def __init__(self, peer=None, headers=None):
         if peer is not None:
             self.peer = peer
+        # As Autobahn has them: lower-case names, repeated lines joined with ", ".
+        self.headers = dict(headers or {})
 
 
 class FakeTransport:
@@ -66,7 +68,7 @@ class FakeTransport:
 class Computer:
     """One in-memory connection to the gateway, seen from the computer."""
 
-    def __init__(self, factory, trapos_id="7:", peer=None):
+    def __init__(self, factory, trapos_id="7:", peer=None, headers=None):
         self.trapos_id = trapos_id
         self.sent = []
         self.closes = []
@@ -74,7 +76,7 @@ class Computer:
         protocol.sendMessage = self._record
         protocol.sendClose = self._close
         protocol.dropConnection = lambda abort=False: self.lost(1006)
-        upgrade = FakeUpgrade(peer)
+        upgrade = FakeUpgrade(peer, headers)
         protocol.transport = FakeTransport(upgrade.peer)
         protocol.onConnect(upgrade)
         protocol.state = WebSocketProtocol.STATE_OPEN

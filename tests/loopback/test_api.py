@@ -292,13 +292,14 @@ class TokenTests(APITestCase):
         wrong = {"authorization": "Bearer guess"}
         for _ in range(6):
             self.assertEqual(self.call("GET", "/computers", headers=wrong)[0].code, 401)
-        # Blocked now: the right token is not even looked at.
-        right = {"authorization": f"Bearer {TOKEN}"}
-        response, body = self.call("GET", "/computers", headers=right)
+        # Blocked now: its wrong tokens are refused, its right one is checked first.
+        response, body = self.call("GET", "/computers", headers=wrong)
         self.assertError(response, orjson.loads(body), 429, "too_many_requests")
         self.assertEqual(response.headers.getRawHeaders("retry-after"), ["2"])
-        self.clock.advance(2)
+        right = {"authorization": f"Bearer {TOKEN}"}
         self.assertEqual(self.call("GET", "/computers", headers=right)[0].code, 200)
+        self.clock.advance(2)
+        self.assertEqual(self.call("GET", "/computers", headers=wrong)[0].code, 401)
 
 
 class RemotePeerTests(APITestCase):

@@ -187,21 +187,20 @@ class ResolutionTests(SynchronousTestCase):
         )
         self.assertEqual(admission.operator(HERE, b"Bearer nope").reason, auth.WRONG)
 
-    def test_throttles_stay_per_address(self):
+    def test_throttles_stay_per_address_and_let_accounts_in(self):
         for _ in range(limits.FREE_FAILURES + 1):
             self.admission.operator(THERE, b"Bearer guess")
             self.admission.computer("h", "guess", "1:")
+        self.assertEqual(self.admission.operator(THERE, b"Bearer guess").reason, auth.THROTTLED)
+        self.assertEqual(self.admission.computer("h", "guess", "1:").reason, auth.THROTTLED)
+        # An account's right token and secret still work from the blocked address.
         self.assertEqual(
-            self.admission.operator(THERE, b"Bearer token-of-alice").reason, auth.THROTTLED
+            self.admission.operator(THERE, b"Bearer token-of-alice"), auth.Operator("alice")
         )
-        self.assertEqual(
-            self.admission.computer("h", "secret-of-alice", "1:").reason, auth.THROTTLED
-        )
+        self.assertEqual(self.admission.computer("h", "secret-of-alice", "1:"), "alice")
         other = IPv4Address("TCP", "198.51.100.1", 1)
-        self.assertEqual(
-            self.admission.operator(other, b"Bearer token-of-alice"), auth.Operator("alice")
-        )
-        self.assertEqual(self.admission.computer("h2", "secret-of-alice", "1:"), "alice")
+        self.assertEqual(self.admission.operator(other, b"Bearer guess").reason, auth.WRONG)
+        self.assertEqual(self.admission.computer("h2", "guess", "1:").reason, auth.WRONG)
 
     def test_a_token_is_looked_up_by_its_hash(self):
         # A guess is hashed once and looked up: no stored hash is compared with it.

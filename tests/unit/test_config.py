@@ -1,5 +1,7 @@
 """Settings from the environment and twistd options, and their errors."""
 
+import ipaddress
+
 from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -112,6 +114,26 @@ class ConfigTests(SynchronousTestCase):
         ):
             self.assertConfigError(environ, names=name)
         self.assertConfigError({}, "--request-timeout-ms", "-5", names="--request-timeout-ms")
+
+    def test_trusted_proxies(self):
+        self.assertEqual(self.load().trusted_proxies, ())
+        settings = self.load({"SANDBOX_TRUSTED_PROXIES": "127.0.0.1, 10.0.0.0/8"})
+        self.assertEqual(
+            settings.trusted_proxies,
+            (ipaddress.ip_network("127.0.0.1/32"), ipaddress.ip_network("10.0.0.0/8")),
+        )
+        # The option wins.
+        settings = self.load(
+            {"SANDBOX_TRUSTED_PROXIES": "127.0.0.1"}, "--trusted-proxies", "::1,unix"
+        )
+        self.assertEqual(settings.trusted_proxies, (ipaddress.ip_network("::1/128"), "unix"))
+
+    def test_bad_trusted_proxies_name_the_setting_and_the_entry(self):
+        message = self.assertConfigError(
+            {"SANDBOX_TRUSTED_PROXIES": "127.0.0.1, proxy.local"}, names="SANDBOX_TRUSTED_PROXIES"
+        )
+        self.assertIn("'proxy.local'", message)
+        self.assertConfigError({}, "--trusted-proxies", "10.0.0.0/33", names="--trusted-proxies")
 
     def test_admin_token(self):
         self.assertIsNone(self.load().admin_token)

@@ -182,12 +182,13 @@ class SameAnswersTests(SynchronousTestCase):
         wrong = post(headers=b"Authorization: Bearer guess\r\n")
         answers = []
         for port in both():
-            transport = port.connect(*[wrong] * 8, post())
+            transport = port.connect(*[wrong] * 8, post(), wrong)
             answers.append(comparable(responses(transport.value())))
         self.assertEqual(answers[0], answers[1])
         statuses = [status for status, _, _ in answers[0]]
-        # Five free failures, then the address is blocked, the right token included.
-        self.assertEqual(statuses, [401] * 6 + [429] * 3)
+        # Five free failures, then the address's wrong tokens are refused; the right
+        # token is checked first and answered.
+        self.assertEqual(statuses, [401] * 6 + [429] * 2 + [404, 429])
         self.assertEqual(answers[0][-1][1][b"retry-after"], b"2")
 
     def test_what_the_fast_reader_leaves_to_the_site(self):

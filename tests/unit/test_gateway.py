@@ -407,18 +407,22 @@ class LimitTests(GatewayTestCase):
         for _ in range(5):
             self.assertError(self.connect().hello(secret="guess"), wire.UNAUTHORIZED)
         self.assertError(self.connect().hello(secret="guess"), wire.UNAUTHORIZED)
-        # Now blocked: even the right secret is refused, without being checked.
+        # Now blocked: its wrong secrets are refused with "try again".
         blocked = self.connect()
-        reply = blocked.hello()
+        reply = blocked.hello(secret="guess")
         self.assertError(reply, wire.OVERLOADED)
         self.assertIn("try again in 2 s", reply["error"]["message"])
         self.assertEqual(blocked.closes, [(4003, "too many failed hellos")])
         self.assertEqual(len(self.registry), 0)
-        # Other addresses are not slowed.
-        self.assertTrue(self.connect("8:", peer="tcp4:10.0.0.9:1").hello()["ok"])
-        # After the block, the right secret is let in.
-        self.clock.advance(2)
+        # The right secret from the same address is checked first and let in.
         self.assertTrue(self.connect().hello()["ok"])
+        # Other addresses are not slowed.
+        self.assertError(
+            self.connect("8:", peer="tcp4:10.0.0.9:1").hello(secret="guess"), wire.UNAUTHORIZED
+        )
+        # After the block, a wrong secret is simply wrong again.
+        self.clock.advance(2)
+        self.assertError(self.connect("9:").hello(secret="guess"), wire.UNAUTHORIZED)
 
     def test_host_of(self):
         self.assertEqual(host_of(IPv4Address("TCP", "1.2.3.4", 5678)), "1.2.3.4")
