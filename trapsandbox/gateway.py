@@ -192,6 +192,9 @@ class GatewayProtocol(compat.WholeFrames, Sending, WebSocketServerProtocol):
     def onConnect(self, request) -> None:
         factory = self.factory
         self.peer_address = request.peer
+        if auth.foreign_upgrade(request.headers.get("origin"), request.headers.get("host")):
+            # A web page must not connect as (and replace) a computer, auth or not.
+            raise ConnectionDeny(403, "connections from web pages of other origins are refused")
         self.peer_host = auth.host_of(self.transport.getPeer())
         waiting = factory.awaiting_hello.get(self.peer_host, 0)
         if waiting >= factory.max_unauthenticated_per_address:

@@ -249,7 +249,7 @@ class GatewayService(service.MultiService):
             asks=self.asks,
             operator_socket=WebSocketResource(self.operator_socket),
         )
-        self.site = GatewaySite(app.resource())
+        self.site = GatewaySite(app.resource(), decide=app.decide)
         front = FrontFactory(
             self.site, self.factory, reactor, app.requests, operator=self.operator_socket
         )

@@ -33,11 +33,14 @@ class FakeLink:
 
 
 class FakeUpgrade:
+    """Autobahn's ``ConnectionRequest`` as ``onConnect`` reads it."""
+
     peer = "tcp4:10.0.0.7:50123"
 
-    def __init__(self, peer=None):
+    def __init__(self, peer=None, headers=None):
         if peer is not None:
             self.peer = peer
+        self.headers = {"host": "gw.example:4444", **(headers or {})}
 
 
 class FakeTransport:

@@ -14,7 +14,7 @@ from twisted.web.resource import Resource
 
 from tests.harness.fakes import FakeLink, FixedProbe
 from tests.harness.logcapture import LogCapture
-from tests.harness.support import bounded, connect, reactor, start_gateway
+from tests.harness.support import JSON, bounded, connect, reactor, start_gateway
 from trapsandbox import wire
 from trapsandbox.auth import Admission, is_loopback
 from trapsandbox.limits import MAX_BODY_BYTES
@@ -76,7 +76,7 @@ class APITestCase(SynchronousTestCase):
 
     def call(self, method, path, body=None, headers=None, raw=None):
         data = raw if raw is not None else (None if body is None else orjson.dumps(body))
-        d = self.http.request(method, BASE + path, data=data, headers=headers)
+        d = self.http.request(method, BASE + path, data=data, headers={**JSON, **(headers or {})})
         self.http.flush()
         response = self.successResultOf(d)
         content = self.successResultOf(self.http.content(response))
@@ -86,7 +86,9 @@ class APITestCase(SynchronousTestCase):
         """Start a POST; its Deferred fires once the computer answered (or not)."""
         data = raw if raw is not None else orjson.dumps(body)
         path = f"/computers/{quote(trapos_id, safe='')}/requests"
-        return self.http.request("POST", BASE + path, data=data, headers=headers)
+        return self.http.request(
+            "POST", BASE + path, data=data, headers={**JSON, **(headers or {})}
+        )
 
     def finish(self, d):
         self.http.flush()
