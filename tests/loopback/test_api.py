@@ -22,7 +22,7 @@ from trapsandbox.probe import ProbeResult
 from trapsandbox.registry import Registry, Session
 from trapsandbox.web import GatewayApp
 
-BASE = "http://gw.example:4444"
+BASE = "http://localhost:4444"
 TOKEN = "op-token-1234"
 
 
@@ -394,6 +394,7 @@ class LoopbackAPITests(TestCase):
         posted = treq.post(
             self.base + "/computers/7%3Abase/requests",
             data=orjson.dumps({"type": "ping", "timeoutMs": 5000}),
+            headers=JSON,
             pool=self.pool,
         )
         request = await computer.next_message()
@@ -409,6 +410,7 @@ class LoopbackAPITests(TestCase):
             treq.post(
                 self.base + "/computers/7%3A/requests",
                 data=b"x" * (MAX_BODY_BYTES + 1),
+                headers=JSON,
                 pool=self.pool,
             )
         )
@@ -424,7 +426,7 @@ class LoopbackAPITests(TestCase):
         computer.trapos_id = "7:base"
         url = self.base + "/computers/7%3Abase/execute"
         # Streamed: each delta arrives as a line before the run ends.
-        posted = treq.post(url, data=b'{"command": "count"}', pool=self.pool)
+        posted = treq.post(url, data=b'{"command": "count"}', headers=JSON, pool=self.pool)
         run = await computer.next_message()
         self.assertEqual((run["type"], run["payload"]["command"]), ("exec", "count"))
         delta = {"type": "stdout_delta", "data": "1\n"}
@@ -448,7 +450,9 @@ class LoopbackAPITests(TestCase):
         self.assertEqual(orjson.loads(b"".join(lines).splitlines()[-1])["type"], "result")
 
         # A caller that goes away cancels the run on the computer.
-        posted = treq.post(url, data=b'{"command": "sleep", "args": ["30"]}', pool=self.pool)
+        posted = treq.post(
+            url, data=b'{"command": "sleep", "args": ["30"]}', headers=JSON, pool=self.pool
+        )
         run = await computer.next_message()
         posted.addErrback(lambda failure: failure.trap(ResponseNeverReceived))
         posted.cancel()
