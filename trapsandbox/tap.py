@@ -250,7 +250,7 @@ class GatewayService(service.MultiService):
             operator_socket=WebSocketResource(self.operator_socket),
         )
         self.site = GatewaySite(app.resource(), decide=app.decide)
-        front = FrontFactory(
+        self.front = front = FrontFactory(
             self.site, self.factory, reactor, app.requests, operator=self.operator_socket
         )
         self.listeners = [_Listener(reactor, port, front) for port in settings.ports]
