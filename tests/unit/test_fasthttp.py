@@ -31,13 +31,20 @@ TOKEN = b"op-token-1234"
 AUTH = b"Authorization: Bearer " + TOKEN + b"\r\n"
 
 
-def post(path=b"/computers/7%3A/requests", body=b'{"type":"ping"}', headers=AUTH, version=b"1.1"):
+def post(
+    path=b"/computers/7%3A/requests",
+    body=b'{"type":"ping"}',
+    headers=AUTH,
+    version=b"1.1",
+    host=b"gw",
+):
     return (
-        b"POST %s HTTP/%s\r\nHost: gw\r\nContent-Type: application/json\r\n%s"
+        b"POST %s HTTP/%s\r\nHost: %s\r\nContent-Type: application/json\r\n%s"
         b"Content-Length: %d\r\n\r\n%s"
     ) % (
         path,
         version,
+        host,
         headers,
         len(body),
         body,
@@ -126,8 +133,8 @@ class Port:
         return transport
 
 
-def both():
-    return Port(fast=True), Port(fast=False)
+def both(admin_token="op-token-1234"):
+    return Port(fast=True, admin_token=admin_token), Port(fast=False, admin_token=admin_token)
 
 
 class SameAnswersTests(SynchronousTestCase):
@@ -180,6 +187,53 @@ class SameAnswersTests(SynchronousTestCase):
                 self.assertEqual(got, status)
                 self.assertEqual(headers[b"content-type"], b"application/json")
                 self.assertIs(orjson.loads(body)["ok"], False)
+
+    def test_browsers_and_bodies_not_json_are_refused_alike_at_the_head(self):
+        text = (b"application/json", b"text/plain")
+        local = b"127.0.0.1:4444"
+        cases = {
+            # No admin token: loopback is the admin, but not a web page's request.
+            None: {
+                post(headers=b"Origin: http://evil.example\r\n", host=local): 403,
+                post(headers=b"Origin: null\r\n", host=local): 403,
+                post(headers=b"Origin: http://localhost:4444\r\n", host=local): 403,
+                post(headers=b"", host=b"evil.example:4444"): 403,  # DNS rebinding
+                post(headers=b"", host=local).replace(*text): 415,
+                post(headers=b"", host=local).replace(b"application/json", b"json"): 415,
+                post(headers=b"", host=local).replace(
+                    b"Content-Type: application/json\r\n", b""
+                ): 415,
+            },
+            "op-token-1234": {
+                post().replace(*text): 415,
+                post(headers=b"").replace(*text): 401,  # who asks comes first
+                post(headers=b"Origin: http://evil.example\r\n"): 401,
+            },
+        }
+        for admin_token, requests in cases.items():
+            for request, status in requests.items():
+                with self.subTest(request=request):
+                    answers = []
+                    for port in both(admin_token):
+                        port.computer()
+                        transport = port.connect(request)
+                        self.assertEqual(port.links["7:"].sent, [])  # nothing reached it
+                        self.assertTrue(transport.disconnecting)  # the connection's last answer
+                        answers.append(comparable(responses(transport.value())))
+                    self.assertEqual(answers[0], answers[1])
+                    [(got, _, body)] = answers[0]
+                    self.assertEqual(got, status, body)
+        # The gateway's own origin, and parameters after the media type, are fine.
+        for request in (
+            post(headers=b"Origin: http://127.0.0.1:4444\r\n", host=local),
+            post(headers=b"", host=b"localhost").replace(
+                b"application/json", b"Application/JSON; charset=utf-8"
+            ),
+        ):
+            for port in both(None):
+                port.computer()
+                port.connect(request)
+                self.assertEqual(len(port.links["7:"].sent), 1, request)
 
     def test_token_guessing_is_throttled_alike(self):
         wrong = post(headers=b"Authorization: Bearer guess\r\n")
