@@ -10,7 +10,10 @@ Admission: who may connect as a computer, and who may act as an operator.
   ``Authorization: Bearer <token>``: ``SANDBOX_ADMIN_TOKEN`` is the admin, who
   sees every account; an account's token (looked up by its SHA-256) sees that
   account's computers only.  With no admin token configured, a client on
-  this machine without a token is the admin.  ``operator`` answers an
+  this machine without a token is the admin, unless a browser sent it
+  (``browser_refusal``, applied by ``operator.OperatorRequests``; a
+  ``/gateway`` upgrade from a web page is refused whatever the auth,
+  ``foreign_upgrade``).  ``operator`` answers an
   ``Operator`` (who) or a ``Refusal`` (why not), and ``Operator.account_of``
   is the one place a per-computer request finds the account it means.
 - ``reload`` replaces the accounts (SIGHUP); ``revoked`` says which connected

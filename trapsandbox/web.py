@@ -38,8 +38,13 @@ The HTTP side, on the same port as the WebSocket: a Klein app.
 
 Operators present ``Authorization: Bearer <SANDBOX_ADMIN_TOKEN>`` (the
 admin: every account) or an account's token (that account's computers only,
-SPEC §12); with no admin token configured, loopback clients are the admin.
-Per-computer routes resolve their account in one place (``on_computer``);
+SPEC §12); with no admin token configured, loopback clients are the admin,
+but not a web page's request (``auth.browser_refusal``: an ``Origin`` other
+than the gateway's own, or a ``Host`` that is not this machine's), and every
+operator POST must be ``application/json`` (415).  An operator request is
+decided when its head is complete, before its body is read
+(``GatewayRequest``; ``fasthttp`` likewise): a refused caller is answered
+there and the connection closed.  Per-computer routes resolve their account in one place (``on_computer``);
 the admin may add ``?account=NAME``.  ``/metrics`` is the admin's alone.  Every answer, errors
 included, is JSON (``{ok: false, error: {code, message}}``), never an HTML
 traceback page.

@@ -25,7 +25,7 @@ from twisted.internet.testing import MemoryReactor, StringTransport
 from twisted.python import log as legacy_log
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.resource import Resource
+from twisted.web.static import Data
 
 from trapsandbox import compat
 from trapsandbox.operator import error_answer
@@ -432,7 +432,7 @@ class RequestHeadTests(SynchronousTestCase):
     line still on the channel (``compat.request_line``)."""
 
     def channel(self, decide):
-        site = GatewaySite(Resource(), decide=decide)
+        site = GatewaySite(Data(b"", "text/plain"), decide=decide)
         site.reactor = Clock()
         channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
         transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 50000))
