@@ -44,8 +44,9 @@ than the gateway's own, or a ``Host`` that is not this machine's), and every
 operator POST must be ``application/json`` (415).  An operator request is
 decided when its head is complete, before its body is read
 (``GatewayRequest``; ``fasthttp`` likewise): a refused caller is answered
-there and the connection closed.  Per-computer routes resolve their account in one place (``on_computer``);
-the admin may add ``?account=NAME``.  ``/metrics`` is the admin's alone.  Every answer, errors
+there and the connection closed.  Per-computer routes resolve their
+account in one place (``on_computer``); the admin may add
+``?account=NAME``.  ``/metrics`` is the admin's alone.  Every answer, errors
 included, is JSON (``{ok: false, error: {code, message}}``), never an HTML
 traceback page.
 """

@@ -25,7 +25,7 @@ from twisted.internet.testing import MemoryReactor, StringTransport
 from twisted.python import log as legacy_log
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.static import Data
+from twisted.web.resource import Resource
 
 from trapsandbox import compat
 from trapsandbox.operator import error_answer
@@ -426,13 +426,20 @@ class WholeFramesTests(SynchronousTestCase):
         self.assertEqual(sent[0], sent[1])
 
 
+class _Empty(Resource):
+    isLeaf = True
+
+    def render(self, request):
+        return b""
+
+
 class RequestHeadTests(SynchronousTestCase):
     """What ``web.GatewayRequest`` relies on: twisted.web calls ``gotLength``
     after the last header and before any byte of the body, with the request
     line still on the channel (``compat.request_line``)."""
 
     def channel(self, decide):
-        site = GatewaySite(Data(b"", "text/plain"), decide=decide)
+        site = GatewaySite(_Empty(), decide=decide)
         site.reactor = Clock()
         channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
         transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 50000))
