@@ -30,6 +30,8 @@ from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientPr
 from twisted.internet import defer, endpoints, task
 from twisted.web.client import HTTPConnectionPool
 
+# Every operator POST is JSON (SPEC §4: 415 otherwise).
+JSON = {"Content-Type": "application/json"}
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 
@@ -133,7 +135,7 @@ async def _measure(reactor, url: str, requests: int, concurrency: int) -> dict[s
     async def worker():
         for _ in left:
             started = time.perf_counter()
-            response = await treq.post(url, data=body, pool=pool)
+            response = await treq.post(url, data=body, headers=JSON, pool=pool)
             await treq.content(response)
             assert response.code == 200, response.code
             times.append(time.perf_counter() - started)

@@ -46,6 +46,9 @@ LUA = REPO / "lua"
 CTL = str(Path(sys.executable).parent / "trapsandbox-ctl")
 SIZES = (64 * 1024, 300_000, 1024 * 1024)
 
+# Every operator POST is JSON (SPEC §4: 415 otherwise).
+JSON = {"Content-Type": "application/json"}
+
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
@@ -83,7 +86,7 @@ async def run(reactor, args: argparse.Namespace) -> dict:
         body = orjson.dumps({"command": "echo", "args": ["hello"]})
         for _ in range(args.execs):
             started = time.perf_counter()
-            response = await treq.post(base + "/execute", data=body, pool=pool)
+            response = await treq.post(base + "/execute", data=body, headers=JSON, pool=pool)
             lines = (await treq.content(response)).splitlines()
             times.append(time.perf_counter() - started)
             assert orjson.loads(lines[-1])["exitCode"] == 0, lines

@@ -11,7 +11,10 @@ Admission: who may connect as a computer, and who may act as an operator.
   sees every account; an account's token (looked up by its SHA-256) sees that
   account's computers only.  With no admin token configured, a client on
   this machine without a token is the admin (behind a trusted proxy, the
-  client it forwards decides, not the proxy).  ``operator`` answers an
+  client it forwards decides, not the proxy), unless a browser sent it
+  (``browser_refusal``, applied by ``operator.OperatorRequests``; a
+  ``/gateway`` upgrade from a web page is refused whatever the auth,
+  ``foreign_upgrade``).  ``operator`` answers an
   ``Operator`` (who) or a ``Refusal`` (why not), and ``Operator.account_of``
   is the one place a per-computer request finds the account it means.
 - ``reload`` replaces the accounts (SIGHUP); ``revoked`` says which connected
@@ -42,7 +45,6 @@ import hmac
 import ipaddress
 from collections.abc import Callable, Iterable
 from typing import Any
-from urllib.parse import urlsplit
 
 import attrs
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
@@ -63,6 +65,7 @@ WRONG = "wrong"  # a secret or token was given and is wrong
 MISSING = "missing"  # an operator gave no token
 THROTTLED = "throttled"  # wrong, from an address that failed too often: slow down
 NOT_LOOPBACK = "not_loopback"  # no admin token is set and the client is not on this machine
+BROWSER = "browser"  # a web page (or a DNS rebinding) asking as the loopback admin
 
 
 @attrs.frozen
@@ -152,6 +155,7 @@ def is_loopback(address: object) -> bool:
 
 def loopback_name(host: str) -> bool:
     """A host name or address that means this machine."""
+    host = host.lower().rstrip(".")
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
@@ -160,18 +164,72 @@ def loopback_name(host: str) -> bool:
         return False
 
 
-def foreign_origin(origin: str | None) -> bool:
+def _host_name(host: str) -> str:
+    """The name or address of a ``Host`` value (``name[:port]``, ``[v6][:port]``)."""
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else ""
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+_DEFAULT_PORTS = {"http": ":80", "https": ":443"}
+
+
+def own_origin(origin: str, host: str | None) -> bool:
     """
-    Whether an ``Origin`` header is a web page's on another machine's name: a
-    browser on this machine could reach a loopback admin (DNS rebinding).
+    Whether ``origin`` is the gateway's own: an http(s) origin whose
+    ``host[:port]`` is the request's ``Host`` (a page the gateway served
+    itself).  ``null`` (a sandboxed frame, a file) is nobody's own.
     """
-    if origin is None:
+    if host is None:
         return False
-    try:
-        host = urlsplit(origin).hostname or ""
-    except ValueError:
-        host = ""
-    return not loopback_name(host)
+    scheme, sep, authority = origin.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in _DEFAULT_PORTS or not authority or "/" in authority:
+        return False
+    default = _DEFAULT_PORTS[scheme]
+    authority, host = authority.lower(), host.lower()
+    return authority.removesuffix(default) == host.removesuffix(default)
+
+
+BROWSER_PAGE = "requests from web pages of other origins are refused"
+FOREIGN_HOST = (
+    "the Host header does not name this machine (DNS rebinding?): without "
+    "SANDBOX_ADMIN_TOKEN, operators call the gateway as localhost or 127.0.0.1"
+)
+
+
+def browser_refusal(origin: str | None, host: str | None) -> str | None:
+    """
+    Why a request admitted as the loopback admin without a token must be
+    refused (SPEC §4 "Browsers are not operators"), or None.
+
+    A web page the operator visits can send a request to 127.0.0.1 (it
+    carries the page's ``Origin``), and a DNS rebinding makes the page's own
+    name point at 127.0.0.1 (the ``Host`` is then that name): either way the
+    caller is a browser acting for someone else, and must not be the admin.
+    A request with no ``Origin`` (curl, trapsandbox-ctl, an MCP client) or no
+    ``Host`` (an HTTP/1.0 tool) is not a browser's.
+
+    This is for callers admitted *because* they are on loopback.  A caller
+    with a token is not checked: a page has no token unless it is given one
+    (and cannot send ``Authorization`` across origins without a CORS
+    preflight, which the gateway never allows), and a remote operator with
+    a token reaches the gateway by whatever name it has.
+    """
+    if origin is not None and not own_origin(origin, host):
+        return BROWSER_PAGE
+    if host is not None and not loopback_name(_host_name(host.strip())):
+        return FOREIGN_HOST
+    return None
+
+
+def foreign_upgrade(origin: str | None, host: str | None) -> bool:
+    """
+    Whether a ``/gateway`` upgrade comes from a web page (any ``Origin`` but
+    the gateway's own): whatever the auth, a page must not connect as, and
+    replace, a computer.  CC:Tweaked and CraftOS-PC send no ``Origin``.
+    """
+    return origin is not None and not own_origin(origin, host)
 
 
 def _same(given: bytes, expected: bytes) -> bool:

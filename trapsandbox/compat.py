@@ -489,6 +489,25 @@ def bounded_content_length() -> None:
     http.HTTPChannel._maybeChooseTransferDecoder = _bounded_content_length
 
 
+def request_line(request: Any) -> tuple[bytes, bytes] | None:
+    """
+    The method and target of a request whose head is complete but whose
+    body is not read yet (from ``Request.gotLength``), or None if unknown.
+
+    twisted.web sets ``request.method`` and ``request.uri`` only when the
+    body has arrived (``requestReceived``); until then ``HTTPChannel`` keeps
+    the request line as ``_command`` and ``_path``, and calls ``gotLength``
+    from ``allHeadersReceived``, after the last header and before any byte
+    of the body.  ``web.GatewayRequest`` decides there who may send a body.
+    """
+    channel = request.channel
+    method = getattr(channel, "_command", None)
+    target = getattr(channel, "_path", None)
+    if type(method) is not bytes or type(target) is not bytes:
+        return None
+    return method, target
+
+
 def cancel_close_handshake_timer(protocol: Any) -> None:
     """
     Autobahn keeps its close-handshake timer when the peer drops the

@@ -36,8 +36,14 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES, datetimeToString
 
-from trapsandbox import limits, wire
-from trapsandbox.operator import INTERNAL, NO_SUCH_COMPUTER, Answer, OperatorRequests
+from trapsandbox import auth, limits, wire
+from trapsandbox.operator import (
+    INTERNAL,
+    NO_SUCH_COMPUTER,
+    REQUEST_TIMEOUT,
+    Answer,
+    OperatorRequests,
+)
 
 log = Logger()
 
@@ -79,11 +85,17 @@ _RESPONSE = (
     b"%sContent-Type: application/json\r\nCache-Control: no-store\r\n%s"
     b"Date: %s\r\nContent-Length: %d\r\n\r\n%s"
 )
+_CLOSE = (b"connection", b"close")
 
 
-def response(answer: Answer, date: bytes) -> bytes:
-    """The whole HTTP/1.1 response to send for ``answer``."""
+def response(answer: Answer, date: bytes, close: bool = False) -> bytes:
+    """
+    The whole HTTP/1.1 response to send for ``answer`` (with ``close``, the
+    last on its connection); twisted.web's side sends a refusal with it too.
+    """
     status, body, headers = answer.encoded()
+    if close:
+        headers = (*headers, _CLOSE)
     extra = b"".join(b"%s: %s\r\n" % header for header in headers)
     status_line = _STATUS_LINES.get(status) or _head(status)
     return _RESPONSE % (status_line, extra, date, len(body), body)
@@ -92,34 +104,14 @@ def response(answer: Answer, date: bytes) -> bytes:
 class _Plain:
     """A request head read and found to be the hot route's plain case."""
 
-    __slots__ = (
-        "authorization",
-        "forwarded",
-        "length",
-        "query",
-        "segment",
-        "target",
-        "x_forwarded_for",
-    )
+    __slots__ = ("fields", "length", "query", "segment", "target")
 
-    def __init__(
-        self,
-        target: bytes,
-        segment: bytes,
-        query: bytes,
-        length: int,
-        authorization: bytes | None,
-        x_forwarded_for: str | None = None,
-        forwarded: str | None = None,
-    ) -> None:
+    def __init__(self, target: bytes, segment: bytes, query: bytes, fields: _Fields) -> None:
         self.target = target
         self.segment = segment
         self.query = query
-        self.length = length
-        self.authorization = authorization
-        # Believed only from a trusted proxy (``OperatorRequests.client_address``).
-        self.x_forwarded_for = x_forwarded_for
-        self.forwarded = forwarded
+        self.length = fields.length
+        self.fields = fields
 
 
 # The request line of the hot route: one path segment (the traposId, %-encoded), a
@@ -155,7 +147,7 @@ def read_head(head: bytes) -> _Plain | None:
     if known is _NOT_PLAIN:
         return None
     target, segment, query = line.groups()
-    return _Plain(target, segment, query or b"", *known)
+    return _Plain(target, segment, query or b"", known)
 
 
 # A client sends the same header lines again and again (the path, in the request
@@ -175,19 +167,48 @@ def _remember(memo: dict[bytes, Any], key: bytes, value: Any) -> None:
 _NOT_PLAIN = object()
 
 
-def _read_fields(fields: bytes) -> tuple[int, bytes | None, str | None, str | None] | object:
-    """
-    ``(Content-Length, Authorization, X-Forwarded-For, Forwarded)`` of plain
-    header lines (the last two each all its lines joined with ``, ``, or
-    None), or ``_NOT_PLAIN``.
-    """
+class _Fields:
+    """What the hot route reads of a plain request's header lines."""
+
+    __slots__ = (
+        "authorization",
+        "content_type",
+        "forwarded",
+        "host",
+        "length",
+        "origin",
+        "x_forwarded_for",
+    )
+
+    def __init__(self, length: int, kept: dict[bytes, bytes], forwarding: dict) -> None:
+        self.length = length
+        self.authorization = kept.get(b"authorization")
+        self.origin = kept.get(b"origin")
+        self.host = kept.get(b"host")
+        self.content_type = kept.get(b"content-type")
+        # Each all its lines joined with ", ", or None; believed only from a trusted
+        # proxy (``OperatorRequests.client_address``).
+        self.x_forwarded_for = _joined(forwarding.get(b"x-forwarded-for"))
+        self.forwarded = _joined(forwarding.get(b"forwarded"))
+
+
+def _joined(lines: list[str] | None) -> str | None:
+    return None if lines is None else ", ".join(lines)
+
+
+# The header lines the decision on a request reads (each at most once, or the site's).
+_KEPT_FIELDS = frozenset((b"authorization", b"origin", b"host", b"content-type"))
+
+
+def _read_fields(fields: bytes) -> _Fields | object:
+    """The ``_Fields`` of plain header lines, or ``_NOT_PLAIN``."""
     if _FIELDS.fullmatch(fields) is None:
         return _NOT_PLAIN
     found = _FIELD.findall(fields)
     if len(found) > MAX_HEADERS:
         return _NOT_PLAIN
     length = None
-    authorization = None
+    kept: dict[bytes, bytes] = {}
     forwarding: dict[bytes, list[str]] = {}
     for name, value in found:
         name = name.lower()
@@ -196,10 +217,10 @@ def _read_fields(fields: bytes) -> tuple[int, bytes | None, str | None, str | No
             if length is not None or not value.isdigit() or len(value) > 18:
                 return _NOT_PLAIN  # (twisted.web answers a length past any body 400 or 413)
             length = int(value)
-        elif name == b"authorization":
-            if authorization is not None:
+        elif name in _KEPT_FIELDS:
+            if name in kept:
                 return _NOT_PLAIN
-            authorization = value.rstrip(b" \t")
+            kept[name] = value.rstrip(b" \t")
         elif name == b"transfer-encoding" or name == b"expect":
             return _NOT_PLAIN
         elif name == b"connection" and value.rstrip(b" \t").lower() != b"keep-alive":
@@ -208,14 +229,7 @@ def _read_fields(fields: bytes) -> tuple[int, bytes | None, str | None, str | No
             forwarding.setdefault(name, []).append(value.rstrip(b" \t").decode("latin-1"))
     if length is None or length > limits.MAX_BODY_BYTES:
         return _NOT_PLAIN
-    x_forwarded_for = forwarding.get(b"x-forwarded-for")
-    forwarded = forwarding.get(b"forwarded")
-    return (
-        length,
-        authorization,
-        None if x_forwarded_for is None else ", ".join(x_forwarded_for),
-        None if forwarded is None else ", ".join(forwarded),
-    )
+    return _Fields(length, kept, forwarding)
 
 
 # The traposIds of the path segments seen lately (``7%3Abase`` -> ``7:base``).
@@ -246,7 +260,19 @@ def _asked_account(query: bytes) -> str | None:
 
 
 class FastHTTP(protocol.Protocol):
-    """One HTTP connection while its requests are the hot route's plain case."""
+    """
+    One HTTP connection while its requests are the hot route's plain case.
+
+    Who asks is decided when a request's head is complete, before its body
+    is waited for (SPEC §4 "Nothing is buffered for a stranger"): a refused
+    caller is answered at once and the connection closed, unread.  A
+    request's head and body must arrive within ``REQUEST_DEADLINE`` of its
+    first byte (else 408 and close).
+    """
+
+    # Set by ``front.hand_over``: this connection's place among its address's
+    # connections not yet admitted (``front.Strangers``); None once admitted.
+    ticket: Any = None
 
     def __init__(
         self,
@@ -281,6 +307,12 @@ class FastHTTP(protocol.Protocol):
         self._gone = False
         self._last = 0.0
         self._timer: Any = None
+        # The operator of the request whose body is still arriving.
+        self._operator: auth.Operator | None = None
+        # The current request must be whole by then (REQUEST_DEADLINE), and is
+        # refused or timed out: answered, and closing.
+        self._deadline: Any = None
+        self._closing = False
 
     def connectionMade(self) -> None:
         if ITCPTransport.providedBy(self.transport):
@@ -316,6 +348,8 @@ class FastHTTP(protocol.Protocol):
                 self.transport.resumeProducing()
 
     def dataReceived(self, data: bytes) -> None:
+        if self._closing:
+            return
         self._last = self._clock.seconds()
         if self._pieces is not None:
             # A large body comes in many reads: join them once, not once per read.
@@ -349,32 +383,95 @@ class FastHTTP(protocol.Protocol):
             if end < 0:
                 if len(buffer) > MAX_HEAD_BYTES or (buffer and not _could_be_plain(buffer)):
                     self._give_up()
+                elif buffer:
+                    self._start_deadline()
+                else:
+                    self._stop_deadline()
                 return
             plain = read_head(buffer[:end])
             if plain is None:
                 self._give_up()
                 return
+            operator = self._operator or self._admit(plain)
+            if operator is None:
+                return  # refused: answered, and closing
             start = end + 4
             if len(buffer) - start < plain.length:
                 # The body is still coming.
+                self._operator = operator
                 self._pieces = [buffer]
                 self._have = len(buffer)
                 self._need = start + plain.length
+                self._start_deadline()
                 return
+            self._operator = None
+            self._stop_deadline()
             body = buffer[start : start + plain.length]
             self._buffer = buffer[start + plain.length :]
-            self._answer(plain, body)
+            self._answer(plain, body, operator)
 
-    def _answer(self, plain: _Plain, body: bytes) -> None:
+    def _admit(self, plain: _Plain) -> auth.Operator | None:
+        """The operator of a request whose head is ``plain``; None: refused and closing."""
+        fields = plain.fields
+        client = self._address
+        if fields.x_forwarded_for is not None or fields.forwarded is not None:
+            client = self._requests.client_address(client, fields.x_forwarded_for, fields.forwarded)
+        who = self._requests.admit(
+            b"POST",
+            client,
+            fields.authorization,
+            fields.origin,
+            fields.host,
+            fields.content_type,
+        )
+        if type(who) is Answer:
+            self._close_with(response(who, self._dates.now(), close=True))
+            return None
+        if self.ticket is not None:
+            self.ticket.admitted()
+            self.ticket = None
+        return who
+
+    def _start_deadline(self) -> None:
+        if self._deadline is None:
+            self._deadline = self._clock.callLater(limits.REQUEST_DEADLINE, self._too_slow)
+
+    def _stop_deadline(self) -> None:
+        if self._deadline is not None:
+            if self._deadline.active():
+                self._deadline.cancel()
+            self._deadline = None
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if not self._gone and not self._closing:
+            self._close_with(response(REQUEST_TIMEOUT, self._dates.now(), close=True))
+
+    def _close_with(self, data: bytes) -> None:
+        """Send ``data``, the connection's last answer, and close without reading more."""
+        self._closing = True
+        self._buffer = b""
+        self._pieces = None
+        self._stop_deadline()
+        self._cancel_timer()
+        self.transport.write(data)
+        self.transport.loseConnection()
+        # A client that does not read its answer is not waited for.
+        self._timer = self._clock.callLater(ABORT_AFTER, self.transport.abortConnection)
+
+    def _answer(self, plain: _Plain, body: bytes, operator: auth.Operator) -> None:
         trapos_id = _trapos_id(plain.segment)
         if trapos_id is None:
             self._send(NO_SUCH_COMPUTER)
             return
-        client = self._address
-        if plain.x_forwarded_for is not None or plain.forwarded is not None:
-            client = self._requests.client_address(client, plain.x_forwarded_for, plain.forwarded)
+        fields = plain.fields
         result = self._requests.http(
-            client, plain.authorization, trapos_id, _asked_account(plain.query), body
+            self._address,
+            fields.authorization,
+            trapos_id,
+            _asked_account(plain.query),
+            body,
+            admitted=operator,
         )
         if type(result) is Answer:
             self._send(result)
@@ -411,17 +508,19 @@ class FastHTTP(protocol.Protocol):
     def _give_up(self) -> None:
         """The rest of this connection is the site's, from the buffered request on."""
         self._cancel_timer()
+        self._stop_deadline()
         self._buffer_full = self._writes_full = False
         self._update_reading()
         # twisted.web's channel registers itself as the producer.
         self.transport.unregisterProducer()
         buffer, self._buffer = self._buffer, b""
         self._gone = True  # for this protocol: the site's from here
-        self._hand_over(self.transport, self._site, self._address, buffer)
+        ticket, self.ticket = self.ticket, None
+        self._hand_over(self.transport, self._site, self._address, buffer, ticket)
 
     def _idle(self) -> None:
         self._timer = None
-        if self._gone:
+        if self._gone or self._closing:
             return
         wait = self._last + limits.HTTP_IDLE_TIMEOUT - self._clock.seconds()
         if self._busy or wait > 0:
@@ -435,6 +534,10 @@ class FastHTTP(protocol.Protocol):
     def connectionLost(self, reason: Any) -> None:
         self._gone = True
         self._cancel_timer()
+        self._stop_deadline()
+        if self.ticket is not None:
+            self.ticket.admitted()  # gone: no longer waiting
+            self.ticket = None
         answering, self._answering = self._answering, None
         if answering is not None:
             answering.cancel()

@@ -195,8 +195,11 @@ class GatewayProtocol(compat.WholeFrames, Sending, WebSocketServerProtocol):
 
     def onConnect(self, request) -> None:
         factory = self.factory
-        # Behind a trusted reverse proxy, the computer it forwards (SPEC §4).
         headers = request.headers
+        if auth.foreign_upgrade(headers.get("origin"), headers.get("host")):
+            # A web page must not connect as (and replace) a computer, auth or not.
+            raise ConnectionDeny(403, "connections from web pages of other origins are refused")
+        # Behind a trusted reverse proxy, the computer it forwards (SPEC §4).
         peer = factory.admission.client_address(
             self.transport.getPeer(), headers.get("x-forwarded-for"), headers.get("forwarded")
         )

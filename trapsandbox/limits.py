@@ -122,6 +122,13 @@ MAX_BODY_BYTES = 2 * 1024 * 1024
 # default is 12 hours).  A WebSocket is not affected: once upgraded, it is
 # watched by its hello timeout and auto-ping instead.
 HTTP_IDLE_TIMEOUT = 30.0
+# A request's head and body must arrive whole within this of its first byte
+# (a client dripping a byte now and then is not kept): 408, and the connection closed.
+REQUEST_DEADLINE = 30.0
+# HTTP connections from one address whose request has not been admitted yet (no
+# operator's token checked, or no head complete); past it, 429 and closed.  Only
+# HTTP: computers (``/gateway``) have MAX_UNAUTHENTICATED_PER_ADDRESS.
+MAX_UNADMITTED_HTTP_PER_ADDRESS = 256
 
 # -- opencode --------------------------------------------------------------------------------
 

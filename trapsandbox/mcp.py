@@ -18,7 +18,8 @@ behind the operator rules of §4.
         not a message    -> 400 -32600 (not an object, bad jsonrpc/id/method)
         too large        -> 413 -32600
         an unsupported MCP-Protocol-Version header -> 400 -32600
-        a foreign Origin while only loopback is served -> 403 (DNS rebinding)
+        (a browser's request, a stranger's, or not application/json: refused
+        before it gets here, by the operator rules of ``OperatorRequests.admit``)
     GET /mcp and the rest -> 405, Allow: POST (no server-to-client stream)
 
 Methods: ``initialize`` (the client's protocol version when we speak it, else
@@ -48,7 +49,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 
-from trapsandbox import __version__, auth, limits, wire
+from trapsandbox import __version__, limits, wire
 from trapsandbox.limits import LOCAL_ACCOUNT
 from trapsandbox.metrics import Metrics
 from trapsandbox.registry import Registry, Session
@@ -489,14 +490,12 @@ class McpEndpoint:
         registry: Registry,
         sandbox: Sandbox,
         metrics: Metrics,
-        loopback_only: Callable[[], bool],
         clock: IReactorTime | None = None,
     ) -> None:
         self._registry = registry
         self._sandbox = sandbox
         self._metrics = metrics
         metrics.mcp_labels(TOOL_NAMES, OUTCOMES)
-        self._loopback_only = loopback_only
         self._clock = registry.clock if clock is None else clock
         self._tools: dict[str, Callable[[Session, dict[str, Any]], Coroutine]] = {
             "run_command": self._run_command,
@@ -524,9 +523,6 @@ class McpEndpoint:
         every account's), or with ``pin``, the (account, traposId) an ask's token
         is for, that computer only, whatever ``computer`` says.
         """
-        refusal = self._foreign_origin(request)
-        if refusal is not None:
-            return _reply(request, _error(None, INVALID_REQUEST, refusal), 403)
         if body is None:
             return _reply(request, _error(None, INVALID_REQUEST, too_large or "too large"), 413)
         try:
@@ -537,16 +533,6 @@ class McpEndpoint:
             return self._message(request, message, scope, pin)
         except _Invalid as invalid:
             return _reply(request, _error(None, invalid.code, invalid.message), invalid.status)
-
-    def _foreign_origin(self, request: IRequest) -> str | None:
-        """Why a browser page's request must be refused (DNS rebinding), or None."""
-        origin = request.getHeader(b"origin")
-        if origin is None or not self._loopback_only():
-            # With a bearer token, a page cannot act without being given the token.
-            return None
-        if auth.foreign_origin(origin.decode("latin-1")):
-            return "requests from web pages of other origins are refused"
-        return None
 
     def _message(
         self,

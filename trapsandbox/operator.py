@@ -69,7 +69,7 @@ def error_answer(status: int, code: str, message: str, headers: Headers = ()) ->
 
 def refused(refusal: auth.Refusal) -> Answer:
     """The answer to a client that is not an operator."""
-    if refusal.reason == auth.NOT_LOOPBACK:
+    if refusal.reason in (auth.NOT_LOOPBACK, auth.BROWSER):
         return error_answer(403, "forbidden", refusal.message)
     if refusal.reason == auth.THROTTLED:
         wait = b"%d" % math.ceil(refusal.wait)
@@ -79,7 +79,32 @@ def refused(refusal: auth.Refusal) -> Answer:
 
 
 INTERNAL = error_answer(500, "internal", "the gateway failed to handle this request")
+UNSUPPORTED_MEDIA_TYPE = error_answer(
+    415, "unsupported_media_type", "an operator POST takes Content-Type: application/json"
+)
 NO_SUCH_COMPUTER = error_answer(404, "not_found", "no such computer")
+REQUEST_TIMEOUT = error_answer(
+    408,
+    "request_timeout",
+    f"the request did not arrive whole within {limits.REQUEST_DEADLINE:g} s of its first byte",
+)
+TOO_MANY_WAITING = error_answer(
+    429,
+    "too_many_requests",
+    "too many connections from your address are waiting to be admitted",
+)
+
+
+def json_content(content_type: bytes | None) -> bool:
+    """
+    Whether a ``Content-Type`` value is JSON's (parameters allowed).  Every
+    operator POST must say so: a web page can send a "simple" cross-origin
+    POST only as text/plain, a form or multipart, never as JSON.
+    """
+    if content_type is None:
+        return False
+    media = content_type.split(b";", 1)[0].strip(b" \t").lower()
+    return media == b"application/json"
 
 
 class BadBody(ValueError):
@@ -154,6 +179,10 @@ def _failed(failure: Failure) -> Answer | Failure:
     return failure  # cancelled (the client went away), or a bug: the caller's
 
 
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
+
+
 class OperatorRequests:
     """``POST /computers/{traposId}/requests``, however it was read."""
 
@@ -172,15 +201,46 @@ class OperatorRequests:
         """The client behind ``peer`` (``auth.Admission.client_address``)."""
         return self._admission.client_address(peer, x_forwarded_for, forwarded)
 
-    def operator(self, address: object, authorization: bytes | None) -> auth.Operator | Answer:
+    def operator(
+        self,
+        address: object,
+        authorization: bytes | None,
+        origin: bytes | None = None,
+        host: bytes | None = None,
+    ) -> auth.Operator | Answer:
         """
         Who the client at ``address`` (``client_address``) is as an operator,
-        or the answer to one that is not.
+        or the answer to one that is not; a browser (``origin``, ``host``:
+        those headers) is not the loopback admin (``auth.browser_refusal``).
         """
         operator = self._admission.operator(address, authorization)
-        if isinstance(operator, auth.Operator):
-            return operator
-        return refused(operator)
+        if not isinstance(operator, auth.Operator):
+            return refused(operator)
+        # With no admin token, the admin is a caller admitted for being on loopback.
+        if operator.admin and self.loopback_admin:
+            why = auth.browser_refusal(_text(origin), _text(host))
+            if why is not None:
+                return refused(auth.Refusal(auth.BROWSER, why))
+        return operator
+
+    def admit(
+        self,
+        method: bytes,
+        address: object,
+        authorization: bytes | None,
+        origin: bytes | None,
+        host: bytes | None,
+        content_type: bytes | None,
+    ) -> auth.Operator | Answer:
+        """
+        The decision on an operator request, from its head alone (the body
+        is read only once it is admitted): ``operator``, then a POST must be
+        JSON (415).
+        """
+        operator = self.operator(address, authorization, origin, host)
+        if type(operator) is not Answer and method == b"POST" and not json_content(content_type):
+            return UNSUPPORTED_MEDIA_TYPE
+        return operator
 
     def account(self, operator: auth.Operator, trapos_id: str, asked: str | None) -> str | Answer:
         """The account whose ``trapos_id`` is meant (``auth.Operator.account_of``), or a 409."""
@@ -198,14 +258,16 @@ class OperatorRequests:
         trapos_id: str,
         asked: str | None,
         body: bytes | BadBody,
+        admitted: auth.Operator | None = None,
     ) -> Answer | Deferred:
         """
-        The whole request: the operator, the account (``?account=`` is
-        ``asked``), the body (or why it could not be read), then the computer.
-        A Deferred fires with the ``Answer``, or fails with ``CancelledError``
-        when cancelled and with anything else on a bug.
+        The whole request: the operator (``admitted``: already decided from
+        the head, ``admit``), the account (``?account=`` is ``asked``), the
+        body (or why it could not be read), then the computer.  A Deferred
+        fires with the ``Answer``, or fails with ``CancelledError`` when
+        cancelled and with anything else on a bug.
         """
-        operator = self.operator(address, authorization)
+        operator = admitted or self.operator(address, authorization)
         if type(operator) is Answer:
             return operator
         account_id = self.account(operator, trapos_id, asked)

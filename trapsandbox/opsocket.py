@@ -112,6 +112,11 @@ def encode_answer(message_id: str | int | None, answer: Answer) -> bytes:
     return b'{"id":%b,"status":%d,%b' % (orjson.dumps(message_id), status, body[1:])
 
 
+def _header(request: Any, name: str) -> bytes | None:
+    value = request.headers.get(name)
+    return None if value is None else value.encode("latin-1", "replace")
+
+
 class OperatorSocket(compat.WholeFrames, Sending, compat.HeadersOnDeny, WebSocketServerProtocol):
     factory: OperatorSocketFactory
 
@@ -139,11 +144,10 @@ class OperatorSocket(compat.WholeFrames, Sending, compat.HeadersOnDeny, WebSocke
         header = request.headers.get("authorization")
         authorization = None if header is None else header.encode("latin-1", "replace")
         requests = self.factory.requests
-        if requests.loopback_admin and auth.foreign_origin(request.headers.get("origin")):
-            # A web page in a browser on this machine must not act as the loopback admin.
-            self.factory.metrics.operator_socket("403")
-            raise ConnectionDeny(403, "requests from web pages of other origins are refused")
-        who = requests.operator(client, authorization)
+        # A web page in a browser (or a DNS rebinding) is not the loopback admin.
+        who = requests.operator(
+            client, authorization, _header(request, "origin"), _header(request, "host")
+        )
         self.authorization = authorization  # an account's token is checked again at reload
         if isinstance(who, Answer):
             self.factory.metrics.operator_socket(str(who.status))

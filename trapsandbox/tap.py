@@ -290,8 +290,8 @@ class GatewayService(service.MultiService):
             asks=self.asks,
             operator_socket=WebSocketResource(self.operator_socket),
         )
-        self.site = GatewaySite(app.resource())
-        front = FrontFactory(
+        self.site = GatewaySite(app.resource(), decide=app.decide)
+        self.front = front = FrontFactory(
             self.site, self.factory, reactor, app.requests, operator=self.operator_socket
         )
         self.listeners = [_Listener(reactor, port, front) for port in settings.ports]

@@ -38,11 +38,17 @@ The HTTP side, on the same port as the WebSocket: a Klein app.
 
 Operators present ``Authorization: Bearer <SANDBOX_ADMIN_TOKEN>`` (the
 admin: every account) or an account's token (that account's computers only,
-SPEC §12); with no admin token configured, loopback clients are the admin.
-A client's address is ``GatewayApp.client_address``: the peer's, or behind
-a proxy listed in ``SANDBOX_TRUSTED_PROXIES`` the client it forwards.
-Per-computer routes resolve their account in one place (``on_computer``);
-the admin may add ``?account=NAME``.  ``/metrics`` is the admin's alone.  Every answer, errors
+SPEC §12); with no admin token configured, loopback clients are the admin,
+but not a web page's request (``auth.browser_refusal``: an ``Origin`` other
+than the gateway's own, or a ``Host`` that is not this machine's), and every
+operator POST must be ``application/json`` (415).  A client's address is
+``GatewayApp.client_address``: the peer's, or behind a proxy listed in
+``SANDBOX_TRUSTED_PROXIES`` the client it forwards.  An operator request is
+decided when its head is complete, before its body is read
+(``GatewayRequest``; ``fasthttp`` likewise): a refused caller is answered
+there and the connection closed.  Per-computer routes resolve their
+account in one place (``on_computer``); the admin may add
+``?account=NAME``.  ``/metrics`` is the admin's alone.  Every answer, errors
 included, is JSON (``{ok: false, error: {code, message}}``), never an HTML
 traceback page.
 """
@@ -57,6 +63,7 @@ import math
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 import orjson
 from klein import Klein
@@ -64,21 +71,26 @@ from prometheus_client.exposition import choose_encoder
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from twisted.web.http import HTTPChannel, datetimeToString
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
-from twisted.web.server import NOT_DONE_YET, Site
+from twisted.web.server import NOT_DONE_YET, Request, Site
 from werkzeug.exceptions import HTTPException
 
 from trapsandbox import __version__, auth, client, compat, limits, wire
+from trapsandbox.fasthttp import ABORT_AFTER, response
 from trapsandbox.limits import MAX_BODY_BYTES, MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.mcp import McpEndpoint
 from trapsandbox.metrics import Metrics
 from trapsandbox.opencode import Asks
 from trapsandbox.operator import (
+    REQUEST_TIMEOUT,
     STATUS_OF_ERROR,
+    UNSUPPORTED_MEDIA_TYPE,
     Answer,
     BadBody,
     OperatorRequests,
+    json_content,
     json_object,
     too_large,
 )
@@ -199,15 +211,158 @@ class _CappedContent(io.BytesIO):
         return len(data)
 
 
+# The head's decision on a request for no operator route: nothing to admit, and
+# no route of it reads a body.
+PUBLIC = "public"
+# ... on ``POST /mcp`` with an ask's own token (SPEC §11): the route finds its scope.
+ASK = "ask"
+
+
+def operator_route(method: bytes, target: bytes) -> str | None:
+    """
+    The operator route a request line names: ``computers``, ``metrics``,
+    ``mcp`` (POST only: other methods are a 405 for anyone), or None.  The
+    first path segment is %-decoded as twisted.web's traversal decodes it.
+    """
+    if not target.startswith(b"/"):
+        return None
+    first = unquote_to_bytes(target[1:].split(b"?", 1)[0].split(b"/", 1)[0])
+    if first in (b"computers", b"metrics") or (first == b"mcp" and method == b"POST"):
+        return first.decode("ascii")
+    return None
+
+
+class GatewayChannel(HTTPChannel):
+    """
+    twisted.web's channel, bounded for strangers (SPEC §4 "Nothing is buffered
+    for a stranger"): a request's head and body must arrive within
+    ``REQUEST_DEADLINE`` of its first byte (else 408 and close; Twisted's own
+    idle timeout is reset by every byte), and a refused request's answer is
+    the connection's last (``refuse``).
+    """
+
+    # Set by ``front.hand_over``: the connection's place among its address's
+    # connections not yet admitted (``front.Strangers``).
+    ticket: Any = None
+    _deadline: Any = None
+    _abort: Any = None
+    # A request is whole and being answered (no deadline), or the connection is closing.
+    _answering = False
+    _closing = False
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._deadline is None and not self._answering and not self._closing:
+            self._deadline = self.callLater(limits.REQUEST_DEADLINE, self._too_slow)
+        super().dataReceived(data)
+
+    def allContentReceived(self) -> None:
+        self._stop_deadline()
+        self._answering = True
+        super().allContentReceived()
+
+    def requestDone(self, request: IRequest) -> None:
+        self._answering = False
+        # (Requests that arrived meanwhile are read now: dataReceived again.)
+        super().requestDone(request)
+
+    def admitted(self) -> None:
+        """A request on this connection was admitted: it is no stranger's."""
+        ticket, self.ticket = self.ticket, None
+        if ticket is not None:
+            ticket.admitted()
+
+    def refuse(self, answer: Answer) -> None:
+        """Send ``answer`` as the connection's last, and close it without reading more."""
+        self._closing = True
+        self._stop_deadline()
+        self.persistent = False
+        self.write(response(answer, datetimeToString(), close=True))
+        self.loseConnection()
+        # A client that does not read its answer is not waited for (as fasthttp).
+        self.setTimeout(None)
+        self._abort = self.callLater(ABORT_AFTER, self.transport.abortConnection)
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if not self._answering and not self._closing:
+            self.refuse(REQUEST_TIMEOUT)
+
+    def _stop_deadline(self) -> None:
+        deadline, self._deadline = self._deadline, None
+        if deadline is not None and deadline.active():
+            deadline.cancel()
+
+    def connectionLost(self, reason: Failure) -> None:
+        self._stop_deadline()
+        if self._abort is not None and self._abort.active():
+            self._abort.cancel()
+        self.admitted()  # gone: no longer waiting
+        super().connectionLost(reason)
+
+
+class GatewayRequest(Request):
+    """
+    A request decided at its head: who asks is known before any byte of its
+    body is read, and a caller who may not send one is answered at once
+    (``GatewayChannel.refuse``), its body never kept.
+    """
+
+    # The head's decision: an ``auth.Operator``, ``PUBLIC``, ``ASK``, or None
+    # (not decided at the head: the route decides).
+    admitted: Any = None
+    _refused = False
+
+    def gotLength(self, length: int | None) -> None:
+        # Called by HTTPChannel.allHeadersReceived, before the body (compat.request_line).
+        channel = self.channel
+        line = compat.request_line(self)
+        decide = getattr(channel.site, "decide", None)
+        decision = None if line is None or decide is None else decide(self, *line)
+        if isinstance(decision, Answer):
+            self._refused = True
+            # No "100 Continue" after the answer (HTTPChannel sends it after gotLength).
+            self.requestHeaders.removeHeader(b"expect")
+            self.content = _CappedContent(0)
+            channel.refuse(decision)
+            return
+        self.admitted = decision
+        if decision is not None:
+            channel.admitted()
+        if decision is PUBLIC:
+            self.content = _CappedContent(0)  # no such route reads a body: keep none
+            return
+        super().gotLength(length)
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if not self._refused:
+            super().handleContentChunk(data)
+
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        if not self._refused:  # (what a refused request's body held is not served)
+            super().requestReceived(command, path, version)
+
+
 class GatewaySite(Site):
-    """A ``Site`` that never spools a large request body to memory or disk."""
+    """
+    A ``Site`` that never spools a large request body to memory or disk, and
+    reads an operator request's body only once its head is admitted
+    (``decide``, ``GatewayApp.decide``).
+    """
 
     displayTracebacks = False
+    protocol = GatewayChannel
+    requestFactory = GatewayRequest
 
-    def __init__(self, resource: IResource, timeout: float = limits.HTTP_IDLE_TIMEOUT) -> None:
+    def __init__(
+        self,
+        resource: IResource,
+        timeout: float = limits.HTTP_IDLE_TIMEOUT,
+        decide: Callable[[IRequest, bytes, bytes], Any] | None = None,
+    ) -> None:
         # No route reads form fields: skip parsing every POST's content type
         # for them (a quarter of an operator request's CPU).
         super().__init__(resource, timeout=timeout, parsePOSTFormSubmission=False)
+        self.decide = decide
 
     def getContentFile(self, length: int | None) -> _CappedContent:
         return _CappedContent(MAX_BODY_BYTES, length is not None and length > MAX_BODY_BYTES)
@@ -483,13 +638,7 @@ class GatewayApp:
         self._metrics = registry.metrics if metrics is None else metrics
         self._admission = auth.Admission(registry.clock) if admission is None else admission
         self._requests = OperatorRequests(registry, self._admission)
-        self._mcp = McpEndpoint(
-            registry,
-            self._sandbox,
-            self._metrics,
-            # A browser page on another origin could reach a loopback admin.
-            loopback_only=lambda: not self._admission.operator_token_required,
-        )
+        self._mcp = McpEndpoint(registry, self._sandbox, self._metrics)
 
     @property
     def requests(self) -> OperatorRequests:
@@ -520,11 +669,46 @@ class GatewayApp:
             _joined(request, b"forwarded"),
         )
 
-    def _operator(self, request: IRequest) -> auth.Operator | bytes:
-        """Who the request's operator is, or the error answer for one that is not."""
-        who = self._requests.operator(
-            self.client_address(request), request.getHeader(b"authorization")
+    def decide(self, request: IRequest, method: bytes, target: bytes) -> Any:
+        """
+        The decision on a request from its head alone (``GatewayRequest``),
+        before its body is read: ``PUBLIC`` for no operator route; for one,
+        the ``auth.Operator`` or the ``Answer`` refusing it (``_admit``), or
+        ``ASK`` for an ask's own token on ``/mcp``.
+        """
+        route = operator_route(method, target)
+        if route is None:
+            return PUBLIC
+        if route == "mcp" and self._ask_scope(request) is not None:
+            if not json_content(request.getHeader(b"content-type")):
+                return UNSUPPORTED_MEDIA_TYPE
+            return ASK
+        return self._admit(request, method)
+
+    def _admit(self, request: IRequest, method: bytes) -> auth.Operator | Answer:
+        return self._requests.admit(
+            method,
+            self.client_address(request),
+            request.getHeader(b"authorization"),
+            request.getHeader(b"origin"),
+            request.getHeader(b"host"),
+            request.getHeader(b"content-type"),
         )
+
+    def _ask_scope(self, request: IRequest) -> tuple[str, str] | None:
+        if self._asks is None:
+            return None
+        return self._asks.scope_of(request.getHeader(b"authorization"))
+
+    def _operator(self, request: IRequest) -> auth.Operator | bytes:
+        """
+        Who the request's operator is (decided at its head, or now for a
+        request that was not: ``decide``), or the error answer for one that
+        is not.
+        """
+        who = getattr(request, "admitted", None)
+        if not isinstance(who, auth.Operator):
+            who = self._admit(request, request.method)
         if isinstance(who, Answer):
             return write_answer(request, who)
         return who
@@ -577,12 +761,16 @@ class GatewayApp:
             body: bytes | BadBody = _take_body(request)
         except BadBody as error:
             body = error
+        operator = self._operator(request)
+        if not isinstance(operator, auth.Operator):
+            return operator
         answer = self._requests.http(
             self.client_address(request),
             request.getHeader(b"authorization"),
             trapos_id,
             _asked_account(request),
             body,
+            admitted=operator,
         )
         if isinstance(answer, Answer):
             return write_answer(request, answer)
@@ -718,10 +906,10 @@ class GatewayApp:
         # An ask's own token (SPEC §11) reaches the asking computer only. Any other
         # caller must be an operator: an account token's tools reach its computers
         # only; the admin's every account's, or one account's with /mcp?account=NAME.
-        pin = (
-            None if self._asks is None else self._asks.scope_of(request.getHeader(b"authorization"))
-        )
+        pin = self._ask_scope(request)
         scope = None
+        if pin is not None and not json_content(request.getHeader(b"content-type")):
+            return write_answer(request, UNSUPPORTED_MEDIA_TYPE)
         if pin is None:
             operator = self._operator(request)
             if not isinstance(operator, auth.Operator):

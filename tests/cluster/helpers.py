@@ -64,7 +64,7 @@ class Http:
         self, gateway: Gateway, trapos_id: str, body: dict, seconds: float = 10, path="requests"
     ):
         url = f"{gateway.url}/computers/{quote(trapos_id, safe='')}/{path}"
-        response = await bounded(treq.post(url, data=orjson.dumps(body), pool=self.pool), seconds)
+        response = await bounded(treq.post(url, json=body, pool=self.pool), seconds)
         content = await bounded(treq.content(response), seconds)
         return response.code, content
 
@@ -72,7 +72,7 @@ class Http:
         """One JSON-RPC request to ``/mcp``; its result."""
         message = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
         response = await bounded(
-            treq.post(gateway.url + "/mcp", data=orjson.dumps(message), pool=self.pool), seconds
+            treq.post(gateway.url + "/mcp", json=message, pool=self.pool), seconds
         )
         return orjson.loads(await bounded(treq.content(response), seconds))["result"]
 

@@ -33,13 +33,15 @@ class FakeLink:
 
 
 class FakeUpgrade:
+    """Autobahn's ``ConnectionRequest`` as ``onConnect`` reads it."""
+
     peer = "tcp4:10.0.0.7:50123"
 
     def __init__(self, peer=None, headers=None):
         if peer is not None:
             self.peer = peer
         # As Autobahn has them: lower-case names, repeated lines joined with ", ".
-        self.headers = dict(headers or {})
+        self.headers = {"host": "gw.example:4444", **(headers or {})}
 
 
 class FakeTransport:

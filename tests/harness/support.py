@@ -14,6 +14,8 @@ from trapsandbox import compat, config
 from trapsandbox.tap import GatewayService
 
 WAIT = 10.0  # the bound on any single wait in a loopback test
+# What every operator POST says it sends (SPEC §4: 415 otherwise).
+JSON = {"content-type": "application/json"}
 
 
 def reactor():

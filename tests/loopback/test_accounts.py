@@ -9,7 +9,7 @@ from twisted.internet.defer import ensureDeferred
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.harness.support import bounded, connect, reactor, start_gateway
+from tests.harness.support import JSON, bounded, connect, reactor, start_gateway
 from trapsandbox import accounts
 
 ADMIN = "admin-token-1"
@@ -47,7 +47,7 @@ class TwoPlayersTests(TestCase):
             treq.request(
                 method,
                 f"http://127.0.0.1:{self.gateway.port}{path}",
-                headers={"authorization": f"Bearer {token}"},
+                headers={"authorization": f"Bearer {token}", **JSON},
                 data=None if body is None else orjson.dumps(body),
                 pool=self.pool,
             )

@@ -92,14 +92,20 @@ def _dechunked(data: bytes) -> tuple[bytes, bytes] | None:
 
 
 async def exchange(port: int, *requests: bytes) -> list[tuple[int, dict[bytes, bytes], bytes]]:
-    """Send ``requests`` pipelined on one kept-alive connection; their responses."""
-    collector = _Responses(len(requests))
-    await bounded(ClientCreator(reactor(), lambda: collector).connectTCP("127.0.0.1", port))
-    try:
-        collector.transport.write(b"".join(requests))
-        return await bounded(collector.done)
-    finally:
-        collector.transport.loseConnection()
+    """
+    Send ``requests`` one after the other, each on a connection of its own (a
+    refusal is its connection's last answer); their responses.
+    """
+    responses = []
+    for request in requests:
+        collector = _Responses(1)
+        await bounded(ClientCreator(reactor(), lambda c=collector: c).connectTCP("127.0.0.1", port))
+        try:
+            collector.transport.write(request)
+            responses += await bounded(collector.done)
+        finally:
+            collector.transport.loseConnection()
+    return responses
 
 
 def _token(token: str | None) -> bytes:

@@ -14,7 +14,7 @@ from twisted.web.resource import Resource
 
 from tests.harness.fakes import FakeLink, FixedProbe
 from tests.harness.logcapture import LogCapture
-from tests.harness.support import bounded, connect, reactor, start_gateway
+from tests.harness.support import JSON, bounded, connect, reactor, start_gateway
 from trapsandbox import wire
 from trapsandbox.auth import Admission, is_loopback
 from trapsandbox.limits import MAX_BODY_BYTES
@@ -22,7 +22,7 @@ from trapsandbox.probe import ProbeResult
 from trapsandbox.registry import Registry, Session
 from trapsandbox.web import GatewayApp
 
-BASE = "http://gw.example:4444"
+BASE = "http://localhost:4444"
 TOKEN = "op-token-1234"
 
 
@@ -76,7 +76,7 @@ class APITestCase(SynchronousTestCase):
 
     def call(self, method, path, body=None, headers=None, raw=None):
         data = raw if raw is not None else (None if body is None else orjson.dumps(body))
-        d = self.http.request(method, BASE + path, data=data, headers=headers)
+        d = self.http.request(method, BASE + path, data=data, headers={**JSON, **(headers or {})})
         self.http.flush()
         response = self.successResultOf(d)
         content = self.successResultOf(self.http.content(response))
@@ -86,7 +86,9 @@ class APITestCase(SynchronousTestCase):
         """Start a POST; its Deferred fires once the computer answered (or not)."""
         data = raw if raw is not None else orjson.dumps(body)
         path = f"/computers/{quote(trapos_id, safe='')}/requests"
-        return self.http.request("POST", BASE + path, data=data, headers=headers)
+        return self.http.request(
+            "POST", BASE + path, data=data, headers={**JSON, **(headers or {})}
+        )
 
     def finish(self, d):
         self.http.flush()
@@ -393,6 +395,7 @@ class LoopbackAPITests(TestCase):
         posted = treq.post(
             self.base + "/computers/7%3Abase/requests",
             data=orjson.dumps({"type": "ping", "timeoutMs": 5000}),
+            headers=JSON,
             pool=self.pool,
         )
         request = await computer.next_message()
@@ -408,6 +411,7 @@ class LoopbackAPITests(TestCase):
             treq.post(
                 self.base + "/computers/7%3A/requests",
                 data=b"x" * (MAX_BODY_BYTES + 1),
+                headers=JSON,
                 pool=self.pool,
             )
         )
@@ -423,7 +427,7 @@ class LoopbackAPITests(TestCase):
         computer.trapos_id = "7:base"
         url = self.base + "/computers/7%3Abase/execute"
         # Streamed: each delta arrives as a line before the run ends.
-        posted = treq.post(url, data=b'{"command": "count"}', pool=self.pool)
+        posted = treq.post(url, data=b'{"command": "count"}', headers=JSON, pool=self.pool)
         run = await computer.next_message()
         self.assertEqual((run["type"], run["payload"]["command"]), ("exec", "count"))
         delta = {"type": "stdout_delta", "data": "1\n"}
@@ -447,7 +451,9 @@ class LoopbackAPITests(TestCase):
         self.assertEqual(orjson.loads(b"".join(lines).splitlines()[-1])["type"], "result")
 
         # A caller that goes away cancels the run on the computer.
-        posted = treq.post(url, data=b'{"command": "sleep", "args": ["30"]}', pool=self.pool)
+        posted = treq.post(
+            url, data=b'{"command": "sleep", "args": ["30"]}', headers=JSON, pool=self.pool
+        )
         run = await computer.next_message()
         posted.addErrback(lambda failure: failure.trap(ResponseNeverReceived))
         posted.cancel()

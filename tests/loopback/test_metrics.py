@@ -1,6 +1,5 @@
 """/metrics over loopback: the values move as computers connect, request and leave."""
 
-import orjson
 import treq
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.defer import Deferred
@@ -125,7 +124,7 @@ class MetricsTests(TestCase):
 
         self.patch(self.gateway.metrics, "gateway_request", observe)
         url = f"http://127.0.0.1:{self.gateway.port}/computers/7%3A/requests"
-        posted = treq.post(url, data=orjson.dumps({"type": "ping"}), pool=self.pool)
+        posted = treq.post(url, json={"type": "ping"}, pool=self.pool)
         await computer.next_message()
         posted.cancel()
         await self.assertFailure(posted, ResponseNeverReceived)

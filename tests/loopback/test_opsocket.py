@@ -50,7 +50,7 @@ class OperatorSocketTests(TestCase):
         pool = HTTPConnectionPool(reactor(), persistent=False)
         posted = treq.post(
             f"http://127.0.0.1:{self.port}/computers/7%3Abase/requests",
-            data=b'{"type": "ping"}',
+            json={"type": "ping"},
             pool=pool,
         )
         request = await computer.next_message()
@@ -190,7 +190,7 @@ class OperatorSocketTests(TestCase):
         client.transport.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         self.assertIn(b" 200 ", await client.response())
         client.transport.write(
-            b"GET /operator HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+            b"GET /operator HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n"
             b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
             b"Sec-WebSocket-Version: 13\r\n\r\n"
         )
@@ -270,7 +270,11 @@ class LoopbackAdminOriginTests(TestCase):
             self.assertEqual(refusal.status, 403, refusal)
         else:
             self.fail("the upgrade was not refused")
-        for origin in (None, "http://localhost:8080", "http://127.0.0.1"):
+        # Another page on this machine is another origin too.
+        with self.assertRaises(Refused):
+            await connect_operator(self, gateway.port, origin="http://localhost:8080")
+        # No Origin (not a browser), or the gateway's own (a page it served).
+        for origin in (None, f"http://127.0.0.1:{gateway.port}"):
             operator = await connect_operator(self, gateway.port, origin=origin)
             operator.send({"id": 1, "traposId": "9:", "type": "ping"})
             self.assertEqual((await operator.next_message())["status"], 404)

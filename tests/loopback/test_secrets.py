@@ -66,6 +66,7 @@ class Traffic:
 
     async def http(self, method: str, path: str, token: str | None = None, body=None):
         headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+        headers["Content-Type"] = "application/json"
         response = await bounded(
             treq.request(
                 method,

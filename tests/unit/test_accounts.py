@@ -14,6 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 
 from tests.harness.fakes import FixedProbe, SandboxComputer
+from tests.harness.support import JSON
 from trapsandbox import accounts, auth, limits, wire
 from trapsandbox.config import ConfigError
 from trapsandbox.limits import LOCAL_ACCOUNT
@@ -358,7 +359,7 @@ class ScopedHTTPTests(SynchronousTestCase):
             http.request(
                 method,
                 "http://gw:4444" + path,
-                headers={"authorization": f"Bearer {token}"},
+                headers={"authorization": f"Bearer {token}", **JSON},
                 data=None if body is None else orjson.dumps(body),
             )
         )
@@ -513,7 +514,7 @@ class AdminHTTPTests(SynchronousTestCase):
         response = self.successResultOf(
             self.http.post(
                 "http://gw:4444/mcp" + query,
-                headers={"authorization": f"Bearer {token}"},
+                headers={"authorization": f"Bearer {token}", **JSON},
                 data=orjson.dumps(body),
             )
         )

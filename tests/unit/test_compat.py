@@ -18,14 +18,18 @@ from autobahn.websocket.protocol import WebSocketProtocol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet import abstract, base, epollreactor, protocol, tcp
+from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactor, StringTransport
 from twisted.python import log as legacy_log
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.resource import Resource
 
 from trapsandbox import compat
+from trapsandbox.operator import error_answer
+from trapsandbox.web import GatewaySite
 
 
 class AutobahnTests(SynchronousTestCase):
@@ -420,3 +424,53 @@ class WholeFramesTests(SynchronousTestCase):
                 protocol.sendMessage(payload, binary)
             sent.append((transport.value()[start:], protocol.trafficStats.__json__()))
         self.assertEqual(sent[0], sent[1])
+
+
+class _Empty(Resource):
+    isLeaf = True
+
+    def render(self, request):
+        return b""
+
+
+class RequestHeadTests(SynchronousTestCase):
+    """What ``web.GatewayRequest`` relies on: twisted.web calls ``gotLength``
+    after the last header and before any byte of the body, with the request
+    line still on the channel (``compat.request_line``)."""
+
+    def channel(self, decide):
+        site = GatewaySite(_Empty(), decide=decide)
+        site.reactor = Clock()
+        channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
+        transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 50000))
+        channel.makeConnection(transport)
+        return channel, transport
+
+    def test_a_request_is_decided_at_its_head_before_its_body(self):
+        seen = []
+
+        def decide(request, method, target):
+            seen.append((method, target, request.getHeader(b"x-who"), request.content))
+            return error_answer(401, "unauthorized", "a bearer token is required")
+
+        channel, transport = self.channel(decide)
+        channel.dataReceived(
+            b"POST /computers/7%3A/requests?account=a HTTP/1.1\r\nX-Who: me\r\n"
+            b"Content-Length: 2000000\r\n\r\n"
+        )
+        # Decided with the head alone: no content file made, no body byte sent.
+        self.assertEqual(seen, [(b"POST", b"/computers/7%3A/requests?account=a", b"me", None)])
+        self.assertTrue(transport.value().startswith(b"HTTP/1.1 401 "))
+        self.assertTrue(transport.disconnecting)
+        channel.dataReceived(b"x" * 100_000)  # what was in flight is not kept
+        self.assertEqual(channel.requests[-1].content.getvalue(), b"")
+
+    def test_the_request_line_is_there_until_the_body_is_read(self):
+        lines = []
+
+        def decide(request, method, target):
+            lines.append(compat.request_line(request))
+
+        channel, _ = self.channel(decide)
+        channel.dataReceived(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertEqual(lines, [(b"GET", b"/health")])

@@ -19,7 +19,7 @@ from twisted.web.resource import Resource
 from tests.harness.fakes import FakeLink, FixedProbe
 from tests.harness.logcapture import LogCapture
 from tests.harness.support import response_frame
-from trapsandbox import limits, wire
+from trapsandbox import fasthttp, limits, wire
 from trapsandbox.auth import Admission
 from trapsandbox.fasthttp import MAX_BUFFERED, FastHTTP, read_head
 from trapsandbox.front import FrontFactory
@@ -31,10 +31,20 @@ TOKEN = b"op-token-1234"
 AUTH = b"Authorization: Bearer " + TOKEN + b"\r\n"
 
 
-def post(path=b"/computers/7%3A/requests", body=b'{"type":"ping"}', headers=AUTH, version=b"1.1"):
-    return b"POST %s HTTP/%s\r\nHost: gw\r\n%sContent-Length: %d\r\n\r\n%s" % (
+def post(
+    path=b"/computers/7%3A/requests",
+    body=b'{"type":"ping"}',
+    headers=AUTH,
+    version=b"1.1",
+    host=b"gw",
+):
+    return (
+        b"POST %s HTTP/%s\r\nHost: %s\r\nContent-Type: application/json\r\n%s"
+        b"Content-Length: %d\r\n\r\n%s"
+    ) % (
         path,
         version,
+        host,
         headers,
         len(body),
         body,
@@ -96,7 +106,7 @@ class Port:
             Resource(),
             admission=Admission(self.clock, admin_token=admin_token),
         )
-        self.site = GatewaySite(self.app.resource())
+        self.site = GatewaySite(self.app.resource(), decide=self.app.decide)
         self.site.reactor = self.clock  # twisted.web's channels time out on our clock
         self.front = FrontFactory(self.site, None, self.clock, self.app.requests if fast else None)
         self.links = {}
@@ -123,8 +133,8 @@ class Port:
         return transport
 
 
-def both():
-    return Port(fast=True), Port(fast=False)
+def both(admin_token="op-token-1234"):
+    return Port(fast=True, admin_token=admin_token), Port(fast=False, admin_token=admin_token)
 
 
 class SameAnswersTests(SynchronousTestCase):
@@ -178,12 +188,62 @@ class SameAnswersTests(SynchronousTestCase):
                 self.assertEqual(headers[b"content-type"], b"application/json")
                 self.assertIs(orjson.loads(body)["ok"], False)
 
+    def test_browsers_and_bodies_not_json_are_refused_alike_at_the_head(self):
+        text = (b"application/json", b"text/plain")
+        local = b"127.0.0.1:4444"
+        cases = {
+            # No admin token: loopback is the admin, but not a web page's request.
+            None: {
+                post(headers=b"Origin: http://evil.example\r\n", host=local): 403,
+                post(headers=b"Origin: null\r\n", host=local): 403,
+                post(headers=b"Origin: http://localhost:4444\r\n", host=local): 403,
+                post(headers=b"", host=b"evil.example:4444"): 403,  # DNS rebinding
+                post(headers=b"", host=local).replace(*text): 415,
+                post(headers=b"", host=local).replace(b"application/json", b"json"): 415,
+                post(headers=b"", host=local).replace(
+                    b"Content-Type: application/json\r\n", b""
+                ): 415,
+            },
+            "op-token-1234": {
+                post().replace(*text): 415,
+                post(headers=b"").replace(*text): 401,  # who asks comes first
+                post(headers=b"Origin: http://evil.example\r\n"): 401,
+            },
+        }
+        for admin_token, requests in cases.items():
+            for request, status in requests.items():
+                with self.subTest(request=request):
+                    answers = []
+                    for port in both(admin_token):
+                        port.computer()
+                        transport = port.connect(request)
+                        self.assertEqual(port.links["7:"].sent, [])  # nothing reached it
+                        self.assertTrue(transport.disconnecting)  # the connection's last answer
+                        answers.append(comparable(responses(transport.value())))
+                    self.assertEqual(answers[0], answers[1])
+                    [(got, _, body)] = answers[0]
+                    self.assertEqual(got, status, body)
+        # The gateway's own origin, and parameters after the media type, are fine.
+        for request in (
+            post(headers=b"Origin: http://127.0.0.1:4444\r\n", host=local),
+            post(headers=b"", host=b"localhost").replace(
+                b"application/json", b"Application/JSON; charset=utf-8"
+            ),
+        ):
+            for port in both(None):
+                port.computer()
+                port.connect(request)
+                self.assertEqual(len(port.links["7:"].sent), 1, request)
+
     def test_token_guessing_is_throttled_alike(self):
         wrong = post(headers=b"Authorization: Bearer guess\r\n")
         answers = []
         for port in both():
-            transport = port.connect(*[wrong] * 8, post(), wrong)
-            answers.append(comparable(responses(transport.value())))
+            # A refusal is the connection's last answer: one connection each.
+            transports = [port.connect(request) for request in [wrong] * 8 + [post(), wrong]]
+            answers.append([a for t in transports for a in comparable(responses(t.value()))])
+            refusals = transports[:8] + transports[9:]
+            self.assertTrue(all(t.disconnecting for t in refusals))
         self.assertEqual(answers[0], answers[1])
         statuses = [status for status, _, _ in answers[0]]
         # Five free failures, then the address's wrong tokens are refused; the right
@@ -195,10 +255,12 @@ class SameAnswersTests(SynchronousTestCase):
         chunked = (
             b"POST /computers/7%3A/requests HTTP/1.1\r\nHost: gw\r\n"
             + AUTH
+            + b"Content-Type: application/json\r\n"
             + b'Transfer-Encoding: chunked\r\n\r\nf\r\n{"type":"ping"}\r\n0\r\n\r\n'
         )
         over = limits.MAX_BODY_BYTES + 1
-        big = b"POST /computers/7%3A/requests HTTP/1.1\r\n" + AUTH
+        big = b"POST /computers/7%3A/requests HTTP/1.1\r\nContent-Type: application/json\r\n"
+        big += AUTH
         big += b"Content-Length: " + str(over).encode() + b"\r\n\r\n" + b"x" * over
         cases = {
             chunked: None,  # answered by the computer below
@@ -248,6 +310,34 @@ class SameAnswersTests(SynchronousTestCase):
                 self.assertEqual(answers[0], answers[1])
                 self.assertEqual(answers[0], (b"HTTP/1.1 400 Bad Request\r\n\r\n", True))
 
+    def test_a_request_dripped_in_is_closed_408_at_the_deadline(self):
+        """A byte every 20 s resets the idle timeout, not the request's own deadline."""
+        request = post()
+        cases = {
+            "head": request[:40],
+            "body": request[:-3],
+            "another route": b"GET /health HTTP/1.1\r\nX-Slow: ",
+        }
+        for case, start in cases.items():
+            with self.subTest(case=case):
+                answers = []
+                for port in both():
+                    transport = port.connect(start)
+                    port.clock.advance(limits.REQUEST_DEADLINE * 2 / 3)
+                    self.assertFalse(transport.disconnecting)
+                    transport.protocol.dataReceived(b"x")
+                    port.clock.advance(limits.REQUEST_DEADLINE / 3 - 1)
+                    self.assertFalse(transport.disconnecting)
+                    port.clock.advance(1.5)  # REQUEST_DEADLINE after the first byte
+                    self.assertTrue(transport.disconnecting)
+                    answers.append(comparable(responses(transport.value())))
+                    port.clock.advance(fasthttp.ABORT_AFTER)  # nothing read: aborted
+                    self.assertEqual(port.clock.getDelayedCalls(), [])
+                self.assertEqual(answers[0], answers[1])
+                [(status, _, body)] = answers[0]
+                self.assertEqual(status, 408)
+                self.assertEqual(orjson.loads(body)["error"]["code"], "request_timeout")
+
     def test_a_head_over_the_limit_is_dropped_as_the_site_drops_it(self):
         request = b"POST /computers/7%3A/requests HTTP/1.1\r\nX: " + b"a" * 17000
         answers = []
@@ -263,9 +353,13 @@ class ReadHeadTests(SynchronousTestCase):
 
     def test_the_plain_case(self):
         plain = self.head(post(path=b"/computers/7%3A/requests?account=a"))
+        fields = plain.fields
         self.assertEqual(
-            (plain.segment, plain.query, plain.length, plain.authorization),
+            (plain.segment, plain.query, plain.length, fields.authorization),
             (b"7%3A", b"account=a", 15, b"Bearer " + TOKEN),
+        )
+        self.assertEqual(
+            (fields.host, fields.origin, fields.content_type), (b"gw", None, b"application/json")
         )
 
     def test_everything_unusual_is_left_alone(self):
@@ -275,6 +369,8 @@ class ReadHeadTests(SynchronousTestCase):
             post(headers=b"Transfer-Encoding: identity\r\n"),
             post(headers=b"Connection: upgrade\r\n"),
             post(headers=AUTH + AUTH),
+            post(headers=b"Host: a\r\n"),  # a second Host
+            post(headers=b"Origin: a\r\nOrigin: b\r\n"),
             post(headers=b"X: folded\r\n  line\r\n"),
             post(headers=b"X : space\r\n"),
             post(path=b"/computers//requests"),
@@ -358,15 +454,6 @@ class ConnectionTests(SynchronousTestCase):
         self.port.clock.advance(1)
         self.assertTrue(transport.disconnecting)
 
-    def test_a_slow_head_is_closed_at_the_idle_timeout(self):
-        transport = self.port.connect(b"POST /computers/7%3A/requ")
-        self.port.clock.advance(limits.HTTP_IDLE_TIMEOUT / 2)
-        transport.protocol.dataReceived(b"ests HTTP/1.1\r\n")
-        self.port.clock.advance(limits.HTTP_IDLE_TIMEOUT / 2 + 1)
-        self.assertFalse(transport.disconnecting)
-        self.port.clock.advance(limits.HTTP_IDLE_TIMEOUT / 2)
-        self.assertTrue(transport.disconnecting)
-
     def test_reading_stops_while_too_much_waits_behind_a_request(self):
         transport = self.port.connect(post())
         transport.protocol.dataReceived(post() * (MAX_BUFFERED // len(post()) + 1))
@@ -375,7 +462,7 @@ class ConnectionTests(SynchronousTestCase):
         self.assertEqual(transport.producerState, "producing")
 
     def test_a_client_that_does_not_read_its_answers_stops_being_read(self):
-        first = post(headers=b"")
+        first = post(path=b"/computers/8%3A/requests")  # answered at once: not connected
         transport = self.port.connect(first[:20])
         protocol = transport.protocol
         self.assertIs(transport.producer, protocol)
@@ -384,7 +471,7 @@ class ConnectionTests(SynchronousTestCase):
         protocol.dataReceived(first[20:] + first * 2)  # three refusals waiting to be written
         self.assertEqual(transport.value(), b"")
         protocol.resumeProducing()
-        self.assertEqual([s for s, _, _ in responses(transport.value())], [401] * 3)
+        self.assertEqual([s for s, _, _ in responses(transport.value())], [404] * 3)
         self.assertEqual(transport.producerState, "producing")
 
     def test_the_site_takes_over_as_the_transports_producer(self):

@@ -267,16 +267,30 @@ class MalformedTests(McpTestCase):
         self.rpc("ping", headers={"mcp-protocol-version": "2025-06-18"})
 
     def test_a_foreign_web_page_is_refused_while_only_loopback_is_served(self):
-        """DNS rebinding: a page on evil.example reaching 127.0.0.1 gets nothing."""
-        message = self.assertHttpError(
-            orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"}),
-            403,
-            -32600,
+        """A page on another origin, or a DNS rebinding, reaching 127.0.0.1 gets nothing."""
+        ping = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        for headers in (
             {"origin": "http://evil.example:4444"},
-        )
-        self.assertIn("origin", message)
-        for origin in ("http://localhost:4444", "http://127.0.0.1:4444", "http://[::1]:1"):
-            self.rpc("ping", headers={"origin": origin})
+            {"origin": "http://localhost:4444"},  # another origin than the request's Host
+            {"origin": "null"},
+            {"host": "evil.example:4444"},
+        ):
+            response, body = self.successResultOf(self.post_raw(ping, headers))
+            self.assertEqual(response.code, 403, headers)
+            self.assertEqual(orjson.loads(body)["error"]["code"], "forbidden")
+        # The gateway's own origin (a page it served), and no Origin at all.
+        for headers in ({"origin": "http://127.0.0.1:4444"}, {"host": "localhost:4444"}, {}):
+            self.rpc("ping", headers=headers)
+
+    def test_only_json_is_taken(self):
+        ping = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        for content_type in ("text/plain", "application/x-www-form-urlencoded", "json"):
+            response, body = self.successResultOf(
+                self.post_raw(ping, {"content-type": content_type})
+            )
+            self.assertEqual(response.code, 415, content_type)
+            self.assertEqual(orjson.loads(body)["error"]["code"], "unsupported_media_type")
+        self.rpc("ping", headers={"content-type": "Application/JSON; charset=utf-8"})
 
 
 class TokenTests(McpTestCase):

@@ -16,7 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 
 from tests.harness.fakes import FakeLink, FixedProbe, SandboxComputer
-from tests.harness.support import response_frame
+from tests.harness.support import JSON, response_frame
 from trapsandbox import limits, wire
 from trapsandbox.probe import ProbeResult
 from trapsandbox.registry import Registry, Session
@@ -220,7 +220,7 @@ class EndpointTests(SandboxTestCase):
 
     def post(self, trapos_id, action, body):
         path = f"/computers/{quote(trapos_id, safe='')}/{action}"
-        return self.http.post(BASE + path, data=orjson.dumps(body))
+        return self.http.post(BASE + path, data=orjson.dumps(body), headers=JSON)
 
     def finish(self, d):
         self.http.flush()
@@ -302,7 +302,7 @@ class EndpointTests(SandboxTestCase):
             self.assertIsInstance(answer["error"], str)
             self.assertNotIn("e+", answer["error"])  # limits read as numbers, not 1.04858e+06
         response, content = self.finish(
-            self.http.post(BASE + "/computers/7%3Abase/eval", data=b"{nope")
+            self.http.post(BASE + "/computers/7%3Abase/eval", data=b"{nope", headers=JSON)
         )
         self.assertEqual(response.code, 400)
 

@@ -177,7 +177,9 @@ class EndpointTests(SynchronousTestCase):
             ("delete-file", {"path": "rom/../.settings"}),
         ]:
             d = self.http.post(
-                f"http://127.0.0.1:4444/computers/7%3Abase/{action}", data=orjson.dumps(body)
+                f"http://127.0.0.1:4444/computers/7%3Abase/{action}",
+                data=orjson.dumps(body),
+                headers={"content-type": "application/json"},
             )
             self.http.flush()
             response = self.successResultOf(d)
