@@ -14,7 +14,8 @@ from typing import Any
 import attrs
 from hyperlink import URL
 
-from trapsandbox import limits, proxies
+from trapsandbox import limits
+from trapsandbox.admission import proxies
 from trapsandbox.limits import (
     DEFAULT_HOST,
     DEFAULT_OPENCODE_URL,
@@ -44,7 +45,7 @@ class Settings:
     max_operator_sockets_per_account: int = limits.MAX_OPERATOR_SOCKETS_PER_ACCOUNT
     # SANDBOX_ACCOUNTS_FILE (SPEC §12): read again on SIGHUP.
     accounts_file: str | None = None
-    # Its accounts (a ``trapsandbox.accounts.Accounts``) as read at start.
+    # Its accounts (a ``trapsandbox.admission.accounts.Accounts``) as read at start.
     accounts: Any = attrs.field(default=None, repr=False)
     # Cluster mode (SPEC §13): None is one process on its own.
     redis_url: str | None = attrs.field(default=None, repr=False)
@@ -213,7 +214,9 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
 
     accounts_file = accounts = None
     if (found := given("accounts-file", "SANDBOX_ACCOUNTS_FILE")) is not None:
-        from trapsandbox import accounts as accounts_module  # it imports ConfigError from here
+        from trapsandbox.admission import (
+            accounts as accounts_module,  # it imports ConfigError from here
+        )
 
         accounts_file, name = found
         if not accounts_file:

@@ -21,19 +21,22 @@ from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from trapsandbox import __version__, accounts, compat, config, limits, state, wire
-from trapsandbox.auth import Admission
-from trapsandbox.front import FrontFactory
-from trapsandbox.gateway import GatewayFactory
-from trapsandbox.handlers import ComputerRequests
-from trapsandbox.metrics import Metrics
-from trapsandbox.opencode import Asks, OpencodeClient
-from trapsandbox.operator import OperatorRequests
-from trapsandbox.opsocket import OperatorSocketFactory
-from trapsandbox.probe import OpencodeProbe, redact
-from trapsandbox.registry import Registry
-from trapsandbox.systemd import Notifier
-from trapsandbox.web import GatewayApp, GatewaySite
+from trapsandbox import __version__, config, limits, state
+from trapsandbox.admission import accounts
+from trapsandbox.admission.auth import Admission
+from trapsandbox.computers import wire
+from trapsandbox.computers.handlers import ComputerRequests
+from trapsandbox.computers.protocol import GatewayFactory
+from trapsandbox.computers.registry import Registry
+from trapsandbox.fast import compat
+from trapsandbox.fast.front import FrontFactory
+from trapsandbox.opencode.asks import Asks, OpencodeClient
+from trapsandbox.opencode.probe import OpencodeProbe, redact
+from trapsandbox.ops.metrics import Metrics
+from trapsandbox.ops.systemd import Notifier
+from trapsandbox.web.app import GatewayApp, GatewaySite
+from trapsandbox.web.operator import OperatorRequests
+from trapsandbox.web.opsocket import OperatorSocketFactory
 
 log = Logger()
 
@@ -255,8 +258,8 @@ class GatewayService(service.MultiService):
         self.cluster = None
         if settings.redis_url is not None:
             # Imported only here: one process needs neither txredisapi nor Redis.
-            from trapsandbox.cluster import Cluster
-            from trapsandbox.web import describe_session
+            from trapsandbox.cluster.member import Cluster
+            from trapsandbox.web.app import describe_session
 
             self.cluster = Cluster(
                 self.registry,

@@ -11,8 +11,10 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from tests.harness.processes import REPO
 from tests.harness.redis import redis_client, start_redis
 from tests.harness.support import closed_port
-from trapsandbox import cluster, config, wire
-from trapsandbox.cluster import CLAIM, HEARTBEAT, LEAVE, REFRESH, RELEASE
+from trapsandbox import config
+from trapsandbox.cluster import member as cluster
+from trapsandbox.cluster.member import CLAIM, HEARTBEAT, LEAVE, REFRESH, RELEASE
+from trapsandbox.computers import wire
 
 OWNER, EPOCH = "t:owner:k", "t:epoch:k"
 
@@ -87,7 +89,7 @@ class WithoutRedisTests(TestCase):
     async def test_requests_for_elsewhere_fail_at_once_while_redis_is_away(self):
         from twisted.internet import reactor
 
-        from trapsandbox.registry import Registry
+        from trapsandbox.computers.registry import Registry
 
         registry = Registry(reactor)
         member = cluster.Cluster(
@@ -136,6 +138,7 @@ class SettingsTests(SynchronousTestCase):
             "from trapsandbox import config\n"
             f"g = trapsandbox.tap.GatewayService(config.Settings(state_dir={state!r}), reactor)\n"
             "assert g.cluster is None and g.registry.peers is None\n"
-            "assert 'txredisapi' not in sys.modules and 'trapsandbox.cluster' not in sys.modules\n"
+            "assert 'txredisapi' not in sys.modules\n"
+            "assert 'trapsandbox.cluster.member' not in sys.modules\n"
         )
         subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=30)

@@ -9,9 +9,9 @@ from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.defer import succeed
 
 from tests.harness.support import response_frame
-from trapsandbox import wire
-from trapsandbox.registry import Session
-from trapsandbox.wire import GatewayError
+from trapsandbox.computers import wire
+from trapsandbox.computers.registry import Session
+from trapsandbox.computers.wire import GatewayError
 
 
 @attrs.define

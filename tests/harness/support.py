@@ -10,7 +10,8 @@ from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientPr
 from twisted.internet import endpoints, ssl
 from twisted.internet.defer import Deferred, DeferredQueue
 
-from trapsandbox import compat, config
+from trapsandbox import config
+from trapsandbox.fast import compat
 from trapsandbox.tap import GatewayService
 
 WAIT = 10.0  # the bound on any single wait in a loopback test

@@ -10,7 +10,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.support import JSON, bounded, connect, reactor, start_gateway
-from trapsandbox import accounts
+from trapsandbox.admission import accounts
 
 ADMIN = "admin-token-1"
 

@@ -15,12 +15,12 @@ from twisted.web.resource import Resource
 from tests.harness.fakes import FakeLink, FixedProbe
 from tests.harness.logcapture import LogCapture
 from tests.harness.support import JSON, bounded, connect, reactor, start_gateway
-from trapsandbox import wire
-from trapsandbox.auth import Admission, is_loopback
+from trapsandbox.admission.auth import Admission, is_loopback
+from trapsandbox.computers import wire
+from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.limits import MAX_BODY_BYTES
-from trapsandbox.probe import ProbeResult
-from trapsandbox.registry import Registry, Session
-from trapsandbox.web import GatewayApp
+from trapsandbox.opencode.probe import ProbeResult
+from trapsandbox.web.app import GatewayApp
 
 BASE = "http://localhost:4444"
 TOKEN = "op-token-1234"

@@ -11,7 +11,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.support import bounded, connect, start_gateway
-from trapsandbox.wire import GatewayError
+from trapsandbox.computers.wire import GatewayError
 
 
 class LoopbackTestCase(TestCase):

@@ -7,8 +7,8 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.client import HTTPConnectionPool, ResponseNeverReceived
 
 from tests.harness.support import bounded, connect, reactor, start_gateway
-from trapsandbox.metrics import Metrics
-from trapsandbox.wire import GatewayError
+from trapsandbox.computers.wire import GatewayError
+from trapsandbox.ops.metrics import Metrics
 
 PASSWORD = "sesame"
 

@@ -17,7 +17,7 @@ from tests.harness.support import (
     reactor,
     start_gateway,
 )
-from trapsandbox import accounts
+from trapsandbox.admission import accounts
 
 PASSWORD = "sesame"
 TOKEN = "op-token-1234"

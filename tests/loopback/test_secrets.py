@@ -276,7 +276,7 @@ class SecretsTwistdTests(TestCase):
                 # JSON lines, the password given directly.
                 Deferred.fromCoroutine(
                     self.run_daemon(
-                        ("--logger=trapsandbox.logs.json",),
+                        ("--logger=trapsandbox.ops.logs.json",),
                         SANDBOX_PASSWORD=PASSWORD,
                         OPENCODE_URL=url,
                         **common,

@@ -8,7 +8,7 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 
 from tests.harness.support import reactor
-from trapsandbox import compat
+from trapsandbox.fast import compat
 
 
 class WriteThroughTests(TestCase):

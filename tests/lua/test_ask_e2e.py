@@ -14,7 +14,8 @@ from tests.harness.fake_model import start_fake_model, tool_messages
 from tests.harness.opencode import start_opencode
 from tests.harness.support import bounded, closed_port, reactor
 from tests.lua.test_lua_e2e import GatewayMixin
-from trapsandbox import ctl, limits
+from trapsandbox import limits
+from trapsandbox.ops import ctl
 
 TOKEN = "ask-test-admin-token"
 OPENCODE_PASSWORD = "oc-ask"

@@ -9,9 +9,9 @@ from twisted.trial.unittest import TestCase
 from tests.harness.craftos import Computer
 from tests.harness.opencode import start_opencode
 from tests.harness.support import closed_port, start_gateway
-from tests.unit.test_settingsfile import SETTINGS_SPELLINGS
-from trapsandbox import settingsfile
-from trapsandbox.wire import GatewayError
+from tests.unit.computers.test_settingsfile import SETTINGS_SPELLINGS
+from trapsandbox.computers import settingsfile
+from trapsandbox.computers.wire import GatewayError
 
 LUA = Path(__file__).resolve().parents[2] / "lua"
 CLIENT_FILES = {

@@ -19,7 +19,8 @@ from tests.harness.opencode import start_opencode
 from tests.harness.processes import REPO, clean_env, spawn
 from tests.harness.support import bounded, reactor
 from tests.lua.test_lua_e2e import GatewayMixin
-from trapsandbox import ctl, mcp
+from trapsandbox.mcp import endpoint as mcp
+from trapsandbox.ops import ctl
 
 TOKEN = "mcp-test-token"
 OPENCODE_PASSWORD = "oc-mcp"

@@ -11,7 +11,8 @@ from twisted.web.server import Site
 
 from tests.harness.processes import clean_env, spawn
 from tests.harness.support import closed_port, connect, reactor, start_gateway
-from trapsandbox import ctl, limits
+from trapsandbox import limits
+from trapsandbox.ops import ctl
 
 CTL = os.path.join(os.path.dirname(sys.executable), "trapsandbox-ctl")
 PASSWORD = "sesame"
@@ -363,7 +364,7 @@ class AccountsCommandTests(TestCase):
         import re
         import stat
 
-        from trapsandbox import accounts
+        from trapsandbox.admission import accounts
 
         path = os.path.abspath(self.mktemp())
         with open(path, "w") as f:
@@ -438,7 +439,7 @@ class AccountTokenTests(TestCase):
     """An account's token from the CLI sees its own computers; the admin picks with --account."""
 
     async def test_account_token_and_admin_account(self):
-        from trapsandbox import accounts
+        from trapsandbox.admission import accounts
 
         path = os.path.abspath(self.mktemp())
         with open(path, "w") as f:

@@ -22,8 +22,8 @@ from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.processes import REPO, clean_env, spawn
 from tests.harness.support import bounded, closed_port, connect, reactor
-from trapsandbox import systemd
-from trapsandbox.systemd import Notifier, watchdog_interval
+from trapsandbox.ops import systemd
+from trapsandbox.ops.systemd import Notifier, watchdog_interval
 
 UNITS = os.path.join(REPO, "systemd")
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
@@ -112,7 +112,7 @@ class UnitFileTests(SynchronousTestCase):
                 INSTALLED_TWISTD,
                 "--nodaemon",
                 "--pidfile=",
-                "--logger=trapsandbox.logs.journald",
+                "--logger=trapsandbox.ops.logs.journald",
                 "trapsandbox",
             ],
         )
@@ -325,7 +325,7 @@ class SocketActivationTests(TestCase):
             TWISTD,
             "--nodaemon",
             "--pidfile=",
-            "--logger=trapsandbox.logs.journald",
+            "--logger=trapsandbox.ops.logs.journald",
             "trapsandbox",
             "--port",
             "systemd:domain=INET:name=gateway",

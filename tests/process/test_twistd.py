@@ -95,7 +95,7 @@ class TwistdTests(TestCase):
 
 
 def _account(name: str, secret: str) -> str:
-    from trapsandbox.accounts import sha256_hex
+    from trapsandbox.admission.accounts import sha256_hex
 
     return (
         f"[accounts.{name}]\n"

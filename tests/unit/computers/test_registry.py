@@ -1,0 +1,199 @@
+"""The registry: newest wins, correlation, timeouts, cleanup, limits."""
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from tests.harness.fakes import FakeLink
+from trapsandbox import limits
+from trapsandbox.computers import wire
+from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.wire import GatewayError
+
+
+def response(request, ok=True, payload=None, sender="7:"):
+    return wire.ComputerResponse(sender, request["messageId"], request["type"], ok, payload)
+
+
+class RegistryTests(SynchronousTestCase):
+    def setUp(self):
+        self.clock = Clock()
+        self.registry = Registry(self.clock, request_timeout=30)
+
+    def connect(self, trapos_id="7:", account_id="local"):
+        link = FakeLink()
+        session = Session(account_id, trapos_id, link, self.clock)
+        self.registry.add(session)
+        return session, link
+
+    def assertGatewayError(self, d, code):
+        failure = self.failureResultOf(d, GatewayError)
+        self.assertEqual(failure.value.code, code)
+        return failure.value
+
+    def test_request_resolved_by_its_response(self):
+        session, link = self.connect()
+        d = self.registry.request("7:", "ping", {"x": 1})
+        [sent] = link.sent
+        self.assertEqual(sent["event"], "gateway_request")
+        self.assertEqual((sent["traposReceiverId"], sent["type"]), ("7:", "ping"))
+        self.assertEqual(sent["payload"], {"x": 1})
+        self.assertNoResult(d)
+        self.assertTrue(session.resolve(response(sent, payload={"traposId": "7:"})))
+        self.assertEqual(self.successResultOf(d).payload, {"traposId": "7:"})
+        self.assertEqual(session.in_flight, 0)
+
+    def test_ok_false_answer_is_a_result(self):
+        session, link = self.connect()
+        d = self.registry.request("7:", "x")
+        session.resolve(
+            wire.ComputerResponse(
+                "7:", link.sent[0]["messageId"], "x", False, error=wire.Error("unknown_type", "?")
+            )
+        )
+        self.assertFalse(self.successResultOf(d).ok)
+
+    def test_message_ids_are_unique(self):
+        _, link = self.connect()
+        for _ in range(10):
+            self.registry.request("7:", "ping")
+        self.assertEqual(len({sent["messageId"] for sent in link.sent}), 10)
+
+    def test_unknown_response_is_ignored(self):
+        session, link = self.connect()
+        d = self.registry.request("7:", "ping")
+        self.assertFalse(session.resolve(wire.ComputerResponse("7:", "other", "ping", True)))
+        self.assertNoResult(d)
+
+    def test_response_on_another_connection_is_ignored(self):
+        """Only the connection a request went out on can answer it."""
+        session, link = self.connect("7:")
+        other, _ = self.connect("8:")
+        d = self.registry.request("7:", "ping")
+        self.assertFalse(other.resolve(response(link.sent[0], sender="8:")))
+        self.assertNoResult(d)
+        session.resolve(response(link.sent[0]))
+        self.successResultOf(d)
+
+    def test_timeout(self):
+        session, _ = self.connect()
+        d = self.registry.request("7:", "ping", timeout=5)
+        self.clock.advance(4.9)
+        self.assertNoResult(d)
+        self.clock.advance(0.2)
+        error = self.assertGatewayError(d, wire.TIMEOUT)
+        self.assertIn("5 s", error.message)
+        self.assertEqual(session.in_flight, 0)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_default_timeout(self):
+        self.connect()
+        d = self.registry.request("7:", "ping")
+        self.clock.advance(29)
+        self.assertNoResult(d)
+        self.clock.advance(1)
+        self.assertGatewayError(d, wire.TIMEOUT)
+
+    def test_late_response_after_timeout_is_ignored(self):
+        session, link = self.connect()
+        d = self.registry.request("7:", "ping", timeout=1)
+        self.clock.advance(1)
+        self.assertGatewayError(d, wire.TIMEOUT)
+        self.assertFalse(session.resolve(response(link.sent[0])))
+
+    def test_answer_cancels_the_timer(self):
+        session, link = self.connect()
+        self.registry.request("7:", "ping")
+        session.resolve(response(link.sent[0]))
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_not_connected(self):
+        error = self.assertGatewayError(self.registry.request("9:", "ping"), wire.NOT_CONNECTED)
+        self.assertIn("9:", error.message)
+        # An operator's traposId comes from a URL: echoed cut (SPEC §4).
+        long_id = "9:" + "x" * 5000
+        error = self.assertGatewayError(self.registry.request(long_id, "ping"), wire.NOT_CONNECTED)
+        self.assertLess(len(error.message), wire.ECHO_LIMIT + 30)
+
+    def test_bad_timeout(self):
+        self.connect()
+        for timeout in (0, -1, float("nan")):
+            self.assertGatewayError(
+                self.registry.request("7:", "ping", timeout=timeout), wire.BAD_REQUEST
+            )
+
+    def test_removal_fails_pending_requests(self):
+        session, _ = self.connect()
+        d = self.registry.request("7:", "ping")
+        self.registry.remove(session)
+        self.assertGatewayError(d, wire.NOT_CONNECTED)
+        self.assertEqual(len(self.registry), 0)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_newest_wins(self):
+        old, old_link = self.connect()
+        d = self.registry.request("7:", "ping")
+        new, new_link = self.connect()
+        self.assertIs(self.registry.find("7:"), new)
+        self.assertEqual(old_link.closed, [(wire.CLOSE_REPLACED, "replaced")])
+        self.assertGatewayError(d, wire.NOT_CONNECTED)
+        # The old connection's close must not unregister the new one.
+        self.registry.remove(old)
+        self.assertIs(self.registry.find("7:"), new)
+        self.assertEqual(len(self.registry), 1)
+
+    def test_accounts_are_separate(self):
+        self.connect("7:", "a")
+        _, link_b = self.connect("7:", "b")
+        self.assertEqual(len(self.registry), 2)
+        self.assertEqual(link_b.closed, [])
+        self.assertGatewayError(self.registry.request("7:", "ping"), wire.NOT_CONNECTED)
+        self.registry.request("7:", "ping", account_id="b")
+        self.assertEqual(len(link_b.sent), 1)
+
+    def test_in_flight_cap(self):
+        session, link = self.connect()
+        for _ in range(64):
+            self.registry.request("7:", "ping")
+        self.assertGatewayError(self.registry.request("7:", "ping"), wire.OVERLOADED)
+        self.assertEqual(len(link.sent), 64)
+        session.resolve(response(link.sent[0]))
+        self.assertNoResult(self.registry.request("7:", "ping"))
+
+    def test_too_large(self):
+        _, link = self.connect()
+        d = self.registry.request("7:", "big", {"data": "x" * limits.MAX_OUTBOUND_BYTES})
+        self.assertGatewayError(d, wire.TOO_LARGE)
+        self.assertEqual(link.sent, [])
+
+    def test_just_fits(self):
+        _, link = self.connect()
+        empty = len(wire.encode(wire.GatewayRequest("7:", "x" * 36, "big", {"data": ""})))
+        filler = "x" * (limits.MAX_OUTBOUND_BYTES - empty)
+        self.assertNoResult(self.registry.request("7:", "big", {"data": filler}))
+        self.assertEqual(len(link.sent), 1)
+
+    def test_unencodable_payload(self):
+        self.connect()
+        self.assertGatewayError(self.registry.request("7:", "x", {"n": 2**70}), wire.BAD_REQUEST)
+
+    def test_send_on_a_closed_link(self):
+        session, link = self.connect()
+        link.open = False
+        self.assertGatewayError(self.registry.request("7:", "ping"), wire.NOT_CONNECTED)
+        self.assertEqual(session.in_flight, 0)
+
+    def test_reject_fails_one_request(self):
+        session, link = self.connect()
+        d1 = self.registry.request("7:", "a")
+        d2 = self.registry.request("7:", "b")
+        error = wire.NOT_CONNECTED
+        self.assertTrue(session.reject(link.sent[0]["messageId"], GatewayError(error, "x")))
+        self.assertGatewayError(d1, error)
+        self.assertNoResult(d2)
+
+    def test_caller_cancel_forgets_the_request(self):
+        session, _ = self.connect()
+        d = self.registry.request("7:", "ping")
+        d.cancel()
+        self.failureResultOf(d)
+        self.assertEqual(session.in_flight, 0)

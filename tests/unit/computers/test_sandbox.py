@@ -1,0 +1,347 @@
+"""
+The computer as a sandbox, gateway side, in memory: partial responses, consent,
+cancelling, chunked files, and the §9 HTTP endpoints (NDJSON for /execute).
+"""
+
+import base64
+from urllib.parse import quote
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from treq.testing import StubTreq
+from twisted.internet.defer import CancelledError
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.resource import Resource
+
+from tests.harness.fakes import FakeLink, FixedProbe, SandboxComputer
+from tests.harness.support import JSON, response_frame
+from trapsandbox import limits
+from trapsandbox.computers import wire
+from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.sandbox import Sandbox
+from trapsandbox.computers.wire import GatewayError
+from trapsandbox.opencode.probe import ProbeResult
+from trapsandbox.web.app import GatewayApp
+
+BASE = "http://127.0.0.1:4444"
+
+
+def computer_response(request, payload=None, partial=False, **fields):
+    if partial:
+        fields["partial"] = True
+    frame = response_frame(request["traposReceiverId"], request, payload=payload, **fields)
+    return wire.decode(orjson.dumps(frame))
+
+
+class SandboxTestCase(SynchronousTestCase):
+    def setUp(self):
+        self.clock = Clock()
+        self.registry = Registry(self.clock, request_timeout=60)
+        self.sandbox = Sandbox(self.registry)
+
+    def computer(self, trapos_id="7:base", **kwargs):
+        return SandboxComputer.connect(self.registry, trapos_id, **kwargs)
+
+    def assertGatewayError(self, d, code):
+        failure = self.failureResultOf(d, GatewayError)
+        self.assertEqual(failure.value.code, code, failure.value.message)
+        return failure.value
+
+
+class PartialTests(SandboxTestCase):
+    def setUp(self):
+        super().setUp()
+        self.link = FakeLink()
+        self.session = Session("local", "7:", self.link, self.clock, capabilities={"exec"})
+        self.registry.add(self.session)
+
+    def test_partials_reach_the_listener_in_order_and_the_final_ends_it(self):
+        heard = []
+        d = self.registry.request("7:", "exec", {"command": "ls"}, on_partial=heard.append)
+        [sent] = self.link.sent
+        for i in range(5):
+            self.assertTrue(self.session.resolve(computer_response(sent, {"n": i}, partial=True)))
+        self.assertNoResult(d)
+        self.assertEqual(heard, [{"n": i} for i in range(5)])
+        self.session.resolve(computer_response(sent, {"exitCode": 0}))
+        self.assertEqual(self.successResultOf(d).payload, {"exitCode": 0})
+        # Late partials and finals for a finished request are ignored.
+        self.assertFalse(self.session.resolve(computer_response(sent, {"n": 9}, partial=True)))
+        self.assertFalse(self.session.resolve(computer_response(sent, {"exitCode": 1})))
+        self.assertEqual(len(heard), 5)
+        self.assertEqual(self.session.in_flight, 0)
+
+    def test_a_partial_does_not_resolve_a_request_without_a_listener(self):
+        d = self.registry.request("7:", "exec", {})
+        [sent] = self.link.sent
+        self.assertTrue(self.session.resolve(computer_response(sent, {"n": 1}, partial=True)))
+        self.assertNoResult(d)
+
+    def test_a_failing_listener_does_not_lose_the_request(self):
+        def listener(payload):
+            raise RuntimeError("bug in a listener")
+
+        d = self.registry.request("7:", "exec", {}, on_partial=listener)
+        [sent] = self.link.sent
+        self.session.resolve(computer_response(sent, {"n": 1}, partial=True))
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        self.session.resolve(computer_response(sent, {"exitCode": 0}))
+        self.assertTrue(self.successResultOf(d).ok)
+
+    def test_a_wire_partial_is_decoded(self):
+        frame = wire.decode(
+            b'{"event":"computer_response","traposSenderId":"7:","messageId":"m","type":"exec",'
+            b'"ok":true,"partial":true,"payload":{"type":"stdout_delta","data":"hi"}}'
+        )
+        self.assertIs(frame.partial, True)
+        bad = wire.decode(
+            b'{"event":"computer_response","traposSenderId":"7:","messageId":"m","type":"exec",'
+            b'"ok":true,"partial":"yes"}'
+        )
+        self.assertIsInstance(bad, wire.Invalid)
+
+
+class ConsentTests(SandboxTestCase):
+    def test_a_request_outside_the_capabilities_is_refused_without_a_frame(self):
+        link = FakeLink()
+        self.registry.add(Session("local", "7:base", link, self.clock, capabilities={"screen"}))
+        for kind, capability in wire.CAPABILITY_OF.items():
+            if capability == "screen":
+                continue
+            error = self.assertGatewayError(self.registry.request("7:base", kind, {}), "forbidden")
+            self.assertIn(f'run "sandbox allow {capability}"', error.message)
+            self.assertIn("7:base", error.message)
+        self.assertEqual(link.sent, [])
+        # ping, cancel and what the owner allowed still go out.
+        for kind in ("ping", "cancel", "screen"):
+            self.registry.request("7:base", kind, {})
+        self.assertEqual([frame["type"] for frame in link.sent], ["ping", "cancel", "screen"])
+
+    def test_capabilities_read_from_lists_and_empty_objects(self):
+        self.assertEqual(wire.decode_capabilities({}), frozenset())
+        self.assertEqual(wire.decode_capabilities(["exec", "teleport"]), {"exec"})
+        with self.assertRaises(TypeError):
+            wire.decode_capabilities("exec")
+
+
+class CancelTests(SandboxTestCase):
+    def test_cancelling_a_run_tells_the_computer(self):
+        computer = self.computer()
+        d = self.sandbox.execute("7:base", "sleep", ["30"])
+        [run] = computer.runs
+        d.cancel()
+        self.failureResultOf(d, CancelledError)
+        cancel = computer.sent[-1]
+        self.assertEqual(
+            (cancel["type"], cancel["payload"]), ("cancel", {"messageId": run["messageId"]})
+        )
+        self.assertEqual(computer.runs, [])
+        self.assertEqual(self.registry.pending, 0)
+
+    def test_a_run_that_times_out_is_cancelled_on_the_computer(self):
+        computer = self.computer()
+        d = self.sandbox.execute("7:base", "sleep", timeout_ms=1000)
+        self.clock.advance(1 + limits.RUN_ANSWER_MARGIN)
+        self.assertGatewayError(d, "timeout")
+        self.assertEqual(computer.sent[-1]["type"], "cancel")
+
+    def test_cancelling_other_requests_sends_nothing(self):
+        link = FakeLink()
+        self.registry.add(Session("local", "7:", link, self.clock))
+        d = self.registry.request("7:", "ping", {})
+        d.cancel()
+        self.failureResultOf(d, CancelledError)
+        self.assertEqual([frame["type"] for frame in link.sent], ["ping"])
+
+    def test_execute_payload_and_its_own_timeout(self):
+        computer = self.computer()
+        self.sandbox.execute("7:base", "ls", ["/rom"], cwd="/", max_output_bytes=10)
+        [run] = computer.runs
+        self.assertEqual(
+            run["payload"],
+            {
+                "command": "ls",
+                "args": ["/rom"],
+                "cwd": "/",
+                "timeoutMs": limits.DEFAULT_RUN_TIMEOUT_MS,
+                "maxOutputBytes": 10,
+            },
+        )
+
+
+class FileTests(SandboxTestCase):
+    @settings(max_examples=60)
+    @given(
+        size=st.integers(0, 3 * limits.FILE_CHUNK_BYTES + 7),
+        offset=st.integers(0, 3 * limits.FILE_CHUNK_BYTES + 9),
+        length=st.one_of(st.none(), st.integers(1, 3 * limits.FILE_CHUNK_BYTES)),
+    )
+    def test_chunked_write_and_read_back(self, size, offset, length):
+        computer = self.computer(f"{size}:")
+        content = bytes((i * 7 + size) % 256 for i in range(size))
+        written = self.successResultOf(self.sandbox.write_file(f"{size}:", "f.bin", content))
+        self.assertEqual(written, {"bytesWritten": size, "sizeBytes": size})
+        self.assertEqual(computer.files["f.bin"], content)
+        parts = [f for f in computer.sent if f["type"] == "write_file"]
+        self.assertEqual(len(parts), max(1, -(-size // limits.FILE_CHUNK_BYTES)))
+        self.assertEqual([p["payload"]["part"]["final"] for p in parts][-1], True)
+        for frame in computer.sent:
+            self.assertLessEqual(len(orjson.dumps(frame)), limits.MAX_OUTBOUND_BYTES)
+        read = self.successResultOf(self.sandbox.read_file(f"{size}:", "f.bin", offset, length))
+        end = size if length is None else offset + length
+        self.assertEqual(read["content"], content[offset:end])
+        self.assertEqual((read["sizeBytes"], read["offset"]), (size, offset))
+        self.assertEqual(read["bytesRead"], len(content[offset:end]))
+        self.registry.remove(computer.session)
+
+    def test_a_failing_part_fails_the_write_and_leaves_the_file(self):
+        computer = self.computer()
+        computer.files["rom/x"] = b"old"
+        self.assertGatewayError(self.sandbox.write_file("7:base", "rom/x", b"new"), "fs_error")
+        self.assertEqual(computer.files["rom/x"], b"old")
+
+    def test_more_than_a_call_carries_is_refused(self):
+        self.computer()
+        d = self.sandbox.write_file("7:base", "big", b"x" * (limits.MAX_FILE_BYTES + 1))
+        self.assertGatewayError(d, "too_large")
+
+    def test_a_missing_file_is_an_fs_error(self):
+        self.computer()
+        error = self.assertGatewayError(self.sandbox.read_file("7:base", "nope"), "fs_error")
+        self.assertEqual(error.message, "/nope: No such file")
+
+
+class EndpointTests(SandboxTestCase):
+    def setUp(self):
+        super().setUp()
+        app = GatewayApp(self.registry, FixedProbe(ProbeResult(True)), Resource())
+        self.http = StubTreq(app.resource())
+
+    def post(self, trapos_id, action, body):
+        path = f"/computers/{quote(trapos_id, safe='')}/{action}"
+        return self.http.post(BASE + path, data=orjson.dumps(body), headers=JSON)
+
+    def finish(self, d):
+        self.http.flush()
+        response = self.successResultOf(d)
+        return response, self.successResultOf(self.http.content(response))
+
+    def lines(self, content):
+        self.assertTrue(content.endswith(b"\n"), content)
+        return [orjson.loads(line) for line in content.splitlines()]
+
+    def test_execute_streams_ndjson(self):
+        computer = self.computer()
+        d = self.post("7:base", "execute", {"command": "hello", "args": ["a b"]})
+        self.http.flush()
+        [run] = computer.runs
+        delta = {"type": "stdout_delta", "data": "one\n"}
+        computer.answer(run, payload=delta, partial=True)
+        computer.answer(run, payload={"type": "stderr_delta", "data": "oops\n"}, partial=True)
+        computer.answer(
+            run,
+            payload={
+                "exitCode": 1,
+                "timedOut": False,
+                "durationMs": 12,
+                # The whole output: what no partial carried yet follows as a last delta.
+                "stdout": "one\ntwo\n",
+                "stderr": "oops\n",
+            },
+        )
+        response, content = self.finish(d)
+        self.assertEqual(response.code, 200)
+        self.assertEqual(response.headers.getRawHeaders("content-type"), ["application/x-ndjson"])
+        self.assertEqual(
+            self.lines(content),
+            [
+                delta,
+                {"type": "stderr_delta", "data": "oops\n"},
+                {"type": "stdout_delta", "data": "two\n"},
+                {"type": "result", "exitCode": 1, "timedOut": False, "durationMs": 12},
+            ],
+        )
+
+    def test_execute_refused_before_it_starts_is_a_json_answer(self):
+        self.computer(capabilities=("screen",))
+        response, content = self.finish(self.post("7:base", "execute", {"command": "ls"}))
+        self.assertEqual(response.code, 403)
+        body = orjson.loads(content)
+        self.assertEqual((body["ok"], body["code"]), (False, "forbidden"))
+        self.assertIn('run "sandbox allow exec"', body["error"])
+        response, content = self.finish(self.post("9:", "execute", {"command": "ls"}))
+        self.assertEqual((response.code, orjson.loads(content)["code"]), (404, "not_connected"))
+
+    def test_execute_failing_once_begun_is_an_error_line(self):
+        computer = self.computer()
+        d = self.post("7:base", "execute", {"command": "ls"})
+        self.http.flush()
+        self.registry.remove(computer.session)
+        response, content = self.finish(d)
+        self.assertEqual(response.code, 200)
+        [line] = self.lines(content)
+        self.assertEqual((line["type"], line["code"]), ("error", "not_connected"))
+
+    def test_bad_bodies(self):
+        self.computer()
+        for action, body in [
+            ("execute", {}),
+            ("execute", {"command": "ls", "args": "x"}),
+            ("execute", {"command": "ls", "timeoutMs": -1}),
+            ("execute", {"command": "ls", "maxOutputBytes": 2**30}),
+            ("eval", {"code": 3}),
+            ("read-file", {"path": "a", "offset": -1}),
+            ("read-file", {"path": "a", "encoding": "utf-8"}),
+            ("write-file", {"path": "a", "content": "not base64!"}),
+            ("list-files", {}),
+        ]:
+            response, content = self.finish(self.post("7:base", action, body))
+            answer = orjson.loads(content)
+            self.assertEqual((response.code, answer["code"]), (400, "bad_request"), body)
+            self.assertIsInstance(answer["error"], str)
+            self.assertNotIn("e+", answer["error"])  # limits read as numbers, not 1.04858e+06
+        response, content = self.finish(
+            self.http.post(BASE + "/computers/7%3Abase/eval", data=b"{nope", headers=JSON)
+        )
+        self.assertEqual(response.code, 400)
+
+    def test_files_over_http(self):
+        computer = self.computer()
+        content = bytes(range(256)) * 1000
+        encoded = base64.b64encode(content).decode()
+        response, body = self.finish(
+            self.post("7:base", "write-file", {"path": "d/f", "content": encoded})
+        )
+        self.assertEqual(response.code, 200, body)
+        self.assertEqual(
+            orjson.loads(body), {"ok": True, "bytesWritten": 256000, "sizeBytes": 256000}
+        )
+        self.assertEqual(computer.files["d/f"], content)
+        response, body = self.finish(self.post("7:base", "read-file", {"path": "d/f"}))
+        answer = orjson.loads(body)
+        self.assertEqual(base64.b64decode(answer["content"]), content)
+        self.assertEqual(
+            (answer["ok"], answer["encoding"], answer["sizeBytes"], answer["bytesRead"]),
+            (True, "base64", 256000, 256000),
+        )
+        response, body = self.finish(self.post("7:base", "read-file", {"path": "gone"}))
+        self.assertEqual((response.code, orjson.loads(body)["code"]), (422, "fs_error"))
+        response, body = self.finish(self.post("7:base", "list-files", {"path": "d"}))
+        self.assertEqual(orjson.loads(body)["entries"][0]["size"], 256000)
+        response, body = self.finish(self.post("7:base", "delete-file", {"path": "d/f"}))
+        self.assertEqual(orjson.loads(body), {"ok": True, "deleted": True})
+        response, body = self.finish(self.http.get(BASE + "/computers/7%3Abase/screen"))
+        self.assertEqual(orjson.loads(body)["lines"], ["> hi"])
+
+    def test_eval_failure_is_a_200_answer(self):
+        computer = self.computer()
+        d = self.post("7:base", "eval", {"code": "error('x')"})
+        self.http.flush()
+        [run] = computer.runs
+        answer = {"ok": False, "returns": [], "stdout": "", "error": "x", "durationMs": 1}
+        computer.answer(run, payload={**answer, "timedOut": False})
+        response, body = self.finish(d)
+        self.assertEqual(response.code, 200)
+        self.assertEqual(orjson.loads(body)["error"], "x")

@@ -1,0 +1,14 @@
+"""
+The computer side: one WebSocket per computer, and requests both ways (SPEC §2, §9).
+
+    ``wire``          the four frames, error and close codes, ``GatewayError``, ``cut``
+    ``registry``      connected computers (newest wins) and requests to them
+                      (Deferreds correlated by messageId, partial responses)
+    ``protocol``      the Autobahn protocol and factory: hello, dispatch, limits,
+                      close codes; ``Sending`` (shared with ``web.opsocket``)
+    ``outbound``      flow control of what one connection is sent
+    ``handlers``      computer -> gateway requests: one handler per type
+    ``sandbox``       the section 9 operations on a computer (exec, eval, files, screen)
+    ``settingsfile``  no file request reaches a computer's /.settings (its credential);
+                      the twin of the Lua client's rule
+"""

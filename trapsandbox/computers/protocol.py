@@ -1,0 +1,669 @@
+"""
+The WebSocket side: one ``GatewayProtocol`` per computer connection.
+
+    computer                                gateway
+    computer_request hello {traposId, secret}  ->
+                                               <- gateway_response hello ok {accountId}
+                                                  (or ok:false unauthorized, then close 4001)
+    computer_request probe_gateway|health      ->
+                                               <- gateway_response ok {sandboxOk, opencodeOk,
+                                                                       opencodeDetail?}
+                                               <- gateway_request ping (from the registry)
+    computer_response ping ok {traposId}       ->
+
+Before a successful hello every request is answered ``not_authenticated``;
+without one within ``hello_timeout`` the connection is closed with 4002.  A
+hello's secret is always checked (``auth.Admission.computer``): the right
+one is admitted; a wrong one from an address that keeps failing is refused
+for a while (``overloaded``, close 4003).  An address with too many
+connections waiting for hello is refused the upgrade (429), and a computer
+past its account's ``max_computers`` its hello (SPEC §12).  A computer's
+address is the one ``auth.Admission.client_address`` gives (a trusted
+reverse proxy's client).
+Bad frames are ignored (logged, rate-limited) and never end the connection.
+Nothing raised while handling a message escapes ``onMessage``: Autobahn
+would drop the TCP connection without a close frame.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from autobahn.websocket.protocol import WebSocketProtocol
+from autobahn.websocket.types import ConnectionDeny
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from trapsandbox import limits
+from trapsandbox.admission import auth, proxies
+from trapsandbox.admission.accounts import sha256_hex
+from trapsandbox.computers import wire
+from trapsandbox.computers.handlers import Handler
+from trapsandbox.computers.outbound import Outbound
+from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.wire import GatewayError
+from trapsandbox.fast import compat
+from trapsandbox.ops.metrics import Metrics
+
+compat.lazy_autobahn_debug_formatting()
+compat.fast_small_frame_masks()
+compat.python_utf8_validation()
+compat.write_through_accepted_connections()
+compat.direct_reactor_dispatch()
+compat.share_transport_dict_keys()
+
+log = Logger()
+
+
+class _Throttle:
+    """Say yes at most once per ``interval``, with how many noes came in between."""
+
+    def __init__(self, clock: IReactorTime, interval: float) -> None:
+        self._clock = clock
+        self._interval = interval
+        self._next = 0.0
+        self._suppressed = 0
+
+    def allow(self) -> int | None:
+        """None: not now.  Otherwise the number of calls refused since the last yes."""
+        now = self._clock.seconds()
+        if now < self._next:
+            self._suppressed += 1
+            return None
+        self._next = now + self._interval
+        suppressed, self._suppressed = self._suppressed, 0
+        return suppressed
+
+
+class _Budget:
+    """
+    At most ``limit`` lines a second; the rest are counted, and ``summary``
+    is called with their number once that second is over.
+    """
+
+    def __init__(self, clock: IReactorTime, limit: int, summary: Any) -> None:
+        self._clock = clock
+        self._limit = limit
+        self._summary = summary
+        self._second = 0
+        self._used = 0
+        self._suppressed = 0
+        self._timer: Any = None
+
+    def allow(self) -> bool:
+        now = self._clock.seconds()
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._used = 0
+        if self._used < self._limit:
+            self._used += 1
+            return True
+        self._suppressed += 1
+        if self._timer is None:
+            self._timer = self._clock.callLater(second + 1 - now, self.flush)
+        return False
+
+    def flush(self) -> None:
+        """Say what was counted now (also when the gateway stops)."""
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        suppressed, self._suppressed = self._suppressed, 0
+        if suppressed:
+            self._summary(suppressed)
+
+
+class Sending:
+    """
+    How both of the port's WebSocket protocols send: through an ``Outbound``
+    (``self.outbound``), registered as the transport's producer when the
+    connection opens; a peer that stops reading is closed 4004.  The factory
+    has ``clock``, ``max_queued_bytes`` and ``stall_timeout``; ``who()`` names
+    the peer in the log.
+    """
+
+    __slots__ = ()
+
+    def start_sending(self) -> None:
+        factory = self.factory
+        self.outbound = Outbound(
+            self._write,
+            self._stalled,
+            factory.clock,
+            factory.max_queued_bytes,
+            factory.stall_timeout,
+        )
+        # The HTTP channel that parsed the upgrade, if any, is still the
+        # transport's producer; our sends take its place.
+        self.transport.unregisterProducer()
+        self.transport.registerProducer(self.outbound, True)
+
+    def _write(self, data: bytes) -> None:
+        # Also called when a paused transport drains, maybe after a close
+        # began: what was queued for the connection then goes nowhere.
+        if self.state == WebSocketProtocol.STATE_OPEN:
+            self.sendMessage(data)
+
+    def close(self, code: int, reason: str) -> None:
+        if self.state == WebSocketProtocol.STATE_OPEN:
+            self.sendClose(code, reason)
+
+    def _stalled(self) -> None:
+        log.warn(
+            "{who} stopped reading for {timeout:g} s with {queued} bytes waiting: closing",
+            who=self.who(),
+            timeout=self.factory.stall_timeout,
+            queued=self.outbound.queued_bytes,
+        )
+        # The close frame waits behind the unread data; Autobahn drops the
+        # connection when the close handshake times out.
+        self.close(wire.CLOSE_STALLED, "stalled")
+
+
+class GatewayProtocol(compat.WholeFrames, Sending, WebSocketServerProtocol):
+    # Autobahn's attributes and ours as slots: 8 bytes each rather than a
+    # 3.3 kB dict per computer (compat.protocol_slots).
+    __slots__ = compat.protocol_slots(
+        WebSocketServerProtocol,
+        (
+            "session",
+            "peer_address",
+            "peer_host",
+            "outbound",
+            "_hello_timer",
+            "_busy",
+            "_awaiting_hello",
+            "_answering_close",
+        ),
+    )
+    factory: GatewayFactory
+
+    def __init__(self) -> None:
+        super().__init__()
+        # onClose runs even for connections that never opened: all state here.
+        self.session: Session | None = None
+        self.peer_address = "?"
+        self.peer_host = "?"
+        self.outbound: Outbound | None = None
+        self._hello_timer = None
+        self._busy = 0
+        self._awaiting_hello = False
+        self._answering_close = False
+
+    # Autobahn callbacks
+
+    def onConnect(self, request) -> None:
+        factory = self.factory
+        headers = request.headers
+        if auth.foreign_upgrade(headers.get("origin"), headers.get("host")):
+            # A web page must not connect as (and replace) a computer, auth or not.
+            raise ConnectionDeny(403, "connections from web pages of other origins are refused")
+        # Behind a trusted reverse proxy, the computer it forwards (SPEC §4).
+        peer = factory.admission.client_address(
+            self.transport.getPeer(), headers.get("x-forwarded-for"), headers.get("forwarded")
+        )
+        self.peer_address = proxies.describe(peer)
+        self.peer_host = auth.host_of(peer)
+        waiting = factory.awaiting_hello.get(self.peer_host, 0)
+        if waiting >= factory.max_unauthenticated_per_address:
+            suppressed = factory.refused_log.allow()
+            if suppressed is not None:
+                log.warn(
+                    "refused a connection from {host}: {waiting} of its connections await "
+                    "hello ({suppressed} more refusals not logged)",
+                    host=self.peer_host,
+                    waiting=waiting,
+                    suppressed=suppressed,
+                )
+            raise ConnectionDeny(429, "too many connections from your address await hello")
+        factory.awaiting_hello[self.peer_host] = waiting + 1
+        self._awaiting_hello = True
+
+    def onOpen(self) -> None:
+        compat.release_handshake(self)
+        self.factory.connections.add(self)
+        self.start_sending()
+        self._hello_timer = self.factory.clock.callLater(
+            self.factory.hello_timeout, self._hello_timed_out
+        )
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        try:
+            self._receive(payload, isBinary)
+        except Exception:
+            log.failure("unexpected error handling a message from {peer}", peer=self.peer_address)
+
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        self._cancel_hello_timer()
+        compat.cancel_close_handshake_timer(self)
+        self._hello_done()
+        if self.outbound is not None:
+            self.outbound.stopProducing()
+        self.factory.connections.discard(self)
+        if self.session is not None:
+            self.factory.registry.remove(self.session)
+        if self.session is not None and self.factory.disconnect_lines.allow():
+            log.info(
+                "{traposId} from {peer} disconnected ({code} {reason})",
+                traposId=self.session.trapos_id,
+                peer=self.peer_address,
+                code=code,
+                reason=reason or "",
+            )
+        self.factory.check_drained()
+
+    def onCloseFrame(self, code: int | None, reasonRaw: bytes | None) -> bool | None:
+        # Open: this close starts the handshake.  Failed by us: our answer to
+        # the peer's bad frame may still be unsent.
+        self._answering_close = self.state == WebSocketProtocol.STATE_OPEN or compat.failed_by_us(
+            self
+        )
+        try:
+            return super().onCloseFrame(code, reasonRaw)
+        finally:
+            self._answering_close = False
+
+    def dropConnection(self, abort: bool = False) -> None:
+        # Autobahn answers a malformed close frame (a reserved code, a one-byte
+        # body, a reason that is not UTF-8) with its own 1002/1007 close, then
+        # aborts the connection, which throws that frame away unsent.  The peer
+        # is reading (it just sent a close): let the frame go out first.
+        if self._answering_close:
+            abort = False
+        super().dropConnection(abort)
+
+    # The registry's Link
+
+    def send_frame(self, data: bytes) -> None:
+        # The registry sends only gateway_requests through its Link.
+        self._send(data)
+        self.factory.metrics.gateway_request_sent()
+
+    def send_partial(self, message_id: str, type: str, payload: dict[str, Any]) -> None:
+        # A streaming handler's interim answer (SPEC §2); the final one goes through _reply.
+        receiver = self.session.trapos_id if self.session else "?"
+        data = wire.encode_response(receiver, message_id, type, payload, partial=True)
+        if len(data) > limits.MAX_OUTBOUND_BYTES:
+            raise GatewayError(wire.TOO_LARGE, "a partial answer is larger than a computer accepts")
+        self._send(data)
+        self.factory.metrics.gateway_response_sent()
+
+    def _send(self, data: bytes) -> None:
+        if self.state != WebSocketProtocol.STATE_OPEN:
+            raise GatewayError(wire.NOT_CONNECTED, "the connection is closing")
+        self.outbound.send(data)
+
+    # Messages
+
+    def _receive(self, payload: bytes, is_binary: bool) -> None:
+        metrics = self.factory.metrics
+        if is_binary:
+            metrics.frame_received(bytes)
+            self._ignore("a binary frame")
+            return
+        frame = wire.decode(payload)
+        kind = type(frame)
+        metrics.frame_received(kind)
+        if kind is wire.ComputerRequest:
+            self._on_request(frame)
+        elif kind is wire.ComputerResponse:
+            self._on_response(frame)
+        elif kind is wire.Invalid:
+            self._on_invalid(frame)
+        else:
+            self._ignore(f"a {wire.event_name(frame)}, which a computer must not send")
+
+    def _on_invalid(self, frame: wire.Invalid) -> None:
+        if frame.event == "computer_request" and frame.answerable:
+            self._reply_error(frame, wire.BAD_REQUEST, frame.reason)
+        elif frame.event == "computer_response" and frame.message_id and self.session:
+            # Its requester learns now rather than at its timeout.
+            self.session.reject(
+                frame.message_id,
+                GatewayError(wire.BAD_REQUEST, f"the computer's answer was {frame.reason}"),
+            )
+        else:
+            self._ignore(frame.reason)
+
+    def _on_response(self, frame: wire.ComputerResponse) -> None:
+        if self.session is None or not self.session.resolve(frame):
+            self._ignore(f"a response to no request of this connection ({frame.message_id})")
+
+    def _on_request(self, frame: wire.ComputerRequest) -> None:
+        if frame.type == "hello":
+            self._on_hello(frame)
+            return
+        if self.session is None:
+            self._reply_error(frame, wire.NOT_AUTHENTICATED, "send hello first")
+            return
+        handler = self.factory.handlers.get(frame.type)
+        if handler is None:
+            self._reply_error(frame, wire.UNKNOWN_TYPE, f"unknown request type {frame.type!r}")
+            return
+        if self._busy >= self.factory.max_busy:
+            self._reply_error(
+                frame, wire.OVERLOADED, f"at most {self.factory.max_busy} requests at once"
+            )
+            return
+        self._busy += 1
+        try:
+            result = handler(self.session, frame)
+        except Exception:
+            result = Failure()
+        if isinstance(result, Deferred):
+            result.addBoth(self._handled, frame)
+        else:
+            self._handled(result, frame)
+
+    def _handled(self, result: dict[str, Any] | Failure, frame: wire.ComputerRequest) -> None:
+        self._busy -= 1
+        if not isinstance(result, Failure):
+            self._reply(frame.message_id, frame.type, payload=result)
+        elif result.check(GatewayError):
+            self._reply(frame.message_id, frame.type, error=result.value)
+        else:
+            log.failure(
+                "{type} request from {peer} failed", result, type=frame.type, peer=self.peer_address
+            )
+            self._reply_error(frame, wire.INTERNAL, "the gateway failed to handle this request")
+
+    def _on_hello(self, frame: wire.ComputerRequest) -> None:
+        if self.session is not None:
+            self._reply_error(
+                frame, wire.BAD_REQUEST, "hello was already completed on this connection"
+            )
+            return
+        try:
+            hello = wire.decode_hello(frame.payload)
+        except ValueError as error:
+            self.factory.metrics.hello(wire.BAD_REQUEST)
+            self._reply_error(frame, wire.BAD_REQUEST, str(error))
+            return
+        account_id = self.factory.admission.computer(
+            self.peer_host, hello.secret, f"{self.peer_address} as {hello.trapos_id}"
+        )
+        if isinstance(account_id, auth.Refusal):
+            if account_id.reason == auth.THROTTLED:
+                self._refuse_hello(
+                    frame,
+                    hello,
+                    wire.OVERLOADED,
+                    "too many failed hellos from your address: "
+                    f"try again in {account_id.wait:.0f} s",
+                    wire.CLOSE_THROTTLED,
+                    "too many failed hellos",
+                )
+            else:
+                self._refuse_hello(
+                    frame,
+                    hello,
+                    wire.UNAUTHORIZED,
+                    account_id.message,
+                    wire.CLOSE_UNAUTHORIZED,
+                    "unauthorized",
+                )
+            return
+        most = self.factory.admission.max_computers(account_id)
+        registry = self.factory.registry
+        if (
+            most is not None
+            and registry.find(hello.trapos_id, account_id) is None
+            and registry.count(account_id) >= most
+        ):
+            self._refuse_hello(
+                frame,
+                hello,
+                wire.OVERLOADED,
+                f"account {account_id} already has {most} computers connected (its max_computers)",
+                wire.CLOSE_TOO_MANY_COMPUTERS,
+                "too many computers",
+            )
+            return
+        self._cancel_hello_timer()
+        self._hello_done()
+        self.factory.metrics.hello("ok")
+        self.session = Session(
+            account_id=account_id,
+            trapos_id=hello.trapos_id,
+            link=self,
+            clock=self.factory.clock,
+            peer=self.peer_address,
+            version=hello.version,
+            connected_at=self.factory.clock.seconds(),
+            capabilities=wire.decode_capabilities(hello.capabilities),
+            credential=sha256_hex(hello.secret) if isinstance(hello.secret, str) else "",
+        )
+        self.factory.registry.add(self.session)
+        if self.factory.connect_lines.allow():
+            log.info(
+                "{traposId} connected from {peer} (client {version})",
+                traposId=hello.trapos_id,
+                peer=self.peer_address,
+                version=hello.version or "unknown",
+            )
+        self._reply(frame.message_id, frame.type, payload={"accountId": account_id})
+
+    def _refuse_hello(
+        self,
+        frame: wire.ComputerRequest,
+        hello: wire.Hello,
+        code: str,
+        message: str,
+        close_code: int,
+        close_reason: str,
+    ) -> None:
+        self.factory.metrics.hello(code)
+        log.debug(
+            "refused hello from {peer}: {code}, traposId {traposId}, client {version}, "
+            "allows {capabilities}",
+            peer=self.peer_address,
+            code=code,
+            traposId=hello.trapos_id,
+            version=hello.version,
+            capabilities=hello.capabilities,
+        )
+        self._reply_error(frame, code, message, receiver=hello.trapos_id)
+        self._cancel_hello_timer()
+        self.close(close_code, close_reason)
+
+    def _reply_error(
+        self, frame: wire.ComputerRequest | wire.Invalid, code: str, message: str, **kwargs: Any
+    ) -> None:
+        self._reply(frame.message_id, frame.type, error=GatewayError(code, message), **kwargs)
+
+    def _reply(
+        self,
+        message_id: str,
+        type: str,
+        payload: dict[str, Any] | None = None,
+        error: GatewayError | None = None,
+        receiver: str | None = None,
+    ) -> None:
+        if receiver is None:
+            receiver = self.session.trapos_id if self.session else "?"
+        outcome = "ok" if error is None else error.code
+        wire_error = error.to_wire() if error else None
+        try:
+            data = wire.encode_response(receiver, message_id, type, payload, wire_error)
+        except wire.EncodeError:
+            log.failure("cannot encode the answer to {type}", type=type)
+            data, outcome, reason = None, wire.INTERNAL, "the answer could not be encoded"
+        if data is not None and len(data) > limits.MAX_OUTBOUND_BYTES:
+            data, outcome, reason = (
+                None,
+                wire.TOO_LARGE,
+                "the answer is larger than a computer accepts",
+            )
+        if data is None:
+            data = wire.encode_response(
+                receiver, message_id, type, error=wire.Error(outcome, reason)
+            )
+        metrics = self.factory.metrics
+        metrics.computer_request(type, outcome)
+        try:
+            self._send(data)
+            metrics.gateway_response_sent()
+        except GatewayError:
+            log.debug("answer to {type} dropped: {peer} is gone", type=type, peer=self.peer_address)
+
+    def _ignore(self, what: str) -> None:
+        suppressed = self.factory.ignored_log.allow()
+        if suppressed is not None:
+            log.info(
+                "ignored {what} from {peer} ({suppressed} more ignored frames not logged)",
+                what=what,
+                peer=self.peer_address,
+                suppressed=suppressed,
+            )
+
+    def _cancel_hello_timer(self) -> None:
+        if self._hello_timer is not None and self._hello_timer.active():
+            self._hello_timer.cancel()
+        self._hello_timer = None
+
+    def _hello_done(self) -> None:
+        """This connection no longer counts as awaiting hello."""
+        if self._awaiting_hello:
+            self._awaiting_hello = False
+            awaiting = self.factory.awaiting_hello
+            left = awaiting[self.peer_host] - 1
+            if left:
+                awaiting[self.peer_host] = left
+            else:
+                del awaiting[self.peer_host]
+
+    def who(self) -> str:
+        return self.session.trapos_id if self.session else self.peer_address
+
+    def _hello_timed_out(self) -> None:
+        self._hello_timer = None
+        log.info(
+            "{peer} sent no hello within {timeout:g} s",
+            peer=self.peer_address,
+            timeout=self.factory.hello_timeout,
+        )
+        self.close(wire.CLOSE_HELLO_TIMEOUT, "hello timeout")
+
+
+def server_options(
+    max_bytes: int, auto_ping_interval: float, auto_ping_timeout: float
+) -> dict[str, Any]:
+    """
+    The Autobahn options of the port's WebSockets, to give in one
+    ``setProtocolOptions`` call (a later call without ``allowNullOrigin``
+    would reset it).
+    """
+    return {
+        "maxFramePayloadSize": max_bytes,
+        "maxMessagePayloadSize": max_bytes,
+        # Oversized messages get a real 1009 close frame, not a dropped socket.
+        "failByDrop": False,
+        "autoPingInterval": auto_ping_interval,
+        "autoPingTimeout": auto_ping_timeout,
+        "openHandshakeTimeout": limits.OPEN_HANDSHAKE_TIMEOUT,
+        "closeHandshakeTimeout": limits.CLOSE_HANDSHAKE_TIMEOUT,
+        "allowNullOrigin": True,
+        # A plain GET gets an error, not an HTML status page.
+        "webStatus": False,
+    }
+
+
+def _more(count: int, what: str) -> None:
+    log.info(
+        "{count} more computers {what} in the last second (at most {limit} such lines a second)",
+        count=count,
+        what=what,
+        limit=limits.CONNECT_LINES_PER_SECOND,
+    )
+
+
+class GatewayFactory(WebSocketServerFactory):
+    """Shared state of all computer connections."""
+
+    protocol = GatewayProtocol
+
+    def __init__(
+        self,
+        registry: Registry,
+        admission: auth.Admission,
+        handlers: dict[str, Handler],
+        clock: IReactorTime,
+        hello_timeout: float = limits.HELLO_TIMEOUT,
+        max_busy: int = limits.MAX_BUSY,
+        auto_ping_interval: float = limits.AUTO_PING_INTERVAL,
+        auto_ping_timeout: float = limits.AUTO_PING_TIMEOUT,
+        metrics: Metrics | None = None,
+        max_connections: int = limits.MAX_CONNECTIONS,
+        max_unauthenticated_per_address: int = limits.MAX_UNAUTHENTICATED_PER_ADDRESS,
+        max_queued_bytes: int = limits.MAX_QUEUED_BYTES,
+        stall_timeout: float = limits.STALL_TIMEOUT,
+    ) -> None:
+        super().__init__()
+        self.registry = registry
+        self.metrics = registry.metrics if metrics is None else metrics
+        self.metrics.handle_types(handlers)
+        self.admission = admission
+        self.handlers = handlers
+        self.clock = clock
+        self.hello_timeout = hello_timeout
+        self.max_busy = max_busy
+        self.max_unauthenticated_per_address = max_unauthenticated_per_address
+        self.max_queued_bytes = max_queued_bytes
+        self.stall_timeout = stall_timeout
+        self.connections: set[GatewayProtocol] = set()
+        self.awaiting_hello: dict[str, int] = {}
+        self.ignored_log = _Throttle(clock, limits.LOG_INTERVAL)
+        self.refused_log = _Throttle(clock, limits.LOG_INTERVAL)
+        # A fleet reconnecting at once would write thousands of lines (and a
+        # hello's log line costs as much as a tenth of the hello).
+        self.connect_lines = _Budget(
+            clock, limits.CONNECT_LINES_PER_SECOND, lambda n: _more(n, "connected")
+        )
+        self.disconnect_lines = _Budget(
+            clock, limits.CONNECT_LINES_PER_SECOND, lambda n: _more(n, "disconnected")
+        )
+        self._drained: list[Deferred] = []
+        self.setProtocolOptions(
+            **server_options(limits.MAX_INBOUND_BYTES, auto_ping_interval, auto_ping_timeout),
+            # Past this, the upgrade is refused with a 503.
+            maxConnections=max_connections,
+        )
+
+    def shutdown(self, grace: float = limits.SHUTDOWN_GRACE) -> Deferred:
+        """
+        Close every connection with 1000 and fail every pending request;
+        fires when all are closed, or after ``grace`` seconds (the stragglers
+        are then dropped).
+        """
+        for session in self.registry:
+            session.fail_all(GatewayError(wire.NOT_CONNECTED, "the gateway is shutting down"))
+        for connection in list(self.connections):
+            connection.close(wire.CLOSE_NORMAL, "server shutting down")
+        if not self.connections:
+            self._flush_lines()
+            return succeed(None)
+        d = Deferred()
+        self._drained.append(d)
+        d.addTimeout(grace, self.clock)
+        d.addErrback(self._drop_stragglers)
+        return d
+
+    def _drop_stragglers(self, failure: Failure) -> None:
+        for connection in list(self.connections):
+            connection.dropConnection(abort=True)
+        self._flush_lines()
+
+    def _flush_lines(self) -> None:
+        self.connect_lines.flush()
+        self.disconnect_lines.flush()
+
+    def check_drained(self) -> None:
+        if not self.connections:
+            self._flush_lines()
+            drained, self._drained = self._drained, []
+            for d in drained:
+                d.callback(None)

@@ -1,0 +1,367 @@
+"""
+The registry of connected computers, and the lifetime of requests sent to them.
+
+A computer is registered once its ``hello`` succeeds, under
+``(accountId, traposId)``; the newest connection wins and the one it
+replaces is closed with 4000.  A request to a computer is a Deferred that
+fires with the computer's final ``ComputerResponse`` (even one with ``ok``
+false), or fails with a ``GatewayError``: ``timeout``, ``not_connected`` when
+its connection closes, ``overloaded``, ``too_large``, ``bad_request``,
+``forbidden`` (refused before sending: the computer has not allowed that
+capability, or a file request names its settings file).  Partial responses
+before the final one go to a listener the caller gives, in order; one for a
+finished request is ignored.  Only a response arriving on the connection the
+request went out on resolves it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import attrs
+from twisted.internet.defer import CancelledError, Deferred, fail
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from trapsandbox import limits
+from trapsandbox.computers import settingsfile, wire
+from trapsandbox.computers.wire import GatewayError
+from trapsandbox.limits import LOCAL_ACCOUNT
+from trapsandbox.ops.metrics import Metrics
+
+log = Logger()
+
+
+class Link(Protocol):
+    """What a session needs of its connection."""
+
+    def send_frame(self, data: bytes) -> None:
+        """Send one message; raise ``GatewayError(not_connected)`` if closed."""
+
+    def close(self, code: int, reason: str) -> None:
+        """Start a close handshake."""
+
+    def send_partial(self, message_id: str, type: str, payload: dict[str, Any]) -> None:
+        """Send a partial ``gateway_response``; raise ``GatewayError(not_connected)`` if closed."""
+
+
+PartialListener = Callable[[dict[str, Any]], None]
+
+
+class Peers(Protocol):
+    """
+    Other gateway processes (cluster mode, ``trapsandbox.cluster.member``): told of
+    the computers registered here, asked for the ones that are not.
+    """
+
+    def added(self, session: Session) -> None: ...
+
+    def removed(self, session: Session) -> None: ...
+
+    def request(
+        self,
+        account_id: str,
+        trapos_id: str,
+        type: str,
+        payload: dict[str, Any],
+        timeout: float,
+        on_partial: PartialListener | None,
+    ) -> Deferred:
+        """Fires like ``Session.request``, for a computer held by another process."""
+
+
+@attrs.define(eq=False)
+class _Pending:
+    deferred: Deferred
+    type: str
+    on_partial: PartialListener | None
+    # The timeout's call, cancelled when the request ends otherwise.
+    timer: Any = None
+
+
+@attrs.define(eq=False)
+class Session:
+    """One authenticated computer connection and its requests in flight."""
+
+    account_id: str
+    trapos_id: str
+    link: Link
+    clock: IReactorTime
+    peer: str = ""
+    version: str | None = None
+    connected_at: float = 0.0
+    # What the computer's owner allowed (wire.CAPABILITIES); announced in hello
+    # and again with a ``capabilities`` request when it changes.
+    capabilities: frozenset[str] = frozenset()
+    # The SHA-256 of the secret it was admitted with: a reload that changes
+    # its account's secret closes it (``Admission.admits``).
+    credential: str = attrs.field(default="", repr=False)
+    max_in_flight: int = limits.MAX_IN_FLIGHT
+    _pending: dict[str, _Pending] = attrs.field(factory=dict, init=False)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.account_id, self.trapos_id)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def refusal(self, type: str, payload: dict[str, Any]) -> GatewayError | None:
+        """
+        Why this computer must not be sent this request, if it must not: a
+        capability its owner has not allowed, or a file request on its
+        settings file (which holds its credential).
+        """
+        capability = wire.CAPABILITY_OF.get(type)
+        if capability is None or capability in self.capabilities:
+            return settingsfile.refusal(type, payload)
+        return GatewayError(
+            wire.FORBIDDEN,
+            f"computer {self.trapos_id} has not allowed {capability}: on it, run "
+            f'"sandbox allow {capability}"',
+        )
+
+    def request(
+        self,
+        type: str,
+        payload: dict[str, Any],
+        timeout: float,
+        on_partial: PartialListener | None = None,
+    ) -> Deferred:
+        """
+        Send a ``gateway_request``.  The Deferred fires with the final
+        ``ComputerResponse``; ``on_partial`` is called with the payload of each
+        partial response before it.  Cancelling the Deferred forgets the
+        request and, for a type that runs on the computer, cancels it there.
+        """
+        refusal = self.refusal(type, payload)
+        if refusal is not None:
+            return fail(refusal)
+        if len(self._pending) >= self.max_in_flight:
+            return fail(
+                GatewayError(
+                    wire.OVERLOADED,
+                    f"{self.trapos_id} already has {self.max_in_flight} requests in flight",
+                )
+            )
+        message_id = wire.new_message_id()
+        try:
+            data = wire.encode_request(self.trapos_id, message_id, type, payload)
+        except (ValueError, TypeError) as error:
+            return fail(GatewayError(wire.BAD_REQUEST, f"cannot send this request: {error}"))
+        if len(data) > limits.MAX_OUTBOUND_BYTES:
+            return fail(
+                GatewayError(
+                    wire.TOO_LARGE,
+                    f"request is {len(data)} bytes; a computer accepts at most "
+                    f"{limits.MAX_OUTBOUND_BYTES}",
+                )
+            )
+        d = Deferred(lambda _: self._cancelled(message_id))
+        timer = self.clock.callLater(timeout, self._timed_out, message_id, timeout)
+        self._pending[message_id] = _Pending(d, type, on_partial, timer)
+        try:
+            self.link.send_frame(data)
+        except GatewayError as error:
+            self._fail(message_id, error)
+        return d
+
+    def _end(self, message_id: str) -> _Pending | None:
+        """Forget a request that ends now (its timer too); None if it already had."""
+        pending = self._pending.pop(message_id, None)
+        if pending is not None and pending.timer.active():
+            pending.timer.cancel()
+        return pending
+
+    def _stop_on_computer(self, message_id: str, pending: _Pending) -> None:
+        if pending.type in wire.STREAMING:
+            self.request("cancel", {"messageId": message_id}, limits.CANCEL_TIMEOUT).addErrback(
+                _ignore
+            )
+
+    def _cancelled(self, message_id: str) -> None:
+        # The Deferred then fails with CancelledError.
+        pending = self._end(message_id)
+        if pending is not None:
+            self._stop_on_computer(message_id, pending)
+
+    def _timed_out(self, message_id: str, timeout: float) -> None:
+        pending = self._pending.pop(message_id, None)
+        if pending is not None:
+            self._stop_on_computer(message_id, pending)
+            pending.deferred.errback(
+                GatewayError(wire.TIMEOUT, f"no answer from the computer within {timeout:g} s")
+            )
+
+    def _fail(self, message_id: str, error: GatewayError) -> None:
+        pending = self._end(message_id)
+        if pending is not None:
+            pending.deferred.errback(Failure(error))
+
+    def resolve(self, frame: wire.ComputerResponse) -> bool:
+        """Deliver a response to the request it answers; False if there is none."""
+        if frame.partial:
+            pending = self._pending.get(frame.message_id)
+            if pending is None:
+                return False
+            if pending.on_partial is not None and frame.ok and frame.payload is not None:
+                try:
+                    pending.on_partial(frame.payload)
+                except Exception:
+                    log.failure("a listener of {type} output failed", type=pending.type)
+            return True
+        pending = self._end(frame.message_id)
+        if pending is None:
+            return False
+        pending.deferred.callback(frame)
+        return True
+
+    def reject(self, message_id: str, error: GatewayError) -> bool:
+        """Fail one request (e.g. its response was malformed)."""
+        if message_id not in self._pending:
+            return False
+        self._fail(message_id, error)
+        return True
+
+    def fail_all(self, error: GatewayError) -> None:
+        for message_id in list(self._pending):
+            self._fail(message_id, error)
+
+
+def _ignore(failure: Failure) -> None:
+    return None
+
+
+@attrs.define
+class Registry:
+    """Connected computers by ``(accountId, traposId)``: newest wins."""
+
+    clock: IReactorTime
+    request_timeout: float = limits.DEFAULT_REQUEST_TIMEOUT
+    metrics: Metrics = attrs.field(factory=Metrics, repr=False)
+    # Cluster mode: the other processes; None (one process) changes nothing.
+    peers: Peers | None = attrs.field(default=None, repr=False)
+    _sessions: dict[tuple[str, str], Session] = attrs.field(factory=dict, init=False)
+    # traposId -> the accounts holding it, and account -> how many computers it has.
+    _holders: dict[str, set[str]] = attrs.field(factory=dict, init=False)
+    _per_account: dict[str, int] = attrs.field(factory=dict, init=False)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __iter__(self) -> Iterator[Session]:
+        return iter(list(self._sessions.values()))
+
+    def accounts_holding(self, trapos_id: str) -> list[str]:
+        """The accounts with a computer ``trapos_id`` connected, sorted."""
+        return sorted(self._holders.get(trapos_id, ()))
+
+    def count(self, account_id: str) -> int:
+        """How many computers ``account_id`` has connected."""
+        return self._per_account.get(account_id, 0)
+
+    def counts(self) -> dict[str, int]:
+        """Connected computers by account (accounts with none left out)."""
+        return dict(self._per_account)
+
+    def of_account(self, account_id: str | None) -> list[Session]:
+        """The computers of ``account_id`` (None: every account's)."""
+        if account_id is None:
+            return list(self._sessions.values())
+        return [s for s in self._sessions.values() if s.account_id == account_id]
+
+    def add(self, session: Session) -> Session | None:
+        """Register ``session``; close and return the one it replaces, if any."""
+        old = self._sessions.get(session.key)
+        self._sessions[session.key] = session
+        if old is None:
+            self._holders.setdefault(session.trapos_id, set()).add(session.account_id)
+            self._per_account[session.account_id] = self.count(session.account_id) + 1
+        if self.peers is not None:
+            self.peers.added(session)
+        if old is not None and old is not session:
+            log.info(
+                "{traposId} from {peer} replaces its connection from {oldPeer}",
+                traposId=session.trapos_id,
+                peer=session.peer,
+                oldPeer=old.peer,
+            )
+            old.fail_all(GatewayError(wire.NOT_CONNECTED, "the computer connected again elsewhere"))
+            old.link.close(wire.CLOSE_REPLACED, "replaced")
+            return old
+        return None
+
+    def remove(self, session: Session) -> None:
+        """Forget ``session`` (if it is still the registered one) and fail its requests."""
+        if self._sessions.get(session.key) is session:
+            del self._sessions[session.key]
+            holders = self._holders[session.trapos_id]
+            holders.discard(session.account_id)
+            if not holders:
+                del self._holders[session.trapos_id]
+            left = self._per_account[session.account_id] - 1
+            if left:
+                self._per_account[session.account_id] = left
+            else:
+                del self._per_account[session.account_id]
+            if self.peers is not None:
+                self.peers.removed(session)
+        session.fail_all(GatewayError(wire.NOT_CONNECTED, "the computer disconnected"))
+
+    @property
+    def pending(self) -> int:
+        """Requests to computers waiting for an answer."""
+        return sum(session.in_flight for session in self._sessions.values())
+
+    def find(self, trapos_id: str, account_id: str = LOCAL_ACCOUNT) -> Session | None:
+        return self._sessions.get((account_id, trapos_id))
+
+    def request(
+        self,
+        trapos_id: str,
+        type: str,
+        payload: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        account_id: str = LOCAL_ACCOUNT,
+        on_partial: PartialListener | None = None,
+    ) -> Deferred:
+        """Send a ``gateway_request``; fires with the final ``ComputerResponse``."""
+        session = self.find(trapos_id, account_id)
+        if session is None and self.peers is not None and (timeout is None or timeout > 0):
+            d = self.peers.request(
+                account_id,
+                trapos_id,
+                type,
+                payload or {},
+                self.request_timeout if timeout is None else timeout,
+                on_partial,
+            )
+        elif session is None:
+            d = fail(GatewayError(wire.NOT_CONNECTED, f"{wire.cut(trapos_id)} is not connected"))
+        elif timeout is not None and not timeout > 0:
+            d = fail(GatewayError(wire.BAD_REQUEST, "timeout must be positive"))
+        else:
+            if timeout is None:
+                timeout = self.request_timeout
+            d = session.request(type, payload or {}, timeout, on_partial)
+        # A request refused before it went out has no latency worth recording.
+        started = None if d.called else self.clock.seconds()
+        d.addBoth(self._count, type, started)
+        return d
+
+    def _count(self, result: object, type: str, started: float | None) -> object:
+        if isinstance(result, Failure):
+            if result.check(GatewayError):
+                outcome = result.value.code
+            elif result.check(CancelledError):
+                outcome = "cancelled"
+            else:
+                outcome = wire.INTERNAL
+        else:
+            outcome = "ok" if result.ok else "error"
+        seconds = None if started is None else self.clock.seconds() - started
+        self.metrics.gateway_request(type, outcome, seconds)
+        return result

@@ -1,0 +1,251 @@
+"""
+The computer as a sandbox (SPEC §9): run programs and Lua, files, the screen.
+
+    gateway_request exec {command, args?, cwd?, timeoutMs?, maxOutputBytes?}
+        <- partial {type: stdout_delta | stderr_delta, data} ...
+        <- {exitCode, timedOut, durationMs, stdout, stderr, stdoutTruncated?, stderrTruncated?}
+    gateway_request eval {code, timeoutMs?, maxOutputBytes?}
+        <- {ok, returns: [string], stdout, error?, durationMs, timedOut}
+    gateway_request list_files {path}        <- {path, entries: [{name, type, size, readOnly}]}
+    gateway_request read_file {path, offset?, length?, encoding: base64}
+        <- {content, encoding, sizeBytes, offset, bytesRead}
+    gateway_request write_file {path, content, encoding: base64, part?: {offset, final}}
+        <- {bytesWritten, sizeBytes}
+    gateway_request delete_file {path}       <- {deleted}
+    gateway_request screen {}                <- {width, height, cursorX, cursorY, lines, ...}
+    gateway_request cancel {messageId}       <- {cancelled}
+
+``Sandbox`` is what the HTTP endpoints and the MCP tools share: each method
+fires with the computer's answer payload, or fails with a ``GatewayError``
+(the gateway's own refusal, or the computer's ``ok: false`` answer with its
+code: ``forbidden``, ``fs_error``, ``bad_request``, ``cancelled``, …).  Files
+cross in frames of at most ``FILE_CHUNK_BYTES`` so every frame stays under a
+computer's 128 KiB limit; the methods here split and join them, up to
+``MAX_FILE_BYTES`` in one call.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred, fail
+
+from trapsandbox import limits
+from trapsandbox.computers import wire
+from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.wire import GatewayError
+from trapsandbox.limits import FILE_CHUNK_BYTES, LOCAL_ACCOUNT, MAX_FILE_BYTES
+
+# Called with (type, data): type "stdout_delta" or "stderr_delta".
+OutputListener = Callable[[str, str], None]
+
+
+def _answer(response: wire.ComputerResponse) -> dict[str, Any]:
+    """The payload of a computer's answer; its ``ok: false`` as a ``GatewayError``."""
+    if response.ok:
+        return response.payload or {}
+    error = response.error or wire.Error(wire.INTERNAL, "the computer gave no reason")
+    raise GatewayError(error.code, error.message)
+
+
+def _decode(content: object) -> bytes:
+    if not isinstance(content, str):
+        raise GatewayError(wire.INTERNAL, "the computer's answer has no file content")
+    try:
+        return base64.b64decode(content, validate=True)
+    except (binascii.Error, ValueError):
+        raise GatewayError(wire.INTERNAL, "the computer sent file content that is not base64")
+
+
+def _count(payload: dict[str, Any], name: str) -> int:
+    value = payload.get(name)
+    if type(value) is not int or value < 0:
+        raise GatewayError(wire.INTERNAL, f"the computer's answer has no valid {name}")
+    return value
+
+
+class Sandbox:
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+
+    def _call(
+        self,
+        account_id: str,
+        trapos_id: str,
+        type: str,
+        payload: dict[str, Any],
+        timeout: float | None = None,
+        on_partial: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Deferred:
+        d = self._registry.request(
+            trapos_id, type, payload, timeout, account_id=account_id, on_partial=on_partial
+        )
+        return d.addCallback(_answer)
+
+    def execute(
+        self,
+        trapos_id: str,
+        command: str,
+        args: list[str] | None = None,
+        cwd: str | None = None,
+        timeout_ms: float | None = None,
+        max_output_bytes: int | None = None,
+        on_output: OutputListener | None = None,
+        account_id: str = LOCAL_ACCOUNT,
+    ) -> Deferred:
+        """Run ``command`` on the computer; ``on_output`` hears its output as it comes."""
+        payload: dict[str, Any] = {"command": command}
+        if args:
+            payload["args"] = args
+        if cwd is not None:
+            payload["cwd"] = cwd
+        return self._run(
+            account_id, trapos_id, "exec", payload, timeout_ms, max_output_bytes, on_output
+        )
+
+    def eval(
+        self,
+        trapos_id: str,
+        code: str,
+        timeout_ms: float | None = None,
+        max_output_bytes: int | None = None,
+        on_output: OutputListener | None = None,
+        account_id: str = LOCAL_ACCOUNT,
+    ) -> Deferred:
+        """Run Lua ``code``; a compile or runtime error is an answer with ``ok: false``."""
+        return self._run(
+            account_id,
+            trapos_id,
+            "eval",
+            {"code": code},
+            timeout_ms,
+            max_output_bytes,
+            on_output,
+        )
+
+    def _run(
+        self,
+        account_id: str,
+        trapos_id: str,
+        type: str,
+        payload: dict[str, Any],
+        timeout_ms: float | None,
+        max_output_bytes: int | None,
+        on_output: OutputListener | None,
+    ) -> Deferred:
+        if timeout_ms is None:
+            timeout_ms = limits.DEFAULT_RUN_TIMEOUT_MS
+        payload["timeoutMs"] = timeout_ms
+        if max_output_bytes is not None:
+            payload["maxOutputBytes"] = max_output_bytes
+        # The computer ends the run at timeoutMs and answers; past the margin it is gone.
+        timeout = timeout_ms / 1000 + limits.RUN_ANSWER_MARGIN
+        on_partial = None if on_output is None else _output_relay(on_output)
+        return self._call(account_id, trapos_id, type, payload, timeout, on_partial)
+
+    def list_files(self, trapos_id: str, path: str, account_id: str = LOCAL_ACCOUNT) -> Deferred:
+        return self._call(
+            account_id, trapos_id, "list_files", {"path": path}, limits.FILE_REQUEST_TIMEOUT
+        )
+
+    def delete_file(self, trapos_id: str, path: str, account_id: str = LOCAL_ACCOUNT) -> Deferred:
+        return self._call(
+            account_id, trapos_id, "delete_file", {"path": path}, limits.FILE_REQUEST_TIMEOUT
+        )
+
+    def screen(self, trapos_id: str, account_id: str = LOCAL_ACCOUNT) -> Deferred:
+        return self._call(account_id, trapos_id, "screen", {}, limits.FILE_REQUEST_TIMEOUT)
+
+    def read_file(
+        self,
+        trapos_id: str,
+        path: str,
+        offset: int = 0,
+        length: int | None = None,
+        account_id: str = LOCAL_ACCOUNT,
+    ) -> Deferred:
+        """
+        Fires with ``{content: bytes, sizeBytes, offset, bytesRead}``: ``length``
+        bytes from ``offset`` (default: to the end), read in chunks, at most
+        ``MAX_FILE_BYTES``.
+        """
+        return Deferred.fromCoroutine(self._read_file(account_id, trapos_id, path, offset, length))
+
+    async def _read_file(
+        self, account_id: str, trapos_id: str, path: str, offset: int, length: int | None
+    ) -> dict[str, Any]:
+        wanted = MAX_FILE_BYTES if length is None else min(length, MAX_FILE_BYTES)
+        chunks: list[bytes] = []
+        got = 0
+        size = 0
+        while True:
+            asked = min(FILE_CHUNK_BYTES, wanted - got)
+            answer = await self._call(
+                account_id,
+                trapos_id,
+                "read_file",
+                {"path": path, "offset": offset + got, "length": asked, "encoding": "base64"},
+                limits.FILE_REQUEST_TIMEOUT,
+            )
+            chunk = _decode(answer.get("content"))
+            size = _count(answer, "sizeBytes")
+            if len(chunk) > asked:
+                raise GatewayError(wire.INTERNAL, "the computer sent more than was asked")
+            chunks.append(chunk)
+            got += len(chunk)
+            if len(chunk) < asked or got >= wanted or offset + got >= size:
+                break
+        return {"content": b"".join(chunks), "sizeBytes": size, "offset": offset, "bytesRead": got}
+
+    def write_file(
+        self, trapos_id: str, path: str, content: bytes, account_id: str = LOCAL_ACCOUNT
+    ) -> Deferred:
+        """
+        Replace the file at ``path`` with ``content`` (at most ``MAX_FILE_BYTES``),
+        sent in parts; the computer moves it into place with the last one, so
+        the file is replaced whole or not at all.
+        """
+        if len(content) > MAX_FILE_BYTES:
+            return fail(
+                GatewayError(
+                    wire.TOO_LARGE, f"at most {MAX_FILE_BYTES} bytes can be written in one call"
+                )
+            )
+        return Deferred.fromCoroutine(self._write_file(account_id, trapos_id, path, content))
+
+    async def _write_file(
+        self, account_id: str, trapos_id: str, path: str, content: bytes
+    ) -> dict[str, Any]:
+        answer: dict[str, Any] = {}
+        offset = 0
+        while True:
+            chunk = content[offset : offset + FILE_CHUNK_BYTES]
+            final = offset + len(chunk) >= len(content)
+            answer = await self._call(
+                account_id,
+                trapos_id,
+                "write_file",
+                {
+                    "path": path,
+                    "content": base64.b64encode(chunk).decode("ascii"),
+                    "encoding": "base64",
+                    "part": {"offset": offset, "final": final},
+                },
+                limits.FILE_REQUEST_TIMEOUT,
+            )
+            offset += len(chunk)
+            if final:
+                break
+        return {"bytesWritten": len(content), "sizeBytes": answer.get("sizeBytes", len(content))}
+
+
+def _output_relay(on_output: OutputListener) -> Callable[[dict[str, Any]], None]:
+    def relay(payload: dict[str, Any]) -> None:
+        kind, data = payload.get("type"), payload.get("data")
+        if kind in ("stdout_delta", "stderr_delta") and isinstance(data, str) and data:
+            on_output(kind, data)
+
+    return relay

@@ -1,0 +1,300 @@
+"""
+An operator's request to one computer (``{type, payload?, timeoutMs?}``),
+apart from how it arrived: this is the one home of its rules (who may ask,
+which account's computer is meant, what a body may hold, which HTTP status
+each outcome has).  ``web`` serves it for twisted.web's requests and
+``fasthttp`` for the plain keep-alive requests it reads itself.
+
+An outcome is an ``Answer``: a status, a JSON body and any extra headers;
+``OperatorRequests.http`` gives one, or a Deferred of one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+import orjson
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+
+from trapsandbox import limits
+from trapsandbox.admission import auth
+from trapsandbox.computers import wire
+from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.wire import GatewayError
+from trapsandbox.limits import MAX_BODY_BYTES, MAX_REQUEST_TIMEOUT_MS
+
+# The HTTP status for each way a request to a computer can fail.
+STATUS_OF_ERROR = {
+    wire.BAD_REQUEST: 400,
+    wire.FORBIDDEN: 403,
+    wire.NOT_CONNECTED: 404,
+    # The admin named a traposId that several accounts hold (SPEC §12).
+    auth.AMBIGUOUS: 409,
+    wire.TOO_LARGE: 413,
+    wire.FS_ERROR: 422,
+    # The computer runs a client that does not know the request (an older version).
+    wire.UNKNOWN_TYPE: 501,
+    wire.OVERLOADED: 503,
+    wire.UNAVAILABLE: 503,
+    wire.TIMEOUT: 504,
+}
+
+Headers = tuple[tuple[bytes, bytes], ...]
+
+
+@attrs.frozen
+class Answer:
+    """What to answer: an HTTP status, a JSON body, and headers beside the usual ones."""
+
+    status: int
+    body: dict[str, Any]
+    headers: Headers = ()
+
+    def encoded(self) -> tuple[int, bytes, Headers]:
+        """``(status, JSON bytes, headers)``; a body orjson cannot write is a 502."""
+        try:
+            return self.status, orjson.dumps(self.body), self.headers
+        except orjson.JSONEncodeError as error:
+            # orjson reads deeper nesting (1024) than it writes (254).
+            failed = error_answer(
+                502, wire.INTERNAL, f"the computer's answer cannot be relayed: {error}"
+            )
+            return failed.status, orjson.dumps(failed.body), ()
+
+
+def error_answer(status: int, code: str, message: str, headers: Headers = ()) -> Answer:
+    return Answer(status, {"ok": False, "error": {"code": code, "message": message}}, headers)
+
+
+def refused(refusal: auth.Refusal) -> Answer:
+    """The answer to a client that is not an operator."""
+    if refusal.reason in (auth.NOT_LOOPBACK, auth.BROWSER):
+        return error_answer(403, "forbidden", refusal.message)
+    if refusal.reason == auth.THROTTLED:
+        wait = b"%d" % math.ceil(refusal.wait)
+        return error_answer(429, "too_many_requests", refusal.message, ((b"retry-after", wait),))
+    challenge = ((b"www-authenticate", b'Bearer realm="trapsandbox"'),)
+    return error_answer(401, "unauthorized", refusal.message, challenge)
+
+
+INTERNAL = error_answer(500, "internal", "the gateway failed to handle this request")
+UNSUPPORTED_MEDIA_TYPE = error_answer(
+    415, "unsupported_media_type", "an operator POST takes Content-Type: application/json"
+)
+NO_SUCH_COMPUTER = error_answer(404, "not_found", "no such computer")
+REQUEST_TIMEOUT = error_answer(
+    408,
+    "request_timeout",
+    f"the request did not arrive whole within {limits.REQUEST_DEADLINE:g} s of its first byte",
+)
+TOO_MANY_WAITING = error_answer(
+    429,
+    "too_many_requests",
+    "too many connections from your address are waiting to be admitted",
+)
+
+
+def json_content(content_type: bytes | None) -> bool:
+    """
+    Whether a ``Content-Type`` value is JSON's (parameters allowed).  Every
+    operator POST must say so: a web page can send a "simple" cross-origin
+    POST only as text/plain, a form or multipart, never as JSON.
+    """
+    if content_type is None:
+        return False
+    media = content_type.split(b";", 1)[0].strip(b" \t").lower()
+    return media == b"application/json"
+
+
+class BadBody(ValueError):
+    """A request body to answer with ``status`` and ``code``; the message says why."""
+
+    def __init__(self, message: str, status: int = 400, code: str = wire.BAD_REQUEST) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+def too_large() -> BadBody:
+    # A new one each time: a raised exception keeps the frames it went through.
+    return BadBody(f"the body is over {MAX_BODY_BYTES} bytes", 413, wire.TOO_LARGE)
+
+
+def json_object(body: bytes, shape: str) -> dict[str, Any]:
+    """The JSON object ``body`` holds; raises ``BadBody`` naming ``shape``."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        raise BadBody(f"the body is not JSON: {error}") from None
+    if type(obj) is not dict:
+        raise BadBody(f"the body must be a JSON object: {shape}")
+    return obj
+
+
+_REQUEST = '{"type", "payload"?, "timeoutMs"?}'
+
+
+def parse_request(obj: dict[str, Any]) -> tuple[str, dict[str, Any], float | None]:
+    """``(type, payload, timeout in seconds or None)``; raises ``BadBody``."""
+    kind = obj.get("type")
+    if type(kind) is not str or not 0 < len(kind) <= limits.MAX_TYPE_LENGTH:
+        raise BadBody(f"type must be a string of 1 to {limits.MAX_TYPE_LENGTH} characters")
+    payload = obj.get("payload")
+    if payload is None:
+        payload = {}
+    elif type(payload) is not dict:
+        raise BadBody("payload must be a JSON object")
+    timeout = obj.get("timeoutMs")
+    if timeout is not None:
+        if (
+            type(timeout) not in (int, float)
+            or not math.isfinite(timeout)
+            or not 0 < timeout <= MAX_REQUEST_TIMEOUT_MS
+        ):
+            raise BadBody(
+                f"timeoutMs must be a number of milliseconds, 1 to {MAX_REQUEST_TIMEOUT_MS}"
+            )
+        timeout = timeout / 1000
+    return kind, payload, timeout
+
+
+def _bad_body(error: BadBody) -> Answer:
+    return error_answer(error.status, error.code, str(error))
+
+
+def _answered(response: wire.ComputerResponse) -> Answer:
+    body: dict[str, Any] = {"ok": response.ok}
+    if response.payload is not None:
+        body["payload"] = response.payload
+    if response.error is not None:
+        body["error"] = {"code": response.error.code, "message": response.error.message}
+    return Answer(200, body)
+
+
+def _failed(failure: Failure) -> Answer | Failure:
+    if failure.check(GatewayError):
+        error = failure.value
+        return error_answer(STATUS_OF_ERROR.get(error.code, 500), error.code, error.message)
+    return failure  # cancelled (the client went away), or a bug: the caller's
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
+
+
+class OperatorRequests:
+    """``POST /computers/{traposId}/requests``, however it was read."""
+
+    def __init__(self, registry: Registry, admission: auth.Admission) -> None:
+        self._registry = registry
+        self._admission = admission
+
+    @property
+    def loopback_admin(self) -> bool:
+        """No token is needed: loopback clients are the admin."""
+        return not self._admission.operator_token_required
+
+    def client_address(
+        self, peer: object, x_forwarded_for: str | None, forwarded: str | None
+    ) -> object:
+        """The client behind ``peer`` (``auth.Admission.client_address``)."""
+        return self._admission.client_address(peer, x_forwarded_for, forwarded)
+
+    def operator(
+        self,
+        address: object,
+        authorization: bytes | None,
+        origin: bytes | None = None,
+        host: bytes | None = None,
+    ) -> auth.Operator | Answer:
+        """
+        Who the client at ``address`` (``client_address``) is as an operator,
+        or the answer to one that is not; a browser (``origin``, ``host``:
+        those headers) is not the loopback admin (``auth.browser_refusal``).
+        """
+        operator = self._admission.operator(address, authorization)
+        if not isinstance(operator, auth.Operator):
+            return refused(operator)
+        # With no admin token, the admin is a caller admitted for being on loopback.
+        if operator.admin and self.loopback_admin:
+            why = auth.browser_refusal(_text(origin), _text(host))
+            if why is not None:
+                return refused(auth.Refusal(auth.BROWSER, why))
+        return operator
+
+    def admit(
+        self,
+        method: bytes,
+        address: object,
+        authorization: bytes | None,
+        origin: bytes | None,
+        host: bytes | None,
+        content_type: bytes | None,
+    ) -> auth.Operator | Answer:
+        """
+        The decision on an operator request, from its head alone (the body
+        is read only once it is admitted): ``operator``, then a POST must be
+        JSON (415).
+        """
+        operator = self.operator(address, authorization, origin, host)
+        if type(operator) is not Answer and method == b"POST" and not json_content(content_type):
+            return UNSUPPORTED_MEDIA_TYPE
+        return operator
+
+    def account(self, operator: auth.Operator, trapos_id: str, asked: str | None) -> str | Answer:
+        """The account whose ``trapos_id`` is meant (``auth.Operator.account_of``), or a 409."""
+        try:
+            return operator.account_of(self._registry, trapos_id, asked)
+        except GatewayError as failure:
+            return error_answer(
+                STATUS_OF_ERROR.get(failure.code, 500), failure.code, failure.message
+            )
+
+    def http(
+        self,
+        address: object,
+        authorization: bytes | None,
+        trapos_id: str,
+        asked: str | None,
+        body: bytes | BadBody,
+        admitted: auth.Operator | None = None,
+    ) -> Answer | Deferred:
+        """
+        The whole request: the operator (``admitted``: already decided from
+        the head, ``admit``), the account (``?account=`` is ``asked``), the
+        body (or why it could not be read), then the computer.  A Deferred
+        fires with the ``Answer``, or fails with ``CancelledError`` when
+        cancelled and with anything else on a bug.
+        """
+        operator = admitted or self.operator(address, authorization)
+        if type(operator) is Answer:
+            return operator
+        account_id = self.account(operator, trapos_id, asked)
+        if type(account_id) is Answer:
+            return account_id
+        # A missing computer and another account's take the same path from here
+        # (the body is checked, then the request finds nothing), so their answers
+        # cannot differ.
+        if isinstance(body, BadBody):
+            return _bad_body(body)  # not raised again: it would keep this frame too
+        try:
+            obj = json_object(body, _REQUEST)
+        except BadBody as error:
+            return _bad_body(error)
+        return self.send(trapos_id, account_id, obj)
+
+    def send(self, trapos_id: str, account_id: str, obj: dict[str, Any]) -> Answer | Deferred:
+        """
+        ``obj`` (``{type, payload?, timeoutMs?}``) to the computer of the
+        account ``account`` resolved; the answer, or a Deferred of it, as ``http``.
+        """
+        try:
+            kind, payload, timeout = parse_request(obj)
+        except BadBody as error:
+            return _bad_body(error)
+        d = self._registry.request(trapos_id, kind, payload, timeout, account_id=account_id)
+        d.addCallbacks(_answered, _failed)
+        return d

@@ -1,0 +1,337 @@
+"""
+The operator WebSocket, ``GET /operator``: many requests to computers over one
+connection, each correlated by an id of the operator's choosing.
+
+    operator                                          gateway
+    (upgrade: Authorization: Bearer <token>, as on the HTTP routes;
+     refused with the HTTP route's status: 401, 403 or 429)
+    {"id": 7, "traposId": "7:base", "type": "ping",   ->
+     "payload"?: {...}, "timeoutMs"?: n, "account"?: "NAME"}
+                                                      <- {"id": 7, "status": 200, "ok": true,
+                                                          "payload": {...}}
+    {"id": "b", "traposId": "9:", "type": "ping"}     ->
+                                                      <- {"id": "b", "status": 404, "ok": false,
+                                                          "error": {"code", "message"}}
+
+An answer's ``status`` and the rest of it are what ``POST
+/computers/{traposId}/requests`` (``?account=`` being ``account``) would
+answer: ``trapsandbox.web.operator`` decides both, for both.  Answers go out as
+they complete, in any order.  A message that cannot be read (not JSON, not an
+object, no usable ``id``: a string of 1 to 128 characters or an integer, no
+``traposId``) is answered 400 with the id it had, or ``"id": null``; so is a
+binary frame, and an id already in flight on this connection.  The
+connection stays open after each of them.  Past ``MAX_OPERATOR_IN_FLIGHT``
+requests in flight a request is answered 503 ``overloaded`` at once; a
+message over ``MAX_BODY_BYTES`` is closed with 1009 (by Autobahn).  Closing
+the connection cancels every request in flight (runs on computers are
+cancelled as when an HTTP caller goes away).  One account's token may hold at
+most ``max_per_account`` sockets open at once (the admin is not bounded here);
+past it the upgrade is refused 429.
+
+What the gateway sends goes through an ``Outbound``, as a computer's
+connection does: an operator that stops reading has its new requests
+refused once an answer finds no room, and is closed with 4004 once it has
+been stalled for the stall timeout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from autobahn.websocket.protocol import WebSocketProtocol
+from autobahn.websocket.types import ConnectionDeny
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from trapsandbox import limits
+from trapsandbox.admission import auth, proxies
+from trapsandbox.computers import wire
+from trapsandbox.computers.outbound import Outbound
+from trapsandbox.computers.protocol import Sending, server_options
+from trapsandbox.computers.wire import GatewayError
+from trapsandbox.fast import compat
+from trapsandbox.ops.metrics import Metrics
+from trapsandbox.web.operator import INTERNAL, Answer, OperatorRequests, error_answer
+
+compat.lazy_autobahn_debug_formatting()
+
+log = Logger()
+
+_SHAPE = '{"id", "traposId", "type", "payload"?, "timeoutMs"?, "account"?}'
+CANCELLED = error_answer(503, wire.UNAVAILABLE, "the request was cancelled")
+
+
+class _Unread(Exception):
+    """A message answered 400 before it reached a computer; ``id`` is its id if it had one."""
+
+    def __init__(self, message_id: Any, message: str) -> None:
+        super().__init__(message)
+        self.id = message_id
+
+
+def _bad(message: str) -> Answer:
+    return error_answer(400, wire.BAD_REQUEST, message)
+
+
+def _id_of(obj: dict[str, Any]) -> str | int:
+    message_id = obj.get("id")
+    kind = type(message_id)
+    # Not bool (an int in Python) and not float; orjson reads integers past 64 bits as floats.
+    if kind is int or (kind is str and 0 < len(message_id) <= limits.MAX_ID_LENGTH):
+        return message_id
+    raise _Unread(
+        None, f"id must be a string of 1 to {limits.MAX_ID_LENGTH} characters or an integer"
+    )
+
+
+def read_message(payload: bytes) -> tuple[str | int, str, str | None, dict[str, Any]]:
+    """``(id, traposId, account or None, the message)``; raises ``_Unread``."""
+    try:
+        obj = orjson.loads(payload)
+    except orjson.JSONDecodeError as error:
+        raise _Unread(None, f"the message is not JSON: {error}") from None
+    if type(obj) is not dict:
+        raise _Unread(None, f"the message must be a JSON object: {_SHAPE}")
+    message_id = _id_of(obj)
+    trapos_id = obj.get("traposId")
+    if type(trapos_id) is not str or not 0 < len(trapos_id) <= limits.MAX_ID_LENGTH:
+        raise _Unread(
+            message_id, f"traposId must be a string of 1 to {limits.MAX_ID_LENGTH} characters"
+        )
+    account = obj.get("account")
+    if account is not None and type(account) is not str:
+        raise _Unread(message_id, "account must be a string")
+    return message_id, trapos_id, account, obj
+
+
+def encode_answer(message_id: str | int | None, answer: Answer) -> bytes:
+    """``{"id", "status", ...the answer's body}``, the body encoded once."""
+    status, body, _ = answer.encoded()
+    # Every body is an object with at least "ok": splice the two fields in front.
+    return b'{"id":%b,"status":%d,%b' % (orjson.dumps(message_id), status, body[1:])
+
+
+def _header(request: Any, name: str) -> bytes | None:
+    value = request.headers.get(name)
+    return None if value is None else value.encode("latin-1", "replace")
+
+
+class OperatorSocket(compat.WholeFrames, Sending, compat.HeadersOnDeny, WebSocketServerProtocol):
+    factory: OperatorSocketFactory
+
+    def __init__(self) -> None:
+        super().__init__()
+        # onClose runs even for connections that never opened: all state here.
+        self.operator: auth.Operator | None = None
+        # The account this socket counts against (``factory.per_account``) until it closes.
+        self.counted: str | None = None
+        self.authorization: bytes | None = None
+        self.peer_address = "?"
+        self.outbound: Outbound | None = None
+        self.in_flight: dict[str | int, Deferred] = {}
+        # An answer found no room while the transport was paused (``Outbound``).
+        self.dropped = False
+
+    # Autobahn callbacks
+
+    def onConnect(self, request) -> None:
+        headers = request.headers
+        client = self.factory.requests.client_address(
+            self.transport.getPeer(), headers.get("x-forwarded-for"), headers.get("forwarded")
+        )
+        self.peer_address = proxies.describe(client)
+        header = request.headers.get("authorization")
+        authorization = None if header is None else header.encode("latin-1", "replace")
+        requests = self.factory.requests
+        # A web page in a browser (or a DNS rebinding) is not the loopback admin.
+        who = requests.operator(
+            client, authorization, _header(request, "origin"), _header(request, "host")
+        )
+        self.authorization = authorization  # an account's token is checked again at reload
+        if isinstance(who, Answer):
+            self.factory.metrics.operator_socket(str(who.status))
+            # Retry-After and WWW-Authenticate, as the HTTP routes send them.
+            self.deny_headers = [(name.decode(), value.decode()) for name, value in who.headers]
+            raise ConnectionDeny(who.status, who.body["error"]["message"])
+        if who.account is not None:
+            held = self.factory.per_account
+            if held.get(who.account, 0) >= self.factory.max_per_account:
+                self.factory.metrics.operator_socket("429")
+                raise ConnectionDeny(
+                    429,
+                    f"account {who.account} already has {self.factory.max_per_account} "
+                    "operator sockets open; close one first",
+                )
+            held[who.account] = held.get(who.account, 0) + 1
+            self.counted = who.account
+        self.operator = who
+
+    def onOpen(self) -> None:
+        factory = self.factory
+        factory.connections.add(self)
+        factory.metrics.operator_socket("open")
+        self.start_sending()
+        log.info(
+            "operator socket from {peer} opened ({who})",
+            peer=self.peer_address,
+            who="admin" if self.operator.admin else f"account {self.operator.account}",
+        )
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        message_id = None
+        try:
+            if isBinary:
+                raise _Unread(None, "binary frames are not read: send each request as JSON text")
+            message_id, trapos_id, account, obj = read_message(payload)
+            self._start(message_id, trapos_id, account, obj)
+        except _Unread as unread:
+            self._answer(unread.id, _bad(str(unread)))
+        except Exception:
+            log.failure("unexpected error handling a message from {peer}", peer=self.peer_address)
+            # Never a second answer to an id whose first is still to come.
+            self._answer(None if message_id in self.in_flight else message_id, INTERNAL)
+
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        compat.cancel_close_handshake_timer(self)
+        self.factory.connections.discard(self)
+        self._release()
+        if self.outbound is not None:
+            self.outbound.stopProducing()
+        in_flight, self.in_flight = self.in_flight, {}
+        for d in in_flight.values():
+            d.cancel()
+        if self.operator is not None:
+            log.info(
+                "operator socket from {peer} closed ({code}), {count} requests cancelled",
+                peer=self.peer_address,
+                code=code,
+                count=len(in_flight),
+            )
+
+    def _release(self) -> None:
+        # Counted from onConnect's acceptance to the first onClose.
+        account, self.counted = self.counted, None
+        if account is None:
+            return
+        held = self.factory.per_account
+        left = held.get(account, 0) - 1
+        if left > 0:
+            held[account] = left
+        else:
+            held.pop(account, None)
+
+    # Requests
+
+    def _start(self, message_id: str | int, trapos_id: str, account: str | None, obj: dict) -> None:
+        factory = self.factory
+        if message_id in self.in_flight:
+            raise _Unread(message_id, f"id {message_id!r} is already in flight on this connection")
+        if len(self.in_flight) >= factory.max_in_flight:
+            self._answer(
+                message_id,
+                error_answer(
+                    503,
+                    wire.OVERLOADED,
+                    f"at most {factory.max_in_flight} requests in flight on one connection",
+                ),
+            )
+            return
+        if self.outbound.paused and self.dropped:
+            # Not reading its answers (some already had no room): start no more work for it.
+            self._answer(message_id, error_answer(503, wire.OVERLOADED, "answers are not read"))
+            return
+        self.dropped = False
+        requests = factory.requests
+        account_id = requests.account(self.operator, trapos_id, account)
+        if type(account_id) is Answer:
+            self._answer(message_id, account_id)
+            return
+        result = requests.send(trapos_id, account_id, obj)
+        if type(result) is Answer:
+            self._answer(message_id, result)
+            return
+        self.in_flight[message_id] = result
+        result.addCallbacks(self._done, self._failed, (message_id,), None, (message_id,))
+
+    def _done(self, answer: Answer, message_id: str | int) -> None:
+        if self.in_flight.pop(message_id, None) is not None:
+            self._answer(message_id, answer)
+
+    def _failed(self, failure: Failure, message_id: str | int) -> None:
+        if self.in_flight.pop(message_id, None) is None:
+            return  # cancelled by our close
+        if failure.check(CancelledError):
+            self._answer(message_id, CANCELLED)
+            return
+        log.failure("a request from {peer} failed", failure, peer=self.peer_address)
+        self._answer(message_id, INTERNAL)
+
+    def _answer(self, message_id: str | int | None, answer: Answer) -> None:
+        self.factory.metrics.operator_socket_request(answer.status)
+        if self.state != WebSocketProtocol.STATE_OPEN:
+            return
+        try:
+            self.outbound.send(encode_answer(message_id, answer))
+        except GatewayError:
+            self.dropped = True
+            log.debug("an answer to {peer} dropped: it is not reading", peer=self.peer_address)
+
+    def who(self) -> str:
+        return f"operator socket from {self.peer_address}"
+
+
+class OperatorSocketFactory(WebSocketServerFactory):
+    """Shared state of all operator WebSocket connections."""
+
+    protocol = OperatorSocket
+
+    def __init__(
+        self,
+        requests: OperatorRequests,
+        clock: IReactorTime,
+        metrics: Metrics,
+        max_in_flight: int = limits.MAX_OPERATOR_IN_FLIGHT,
+        max_queued_bytes: int = limits.MAX_QUEUED_BYTES,
+        stall_timeout: float = limits.STALL_TIMEOUT,
+        auto_ping_interval: float = limits.AUTO_PING_INTERVAL,
+        auto_ping_timeout: float = limits.AUTO_PING_TIMEOUT,
+        max_per_account: int = limits.MAX_OPERATOR_SOCKETS_PER_ACCOUNT,
+    ) -> None:
+        super().__init__()
+        self.requests = requests
+        self.clock = clock
+        self.metrics = metrics
+        self.max_in_flight = max_in_flight
+        self.max_queued_bytes = max_queued_bytes
+        self.stall_timeout = stall_timeout
+        self.connections: set[OperatorSocket] = set()
+        self.max_per_account = max_per_account
+        # Sockets accepted and not yet closed, by account (account tokens only).
+        self.per_account: dict[str, int] = {}
+        self.setProtocolOptions(
+            **server_options(limits.MAX_BODY_BYTES, auto_ping_interval, auto_ping_timeout)
+        )
+
+    def revoke(self, admission: auth.Admission) -> int:
+        """
+        Close (4001) the sockets of account tokens that no longer admit their
+        account, after the accounts file was read again; how many.
+        """
+        closed = 0
+        for connection in list(self.connections):
+            operator = connection.operator
+            if operator is None or operator.admin:
+                continue  # the admin token is not in the accounts file
+            if not admission.token_still_admits(operator.account, connection.authorization):
+                connection.close(wire.CLOSE_UNAUTHORIZED, "unauthorized")
+                closed += 1
+        return closed
+
+    def shutdown(self) -> None:
+        """Close every operator connection with 1000 (their requests are answered first)."""
+        for connection in list(self.connections):
+            connection.close(wire.CLOSE_NORMAL, "server shutting down")
