@@ -159,7 +159,7 @@ class UnitFileTests(SynchronousTestCase):
         )
         # Each one is read by the daemon.
         sources = (
-            open(config.__file__).read() + open(os.path.join(REPO, "trapsandbox", "logs.py")).read()
+            open(config.__file__).read() + open(os.path.join(REPO, "trapsandbox", "ops", "logs.py")).read()
         )
         for name in names:
             self.assertIn(f'"{name}"', sources)
@@ -342,7 +342,7 @@ class SocketActivationTests(TestCase):
         computer = await connect(self, port)
         reply = await computer.hello("sesame", "5:activated")
         self.assertTrue(reply["ok"], reply)
-        await child.wait_for(r"<6>\[trapsandbox\.gateway\] 5:activated connected from")
+        await child.wait_for(r"<6>\[trapsandbox\.computers\.protocol\] 5:activated connected from")
         self.assertIn(f"<6>[trapsandbox.tap] listening on 127.0.0.1:{port}\n", child.output)
 
         url = f"http://127.0.0.1:{port}/computers"
