@@ -158,9 +158,8 @@ class UnitFileTests(SynchronousTestCase):
             },
         )
         # Each one is read by the daemon.
-        sources = (
-            open(config.__file__).read() + open(os.path.join(REPO, "trapsandbox", "ops", "logs.py")).read()
-        )
+        logs = os.path.join(REPO, "trapsandbox", "ops", "logs.py")
+        sources = open(config.__file__).read() + open(logs).read()
         for name in names:
             self.assertIn(f'"{name}"', sources)
 
