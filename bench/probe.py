@@ -252,17 +252,22 @@ async def strangers(port: int, pid: int, connections: int) -> dict[str, Any]:
                 break
     await asyncio.sleep(1)  # let the gateway read what the kernel holds (a figure, not a test)
     peak = proc.rss_bytes(pid)
+    held = 0
     for reader, _ in writers:
         try:
             data = await asyncio.wait_for(reader.read(4096), 0.2)
-        except (TimeoutError, ConnectionError):
+        except TimeoutError:
+            held += 1  # no answer, not closed: the gateway still holds it
+            continue
+        except ConnectionError:
             data = b""
         answered_before_body += data.startswith(b"HTTP/1.1 4")
     for _, writer in writers:
         writer.close()
     return {
         "connections": connections,
-        "refused_before_the_body": answered_before_body,
+        "refusals_read": answered_before_body,
+        "still_held_by_the_gateway": held,
         "rss_before_mb": round(before / 2**20, 1),
         "rss_peak_mb": round(peak / 2**20, 1),
         "rss_growth_mb": round((peak - before) / 2**20, 1),
