@@ -24,7 +24,7 @@ from tests.harness.logcapture import LogCapture
 from trapsandbox import __version__, limits
 from trapsandbox.admission import auth
 from trapsandbox.computers.registry import Registry
-from trapsandbox.mcp import endpoint as mcp
+from trapsandbox.mcp import jsonrpc as mcp
 from trapsandbox.opencode.probe import ProbeResult
 from trapsandbox.ops import ctl
 from trapsandbox.web.app import GatewayApp
