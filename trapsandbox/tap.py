@@ -30,7 +30,8 @@ from trapsandbox.computers.protocol import GatewayFactory
 from trapsandbox.computers.registry import Registry
 from trapsandbox.fast import compat
 from trapsandbox.fast.front import FrontFactory
-from trapsandbox.opencode.asks import Asks, OpencodeClient
+from trapsandbox.opencode.asks import Asks
+from trapsandbox.opencode.client import OpencodeClient
 from trapsandbox.opencode.probe import OpencodeProbe, redact
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.ops.systemd import Notifier

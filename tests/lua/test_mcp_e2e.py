@@ -19,7 +19,7 @@ from tests.harness.opencode import start_opencode
 from tests.harness.processes import REPO, clean_env, spawn
 from tests.harness.support import bounded, reactor
 from tests.lua.test_lua_e2e import GatewayMixin
-from trapsandbox.mcp import endpoint as mcp
+from trapsandbox.mcp import schemas
 from trapsandbox.ops import ctl
 
 TOKEN = "mcp-test-token"
@@ -76,7 +76,7 @@ class SdkClientTests(McpMixin, TestCase):
                 ["call", "run_command", {"command": "ls"}],
             ]
         )
-        self.assertEqual(tools["tools"], [tool["name"] for tool in mcp.TOOLS])
+        self.assertEqual(tools["tools"], [tool["name"] for tool in schemas.TOOLS])
         self.assertFalse(lua["isError"], lua)
         self.assertIn("Returned: 42", lua["text"])
         self.assertEqual(lua["structuredContent"]["returns"], ["42"])

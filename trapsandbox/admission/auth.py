@@ -429,3 +429,16 @@ class Admission:
 
 def _throttled(what: str, wait: float) -> Refusal:
     return Refusal(THROTTLED, f"too many {what} from your address", wait)
+
+
+def bearer_token(authorization: bytes | None) -> bytes | None:
+    """
+    The token of an ``Authorization: Bearer <token>`` header (the scheme in
+    any case, RFC 9110 §11.1; spaces around the token dropped), or None:
+    no header, another scheme, or no token.
+    """
+    scheme, _, token = (authorization or b"").partition(b" ")
+    token = token.strip()
+    if scheme.lower() != b"bearer" or not token:
+        return None
+    return token

@@ -1,6 +1,7 @@
 """
-The opencode side of ``sandbox ask`` (SPEC §11): sessions, prompts and the
-one event stream the whole gateway shares.
+``sandbox ask`` (SPEC §11): a computer's prompt runs as an opencode session,
+its answer streamed back as partials, its permission requests put to the
+player.
 
     computer                      gateway                          opencode
     ask {prompt, new?, yes?}  ->  (first ask of a computer)
@@ -15,501 +16,49 @@ one event stream the whole gateway shares.
     cancel {messageId}        ->  POST /session/S/abort
           <- final {sessionId, text}                               session.idle
 
-Confinement.  opencode keeps one instance per ``directory`` query parameter,
-each with its own MCP connections.  Every computer's sessions live in a
-directory of their own (under ``ask_directory``, made and opened as
-``trapsandbox.state`` says: 0700, ours, never through a symbolic link), whose
-instance is given a ``trapsandbox`` MCP server (``POST /mcp?directory=D``, the
-same name as the operator's, so it replaces it there and the tools keep their
-names) whose bearer token is minted for that computer alone.  ``/mcp`` serves such a
-token with every tool pinned to that computer, whatever ``computer`` the
-model names (``trapsandbox.mcp.endpoint``).  The same block is written to the
-directory's ``opencode.json``, so an instance opencode re-creates reads it
-too.  The session's permission rules deny every other tool (opencode's own
-bash, edit, … act on the host, not on the computer).
+Confinement.  Every computer's sessions live in a directory of its own
+(``directories``) whose opencode instance has a ``trapsandbox`` MCP server
+with the computer's ask token (``tokens``): ``/mcp`` serves such a token with
+every tool pinned to that computer, whatever ``computer`` the model names
+(``trapsandbox.mcp.resolve``).  The session's permission rules deny every
+other tool (``agent``: opencode's own bash, edit, … act on the host, not on
+the computer).
 
 What is remembered per computer (its conversation, its token, whether its
 directory's instance has the block) is bounded per account: past
 ``max_conversations`` the least recently used computer's is forgotten (its
 token stops working; its next ask starts a new session).
 
-The event stream: one ``GET /global/event`` for the whole gateway (``/event``
-carries one directory's instance only; the global stream wraps every
-instance's events as ``{directory, payload}``), opened with the
-first ask and kept, reconnected with backoff (1 s doubling to 30 s) when it
-drops or falls silent past opencode's heartbeat; events are dispatched by
-``sessionID``.  After a reconnect, every running ask asks opencode whether
-its session is still busy (events in the gap are lost) and ends if not.
+Events come from the gateway's one stream (``events``).  After a reconnect,
+every running ask asks opencode whether its session is still busy (events in
+the gap are lost) and ends if not.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import secrets
 from collections.abc import Callable
 from typing import Any
 
 import attrs
-import orjson
-import treq
-from hyperlink import DecodedURL
-from twisted.internet.defer import Deferred, succeed
-from twisted.internet.error import ConnectError, ConnectionRefusedError, DNSLookupError
+from twisted.internet.defer import Deferred, TimeoutError
 from twisted.internet.interfaces import IReactorTime
-from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone, ResponseFailed
 
 from trapsandbox import limits
 from trapsandbox.computers import wire
 from trapsandbox.computers.wire import GatewayError, cut
-from trapsandbox.opencode.probe import redact
+from trapsandbox.opencode.agent import PERMISSION_REPLIES, detail_of, session_rules, system_note
+from trapsandbox.opencode.client import OpencodeClient, opencode_error
+from trapsandbox.opencode.directories import AskDirectories
+from trapsandbox.opencode.events import EventStream
+from trapsandbox.opencode.tokens import AskTokens
 from trapsandbox.ops.metrics import Metrics
-from trapsandbox.state import Unsafe, private_directory, write_private
 
 log = Logger()
 
-# The tools that change the computer: opencode asks the player before each (unless --yes).
-CHANGING_TOOLS = (
-    "trapsandbox_run_command",
-    "trapsandbox_run_lua",
-    "trapsandbox_write_file",
-    "trapsandbox_delete_file",
-)
-READING_TOOLS = (
-    "trapsandbox_list_computers",
-    "trapsandbox_list_files",
-    "trapsandbox_read_file",
-    "trapsandbox_read_screen",
-)
-
-
-def session_rules(yes: bool) -> list[dict[str, str]]:
-    """
-    An ask session's permission rules (the last match wins): nothing but the
-    computer's tools (opencode's own bash, edit, … act on the host); reading
-    is free; a change is asked for unless ``yes``.  (A prompt's ``tools`` map
-    would not do: opencode turns its ``true`` entries into ``allow`` rules that
-    override the session's ``ask``.)
-    """
-    change = "allow" if yes else "ask"
-    return [
-        {"permission": "*", "pattern": "*", "action": "deny"},
-        *({"permission": name, "pattern": "*", "action": "allow"} for name in READING_TOOLS),
-        *({"permission": name, "pattern": "*", "action": change} for name in CHANGING_TOOLS),
-    ]
-
-
-PERMISSION_REPLIES = ("once", "always", "reject")
-MCP_NAME = "trapsandbox"
-
 # Outcomes of an ask (metrics labels).
 ASK_OUTCOMES = ("ok", "cancelled", "timeout", "opencode_error", "run_failed", "disconnected")
-
-
-def opencode_error(message: str) -> GatewayError:
-    return GatewayError(wire.OPENCODE_ERROR, message)
-
-
-# -- Server-sent events ----------------------------------------------------------------
-
-
-class SSEParser:
-    """
-    Bytes of a ``text/event-stream`` in, one decoded JSON object per event out.
-
-    opencode sends ``data:`` lines only; ``event:``, ``id:`` and comments are
-    skipped, data that is not a JSON object is dropped, and so is a line over
-    ``max_line`` bytes.
-    """
-
-    def __init__(
-        self, on_event: Callable[[dict[str, Any]], None], max_line: int = limits.MAX_EVENT_BYTES
-    ) -> None:
-        self._on_event = on_event
-        self._max_line = max_line
-        self._buffer = b""
-        self._data: list[bytes] = []
-        self._skipping = False
-
-    def feed(self, data: bytes) -> None:
-        buffer = self._buffer + data
-        lines = buffer.split(b"\n")
-        self._buffer = lines.pop()
-        if len(self._buffer) > self._max_line:
-            self._buffer = b""
-            self._skipping = True
-        for line in lines:
-            if self._skipping:
-                self._skipping = False  # the end of the overlong line
-                continue
-            self._line(line.removesuffix(b"\r"))
-
-    def _line(self, line: bytes) -> None:
-        if not line:
-            if self._data:
-                data, self._data = b"\n".join(self._data), []
-                self._dispatch(data)
-            return
-        if line.startswith(b"data:"):
-            value = line[5:]
-            self._data.append(value[1:] if value.startswith(b" ") else value)
-
-    def _dispatch(self, data: bytes) -> None:
-        try:
-            event = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return
-        if type(event) is dict:
-            self._on_event(event)
-
-
-# -- HTTP ------------------------------------------------------------------------------
-
-
-def explain(failure: Failure, where: str) -> GatewayError:
-    """A failed exchange with opencode as an ``opencode_error`` a player can act on."""
-    if failure.check(GatewayError):
-        return failure.value
-    if failure.check(ConnectionRefusedError):
-        reason = "connection refused: is opencode running?"
-    elif failure.check(DNSLookupError):
-        reason = "host name not found"
-    elif failure.check(ConnectError):
-        reason = f"cannot connect: {cut(failure.getErrorMessage())}"
-    elif failure.check(ResponseFailed):
-        reason = "the connection closed before a complete answer"
-    else:
-        from twisted.internet.defer import TimeoutError
-
-        if failure.check(TimeoutError):
-            reason = "no answer in time"
-        else:
-            reason = cut(failure.getErrorMessage() or failure.type.__name__)
-    return opencode_error(f"opencode at {where}: {reason}")
-
-
-class OpencodeClient:
-    """opencode's HTTP API as far as ``ask`` needs it; every call is bounded."""
-
-    def __init__(
-        self,
-        http: Any,
-        clock: IReactorTime,
-        url: str,
-        username: str = limits.DEFAULT_OPENCODE_USERNAME,
-        password: str | None = None,
-        timeout: float = limits.ASK_CALL_TIMEOUT,
-    ) -> None:
-        self.http = http
-        self._clock = clock
-        self.url = url.rstrip("/")
-        self.where = redact(self.url)
-        self.auth = (username, password) if password else None
-        self._timeout = timeout
-
-    def target(self, path: str, directory: str | None = None) -> DecodedURL:
-        url = DecodedURL.from_text(self.url + path)
-        return url.add("directory", directory) if directory else url
-
-    def call(
-        self, method: str, path: str, body: Any = None, directory: str | None = None
-    ) -> Deferred:
-        """Fires with the decoded JSON answer (None for an empty one) or an ``opencode_error``."""
-        kwargs: dict[str, Any] = {"auth": self.auth, "allow_redirects": False}
-        if body is not None:
-            kwargs["data"] = orjson.dumps(body)
-            kwargs["headers"] = {b"Content-Type": [b"application/json"]}
-        d = self.http.request(method, self.target(path, directory), **kwargs)
-        d.addCallback(self._read, method, path)
-        d.addTimeout(self._timeout, self._clock)
-        d.addErrback(lambda failure: _fail(explain(failure, self.where)))
-        return d
-
-    def _read(self, response, method: str, path: str) -> Deferred:
-        d = treq.content(response)
-        d.addCallback(self._judge, response, method, path)
-        return d
-
-    def _judge(self, body: bytes, response, method: str, path: str) -> Any:
-        code = response.code
-        if code == 401:
-            raise opencode_error(
-                f"opencode at {self.where} answered 401 Unauthorized: check "
-                "OPENCODE_SERVER_PASSWORD and OPENCODE_SERVER_USERNAME"
-            )
-        if not 200 <= code < 300:
-            raise opencode_error(
-                f"opencode at {self.where} answered HTTP {code} to {method} {cut(path)}"
-                + _detail_of(body)
-            )
-        if not body.strip():
-            return None
-        try:
-            return orjson.loads(body)
-        except orjson.JSONDecodeError:
-            raise opencode_error(
-                f"opencode at {self.where} answered {method} {cut(path)} with something not JSON: "
-                "is OPENCODE_URL an opencode server?"
-            ) from None
-
-    # The calls
-
-    def config(self) -> Deferred:
-        return self.call("GET", "/config")
-
-    def add_mcp(self, directory: str, name: str, server: dict[str, Any]) -> Deferred:
-        return self.call("POST", "/mcp", {"name": name, "config": server}, directory)
-
-    def create_session(
-        self, directory: str, title: str, permission: list[dict[str, str]]
-    ) -> Deferred:
-        return self.call("POST", "/session", {"title": title, "permission": permission}, directory)
-
-    def prompt_async(self, directory: str, session_id: str, text: str, system: str) -> Deferred:
-        body = {"parts": [{"type": "text", "text": text}], "system": system}
-        return self.call("POST", f"/session/{session_id}/prompt_async", body, directory)
-
-    def abort(self, directory: str, session_id: str) -> Deferred:
-        return self.call("POST", f"/session/{session_id}/abort", None, directory)
-
-    def reply_permission(self, directory: str, permission_id: str, reply: str) -> Deferred:
-        return self.call("POST", f"/permission/{permission_id}/reply", {"reply": reply}, directory)
-
-    def message(self, directory: str, session_id: str, message_id: str) -> Deferred:
-        """``{info, parts}`` of one message of a session."""
-        return self.call("GET", f"/session/{session_id}/message/{message_id}", None, directory)
-
-    def statuses(self, directory: str) -> Deferred:
-        """``{sessionID: {type: busy|idle|retry}}`` of the busy sessions."""
-        return self.call("GET", "/session/status", None, directory)
-
-
-def _fail(error: Exception) -> Failure:
-    return Failure(error)
-
-
-def _detail_of(body: bytes) -> str:
-    try:
-        answer = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return ""
-    if isinstance(answer, dict):
-        data = answer.get("data")
-        message = data.get("message") if isinstance(data, dict) else answer.get("message")
-        if isinstance(message, str) and message:
-            return ": " + cut(message)
-    return ""
-
-
-# -- The event stream --------------------------------------------------------------------
-
-
-class _StreamBody(Protocol):
-    def __init__(self, stream: EventStream) -> None:
-        self._stream = stream
-        self.ended: Deferred = Deferred()
-
-    def dataReceived(self, data: bytes) -> None:
-        self._stream.received(data)
-
-    def connectionLost(self, reason: Failure = ResponseDone) -> None:
-        self.ended.callback(None)
-
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.stopProducing()
-
-
-class EventStream:
-    """
-    The one ``GET /global/event`` of the gateway.  ``subscribe(sessionID, listener)``
-    hears that session's events; ``ready()`` fires once connected (or fails
-    with an ``opencode_error``); ``on_reconnect`` listeners run after every
-    reconnection.
-    """
-
-    def __init__(
-        self,
-        client: OpencodeClient,
-        clock: IReactorTime,
-        silence: float = limits.EVENT_SILENCE_TIMEOUT,
-    ) -> None:
-        self._client = client
-        self._clock = clock
-        self._silence = silence
-        self._listeners: dict[str, Callable[[dict[str, Any]], None]] = {}
-        self.on_reconnect: list[Callable[[], None]] = []
-        self.connected = False
-        self.connects = 0
-        self._connecting: Deferred | None = None
-        self._body: _StreamBody | None = None
-        self._waiters: list[Deferred] = []
-        self._retry = None
-        self._watchdog = None
-        self._backoff = limits.EVENT_RECONNECT_MIN
-        self._stopped = False
-        self._parser = SSEParser(self._event)
-
-    def subscribe(self, session_id: str, listener: Callable[[dict[str, Any]], None]):
-        self._listeners[session_id] = listener
-
-        def unsubscribe() -> None:
-            if self._listeners.get(session_id) is listener:
-                del self._listeners[session_id]
-
-        return unsubscribe
-
-    def ready(self) -> Deferred:
-        if self.connected:
-            return succeed(None)
-        d = Deferred()
-        self._waiters.append(d)
-        if self._connecting is None:
-            if self._retry is not None and self._retry.active():
-                self._retry.cancel()
-            self._retry = None
-            self._connect()
-        return d
-
-    def stop(self) -> None:
-        self._stopped = True
-        if self._retry is not None and self._retry.active():
-            self._retry.cancel()
-        self._cancel_watchdog()
-        if self._body is not None:
-            self._body.abort()
-        if self._connecting is not None:
-            self._connecting.cancel()
-
-    def _connect(self) -> None:
-        self._parser = SSEParser(self._event)
-        d = self._client.http.get(
-            self._client.target("/global/event"),
-            auth=self._client.auth,
-            headers={b"Accept": [b"text/event-stream"]},
-            unbuffered=True,
-            allow_redirects=False,
-        )
-        d.addTimeout(limits.OPENCODE_CONNECT_TIMEOUT + limits.PROBE_TIMEOUT, self._clock)
-        self._connecting = d
-        d.addCallbacks(self._opened, self._failed)
-
-    def _opened(self, response) -> None:
-        self._connecting = None
-        if response.code != 200:
-            treq.content(response).addErrback(lambda _: None)
-            if response.code == 401:
-                error = opencode_error(
-                    f"opencode at {self._client.where} answered 401 Unauthorized: check "
-                    "OPENCODE_SERVER_PASSWORD and OPENCODE_SERVER_USERNAME"
-                )
-            else:
-                error = opencode_error(
-                    f"opencode at {self._client.where} answered HTTP {response.code} to GET /event"
-                )
-            self._down(error)
-            return
-        body = _StreamBody(self)
-        self._body = body
-        response.deliverBody(body)
-        body.ended.addCallback(self._ended, body)
-        self.connected = True
-        self.connects += 1
-        self._backoff = limits.EVENT_RECONNECT_MIN
-        self._arm_watchdog()
-        if self.connects > 1:
-            log.info("the opencode event stream is back")
-            for listener in list(self.on_reconnect):
-                try:
-                    listener()
-                except Exception:
-                    log.failure("an event stream reconnect listener failed")
-        waiters, self._waiters = self._waiters, []
-        for d in waiters:
-            d.callback(None)
-
-    def _failed(self, failure: Failure) -> None:
-        self._connecting = None
-        if self._stopped:
-            return
-        self._down(explain(failure, self._client.where))
-
-    def _down(self, error: GatewayError) -> None:
-        waiters, self._waiters = self._waiters, []
-        for d in waiters:
-            d.errback(error)
-        self._schedule()
-
-    def _ended(self, _: None, body: _StreamBody) -> None:
-        if self._body is body:
-            self._body = None
-        self.connected = False
-        self._cancel_watchdog()
-        if not self._stopped:
-            log.info("the opencode event stream ended; reconnecting")
-            self._schedule()
-
-    def _schedule(self) -> None:
-        if self._stopped or (self._retry is not None and self._retry.active()):
-            return
-        delay, self._backoff = (
-            self._backoff,
-            min(self._backoff * 2, limits.EVENT_RECONNECT_MAX),
-        )
-        self._retry = self._clock.callLater(delay, self._reconnect)
-
-    def _reconnect(self) -> None:
-        self._retry = None
-        if self._connecting is None and not self.connected:
-            self._connect()
-
-    def received(self, data: bytes) -> None:
-        self._arm_watchdog()
-        self._parser.feed(data)
-
-    def _arm_watchdog(self) -> None:
-        if self._watchdog is not None and self._watchdog.active():
-            self._watchdog.reset(self._silence)
-        else:
-            self._watchdog = self._clock.callLater(self._silence, self._silent)
-
-    def _cancel_watchdog(self) -> None:
-        if self._watchdog is not None and self._watchdog.active():
-            self._watchdog.cancel()
-        self._watchdog = None
-
-    def _silent(self) -> None:
-        self._watchdog = None
-        log.info("the opencode event stream fell silent; reconnecting")
-        if self._body is not None:
-            self._body.abort()
-
-    def _event(self, event: dict[str, Any]) -> None:
-        # /global/event wraps each instance's event: {directory, payload: {id, type, properties}}.
-        payload = event.get("payload")
-        if type(payload) is dict:
-            event = payload
-        properties = event.get("properties")
-        if type(properties) is not dict:
-            return
-        session_id = properties.get("sessionID")
-        if session_id is None:
-            info = properties.get("info")
-            part = properties.get("part")
-            holder = info if type(info) is dict else part if type(part) is dict else {}
-            session_id = holder.get("sessionID")
-        listener = self._listeners.get(session_id) if type(session_id) is str else None
-        if listener is not None:
-            try:
-                listener(event)
-            except Exception:
-                log.failure("handling an opencode event failed")
-
-
-# -- Asks ------------------------------------------------------------------------------
 
 
 Emit = Callable[[dict[str, Any]], None]
@@ -551,54 +100,6 @@ class Run:
     finished: bool = False
 
 
-def _directory_name(account_id: str, trapos_id: str) -> str:
-    """
-    A computer's ask directory: its number (for a reader of the folder) and a
-    digest of the account and traposId, so neither can put a ``/`` or ``..``
-    into the path.  Not a secret: the parent is 0700.
-    """
-    number = trapos_id.partition(":")[0]
-    if not (number.isascii() and number.isdigit() and len(number) <= 16):
-        number = "x"
-    digest = hashlib.sha256(f"{account_id}\0{trapos_id}".encode()).hexdigest()[:16]
-    return f"{number}-{digest}"
-
-
-def system_note(trapos_id: str, capabilities: frozenset[str]) -> str:
-    allowed = ", ".join(sorted(capabilities)) or "nothing yet"
-    return (
-        f"You are talking to the player at the ComputerCraft computer {trapos_id} (CraftOS, "
-        "Lua 5.2, in a Minecraft world); your answer is shown on its small terminal, so keep "
-        f"it short and plain. The trapsandbox_* tools act on this computer (computer = "
-        f'"{trapos_id}") and only on it. Its player allowed: {allowed}; a tool that needs '
-        'more says so, and the player can run "sandbox allow CAP" on the computer. The '
-        "player is asked before each change you make and may refuse it."
-    )
-
-
-def detail_of(tool: str, arguments: Any) -> str:
-    """What a permission prompt shows: the command line, the first lines of code, the path."""
-    if type(arguments) is not dict:
-        arguments = {}
-    short = tool.removeprefix(MCP_NAME + "_")
-    if short == "run_command":
-        args = arguments.get("args")
-        words = [str(arguments.get("command", "?"))]
-        if isinstance(args, list):
-            words += [str(a) for a in args]
-        text = " ".join(words)
-    elif short == "run_lua":
-        text = "\n".join(str(arguments.get("code", "")).splitlines()[:3])
-    elif "path" in arguments:
-        text = str(arguments["path"])
-        if short == "write_file" and isinstance(arguments.get("content"), str):
-            text += f" ({len(arguments['content'].encode('utf-8', 'surrogatepass'))} bytes)"
-    else:
-        text = orjson.dumps(arguments).decode()
-    limit = limits.PERMISSION_DETAIL_CHARS
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 class Asks:
     """Every computer's opencode session and its ask: what ``ask``, ``cancel`` and
     ``ask_permission`` do."""
@@ -611,6 +112,7 @@ class Asks:
         *,
         directory: str,
         stream: EventStream | None = None,
+        tokens: AskTokens | None = None,
         timeout: float = limits.ASK_TIMEOUT,
         max_conversations: int = limits.MAX_ASK_CONVERSATIONS,
     ) -> None:
@@ -618,38 +120,18 @@ class Asks:
         self._clock = clock
         self._metrics = Metrics() if metrics is None else metrics
         self._metrics.ask_labels(ASK_OUTCOMES)
-        # A private directory (``state.prepare``, at start).  opencode resolves a
-        # relative directory against its own working directory: give it an absolute one.
-        self.root = os.path.abspath(directory)
         self.stream = EventStream(client, clock) if stream is None else stream
         self.stream.on_reconnect.append(self._reconnected)
+        # ``/mcp`` looks an ask's token up here (``tokens.scope_of``).
+        self.tokens = AskTokens() if tokens is None else tokens
+        self.directories = AskDirectories(directory, client, self.tokens)
         self._timeout = timeout
         self._max_conversations = max_conversations
         # account -> its computers' traposIds, the least recently asked first.
         self._recent: dict[str, dict[str, None]] = {}
-        self._tokens: dict[str, tuple[str, str]] = {}  # sha256(token) -> (account, traposId)
-        self._token_of: dict[tuple[str, str], str] = {}
-        self._scoped: set[tuple[str, str]] = set()  # computers whose instance has our MCP block
         self.conversations: dict[tuple[str, str], Conversation] = {}
         self.runs: dict[tuple[str, str], Run] = {}
         self._by_permission: dict[str, Run] = {}
-
-    # -- Scoped MCP tokens -------------------------------------------------------------
-
-    def scope_of(self, authorization: bytes | None) -> tuple[str, str] | None:
-        """The (account, traposId) an ``Authorization`` header's ask token is for, or None."""
-        if not authorization or not authorization.startswith(b"Bearer "):
-            return None
-        digest = hashlib.sha256(authorization[7:].strip()).hexdigest()
-        return self._tokens.get(digest)
-
-    def _token(self, key: tuple[str, str]) -> str:
-        token = self._token_of.get(key)
-        if token is None:
-            token = "ask-" + secrets.token_urlsafe(32)
-            self._token_of[key] = token
-            self._tokens[hashlib.sha256(token.encode()).hexdigest()] = key
-        return token
 
     # -- Remembered per computer, bounded per account ------------------------------------
 
@@ -670,10 +152,8 @@ class Asks:
     def _forget(self, key: tuple[str, str]) -> None:
         """Drop what is kept for ``key``: its session id, its token (revoked), its block's mark."""
         self.conversations.pop(key, None)
-        token = self._token_of.pop(key, None)
-        if token is not None:
-            self._tokens.pop(hashlib.sha256(token.encode()).hexdigest(), None)
-        self._scoped.discard(key)
+        self.tokens.revoke(key)
+        self.directories.forget(key)
         log.info(
             "forgot the ask conversation of {traposId} (account {account}): the account's "
             "{bound} most recently asked computers are kept",
@@ -681,59 +161,6 @@ class Asks:
             account=cut(key[0]),
             bound=self._max_conversations,
         )
-
-    def _directory(self, key: tuple[str, str]) -> str:
-        """The computer's ask directory, made or checked (``private_directory``)."""
-        name = _directory_name(*key)
-        try:
-            with private_directory(self.root, name):
-                pass
-        except (Unsafe, OSError) as error:
-            raise self._unsafe(os.path.join(self.root, name), error) from None
-        return os.path.join(self.root, name)
-
-    def _unsafe(self, path: str, error: Exception) -> GatewayError:
-        reason = str(error) if isinstance(error, Unsafe) else error.strerror or str(error)
-        log.error("the ask directory {path} is not usable: {reason}", path=path, reason=reason)
-        return opencode_error(
-            f"the gateway's ask directory for this computer is not usable ({cut(reason)}); "
-            "the operator must remove or fix it"
-        )
-
-    async def _scope(self, key: tuple[str, str], directory: str) -> None:
-        """Give ``directory``'s opencode instance a ``trapsandbox`` MCP block for this computer."""
-        if key in self._scoped:
-            return
-        config = await self._client.config()
-        servers = config.get("mcp") if isinstance(config, dict) else None
-        server = servers.get(MCP_NAME) if isinstance(servers, dict) else None
-        if not isinstance(server, dict) or not isinstance(server.get("url"), str):
-            log.warn(
-                "opencode has no {name!r} MCP server configured: asks get no tools "
-                "(trapsandbox-ctl opencode-config prints the block)",
-                name=MCP_NAME,
-            )
-            self._scoped.add(key)
-            return
-        headers = server.get("headers") if isinstance(server.get("headers"), dict) else {}
-        headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
-        headers["Authorization"] = f"Bearer {self._token(key)}"
-        scoped = {
-            "type": "remote",
-            "url": server["url"],
-            "oauth": False,
-            "headers": headers,
-            # Not the operator's: opencode cuts a tool call at it (limits.ASK_MCP_TIMEOUT_MS).
-            "timeout": limits.ASK_MCP_TIMEOUT_MS,
-        }
-        name = os.path.basename(directory)
-        try:
-            with private_directory(self.root, name) as fd:
-                write_private(fd, "opencode.json", orjson.dumps({"mcp": {MCP_NAME: scoped}}))
-        except (Unsafe, OSError) as error:
-            raise self._unsafe(os.path.join(directory, "opencode.json"), error) from None
-        await self._client.add_mcp(directory, MCP_NAME, scoped)
-        self._scoped.add(key)
 
     # -- ask ---------------------------------------------------------------------------
 
@@ -786,8 +213,6 @@ class Asks:
             self._finish(placeholder, None, "opencode_error")
             if failure.check(GatewayError):
                 raise
-            from twisted.internet.defer import TimeoutError
-
             if failure.check(TimeoutError):
                 raise opencode_error(
                     f"opencode at {self._client.where}: its event stream did not open"
@@ -800,8 +225,8 @@ class Asks:
         conversation = self.conversations.get(key)
         if conversation is not None and not new and conversation.yes == yes:
             return conversation
-        directory = self._directory(key)
-        await self._scope(key, directory)
+        directory = self.directories.directory(key)
+        await self.directories.scope(key, directory)
         rules = session_rules(yes)
         session = await self._client.create_session(directory, key[1], rules)
         if not isinstance(session, dict) or type(session.get("id")) is not str:

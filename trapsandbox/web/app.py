@@ -702,7 +702,7 @@ class GatewayApp:
     def _ask_scope(self, request: IRequest) -> tuple[str, str] | None:
         if self._asks is None:
             return None
-        return self._asks.scope_of(request.getHeader(b"authorization"))
+        return self._asks.tokens.scope_of(request.getHeader(b"authorization"))
 
     def _operator(self, request: IRequest) -> auth.Operator | bytes:
         """

@@ -1,0 +1,97 @@
+"""
+Each asking computer's opencode directory (``opencode.directories``): private,
+never through a link, plainly named, and given the computer's MCP block.
+"""
+
+import os
+import stat
+
+import orjson
+from twisted.trial.unittest import SynchronousTestCase
+
+from tests.harness.logcapture import LogCapture
+from tests.unit.opencode.helpers import AskTestsMixin
+from trapsandbox import limits
+from trapsandbox.computers import wire
+from trapsandbox.computers.wire import GatewayError
+from trapsandbox.opencode.directories import directory_name
+
+
+class AskDirectoryTests(AskTestsMixin, SynchronousTestCase):
+    """Each computer's directory is the gateway's own (SPEC §11, issue 19 finding 4)."""
+
+    def directory(self, account="local", trapos="1:a"):
+        return os.path.join(self.root, directory_name(account, trapos))
+
+    def refused(self, reason):
+        captured = LogCapture(self)
+        d = self.ask()
+        error = self.failureResultOf(d, GatewayError).value
+        self.assertEqual(error.code, wire.OPENCODE_ERROR)
+        self.assertIn("ask directory for this computer is not usable", error.message)
+        self.assertIn(reason, error.message)
+        self.assertEqual(self.outcome("opencode_error"), 1)
+        self.assertNotIn("/session", self.http.paths("POST"))  # no session, no prompt
+        self.assertNotIn("/mcp", self.http.paths("POST"))
+        self.assertTrue(
+            [t for t in captured.errors() if self.directory() in t and reason in t],
+            captured.texts(),
+        )
+        self.assertNotIn(("local", "1:a"), self.asks.runs)  # the computer may ask again
+        return error
+
+    def test_the_directory_and_opencode_json_are_private(self):
+        self.ask()
+        path = self.directory()
+        self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o700)
+        self.assertEqual(stat.S_IMODE(os.stat(os.path.join(path, "opencode.json")).st_mode), 0o600)
+
+    def test_a_planted_symbolic_link_at_opencode_json_is_refused_and_its_target_untouched(self):
+        victim = os.path.abspath(self.mktemp())
+        with open(victim, "wb") as f:
+            f.write(b"the gateway user's file")
+        os.mkdir(self.directory(), 0o700)
+        os.symlink(victim, os.path.join(self.directory(), "opencode.json"))
+        self.refused("a symbolic link")
+        with open(victim, "rb") as f:
+            self.assertEqual(f.read(), b"the gateway user's file")
+
+    def test_a_directory_writable_by_others_is_refused(self):
+        os.mkdir(self.directory())
+        os.chmod(self.directory(), 0o777)
+        self.refused("writable by group or others")
+        self.assertEqual(os.listdir(self.directory()), [])  # no token left in it
+
+    def test_another_users_directory_is_refused(self):
+        if os.geteuid() != 0:
+            self.skipTest("only root can give a directory to another user")
+        os.mkdir(self.directory(), 0o700)
+        os.chown(self.directory(), 65534, 65534)
+        self.refused("belongs to another user")
+
+    def test_a_symbolic_link_for_the_directory_is_refused(self):
+        elsewhere = os.path.abspath(self.mktemp())
+        os.mkdir(elsewhere, 0o700)
+        os.symlink(elsewhere, self.directory())
+        self.refused("a symbolic link")
+        self.assertEqual(os.listdir(elsewhere), [])
+
+    def test_names_are_plain_whatever_the_traposid_and_account(self):
+        for account, trapos in (("local", "../../x:.."), ("a/../../b", "7:a/b"), ("x", "7:..")):
+            name = directory_name(account, trapos)
+            self.assertNotIn("/", name)
+            self.assertNotIn("..", name)
+        self.assertTrue(directory_name("local", "7:base").startswith("7-"))
+
+    def test_the_mcp_block_outlasts_the_longest_tool_call(self):
+        # Issue 26: the operator's block may say 5000 ms; opencode would cut calls at 5.5 s.
+        self.http.answers[("GET", "/config")] = {
+            "mcp": {"trapsandbox": {"type": "remote", "url": "http://gw/mcp", "timeout": 5000}}
+        }
+        self.ask()
+        (mcp,) = [c for c in self.http.calls if c[:2] == ("POST", "/mcp")]
+        timeout = mcp[3]["config"]["timeout"]
+        self.assertEqual(timeout, limits.ASK_MCP_TIMEOUT_MS)
+        self.assertGreaterEqual(timeout, (limits.MCP_CALL_TIMEOUT + 5) * 1000)
+        with open(os.path.join(self.directory(), "opencode.json"), "rb") as f:
+            self.assertEqual(orjson.loads(f.read())["mcp"]["trapsandbox"]["timeout"], timeout)

@@ -1,0 +1,52 @@
+"""
+The checks of a tool's arguments (SPEC §10): a value a tool cannot use is a
+``ToolError`` ``invalid_arguments`` whose text says what to send instead, so
+the model can correct itself.  (The JSON Schemas in ``schemas`` say the same
+to a client beforehand; a model does not always follow them.)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from trapsandbox import limits
+from trapsandbox.computers import wire
+from trapsandbox.mcp.results import INVALID_ARGUMENTS, ToolError
+
+
+def string(arguments: dict[str, Any], name: str, empty: bool = False) -> str:
+    value = arguments.get(name)
+    if type(value) is not str or (not empty and not value):
+        raise ToolError(INVALID_ARGUMENTS, f"{name} is required: a non-empty string")
+    return value
+
+
+def strings(arguments: dict[str, Any], name: str) -> list[str]:
+    try:
+        value = arguments.get(name)
+        return [] if value is None else wire.string_list(value)
+    except TypeError:
+        raise ToolError(INVALID_ARGUMENTS, f"{name} must be a list of strings") from None
+
+
+def run_seconds(arguments: dict[str, Any]) -> float:
+    value = arguments.get("timeoutSeconds")
+    if value is None:
+        return limits.DEFAULT_RUN_TIMEOUT_MS / 1000
+    if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+        raise ToolError(INVALID_ARGUMENTS, "timeoutSeconds must be a number of seconds above 0")
+    # A longer run would outlive the call: run it as long as a call may take.
+    return min(float(value), limits.MCP_MAX_RUN_SECONDS)
+
+
+def file_content(arguments: dict[str, Any]) -> bytes:
+    """``content`` as the file's bytes (UTF-8), within what one call may write."""
+    data = string(arguments, "content", empty=True).encode("utf-8", "surrogatepass")
+    if len(data) > limits.MAX_FILE_BYTES:
+        raise ToolError(
+            wire.TOO_LARGE,
+            f"content is {len(data)} bytes; at most {limits.MAX_FILE_BYTES} can be written "
+            "in one call (and the disk holds about 1 MB)",
+        )
+    return data

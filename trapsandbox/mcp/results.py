@@ -1,0 +1,61 @@
+"""
+What a tool call ends as (SPEC §10): an MCP ``CallToolResult`` (the text a
+model reads, the structured answer, ``isError``) and its outcome, a bounded
+metrics label.  Every failure the model can correct, or that happened on the
+computer's side, is a ``ToolError``: an ``isError`` result, not a JSON-RPC
+error (the 2025-11-25 split, SEP-1303).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trapsandbox.computers import wire
+
+# Outcomes of a tool call besides ok and the computer's error codes (bounded labels).
+AMBIGUOUS = "ambiguous"
+INVALID_ARGUMENTS = "invalid_arguments"
+LUA_ERROR = "lua_error"
+# Every outcome a call can have: a computer's error code is counted only if it is one of ours.
+OUTCOMES = frozenset(
+    {
+        "ok",
+        AMBIGUOUS,
+        INVALID_ARGUMENTS,
+        LUA_ERROR,
+        wire.FORBIDDEN,
+        wire.NOT_CONNECTED,
+        wire.TIMEOUT,
+        wire.FS_ERROR,
+        wire.TOO_LARGE,
+        wire.OVERLOADED,
+        wire.BAD_REQUEST,
+        wire.UNKNOWN_TYPE,
+        wire.CANCELLED,
+        wire.INTERNAL,
+    }
+)
+
+
+class ToolError(Exception):
+    """A tool call that ends as an ``isError`` result: an outcome and what to tell the model."""
+
+    def __init__(self, outcome: str, text: str) -> None:
+        super().__init__(text)
+        self.outcome = outcome
+        self.text = text
+
+
+def result(text: str, structured: dict[str, Any] | None, error: bool = False) -> dict[str, Any]:
+    """A ``CallToolResult``: ``text`` for the model, ``structured`` for a program."""
+    answer: dict[str, Any] = {"content": [{"type": "text", "text": text}]}
+    if structured is not None:
+        answer["structuredContent"] = structured
+    if error:
+        answer["isError"] = True
+    return answer
+
+
+def failed(error: ToolError) -> dict[str, Any]:
+    """The ``isError`` result of ``error``."""
+    return result(error.text, {"ok": False, "code": error.outcome}, error=True)

@@ -1,0 +1,173 @@
+"""
+The tools as a client lists them (``tools/list``, SPEC §10): each one's name,
+title, description and JSON Schema of its arguments.  The descriptions are
+what a model learns the tools from; change them here, and the tools' bodies
+(``tools``) when a tool's arguments change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trapsandbox import limits
+
+_COMPUTER = {
+    "type": "string",
+    "description": (
+        'Which computer: its traposId ("7:base"), its bare computer id ("7") or its label '
+        '("base") when that is unique among the connected computers. Omit it when exactly '
+        "one computer is connected. list_computers shows them."
+    ),
+}
+_PATH_HELP = (
+    "A CraftOS path, absolute from / (e.g. /startup.lua, /data/notes.txt); /rom is the "
+    "read-only system folder; the computer's disk holds about 1 MB in all."
+)
+
+
+def _allow(capability: str) -> str:
+    return (
+        f'The player must have allowed it on that computer with "sandbox allow {capability}" '
+        "(otherwise the call fails and says so)."
+    )
+
+
+def _schema(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {"computer": _COMPUTER, **properties},
+        "additionalProperties": False,
+    }
+    if required:
+        schema["required"] = list(required)
+    return schema
+
+
+_TIMEOUT = {
+    "type": "number",
+    "exclusiveMinimum": 0,
+    "maximum": limits.MCP_MAX_RUN_SECONDS,
+    "description": (
+        f"Seconds before the run is stopped (default {limits.DEFAULT_RUN_TIMEOUT_MS // 1000}, "
+        f"at most {limits.MCP_MAX_RUN_SECONDS:g}); you then get its output so far."
+    ),
+}
+_PATH = {"type": "string", "minLength": 1, "description": _PATH_HELP}
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "name": "list_computers",
+        "title": "List the connected computers",
+        "description": (
+            "List the ComputerCraft computers connected to this gateway: each one's traposId "
+            "(id:label), id, label and the capabilities its player allowed (exec, eval, "
+            "fs.read, fs.write, screen). Call it first to learn what the computer argument "
+            "of the other tools can be."
+        ),
+        "inputSchema": {"type": "object", "properties": {}, "additionalProperties": False},
+        "annotations": {"readOnlyHint": True},
+    },
+    {
+        "name": "run_command",
+        "title": "Run a program on a computer",
+        "description": (
+            "Run a CraftOS program on a computer as its shell would (e.g. command "
+            '"ls" with args ["/"], or "/programs/mine.lua"), and get its output and exit '
+            "code (0: it finished without error; 1: it failed or was not found). The "
+            "program gets no keyboard input: one that waits for a key times out. " + _allow("exec")
+        ),
+        "inputSchema": _schema(
+            {
+                "command": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "The program: a name on the shell path or a CraftOS path.",
+                },
+                "args": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "Its arguments, one string each.",
+                },
+                "timeoutSeconds": _TIMEOUT,
+            },
+            ("command",),
+        ),
+    },
+    {
+        "name": "run_lua",
+        "title": "Run Lua code on a computer",
+        "description": (
+            'Run a chunk of Lua on a computer (e.g. "return 6*7" or statements using '
+            "turtle, redstone, peripheral, fs, os) with the computer's globals, and get its "
+            "return values (each rendered with textutils.serialize), what it printed, or its "
+            "compile or runtime error. " + _allow("eval")
+        ),
+        "inputSchema": _schema(
+            {
+                "code": {"type": "string", "minLength": 1, "description": "The Lua chunk."},
+                "timeoutSeconds": _TIMEOUT,
+            },
+            ("code",),
+        ),
+    },
+    {
+        "name": "list_files",
+        "title": "List a folder on a computer",
+        "description": (
+            "List the files and folders in a folder of a computer, with their sizes and "
+            "whether they are read-only. " + _PATH_HELP + " " + _allow("fs.read")
+        ),
+        "inputSchema": _schema({"path": _PATH}, ("path",)),
+        "annotations": {"readOnlyHint": True},
+    },
+    {
+        "name": "read_file",
+        "title": "Read a file on a computer",
+        "description": (
+            "Read a file of a computer (up to 1 MiB). The text is the file's bytes as UTF-8 "
+            "when they are valid UTF-8, otherwise base64, and the result says which. "
+            + _PATH_HELP
+            + " "
+            + _allow("fs.read")
+        ),
+        "inputSchema": _schema({"path": _PATH}, ("path",)),
+        "annotations": {"readOnlyHint": True},
+    },
+    {
+        "name": "write_file",
+        "title": "Write a file on a computer",
+        "description": (
+            "Create or replace a file of a computer with the given text (written as UTF-8; "
+            "missing folders are created; the file is replaced whole or not at all; up to "
+            "1 MiB). " + _PATH_HELP + " " + _allow("fs.write")
+        ),
+        "inputSchema": _schema(
+            {
+                "path": _PATH,
+                "content": {"type": "string", "description": "The file's whole new text."},
+            },
+            ("path", "content"),
+        ),
+    },
+    {
+        "name": "delete_file",
+        "title": "Delete a file on a computer",
+        "description": "Delete a file or folder of a computer. "
+        + _PATH_HELP
+        + " "
+        + _allow("fs.write"),
+        "inputSchema": _schema({"path": _PATH}, ("path",)),
+        "annotations": {"destructiveHint": True},
+    },
+    {
+        "name": "read_screen",
+        "title": "Read a computer's screen",
+        "description": (
+            "Read the text on a computer's terminal screen, line by line, with its size and "
+            "the cursor position. " + _allow("screen")
+        ),
+        "inputSchema": _schema({}),
+        "annotations": {"readOnlyHint": True},
+    },
+]
+TOOL_NAMES = frozenset(tool["name"] for tool in TOOLS)

@@ -1,0 +1,112 @@
+"""
+Each asking computer's private opencode directory (SPEC §11).
+
+opencode keeps one instance per ``directory`` query parameter, each with its
+own MCP connections.  Every computer's sessions live in a directory of their
+own under the ask directory (made and opened as ``trapsandbox.state`` says:
+0700, ours, never through a symbolic link), whose instance is given a
+``trapsandbox`` MCP server (``POST /mcp?directory=D``, the same name as the
+operator's, so it replaces it there and the tools keep their names) whose
+bearer token is the computer's ask token (``tokens``).  The same block is
+written to the directory's ``opencode.json``, so an instance opencode
+re-creates reads it too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import orjson
+from twisted.logger import Logger
+
+from trapsandbox import limits
+from trapsandbox.computers.wire import GatewayError, cut
+from trapsandbox.opencode.agent import MCP_NAME
+from trapsandbox.opencode.client import OpencodeClient, opencode_error
+from trapsandbox.opencode.tokens import AskTokens, Key
+from trapsandbox.state import Unsafe, private_directory, write_private
+
+log = Logger()
+
+
+def directory_name(account_id: str, trapos_id: str) -> str:
+    """
+    A computer's ask directory: its number (for a reader of the folder) and a
+    digest of the account and traposId, so neither can put a ``/`` or ``..``
+    into the path.  Not a secret: the parent is 0700.
+    """
+    number = trapos_id.partition(":")[0]
+    if not (number.isascii() and number.isdigit() and len(number) <= 16):
+        number = "x"
+    digest = hashlib.sha256(f"{account_id}\0{trapos_id}".encode()).hexdigest()[:16]
+    return f"{number}-{digest}"
+
+
+class AskDirectories:
+    """The computers' directories under ``root``, and which have their MCP block."""
+
+    def __init__(self, root: str, client: OpencodeClient, tokens: AskTokens) -> None:
+        # A private directory (``state.prepare``, at start).  opencode resolves a
+        # relative directory against its own working directory: give it an absolute one.
+        self.root = os.path.abspath(root)
+        self._client = client
+        self._tokens = tokens
+        self._scoped: set[Key] = set()  # computers whose instance has our MCP block
+
+    def directory(self, key: Key) -> str:
+        """The computer's ask directory, made or checked (``private_directory``)."""
+        name = directory_name(*key)
+        try:
+            with private_directory(self.root, name):
+                pass
+        except (Unsafe, OSError) as error:
+            raise self._unsafe(os.path.join(self.root, name), error) from None
+        return os.path.join(self.root, name)
+
+    def forget(self, key: Key) -> None:
+        """The computer's instance is to be given its block again (a new token) if it asks."""
+        self._scoped.discard(key)
+
+    async def scope(self, key: Key, directory: str) -> None:
+        """Give ``directory``'s opencode instance a ``trapsandbox`` MCP block for this computer."""
+        if key in self._scoped:
+            return
+        config = await self._client.config()
+        servers = config.get("mcp") if isinstance(config, dict) else None
+        server = servers.get(MCP_NAME) if isinstance(servers, dict) else None
+        if not isinstance(server, dict) or not isinstance(server.get("url"), str):
+            log.warn(
+                "opencode has no {name!r} MCP server configured: asks get no tools "
+                "(trapsandbox-ctl opencode-config prints the block)",
+                name=MCP_NAME,
+            )
+            self._scoped.add(key)
+            return
+        headers = server.get("headers") if isinstance(server.get("headers"), dict) else {}
+        headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+        headers["Authorization"] = f"Bearer {self._tokens.token(key)}"
+        scoped = {
+            "type": "remote",
+            "url": server["url"],
+            "oauth": False,
+            "headers": headers,
+            # Not the operator's: opencode cuts a tool call at it (limits.ASK_MCP_TIMEOUT_MS).
+            "timeout": limits.ASK_MCP_TIMEOUT_MS,
+        }
+        name = os.path.basename(directory)
+        try:
+            with private_directory(self.root, name) as fd:
+                write_private(fd, "opencode.json", orjson.dumps({"mcp": {MCP_NAME: scoped}}))
+        except (Unsafe, OSError) as error:
+            raise self._unsafe(os.path.join(directory, "opencode.json"), error) from None
+        await self._client.add_mcp(directory, MCP_NAME, scoped)
+        self._scoped.add(key)
+
+    def _unsafe(self, path: str, error: Exception) -> GatewayError:
+        reason = str(error) if isinstance(error, Unsafe) else error.strerror or str(error)
+        log.error("the ask directory {path} is not usable: {reason}", path=path, reason=reason)
+        return opencode_error(
+            f"the gateway's ask directory for this computer is not usable ({cut(reason)}); "
+            "the operator must remove or fix it"
+        )

@@ -1,0 +1,227 @@
+"""
+The one opencode event stream of the gateway (SPEC §11): ``GET /global/event``
+(``/event`` carries one directory's instance only; the global stream wraps
+every instance's events as ``{directory, payload}``), opened with the first
+ask and kept, reconnected with backoff (1 s doubling to 30 s) when it drops
+or falls silent past opencode's heartbeat; events are dispatched by
+``sessionID`` to their session's subscriber.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import treq
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.protocol import Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone
+
+from trapsandbox import limits
+from trapsandbox.computers.wire import GatewayError
+from trapsandbox.opencode.client import OpencodeClient, explain, opencode_error, unauthorized
+from trapsandbox.opencode.sse import SSEParser
+
+log = Logger()
+
+
+class _StreamBody(Protocol):
+    def __init__(self, stream: EventStream) -> None:
+        self._stream = stream
+        self.ended: Deferred = Deferred()
+
+    def dataReceived(self, data: bytes) -> None:
+        self._stream.received(data)
+
+    def connectionLost(self, reason: Failure = ResponseDone) -> None:
+        self.ended.callback(None)
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.stopProducing()
+
+
+class EventStream:
+    """
+    The one ``GET /global/event`` of the gateway.  ``subscribe(sessionID, listener)``
+    hears that session's events; ``ready()`` fires once connected (or fails
+    with an ``opencode_error``); ``on_reconnect`` listeners run after every
+    reconnection.
+    """
+
+    def __init__(
+        self,
+        client: OpencodeClient,
+        clock: IReactorTime,
+        silence: float = limits.EVENT_SILENCE_TIMEOUT,
+    ) -> None:
+        self._client = client
+        self._clock = clock
+        self._silence = silence
+        self._listeners: dict[str, Callable[[dict[str, Any]], None]] = {}
+        self.on_reconnect: list[Callable[[], None]] = []
+        self.connected = False
+        self.connects = 0
+        self._connecting: Deferred | None = None
+        self._body: _StreamBody | None = None
+        self._waiters: list[Deferred] = []
+        self._retry = None
+        self._watchdog = None
+        self._backoff = limits.EVENT_RECONNECT_MIN
+        self._stopped = False
+        self._parser = SSEParser(self._event)
+
+    def subscribe(self, session_id: str, listener: Callable[[dict[str, Any]], None]):
+        self._listeners[session_id] = listener
+
+        def unsubscribe() -> None:
+            if self._listeners.get(session_id) is listener:
+                del self._listeners[session_id]
+
+        return unsubscribe
+
+    def ready(self) -> Deferred:
+        if self.connected:
+            return succeed(None)
+        d = Deferred()
+        self._waiters.append(d)
+        if self._connecting is None:
+            if self._retry is not None and self._retry.active():
+                self._retry.cancel()
+            self._retry = None
+            self._connect()
+        return d
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+        self._cancel_watchdog()
+        if self._body is not None:
+            self._body.abort()
+        if self._connecting is not None:
+            self._connecting.cancel()
+
+    def _connect(self) -> None:
+        self._parser = SSEParser(self._event)
+        d = self._client.http.get(
+            self._client.target("/global/event"),
+            auth=self._client.auth,
+            headers={b"Accept": [b"text/event-stream"]},
+            unbuffered=True,
+            allow_redirects=False,
+        )
+        d.addTimeout(limits.OPENCODE_CONNECT_TIMEOUT + limits.PROBE_TIMEOUT, self._clock)
+        self._connecting = d
+        d.addCallbacks(self._opened, self._failed)
+
+    def _opened(self, response) -> None:
+        self._connecting = None
+        if response.code != 200:
+            treq.content(response).addErrback(lambda _: None)
+            if response.code == 401:
+                error = unauthorized(self._client.where)
+            else:
+                error = opencode_error(
+                    f"opencode at {self._client.where} answered HTTP {response.code} to GET /event"
+                )
+            self._down(error)
+            return
+        body = _StreamBody(self)
+        self._body = body
+        response.deliverBody(body)
+        body.ended.addCallback(self._ended, body)
+        self.connected = True
+        self.connects += 1
+        self._backoff = limits.EVENT_RECONNECT_MIN
+        self._arm_watchdog()
+        if self.connects > 1:
+            log.info("the opencode event stream is back")
+            for listener in list(self.on_reconnect):
+                try:
+                    listener()
+                except Exception:
+                    log.failure("an event stream reconnect listener failed")
+        waiters, self._waiters = self._waiters, []
+        for d in waiters:
+            d.callback(None)
+
+    def _failed(self, failure: Failure) -> None:
+        self._connecting = None
+        if self._stopped:
+            return
+        self._down(explain(failure, self._client.where))
+
+    def _down(self, error: GatewayError) -> None:
+        waiters, self._waiters = self._waiters, []
+        for d in waiters:
+            d.errback(error)
+        self._schedule()
+
+    def _ended(self, _: None, body: _StreamBody) -> None:
+        if self._body is body:
+            self._body = None
+        self.connected = False
+        self._cancel_watchdog()
+        if not self._stopped:
+            log.info("the opencode event stream ended; reconnecting")
+            self._schedule()
+
+    def _schedule(self) -> None:
+        if self._stopped or (self._retry is not None and self._retry.active()):
+            return
+        delay, self._backoff = (
+            self._backoff,
+            min(self._backoff * 2, limits.EVENT_RECONNECT_MAX),
+        )
+        self._retry = self._clock.callLater(delay, self._reconnect)
+
+    def _reconnect(self) -> None:
+        self._retry = None
+        if self._connecting is None and not self.connected:
+            self._connect()
+
+    def received(self, data: bytes) -> None:
+        self._arm_watchdog()
+        self._parser.feed(data)
+
+    def _arm_watchdog(self) -> None:
+        if self._watchdog is not None and self._watchdog.active():
+            self._watchdog.reset(self._silence)
+        else:
+            self._watchdog = self._clock.callLater(self._silence, self._silent)
+
+    def _cancel_watchdog(self) -> None:
+        if self._watchdog is not None and self._watchdog.active():
+            self._watchdog.cancel()
+        self._watchdog = None
+
+    def _silent(self) -> None:
+        self._watchdog = None
+        log.info("the opencode event stream fell silent; reconnecting")
+        if self._body is not None:
+            self._body.abort()
+
+    def _event(self, event: dict[str, Any]) -> None:
+        # /global/event wraps each instance's event: {directory, payload: {id, type, properties}}.
+        payload = event.get("payload")
+        if type(payload) is dict:
+            event = payload
+        properties = event.get("properties")
+        if type(properties) is not dict:
+            return
+        session_id = properties.get("sessionID")
+        if session_id is None:
+            info = properties.get("info")
+            part = properties.get("part")
+            holder = info if type(info) is dict else part if type(part) is dict else {}
+            session_id = holder.get("sessionID")
+        listener = self._listeners.get(session_id) if type(session_id) is str else None
+        if listener is not None:
+            try:
+                listener(event)
+            except Exception:
+                log.failure("handling an opencode event failed")

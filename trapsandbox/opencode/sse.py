@@ -1,0 +1,64 @@
+"""
+Server-sent events (``text/event-stream``) as opencode sends them: bytes in,
+one decoded JSON object per event out.  Bounded: a line over
+``MAX_EVENT_BYTES`` is dropped, so a stream cannot grow the buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from trapsandbox import limits
+
+
+class SSEParser:
+    """
+    Bytes of a ``text/event-stream`` in, one decoded JSON object per event out.
+
+    opencode sends ``data:`` lines only; ``event:``, ``id:`` and comments are
+    skipped, data that is not a JSON object is dropped, and so is a line over
+    ``max_line`` bytes.
+    """
+
+    def __init__(
+        self, on_event: Callable[[dict[str, Any]], None], max_line: int = limits.MAX_EVENT_BYTES
+    ) -> None:
+        self._on_event = on_event
+        self._max_line = max_line
+        self._buffer = b""
+        self._data: list[bytes] = []
+        self._skipping = False
+
+    def feed(self, data: bytes) -> None:
+        buffer = self._buffer + data
+        lines = buffer.split(b"\n")
+        self._buffer = lines.pop()
+        if len(self._buffer) > self._max_line:
+            self._buffer = b""
+            self._skipping = True
+        for line in lines:
+            if self._skipping:
+                self._skipping = False  # the end of the overlong line
+                continue
+            self._line(line.removesuffix(b"\r"))
+
+    def _line(self, line: bytes) -> None:
+        if not line:
+            if self._data:
+                data, self._data = b"\n".join(self._data), []
+                self._dispatch(data)
+            return
+        if line.startswith(b"data:"):
+            value = line[5:]
+            self._data.append(value[1:] if value.startswith(b" ") else value)
+
+    def _dispatch(self, data: bytes) -> None:
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return
+        if type(event) is dict:
+            self._on_event(event)
