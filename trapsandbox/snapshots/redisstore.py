@@ -144,8 +144,14 @@ class RedisStore(SnapshotStore):
 
     def wait_connected(self, timeout: float) -> Deferred[RedisStore]:
         """Fires once connected (for a start-up that wants to know; calls never wait)."""
-        d = Deferred()
-        self._client._factory.deferred.addBoth(lambda result: d.called or d.callback(self))
+        d: Deferred[RedisStore] = Deferred()
+
+        def fired(result: object) -> object:
+            if not d.called:
+                d.callback(self)
+            return result  # the factory's own waiters see what they would have
+
+        self._client._factory.deferred.addBoth(fired)
         d.addTimeout(timeout, self._reactor)
         return d
 

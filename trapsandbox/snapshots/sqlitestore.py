@@ -72,19 +72,21 @@ class SqliteStore(SnapshotStore):
         self._pool = ThreadPool(minthreads=1, maxthreads=1, name="trapsandbox-snapshots")
         self._db: sqlite3.Connection | None = None
         self._closed = False
+        self._trigger: Any = None
 
     @classmethod
     def open(cls, directory: str, reactor: Any, **settings: Any) -> Deferred[SqliteStore]:
         """The store in ``directory`` (the state directory, already private), opened."""
         store = cls(os.path.join(directory, limits.SNAPSHOTS_FILE_NAME), reactor, **settings)
         store._pool.start()
+        # Like adbapi's pools: the thread never outlives the reactor, even if no one closes it.
+        store._trigger = reactor.addSystemEventTrigger("during", "shutdown", store.close)
         d = store._run(store._open)
         d.addCallbacks(lambda _: store, store._failed_open)
         return d
 
     def _failed_open(self, failure: Failure) -> Failure:
-        self._pool.stop()
-        return failure
+        return self.close().addBoth(lambda _: failure)
 
     def close(self) -> Deferred[None]:
         """Close the file and stop the thread; again is harmless."""
@@ -92,6 +94,9 @@ class SqliteStore(SnapshotStore):
             return succeed(None)
         d = self._run(self._close)
         self._closed = True
+        if self._trigger is not None:
+            self._reactor.removeSystemEventTrigger(self._trigger)
+            self._trigger = None
         d.addBoth(lambda result: (self._pool.stop(), result)[1])
         return d
 
