@@ -19,6 +19,8 @@ ones above it, ``tap`` excepted, which builds everything):
     ``web``         the HTTP side: the site and its routes, operator requests,
                     ``/operator``, the Lua files served for installs
     ``cluster``     several gateway processes sharing computers through Redis
+    ``snapshots``   snapshots and undo: the stores (SQLite, or the cluster's Redis),
+                    retention, changes and restore plans
     ``fast``        the measured fast paths and every patch of a library, installed
                     on purpose by ``tap`` (never on import)
     ``tap``         ``twistd trapsandbox``: options, and the one place objects are built

@@ -212,3 +212,25 @@ MAX_PROMPT_CHARS = 16 * 1024
 PERMISSION_DETAIL_CHARS = 200
 # How long a permission request waits for its tool's input before it shows the pattern.
 ASK_PERMISSION_DETAIL_WAIT = 2.0
+
+# -- Snapshots (SPEC §15) --------------------------------------------------------------------
+
+# Per computer the newest this many are kept (SANDBOX_SNAPSHOTS_KEEP).
+SNAPSHOTS_KEEP = 10
+# Per account, the content its kept snapshots use, at most (SANDBOX_SNAPSHOT_QUOTA_MB): past
+# it the oldest are pruned first.
+SNAPSHOT_QUOTA_BYTES = 64 * 1024 * 1024
+# A computer whose files add up to more than this (SANDBOX_SNAPSHOT_MAX_MB, counted from the
+# listed sizes) is refused, not half-saved; and so many files at most.
+SNAPSHOT_MAX_BYTES = 4 * 1024 * 1024
+SNAPSHOT_MAX_FILES = 4096
+SNAPSHOT_MAX_PATH_CHARS = 1024
+# Content no snapshot uses is removed once nothing touched it for this long, so a snapshot
+# being taken (its content checked and uploaded, not committed yet) keeps what it needs.
+SNAPSHOT_ORPHAN_GRACE = 600.0
+# A modified text file's diff: files larger than this get none (difflib is quadratic),
+# and the diff is cut after this many lines.
+SNAPSHOT_DIFF_MAX_BYTES = 256 * 1024
+SNAPSHOT_DIFF_MAX_LINES = 400
+# The embedded store's file in the state directory.
+SNAPSHOTS_FILE_NAME = "snapshots.sqlite3"
