@@ -13,7 +13,9 @@ from tests.harness.redis import redis_client, start_redis
 from tests.harness.support import closed_port
 from trapsandbox import config
 from trapsandbox.cluster import member as cluster
-from trapsandbox.cluster.member import CLAIM, HEARTBEAT, LEAVE, REFRESH, RELEASE
+from trapsandbox.cluster.ownership import CLAIM, REFRESH, RELEASE
+from trapsandbox.cluster.presence import HEARTBEAT, LEAVE
+from trapsandbox.cluster.redis import RedisAddress
 from trapsandbox.computers import wire
 
 OWNER, EPOCH = "t:owner:k", "t:epoch:k"
@@ -113,12 +115,12 @@ class SettingsTests(SynchronousTestCase):
         settings = config.load({"SANDBOX_REDIS_URL": "redis://:pw@10.0.0.5:6380/2"})
         self.assertEqual(settings.redis_url, "redis://:pw@10.0.0.5:6380/2")
         self.assertNotIn("pw", repr(settings))
-        address = cluster.RedisAddress.from_url(settings.redis_url)
+        address = RedisAddress.from_url(settings.redis_url)
         self.assertEqual(
             (address.host, address.port, address.db, address.password),
             ("10.0.0.5", 6380, 2, "pw"),
         )
-        self.assertEqual(cluster.RedisAddress.from_url("redis://h").port, 6379)
+        self.assertEqual(RedisAddress.from_url("redis://h").port, 6379)
         self.assertIsNone(config.load({}).redis_url)
         self.assertIsNone(config.load({"SANDBOX_REDIS_URL": ""}).redis_url)
         self.assertEqual(
@@ -140,5 +142,6 @@ class SettingsTests(SynchronousTestCase):
             "assert g.cluster is None and g.registry.peers is None\n"
             "assert 'txredisapi' not in sys.modules\n"
             "assert 'trapsandbox.cluster.member' not in sys.modules\n"
+            "assert not [m for m in sys.modules if m.startswith('trapsandbox.cluster.')]\n"
         )
         subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=30)
