@@ -1,0 +1,98 @@
+"""The cluster's parts on a fake Redis: fencing by epoch, in ownership and in the relay."""
+
+from __future__ import annotations
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from tests.harness.fakes import FakeLink
+from trapsandbox.cluster.ownership import CLAIM, Ownership
+from trapsandbox.cluster.relay import Relay
+from trapsandbox.computers import wire
+from trapsandbox.computers.registry import Registry, Session
+
+
+class FakeRedis:
+    """Connected and subscribed; each ``CLAIM`` waits on a Deferred the test fires."""
+
+    connected = subscribed = ok = True
+
+    def __init__(self) -> None:
+        self.claims: list[Deferred] = []
+        self.published: list[tuple[str, dict]] = []
+
+    def call(self, method, *args):
+        if method == "eval" and args[0] == CLAIM:
+            self.claims.append(Deferred())
+            return self.claims[-1]
+        return succeed(1)
+
+    def publish(self, instance, message):
+        self.published.append((instance, message))
+        return succeed(1)
+
+
+class FencingTests(SynchronousTestCase):
+    def setUp(self):
+        self.clock = Clock()
+        self.redis = FakeRedis()
+        self.registry = Registry(self.clock)
+        self.ownership = Ownership(self.registry, self.redis, "here", 15000)
+        self.registry.peers = self.ownership
+        self.relay = Relay(self.registry, self.redis, self.ownership, "here", self.clock)
+
+    def connect(self, trapos_id="7:"):
+        link = FakeLink()
+        session = Session("local", trapos_id, link, self.clock)
+        self.registry.add(session)
+        return session, link
+
+    def test_a_claim_tells_the_previous_owner_and_holds_the_epoch(self):
+        session, _ = self.connect()
+        self.redis.claims[0].callback([3, "there|2"])
+        self.assertEqual(self.ownership.epoch_of(session), 3)
+        self.assertEqual(
+            self.redis.published, [("there", {"t": "evict", "key": ("local", "7:"), "epoch": 3})]
+        )
+
+    def test_an_older_eviction_leaves_ours_and_a_newer_one_closes_it(self):
+        session, link = self.connect()
+        self.redis.claims[0].callback([3, ""])
+        self.ownership.on_evict({"t": "evict", "key": ["local", "7:"], "epoch": 2})
+        self.assertEqual((link.closed, len(self.registry)), ([], 1))
+        self.ownership.on_evict({"t": "evict", "key": ["local", "7:"], "epoch": 4})
+        self.assertEqual(link.closed, [(wire.CLOSE_REPLACED, "replaced")])
+        self.assertEqual(len(self.registry), 0)
+        self.assertIsNone(self.ownership.epoch_of(session))
+
+    def test_an_eviction_before_our_claim_answers_closes_ours_once_it_does(self):
+        _, link = self.connect()
+        self.ownership.on_evict({"t": "evict", "key": ["local", "7:"], "epoch": 5})
+        self.assertEqual(link.closed, [])
+        self.redis.claims[0].callback([4, "there|3"])
+        self.assertEqual(link.closed, [(wire.CLOSE_REPLACED, "replaced")])
+        self.assertEqual(self.redis.published, [])  # nobody to evict: the newer one is theirs
+
+    def request(self, epoch):
+        return {
+            "t": "req",
+            "id": "r1",
+            "from": "there",
+            "key": ["local", "7:"],
+            "epoch": epoch,
+            "type": "ping",
+            "payload": {},
+            "timeout": 5,
+        }
+
+    def test_a_relayed_request_runs_only_at_the_epoch_we_hold(self):
+        _, link = self.connect()
+        self.redis.claims[0].callback([3, ""])
+        self.relay.on_request(self.request("2"))
+        self.assertEqual(link.sent, [])
+        [(to, answer)] = self.redis.published
+        self.assertEqual((to, answer["t"], answer["code"]), ("there", "fail", wire.NOT_CONNECTED))
+        self.relay.on_request(self.request("3"))
+        [sent] = link.sent
+        self.assertEqual((sent["event"], sent["type"]), ("gateway_request", "ping"))

@@ -1,0 +1,250 @@
+"""
+Which process holds which computer (SPEC §13), with fencing epochs.
+
+On hello this process claims the computer: ``CLAIM`` increments its epoch
+and records the owner; the previous owner, if another process, is told
+through its inbox (``{t: evict, key, epoch}``) and closes its connection
+(4000) only if its epoch is lower, so the newest hello wins.  Ownerships are
+refreshed in batches; one that is gone (Redis restarted empty, or it
+expired) is written again unless a newer hello took the counter past it, and
+the counter is raised to at least our epoch, so fencing tokens never go
+backwards.  Releasing is compare-and-delete.  Pub/sub is fire-and-forget:
+the refresh heals a lost eviction.
+
+Redis holds, with ``<key>`` the JSON ``["accountId", "traposId"]``
+(``computer_key``):
+
+    epoch:<key>    the computer's epoch counter: each hello INCRs it
+                   ("newest" is the hello Redis ran last)
+    owner:<key>    "<instance>|<epoch>" with a TTL
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from trapsandbox import limits
+from trapsandbox.cluster.redis import Redis
+from trapsandbox.computers import wire
+from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.wire import GatewayError
+
+log = Logger()
+
+# KEYS: epoch, owner.  ARGV: instance, owner TTL (ms).  -> {epoch, previous owner or ""}
+CLAIM = """
+local epoch = redis.call('INCR', KEYS[1])
+local previous = redis.call('GET', KEYS[2])
+redis.call('SET', KEYS[2], ARGV[1] .. '|' .. epoch, 'PX', ARGV[2])
+return {epoch, previous or ''}
+"""
+
+# KEYS: owner 1, epoch 1, owner 2, epoch 2, ...  ARGV: instance, owner TTL (ms),
+# epoch 1, epoch 2, ...  -> {1 (still ours) or 0 (taken: close ours), ...}
+# A key that is gone (Redis restarted empty, or it expired) is ours again,
+# unless a newer hello took the counter past ours meanwhile; the counter is
+# raised to at least our epoch, so fencing tokens never go backwards.
+REFRESH = """
+local out = {}
+for i = 1, #KEYS / 2 do
+  local owner, counter, epoch = KEYS[2 * i - 1], KEYS[2 * i], tonumber(ARGV[2 + i])
+  local mine = ARGV[1] .. '|' .. epoch
+  local current = redis.call('GET', owner)
+  if current == mine then
+    redis.call('PEXPIRE', owner, ARGV[2])
+    out[i] = 1
+  elseif current then
+    out[i] = 0
+  else
+    local counted = tonumber(redis.call('GET', counter) or '0')
+    if counted > epoch then
+      out[i] = 0
+    else
+      redis.call('SET', counter, epoch)
+      redis.call('SET', owner, mine, 'PX', ARGV[2])
+      out[i] = 1
+    end
+  end
+end
+return out
+"""
+
+# KEYS: owner.  ARGV: "<instance>|<epoch>".  Compare and delete.  -> 1 if deleted
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+def computer_key(account_id: str, trapos_id: str) -> str:
+    return orjson.dumps([account_id, trapos_id]).decode()
+
+
+def _owner_key(key: str) -> str:
+    return f"{limits.CLUSTER_PREFIX}owner:{key}"
+
+
+def _epoch_key(key: str) -> str:
+    return f"{limits.CLUSTER_PREFIX}epoch:{key}"
+
+
+def _holder(owner: str | None) -> tuple[str, str]:
+    """An owner value's ``(instance, epoch)``; ``("", ...)`` when nobody holds it."""
+    instance, _, epoch = (owner or "").rpartition("|")
+    return instance, epoch
+
+
+class Ownership:
+    """The computers this process holds in Redis, and at which epoch."""
+
+    def __init__(self, registry: Registry, redis: Redis, instance_id: str, ttl_ms: int) -> None:
+        self._registry = registry
+        self._redis = redis
+        self._instance_id = instance_id
+        self._ttl_ms = ttl_ms
+        # What this process holds: key -> (session, epoch).
+        self._owned: dict[str, tuple[Session, int]] = {}
+        self._claiming: set[Session] = set()
+        # Evictions that arrived before our own claim's answer: key -> epoch.
+        self._evicted: dict[str, int] = {}
+
+    def epoch_of(self, session: Session) -> int | None:
+        """The epoch we hold ``session``'s computer at, if it is that session we hold."""
+        owned = self._owned.get(computer_key(*session.key))
+        return owned[1] if owned is not None and owned[0] is session else None
+
+    def holder(self, account_id: str, trapos_id: str) -> Deferred:
+        """Fires with the computer's ``(instance, epoch)`` in Redis (instance "": nobody)."""
+        d = self._redis.call("get", _owner_key(computer_key(account_id, trapos_id)))
+        d.addCallback(_holder)
+        return d
+
+    # -- The registry tells us ---------------------------------------------------------------
+
+    def added(self, session: Session) -> None:
+        self._claim(session)
+
+    def removed(self, session: Session) -> None:
+        key = computer_key(*session.key)
+        owned = self._owned.get(key)
+        if owned is not None and owned[0] is session:
+            del self._owned[key]
+            self._release(key, owned[1])
+
+    def _claim(self, session: Session) -> None:
+        key = computer_key(*session.key)
+        self._claiming.add(session)
+        d = self._redis.call(
+            "eval",
+            CLAIM,
+            [_epoch_key(key), _owner_key(key)],
+            [self._instance_id, self._ttl_ms],
+        )
+        d.addCallbacks(self._claimed, self._claim_failed, (session, key), None, (session, key))
+        d.addErrback(lambda failure: log.failure("cluster: claiming a computer failed", failure))
+
+    def _claimed(self, reply: list[Any], session: Session, key: str) -> None:
+        self._claiming.discard(session)
+        epoch, previous = int(reply[0]), reply[1]
+        evicted = self._evicted.pop(key, 0)
+        if self._registry.find(session.trapos_id, session.account_id) is not session:
+            self._release(key, epoch)  # it left (or was replaced) while we claimed it
+            return
+        if evicted > epoch:
+            self._replaced(session, epoch, evicted)
+            return
+        self._owned[key] = (session, epoch)
+        if previous:
+            instance, _ = _holder(previous)
+            if instance != self._instance_id:
+                message = {"t": "evict", "key": session.key, "epoch": epoch}
+                d = self._redis.publish(instance, message)
+                d.addErrback(lambda _: None)  # it is gone; or the refresh tells it
+
+    def _claim_failed(self, failure: Failure, session: Session, key: str) -> None:
+        self._claiming.discard(session)
+        self._evicted.pop(key, None)
+        # The computer works here; the next refresh claims it once Redis answers.
+        log.warn(
+            "cluster: {traposId} is reachable only here for now: {error}",
+            traposId=session.trapos_id,
+            error=failure.value.message if failure.check(GatewayError) else failure,
+        )
+
+    def _release(self, key: str, epoch: int) -> None:
+        d = self._redis.call("eval", RELEASE, [_owner_key(key)], [f"{self._instance_id}|{epoch}"])
+        d.addErrback(lambda _: None)  # Redis down: the key expires by itself
+
+    # -- A newer hello elsewhere -------------------------------------------------------------
+
+    def on_evict(self, message: dict[str, Any]) -> None:
+        """``{t: evict, key, epoch}``: another process claimed one of ours."""
+        account_id, trapos_id = message["key"]
+        epoch = int(message["epoch"])
+        session = self._registry.find(trapos_id, account_id)
+        if session is None:
+            return
+        key = computer_key(account_id, trapos_id)
+        owned = self._owned.get(key)
+        if owned is not None and owned[0] is session:
+            if owned[1] < epoch:
+                self._replaced(session, owned[1], epoch)
+        elif session in self._claiming:
+            self._evicted[key] = max(epoch, self._evicted.get(key, 0))
+
+    def _replaced(self, session: Session, ours: int, newer: int | None) -> None:
+        """Another process holds the computer now: close our (older) connection."""
+        key = computer_key(*session.key)
+        if self._owned.get(key, (None,))[0] is session:
+            del self._owned[key]
+        log.info(
+            "{traposId} connected again at another gateway (epoch {newer} > {ours}): "
+            "closing its connection here",
+            traposId=session.trapos_id,
+            newer=newer if newer is not None else "?",
+            ours=ours,
+        )
+        self._registry.remove(session)
+        session.fail_all(GatewayError(wire.NOT_CONNECTED, "the computer connected again elsewhere"))
+        session.link.close(wire.CLOSE_REPLACED, "replaced")
+
+    # -- The refresh -------------------------------------------------------------------------
+
+    def refresh(self) -> Deferred | None:
+        """
+        Claim what connected while Redis was away, renew what we hold (in
+        batches), and close what another process took meanwhile.
+        """
+        if not self._redis.connected:
+            return None
+        for session in self._registry:
+            key = computer_key(*session.key)
+            if session not in self._claiming and self._owned.get(key, (None,))[0] is not session:
+                self._claim(session)  # connected while Redis was away
+        owned = [(key, session, epoch) for key, (session, epoch) in self._owned.items()]
+        ds = []
+        size = limits.CLUSTER_REFRESH_BATCH
+        for start in range(0, len(owned), size):
+            batch = owned[start : start + size]
+            keys: list[str] = []
+            args: list[Any] = [self._instance_id, self._ttl_ms]
+            for key, _, epoch in batch:
+                keys += [_owner_key(key), _epoch_key(key)]
+                args.append(epoch)
+            d = self._redis.call("eval", REFRESH, keys, args)
+            ds.append(d.addCallback(self._refreshed, batch))
+        d = DeferredList(ds, fireOnOneErrback=True, consumeErrors=True)
+        d.addErrback(lambda failure: failure.value.subFailure)
+        return d
+
+    def _refreshed(self, results: list[int], batch: list[tuple[str, Session, int]]) -> None:
+        for (key, session, epoch), still_ours in zip(batch, results, strict=True):
+            if not still_ours and self._owned.get(key) == (session, epoch):
+                self._replaced(session, epoch, None)

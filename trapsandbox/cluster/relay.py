@@ -1,0 +1,252 @@
+"""
+Requests for computers another process holds, both ways (SPEC §13).
+
+Out: a request here for a computer held elsewhere goes to the owner's inbox
+with the epoch Redis names, and its answer comes back to ours, correlated by
+id, under the request's timeout plus ``CLUSTER_RELAY_MARGIN``; partial
+responses are relayed before it.  Nobody listening on the owner's inbox
+answers ``unavailable`` at once; giving up tells the owner to cancel.
+
+In: a request from another process runs on the computer here only if we
+hold it at the epoch the sender saw, and its partials and answer go back to
+the sender's inbox.
+
+    {t: req, id, from, key, epoch, type, payload, timeout}
+    {t: cancel, id, from}                         the requester gave up
+    {t: partial, id, payload}                     ... then one of
+    {t: res, id, ok, payload?, error?}  {t: fail, id, code, message}
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import attrs
+from twisted.internet.defer import CancelledError, Deferred, fail
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from trapsandbox import limits
+from trapsandbox.cluster.ownership import Ownership
+from trapsandbox.cluster.redis import Redis
+from trapsandbox.computers import wire
+from trapsandbox.computers.registry import PartialListener, Registry
+from trapsandbox.computers.wire import GatewayError
+
+log = Logger()
+
+
+def _relay_timed_out(result: object, timeout: float) -> object:
+    if isinstance(result, Failure) and result.check(CancelledError):
+        raise GatewayError(
+            wire.TIMEOUT, f"no answer from the gateway holding the computer within {timeout:g} s"
+        )
+    return result
+
+
+@attrs.define(eq=False)
+class _Relayed:
+    """A request sent to another process, waiting for its answer in our inbox."""
+
+    deferred: Deferred
+    trapos_id: str
+    instance: str
+    on_partial: PartialListener | None
+
+
+class Relay:
+    """Requests sent to other processes, and requests served for them."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        redis: Redis,
+        ownership: Ownership,
+        instance_id: str,
+        reactor: Any,
+    ) -> None:
+        self._registry = registry
+        self._redis = redis
+        self._ownership = ownership
+        self._instance_id = instance_id
+        self._reactor = reactor
+        self._relays: dict[str, _Relayed] = {}
+        self._serving: dict[tuple[str, str], Deferred] = {}
+
+    # -- Requests for computers held elsewhere (the registry asks) ---------------------------
+
+    def request(
+        self,
+        account_id: str,
+        trapos_id: str,
+        type: str,
+        payload: dict[str, Any],
+        timeout: float,
+        on_partial: PartialListener | None,
+    ) -> Deferred:
+        """Fires like ``Session.request``, for a computer held by another process."""
+        if not self._redis.subscribed:
+            # No answer could reach us.
+            return fail(GatewayError(wire.UNAVAILABLE, "the gateway is not connected to Redis"))
+        d = self._ownership.holder(account_id, trapos_id)
+        d.addCallback(self._relay, account_id, trapos_id, type, payload, timeout, on_partial)
+        return d
+
+    def _relay(
+        self,
+        holder: tuple[str, str],
+        account_id: str,
+        trapos_id: str,
+        type: str,
+        payload: dict[str, Any],
+        timeout: float,
+        on_partial: PartialListener | None,
+    ) -> Deferred:
+        instance, epoch = holder
+        if not instance or instance == self._instance_id:
+            raise GatewayError(wire.NOT_CONNECTED, f"{trapos_id} is not connected")
+        relay_id = uuid.uuid4().hex
+        d = Deferred(lambda _: self._relay_cancelled(relay_id))
+        self._relays[relay_id] = _Relayed(d, trapos_id, instance, on_partial)
+        d.addTimeout(timeout + limits.CLUSTER_RELAY_MARGIN, self._reactor, _relay_timed_out)
+        d.addBoth(self._relay_done, relay_id)
+        message = {
+            "t": "req",
+            "id": relay_id,
+            "from": self._instance_id,
+            "key": [account_id, trapos_id],
+            "epoch": epoch,
+            "type": type,
+            "payload": payload,
+            "timeout": timeout,
+        }
+        sent = self._redis.publish(instance, message)
+        sent.addCallbacks(self._relay_sent, self._relay_unsent, (relay_id,), None, (relay_id,))
+        return d
+
+    def _relay_sent(self, receivers: int, relay_id: str) -> None:
+        relay = self._relays.get(relay_id)
+        if relay is not None and not receivers:
+            relay.deferred.errback(
+                GatewayError(
+                    wire.UNAVAILABLE,
+                    f"the gateway holding {relay.trapos_id} ({relay.instance}) is not answering",
+                )
+            )
+
+    def _relay_unsent(self, failure: Failure, relay_id: str) -> None:
+        relay = self._relays.get(relay_id)
+        if relay is not None:
+            relay.deferred.errback(failure)
+
+    def _relay_cancelled(self, relay_id: str) -> None:
+        relay = self._relays.pop(relay_id, None)
+        if relay is not None:
+            message = {"t": "cancel", "id": relay_id, "from": self._instance_id}
+            self._redis.publish(relay.instance, message).addErrback(lambda _: None)
+
+    def _relay_done(self, result: object, relay_id: str) -> object:
+        self._relays.pop(relay_id, None)
+        return result
+
+    def on_partial(self, message: dict[str, Any]) -> None:
+        """``{t: partial}``: a partial response to a request of ours."""
+        relay = self._relays.get(message["id"])
+        payload = message.get("payload")
+        if relay is not None and relay.on_partial is not None and type(payload) is dict:
+            try:
+                relay.on_partial(payload)
+            except Exception:
+                log.failure("a listener of relayed output failed")
+
+    def on_answer(self, message: dict[str, Any]) -> None:
+        """``{t: res}`` or ``{t: fail}``: the end of a request of ours."""
+        relay = self._relays.pop(message["id"], None)
+        if relay is None:
+            return
+        if message["t"] == "fail":
+            error = GatewayError(str(message.get("code")), str(message.get("message")))
+            relay.deferred.errback(error)
+            return
+        error = message.get("error")
+        relay.deferred.callback(
+            wire.ComputerResponse(
+                relay.trapos_id,
+                message["id"],
+                str(message.get("type") or "?"),
+                bool(message.get("ok")),
+                message.get("payload"),
+                wire.Error(str(error.get("code")), str(error.get("message")))
+                if type(error) is dict
+                else None,
+            )
+        )
+
+    # -- Requests from other processes for computers held here -------------------------------
+
+    def on_request(self, message: dict[str, Any]) -> None:
+        """``{t: req}``: run it on the computer here if we hold it at the sender's epoch."""
+        sender, relay_id = str(message["from"]), str(message["id"])
+        account_id, trapos_id = message["key"]
+        session = self._registry.find(trapos_id, account_id)
+        epoch = self._ownership.epoch_of(session) if session is not None else None
+        timeout = message.get("timeout")
+        if epoch is None or str(epoch) != str(message.get("epoch")):
+            self._answer(
+                sender, relay_id, GatewayError(wire.NOT_CONNECTED, f"{trapos_id} is not connected")
+            )
+            return
+        if type(timeout) not in (int, float) or not 0 < timeout <= limits.MAX_REQUEST_TIMEOUT:
+            self._answer(sender, relay_id, GatewayError(wire.BAD_REQUEST, "bad relayed timeout"))
+            return
+        payload = message.get("payload")
+
+        def partial(answer: dict[str, Any]) -> None:
+            part = {"t": "partial", "id": relay_id, "payload": answer}
+            self._redis.publish(sender, part).addErrback(lambda _: None)
+
+        d = self._registry.request(
+            trapos_id,
+            str(message.get("type")),
+            payload if type(payload) is dict else {},
+            timeout,
+            account_id=account_id,
+            on_partial=partial,
+        )
+        self._serving[(sender, relay_id)] = d
+        d.addBoth(self._served, sender, relay_id)
+
+    def _served(self, result: object, sender: str, relay_id: str) -> None:
+        self._serving.pop((sender, relay_id), None)
+        if isinstance(result, Failure):
+            if result.check(CancelledError):
+                return None  # the requester cancelled: nobody waits
+            if result.check(GatewayError):
+                self._answer(sender, relay_id, result.value)
+            else:
+                log.failure("a relayed request failed", result)
+                self._answer(sender, relay_id, GatewayError(wire.INTERNAL, "the gateway failed"))
+            return None
+        response: wire.ComputerResponse = result
+        answer: dict[str, Any] = {
+            "t": "res",
+            "id": relay_id,
+            "type": response.type,
+            "ok": response.ok,
+            "payload": response.payload,
+        }
+        if response.error is not None:
+            answer["error"] = {"code": response.error.code, "message": response.error.message}
+        self._redis.publish(sender, answer).addErrback(lambda _: None)
+        return None
+
+    def _answer(self, sender: str, relay_id: str, error: GatewayError) -> None:
+        message = {"t": "fail", "id": relay_id, "code": error.code, "message": error.message}
+        self._redis.publish(sender, message).addErrback(lambda _: None)
+
+    def on_cancel(self, message: dict[str, Any]) -> None:
+        """``{t: cancel}``: the requester gave up; stop serving its request."""
+        d = self._serving.pop((str(message["from"]), str(message["id"])), None)
+        if d is not None:
+            d.cancel()
