@@ -123,7 +123,7 @@ class RedisStore(SnapshotStore):
     @classmethod
     def connect(cls, url: str, reactor: Any, **settings: Any) -> RedisStore:
         """A store on its own lazy connection to ``url`` (it reconnects by itself)."""
-        from trapsandbox.cluster.member import RedisAddress
+        from trapsandbox.cluster.redis import RedisAddress
 
         address = RedisAddress.from_url(url)
         timeout = settings.get("call_timeout", limits.CLUSTER_CALL_TIMEOUT)
