@@ -277,7 +277,7 @@ class StrangerTests(TestCase):
                     self.assertEqual((status, answer["error"]["code"]), (401, "unauthorized"))
 
     async def test_unadmitted_connections_per_address_are_capped(self):
-        strangers = self.gateway.front.strangers
+        strangers = self.gateway.strangers
         strangers.limit = 2
         # The front counts a connection once its first bytes are read: each is awaited.
         entered: DeferredQueue = DeferredQueue()
