@@ -45,20 +45,23 @@ def fast_paths(testcase) -> bool:
     return getattr(testcase, "fast_paths", True)
 
 
-def both_modes(namespace: dict, *names: str) -> None:
+def both_modes(namespace: dict, *names: str, only: tuple[str, ...] | None = None) -> None:
     """
     Beside each test class ``names`` of a module (``namespace``: its
     ``globals()``), its twin ``<name>Plain`` whose gateways run in plain mode
     (``SANDBOX_FAST_PATHS=0``): the plain path is the reference the fast one
-    is held to, so the same tests run against both.
+    is held to, so the same tests run against both.  ``only``: the twin has
+    just these tests (where the mode matters and a test is costly).
     """
     for name in names:
         cls = namespace[name]
-        twin = type(
-            f"{name}Plain",
-            (cls,),
-            {"fast_paths": False, "__module__": namespace["__name__"], "__doc__": cls.__doc__},
-        )
+        body = {"fast_paths": False, "__module__": namespace["__name__"], "__doc__": cls.__doc__}
+        if only is not None:
+            # (A test attribute that is not callable is not collected.)
+            body.update(
+                {test: None for test in dir(cls) if test.startswith("test") and test not in only}
+            )
+        twin = type(f"{name}Plain", (cls,), body)
         namespace[twin.__name__] = twin
 
 
