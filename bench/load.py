@@ -334,7 +334,7 @@ class Generator:
         self.spec = spec
         self.target = spec["target"]
         # The Node peer speaks the same protocol and operator API as the gateway.
-        self.gateway = self.target in ("gateway", "fastify")
+        self.gateway = self.target.startswith("gateway") or self.target == "fastify"
         self.url = spec["url"]
         self.host, port = spec["address"].rsplit(":", 1)
         self.port = int(port)
@@ -714,7 +714,7 @@ class Generator:
 
     async def opws(self, computers: int, concurrency: int, duration: float) -> dict[str, Any]:
         """``ping``'s load through ``/operator``: one WebSocket per client, closed loop."""
-        if self.target != "gateway":
+        if not self.target.startswith("gateway"):
             return {"skipped": "only the gateway has the operator WebSocket /operator"}
         opened, _, open_errors = await self.open_many(
             self.next_ids(computers, "opws"), 64, timeout=60

@@ -83,7 +83,19 @@ OTHERS = ("bare", "fastify")
 
 
 def _others(results: dict[str, dict[str, Any]]) -> list[str]:
-    return [side for side in OTHERS if side in results]
+    """bare, then the gateway's other modes (``gateway-plain``, ``gateway-without-...``), peers."""
+    modes = [side for side in results if side.startswith("gateway-")]
+    return (
+        [side for side in OTHERS[:1] if side in results]
+        + modes
+        + [side for side in OTHERS[1:] if side in results]
+    )
+
+
+def _short(side: str) -> str:
+    """A side's name in a ratio's column header."""
+    known = {"gateway": "gw", "bare": "bare", "fastify": "node", "gateway-plain": "plain"}
+    return known.get(side) or side.replace("gateway-without-", "-")
 
 
 def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
@@ -92,7 +104,9 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
     out = {}
     for side in _others(results):
         other = results[side]
-        prefix = "" if side == "bare" else f"{side}: "
+        prefix = (
+            "" if side == "bare" else f"{_short(side) if side.startswith('gateway-') else side}: "
+        )
         for scenario, label, path, _ in ROWS:
             g, b = get(gateway.get(scenario), path), get(other.get(scenario), path)
             if _number(g) and _number(b) and b:
@@ -149,8 +163,7 @@ def table(document: dict[str, Any]) -> str:
             rows.append(
                 ("", "bottleneck", *(_format(v) for v in bottleneck), *[""] * (len(sides) - 1))
             )
-    short = {"gateway": "gw", "bare": "bare", "fastify": "node"}
-    header = ("scenario", "figure", *sides, *(f"gw/{short[s]}" for s in sides[1:]))
+    header = ("scenario", "figure", *sides, *(f"gw/{_short(s)}" for s in sides[1:]))
     columns = len(header)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(columns)]
 
@@ -263,6 +276,17 @@ def targets(results: dict[str, dict[str, Any]], quick: bool = False) -> list[dic
     else:
         add("churn leaves no leak", None, "not measured")
 
+    plain = results.get("gateway-plain")
+    if plain:
+        # Issue 20: each fast path earns its place against the plain gateway, same run.
+        for scenario, path, label, want in PLAIN_TARGETS:
+            g, p = get(gateway.get(scenario), path), get(plain.get(scenario), path)
+            name = f"vs plain: {label} >= {want:g} x the plain gateway's"
+            if _number(g) and _number(p) and p:
+                add(name, g / p >= want, f"{_format(g)} vs {_format(p)} = {g / p:.2f} x")
+            else:
+                add(name, None, "not measured")
+
     node = results.get("fastify")
     if node:
         # Issue 15: against the Node build of the same design, in the same run.
@@ -289,4 +313,11 @@ PEER_TARGETS = (
     ("health", "round_trips_per_s", "health round trips/s", ">=", 3.0),
     ("churn", "cycles_per_s", "churn cycles/s", ">=", 1.0),
     ("idle", "bytes_per_computer", "bytes per idle computer", "<=", 1.0),
+)
+
+# Issue 20's targets, fast gateway / plain gateway: (scenario, figure, label, ratio).
+PLAIN_TARGETS = (
+    ("ping", "pings_per_s", "the fast operator reader's requests/s", 1.3),
+    ("health", "round_trips_per_s", "the frame path's health round trips/s", 1.2),
+    ("connect", "hellos_per_s", "the frame path's hellos/s", 1.2),
 )

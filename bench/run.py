@@ -79,7 +79,10 @@ QUICK: dict[str, dict[str, Any]] = {
     },
 }
 SCENARIOS = tuple(FULL)
-TARGETS = ("bare", "gateway")
+TARGETS = ("bare", "gateway", "gateway-plain")
+# ``gateway-without-PART[+PART]``: the gateway with some fast paths left out
+# (``SANDBOX_FAST_PATHS_WITHOUT``), to attribute a gain against gateway-plain.
+WITHOUT = "gateway-without-"
 # Optional sides, given with --peer NAME=PATH.
 PEERS = ("fastify",)
 # Scenarios that mean nothing against an echo server.
@@ -242,7 +245,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=",".join(SCENARIOS),
         help=f"comma-separated, from {', '.join(SCENARIOS)} (default: all)",
     )
-    parser.add_argument("--targets", default=",".join(TARGETS), help="gateway,bare (default)")
+    parser.add_argument(
+        "--targets",
+        default="gateway,bare",
+        help="from bare, gateway, gateway-plain (--plain: no fast paths), "
+        "gateway-without-PART[+PART] (PART from front, fasthttp, frames, patches); "
+        "default gateway,bare",
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -297,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = _plan(args)
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     for target in targets:
-        if target not in TARGETS:
+        if target not in TARGETS and not target.startswith(WITHOUT):
             raise SystemExit(f"bench: unknown target {target!r}")
     peers, peer_notes = _peers(args.peer)
     targets += list(peers)
@@ -349,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             spy = (
                 _start_py_spy(args.py_spy, label, server, generator_cpu)
-                if target == "gateway"
+                if target.startswith("gateway")
                 else None
             )
             spec = {
@@ -466,11 +475,13 @@ def _start_server(
         env = _with_repo_path()
     else:
         argv = [str(BIN / "twistd"), "-n", "--pidfile=", "trapsandbox", "--port", endpoint]
-        env = _clean_env(
-            SANDBOX_PASSWORD=SECRET,
-            SANDBOX_ADMIN_TOKEN=ADMIN_TOKEN,
-            OPENCODE_URL=opencode,
-        )
+        if target == "gateway-plain":
+            argv.append("--plain")
+        # This tree's code, not whatever the venv has installed (as for bare).
+        env = _with_repo_path()
+        env.update(SANDBOX_PASSWORD=SECRET, SANDBOX_ADMIN_TOKEN=ADMIN_TOKEN, OPENCODE_URL=opencode)
+        if target.startswith(WITHOUT):
+            env["SANDBOX_FAST_PATHS_WITHOUT"] = target[len(WITHOUT) :].replace("+", ",")
     return Child(target, argv, logs / f"{label}.log", cpu, env=env)
 
 

@@ -272,3 +272,29 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
         ),
         trusted_proxies=setting("trusted-proxies", "SANDBOX_TRUSTED_PROXIES", _trusted_proxies, ()),
     )
+
+
+# -- The fast paths (``trapsandbox.fast.paths``) -------------------------------------------------
+
+
+def fast_paths(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -> bool:
+    """
+    Whether the gateway runs its fast paths (``SANDBOX_FAST_PATHS``, ``1`` by
+    default) or Twisted, Klein and Autobahn as they ship (``0``, or twistd's
+    ``--plain``, which wins).
+    """
+    if (options or {}).get("plain"):
+        return False
+    value = environ.get("SANDBOX_FAST_PATHS", "1")
+    if value not in ("0", "1"):
+        raise ConfigError(f"SANDBOX_FAST_PATHS must be 1 (the default) or 0, not {value!r}")
+    return value == "1"
+
+
+def fast_paths_without(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """
+    The fast paths left out (``SANDBOX_FAST_PATHS_WITHOUT``, comma-separated
+    names of ``fast.paths.PARTS``): for the benchmark's attribution of a gain.
+    """
+    value = environ.get("SANDBOX_FAST_PATHS_WITHOUT", "")
+    return tuple(part.strip() for part in value.split(",") if part.strip())

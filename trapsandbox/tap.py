@@ -24,18 +24,19 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from trapsandbox import __version__, config, limits, state
 from trapsandbox.admission import accounts
 from trapsandbox.admission.auth import Admission
+from trapsandbox.admission.strangers import Strangers
 from trapsandbox.computers import wire
 from trapsandbox.computers.handlers import ComputerRequests
 from trapsandbox.computers.protocol import GatewayFactory
 from trapsandbox.computers.registry import Registry
-from trapsandbox.fast import compat
-from trapsandbox.fast.front import FrontFactory
+from trapsandbox.fast import fixes, paths
 from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.client import OpencodeClient
 from trapsandbox.opencode.probe import OpencodeProbe, redact
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.ops.systemd import Notifier
 from trapsandbox.web.app import GatewayApp, GatewaySite
+from trapsandbox.web.listener import CountedSite
 from trapsandbox.web.operator import OperatorRequests
 from trapsandbox.web.opsocket import OperatorSocketFactory
 
@@ -126,6 +127,14 @@ class Options(usage.Options):
             "addresses or CIDRs, or unix (SANDBOX_TRUSTED_PROXIES; default none).",
         ],
     ]
+    optFlags = [
+        [
+            "plain",
+            None,
+            "Run on Twisted, Klein and Autobahn as they ship, without the fast paths "
+            "(SANDBOX_FAST_PATHS=0).",
+        ],
+    ]
 
     def __init__(self) -> None:
         super().__init__()
@@ -191,14 +200,20 @@ def _describe(address: Any) -> str:
 class GatewayService(service.MultiService):
     """
     The gateway: its listeners, systemd notifications, and a graceful close
-    of every computer on stop.
+    of every computer on stop.  ``fast``: what ``fast.paths.install`` returned,
+    or None for the plain mode (the libraries as they ship).
     """
 
     def __init__(
-        self, settings: config.Settings, reactor: Any, notifier: Notifier | None = None
+        self,
+        settings: config.Settings,
+        reactor: Any,
+        notifier: Notifier | None = None,
+        fast: paths.FastPaths | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings
+        self.fast = fast
         self._reactor = reactor
         self.notifier = Notifier(reactor) if notifier is None else notifier
         # Made private here, at start: a bad one stops the daemon with one line.
@@ -295,10 +310,15 @@ class GatewayService(service.MultiService):
             operator_socket=WebSocketResource(self.operator_socket),
         )
         self.site = GatewaySite(app.resource(), decide=app.decide)
-        self.front = front = FrontFactory(
-            self.site, self.factory, reactor, app.requests, operator=self.operator_socket
-        )
-        self.listeners = [_Listener(reactor, port, front) for port in settings.ports]
+        self.strangers = Strangers()
+        if fast is None:
+            listening = CountedSite(self.site, reactor, self.strangers)
+        else:
+            fast.protocols(self.factory, self.operator_socket)
+            listening = fast.listener(
+                self.site, self.factory, reactor, app.requests, self.operator_socket, self.strangers
+            )
+        self.listeners = [_Listener(reactor, port, listening) for port in settings.ports]
         for listener in self.listeners:
             listener.setServiceParent(self)
 
@@ -366,6 +386,12 @@ class GatewayService(service.MultiService):
             nvx="in use" if USES_NVX else "not available",
         )
         log.info(
+            "mode: {mode}",
+            mode="plain (Twisted, Klein and Autobahn as they ship)"
+            if self.fast is None
+            else f"fast paths ({self.fast.describe()})",
+        )
+        log.info(
             "operator endpoints: {operators}",
             operators="bearer token required"
             if self.settings.admin_token
@@ -423,7 +449,7 @@ class GatewayService(service.MultiService):
     def _stopped(self, _: object) -> None:
         self.notifier.close()
         log.info("all computers closed; exiting")
-        compat.exit_zero_after_stop_signal(self._reactor)
+        fixes.exit_zero_after_stop_signal(self._reactor)
 
 
 def makeService(options: Options) -> service.IService:
@@ -431,7 +457,13 @@ def makeService(options: Options) -> service.IService:
 
     try:
         settings = config.load(os.environ, options)
-        gateway = GatewayService(settings, reactor, Notifier.from_environ(reactor, os.environ))
+        fast = None
+        if config.fast_paths(os.environ, options):
+            # On purpose, here: process-wide patches of the libraries (``fast.paths``).
+            fast = paths.install(config.fast_paths_without(os.environ))
+        gateway = GatewayService(
+            settings, reactor, Notifier.from_environ(reactor, os.environ), fast=fast
+        )
         gateway.reload_on_sighup = True
     except config.ConfigError as error:
         raise SystemExit(f"trapsandbox: {error}") from None

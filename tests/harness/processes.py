@@ -9,7 +9,7 @@ from twisted.internet import protocol
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import ProcessDone, ProcessExitedAlready
 
-from tests.harness.support import bounded, reactor
+from tests.harness.support import bounded, fast_paths, reactor
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -72,7 +72,12 @@ class Child(protocol.ProcessProtocol):
 
 
 def spawn(testcase, argv: list[str], env: dict[str, str], cwd: str | None = None) -> Child:
-    """Start ``argv``; the test's cleanup stops it (TERM, then KILL) and waits for it."""
+    """
+    Start ``argv``; the test's cleanup stops it (TERM, then KILL) and waits
+    for it.  A gateway it starts runs in the testcase's mode (``both_modes``).
+    """
+    if not fast_paths(testcase):
+        env = {**env, "SANDBOX_FAST_PATHS": "0"}
     if cwd is None:
         cwd = os.path.abspath(testcase.mktemp())
         os.makedirs(cwd)

@@ -11,7 +11,7 @@ from twisted.internet import endpoints, ssl
 from twisted.internet.defer import Deferred, DeferredQueue
 
 from trapsandbox import config
-from trapsandbox.fast import compat
+from trapsandbox.fast import fixes, paths
 from trapsandbox.tap import GatewayService
 
 WAIT = 10.0  # the bound on any single wait in a loopback test
@@ -37,16 +37,50 @@ def closed_port() -> int:
 
 
 def unbatch_timers(factory) -> None:
-    compat.plain_autobahn_timers(factory, reactor())
+    fixes.plain_autobahn_timers(factory, reactor())
+
+
+def fast_paths(testcase) -> bool:
+    """The mode ``testcase`` runs the gateway in: fast (the default), or plain (``both_modes``)."""
+    return getattr(testcase, "fast_paths", True)
+
+
+def both_modes(namespace: dict, *names: str, only: tuple[str, ...] | None = None) -> None:
+    """
+    Beside each test class ``names`` of a module (``namespace``: its
+    ``globals()``), its twin ``<name>Plain`` whose gateways run in plain mode
+    (``SANDBOX_FAST_PATHS=0``): the plain path is the reference the fast one
+    is held to, so the same tests run against both.  ``only``: the twin has
+    just these tests (where the mode matters and a test is costly).
+    """
+    for name in names:
+        cls = namespace[name]
+        body = {"fast_paths": False, "__module__": namespace["__name__"], "__doc__": cls.__doc__}
+        if only is not None:
+            # (A test attribute that is not callable is not collected.)
+            body.update(
+                {test: None for test in dir(cls) if test.startswith("test") and test not in only}
+            )
+        twin = type(f"{name}Plain", (cls,), body)
+        namespace[twin.__name__] = twin
 
 
 def start_gateway(testcase, **settings) -> GatewayService:
-    """A running gateway on an ephemeral loopback port, stopped at cleanup."""
+    """
+    A running gateway on an ephemeral loopback port, stopped at cleanup; in
+    the testcase's mode (``fast_paths``): the fast paths installed, or the
+    libraries as they ship.
+    """
     settings.setdefault("ports", ("tcp:0:interface=127.0.0.1",))
     settings.setdefault("opencode_url", f"http://127.0.0.1:{closed_port()}")
     # Never the repository's ./state: the test's own folder.
     settings.setdefault("state_dir", os.path.abspath(testcase.mktemp()))
-    service = GatewayService(config.Settings(**settings), reactor())
+    fast = None
+    if fast_paths(testcase):
+        fast = paths.install()
+    else:
+        paths.uninstall()
+    service = GatewayService(config.Settings(**settings), reactor(), fast=fast)
     unbatch_timers(service.factory)
     unbatch_timers(service.operator_socket)
     service.privilegedStartService()

@@ -9,7 +9,7 @@ from twisted.internet.defer import ensureDeferred
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.harness.support import JSON, bounded, connect, reactor, start_gateway
+from tests.harness.support import JSON, both_modes, bounded, connect, reactor, start_gateway
 from trapsandbox.admission import accounts
 
 ADMIN = "admin-token-1"
@@ -140,3 +140,6 @@ class TwoPlayersTests(TestCase):
     def path_for_limit(self):
         self.limit_path = os.path.abspath(self.mktemp())
         return self.limit_path
+
+
+both_modes(globals(), "TwoPlayersTests")

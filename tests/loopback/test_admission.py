@@ -22,6 +22,7 @@ from tests.harness.support import (
     TestComputer,
     TestOperator,
     _opened,
+    both_modes,
     bounded,
     reactor,
     start_gateway,
@@ -322,3 +323,13 @@ class StartTests(TestCase):
         self.assertNotIn("hunter2", warning)
         start_gateway(self, password=PASSWORD)
         self.assertEqual(len([t for t in logs.texts() if "shorter than" in t]), 1)
+
+
+both_modes(
+    globals(),
+    "RightCredentialTests",
+    "TrustedProxyTests",
+    "TrustedProxyTokenTests",
+    "UntrustedProxyTests",
+    "StartTests",
+)

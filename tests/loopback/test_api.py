@@ -14,7 +14,7 @@ from twisted.web.resource import Resource
 
 from tests.harness.fakes import FakeLink, FixedProbe
 from tests.harness.logcapture import LogCapture
-from tests.harness.support import JSON, bounded, connect, reactor, start_gateway
+from tests.harness.support import JSON, both_modes, bounded, connect, reactor, start_gateway
 from trapsandbox.admission.auth import Admission, is_loopback
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session
@@ -466,3 +466,6 @@ class LoopbackAPITests(TestCase):
         # Frames are handled in order: once this is answered, so is the cancel.
         await computer.request("probe_gateway")
         self.assertEqual(self.gateway.registry.pending, 0)
+
+
+both_modes(globals(), "LoopbackAPITests")

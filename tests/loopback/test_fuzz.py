@@ -43,7 +43,14 @@ from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.logcapture import LogCapture
 from tests.harness.servers import Opencode, serve
-from tests.harness.support import bounded, connect, reactor, start_gateway, unbatch_timers
+from tests.harness.support import (
+    both_modes,
+    bounded,
+    connect,
+    reactor,
+    start_gateway,
+    unbatch_timers,
+)
 from trapsandbox import limits
 
 FRAMES = int(os.environ.get("TRAPSANDBOX_FUZZ_FRAMES", "3000"))
@@ -890,3 +897,8 @@ class UnserialisableAnswerTests(TestCase):
         self.assertEqual(log.errors(), [])
         self.assertIn(response.code, (200, 502))
         self.assertIsInstance(body, dict)
+
+
+both_modes(
+    globals(), "GeneratedFramesTests", "NamedHostileFramesTests", "UnserialisableAnswerTests"
+)

@@ -4,14 +4,19 @@ import socket
 
 import orjson
 import treq
+from twisted.internet import tcp
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.protocol import Factory, Protocol
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.harness.support import bounded, connect, start_gateway
+from tests.harness.support import both_modes, bounded, connect, fast_paths, start_gateway
+from trapsandbox.computers.protocol import GatewayProtocol
 from trapsandbox.computers.wire import GatewayError
+from trapsandbox.fast import compat
+from trapsandbox.fast.front import FrontFactory
+from trapsandbox.fast.protocols import FastGatewayProtocol
 
 
 class LoopbackTestCase(TestCase):
@@ -44,6 +49,18 @@ class LoopbackTestCase(TestCase):
 
 
 class HTTPTests(LoopbackTestCase):
+    def test_the_gateway_runs_in_the_mode_asked(self):
+        listening = self.gateway.listeners[0].port.factory
+        if fast_paths(self):
+            self.assertIsInstance(listening, FrontFactory)
+            self.assertIs(self.gateway.factory.protocol, FastGatewayProtocol)
+            self.assertIs(tcp.Server.write, compat._write_through)
+        else:
+            # Twisted, Klein and Autobahn as they ship: the site routes every path.
+            self.assertIs(listening.site, self.gateway.site)
+            self.assertIs(self.gateway.factory.protocol, GatewayProtocol)
+            self.assertNotIn("write", vars(tcp.Server))
+
     async def test_health(self):
         await self.ready()
         response, body = await self.get("/health")
@@ -310,3 +327,14 @@ class LimitTests(LoopbackTestCase):
         computer.transport.resumeProducing()
         code, _ = await computer.wait_closed()
         self.assertEqual(code, 1006)  # dropped: a dead peer gets no close handshake
+
+
+both_modes(
+    globals(),
+    "HTTPTests",
+    "HandshakeTests",
+    "FrameTests",
+    "GatewayRequestTests",
+    "ShutdownTests",
+    "LimitTests",
+)

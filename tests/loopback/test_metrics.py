@@ -6,7 +6,7 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.client import HTTPConnectionPool, ResponseNeverReceived
 
-from tests.harness.support import bounded, connect, reactor, start_gateway
+from tests.harness.support import both_modes, bounded, connect, reactor, start_gateway
 from trapsandbox.computers.wire import GatewayError
 from trapsandbox.ops.metrics import Metrics
 
@@ -166,3 +166,6 @@ class LabelTests(SynchronousTestCase):
             ),
             1,
         )
+
+
+both_modes(globals(), "MetricsTests")

@@ -26,7 +26,7 @@ from twisted.web.server import Site
 
 from tests.harness.logcapture import LogCapture
 from tests.harness.servers import Fixed, Opencode, Silent, StallsAfterHeaders, listen, serve
-from tests.harness.support import bounded, closed_port, connect, reactor, start_gateway
+from tests.harness.support import both_modes, bounded, closed_port, connect, reactor, start_gateway
 from trapsandbox import config
 
 PASSWORD = "faults-sesame"
@@ -202,3 +202,6 @@ class CredentialsInURLTests(TestCase):
         self.flushLoggedErrors()  # counted by ``log``
         self.assertEqual(log.errors(), [])
         self.assertEqual(reply["payload"], {"sandboxOk": True, "opencodeOk": True})
+
+
+both_modes(globals(), "OpencodeFaultTests", "CredentialsInURLTests")

@@ -11,6 +11,7 @@ from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.support import (
     Refused,
+    both_modes,
     bounded,
     connect,
     connect_operator,
@@ -393,3 +394,12 @@ class OperatorSocketAccountTests(TestCase):
         await bounded(first.closed)
         await connect_operator(self, gateway.port, "token-alice")
         self.assertEqual(gateway.operator_socket.per_account, {"alice": 2, "bob": 1})
+
+
+both_modes(
+    globals(),
+    "OperatorSocketTests",
+    "LoopbackAdminOriginTests",
+    "OperatorSocketAuthTests",
+    "OperatorSocketAccountTests",
+)

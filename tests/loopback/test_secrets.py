@@ -26,7 +26,7 @@ from twisted.web.client import HTTPConnectionPool
 from tests.harness.logcapture import LogCapture, event_text
 from tests.harness.processes import Child, clean_env, spawn
 from tests.harness.servers import Opencode, basic, serve
-from tests.harness.support import bounded, closed_port, connect, reactor, start_gateway
+from tests.harness.support import both_modes, bounded, closed_port, connect, reactor, start_gateway
 
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 
@@ -309,3 +309,6 @@ class SecretsTwistdTests(TestCase):
             self.assertNotIn("Traceback", output)
             for name, secret in SECRETS.items():
                 self.assertNotIn(secret, output, f"the {name} is in the daemon's output")
+
+
+both_modes(globals(), "SecretsInProcessTests", "SecretsTwistdTests")

@@ -11,7 +11,7 @@ from twisted.internet import protocol
 from twisted.internet.defer import Deferred, DeferredQueue
 from twisted.trial.unittest import TestCase
 
-from tests.harness.support import bounded, connect, reactor, start_gateway
+from tests.harness.support import both_modes, bounded, connect, reactor, start_gateway
 
 TOKEN = "op-token-1234"
 EVIL = b"Origin: http://evil.example\r\n"
@@ -277,7 +277,7 @@ class StrangerTests(TestCase):
                     self.assertEqual((status, answer["error"]["code"]), (401, "unauthorized"))
 
     async def test_unadmitted_connections_per_address_are_capped(self):
-        strangers = self.gateway.front.strangers
+        strangers = self.gateway.strangers
         strangers.limit = 2
         # The front counts a connection once its first bytes are read: each is awaited.
         entered: DeferredQueue = DeferredQueue()
@@ -308,3 +308,6 @@ class StrangerTests(TestCase):
         self.assertEqual(status, 400)  # (an empty body is not JSON)
         fourth = await raw(self, self.port, b"GET /health HTTP/1.1\r\n\r\n")
         self.assertEqual((await fourth.response())[0], 200)
+
+
+both_modes(globals(), "BrowserTests", "GatewayOriginTests", "StrangerTests")

@@ -12,7 +12,7 @@ from twisted.internet import ssl
 from twisted.internet.interfaces import ISSLTransport
 from twisted.trial.unittest import TestCase
 
-from tests.harness.support import connect, start_gateway
+from tests.harness.support import both_modes, connect, start_gateway
 
 
 def self_signed(directory) -> tuple[str, str, bytes]:
@@ -68,3 +68,6 @@ class TLSTests(TestCase):
         self.assertTrue(reply["ok"], reply)
         reply = await computer.request("probe_gateway")
         self.assertEqual(reply["payload"]["sandboxOk"], True)
+
+
+both_modes(globals(), "TLSTests")

@@ -13,6 +13,7 @@ from trapsandbox.fast import compat
 
 class WriteThroughTests(TestCase):
     async def test_every_byte_arrives_in_order_past_the_socket_buffer(self):
+        self.addCleanup(compat.undo)
         compat.write_through_accepted_connections()
         the_reactor = reactor()
         # Writes of every size, some far past what the socket takes at once.

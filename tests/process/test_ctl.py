@@ -10,7 +10,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from tests.harness.processes import clean_env, spawn
-from tests.harness.support import closed_port, connect, reactor, start_gateway
+from tests.harness.support import both_modes, closed_port, connect, reactor, start_gateway
 from trapsandbox import limits
 from trapsandbox.ops import ctl
 
@@ -480,3 +480,29 @@ class AccountTokenTests(TestCase):
         self.assertEqual(request["type"], "ping")
         computers["bob"].respond(request, payload={"traposId": "1:"})
         self.assertEqual(await child.wait_ended(15), 0, child.output)
+
+
+# The HTTP routes, streaming and keep-alive batches (fasthttp's or the site's), and
+# refusals at the head, in plain mode too; usage and unreachable-gateway tests do not
+# depend on the mode.
+both_modes(
+    globals(),
+    "CommandTests",
+    only=(
+        "test_computers",
+        "test_ping",
+        "test_exec_streams_output_and_exits_with_the_exit_code",
+        "test_request",
+        "test_request_answered_with_an_error",
+        "test_request_too_large",
+    ),
+)
+both_modes(
+    globals(),
+    "BatchTests",
+    only=(
+        "test_answers_come_back_by_line_and_a_failure_exits_1",
+        "test_stdin_at_most_concurrency_in_flight_and_all_200_exits_0",
+    ),
+)
+both_modes(globals(), "TokenTests", only=("test_missing_token", "test_wrong_token"))

@@ -16,7 +16,7 @@ from twisted.trial.unittest import TestCase
 
 from tests.harness.craftos import Computer
 from tests.harness.processes import clean_env, spawn
-from tests.harness.support import closed_port, reactor
+from tests.harness.support import both_modes, closed_port, reactor
 
 LUA = Path(__file__).resolve().parents[2] / "lua"
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
@@ -84,3 +84,6 @@ class RestartTests(TestCase):
         await second.wait_ended()
         counted = sum(int(n) for n in re.findall(r"(\d+) more computers connected", second.output))
         self.assertEqual(second.output.count(" connected from ") + counted, COMPUTERS)
+
+
+both_modes(globals(), "RestartTests")

@@ -11,7 +11,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.processes import Child, clean_env, spawn
-from tests.harness.support import bounded, connect, reactor
+from tests.harness.support import both_modes, bounded, connect, fast_paths, reactor
 
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 
@@ -27,6 +27,11 @@ class TwistdTests(TestCase):
         )
         port = int((await child.wait_for(r"listening on 127\.0\.0\.1:(\d+)")).group(1))
         await child.wait_for(r"trapsandbox 0\.1\.0 started: auth on")
+        await child.wait_for(
+            r"mode: fast paths \(front, fasthttp, frames, patches\)"
+            if fast_paths(self)
+            else r"mode: plain \(Twisted, Klein and Autobahn as they ship\)"
+        )
 
         pool = HTTPConnectionPool(reactor(), persistent=False)
         response = await bounded(treq.get(f"http://127.0.0.1:{port}/health", pool=pool))
@@ -153,3 +158,6 @@ class AccountsTwistdTests(TestCase):
             "directory",
         )
         self.assertNotIn("Traceback", child.output + missing.output)
+
+
+both_modes(globals(), "TwistdTests", only=("test_serves_and_stops_cleanly",))

@@ -45,15 +45,8 @@ from trapsandbox.computers.handlers import Handler
 from trapsandbox.computers.outbound import Outbound
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.computers.wire import GatewayError
-from trapsandbox.fast import compat
+from trapsandbox.fast import fixes
 from trapsandbox.ops.metrics import Metrics
-
-compat.lazy_autobahn_debug_formatting()
-compat.fast_small_frame_masks()
-compat.python_utf8_validation()
-compat.write_through_accepted_connections()
-compat.direct_reactor_dispatch()
-compat.share_transport_dict_keys()
 
 log = Logger()
 
@@ -164,22 +157,8 @@ class Sending:
         self.close(wire.CLOSE_STALLED, "stalled")
 
 
-class GatewayProtocol(compat.WholeFrames, Sending, WebSocketServerProtocol):
-    # Autobahn's attributes and ours as slots: 8 bytes each rather than a
-    # 3.3 kB dict per computer (compat.protocol_slots).
-    __slots__ = compat.protocol_slots(
-        WebSocketServerProtocol,
-        (
-            "session",
-            "peer_address",
-            "peer_host",
-            "outbound",
-            "_hello_timer",
-            "_busy",
-            "_awaiting_hello",
-            "_answering_close",
-        ),
-    )
+class GatewayProtocol(Sending, WebSocketServerProtocol):
+    # (Fast mode serves ``trapsandbox.fast.protocols.FastGatewayProtocol``.)
     factory: GatewayFactory
 
     def __init__(self) -> None:
@@ -224,7 +203,6 @@ class GatewayProtocol(compat.WholeFrames, Sending, WebSocketServerProtocol):
         self._awaiting_hello = True
 
     def onOpen(self) -> None:
-        compat.release_handshake(self)
         self.factory.connections.add(self)
         self.start_sending()
         self._hello_timer = self.factory.clock.callLater(
@@ -239,7 +217,7 @@ class GatewayProtocol(compat.WholeFrames, Sending, WebSocketServerProtocol):
 
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
         self._cancel_hello_timer()
-        compat.cancel_close_handshake_timer(self)
+        fixes.cancel_close_handshake_timer(self)
         self._hello_done()
         if self.outbound is not None:
             self.outbound.stopProducing()
@@ -259,7 +237,7 @@ class GatewayProtocol(compat.WholeFrames, Sending, WebSocketServerProtocol):
     def onCloseFrame(self, code: int | None, reasonRaw: bytes | None) -> bool | None:
         # Open: this close starts the handshake.  Failed by us: our answer to
         # the peer's bad frame may still be unsent.
-        self._answering_close = self.state == WebSocketProtocol.STATE_OPEN or compat.failed_by_us(
+        self._answering_close = self.state == WebSocketProtocol.STATE_OPEN or fixes.failed_by_us(
             self
         )
         try:

@@ -1,15 +1,21 @@
 """
-Where the gateway reaches into Autobahn's and Twisted's internals, each with its why.
+The fast paths that reach into Autobahn's and Twisted's internals, each with its why.
+
+Speed (and memory per connection) only: ``trapsandbox.fast.paths.install``
+applies them in fast mode, never an import; the plain mode
+(``SANDBOX_FAST_PATHS=0``) runs the libraries as they ship.  Every library
+name replaced here goes through ``_replace``, so that ``undo`` puts the
+library back (the test suite runs both modes in one process).  What the
+gateway needs of those internals to be correct, in both modes, is
+``trapsandbox.fast.fixes``.
 
 Everything here relies on a name those libraries do not promise to keep; the
 test ``tests/unit/fast/test_compat.py`` fails loudly when an upgrade moves one, so
-the workaround is mended instead of silently doing nothing.  Nothing outside
-this module touches these names.
+the workaround is mended instead of silently doing nothing.
 """
 
 from __future__ import annotations
 
-from contextlib import suppress
 from pprint import pformat
 from typing import Any
 
@@ -17,9 +23,27 @@ import autobahn.twisted.websocket
 import autobahn.util
 import autobahn.websocket.protocol
 from twisted.internet import abstract, epollreactor, tcp
-from twisted.internet.error import AlreadyCalled, AlreadyCancelled
 from twisted.python import log as legacy_log
-from twisted.web import http
+
+# What each replaced name held before (owner, name) -> value, for ``undo``.
+_ORIGINALS: dict[tuple[Any, str], Any] = {}
+_ABSENT = object()
+
+
+def _replace(owner: Any, name: str, value: Any) -> None:
+    """``owner.name = value``, remembering the library's own for ``undo``."""
+    _ORIGINALS.setdefault((owner, name), vars(owner).get(name, _ABSENT))
+    setattr(owner, name, value)
+
+
+def undo() -> None:
+    """Put back every library name replaced here: the libraries as they ship."""
+    while _ORIGINALS:
+        (owner, name), value = _ORIGINALS.popitem()
+        if value is _ABSENT:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, value)
 
 
 class _LazyFormat:
@@ -72,11 +96,11 @@ def lazy_autobahn_debug_formatting() -> None:
     we leave off).  Likewise, every read and every send of a WebSocket
     colours three values (with click) for a debug line: ~4.5 us each time.
     """
-    autobahn.websocket.protocol.pformat = _LazyFormat
+    _replace(autobahn.websocket.protocol, "pformat", _LazyFormat)
     for module in _HIGHLIGHTING:
         for name in ("hltype", "hlval"):
             function = getattr(autobahn.util, name)
-            setattr(module, name, _lazy(function))
+            _replace(module, name, _lazy(function))
 
 
 # Up to this many payload bytes, Python's integers unmask faster than Autobahn's
@@ -130,7 +154,7 @@ def fast_small_frame_masks() -> None:
     Python one is cheaper (a health round trip, or an operator request,
     unmasks one such frame).
     """
-    autobahn.websocket.protocol.create_xor_masker = _create_masker
+    _replace(autobahn.websocket.protocol, "create_xor_masker", _create_masker)
 
 
 class _Utf8Validator:
@@ -168,7 +192,7 @@ class _Utf8Validator:
 
 def python_utf8_validation() -> None:
     """Autobahn validates every text message's UTF-8 with ``_Utf8Validator``."""
-    autobahn.websocket.protocol.Utf8Validator = _Utf8Validator
+    _replace(autobahn.websocket.protocol, "Utf8Validator", _Utf8Validator)
 
 
 _OPEN = autobahn.websocket.protocol.WebSocketProtocol.STATE_OPEN
@@ -322,7 +346,7 @@ def write_through_accepted_connections() -> None:
     connections accepted by a listening port (``tcp.Server``): the gateway's
     own clients (treq, Redis) are untouched.
     """
-    tcp.Server.write = _write_through
+    _replace(tcp.Server, "write", _write_through)
 
 
 class _DirectDispatch:
@@ -356,7 +380,7 @@ def direct_reactor_dispatch() -> None:
     name their namespace instead; legacy lines made while reading now say
     ``-`` (and an exception escaping a reader or writer, ``reactor``).
     """
-    epollreactor.log = _DirectDispatch()
+    _replace(epollreactor, "log", _DirectDispatch())
 
 
 # What Autobahn's server protocol (26.x) keeps on each connection, by name:
@@ -468,107 +492,3 @@ def share_transport_dict_keys() -> None:
     seed = tcp.Server.__new__(tcp.Server)
     for name in _LATER_TRANSPORT_ATTRIBUTES:
         setattr(seed, name, getattr(tcp.Server, name))
-
-
-_choose_transfer_decoder = http.HTTPChannel._maybeChooseTransferDecoder
-
-
-def _bounded_content_length(self: Any, header: bytes, data: bytes) -> bool:
-    if header == b"Content-Length" and len(data) > 18:
-        return self._failChooseTransferDecoder()  # 400, as for any bad length
-    return _choose_transfer_decoder(self, header, data)
-
-
-def bounded_content_length() -> None:
-    """
-    twisted.web reads ``Content-Length`` with ``int()``, which raises on more
-    than 4,300 digits: the exception escaped the channel, the reactor logged
-    a traceback and dropped the connection.  A length of more than 18 digits
-    (past any body) is answered 400 like any other bad length.
-    """
-    http.HTTPChannel._maybeChooseTransferDecoder = _bounded_content_length
-
-
-def request_line(request: Any) -> tuple[bytes, bytes] | None:
-    """
-    The method and target of a request whose head is complete but whose
-    body is not read yet (from ``Request.gotLength``), or None if unknown.
-
-    twisted.web sets ``request.method`` and ``request.uri`` only when the
-    body has arrived (``requestReceived``); until then ``HTTPChannel`` keeps
-    the request line as ``_command`` and ``_path``, and calls ``gotLength``
-    from ``allHeadersReceived``, after the last header and before any byte
-    of the body.  ``web.GatewayRequest`` decides there who may send a body.
-    """
-    channel = request.channel
-    method = getattr(channel, "_command", None)
-    target = getattr(channel, "_path", None)
-    if type(method) is not bytes or type(target) is not bytes:
-        return None
-    return method, target
-
-
-def cancel_close_handshake_timer(protocol: Any) -> None:
-    """
-    Autobahn keeps its close-handshake timer when the peer drops the
-    connection instead of answering our close; call from ``onClose`` so that
-    nothing is left to time out (and no test reactor is left dirty).
-    """
-    call = getattr(protocol, "closeHandshakeTimeoutCall", None)
-    if call is not None:
-        protocol.closeHandshakeTimeoutCall = None
-        with suppress(AlreadyCalled, AlreadyCancelled):
-            call.cancel()
-
-
-def failed_by_us(protocol: Any) -> bool:
-    """
-    Whether Autobahn itself failed the connection (e.g. after the peer's bad
-    frame): its answering close frame may still be unsent.
-    """
-    return protocol.failedByMe
-
-
-def exit_zero_after_stop_signal(reactor: Any) -> None:
-    """
-    twistd re-raises the signal that stopped the reactor at exit, so the
-    process dies "killed by SIGTERM"; a graceful stop is a success, so forget
-    the signal and exit 0.
-    """
-    if getattr(reactor, "_exitSignal", None) is not None:
-        reactor._exitSignal = None
-
-
-class HeadersOnDeny:
-    """
-    A server protocol whose ``ConnectionDeny`` goes out with ``deny_headers``.
-
-    ``ConnectionDeny`` carries a status and a reason but no headers, and
-    Autobahn answers it with ``failHandshake(reason, code)``, which could
-    send headers but is given none; set ``deny_headers`` (``(name, value)``
-    strings) before raising it, and they are added there (Retry-After, say).
-    """
-
-    deny_headers: list[tuple[str, str]] | None = None
-
-    def failHandshake(self, reason: str, code: int = 400, responseHeaders: Any = None) -> None:
-        if responseHeaders is None:
-            responseHeaders = self.deny_headers
-        super().failHandshake(reason, code, responseHeaders)  # type: ignore[misc]
-
-
-class _PlainTimers:
-    def __init__(self, reactor: Any) -> None:
-        self._reactor = reactor
-
-    def call_later(self, delay: float, func: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._reactor.callLater(delay, func, *args, **kwargs)
-
-
-def plain_autobahn_timers(factory: Any, reactor: Any) -> None:
-    """
-    Autobahn batches its timers into buckets that stay on the reactor after
-    the timers are cancelled, which trial reports as a dirty reactor; plain
-    reactor calls are cancelled for real.  For tests and benchmarks.
-    """
-    factory._batched_timer = _PlainTimers(reactor)

@@ -273,7 +273,7 @@ class FastHTTP(protocol.Protocol):
     """
 
     # Set by ``front.hand_over``: this connection's place among its address's
-    # connections not yet admitted (``front.Strangers``); None once admitted.
+    # connections not yet admitted (``admission.strangers``); None once admitted.
     ticket: Any = None
 
     def __init__(

@@ -9,10 +9,10 @@ the operator's hot route, and by the site (twisted.web) from the first that
 is not.  The site also still serves ``/gateway`` and ``/operator`` for an
 upgrade that comes later on a kept-alive connection.
 
-An HTTP connection counts against its address's ``Strangers`` until a
-request on it is admitted (an operator's head accepted, or any other
-route's head complete): past ``MAX_UNADMITTED_HTTP_PER_ADDRESS`` such
-connections, a new one is answered 429 and closed unread.  Going through
+An HTTP connection counts against its address's ``Strangers``
+(``admission.strangers``) from its first bytes until a request on it is
+admitted.  Fast mode only (``fast.paths``); the plain mode listens with the
+site itself (``web.listener``).  Going through
 twisted.web first would parse every hello's HTTP request twice (Autobahn's
 ``WebSocketResource`` rebuilds the request from twisted.web's parse and hands
 it to Autobahn to parse again).
@@ -28,7 +28,7 @@ from twisted.protocols.policies import ProtocolWrapper
 from twisted.web.http import datetimeToString
 
 from trapsandbox import limits
-from trapsandbox.admission import auth
+from trapsandbox.admission.strangers import Strangers, Ticket
 from trapsandbox.fast.fasthttp import FastHTTPFactory, response
 from trapsandbox.web.operator import TOO_MANY_WAITING
 
@@ -36,44 +36,6 @@ GATEWAY = b"GET /gateway"
 OPERATOR = b"GET /operator"  # the operator WebSocket (``opsocket``)
 # What may follow the path in the request line.
 _AFTER = (b" ", b"?")
-
-
-class Ticket:
-    """One connection's place among its address's strangers, given up once (``admitted``)."""
-
-    __slots__ = ("_host", "_strangers")
-
-    def __init__(self, strangers: Strangers, host: str) -> None:
-        self._strangers: Strangers | None = strangers
-        self._host = host
-
-    def admitted(self) -> None:
-        """The connection's request was admitted, or the connection is gone."""
-        strangers, self._strangers = self._strangers, None
-        if strangers is not None:
-            strangers.leave(self._host)
-
-
-class Strangers:
-    """The HTTP connections of each address that have had no request admitted yet."""
-
-    def __init__(self, limit: int = limits.MAX_UNADMITTED_HTTP_PER_ADDRESS) -> None:
-        self.limit = limit
-        self.waiting: dict[str, int] = {}
-
-    def enter(self, address: Any) -> Ticket | None:
-        """A ``Ticket`` for a new connection from ``address``; None: too many wait."""
-        host = auth.host_of(address)
-        count = self.waiting.get(host, 0)
-        if count >= self.limit:
-            return None
-        self.waiting[host] = count + 1
-        return Ticket(self, host)
-
-    def leave(self, host: str) -> None:
-        count = self.waiting.pop(host) - 1
-        if count:
-            self.waiting[host] = count
 
 
 def hand_over(
@@ -155,10 +117,12 @@ class FrontFactory(protocol.Factory):
         clock: IReactorTime,
         requests: Any = None,
         operator: Any = None,
-        max_unadmitted_per_address: int = limits.MAX_UNADMITTED_HTTP_PER_ADDRESS,
+        strangers: Strangers | None = None,
     ) -> None:
         self.site = site
-        self.strangers = Strangers(max_unadmitted_per_address)
+        self.strangers = (
+            Strangers(limits.MAX_UNADMITTED_HTTP_PER_ADDRESS) if strangers is None else strangers
+        )
         self.websocket = websocket
         self.clock = clock
         # HTTP: read by ``fasthttp`` for the operator's hot route (given ``requests``,

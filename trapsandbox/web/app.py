@@ -71,7 +71,7 @@ from prometheus_client.exposition import choose_encoder
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http import HTTPChannel, datetimeToString
+from twisted.web.http import datetimeToString
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
@@ -83,7 +83,7 @@ from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.computers.wire import GatewayError
-from trapsandbox.fast import compat
+from trapsandbox.fast import fixes
 from trapsandbox.fast.fasthttp import ABORT_AFTER, response
 from trapsandbox.limits import MAX_BODY_BYTES, MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.mcp.endpoint import McpEndpoint
@@ -104,8 +104,6 @@ from trapsandbox.web.operator import (
 )
 
 log = Logger()
-
-compat.bounded_content_length()
 
 
 def json_body(request: IRequest, body: Any, code: int = 200) -> bytes:
@@ -236,7 +234,7 @@ def operator_route(method: bytes, target: bytes) -> str | None:
     return None
 
 
-class GatewayChannel(HTTPChannel):
+class GatewayChannel(fixes.BoundedContentLength):
     """
     twisted.web's channel, bounded for strangers (SPEC §4 "Nothing is buffered
     for a stranger"): a request's head and body must arrive within
@@ -245,8 +243,8 @@ class GatewayChannel(HTTPChannel):
     the connection's last (``refuse``).
     """
 
-    # Set by ``front.hand_over``: the connection's place among its address's
-    # connections not yet admitted (``front.Strangers``).
+    # Set by what listens (``front.hand_over``, ``listener.CountedSite``): the place of the
+    # connection among its address's connections not yet admitted (``admission.strangers``).
     ticket: Any = None
     _deadline: Any = None
     _abort: Any = None
@@ -317,9 +315,9 @@ class GatewayRequest(Request):
     _refused = False
 
     def gotLength(self, length: int | None) -> None:
-        # Called by HTTPChannel.allHeadersReceived, before the body (compat.request_line).
+        # Called by HTTPChannel.allHeadersReceived, before the body (fixes.request_line).
         channel = self.channel
-        line = compat.request_line(self)
+        line = fixes.request_line(self)
         decide = getattr(channel.site, "decide", None)
         decision = None if line is None or decide is None else decide(self, *line)
         if isinstance(decision, Answer):

@@ -53,11 +53,9 @@ from trapsandbox.computers import wire
 from trapsandbox.computers.outbound import Outbound
 from trapsandbox.computers.protocol import Sending, server_options
 from trapsandbox.computers.wire import GatewayError
-from trapsandbox.fast import compat
+from trapsandbox.fast import fixes
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.web.operator import INTERNAL, Answer, OperatorRequests, error_answer
-
-compat.lazy_autobahn_debug_formatting()
 
 log = Logger()
 
@@ -120,7 +118,8 @@ def _header(request: Any, name: str) -> bytes | None:
     return None if value is None else value.encode("latin-1", "replace")
 
 
-class OperatorSocket(compat.WholeFrames, Sending, compat.HeadersOnDeny, WebSocketServerProtocol):
+class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
+    # (Fast mode serves ``trapsandbox.fast.protocols.FastOperatorSocket``.)
     factory: OperatorSocketFactory
 
     def __init__(self) -> None:
@@ -196,7 +195,7 @@ class OperatorSocket(compat.WholeFrames, Sending, compat.HeadersOnDeny, WebSocke
             self._answer(None if message_id in self.in_flight else message_id, INTERNAL)
 
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
-        compat.cancel_close_handshake_timer(self)
+        fixes.cancel_close_handshake_timer(self)
         self.factory.connections.discard(self)
         self._release()
         if self.outbound is not None:

@@ -17,24 +17,21 @@ from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerPr
 from autobahn.websocket.protocol import WebSocketProtocol
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from twisted.internet import abstract, base, epollreactor, protocol, tcp
-from twisted.internet.address import IPv4Address
+from twisted.internet import abstract, epollreactor, protocol, tcp
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactor, StringTransport
 from twisted.python import log as legacy_log
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.resource import Resource
 
-from trapsandbox.fast import compat
-from trapsandbox.web.app import GatewaySite
-from trapsandbox.web.operator import error_answer
+from trapsandbox.fast import compat, fixes
 
 
 class AutobahnTests(SynchronousTestCase):
     def test_debug_formatting_is_lazy_and_still_renders(self):
         # The connect path's cost: Autobahn calls its module's ``pformat``.
+        self.addCleanup(compat.undo)
         compat.lazy_autobahn_debug_formatting()
         value = [("maxFramePayloadSize", 1048576, "GatewayFactory")]
         lazy = autobahn.websocket.protocol.pformat(value)
@@ -51,6 +48,7 @@ class AutobahnTests(SynchronousTestCase):
     )
     def test_small_frame_masks_unmask_as_autobahns_do(self, mask, payload, cuts):
         # Autobahn unmasks a frame's payload in the pieces it arrives in.
+        self.addCleanup(compat.undo)
         compat.fast_small_frame_masks()
         ours = autobahn.websocket.protocol.create_xor_masker(mask, len(payload))
         theirs = compat._autobahn_masker(mask, len(payload))
@@ -64,14 +62,15 @@ class AutobahnTests(SynchronousTestCase):
         self.assertIn("self.current_frame_masker = create_xor_masker(", source)
 
     def test_highlighted_debug_values_are_lazy_and_still_render(self):
+        self.addCleanup(compat.undo)
         compat.lazy_autobahn_debug_formatting()
         for module in compat._HIGHLIGHTING:
             source = open(module.__file__).read()
             for name in ("hltype", "hlval"):
                 self.assertIn(f"={name}(self.", source, f"{module.__name__} no longer uses {name}")
-                lazy = getattr(module, name)(self.protocol)
+                lazy = getattr(module, name)(self.setUp)
                 self.assertIsInstance(lazy, compat._LazyCall)
-                self.assertEqual(f"{lazy}", getattr(autobahn.util, name)(self.protocol))
+                self.assertEqual(f"{lazy}", getattr(autobahn.util, name)(self.setUp))
 
     @settings(max_examples=500, deadline=None)
     @given(
@@ -91,60 +90,6 @@ class AutobahnTests(SynchronousTestCase):
                 break  # Autobahn fails the connection (1007); the index is only in its reason
         source = open(autobahn.websocket.protocol.__file__).read()
         self.assertIn("self.utf8validator = Utf8Validator()", source)
-
-    def protocol(self):
-        factory = WebSocketServerFactory()
-        protocol = factory.buildProtocol(None)
-        # What _connectionMade sets up, without a transport.
-        protocol.closeHandshakeTimeoutCall = None
-        protocol.failedByMe = False
-        return factory, protocol
-
-    def test_close_handshake_timer(self):
-        # onClose leaves this timer behind when the peer drops instead of answering our close.
-        _, protocol = self.protocol()
-        source = open(autobahn.websocket.protocol.__file__).read()
-        self.assertIn("self.closeHandshakeTimeoutCall = self.factory._batched_timer", source)
-        clock = Clock()
-        protocol.closeHandshakeTimeoutCall = clock.callLater(1, lambda: None)
-        compat.cancel_close_handshake_timer(protocol)
-        self.assertEqual(clock.getDelayedCalls(), [])
-        self.assertIsNone(protocol.closeHandshakeTimeoutCall)
-
-    def test_failed_by_me(self):
-        # The 1002/1007 close answering a malformed close frame is sent only if we know this.
-        source = open(autobahn.websocket.protocol.__file__).read()
-        self.assertIn("self.failedByMe = True", source)
-        _, protocol = self.protocol()
-        self.assertIs(compat.failed_by_us(protocol), False)
-
-    def test_batched_timer(self):
-        factory, _ = self.protocol()
-        self.assertTrue(hasattr(factory, "_batched_timer"), "Autobahn renamed _batched_timer")
-        clock = Clock()
-        compat.plain_autobahn_timers(factory, clock)
-        call = factory._batched_timer.call_later(1, lambda: None)
-        call.cancel()
-        self.assertEqual(clock.getDelayedCalls(), [])
-
-    def test_deny_headers(self):
-        # Autobahn answers a ConnectionDeny through failHandshake(reason, code): no headers.
-        source = open(autobahn.websocket.protocol.__file__).read()
-        self.assertIn("self.failHandshake(err.value.reason, err.value.code)", source)
-        sent = []
-
-        class Protocol(compat.HeadersOnDeny, WebSocketServerProtocol):
-            def sendHttpErrorResponse(self, code, reason, responseHeaders=None):
-                sent.append((code, reason, responseHeaders))
-
-            def dropConnection(self, abort=False):
-                pass
-
-        protocol = Protocol()
-        protocol.failHandshake("no", 401)
-        protocol.deny_headers = [("Retry-After", "2")]
-        protocol.failHandshake("slow down", 429)
-        self.assertEqual(sent, [(401, "no", None), (429, "slow down", [("Retry-After", "2")])])
 
 
 def _client_frame(opcode: int, payload: bytes) -> bytes:
@@ -174,7 +119,7 @@ class SlotsTests(SynchronousTestCase):
         factory = WebSocketServerFactory("ws://localhost:9000")
         factory.protocol = Slotted
         factory.setProtocolOptions(autoPingInterval=5, autoPingTimeout=2)
-        compat.plain_autobahn_timers(factory, clock)
+        fixes.plain_autobahn_timers(factory, clock)
         protocol = factory.buildProtocol(None)
         transport = StringTransport()
         protocol.makeConnection(transport)
@@ -272,21 +217,9 @@ class TransportKeysTests(SynchronousTestCase):
             self.assertTrue(defaults, f"Twisted renamed {name}")
 
 
-class TwistedTests(SynchronousTestCase):
-    def test_exit_signal(self):
-        # twistd makes the process die "killed by SIGTERM" from this attribute.
-        self.assertIn("_exitSignal", vars(base.ReactorBase))
-
-        class Reactor:
-            _exitSignal = 15
-
-        reactor = Reactor()
-        compat.exit_zero_after_stop_signal(reactor)
-        self.assertIsNone(reactor._exitSignal)
-
-
 class DirectDispatchTests(SynchronousTestCase):
     def test_the_reactor_still_calls_through_log_and_errors_are_logged(self):
+        self.addCleanup(compat.undo)
         compat.direct_reactor_dispatch()
         source = open(epollreactor.__file__).read()
         self.assertIn("log.callWithLogger(selectable, _drdw, selectable, fd, event)", source)
@@ -300,6 +233,7 @@ class WriteThroughTests(SynchronousTestCase):
     """The Twisted internals of compat.write_through_accepted_connections."""
 
     def test_the_internals_it_reads_are_there(self):
+        self.addCleanup(compat.undo)
         compat.write_through_accepted_connections()
         self.assertIs(tcp.Server.write, compat._write_through)
         source = open(abstract.__file__).read()
@@ -373,7 +307,7 @@ class WholeFramesTests(SynchronousTestCase):
             openHandshakeTimeout=0,
             closeHandshakeTimeout=0,
         )
-        compat.plain_autobahn_timers(factory, Clock())
+        fixes.plain_autobahn_timers(factory, Clock())
         factory.protocol = Recorder
         protocol = factory.buildProtocol(None)
         transport = _Transport()
@@ -424,53 +358,3 @@ class WholeFramesTests(SynchronousTestCase):
                 protocol.sendMessage(payload, binary)
             sent.append((transport.value()[start:], protocol.trafficStats.__json__()))
         self.assertEqual(sent[0], sent[1])
-
-
-class _Empty(Resource):
-    isLeaf = True
-
-    def render(self, request):
-        return b""
-
-
-class RequestHeadTests(SynchronousTestCase):
-    """What ``web.GatewayRequest`` relies on: twisted.web calls ``gotLength``
-    after the last header and before any byte of the body, with the request
-    line still on the channel (``compat.request_line``)."""
-
-    def channel(self, decide):
-        site = GatewaySite(_Empty(), decide=decide)
-        site.reactor = Clock()
-        channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
-        transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 50000))
-        channel.makeConnection(transport)
-        return channel, transport
-
-    def test_a_request_is_decided_at_its_head_before_its_body(self):
-        seen = []
-
-        def decide(request, method, target):
-            seen.append((method, target, request.getHeader(b"x-who"), request.content))
-            return error_answer(401, "unauthorized", "a bearer token is required")
-
-        channel, transport = self.channel(decide)
-        channel.dataReceived(
-            b"POST /computers/7%3A/requests?account=a HTTP/1.1\r\nX-Who: me\r\n"
-            b"Content-Length: 2000000\r\n\r\n"
-        )
-        # Decided with the head alone: no content file made, no body byte sent.
-        self.assertEqual(seen, [(b"POST", b"/computers/7%3A/requests?account=a", b"me", None)])
-        self.assertTrue(transport.value().startswith(b"HTTP/1.1 401 "))
-        self.assertTrue(transport.disconnecting)
-        channel.dataReceived(b"x" * 100_000)  # what was in flight is not kept
-        self.assertEqual(channel.requests[-1].content.getvalue(), b"")
-
-    def test_the_request_line_is_there_until_the_body_is_read(self):
-        lines = []
-
-        def decide(request, method, target):
-            lines.append(compat.request_line(request))
-
-        channel, _ = self.channel(decide)
-        channel.dataReceived(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        self.assertEqual(lines, [(b"GET", b"/health")])
