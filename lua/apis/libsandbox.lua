@@ -24,17 +24,8 @@ Daemon state is published in the shared table `_G.traposSandboxState` (`state`, 
 `sandbox status` can read it without a round trip. A stopped daemon leaves its last state
 behind, marked `running = false`.
 
-Gateway requests the daemon answers (M.requestHandlers, the dispatch table; SPEC §9 has the
-payloads), each needing the capability in brackets to be in the setting sandbox.allow:
-  ping                          {traposId}
-  exec [exec]                   run a program with the daemon's shell, in a coroutine beside it;
-                                output streamed as partial responses (stdout_delta/stderr_delta)
-  eval [eval]                   run Lua the same way; returns rendered with textutils.serialize
-  list_files, read_file [fs.read]      read_file: base64, at most 64 KiB a frame
-  write_file, delete_file [fs.write]   write_file parts go to a temporary file beside the
-                                target, moved into place by the final one
-  screen [screen]               the terminal recorded in _G.traposSandboxScreen (a window)
-  cancel                        {messageId} of a running exec/eval: terminated, ends `cancelled`
+Gateway requests the daemon answers: the request table (section 9) lists every type, the
+capability it needs in the setting sandbox.allow and its handler; SPEC §9 has the payloads.
 Anything else is `unknown_type`; a capability not allowed is `forbidden`; CraftOS refusing a
 file operation is `fs_error` with its message. No frame sent is over M.MAX_SEND (128 KiB).
 
@@ -45,7 +36,27 @@ Event loop interface (trapos's `_G.bootEventLoop`, or `createEventLoop()` on pla
                                            use it; without it they listen to M.PROGRAM_EVENTS)
 Handlers are called with the event's parameters; a loop that also passes the event name
 first is detected and handled.
+
+Sections, in this order, each using only those above it; each opens with a header
+(`-- == Section: NAME ==`) saying what it owns, what it needs and what it exports:
+  1  Constants and argument checks     M, expect, errorValue
+  2  Capabilities (consent)            sandbox.allow: parse, change, the settings' definitions
+  3  Encodings                         base64, payload/error coercion, JSON lists and codec
+  4  Envelopes                         the wire frames, hello, traposId, messageIds
+  5  Event loop                        createEventLoop (plain CraftOS), listening to every event
+  6  Output capture and the terminal   what exec/eval programs print; their redirect target
+  7  Jobs                              exec/eval coroutines: resume, timeout, cancel, partials
+  8  Request handlers                  ping, exec, eval, cancel, files, screen
+  9  The request table                 type -> capability -> handler, in one place
+  10 Dispatch                          onMessage: frames to handlers or to waiting programs
+  11 The session (the daemon)          the WebSocket, hello, reconnect, forwarding; startSession
+  12 Entry points for programs         request, ask, newWrapper
 ]]
+
+-- == Section: Constants and argument checks ===============================================
+-- Owns: the module table M with every tunable number and OS event name, the argument checks
+-- (expect, expectNonEmpty) and errorValue, the {code, message} every failure is made of.
+-- Needs: nothing. Exports: M._VERSION, M.EVENT_*, the limits (M.MAX_SEND, ...), M.errorValue.
 
 local M = {
   _VERSION = _VERSION,
@@ -82,14 +93,6 @@ local M = {
   FILE_OVERHEAD = 500,              -- bytes CC:Tweaked counts for any file or folder
 }
 
--- What the owner may allow (setting sandbox.allow), in the order they are listed.
-M.CAPABILITIES = { 'exec', 'eval', 'fs.read', 'fs.write', 'screen' }
--- The capability each gateway request needs; ping and cancel need none.
-M.REQUEST_CAPABILITY = {
-  exec = 'exec', eval = 'eval', list_files = 'fs.read', read_file = 'fs.read',
-  write_file = 'fs.write', delete_file = 'fs.write', screen = 'screen',
-}
-
 local function expect(n, value, ...)
   local t = type(value)
   local names = { ... }
@@ -111,27 +114,14 @@ local function errorValue(code, message)
 end
 M.errorValue = errorValue
 
--- The settings the daemon and the `sandbox` command read, with descriptions for `set`.
-function M.defineSettings()
-  if not (settings and settings.define) then return end
-  settings.define('sandbox.url', {
-    description = 'WebSocket URL of the trapsandbox gateway, e.g. ws://host:4444/gateway',
-    type = 'string',
-  })
-  settings.define('sandbox.password', {
-    description = 'Shared secret the sandbox daemon presents to the gateway (SANDBOX_PASSWORD)',
-    type = 'string',
-  })
-  settings.define('sandbox.allow', {
-    description = 'What the sandbox agent may do here, comma-separated: exec (run programs), eval (run Lua), '
-      .. 'fs.read (list and read files), fs.write (write and delete files), screen (read the terminal). '
-      .. 'Change it with "sandbox allow CAP..." / "sandbox deny CAP..."',
-    type = 'string',
-    default = '',
-  })
-end
+-- == Section: Capabilities (consent) ======================================================
+-- Owns: what the owner may allow (setting sandbox.allow): the list, its parsing and changing,
+-- the settings' definitions and the whole-computer warning.
+-- Needs: constants. Exports: M.CAPABILITIES, M.parseCapabilities, M.changeCapabilities,
+-- M.WHOLE_COMPUTER, M.grantsWholeComputer, M.defineSettings.
 
--- Capabilities (consent) ------------------------------------------------------
+-- What the owner may allow (setting sandbox.allow), in the order they are listed.
+M.CAPABILITIES = { 'exec', 'eval', 'fs.read', 'fs.write', 'screen' }
 
 local KNOWN_CAPABILITY = {}
 for _, name in ipairs(M.CAPABILITIES) do KNOWN_CAPABILITY[name] = true end
@@ -192,7 +182,30 @@ function M.grantsWholeComputer(allowed)
   return false
 end
 
--- Base64 ------------------------------------------------------------------------
+-- The settings the daemon and the `sandbox` command read, with descriptions for `set`.
+function M.defineSettings()
+  if not (settings and settings.define) then return end
+  settings.define('sandbox.url', {
+    description = 'WebSocket URL of the trapsandbox gateway, e.g. ws://host:4444/gateway',
+    type = 'string',
+  })
+  settings.define('sandbox.password', {
+    description = 'Shared secret the sandbox daemon presents to the gateway (SANDBOX_PASSWORD)',
+    type = 'string',
+  })
+  settings.define('sandbox.allow', {
+    description = 'What the sandbox agent may do here, comma-separated: exec (run programs), eval (run Lua), '
+      .. 'fs.read (list and read files), fs.write (write and delete files), screen (read the terminal). '
+      .. 'Change it with "sandbox allow CAP..." / "sandbox deny CAP..."',
+    type = 'string',
+    default = '',
+  })
+end
+
+-- == Section: Encodings ===================================================================
+-- Owns: base64 (file content), payload and error coercion (SPEC §2), JSON lists, the default
+-- JSON codec (textutils).
+-- Needs: constants. Exports: M.base64Encode, M.base64Decode, M.coercePayload, M.coerceError.
 
 --[[ Built for CraftOS's Lua, where making strings piecewise is slow (SPEC §6): output bytes are
 collected as numbers and turned into strings with one string.char per BASE64_GROUP of them, and
@@ -283,15 +296,6 @@ function M.base64Decode(text)
   return table.concat(out)
 end
 
--- traposId = "<computerId>:<label>", label may be empty ("7:").
-function M.traposId(osLike)
-  osLike = osLike or os
-  expect(1, osLike, 'table')
-  local id = osLike.getComputerID()
-  local label = osLike.getComputerLabel and osLike.getComputerLabel() or nil
-  return ('%d:%s'):format(id, label or '')
-end
-
 -- A JSON object decodes to a table with only string keys. Anything else (missing, `[]` which
 -- CraftOS decodes to the frozen `textutils.empty_json_array`, a list, a scalar) reads as {}.
 -- Always returns a table the caller may modify.
@@ -311,8 +315,37 @@ function M.coerceError(err, fallbackMessage)
   return errorValue('internal', fallbackMessage or 'request failed without an error')
 end
 
--- Envelope builders ---------------------------------------------------------
+-- An empty list as CraftOS encodes it as a JSON list ([]), where textutils can; {} otherwise,
+-- which the gateway reads as an empty list too (SPEC §2, payload coercion).
+local function jsonList(list)
+  if #list == 0 then
+    local tu = rawget(_G, 'textutils')
+    if type(tu) == 'table' and type(tu.empty_json_array) == 'table' then return tu.empty_json_array end
+  end
+  return list
+end
 
+local function defaultEncode(value)
+  return textutils.serializeJSON(value)
+end
+
+local function defaultDecode(text)
+  return textutils.unserializeJSON(text)
+end
+
+-- == Section: Envelopes ===================================================================
+-- Owns: the four wire frames (SPEC §2), hello, traposId, messageIds, the URL nonce.
+-- Needs: constants, encodings. Exports: M.traposId, M.computerRequest, M.computerResponse,
+-- M.gatewayRequest, M.gatewayResponse, M.hello, M.newMessageId, M.withNonce.
+
+-- traposId = "<computerId>:<label>", label may be empty ("7:").
+function M.traposId(osLike)
+  osLike = osLike or os
+  expect(1, osLike, 'table')
+  local id = osLike.getComputerID()
+  local label = osLike.getComputerLabel and osLike.getComputerLabel() or nil
+  return ('%d:%s'):format(id, label or '')
+end
 -- The four events differ only in their name and in which side's traposId they carry.
 -- The builders tail-call these, so argument errors still name the builder's caller.
 local function requestFrame(event, idKey, id, messageId, msgType, payload)
@@ -352,16 +385,6 @@ function M.gatewayResponse(receiverId, messageId, msgType, ok, payload, err)
   return responseFrame('gateway_response', 'traposReceiverId', receiverId, messageId, msgType, ok, payload, err)
 end
 
--- An empty list as CraftOS encodes it as a JSON list ([]), where textutils can; {} otherwise,
--- which the gateway reads as an empty list too (SPEC §2, payload coercion).
-local function jsonList(list)
-  if #list == 0 then
-    local tu = rawget(_G, 'textutils')
-    if type(tu) == 'table' and type(tu.empty_json_array) == 'table' then return tu.empty_json_array end
-  end
-  return list
-end
-
 -- capabilities: the allowed list (§9).
 function M.hello(senderId, messageId, secret, version, capabilities)
   expectNonEmpty(1, senderId)
@@ -392,31 +415,1026 @@ function M.withNonce(url, nonce)
   return url .. sep .. 'n=' .. tostring(nonce)
 end
 
-local function defaultEncode(value)
-  return textutils.serializeJSON(value)
+-- == Section: Event loop ==================================================================
+-- Owns: the built-in event loop for plain CraftOS (trapos's bootEventLoop interface) and
+-- listening to every event (what a program started by exec or eval waits on).
+-- Needs: constants. Exports: M.createEventLoop, M.PROGRAM_EVENTS.
+
+-- Adds `handler` to `list`; returns the function that removes it again.
+local function addHandler(list, handler)
+  local entry = { fn = handler }
+  list[#list + 1] = entry
+  return function()
+    for i = #list, 1, -1 do
+      if list[i] == entry then table.remove(list, i) end
+    end
+  end
 end
 
-local function defaultDecode(text)
-  return textutils.unserializeJSON(text)
+-- Built-in event loop for plain CraftOS: the same interface as trapos's bootEventLoop.
+function M.createEventLoop(osLike)
+  osLike = osLike or os
+  local handlers = {}
+  local anyHandlers = {}
+  local timers = {}
+  local running = false
+  local loop = {}
+
+  function loop.register(event, handler)
+    expect(1, event, 'string')
+    expect(2, handler, 'function')
+    local list = handlers[event]
+    if not list then list = {}; handlers[event] = list end
+    return addHandler(list, handler)
+  end
+
+  -- Every event, with its name first (what a program run by exec or eval waits on).
+  function loop.registerAny(handler)
+    expect(1, handler, 'function')
+    return addHandler(anyHandlers, handler)
+  end
+
+  function loop.setTimeout(fn, seconds)
+    expect(1, fn, 'function')
+    expect(2, seconds, 'number')
+    local id = osLike.startTimer(seconds)
+    timers[id] = fn
+    return function()
+      if timers[id] then
+        timers[id] = nil
+        if osLike.cancelTimer then pcall(osLike.cancelTimer, id) end
+      end
+    end
+  end
+
+  function loop.dispatch(event, ...)
+    if event == 'timer' then
+      local id = ...
+      local fn = timers[id]
+      if fn then
+        timers[id] = nil
+        fn()
+      end
+    end
+    local list = handlers[event]
+    if list then
+      local snapshot = {}
+      for i = 1, #list do snapshot[i] = list[i] end
+      for i = 1, #snapshot do snapshot[i].fn(...) end
+    end
+    if #anyHandlers > 0 then
+      local snapshot = {}
+      for i = 1, #anyHandlers do snapshot[i] = anyHandlers[i] end
+      for i = 1, #snapshot do snapshot[i].fn(event, ...) end
+    end
+  end
+
+  function loop.run()
+    running = true
+    while running do
+      loop.dispatch(osLike.pullEvent())
+    end
+  end
+
+  function loop.stop()
+    running = false
+  end
+
+  return loop
 end
 
--- Gateway requests: the dispatch table ------------------------------------------
+local function dropEventName(name, ...)
+  if select('#', ...) > 0 and (select(1, ...)) == name then
+    return select(2, ...)
+  end
+  return ...
+end
 
---[[ M.requestHandlers: gateway request type -> handler(req, ctx).
+-- Event names for loops without registerAny (trapos's bootEventLoop): what programs wait on.
+M.PROGRAM_EVENTS = {
+  'alarm', 'char', 'computer_command', 'disk', 'disk_eject', 'file_transfer', 'http_check',
+  'http_failure', 'http_success', 'key', 'key_up', 'modem_message', 'monitor_resize',
+  'monitor_touch', 'mouse_click', 'mouse_drag', 'mouse_scroll', 'mouse_up', 'paste', 'peripheral',
+  'peripheral_detach', 'rednet_message', 'redstone', 'speaker_audio_empty', 'task_complete',
+  'term_resize', 'terminate', 'timer', 'turtle_inventory', 'websocket_closed', 'websocket_failure',
+  'websocket_message', 'websocket_success', M.EVENT_REPLY, M.EVENT_CONNECTED,
+}
+
+local function listenAll(loop, handler)
+  if type(loop.registerAny) == 'function' then
+    return loop.registerAny(function(...) return handler(...) end)
+  end
+  local disposers = {}
+  for _, name in ipairs(M.PROGRAM_EVENTS) do
+    disposers[#disposers + 1] = loop.register(name, function(...) handler(name, dropEventName(name, ...)) end)
+  end
+  return function()
+    for i = 1, #disposers do disposers[i]() end
+  end
+end
+
+-- == Section: Output capture and the terminal =============================================
+-- Owns: what a program run by exec or eval prints (per stream, bounded), the redirect target
+-- that records it while drawing where the player looks, the swapped write/printError.
+-- Needs: constants. Exports: M.newCapture, M.TERM_METHODS.
+
+--[[ What a program run by exec or eval prints is recorded per stream, up to maxBytes each
+(the rest is dropped and the stream flagged truncated), and queued for partial responses.
+It is caught at two depths while the program runs (only then):
+  - _G.write and _G.printError are swapped for capturedWrite / capturedPrintError, so print
+    and write land in stdout with their own newlines and printError in stderr;
+  - the program's terminal is a redirect that draws on the daemon's terminal (the player sees
+    it) and records term.write / term.blit calls made outside write, a row change or a scroll
+    standing for a newline.
+`depth` > 0 while inside the swapped functions, so their own term calls are not recorded twice. ]]
+local Capture = {}
+Capture.__index = Capture
+
+function M.newCapture(maxBytes, mergeStderr)
+  local function stream() return { pieces = {}, bytes = 0, truncated = false } end
+  return setmetatable({
+    max = maxBytes or M.MAX_OUTPUT_BYTES, merge = mergeStderr, depth = 0, row = nil,
+    stdout = stream(), stderr = stream(), pending = {},
+  }, Capture)
+end
+
+function Capture:record(name, text)
+  if text == '' then return end
+  if self.merge then name = 'stdout' end
+  local stream = self[name]
+  local room = self.max - stream.bytes
+  if room <= 0 then stream.truncated = true; return end
+  if #text > room then
+    text = text:sub(1, room)
+    stream.truncated = true
+  end
+  stream.pieces[#stream.pieces + 1] = text
+  stream.bytes = stream.bytes + #text
+  local last = self.pending[#self.pending]
+  if last and last.name == name then
+    last.pieces[#last.pieces + 1] = text
+    last.bytes = last.bytes + #text
+  else
+    self.pending[#self.pending + 1] = { name = name, pieces = { text }, bytes = #text }
+  end
+end
+
+function Capture:text(name)
+  return table.concat(self[name].pieces)
+end
+
+-- The oldest pending run of one stream, at most `limit` bytes of it: name, data (or nil).
+function Capture:takePending(limit)
+  local run = self.pending[1]
+  if not run then return nil end
+  local data = table.concat(run.pieces)
+  if #data > limit then
+    run.pieces, run.bytes = { data:sub(limit + 1) }, #data - limit
+    data = data:sub(1, limit)
+  else
+    table.remove(self.pending, 1)
+  end
+  return run.name, data
+end
+
+--[[ The methods of CraftOS's terminal (term.native() once term.lua has moved
+nativePaletteColour and screenshot onto `term`): CC:Tweaked's TermMethods, then CraftOS-PC's
+graphics-mode extras. A terminal built over another takes its parent's methods by these names,
+by indexing: a parent that is a wrapper (`setmetatable({write = ...}, {__index = ...})`, as
+screen recorders and multiplexers make them) has most of its methods behind `__index`, where
+`pairs` never looks. A name the parent lacks stays absent, so term.redirect treats the new
+terminal as it would the parent: CraftOS-PC lends the native graphics methods, and a missing
+standard method becomes its "Redirect object is missing method X." stub. ]]
+M.TERM_METHODS = {
+  'write', 'scroll', 'setCursorPos', 'setCursorBlink', 'getCursorPos', 'getCursorBlink',
+  'getSize', 'clear', 'clearLine', 'setTextColour', 'setTextColor', 'setBackgroundColour',
+  'setBackgroundColor', 'isColour', 'isColor', 'getTextColour', 'getTextColor',
+  'getBackgroundColour', 'getBackgroundColor', 'blit', 'setPaletteColour', 'setPaletteColor',
+  'getPaletteColour', 'getPaletteColor',
+  'setGraphicsMode', 'getGraphicsMode', 'setPixel', 'getPixel', 'drawPixels', 'getPixels',
+  'showMouse', 'relativeMouse', 'setFrozen', 'getFrozen',
+  -- A window's own, passed on when the parent is one (a program may ask its terminal for them).
+  'getLine', 'setVisible', 'isVisible', 'redraw', 'restoreCursor', 'getPosition', 'reposition',
+}
+
+-- A redirect target drawing on `parent` (each of its M.TERM_METHODS) that records what is written.
+function Capture:terminal(parent)
+  local cap = self
+  local t = {}
+  for _, name in ipairs(M.TERM_METHODS) do
+    if type(parent[name]) == 'function' then t[name] = function(...) return parent[name](...) end end
+  end
+  if parent.getCursorPos then
+    local ok, _, y = pcall(parent.getCursorPos)
+    if ok then cap.row = y end
+  end
+  function t.write(text)
+    if cap.depth == 0 then cap:record('stdout', tostring(text)) end
+    return parent.write(text)
+  end
+  function t.blit(text, fg, bg)
+    if cap.depth == 0 then cap:record('stdout', tostring(text)) end
+    return parent.blit(text, fg, bg)
+  end
+  function t.setCursorPos(x, y)
+    if cap.depth == 0 and cap.row ~= nil and y ~= cap.row then cap:record('stdout', '\n') end
+    cap.row = y
+    return parent.setCursorPos(x, y)
+  end
+  function t.scroll(n)
+    if cap.depth == 0 and type(n) == 'number' and n >= 1 then cap:record('stdout', ('\n'):rep(n)) end
+    return parent.scroll(n)
+  end
+  return t
+end
+
+local activeCapture = nil              -- the capture of the job being resumed, if any
+local realWrite, realPrintError = nil, nil -- what _G held when a job last started running
+
+local function capturedWrite(text)
+  local cap = activeCapture
+  if cap and cap.depth == 0 and (type(text) == 'string' or type(text) == 'number') then
+    cap:record('stdout', tostring(text))
+    cap.depth = cap.depth + 1
+    local lines = realWrite and realWrite(text) or 0
+    cap.depth = cap.depth - 1
+    return lines
+  end
+  if realWrite then return realWrite(text) end
+  return 0
+end
+
+local function capturedPrintError(...)
+  local cap = activeCapture
+  if cap and cap.depth ~= 0 then cap = nil end
+  if cap then
+    local parts = {}
+    for i = 1, select('#', ...) do parts[i] = tostring((select(i, ...))) end
+    cap:record('stderr', table.concat(parts, '\t') .. '\n')
+    cap.depth = cap.depth + 1
+  end
+  if realPrintError then realPrintError(...) end
+  if cap then cap.depth = cap.depth - 1 end
+end
+
+-- == Section: Jobs ========================================================================
+-- Owns: a program (exec) or a Lua chunk (eval) running in its own coroutine beside the daemon:
+-- resuming it with its terminal and capture in place, timeout, cancel, streamed partials.
+-- Needs: constants, event loop, capture. Exports: nothing (startJob and stopJobs, for the
+-- request handlers and the session).
+
+--[[ A job is resumed from the daemon's event loop like `parallel` resumes its coroutines: with
+every event that matches the filter it yielded (all events when none), and `terminate` always.
+On timeoutMs, cancel, or the end of its connection it is resumed once with `terminate`; if it
+has not ended M.TERMINATE_GRACE s later it is abandoned. Output streams back as partial
+responses, coalesced; before the final answer whatever is still buffered is sent, so the
+partials always carry the whole captured output and the final answer repeats it. ]]
+local Job = {}
+Job.__index = Job
+
+local function startJob(session, req, spec)
+  if session.jobs[req.messageId] then
+    return req.respond(false, nil, errorValue('bad_request', 'a request with this messageId is running'))
+  end
+  if session.jobCount >= M.MAX_JOBS then
+    return req.respond(false, nil, errorValue('overloaded', ('%d programs are running already'):format(session.jobCount)))
+  end
+  local job = setmetatable({
+    session = session, req = req, spec = spec, attempt = session.current,
+    capture = M.newCapture(spec.maxOutputBytes, spec.mergeStderr),
+    co = coroutine.create(spec.body), dir = spec.cwd, startedAt = session.clock(),
+    done = false, filter = nil, stopReason = nil, lastPartial = nil,
+  }, Job)
+  if session.term and session.term.current and session.term.redirect then
+    -- Draw where the player looks: the recorded screen (the shell's), else our own terminal.
+    local ok, parent = pcall(session.screen)
+    if not ok or type(parent) ~= 'table' then ok, parent = pcall(session.term.current) end
+    if ok and type(parent) == 'table' then job.term = job.capture:terminal(parent) end
+  end
+  session.jobs[req.messageId] = job
+  session.jobCount = session.jobCount + 1
+  job.dispose = listenAll(session.loop, function(...) job:onEvent(...) end)
+  job.clearTimeout = session.loop.setTimeout(function()
+    job.clearTimeout = nil
+    job:stop('timeout')
+  end, spec.timeoutMs / 1000)
+  job:resume()
+end
+
+-- Stops the jobs started on `attempt` (all jobs when nil).
+local function stopJobs(session, attempt)
+  local list = {}
+  for _, job in pairs(session.jobs) do
+    if attempt == nil or job.attempt == attempt then list[#list + 1] = job end
+  end
+  for _, job in ipairs(list) do job:stop('disconnect') end
+end
+
+function Job:onEvent(event, ...)
+  if self.done then return end
+  if self.filter == nil or self.filter == event or event == 'terminate' then
+    self:resume(event, ...)
+  end
+end
+
+-- One resume, with the program's terminal, output capture and working directory in place
+-- and everything put back afterwards.
+function Job:resume(...)
+  if self.done then return end
+  local session = self.session
+  local termApi, shellApi = session.term, session.shell
+  local prevTerm
+  if self.term then
+    prevTerm = termApi.current()
+    termApi.redirect(self.term)
+  end
+  local prevWrite, prevPrintError = rawget(_G, 'write'), rawget(_G, 'printError')
+  if prevWrite ~= capturedWrite then realWrite = prevWrite; rawset(_G, 'write', capturedWrite) end
+  if prevPrintError ~= capturedPrintError then realPrintError = prevPrintError; rawset(_G, 'printError', capturedPrintError) end
+  local prevDir
+  if shellApi and self.dir then
+    prevDir = shellApi.dir()
+    pcall(shellApi.setDir, self.dir)
+  end
+  local prevCapture = activeCapture
+  activeCapture = self.capture
+  self.capture.depth = 0
+
+  local result = table.pack(coroutine.resume(self.co, ...))
+
+  activeCapture = prevCapture
+  if prevDir then
+    self.dir = shellApi.dir()
+    pcall(shellApi.setDir, prevDir)
+  end
+  if rawget(_G, 'write') == capturedWrite then rawset(_G, 'write', prevWrite) end
+  if rawget(_G, 'printError') == capturedPrintError then rawset(_G, 'printError', prevPrintError) end
+  if prevTerm then
+    self.term = termApi.current()
+    termApi.redirect(prevTerm)
+  end
+
+  if coroutine.status(self.co) == 'dead' then
+    self:finish(result)
+  else
+    if result[1] then self.filter = result[2] end
+    self:flushOutput(false)
+  end
+end
+
+-- Sends pending output as partials: at once when the last partial is M.PARTIAL_INTERVAL_MS
+-- old or the run holds M.PARTIAL_MIN_BYTES; otherwise one timer sends it later.
+function Job:flushOutput(force)
+  local session, cap = self.session, self.capture
+  while cap.pending[1] do
+    local now = session.clock()
+    local wait = self.lastPartial and (self.lastPartial + M.PARTIAL_INTERVAL_MS - now) or 0
+    if not force and wait > 0 and cap.pending[1].bytes < M.PARTIAL_MIN_BYTES then
+      if not self.clearFlush then
+        self.clearFlush = session.loop.setTimeout(function()
+          self.clearFlush = nil
+          if not self.done then self:flushOutput(false) end
+        end, wait / 1000)
+      end
+      return
+    end
+    local name, data = cap:takePending(M.PARTIAL_MAX_BYTES)
+    self.req.partial({ type = name .. '_delta', data = data })
+    self.lastPartial = now
+  end
+end
+
+function Job:stop(reason)
+  if self.done then return false end
+  if reason == 'cancel' or not self.stopReason then self.stopReason = reason end
+  self:resume('terminate')
+  if not self.done and not self.clearGrace then
+    self.clearGrace = self.session.loop.setTimeout(function()
+      self.clearGrace = nil
+      self.abandoned = true
+      self:finish({ false, 'still running after terminate: abandoned', n = 2 })
+    end, M.TERMINATE_GRACE)
+  end
+  return true
+end
+
+-- Halves the longest output string of an answer that does not fit in one frame.
+local function shrinkOutput(answer)
+  local holder, key, longest = nil, nil, 0
+  local function consider(t, k)
+    if type(t[k]) == 'string' and #t[k] > longest then holder, key, longest = t, k, #t[k] end
+  end
+  consider(answer, 'stdout')
+  consider(answer, 'stderr')
+  if type(answer.returns) == 'table' then
+    for i = 1, #answer.returns do consider(answer.returns, i) end
+  end
+  if not holder or longest < 2 then return false end
+  holder[key] = holder[key]:sub(1, math.floor(longest / 2))
+  if holder == answer then answer[key .. 'Truncated'] = true end
+  return true
+end
+
+function Job:finish(result)
+  if self.done then return end
+  self.done = true
+  local session = self.session
+  if self.dispose then self.dispose() end
+  for _, clear in ipairs({ 'clearTimeout', 'clearGrace', 'clearFlush' }) do
+    if self[clear] then self[clear](); self[clear] = nil end
+  end
+  session.jobs[self.req.messageId] = nil
+  session.jobCount = session.jobCount - 1
+  local answer = self.spec.answer(self, result)
+  self:flushOutput(true)
+  if self.stopReason == 'cancel' then
+    self.req.respond(false, nil, errorValue('cancelled', 'cancelled by the gateway'))
+  else
+    self.req.respond(true, answer, nil, shrinkOutput)
+  end
+end
+
+function Job:durationMs()
+  return math.max(0, math.floor(self.session.clock() - self.startedAt))
+end
+
+-- == Section: Request handlers ============================================================
+-- Owns: what the daemon does for each gateway request (SPEC §9): ping, exec, eval, cancel, the
+-- file requests (paths, /.settings refused, base64, parts), screen. Each is handler(req, ctx).
+-- Needs: constants, encodings, jobs. Exports: M.isSettingsPath, M.SETTINGS_FILE, M.PROGRAM_PATH,
+-- M.TEMP_SUFFIX, M.NO_SCREEN.
+
+--[[ A handler is handler(req, ctx), registered in the request table below (M.requestHandlers).
 req = { messageId, type, payload (coerced), respond(ok, payload, err, shrink?) -> sent,
         partial(payload) -> sent }
 ctx = the context onMessage was given (traposId, send, ... and, in a session, `session` and
 `allowed(capability)`).
 A handler answers through req.respond, at once or later (exec and eval stream partials first).
-A handler that raises is answered with `internal`; a type missing here with `unknown_type`; a
-type that needs a capability (M.REQUEST_CAPABILITY) the owner has not allowed with `forbidden`.
+A handler that raises is answered with `internal`; a type missing from the table with
+`unknown_type`; a type whose capability the owner has not allowed with `forbidden` (dispatch).
 An answer that would encode over M.MAX_SEND is sent as `too_large` instead (after `shrink`, when
 given, could not make it fit). ]]
-M.requestHandlers = {}
 
-function M.requestHandlers.ping(req, ctx)
+local function handlePing(req, ctx)
   req.respond(true, { traposId = ctx.traposId })
 end
+
+local function badRequest(req, message)
+  req.respond(false, nil, errorValue('bad_request', message))
+end
+
+local function fsError(req, message)
+  req.respond(false, nil, errorValue('fs_error', message))
+end
+
+-- CraftOS's own message, without a "file:line:" prefix a Lua error may carry.
+local function errorText(err)
+  local text = tostring(err)
+  return (text:gsub('^[^%s:]+:%d+: ', ''))
+end
+
+local function sessionOf(req, ctx)
+  if type(ctx.session) ~= 'table' then
+    req.respond(false, nil, errorValue('internal', 'no sandbox session'))
+    return nil
+  end
+  return ctx.session
+end
+
+local function optionalNumber(payload, key, default, min, max)
+  local value = payload[key]
+  if value == nil then return default end
+  if type(value) ~= 'number' or value ~= value or value < min then
+    return nil, ('%s must be a number of at least %d'):format(key, min)
+  end
+  if max and value > max then value = max end
+  return math.floor(value)
+end
+
+-- A list field may arrive as {} or textutils.empty_json_array when empty (SPEC §2).
+local function stringList(value, key)
+  if value == nil then return {} end
+  if type(value) ~= 'table' then return nil, key .. ' must be a list of strings' end
+  local list = {}
+  for i = 1, #value do
+    if type(value[i]) ~= 'string' then return nil, key .. ' must be a list of strings' end
+    list[i] = value[i]
+  end
+  for k in pairs(value) do
+    if type(k) ~= 'number' or k < 1 or k > #value or k % 1 ~= 0 then return nil, key .. ' must be a list of strings' end
+  end
+  return list
+end
+
+-- A CraftOS path from payload[key]: absolute, or relative to payload.cwd (default /; the
+-- cwd itself is relative to /). Returns the fs path ('' for the root) and the display path
+-- ('/...'), or nil, message.
+local function resolvePath(fsApi, payload, key, required)
+  local path = payload[key]
+  if path == nil and not required then path = '' end
+  if type(path) ~= 'string' then return nil, key .. ' must be a string' end
+  local cwd = key ~= 'cwd' and payload.cwd or nil
+  if cwd ~= nil and type(cwd) ~= 'string' then return nil, 'cwd must be a string' end
+  local full
+  if path:sub(1, 1) == '/' or path:sub(1, 1) == '\\' then
+    full = fsApi.combine('', path)
+  else
+    full = fsApi.combine(fsApi.combine('', cwd or ''), path)
+  end
+  return full, '/' .. full
+end
+
+--[[ The computer's credential stays on it (SPEC §9): /.settings holds sandbox.password, so
+file requests may not read, list, write or delete it. CraftOS normalises a path before it
+touches the disk, and differently in CC:Tweaked (fs.combine keeps `*`; fs.open drops it) and
+CraftOS-PC (drops `"*:<>?|`, control and non-ASCII bytes, then folds `..`, trims spaces, drops
+all-dot parts, cuts a long last part at 255), on hosts whose names may ignore case and trailing
+dots and spaces. So a path is the settings file when, folded with the illegal characters
+dropped before or after folding, its first part is `.settings` in any case with any trailing
+dots or spaces (or a part of 255 bytes or more starting with it): the file, or a path under it
+(which would make a folder of that name where the settings are saved). `..` above the root
+stays at the root. The gateway refuses the same paths (trapsandbox/settingsfile.py, its twin). ]]
+M.SETTINGS_FILE = '.settings'
+local PATH_DROPPED = '[%c\128-\255"*:<>?|]'
+
+local function foldPath(path)
+  local parts = {}
+  for raw in path:gmatch('[^/\\]+') do
+    local part = raw:gsub('^[%c ]+', ''):gsub('[%c ]+$', '')
+    if part == '..' then
+      parts[#parts] = nil
+    elseif part ~= '' and not part:find('^%.+$') then
+      parts[#parts + 1] = part
+    end
+  end
+  return parts
+end
+
+local function namesSettings(parts)
+  if #parts == 0 then return false end
+  local name = parts[1]:lower()
+  if #name >= 255 then return name:sub(1, #M.SETTINGS_FILE) == M.SETTINGS_FILE end
+  return (name:gsub('[%. ]+$', '')) == M.SETTINGS_FILE
+end
+
+-- Whether `path` (absolute, or relative to `cwd`, itself relative to /) is /.settings.
+function M.isSettingsPath(path, cwd)
+  local first = path:sub(1, 1)
+  local joined = path
+  if first ~= '/' and first ~= '\\' then joined = (cwd or '') .. '/' .. path end
+  local folded = table.concat(foldPath(joined), '/')
+  return namesSettings(foldPath((joined:gsub(PATH_DROPPED, ''))))
+    or namesSettings(foldPath((folded:gsub(PATH_DROPPED, ''))))
+end
+
+local function settingsForbidden(req, shown)
+  req.respond(false, nil, errorValue('forbidden', shown .. ' is this computer\'s settings file and holds its '
+    .. 'sandbox password: file requests may not read, list, write or delete it'))
+end
+
+-- The path of a file request (see resolvePath), or nil once the request has been answered:
+-- bad_request, or forbidden for the settings file.
+local function filePath(req, fsApi, required)
+  local path, shown = resolvePath(fsApi, req.payload, 'path', required)
+  if not path then return badRequest(req, shown) end
+  local cwd = req.payload.cwd
+  if M.isSettingsPath(req.payload.path or '', cwd) or M.isSettingsPath(shown) then
+    return settingsForbidden(req, shown)
+  end
+  return path, shown
+end
+
+local function encodingOk(req)
+  local encoding = req.payload.encoding
+  if encoding ~= nil and encoding ~= 'base64' then
+    badRequest(req, 'encoding must be "base64"')
+    return false
+  end
+  return true
+end
+
+local function timeoutAndOutput(payload)
+  local timeoutMs, err = optionalNumber(payload, 'timeoutMs', M.EXEC_TIMEOUT_MS, 1)
+  if not timeoutMs then return nil, err end
+  local maxOutput
+  maxOutput, err = optionalNumber(payload, 'maxOutputBytes', M.MAX_OUTPUT_BYTES, 0, M.MAX_OUTPUT_BYTES)
+  if not maxOutput then return nil, err end
+  return timeoutMs, maxOutput
+end
+
+-- exec without a shell (a daemon started with none): resolve like the shell and run the file.
+M.PROGRAM_PATH = { '/rom/programs', '/rom/programs/http', '/rom/programs/advanced', '/rom/programs/fun', '/programs' }
+
+local function findProgram(fsApi, command, cwd)
+  local function found(path)
+    if fsApi.exists(path) and not fsApi.isDir(path) then return path end
+    if fsApi.exists(path .. '.lua') and not fsApi.isDir(path .. '.lua') then return path .. '.lua' end
+  end
+  if command:find('[/\\]') then
+    if command:find('^[/\\]') then return found(fsApi.combine('', command)) end
+    return found(fsApi.combine(cwd, command))
+  end
+  local hit = found(fsApi.combine(cwd, command))
+  if hit then return hit end
+  for _, dir in ipairs(M.PROGRAM_PATH) do
+    hit = found(fsApi.combine(dir, command))
+    if hit then return hit end
+  end
+end
+
+local function runWithoutShell(fsApi, command, args, cwd)
+  local report = function(message) local pe = rawget(_G, 'printError') or print; pe(message) end
+  local path = findProgram(fsApi, command, cwd)
+  if not path then report('No such program'); return false end
+  local handle, openErr = fsApi.open(path, 'r')
+  if not handle then report(openErr or ('cannot open ' .. path)); return false end
+  local source = handle.readAll()
+  handle.close()
+  local env = setmetatable({ arg = { [0] = command, table.unpack(args) } }, { __index = _G })
+  local fn, loadErr = load(source or '', '@/' .. path, 't', env)
+  if not fn then report(loadErr); return false end
+  local ok, err = pcall(fn, table.unpack(args))
+  if not ok then
+    if err ~= nil and err ~= '' then report(err) end
+    return false
+  end
+  return true
+end
+
+local function execAnswer(job, result)
+  local cap = job.capture
+  -- An error that escaped the program (not printed by the shell) still goes to stderr.
+  if not result[1] then cap:record('stderr', tostring(result[2]) .. '\n') end
+  local answer = {
+    exitCode = (result[1] and result[2] == true) and 0 or 1,
+    timedOut = job.stopReason == 'timeout',
+    durationMs = job:durationMs(),
+    stdout = cap:text('stdout'),
+    stderr = cap:text('stderr'),
+  }
+  if cap.stdout.truncated then answer.stdoutTruncated = true end
+  if cap.stderr.truncated then answer.stderrTruncated = true end
+  return answer
+end
+
+local function handleExec(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local payload, fsApi = req.payload, session.fs
+  local command = payload.command
+  if type(command) ~= 'string' or command == '' then return badRequest(req, 'command must be a non-empty string') end
+  local args, err = stringList(payload.args, 'args')
+  if not args then return badRequest(req, err) end
+  local cwd
+  cwd, err = resolvePath(fsApi, payload, 'cwd', false)
+  if not cwd then return badRequest(req, err) end
+  if not fsApi.isDir(cwd) then return badRequest(req, 'cwd /' .. cwd .. ' is not a directory') end
+  local timeoutMs, maxOutput = timeoutAndOutput(payload)
+  if not timeoutMs then return badRequest(req, maxOutput) end
+  local shellApi = session.shell
+  local body
+  if shellApi and shellApi.execute then
+    body = function() return shellApi.execute(command, table.unpack(args)) end
+  else
+    body = function() return runWithoutShell(fsApi, command, args, cwd) end
+  end
+  startJob(session, req, {
+    body = body, cwd = shellApi and cwd or nil, timeoutMs = timeoutMs, maxOutputBytes = maxOutput,
+    answer = execAnswer,
+  })
+end
+
+local function serializeValue(textutilsApi, value)
+  if textutilsApi and textutilsApi.serialize then
+    local ok, text = pcall(textutilsApi.serialize, value)
+    if ok and type(text) == 'string' then return text end
+  end
+  return tostring(value)
+end
+
+-- eval has one output stream: printError output goes to stdout too.
+local function evalAnswer(job, result)
+  local cap = job.capture
+  local answer = {
+    ok = result[1] == true and not job.abandoned,
+    returns = {},
+    stdout = cap:text('stdout'),
+    durationMs = job:durationMs(),
+    timedOut = job.stopReason == 'timeout',
+  }
+  if answer.ok then
+    for i = 2, result.n do answer.returns[i - 1] = serializeValue(job.session.textutils, result[i]) end
+  else
+    answer.error = tostring(result[2])
+  end
+  answer.returns = jsonList(answer.returns)
+  if cap.stdout.truncated then answer.stdoutTruncated = true end
+  return answer
+end
+
+-- The environment eval code runs in: reads fall through to the computer's globals, assignments
+-- stay here, and it lasts for the session (like the Lua prompt, `x = 1` then `return x` works).
+local function evalEnv(session)
+  if not session.evalGlobals then
+    session.evalGlobals = setmetatable({ shell = session.shell, multishell = rawget(_G, 'multishell') }, { __index = _G })
+  end
+  return session.evalGlobals
+end
+
+local function handleEval(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local code = req.payload.code
+  if type(code) ~= 'string' or code == '' then return badRequest(req, 'code must be a non-empty string') end
+  local timeoutMs, maxOutput = timeoutAndOutput(req.payload)
+  if not timeoutMs then return badRequest(req, maxOutput) end
+  local env = evalEnv(session)
+  -- Like the Lua prompt: an expression first, then statements.
+  local fn, err = load('return ' .. code, '=eval', 't', env)
+  if not fn then fn, err = load(code, '=eval', 't', env) end
+  if not fn then
+    return req.respond(true, { ok = false, returns = jsonList({}), stdout = '', error = tostring(err), durationMs = 0, timedOut = false })
+  end
+  startJob(session, req, {
+    body = fn, timeoutMs = timeoutMs, maxOutputBytes = maxOutput, mergeStderr = true, answer = evalAnswer,
+  })
+end
+
+local function handleCancel(req, ctx)
+  local messageId = req.payload.messageId
+  if type(messageId) ~= 'string' or messageId == '' then return badRequest(req, 'messageId must be a non-empty string') end
+  local job = type(ctx.session) == 'table' and ctx.session.jobs[messageId] or nil
+  req.respond(true, { cancelled = job ~= nil and job:stop('cancel') or false })
+end
+
+-- Files ----------------------------------------------------------------------------
+
+local function fileEntry(fsApi, dir, name)
+  local full = fsApi.combine(dir, name)
+  if fsApi.attributes then
+    local ok, attrs = pcall(fsApi.attributes, full)
+    if ok and type(attrs) == 'table' then
+      return { name = name, type = attrs.isDir and 'dir' or 'file', size = attrs.isDir and 0 or (attrs.size or 0),
+        readOnly = attrs.isReadOnly == true }
+    end
+  end
+  local isDir = fsApi.isDir(full)
+  return { name = name, type = isDir and 'dir' or 'file', size = isDir and 0 or fsApi.getSize(full),
+    readOnly = fsApi.isReadOnly(full) == true }
+end
+
+local function handleListFiles(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local fsApi = session.fs
+  local path, shown = filePath(req, fsApi, false)
+  if not path then return end
+  if not fsApi.exists(path) then return fsError(req, shown .. ': No such file') end
+  if not fsApi.isDir(path) then return fsError(req, shown .. ': Not a directory') end
+  local ok, names = pcall(fsApi.list, path)
+  if not ok then return fsError(req, errorText(names)) end
+  local entries = {}
+  for i, name in ipairs(names) do entries[i] = fileEntry(fsApi, path, name) end
+  req.respond(true, { path = shown, entries = jsonList(entries) })
+end
+
+-- Reads `length` bytes from `offset` of an open binary handle.
+local function readRange(handle, offset, length)
+  if offset > 0 then
+    if handle.seek then
+      handle.seek('set', offset)
+    else
+      local skipped = 0
+      while skipped < offset do
+        local chunk = handle.read(math.min(offset - skipped, M.MAX_CONTENT))
+        if not chunk or chunk == '' then break end
+        skipped = skipped + #chunk
+      end
+    end
+  end
+  local parts, got = {}, 0
+  while got < length do
+    local chunk = handle.read(length - got)
+    if not chunk or chunk == '' then break end
+    parts[#parts + 1] = chunk
+    got = got + #chunk
+  end
+  return table.concat(parts)
+end
+
+local function handleReadFile(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local fsApi, payload = session.fs, req.payload
+  if not encodingOk(req) then return end
+  local path, shown = filePath(req, fsApi, true)
+  if not path then return end
+  local offset, err = optionalNumber(payload, 'offset', 0, 0)
+  if not offset then return badRequest(req, err) end
+  local length
+  length, err = optionalNumber(payload, 'length', M.MAX_CONTENT, 0, M.MAX_CONTENT)
+  if not length then return badRequest(req, err) end
+  if not fsApi.exists(path) then return fsError(req, shown .. ': No such file') end
+  if fsApi.isDir(path) then return fsError(req, shown .. ': Is a directory') end
+  local handle, openErr = fsApi.open(path, 'rb')
+  if not handle then return fsError(req, openErr or (shown .. ': cannot open')) end
+  local ok, data = pcall(readRange, handle, offset, length)
+  handle.close()
+  if not ok then return fsError(req, errorText(data)) end
+  req.respond(true, {
+    content = M.base64Encode(data), encoding = 'base64', sizeBytes = fsApi.getSize(path),
+    offset = offset, bytesRead = #data,
+  })
+end
+
+-- The free space of the drive `path` is on (or will be on): asked of its nearest existing folder.
+local function freeSpaceFor(fsApi, path)
+  if not fsApi.getFreeSpace then return nil, 0 end
+  local dir, missing = fsApi.getDir(path), 0
+  while dir ~= '' and dir ~= '..' and not fsApi.exists(dir) do
+    missing = missing + 1
+    dir = fsApi.getDir(dir)
+  end
+  if dir == '..' then dir = '' end
+  local ok, free = pcall(fsApi.getFreeSpace, dir)
+  if ok and type(free) == 'number' then return free, missing end
+  return nil, missing -- "unlimited", or not answerable
+end
+
+-- Writes `data` to `path` ('wb' or 'ab'); the handle is closed exactly once. -> ok, message
+local function writeBytes(fsApi, path, mode, data)
+  local handle, openErr = fsApi.open(path, mode)
+  if not handle then return false, openErr or ('/' .. path .. ': cannot open') end
+  local ok, err = true, nil
+  if data ~= '' then ok, err = pcall(handle.write, data) end
+  local closed, closeErr = pcall(handle.close)
+  if ok and not closed then ok, err = false, closeErr end
+  if not ok then return false, errorText(err) end
+  return true
+end
+
+-- Moves `temp` onto `path`, so `path` is replaced whole or not at all. -> ok, message
+local function install(fsApi, temp, path)
+  local backup
+  if fsApi.exists(path) then
+    backup = temp .. '.old'
+    if fsApi.exists(backup) then pcall(fsApi.delete, backup) end
+    local ok, err = pcall(fsApi.move, path, backup)
+    if not ok then return false, errorText(err) end
+  end
+  local ok, err = pcall(fsApi.move, temp, path)
+  if not ok then
+    if backup then pcall(fsApi.move, backup, path) end
+    return false, errorText(err)
+  end
+  if backup then pcall(fsApi.delete, backup) end
+  return true
+end
+
+M.TEMP_SUFFIX = '.sandbox-part'
+
+local function handleWriteFile(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local fsApi, payload = session.fs, req.payload
+  if not encodingOk(req) then return end
+  local path, shown = filePath(req, fsApi, true)
+  if not path then return end
+  if path == '' then return badRequest(req, 'path names a folder: /') end
+  if type(payload.content) ~= 'string' then return badRequest(req, 'content must be a base64 string') end
+  local data, decodeErr = M.base64Decode(payload.content)
+  if not data then return badRequest(req, 'content: ' .. decodeErr) end
+  if #data > M.MAX_CONTENT then
+    return badRequest(req, ('%d bytes in one frame, at most %d: send parts'):format(#data, M.MAX_CONTENT))
+  end
+  local part = payload.part
+  if part ~= nil and type(part) ~= 'table' then return badRequest(req, 'part must be {offset, final}') end
+  local offset, final = 0, true
+  if part then
+    local err
+    offset, err = optionalNumber(part, 'offset', 0, 0)
+    if not offset then return badRequest(req, 'part.' .. err) end
+    final = part.final == true
+  end
+  if fsApi.isReadOnly(path) then return fsError(req, shown .. ': Access denied') end
+  if fsApi.isDir(path) then return fsError(req, shown .. ': Cannot write to directory') end
+
+  -- Parts go to a temporary file beside the target; offset 0 starts it afresh.
+  local temp = fsApi.combine(fsApi.getDir(path), '.' .. fsApi.getName(path) .. M.TEMP_SUFFIX)
+  if M.isSettingsPath('/' .. temp) or M.isSettingsPath('/' .. temp .. '.old') then return settingsForbidden(req, shown) end
+  local have = 0
+  if offset > 0 then
+    have = fsApi.exists(temp) and fsApi.getSize(temp) or 0
+    if offset ~= have then
+      return badRequest(req, ('part.offset is %d but %d bytes of %s were received so far'):format(offset, have, shown))
+    end
+  end
+  local free, missingDirs = freeSpaceFor(fsApi, path)
+  local need = #data + (offset == 0 and M.FILE_OVERHEAD or 0) + missingDirs * M.FILE_OVERHEAD
+  if free and need > free then
+    return fsError(req, ('Out of space: writing %s needs %d bytes, %d free'):format(shown, need, free))
+  end
+  local dir = fsApi.getDir(path)
+  if dir ~= '' and not fsApi.exists(dir) then
+    local ok, err = pcall(fsApi.makeDir, dir)
+    if not ok then return fsError(req, errorText(err)) end
+  end
+  local ok, err = writeBytes(fsApi, temp, offset == 0 and 'wb' or 'ab', data)
+  if not ok then
+    pcall(fsApi.delete, temp)
+    return fsError(req, err)
+  end
+  local size = have + #data
+  if final then
+    ok, err = install(fsApi, temp, path)
+    if not ok then
+      pcall(fsApi.delete, temp)
+      return fsError(req, err)
+    end
+    size = fsApi.getSize(path)
+  end
+  req.respond(true, { bytesWritten = #data, sizeBytes = size })
+end
+
+local function handleDeleteFile(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local fsApi = session.fs
+  local path, shown = filePath(req, fsApi, true)
+  if not path then return end
+  if path == '' then return badRequest(req, 'refusing to delete /') end
+  if not fsApi.exists(path) then return req.respond(true, { deleted = false }) end
+  if fsApi.isReadOnly(path) then return fsError(req, shown .. ': Access denied') end
+  local ok, err = pcall(fsApi.delete, path)
+  if not ok then return fsError(req, errorText(err)) end
+  req.respond(true, { deleted = not fsApi.exists(path) })
+end
+
+-- Screen ---------------------------------------------------------------------------
+
+--[[ The native terminal cannot be read back, so the screen is whatever readable terminal (one
+with getLine, i.e. a `window`) was recorded in _G.traposSandboxScreen. The startup file the
+installer writes records it: on a computer without multishell it wraps the whole screen in a
+window the shell and the daemon draw in; under multishell it records the window of the tab the
+first shell runs in (what the player sees while that tab is in front). ]]
+M.NO_SCREEN = 'this computer has no readable screen: start the daemon from /startup/sandbox-daemon.lua '
+  .. '(written by the installer), which keeps the shell\'s terminal in a window and records it '
+  .. 'in _G.traposSandboxScreen'
+
+local function handleScreen(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local screen = session.screen()
+  if type(screen) ~= 'table' or type(screen.getLine) ~= 'function' or type(screen.getSize) ~= 'function' then
+    return req.respond(false, nil, errorValue('internal', M.NO_SCREEN))
+  end
+  local width, height = screen.getSize()
+  local cursorX, cursorY = 1, 1
+  if screen.getCursorPos then cursorX, cursorY = screen.getCursorPos() end
+  local lines, text, background = {}, {}, {}
+  for y = 1, height do
+    local line, fg, bg = screen.getLine(y)
+    lines[y] = line or ''
+    text[y] = fg
+    background[y] = bg
+  end
+  local answer = { width = width, height = height, cursorX = cursorX, cursorY = cursorY, lines = lines }
+  if #text == height then answer.text = text end
+  if #background == height then answer.background = background end
+  req.respond(true, answer)
+end
+
+-- == Section: The request table ===========================================================
+-- Owns: every gateway request type the daemon answers, the capability it needs (in the
+-- setting sandbox.allow; none for ping and cancel) and its handler, in one place.
+-- Needs: the request handlers. Exports: M.requestHandlers (type -> handler, what dispatch
+-- calls) and M.REQUEST_CAPABILITY (type -> capability), both made from REQUESTS.
+
+-- SPEC §9 has the payloads and answers.
+local REQUESTS = {
+  -- type         capability  handler            what it does
+  { 'ping',        nil,        handlePing },       -- {traposId}
+  { 'exec',        'exec',     handleExec },       -- run a program beside the daemon; partials stream its output
+  { 'eval',        'eval',     handleEval },       -- run Lua the same way; returns via textutils.serialize
+  { 'cancel',      nil,        handleCancel },     -- {messageId} of a running exec/eval: ends `cancelled`
+  { 'list_files',  'fs.read',  handleListFiles },  -- {path, entries}
+  { 'read_file',   'fs.read',  handleReadFile },   -- base64, at most 64 KiB a frame
+  { 'write_file',  'fs.write', handleWriteFile },  -- parts into a temporary file, the final one moves it in
+  { 'delete_file', 'fs.write', handleDeleteFile }, -- {deleted}
+  { 'screen',      'screen',   handleScreen },     -- the terminal's lines and colours
+}
+
+M.requestHandlers, M.REQUEST_CAPABILITY = {}, {}
+for _, entry in ipairs(REQUESTS) do
+  local msgType, capability, handler = entry[1], entry[2], entry[3]
+  M.requestHandlers[msgType] = handler
+  M.REQUEST_CAPABILITY[msgType] = capability
+end
+
+-- == Section: Dispatch ====================================================================
+-- Owns: turning one frame from the gateway into a handler call or a reply for a waiting
+-- program (onMessage), the request object a handler answers through, the frame size limit.
+-- Needs: constants, encodings, envelopes, the request table. Exports: M.onMessage.
 
 local function encodeFor(ctx)
   return ctx.encode or defaultEncode
@@ -527,97 +1545,10 @@ function M.onMessage(content, ctx)
   return 'ignored'
 end
 
--- Adds `handler` to `list`; returns the function that removes it again.
-local function addHandler(list, handler)
-  local entry = { fn = handler }
-  list[#list + 1] = entry
-  return function()
-    for i = #list, 1, -1 do
-      if list[i] == entry then table.remove(list, i) end
-    end
-  end
-end
-
--- Built-in event loop for plain CraftOS: the same interface as trapos's bootEventLoop.
-function M.createEventLoop(osLike)
-  osLike = osLike or os
-  local handlers = {}
-  local anyHandlers = {}
-  local timers = {}
-  local running = false
-  local loop = {}
-
-  function loop.register(event, handler)
-    expect(1, event, 'string')
-    expect(2, handler, 'function')
-    local list = handlers[event]
-    if not list then list = {}; handlers[event] = list end
-    return addHandler(list, handler)
-  end
-
-  -- Every event, with its name first (what a program run by exec or eval waits on).
-  function loop.registerAny(handler)
-    expect(1, handler, 'function')
-    return addHandler(anyHandlers, handler)
-  end
-
-  function loop.setTimeout(fn, seconds)
-    expect(1, fn, 'function')
-    expect(2, seconds, 'number')
-    local id = osLike.startTimer(seconds)
-    timers[id] = fn
-    return function()
-      if timers[id] then
-        timers[id] = nil
-        if osLike.cancelTimer then pcall(osLike.cancelTimer, id) end
-      end
-    end
-  end
-
-  function loop.dispatch(event, ...)
-    if event == 'timer' then
-      local id = ...
-      local fn = timers[id]
-      if fn then
-        timers[id] = nil
-        fn()
-      end
-    end
-    local list = handlers[event]
-    if list then
-      local snapshot = {}
-      for i = 1, #list do snapshot[i] = list[i] end
-      for i = 1, #snapshot do snapshot[i].fn(...) end
-    end
-    if #anyHandlers > 0 then
-      local snapshot = {}
-      for i = 1, #anyHandlers do snapshot[i] = anyHandlers[i] end
-      for i = 1, #snapshot do snapshot[i].fn(event, ...) end
-    end
-  end
-
-  function loop.run()
-    running = true
-    while running do
-      loop.dispatch(osLike.pullEvent())
-    end
-  end
-
-  function loop.stop()
-    running = false
-  end
-
-  return loop
-end
-
-local function dropEventName(name, ...)
-  if select('#', ...) > 0 and (select(1, ...)) == name then
-    return select(2, ...)
-  end
-  return ...
-end
-
--- The session (the daemon) ---------------------------------------------------------
+-- == Section: The session (the daemon) ====================================================
+-- Owns: the one WebSocket to the gateway: connect, hello, reconnect with backoff, forwarding
+-- programs' requests, announcing capabilities, the published state; startSession.
+-- Needs: everything above (dispatch for frames, jobs to stop them). Exports: M.startSession.
 
 --[[ A session moves through these states (`session.state()`):
   connecting   websocketAsync called, waiting for websocket_success (connectTimeout)
@@ -693,7 +1624,7 @@ function Session:endAttempt(message)
   self:closeHandle(attempt.handle)
   self:failInFlight(message or 'connection lost')
   -- Their answers could only go on this connection: programs it started are stopped.
-  self:stopJobs(attempt)
+  stopJobs(self, attempt)
 end
 
 function Session:clearReconnect()
@@ -958,7 +1889,7 @@ function Session:stop()
   if self.stopped then return end
   self.stopped = true
   self:endAttempt('daemon stopped')
-  self:stopJobs()
+  stopJobs(self)
   self:clearReconnect()
   for i = 1, #self.disposers do self.disposers[i]() end
   self.disposers = {}
@@ -1078,873 +2009,10 @@ function M.startSession(opts)
   return session
 end
 
--- Output capture ------------------------------------------------------------------
-
---[[ What a program run by exec or eval prints is recorded per stream, up to maxBytes each
-(the rest is dropped and the stream flagged truncated), and queued for partial responses.
-It is caught at two depths while the program runs (only then):
-  - _G.write and _G.printError are swapped for capturedWrite / capturedPrintError, so print
-    and write land in stdout with their own newlines and printError in stderr;
-  - the program's terminal is a redirect that draws on the daemon's terminal (the player sees
-    it) and records term.write / term.blit calls made outside write, a row change or a scroll
-    standing for a newline.
-`depth` > 0 while inside the swapped functions, so their own term calls are not recorded twice. ]]
-local Capture = {}
-Capture.__index = Capture
-
-function M.newCapture(maxBytes, mergeStderr)
-  local function stream() return { pieces = {}, bytes = 0, truncated = false } end
-  return setmetatable({
-    max = maxBytes or M.MAX_OUTPUT_BYTES, merge = mergeStderr, depth = 0, row = nil,
-    stdout = stream(), stderr = stream(), pending = {},
-  }, Capture)
-end
-
-function Capture:record(name, text)
-  if text == '' then return end
-  if self.merge then name = 'stdout' end
-  local stream = self[name]
-  local room = self.max - stream.bytes
-  if room <= 0 then stream.truncated = true; return end
-  if #text > room then
-    text = text:sub(1, room)
-    stream.truncated = true
-  end
-  stream.pieces[#stream.pieces + 1] = text
-  stream.bytes = stream.bytes + #text
-  local last = self.pending[#self.pending]
-  if last and last.name == name then
-    last.pieces[#last.pieces + 1] = text
-    last.bytes = last.bytes + #text
-  else
-    self.pending[#self.pending + 1] = { name = name, pieces = { text }, bytes = #text }
-  end
-end
-
-function Capture:text(name)
-  return table.concat(self[name].pieces)
-end
-
--- The oldest pending run of one stream, at most `limit` bytes of it: name, data (or nil).
-function Capture:takePending(limit)
-  local run = self.pending[1]
-  if not run then return nil end
-  local data = table.concat(run.pieces)
-  if #data > limit then
-    run.pieces, run.bytes = { data:sub(limit + 1) }, #data - limit
-    data = data:sub(1, limit)
-  else
-    table.remove(self.pending, 1)
-  end
-  return run.name, data
-end
-
---[[ The methods of CraftOS's terminal (term.native() once term.lua has moved
-nativePaletteColour and screenshot onto `term`): CC:Tweaked's TermMethods, then CraftOS-PC's
-graphics-mode extras. A terminal built over another takes its parent's methods by these names,
-by indexing: a parent that is a wrapper (`setmetatable({write = ...}, {__index = ...})`, as
-screen recorders and multiplexers make them) has most of its methods behind `__index`, where
-`pairs` never looks. A name the parent lacks stays absent, so term.redirect treats the new
-terminal as it would the parent: CraftOS-PC lends the native graphics methods, and a missing
-standard method becomes its "Redirect object is missing method X." stub. ]]
-M.TERM_METHODS = {
-  'write', 'scroll', 'setCursorPos', 'setCursorBlink', 'getCursorPos', 'getCursorBlink',
-  'getSize', 'clear', 'clearLine', 'setTextColour', 'setTextColor', 'setBackgroundColour',
-  'setBackgroundColor', 'isColour', 'isColor', 'getTextColour', 'getTextColor',
-  'getBackgroundColour', 'getBackgroundColor', 'blit', 'setPaletteColour', 'setPaletteColor',
-  'getPaletteColour', 'getPaletteColor',
-  'setGraphicsMode', 'getGraphicsMode', 'setPixel', 'getPixel', 'drawPixels', 'getPixels',
-  'showMouse', 'relativeMouse', 'setFrozen', 'getFrozen',
-  -- A window's own, passed on when the parent is one (a program may ask its terminal for them).
-  'getLine', 'setVisible', 'isVisible', 'redraw', 'restoreCursor', 'getPosition', 'reposition',
-}
-
--- A redirect target drawing on `parent` (each of its M.TERM_METHODS) that records what is written.
-function Capture:terminal(parent)
-  local cap = self
-  local t = {}
-  for _, name in ipairs(M.TERM_METHODS) do
-    if type(parent[name]) == 'function' then t[name] = function(...) return parent[name](...) end end
-  end
-  if parent.getCursorPos then
-    local ok, _, y = pcall(parent.getCursorPos)
-    if ok then cap.row = y end
-  end
-  function t.write(text)
-    if cap.depth == 0 then cap:record('stdout', tostring(text)) end
-    return parent.write(text)
-  end
-  function t.blit(text, fg, bg)
-    if cap.depth == 0 then cap:record('stdout', tostring(text)) end
-    return parent.blit(text, fg, bg)
-  end
-  function t.setCursorPos(x, y)
-    if cap.depth == 0 and cap.row ~= nil and y ~= cap.row then cap:record('stdout', '\n') end
-    cap.row = y
-    return parent.setCursorPos(x, y)
-  end
-  function t.scroll(n)
-    if cap.depth == 0 and type(n) == 'number' and n >= 1 then cap:record('stdout', ('\n'):rep(n)) end
-    return parent.scroll(n)
-  end
-  return t
-end
-
-local activeCapture = nil              -- the capture of the job being resumed, if any
-local realWrite, realPrintError = nil, nil -- what _G held when a job last started running
-
-local function capturedWrite(text)
-  local cap = activeCapture
-  if cap and cap.depth == 0 and (type(text) == 'string' or type(text) == 'number') then
-    cap:record('stdout', tostring(text))
-    cap.depth = cap.depth + 1
-    local lines = realWrite and realWrite(text) or 0
-    cap.depth = cap.depth - 1
-    return lines
-  end
-  if realWrite then return realWrite(text) end
-  return 0
-end
-
-local function capturedPrintError(...)
-  local cap = activeCapture
-  if cap and cap.depth ~= 0 then cap = nil end
-  if cap then
-    local parts = {}
-    for i = 1, select('#', ...) do parts[i] = tostring((select(i, ...))) end
-    cap:record('stderr', table.concat(parts, '\t') .. '\n')
-    cap.depth = cap.depth + 1
-  end
-  if realPrintError then realPrintError(...) end
-  if cap then cap.depth = cap.depth - 1 end
-end
-
--- Jobs: a program (exec) or a chunk (eval) running in its own coroutine -------------
-
---[[ A job is resumed from the daemon's event loop like `parallel` resumes its coroutines: with
-every event that matches the filter it yielded (all events when none), and `terminate` always.
-On timeoutMs, cancel, or the end of its connection it is resumed once with `terminate`; if it
-has not ended M.TERMINATE_GRACE s later it is abandoned. Output streams back as partial
-responses, coalesced; before the final answer whatever is still buffered is sent, so the
-partials always carry the whole captured output and the final answer repeats it. ]]
-local Job = {}
-Job.__index = Job
-
--- Event names for loops without registerAny (trapos's bootEventLoop): what programs wait on.
-M.PROGRAM_EVENTS = {
-  'alarm', 'char', 'computer_command', 'disk', 'disk_eject', 'file_transfer', 'http_check',
-  'http_failure', 'http_success', 'key', 'key_up', 'modem_message', 'monitor_resize',
-  'monitor_touch', 'mouse_click', 'mouse_drag', 'mouse_scroll', 'mouse_up', 'paste', 'peripheral',
-  'peripheral_detach', 'rednet_message', 'redstone', 'speaker_audio_empty', 'task_complete',
-  'term_resize', 'terminate', 'timer', 'turtle_inventory', 'websocket_closed', 'websocket_failure',
-  'websocket_message', 'websocket_success', M.EVENT_REPLY, M.EVENT_CONNECTED,
-}
-
-local function listenAll(loop, handler)
-  if type(loop.registerAny) == 'function' then
-    return loop.registerAny(function(...) return handler(...) end)
-  end
-  local disposers = {}
-  for _, name in ipairs(M.PROGRAM_EVENTS) do
-    disposers[#disposers + 1] = loop.register(name, function(...) handler(name, dropEventName(name, ...)) end)
-  end
-  return function()
-    for i = 1, #disposers do disposers[i]() end
-  end
-end
-
-function Session:startJob(req, spec)
-  if self.jobs[req.messageId] then
-    return req.respond(false, nil, errorValue('bad_request', 'a request with this messageId is running'))
-  end
-  if self.jobCount >= M.MAX_JOBS then
-    return req.respond(false, nil, errorValue('overloaded', ('%d programs are running already'):format(self.jobCount)))
-  end
-  local job = setmetatable({
-    session = self, req = req, spec = spec, attempt = self.current,
-    capture = M.newCapture(spec.maxOutputBytes, spec.mergeStderr),
-    co = coroutine.create(spec.body), dir = spec.cwd, startedAt = self.clock(),
-    done = false, filter = nil, stopReason = nil, lastPartial = nil,
-  }, Job)
-  if self.term and self.term.current and self.term.redirect then
-    -- Draw where the player looks: the recorded screen (the shell's), else our own terminal.
-    local ok, parent = pcall(self.screen)
-    if not ok or type(parent) ~= 'table' then ok, parent = pcall(self.term.current) end
-    if ok and type(parent) == 'table' then job.term = job.capture:terminal(parent) end
-  end
-  self.jobs[req.messageId] = job
-  self.jobCount = self.jobCount + 1
-  job.dispose = listenAll(self.loop, function(...) job:onEvent(...) end)
-  job.clearTimeout = self.loop.setTimeout(function()
-    job.clearTimeout = nil
-    job:stop('timeout')
-  end, spec.timeoutMs / 1000)
-  job:resume()
-end
-
--- Stops the jobs started on `attempt` (all jobs when nil).
-function Session:stopJobs(attempt)
-  local list = {}
-  for _, job in pairs(self.jobs) do
-    if attempt == nil or job.attempt == attempt then list[#list + 1] = job end
-  end
-  for _, job in ipairs(list) do job:stop('disconnect') end
-end
-
-function Job:onEvent(event, ...)
-  if self.done then return end
-  if self.filter == nil or self.filter == event or event == 'terminate' then
-    self:resume(event, ...)
-  end
-end
-
--- One resume, with the program's terminal, output capture and working directory in place
--- and everything put back afterwards.
-function Job:resume(...)
-  if self.done then return end
-  local session = self.session
-  local termApi, shellApi = session.term, session.shell
-  local prevTerm
-  if self.term then
-    prevTerm = termApi.current()
-    termApi.redirect(self.term)
-  end
-  local prevWrite, prevPrintError = rawget(_G, 'write'), rawget(_G, 'printError')
-  if prevWrite ~= capturedWrite then realWrite = prevWrite; rawset(_G, 'write', capturedWrite) end
-  if prevPrintError ~= capturedPrintError then realPrintError = prevPrintError; rawset(_G, 'printError', capturedPrintError) end
-  local prevDir
-  if shellApi and self.dir then
-    prevDir = shellApi.dir()
-    pcall(shellApi.setDir, self.dir)
-  end
-  local prevCapture = activeCapture
-  activeCapture = self.capture
-  self.capture.depth = 0
-
-  local result = table.pack(coroutine.resume(self.co, ...))
-
-  activeCapture = prevCapture
-  if prevDir then
-    self.dir = shellApi.dir()
-    pcall(shellApi.setDir, prevDir)
-  end
-  if rawget(_G, 'write') == capturedWrite then rawset(_G, 'write', prevWrite) end
-  if rawget(_G, 'printError') == capturedPrintError then rawset(_G, 'printError', prevPrintError) end
-  if prevTerm then
-    self.term = termApi.current()
-    termApi.redirect(prevTerm)
-  end
-
-  if coroutine.status(self.co) == 'dead' then
-    self:finish(result)
-  else
-    if result[1] then self.filter = result[2] end
-    self:flushOutput(false)
-  end
-end
-
--- Sends pending output as partials: at once when the last partial is M.PARTIAL_INTERVAL_MS
--- old or the run holds M.PARTIAL_MIN_BYTES; otherwise one timer sends it later.
-function Job:flushOutput(force)
-  local session, cap = self.session, self.capture
-  while cap.pending[1] do
-    local now = session.clock()
-    local wait = self.lastPartial and (self.lastPartial + M.PARTIAL_INTERVAL_MS - now) or 0
-    if not force and wait > 0 and cap.pending[1].bytes < M.PARTIAL_MIN_BYTES then
-      if not self.clearFlush then
-        self.clearFlush = session.loop.setTimeout(function()
-          self.clearFlush = nil
-          if not self.done then self:flushOutput(false) end
-        end, wait / 1000)
-      end
-      return
-    end
-    local name, data = cap:takePending(M.PARTIAL_MAX_BYTES)
-    self.req.partial({ type = name .. '_delta', data = data })
-    self.lastPartial = now
-  end
-end
-
-function Job:stop(reason)
-  if self.done then return false end
-  if reason == 'cancel' or not self.stopReason then self.stopReason = reason end
-  self:resume('terminate')
-  if not self.done and not self.clearGrace then
-    self.clearGrace = self.session.loop.setTimeout(function()
-      self.clearGrace = nil
-      self.abandoned = true
-      self:finish({ false, 'still running after terminate: abandoned', n = 2 })
-    end, M.TERMINATE_GRACE)
-  end
-  return true
-end
-
--- Halves the longest output string of an answer that does not fit in one frame.
-local function shrinkOutput(answer)
-  local holder, key, longest = nil, nil, 0
-  local function consider(t, k)
-    if type(t[k]) == 'string' and #t[k] > longest then holder, key, longest = t, k, #t[k] end
-  end
-  consider(answer, 'stdout')
-  consider(answer, 'stderr')
-  if type(answer.returns) == 'table' then
-    for i = 1, #answer.returns do consider(answer.returns, i) end
-  end
-  if not holder or longest < 2 then return false end
-  holder[key] = holder[key]:sub(1, math.floor(longest / 2))
-  if holder == answer then answer[key .. 'Truncated'] = true end
-  return true
-end
-
-function Job:finish(result)
-  if self.done then return end
-  self.done = true
-  local session = self.session
-  if self.dispose then self.dispose() end
-  for _, clear in ipairs({ 'clearTimeout', 'clearGrace', 'clearFlush' }) do
-    if self[clear] then self[clear](); self[clear] = nil end
-  end
-  session.jobs[self.req.messageId] = nil
-  session.jobCount = session.jobCount - 1
-  local answer = self.spec.answer(self, result)
-  self:flushOutput(true)
-  if self.stopReason == 'cancel' then
-    self.req.respond(false, nil, errorValue('cancelled', 'cancelled by the gateway'))
-  else
-    self.req.respond(true, answer, nil, shrinkOutput)
-  end
-end
-
-function Job:durationMs()
-  return math.max(0, math.floor(self.session.clock() - self.startedAt))
-end
-
--- Sandbox request handlers ----------------------------------------------------------
-
-local function badRequest(req, message)
-  req.respond(false, nil, errorValue('bad_request', message))
-end
-
-local function fsError(req, message)
-  req.respond(false, nil, errorValue('fs_error', message))
-end
-
--- CraftOS's own message, without a "file:line:" prefix a Lua error may carry.
-local function errorText(err)
-  local text = tostring(err)
-  return (text:gsub('^[^%s:]+:%d+: ', ''))
-end
-
-local function sessionOf(req, ctx)
-  if type(ctx.session) ~= 'table' then
-    req.respond(false, nil, errorValue('internal', 'no sandbox session'))
-    return nil
-  end
-  return ctx.session
-end
-
-local function optionalNumber(payload, key, default, min, max)
-  local value = payload[key]
-  if value == nil then return default end
-  if type(value) ~= 'number' or value ~= value or value < min then
-    return nil, ('%s must be a number of at least %d'):format(key, min)
-  end
-  if max and value > max then value = max end
-  return math.floor(value)
-end
-
--- A list field may arrive as {} or textutils.empty_json_array when empty (SPEC §2).
-local function stringList(value, key)
-  if value == nil then return {} end
-  if type(value) ~= 'table' then return nil, key .. ' must be a list of strings' end
-  local list = {}
-  for i = 1, #value do
-    if type(value[i]) ~= 'string' then return nil, key .. ' must be a list of strings' end
-    list[i] = value[i]
-  end
-  for k in pairs(value) do
-    if type(k) ~= 'number' or k < 1 or k > #value or k % 1 ~= 0 then return nil, key .. ' must be a list of strings' end
-  end
-  return list
-end
-
--- A CraftOS path from payload[key]: absolute, or relative to payload.cwd (default /; the
--- cwd itself is relative to /). Returns the fs path ('' for the root) and the display path
--- ('/...'), or nil, message.
-local function resolvePath(fsApi, payload, key, required)
-  local path = payload[key]
-  if path == nil and not required then path = '' end
-  if type(path) ~= 'string' then return nil, key .. ' must be a string' end
-  local cwd = key ~= 'cwd' and payload.cwd or nil
-  if cwd ~= nil and type(cwd) ~= 'string' then return nil, 'cwd must be a string' end
-  local full
-  if path:sub(1, 1) == '/' or path:sub(1, 1) == '\\' then
-    full = fsApi.combine('', path)
-  else
-    full = fsApi.combine(fsApi.combine('', cwd or ''), path)
-  end
-  return full, '/' .. full
-end
-
---[[ The computer's credential stays on it (SPEC §9): /.settings holds sandbox.password, so
-file requests may not read, list, write or delete it. CraftOS normalises a path before it
-touches the disk, and differently in CC:Tweaked (fs.combine keeps `*`; fs.open drops it) and
-CraftOS-PC (drops `"*:<>?|`, control and non-ASCII bytes, then folds `..`, trims spaces, drops
-all-dot parts, cuts a long last part at 255), on hosts whose names may ignore case and trailing
-dots and spaces. So a path is the settings file when, folded with the illegal characters
-dropped before or after folding, its first part is `.settings` in any case with any trailing
-dots or spaces (or a part of 255 bytes or more starting with it): the file, or a path under it
-(which would make a folder of that name where the settings are saved). `..` above the root
-stays at the root. The gateway refuses the same paths (trapsandbox/settingsfile.py, its twin). ]]
-M.SETTINGS_FILE = '.settings'
-local PATH_DROPPED = '[%c\128-\255"*:<>?|]'
-
-local function foldPath(path)
-  local parts = {}
-  for raw in path:gmatch('[^/\\]+') do
-    local part = raw:gsub('^[%c ]+', ''):gsub('[%c ]+$', '')
-    if part == '..' then
-      parts[#parts] = nil
-    elseif part ~= '' and not part:find('^%.+$') then
-      parts[#parts + 1] = part
-    end
-  end
-  return parts
-end
-
-local function namesSettings(parts)
-  if #parts == 0 then return false end
-  local name = parts[1]:lower()
-  if #name >= 255 then return name:sub(1, #M.SETTINGS_FILE) == M.SETTINGS_FILE end
-  return (name:gsub('[%. ]+$', '')) == M.SETTINGS_FILE
-end
-
--- Whether `path` (absolute, or relative to `cwd`, itself relative to /) is /.settings.
-function M.isSettingsPath(path, cwd)
-  local first = path:sub(1, 1)
-  local joined = path
-  if first ~= '/' and first ~= '\\' then joined = (cwd or '') .. '/' .. path end
-  local folded = table.concat(foldPath(joined), '/')
-  return namesSettings(foldPath((joined:gsub(PATH_DROPPED, ''))))
-    or namesSettings(foldPath((folded:gsub(PATH_DROPPED, ''))))
-end
-
-local function settingsForbidden(req, shown)
-  req.respond(false, nil, errorValue('forbidden', shown .. ' is this computer\'s settings file and holds its '
-    .. 'sandbox password: file requests may not read, list, write or delete it'))
-end
-
--- The path of a file request (see resolvePath), or nil once the request has been answered:
--- bad_request, or forbidden for the settings file.
-local function filePath(req, fsApi, required)
-  local path, shown = resolvePath(fsApi, req.payload, 'path', required)
-  if not path then return badRequest(req, shown) end
-  local cwd = req.payload.cwd
-  if M.isSettingsPath(req.payload.path or '', cwd) or M.isSettingsPath(shown) then
-    return settingsForbidden(req, shown)
-  end
-  return path, shown
-end
-
-local function encodingOk(req)
-  local encoding = req.payload.encoding
-  if encoding ~= nil and encoding ~= 'base64' then
-    badRequest(req, 'encoding must be "base64"')
-    return false
-  end
-  return true
-end
-
-local function timeoutAndOutput(payload)
-  local timeoutMs, err = optionalNumber(payload, 'timeoutMs', M.EXEC_TIMEOUT_MS, 1)
-  if not timeoutMs then return nil, err end
-  local maxOutput
-  maxOutput, err = optionalNumber(payload, 'maxOutputBytes', M.MAX_OUTPUT_BYTES, 0, M.MAX_OUTPUT_BYTES)
-  if not maxOutput then return nil, err end
-  return timeoutMs, maxOutput
-end
-
--- exec without a shell (a daemon started with none): resolve like the shell and run the file.
-M.PROGRAM_PATH = { '/rom/programs', '/rom/programs/http', '/rom/programs/advanced', '/rom/programs/fun', '/programs' }
-
-local function findProgram(fsApi, command, cwd)
-  local function found(path)
-    if fsApi.exists(path) and not fsApi.isDir(path) then return path end
-    if fsApi.exists(path .. '.lua') and not fsApi.isDir(path .. '.lua') then return path .. '.lua' end
-  end
-  if command:find('[/\\]') then
-    if command:find('^[/\\]') then return found(fsApi.combine('', command)) end
-    return found(fsApi.combine(cwd, command))
-  end
-  local hit = found(fsApi.combine(cwd, command))
-  if hit then return hit end
-  for _, dir in ipairs(M.PROGRAM_PATH) do
-    hit = found(fsApi.combine(dir, command))
-    if hit then return hit end
-  end
-end
-
-local function runWithoutShell(fsApi, command, args, cwd)
-  local report = function(message) local pe = rawget(_G, 'printError') or print; pe(message) end
-  local path = findProgram(fsApi, command, cwd)
-  if not path then report('No such program'); return false end
-  local handle, openErr = fsApi.open(path, 'r')
-  if not handle then report(openErr or ('cannot open ' .. path)); return false end
-  local source = handle.readAll()
-  handle.close()
-  local env = setmetatable({ arg = { [0] = command, table.unpack(args) } }, { __index = _G })
-  local fn, loadErr = load(source or '', '@/' .. path, 't', env)
-  if not fn then report(loadErr); return false end
-  local ok, err = pcall(fn, table.unpack(args))
-  if not ok then
-    if err ~= nil and err ~= '' then report(err) end
-    return false
-  end
-  return true
-end
-
-local function execAnswer(job, result)
-  local cap = job.capture
-  -- An error that escaped the program (not printed by the shell) still goes to stderr.
-  if not result[1] then cap:record('stderr', tostring(result[2]) .. '\n') end
-  local answer = {
-    exitCode = (result[1] and result[2] == true) and 0 or 1,
-    timedOut = job.stopReason == 'timeout',
-    durationMs = job:durationMs(),
-    stdout = cap:text('stdout'),
-    stderr = cap:text('stderr'),
-  }
-  if cap.stdout.truncated then answer.stdoutTruncated = true end
-  if cap.stderr.truncated then answer.stderrTruncated = true end
-  return answer
-end
-
-function M.requestHandlers.exec(req, ctx)
-  local session = sessionOf(req, ctx)
-  if not session then return end
-  local payload, fsApi = req.payload, session.fs
-  local command = payload.command
-  if type(command) ~= 'string' or command == '' then return badRequest(req, 'command must be a non-empty string') end
-  local args, err = stringList(payload.args, 'args')
-  if not args then return badRequest(req, err) end
-  local cwd
-  cwd, err = resolvePath(fsApi, payload, 'cwd', false)
-  if not cwd then return badRequest(req, err) end
-  if not fsApi.isDir(cwd) then return badRequest(req, 'cwd /' .. cwd .. ' is not a directory') end
-  local timeoutMs, maxOutput = timeoutAndOutput(payload)
-  if not timeoutMs then return badRequest(req, maxOutput) end
-  local shellApi = session.shell
-  local body
-  if shellApi and shellApi.execute then
-    body = function() return shellApi.execute(command, table.unpack(args)) end
-  else
-    body = function() return runWithoutShell(fsApi, command, args, cwd) end
-  end
-  session:startJob(req, {
-    body = body, cwd = shellApi and cwd or nil, timeoutMs = timeoutMs, maxOutputBytes = maxOutput,
-    answer = execAnswer,
-  })
-end
-
-local function serializeValue(textutilsApi, value)
-  if textutilsApi and textutilsApi.serialize then
-    local ok, text = pcall(textutilsApi.serialize, value)
-    if ok and type(text) == 'string' then return text end
-  end
-  return tostring(value)
-end
-
--- eval has one output stream: printError output goes to stdout too.
-local function evalAnswer(job, result)
-  local cap = job.capture
-  local answer = {
-    ok = result[1] == true and not job.abandoned,
-    returns = {},
-    stdout = cap:text('stdout'),
-    durationMs = job:durationMs(),
-    timedOut = job.stopReason == 'timeout',
-  }
-  if answer.ok then
-    for i = 2, result.n do answer.returns[i - 1] = serializeValue(job.session.textutils, result[i]) end
-  else
-    answer.error = tostring(result[2])
-  end
-  answer.returns = jsonList(answer.returns)
-  if cap.stdout.truncated then answer.stdoutTruncated = true end
-  return answer
-end
-
--- The environment eval code runs in: reads fall through to the computer's globals, assignments
--- stay here, and it lasts for the session (like the Lua prompt, `x = 1` then `return x` works).
-function Session:evalEnv()
-  if not self.evalGlobals then
-    self.evalGlobals = setmetatable({ shell = self.shell, multishell = rawget(_G, 'multishell') }, { __index = _G })
-  end
-  return self.evalGlobals
-end
-
-function M.requestHandlers.eval(req, ctx)
-  local session = sessionOf(req, ctx)
-  if not session then return end
-  local code = req.payload.code
-  if type(code) ~= 'string' or code == '' then return badRequest(req, 'code must be a non-empty string') end
-  local timeoutMs, maxOutput = timeoutAndOutput(req.payload)
-  if not timeoutMs then return badRequest(req, maxOutput) end
-  local env = session:evalEnv()
-  -- Like the Lua prompt: an expression first, then statements.
-  local fn, err = load('return ' .. code, '=eval', 't', env)
-  if not fn then fn, err = load(code, '=eval', 't', env) end
-  if not fn then
-    return req.respond(true, { ok = false, returns = jsonList({}), stdout = '', error = tostring(err), durationMs = 0, timedOut = false })
-  end
-  session:startJob(req, {
-    body = fn, timeoutMs = timeoutMs, maxOutputBytes = maxOutput, mergeStderr = true, answer = evalAnswer,
-  })
-end
-
-function M.requestHandlers.cancel(req, ctx)
-  local messageId = req.payload.messageId
-  if type(messageId) ~= 'string' or messageId == '' then return badRequest(req, 'messageId must be a non-empty string') end
-  local job = type(ctx.session) == 'table' and ctx.session.jobs[messageId] or nil
-  req.respond(true, { cancelled = job ~= nil and job:stop('cancel') or false })
-end
-
--- Files ----------------------------------------------------------------------------
-
-local function fileEntry(fsApi, dir, name)
-  local full = fsApi.combine(dir, name)
-  if fsApi.attributes then
-    local ok, attrs = pcall(fsApi.attributes, full)
-    if ok and type(attrs) == 'table' then
-      return { name = name, type = attrs.isDir and 'dir' or 'file', size = attrs.isDir and 0 or (attrs.size or 0),
-        readOnly = attrs.isReadOnly == true }
-    end
-  end
-  local isDir = fsApi.isDir(full)
-  return { name = name, type = isDir and 'dir' or 'file', size = isDir and 0 or fsApi.getSize(full),
-    readOnly = fsApi.isReadOnly(full) == true }
-end
-
-function M.requestHandlers.list_files(req, ctx)
-  local session = sessionOf(req, ctx)
-  if not session then return end
-  local fsApi = session.fs
-  local path, shown = filePath(req, fsApi, false)
-  if not path then return end
-  if not fsApi.exists(path) then return fsError(req, shown .. ': No such file') end
-  if not fsApi.isDir(path) then return fsError(req, shown .. ': Not a directory') end
-  local ok, names = pcall(fsApi.list, path)
-  if not ok then return fsError(req, errorText(names)) end
-  local entries = {}
-  for i, name in ipairs(names) do entries[i] = fileEntry(fsApi, path, name) end
-  req.respond(true, { path = shown, entries = jsonList(entries) })
-end
-
--- Reads `length` bytes from `offset` of an open binary handle.
-local function readRange(handle, offset, length)
-  if offset > 0 then
-    if handle.seek then
-      handle.seek('set', offset)
-    else
-      local skipped = 0
-      while skipped < offset do
-        local chunk = handle.read(math.min(offset - skipped, M.MAX_CONTENT))
-        if not chunk or chunk == '' then break end
-        skipped = skipped + #chunk
-      end
-    end
-  end
-  local parts, got = {}, 0
-  while got < length do
-    local chunk = handle.read(length - got)
-    if not chunk or chunk == '' then break end
-    parts[#parts + 1] = chunk
-    got = got + #chunk
-  end
-  return table.concat(parts)
-end
-
-function M.requestHandlers.read_file(req, ctx)
-  local session = sessionOf(req, ctx)
-  if not session then return end
-  local fsApi, payload = session.fs, req.payload
-  if not encodingOk(req) then return end
-  local path, shown = filePath(req, fsApi, true)
-  if not path then return end
-  local offset, err = optionalNumber(payload, 'offset', 0, 0)
-  if not offset then return badRequest(req, err) end
-  local length
-  length, err = optionalNumber(payload, 'length', M.MAX_CONTENT, 0, M.MAX_CONTENT)
-  if not length then return badRequest(req, err) end
-  if not fsApi.exists(path) then return fsError(req, shown .. ': No such file') end
-  if fsApi.isDir(path) then return fsError(req, shown .. ': Is a directory') end
-  local handle, openErr = fsApi.open(path, 'rb')
-  if not handle then return fsError(req, openErr or (shown .. ': cannot open')) end
-  local ok, data = pcall(readRange, handle, offset, length)
-  handle.close()
-  if not ok then return fsError(req, errorText(data)) end
-  req.respond(true, {
-    content = M.base64Encode(data), encoding = 'base64', sizeBytes = fsApi.getSize(path),
-    offset = offset, bytesRead = #data,
-  })
-end
-
--- The free space of the drive `path` is on (or will be on): asked of its nearest existing folder.
-local function freeSpaceFor(fsApi, path)
-  if not fsApi.getFreeSpace then return nil, 0 end
-  local dir, missing = fsApi.getDir(path), 0
-  while dir ~= '' and dir ~= '..' and not fsApi.exists(dir) do
-    missing = missing + 1
-    dir = fsApi.getDir(dir)
-  end
-  if dir == '..' then dir = '' end
-  local ok, free = pcall(fsApi.getFreeSpace, dir)
-  if ok and type(free) == 'number' then return free, missing end
-  return nil, missing -- "unlimited", or not answerable
-end
-
--- Writes `data` to `path` ('wb' or 'ab'); the handle is closed exactly once. -> ok, message
-local function writeBytes(fsApi, path, mode, data)
-  local handle, openErr = fsApi.open(path, mode)
-  if not handle then return false, openErr or ('/' .. path .. ': cannot open') end
-  local ok, err = true, nil
-  if data ~= '' then ok, err = pcall(handle.write, data) end
-  local closed, closeErr = pcall(handle.close)
-  if ok and not closed then ok, err = false, closeErr end
-  if not ok then return false, errorText(err) end
-  return true
-end
-
--- Moves `temp` onto `path`, so `path` is replaced whole or not at all. -> ok, message
-local function install(fsApi, temp, path)
-  local backup
-  if fsApi.exists(path) then
-    backup = temp .. '.old'
-    if fsApi.exists(backup) then pcall(fsApi.delete, backup) end
-    local ok, err = pcall(fsApi.move, path, backup)
-    if not ok then return false, errorText(err) end
-  end
-  local ok, err = pcall(fsApi.move, temp, path)
-  if not ok then
-    if backup then pcall(fsApi.move, backup, path) end
-    return false, errorText(err)
-  end
-  if backup then pcall(fsApi.delete, backup) end
-  return true
-end
-
-M.TEMP_SUFFIX = '.sandbox-part'
-
-function M.requestHandlers.write_file(req, ctx)
-  local session = sessionOf(req, ctx)
-  if not session then return end
-  local fsApi, payload = session.fs, req.payload
-  if not encodingOk(req) then return end
-  local path, shown = filePath(req, fsApi, true)
-  if not path then return end
-  if path == '' then return badRequest(req, 'path names a folder: /') end
-  if type(payload.content) ~= 'string' then return badRequest(req, 'content must be a base64 string') end
-  local data, decodeErr = M.base64Decode(payload.content)
-  if not data then return badRequest(req, 'content: ' .. decodeErr) end
-  if #data > M.MAX_CONTENT then
-    return badRequest(req, ('%d bytes in one frame, at most %d: send parts'):format(#data, M.MAX_CONTENT))
-  end
-  local part = payload.part
-  if part ~= nil and type(part) ~= 'table' then return badRequest(req, 'part must be {offset, final}') end
-  local offset, final = 0, true
-  if part then
-    local err
-    offset, err = optionalNumber(part, 'offset', 0, 0)
-    if not offset then return badRequest(req, 'part.' .. err) end
-    final = part.final == true
-  end
-  if fsApi.isReadOnly(path) then return fsError(req, shown .. ': Access denied') end
-  if fsApi.isDir(path) then return fsError(req, shown .. ': Cannot write to directory') end
-
-  -- Parts go to a temporary file beside the target; offset 0 starts it afresh.
-  local temp = fsApi.combine(fsApi.getDir(path), '.' .. fsApi.getName(path) .. M.TEMP_SUFFIX)
-  if M.isSettingsPath('/' .. temp) or M.isSettingsPath('/' .. temp .. '.old') then return settingsForbidden(req, shown) end
-  local have = 0
-  if offset > 0 then
-    have = fsApi.exists(temp) and fsApi.getSize(temp) or 0
-    if offset ~= have then
-      return badRequest(req, ('part.offset is %d but %d bytes of %s were received so far'):format(offset, have, shown))
-    end
-  end
-  local free, missingDirs = freeSpaceFor(fsApi, path)
-  local need = #data + (offset == 0 and M.FILE_OVERHEAD or 0) + missingDirs * M.FILE_OVERHEAD
-  if free and need > free then
-    return fsError(req, ('Out of space: writing %s needs %d bytes, %d free'):format(shown, need, free))
-  end
-  local dir = fsApi.getDir(path)
-  if dir ~= '' and not fsApi.exists(dir) then
-    local ok, err = pcall(fsApi.makeDir, dir)
-    if not ok then return fsError(req, errorText(err)) end
-  end
-  local ok, err = writeBytes(fsApi, temp, offset == 0 and 'wb' or 'ab', data)
-  if not ok then
-    pcall(fsApi.delete, temp)
-    return fsError(req, err)
-  end
-  local size = have + #data
-  if final then
-    ok, err = install(fsApi, temp, path)
-    if not ok then
-      pcall(fsApi.delete, temp)
-      return fsError(req, err)
-    end
-    size = fsApi.getSize(path)
-  end
-  req.respond(true, { bytesWritten = #data, sizeBytes = size })
-end
-
-function M.requestHandlers.delete_file(req, ctx)
-  local session = sessionOf(req, ctx)
-  if not session then return end
-  local fsApi = session.fs
-  local path, shown = filePath(req, fsApi, true)
-  if not path then return end
-  if path == '' then return badRequest(req, 'refusing to delete /') end
-  if not fsApi.exists(path) then return req.respond(true, { deleted = false }) end
-  if fsApi.isReadOnly(path) then return fsError(req, shown .. ': Access denied') end
-  local ok, err = pcall(fsApi.delete, path)
-  if not ok then return fsError(req, errorText(err)) end
-  req.respond(true, { deleted = not fsApi.exists(path) })
-end
-
--- Screen ---------------------------------------------------------------------------
-
---[[ The native terminal cannot be read back, so the screen is whatever readable terminal (one
-with getLine, i.e. a `window`) was recorded in _G.traposSandboxScreen. The startup file the
-installer writes records it: on a computer without multishell it wraps the whole screen in a
-window the shell and the daemon draw in; under multishell it records the window of the tab the
-first shell runs in (what the player sees while that tab is in front). ]]
-M.NO_SCREEN = 'this computer has no readable screen: start the daemon from /startup/sandbox-daemon.lua '
-  .. '(written by the installer), which keeps the shell\'s terminal in a window and records it '
-  .. 'in _G.traposSandboxScreen'
-
-function M.requestHandlers.screen(req, ctx)
-  local session = sessionOf(req, ctx)
-  if not session then return end
-  local screen = session.screen()
-  if type(screen) ~= 'table' or type(screen.getLine) ~= 'function' or type(screen.getSize) ~= 'function' then
-    return req.respond(false, nil, errorValue('internal', M.NO_SCREEN))
-  end
-  local width, height = screen.getSize()
-  local cursorX, cursorY = 1, 1
-  if screen.getCursorPos then cursorX, cursorY = screen.getCursorPos() end
-  local lines, text, background = {}, {}, {}
-  for y = 1, height do
-    local line, fg, bg = screen.getLine(y)
-    lines[y] = line or ''
-    text[y] = fg
-    background[y] = bg
-  end
-  local answer = { width = width, height = height, cursorX = cursorX, cursorY = cursorY, lines = lines }
-  if #text == height then answer.text = text end
-  if #background == height then answer.background = background end
-  req.respond(true, answer)
-end
+-- == Section: Entry points for programs ===================================================
+-- Owns: what the sandbox command and other programs call: request (one request through the
+-- daemon), ask (sandbox ask, streamed), newWrapper (word wrap for ask's output).
+-- Needs: constants, encodings, envelopes. Exports: M.request, M.ask, M.newWrapper.
 
 --[[ request(type, payload, opts) -> ok, payloadOrError
 Queues trapos_sandbox_send and waits for the matching trapos_sandbox_reply or a timer.
