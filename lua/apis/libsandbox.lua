@@ -24,7 +24,7 @@ Daemon state is published in the shared table `_G.traposSandboxState` (`state`, 
 `sandbox status` can read it without a round trip. A stopped daemon leaves its last state
 behind, marked `running = false`.
 
-Gateway requests the daemon answers: the request table (section 9) lists every type, the
+Gateway requests the daemon answers: the request table (section 10) lists every type, the
 capability it needs in the setting sandbox.allow and its handler; SPEC §9 has the payloads.
 Anything else is `unknown_type`; a capability not allowed is `forbidden`; CraftOS refusing a
 file operation is `fs_error` with its message. No frame sent is over M.MAX_SEND (128 KiB).
@@ -45,12 +45,13 @@ Sections, in this order, each using only those above it; each opens with a heade
   4  Envelopes                         the wire frames, hello, traposId, messageIds
   5  Event loop                        createEventLoop (plain CraftOS), listening to every event
   6  Output capture and the terminal   what exec/eval programs print; their redirect target
-  7  Jobs                              exec/eval coroutines: resume, timeout, cancel, partials
-  8  Request handlers                  ping, exec, eval, cancel, files, screen
-  9  The request table                 type -> capability -> handler, in one place
-  10 Dispatch                          onMessage: frames to handlers or to waiting programs
-  11 The session (the daemon)          the WebSocket, hello, reconnect, forwarding; startSession
-  12 Entry points for programs         request, ask, newWrapper
+  7  The screen                        the recorder of the native terminal; screen_watch
+  8  Jobs                              exec/eval coroutines: resume, timeout, cancel, partials
+  9  Request handlers                  ping, exec, eval, cancel, files, screen, input
+  10 The request table                 type -> capability -> handler, in one place
+  11 Dispatch                          onMessage: frames to handlers or to waiting programs
+  12 The session (the daemon)          the WebSocket, hello, reconnect, forwarding; startSession
+  13 Entry points for programs         request, ask, newWrapper
 ]]
 
 -- == Section: Constants and argument checks ===============================================
@@ -121,7 +122,7 @@ M.errorValue = errorValue
 -- M.WHOLE_COMPUTER, M.grantsWholeComputer, M.defineSettings.
 
 -- What the owner may allow (setting sandbox.allow), in the order they are listed.
-M.CAPABILITIES = { 'exec', 'eval', 'fs.read', 'fs.write', 'screen' }
+M.CAPABILITIES = { 'exec', 'eval', 'fs.read', 'fs.write', 'screen', 'input' }
 
 local KNOWN_CAPABILITY = {}
 for _, name in ipairs(M.CAPABILITIES) do KNOWN_CAPABILITY[name] = true end
@@ -169,15 +170,17 @@ function M.changeCapabilities(value, allow, names)
   return table.concat(list, ','), list
 end
 
--- Said in plain words wherever exec or eval is allowed (the installer's question, `sandbox
--- allow`): file requests keep away from /.settings, but a program or Lua chunk can read it.
-M.WHOLE_COMPUTER = 'exec and eval (running programs and Lua) give the agent the whole computer, '
+-- Said in plain words wherever exec, eval or input is allowed (the installer's question,
+-- `sandbox allow`): file requests keep away from /.settings, but a program or Lua chunk can read
+-- it, and typing into the shell can run either.
+M.WHOLE_COMPUTER = 'exec, eval and input (running programs and Lua, typing on the computer) give the agent the whole computer, '
   .. 'including its sandbox password'
 
--- Whether a list in `allowed` (names as given to `sandbox allow`, or a new allowed list) has exec, eval or all.
+-- Whether a list in `allowed` (names as given to `sandbox allow`, or a new allowed list) has exec, eval, input
+-- or all.
 function M.grantsWholeComputer(allowed)
   for _, name in ipairs(allowed) do
-    if name == 'exec' or name == 'eval' or name == 'all' then return true end
+    if name == 'exec' or name == 'eval' or name == 'input' or name == 'all' then return true end
   end
   return false
 end
@@ -195,7 +198,8 @@ function M.defineSettings()
   })
   settings.define('sandbox.allow', {
     description = 'What the sandbox agent may do here, comma-separated: exec (run programs), eval (run Lua), '
-      .. 'fs.read (list and read files), fs.write (write and delete files), screen (read the terminal). '
+      .. 'fs.read (list and read files), fs.write (write and delete files), screen (read the terminal), '
+      .. 'input (type keys and click on it). '
       .. 'Change it with "sandbox allow CAP..." / "sandbox deny CAP..."',
     type = 'string',
     default = '',
@@ -489,10 +493,15 @@ function M.createEventLoop(osLike)
     end
   end
 
+  -- Raw events: `terminate` is handed to the handlers (a program run by exec gets it) and never
+  -- ends the loop. Every coroutine receives every terminate (SPEC §6): one typed into the
+  -- computer by the gateway's `input`, or Ctrl+T meant for the shell the daemon runs beside,
+  -- must not stop the daemon. It stops with the computer, or with stop().
   function loop.run()
     running = true
+    local pull = osLike.pullEventRaw or osLike.pullEvent
     while running do
-      loop.dispatch(osLike.pullEvent())
+      loop.dispatch(pull())
     end
   end
 
@@ -675,6 +684,383 @@ local function capturedPrintError(...)
   end
   if realPrintError then realPrintError(...) end
   if cap then cap.depth = cap.depth - 1 end
+end
+
+-- == Section: The screen ==================================================================
+-- Owns: making the computer's screen readable however the daemon started (a recorder over the
+-- native terminal, installed once), and screen_watch's streams of changed rows (SPEC §14).
+-- Needs: constants (M.TERM_METHODS). Exports: M.installRecorder, M.newRecorder, M.compactRow,
+-- M.RECORDER_GLOBAL, M.MAX_WATCHES, M.SCREEN_WATCH_FPS.
+
+--[[ The native terminal cannot be read back. The recorder wraps the native terminal's drawing
+methods in place: each one (taken from the native table by name, M.RECORDED_METHODS) draws
+exactly as before and then mirrors what it drew into a buffer of lines and blit colours, and
+tells the watches which rows changed.
+
+Why in place, and not a window redirect: everything that reaches the screen goes through the
+native table's methods, looked up at each call — term.lua's own redirect target, the windows
+multishell and the installer's startup made over it before the daemon started, a program that
+calls term.native() itself — so all of it is recorded, and every redirect keeps working as
+before. A window over term.native() would repaint the screen when made (the player would see it
+cleared), would not see what others draw on the native terminal directly and would later paint
+its stale copy over it. The player sees exactly what they saw: every call is passed on first.
+What was drawn before the recorder was installed is not known (blank) until it is redrawn,
+unless the terminal the daemon started in is a readable window of the whole screen, which seeds
+it.
+
+Installed once per computer: _G[M.RECORDER_GLOBAL] holds the recorder, and a second daemon or a
+reloaded library reuses it rather than wrapping the wrappers. ]]
+M.RECORDER_GLOBAL = 'traposSandboxRecorder'
+M.RECORDED_METHODS = {
+  'write', 'blit', 'clear', 'clearLine', 'scroll', 'setCursorPos', 'setCursorBlink',
+  'setPaletteColour', 'setPaletteColor',
+}
+M.MAX_WATCHES = 4                 -- screen_watch requests at once (overloaded past that)
+M.SCREEN_WATCH_FPS = 10           -- default maxFps; at most 20
+
+local BLIT_DIGITS = '0123456789abcdef'
+
+-- A colour (a power of two, colours.white = 1 ... colours.black = 32768) as its blit digit.
+local function blitDigit(colour)
+  local bit = 0
+  colour = type(colour) == 'number' and colour or 1
+  while colour >= 2 and bit < 15 do
+    colour = colour / 2
+    bit = bit + 1
+  end
+  return BLIT_DIGITS:sub(bit + 1, bit + 1)
+end
+
+-- `s` written into `line` (`width` cells) from column `x`, clipped to the line.
+local function splice(line, x, s, width)
+  local first, last = x, x + #s - 1
+  if first < 1 then first = 1 end
+  if last > width then last = width end
+  if first > last then return line end
+  return line:sub(1, first - 1) .. s:sub(first - x + 1, last - x + 1) .. line:sub(last + 1)
+end
+
+--[[ A row as screen_watch sends it: each of line, text and background with its final run of one
+character cut to a single one (a string shorter than the width continues with its last
+character), so a short line in one colour costs its text and two characters of colour, and a
+one-row change of a 51x19 screen fits in 300 bytes on the wire. ]]
+function M.compactRow(line, text, background)
+  local function cut(s)
+    local last = s:sub(-1)
+    local stop = #s
+    while stop > 1 and s:sub(stop - 1, stop - 1) == last do stop = stop - 1 end
+    return s:sub(1, stop)
+  end
+  return { line = cut(line), text = cut(text), background = cut(background) }
+end
+
+--[[ newRecorder(native) -> recorder: the buffer and the wrapped methods (recorder.wrapped), not
+yet installed. recorder: getSize(), getLine(y) -> line, text, background, getCursorPos(),
+getCursorBlink(), palette() -> 16 "#rrggbb" (blit digit order), sync() (picks up a resize),
+watch(w) -> unwatch(): w.rows[y] = true for each changed row, w.paletteChanged = true, and
+w:poke() on every change (cursor moves and blink included). ]]
+function M.newRecorder(native)
+  local parent = {}
+  for _, name in ipairs(M.TERM_METHODS) do
+    if type(native[name]) == 'function' then parent[name] = native[name] end
+  end
+  local rec = { native = native, parent = parent, watchers = {}, wrapped = {} }
+  local width, height = parent.getSize()
+  local lines, texts, backs = {}, {}, {}
+  local cursorX, cursorY, blink = nil, nil, nil
+
+  local function colours()
+    local fg = parent.getTextColour or parent.getTextColor
+    local bg = parent.getBackgroundColour or parent.getBackgroundColor
+    return blitDigit(fg and fg() or 1), blitDigit(bg and bg() or 32768)
+  end
+  local function notify(row, palette)
+    for watcher in pairs(rec.watchers) do
+      if row then watcher.rows[row] = true end
+      if palette then watcher.paletteChanged = true end
+      watcher:poke()
+    end
+  end
+  local function fill(row, fg, bg)
+    local changed = lines[row] ~= (' '):rep(width) or texts[row] ~= fg:rep(width) or backs[row] ~= bg:rep(width)
+    lines[row], texts[row], backs[row] = (' '):rep(width), fg:rep(width), bg:rep(width)
+    if changed then notify(row) end
+  end
+  local function put(x, y, s, f, b)
+    if y < 1 or y > height or #s == 0 then return end
+    local line, text, back = splice(lines[y], x, s, width), splice(texts[y], x, f, width), splice(backs[y], x, b, width)
+    if line ~= lines[y] or text ~= texts[y] or back ~= backs[y] then
+      lines[y], texts[y], backs[y] = line, text, back
+      notify(y)
+    end
+  end
+  local function blankAll()
+    local fg, bg = colours()
+    for row = 1, height do lines[row], texts[row], backs[row] = (' '):rep(width), fg:rep(width), bg:rep(width) end
+  end
+  blankAll()
+
+  local w = rec.wrapped
+  function w.write(text)
+    local x, y = parent.getCursorPos()
+    local r = table.pack(parent.write(text))
+    local s = tostring(text)
+    local fg, bg = colours()
+    put(x, y, s, fg:rep(#s), bg:rep(#s))
+    return table.unpack(r, 1, r.n)
+  end
+  function w.blit(text, fg, bg)
+    local x, y = parent.getCursorPos()
+    local r = table.pack(parent.blit(text, fg, bg))
+    if type(text) == 'string' and type(fg) == 'string' and type(bg) == 'string' then
+      put(x, y, text, fg:lower(), bg:lower())
+    end
+    return table.unpack(r, 1, r.n)
+  end
+  function w.clear()
+    local r = table.pack(parent.clear())
+    local fg, bg = colours()
+    for row = 1, height do fill(row, fg, bg) end
+    return table.unpack(r, 1, r.n)
+  end
+  function w.clearLine()
+    local r = table.pack(parent.clearLine())
+    local _, y = parent.getCursorPos()
+    if y >= 1 and y <= height then
+      local fg, bg = colours()
+      fill(y, fg, bg)
+    end
+    return table.unpack(r, 1, r.n)
+  end
+  function w.scroll(n)
+    local r = table.pack(parent.scroll(n))
+    n = type(n) == 'number' and math.floor(n) or 0
+    if n ~= 0 then
+      local fg, bg = colours()
+      local blank, blankFg, blankBg = (' '):rep(width), fg:rep(width), bg:rep(width)
+      local newLines, newTexts, newBacks = {}, {}, {}
+      for row = 1, height do
+        local from = row + n
+        if from >= 1 and from <= height then
+          newLines[row], newTexts[row], newBacks[row] = lines[from], texts[from], backs[from]
+        else
+          newLines[row], newTexts[row], newBacks[row] = blank, blankFg, blankBg
+        end
+      end
+      for row = 1, height do
+        local changed = newLines[row] ~= lines[row] or newTexts[row] ~= texts[row] or newBacks[row] ~= backs[row]
+        lines[row], texts[row], backs[row] = newLines[row], newTexts[row], newBacks[row]
+        if changed then notify(row) end
+      end
+    end
+    return table.unpack(r, 1, r.n)
+  end
+  -- A cursor set where it already is (window.restoreCursor after every event) is no change:
+  -- an idle screen must not wake the watches.
+  function w.setCursorPos(x, y)
+    local r = table.pack(parent.setCursorPos(x, y))
+    if x ~= cursorX or y ~= cursorY then
+      cursorX, cursorY = x, y
+      notify()
+    end
+    return table.unpack(r, 1, r.n)
+  end
+  function w.setCursorBlink(on)
+    local r = table.pack(parent.setCursorBlink(on))
+    if on ~= blink then
+      blink = on
+      notify()
+    end
+    return table.unpack(r, 1, r.n)
+  end
+  local function setPalette(name)
+    return function(...)
+      local r = table.pack(parent[name](...))
+      notify(nil, true)
+      return table.unpack(r, 1, r.n)
+    end
+  end
+  w.setPaletteColour, w.setPaletteColor = setPalette('setPaletteColour'), setPalette('setPaletteColor')
+  for name in pairs(w) do
+    if not parent[name] then w[name] = nil end
+  end
+
+  -- A terminal resized since (CraftOS-PC's window, term_resize): the buffer follows, all rows
+  -- changed.
+  function rec.sync()
+    local newWidth, newHeight = parent.getSize()
+    if newWidth == width and newHeight == height then return false end
+    local fg, bg = colours()
+    for row = 1, newHeight do
+      local line, text, back = lines[row] or '', texts[row] or '', backs[row] or ''
+      local pad = newWidth - #line
+      if pad > 0 then
+        line, text, back = line .. (' '):rep(pad), text .. fg:rep(pad), back .. bg:rep(pad)
+      end
+      lines[row], texts[row], backs[row] = line:sub(1, newWidth), text:sub(1, newWidth), back:sub(1, newWidth)
+    end
+    for row = newHeight + 1, height do lines[row], texts[row], backs[row] = nil, nil, nil end
+    width, height = newWidth, newHeight
+    for row = 1, height do notify(row) end
+    return true
+  end
+  function rec.getSize() return width, height end
+  function rec.getLine(y) return lines[y], texts[y], backs[y] end
+  function rec.getCursorPos() return parent.getCursorPos() end
+  function rec.getCursorBlink()
+    if parent.getCursorBlink then return parent.getCursorBlink() == true end
+    return blink == true
+  end
+  function rec.palette()
+    local list = {}
+    local get = parent.getPaletteColour or parent.getPaletteColor
+    for i = 0, 15 do
+      local hex = '#000000'
+      if get then
+        local ok, r, g, b = pcall(get, 2 ^ i)
+        if ok and type(r) == 'number' then
+          hex = ('#%02x%02x%02x'):format(math.floor(r * 255 + 0.5), math.floor(g * 255 + 0.5), math.floor(b * 255 + 0.5))
+        end
+      end
+      list[i + 1] = hex
+    end
+    return list
+  end
+  -- Rows drawn before the recorder existed, from a readable terminal of the whole screen.
+  function rec.seed(readable)
+    if type(readable) ~= 'table' or type(readable.getLine) ~= 'function' or type(readable.getSize) ~= 'function' then return end
+    local ok, w2, h2 = pcall(readable.getSize)
+    if not ok or w2 ~= width or h2 ~= height then return end
+    for row = 1, height do
+      local okLine, line, text, back = pcall(readable.getLine, row)
+      if okLine and type(line) == 'string' and #line == width and type(text) == 'string' and #text == width
+        and type(back) == 'string' and #back == width then
+        lines[row], texts[row], backs[row] = line, text, back
+      end
+    end
+  end
+  function rec.watch(watcher)
+    rec.watchers[watcher] = true
+    return function() rec.watchers[watcher] = nil end
+  end
+  return rec
+end
+
+-- The recorder of `termApi`'s native terminal, installed once per computer; nil when there is
+-- no native terminal to record.
+function M.installRecorder(termApi)
+  if type(termApi) ~= 'table' or type(termApi.native) ~= 'function' then return nil end
+  local ok, native = pcall(termApi.native)
+  if not ok or type(native) ~= 'table' or type(native.getSize) ~= 'function' or type(native.getCursorPos) ~= 'function' then
+    return nil
+  end
+  local rec = rawget(_G, M.RECORDER_GLOBAL)
+  if type(rec) == 'table' and rec.native == native and type(rec.getLine) == 'function' then return rec end
+  rec = M.newRecorder(native)
+  if termApi.current then
+    local okCurrent, current = pcall(termApi.current)
+    if okCurrent and current ~= native then rec.seed(current) end
+  end
+  for name, fn in pairs(rec.wrapped) do native[name] = fn end
+  rawset(_G, M.RECORDER_GLOBAL, rec)
+  return rec
+end
+
+--[[ A screen_watch: the first partial carries the whole screen (every row, width, height, the
+cursor, cursorBlink and the palette); each later one only what changed since the one before —
+the changed rows (M.compactRow), cursorX and cursorY always, width, height, cursorBlink and
+palette when they changed. A draw arms one timer (none while nothing changes), so partials are
+at least 1000 / maxFps ms apart and coalesce every draw in between. It ends when cancelled or
+when its connection ends. ]]
+local Watch = {}
+Watch.__index = Watch
+
+function Watch:poke()
+  if self.done or self.clearTimer then return end
+  local session = self.session
+  local wait = self.lastFrame and (self.lastFrame + self.interval - session.clock()) or 0
+  if wait < 0 then wait = 0 end
+  self.clearTimer = session.loop.setTimeout(function()
+    self.clearTimer = nil
+    if not self.done then self:frame(false) end
+  end, wait / 1000)
+end
+
+function Watch:frame(first)
+  local rec, sent = self.recorder, self.sent
+  rec.sync()
+  local width, height = rec.getSize()
+  local cursorX, cursorY = rec.getCursorPos()
+  local blink = rec.getCursorBlink()
+  local payload = { type = 'screen', cursorX = cursorX, cursorY = cursorY }
+  local changed = first or cursorX ~= sent.cursorX or cursorY ~= sent.cursorY
+  if first or width ~= sent.width or height ~= sent.height then
+    payload.width, payload.height, changed = width, height, true
+  end
+  if first or blink ~= sent.cursorBlink then payload.cursorBlink, changed = blink, true end
+  if first then
+    for y = 1, height do self.rows[y] = true end
+    self.paletteChanged = true
+  end
+  local rows = {}
+  for y in pairs(self.rows) do
+    if y >= 1 and y <= height then
+      rows[tostring(y)] = M.compactRow(rec.getLine(y))
+      changed = true
+    end
+  end
+  payload.rows = rows
+  if self.paletteChanged then payload.palette, changed = rec.palette(), true end
+  self.rows, self.paletteChanged = {}, false
+  if not changed then return end
+  self.req.partial(payload)
+  self.lastFrame = self.session.clock()
+  sent.width, sent.height, sent.cursorX, sent.cursorY, sent.cursorBlink = width, height, cursorX, cursorY, blink
+end
+
+-- Ends the watch: `cancel` answers `cancelled`; the end of its connection answers nothing
+-- anyone can receive. Returns whether it was running.
+function Watch:stop(reason)
+  if self.done then return false end
+  self.done = true
+  self.unwatch()
+  if self.clearTimer then self.clearTimer(); self.clearTimer = nil end
+  local session = self.session
+  session.watches[self.req.messageId] = nil
+  session.watchCount = session.watchCount - 1
+  if reason == 'cancel' then
+    self.req.respond(false, nil, M.errorValue('cancelled', 'cancelled by the gateway'))
+  else
+    self.req.respond(false, nil, M.errorValue('not_connected', 'the connection ended'))
+  end
+  return true
+end
+
+-- Starts a screen_watch of `recorder` for `req` on `session`, at most maxFps frames a second.
+local function startWatch(session, req, recorder, maxFps)
+  if session.watches[req.messageId] then
+    return req.respond(false, nil, M.errorValue('bad_request', 'a request with this messageId is running'))
+  end
+  if session.watchCount >= M.MAX_WATCHES then
+    return req.respond(false, nil, M.errorValue('overloaded', ('%d screen watches are running already'):format(session.watchCount)))
+  end
+  local watch = setmetatable({
+    session = session, req = req, recorder = recorder, attempt = session.current,
+    interval = 1000 / maxFps, rows = {}, paletteChanged = false, sent = {}, done = false,
+  }, Watch)
+  session.watches[req.messageId] = watch
+  session.watchCount = session.watchCount + 1
+  watch.unwatch = recorder.watch(watch)
+  watch:frame(true)
+end
+
+-- Stops the watches started on `attempt` (all watches when nil).
+local function stopWatches(session, attempt)
+  local list = {}
+  for _, watch in pairs(session.watches) do
+    if attempt == nil or watch.attempt == attempt then list[#list + 1] = watch end
+  end
+  for _, watch in ipairs(list) do watch:stop('disconnect') end
 end
 
 -- == Section: Jobs ========================================================================
@@ -1163,8 +1549,10 @@ end
 local function handleCancel(req, ctx)
   local messageId = req.payload.messageId
   if type(messageId) ~= 'string' or messageId == '' then return badRequest(req, 'messageId must be a non-empty string') end
-  local job = type(ctx.session) == 'table' and ctx.session.jobs[messageId] or nil
-  req.respond(true, { cancelled = job ~= nil and job:stop('cancel') or false })
+  local session = type(ctx.session) == 'table' and ctx.session or nil
+  -- A running exec or eval (a job), or a screen_watch.
+  local running = session and (session.jobs[messageId] or session.watches[messageId]) or nil
+  req.respond(true, { cancelled = running ~= nil and running:stop('cancel') or false })
 end
 
 -- Files ----------------------------------------------------------------------------
@@ -1372,22 +1760,29 @@ end
 
 -- Screen ---------------------------------------------------------------------------
 
---[[ The native terminal cannot be read back, so the screen is whatever readable terminal (one
-with getLine, i.e. a `window`) was recorded in _G.traposSandboxScreen. The startup file the
-installer writes records it: on a computer without multishell it wraps the whole screen in a
-window the shell and the daemon draw in; under multishell it records the window of the tab the
-first shell runs in (what the player sees while that tab is in front). ]]
-M.NO_SCREEN = 'this computer has no readable screen: start the daemon from /startup/sandbox-daemon.lua '
-  .. '(written by the installer), which keeps the shell\'s terminal in a window and records it '
-  .. 'in _G.traposSandboxScreen'
+--[[ The screen is the daemon's recorder of the native terminal (section 7, installed when the
+daemon starts, however it was started). A session without one (no term.native, or started
+with `recorder = false`) falls back to a readable terminal (one with getLine, i.e. a window)
+recorded in _G.traposSandboxScreen, as older installers' startup files did. ]]
+M.NO_SCREEN = 'this computer has no readable screen: the sandbox daemon could not record its terminal '
+  .. '(no term.native)'
+
+local function readableScreen(session)
+  if session.recorder then
+    session.recorder.sync()
+    return session.recorder
+  end
+  local screen = session.screen()
+  if type(screen) == 'table' and type(screen.getLine) == 'function' and type(screen.getSize) == 'function' then
+    return screen
+  end
+end
 
 local function handleScreen(req, ctx)
   local session = sessionOf(req, ctx)
   if not session then return end
-  local screen = session.screen()
-  if type(screen) ~= 'table' or type(screen.getLine) ~= 'function' or type(screen.getSize) ~= 'function' then
-    return req.respond(false, nil, errorValue('internal', M.NO_SCREEN))
-  end
+  local screen = readableScreen(session)
+  if not screen then return req.respond(false, nil, errorValue('internal', M.NO_SCREEN)) end
   local width, height = screen.getSize()
   local cursorX, cursorY = 1, 1
   if screen.getCursorPos then cursorX, cursorY = screen.getCursorPos() end
@@ -1404,6 +1799,123 @@ local function handleScreen(req, ctx)
   req.respond(true, answer)
 end
 
+-- screen_watch {maxFps?}: partials until cancelled or the connection ends (see Watch).
+local function handleScreenWatch(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local maxFps, err = optionalNumber(req.payload, 'maxFps', M.SCREEN_WATCH_FPS, 1, 20)
+  if not maxFps then return badRequest(req, err) end
+  if not session.recorder then return req.respond(false, nil, errorValue('internal', M.NO_SCREEN)) end
+  startWatch(session, req, session.recorder, maxFps)
+end
+
+-- Input (SPEC §14) ----------------------------------------------------------------------
+
+M.MAX_INPUT_EVENTS = 256 -- events in one input request (bad_request past that)
+M.INPUT_BATCH = 32       -- events queued before the daemon waits for the queue to drain
+
+local function keyCode(name)
+  local keysApi = rawget(_G, 'keys')
+  local code = type(name) == 'string' and type(keysApi) == 'table' and keysApi[name] or nil
+  if type(code) == 'number' then return code end
+end
+
+local function isWhole(value) return type(value) == 'number' and value == math.floor(value) end
+
+-- {button | direction, x, y} as the mouse event `name`'s parameters.
+local function mouseEvent(name, first, allowed)
+  return function(value)
+    if type(value) ~= 'table' or not (isWhole(value.x) and isWhole(value.y)) then
+      return nil, ('needs {%s, x, y} with whole numbers'):format(first)
+    end
+    if not allowed[value[first]] then return nil, ('%s must be one of %s'):format(first, allowed.text) end
+    return { name, value[first], value.x, value.y }
+  end
+end
+
+-- Each input kind: its JSON key -> a check that returns the CraftOS event, or nil, message.
+local INPUT_KINDS = {
+  char = function(value)
+    if type(value) == 'string' and #value == 1 then return { 'char', value } end
+    return nil, 'char must be one character'
+  end,
+  key = function(value, event)
+    local code = keyCode(value)
+    if not code then return nil, 'unknown key name ' .. tostring(value) end
+    if event.held ~= nil and type(event.held) ~= 'boolean' then return nil, 'held must be true or false' end
+    return { 'key', code, event.held == true }
+  end,
+  keyUp = function(value)
+    local code = keyCode(value)
+    if not code then return nil, 'unknown key name ' .. tostring(value) end
+    return { 'key_up', code }
+  end,
+  paste = function(value)
+    if type(value) == 'string' then return { 'paste', value } end
+    return nil, 'paste must be a string'
+  end,
+  terminate = function(value)
+    if value == true then return { 'terminate' } end
+    return nil, 'terminate must be true'
+  end,
+  mouseClick = mouseEvent('mouse_click', 'button', { true, true, true, text = '1, 2, 3' }),
+  mouseUp = mouseEvent('mouse_up', 'button', { true, true, true, text = '1, 2, 3' }),
+  mouseScroll = mouseEvent('mouse_scroll', 'direction', { [-1] = true, [1] = true, text = '-1, 1' }),
+}
+
+-- One input event -> the CraftOS event to queue, or nil, message.
+local function inputEvent(event)
+  if type(event) ~= 'table' then return nil, 'must be an object' end
+  local kind
+  for key in pairs(event) do
+    if INPUT_KINDS[key] then
+      if kind then return nil, 'has both ' .. kind .. ' and ' .. key end
+      kind = key
+    elseif not (key == 'held' and event.key ~= nil) then
+      return nil, 'unknown field ' .. tostring(key)
+    end
+  end
+  if not kind then return nil, 'needs one of char, key, keyUp, paste, terminate, mouseClick, mouseUp, mouseScroll' end
+  return INPUT_KINDS[kind](event[kind], event)
+end
+
+--[[ input {events}: every event is checked before any is queued (a bad one is bad_request
+naming it, counted from 0 as in the JSON list). They are queued in order, M.INPUT_BATCH at a
+time: after each batch the daemon arms a 0 s timer and queues the next batch when it fires. The
+timer's event is queued behind the batch, so by then every event of the batch has left the
+computer's queue (it drops events past 256); at most M.INPUT_BATCH + 1 of ours are in it at
+once. The daemon's own loop is not a handler that may block (os.sleep would eat the events other
+handlers wait for), hence the timer. Answer {queued}. ]]
+local function handleInput(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local events = req.payload.events
+  if events == nil then events = {} end
+  if type(events) ~= 'table' then return badRequest(req, 'events must be a list') end
+  for k in pairs(events) do
+    if not isWhole(k) or k < 1 or k > #events then return badRequest(req, 'events must be a list') end
+  end
+  if #events > M.MAX_INPUT_EVENTS then
+    return badRequest(req, ('%d events, at most %d in one request'):format(#events, M.MAX_INPUT_EVENTS))
+  end
+  local queue = {}
+  for i = 1, #events do
+    local event, err = inputEvent(events[i])
+    if not event then return badRequest(req, ('events[%d] %s'):format(i - 1, err)) end
+    queue[i] = event
+  end
+  local attempt, nextEvent = session.current, 1
+  local function batch()
+    if session.current ~= attempt or (attempt and attempt.done) then return end -- connection gone
+    local last = math.min(nextEvent + M.INPUT_BATCH - 1, #queue)
+    for i = nextEvent, last do session:queue(table.unpack(queue[i])) end
+    nextEvent = last + 1
+    if nextEvent > #queue then return req.respond(true, { queued = #queue }) end
+    session.loop.setTimeout(batch, 0)
+  end
+  batch()
+end
+
 -- == Section: The request table ===========================================================
 -- Owns: every gateway request type the daemon answers, the capability it needs (in the
 -- setting sandbox.allow; none for ping and cancel) and its handler, in one place.
@@ -1412,16 +1924,18 @@ end
 
 -- SPEC §9 has the payloads and answers.
 local REQUESTS = {
-  -- type         capability  handler            what it does
-  { 'ping',        nil,        handlePing },       -- {traposId}
-  { 'exec',        'exec',     handleExec },       -- run a program beside the daemon; partials stream its output
-  { 'eval',        'eval',     handleEval },       -- run Lua the same way; returns via textutils.serialize
-  { 'cancel',      nil,        handleCancel },     -- {messageId} of a running exec/eval: ends `cancelled`
-  { 'list_files',  'fs.read',  handleListFiles },  -- {path, entries}
-  { 'read_file',   'fs.read',  handleReadFile },   -- base64, at most 64 KiB a frame
-  { 'write_file',  'fs.write', handleWriteFile },  -- parts into a temporary file, the final one moves it in
-  { 'delete_file', 'fs.write', handleDeleteFile }, -- {deleted}
-  { 'screen',      'screen',   handleScreen },     -- the terminal's lines and colours
+  -- type          capability  handler              what it does
+  { 'ping',         nil,        handlePing },        -- {traposId}
+  { 'exec',         'exec',     handleExec },        -- run a program beside the daemon; partials stream its output
+  { 'eval',         'eval',     handleEval },        -- run Lua the same way; returns via textutils.serialize
+  { 'cancel',       nil,        handleCancel },      -- {messageId} of a running exec, eval or screen_watch
+  { 'list_files',   'fs.read',  handleListFiles },   -- {path, entries}
+  { 'read_file',    'fs.read',  handleReadFile },    -- base64, at most 64 KiB a frame
+  { 'write_file',   'fs.write', handleWriteFile },   -- parts into a temporary file, the final one moves it in
+  { 'delete_file',  'fs.write', handleDeleteFile },  -- {deleted}
+  { 'screen',       'screen',   handleScreen },      -- the whole screen's lines and colours
+  { 'screen_watch', 'screen',   handleScreenWatch }, -- the screen, then its changes as partials (§14)
+  { 'input',        'input',    handleInput },       -- {events}: keys, chars, paste, mouse, terminate (§14)
 }
 
 M.requestHandlers, M.REQUEST_CAPABILITY = {}, {}
@@ -1623,8 +2137,9 @@ function Session:endAttempt(message)
   clearAttemptTimers(attempt)
   self:closeHandle(attempt.handle)
   self:failInFlight(message or 'connection lost')
-  -- Their answers could only go on this connection: programs it started are stopped.
+  -- Their answers could only go on this connection: programs and watches it started are stopped.
   stopJobs(self, attempt)
+  stopWatches(self, attempt)
 end
 
 function Session:clearReconnect()
@@ -1890,6 +2405,7 @@ function Session:stop()
   self.stopped = true
   self:endAttempt('daemon stopped')
   stopJobs(self)
+  stopWatches(self)
   self:clearReconnect()
   for i = 1, #self.disposers do self.disposers[i]() end
   self.disposers = {}
@@ -1931,7 +2447,9 @@ For the sandbox requests (SPEC §9), the CraftOS APIs they use (default: the glo
   fs, term, settings (sandbox.allow), textutils (serialize, for eval)
   shell       the shell exec runs programs with (the daemon's own; none: a plain loader)
   clock       function() -> milliseconds              default os.epoch('utc')
-  screen      function() -> readable terminal or nil  default _G.traposSandboxScreen
+  screen      function() -> the terminal exec and eval draw on   default _G.traposSandboxScreen
+                (the shell's), else the daemon's own
+  recorder    the readable screen (M.newRecorder), or false   default M.installRecorder(term)
 Returns a session: isReady(), lastError(), state(), status(), stop(), loop (the event loop used). ]]
 function M.startSession(opts)
   expect(1, opts, 'table')
@@ -1980,6 +2498,8 @@ function M.startSession(opts)
     announced = nil,
     jobs = {},
     jobCount = 0,
+    watches = {},
+    watchCount = 0,
     fs = opts.fs or rawget(_G, 'fs'),
     term = opts.term or rawget(_G, 'term'),
     settings = opts.settings or rawget(_G, 'settings'),
@@ -1988,6 +2508,12 @@ function M.startSession(opts)
     clock = opts.clock or function() return osLike.epoch('utc') end,
     screen = opts.screen or function() return rawget(_G, 'traposSandboxScreen') end,
   }, Session)
+  -- The screen, readable however the daemon was started (section 7).
+  if opts.recorder ~= nil then
+    self.recorder = opts.recorder or nil
+  else
+    self.recorder = M.installRecorder(self.term)
+  end
   self:listen()
 
   local session = { loop = self.loop, traposId = self.traposId }
@@ -2000,7 +2526,7 @@ function M.startSession(opts)
       state = self.state, connected = self.state == 'ready', running = not self.stopped,
       traposId = self.traposId, url = baseUrl, lastError = self.lastError, accountId = self.accountId,
       version = _VERSION, attempts = self.attempts, capabilities = self:capabilities(),
-      jobs = self.jobCount,
+      jobs = self.jobCount, watches = self.watchCount,
     }
   end
   function session.stop() self:stop() end

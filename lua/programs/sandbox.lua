@@ -13,8 +13,9 @@ sandbox: talk to the trapsandbox gateway through the sandbox daemon.
                        starts a fresh conversation
   sandbox --version | --help
 Capabilities (setting sandbox.allow): exec (run programs), eval (run Lua code), fs.read (list
-and read files), fs.write (write and delete files), screen (read the terminal); `all` names
-every one. exec and eval give the agent the whole computer, including its sandbox password
+and read files), fs.write (write and delete files), screen (read and watch the terminal), input
+(type keys and click on it); `all` names every one. exec, eval and input give the agent the
+whole computer, including its sandbox password
 (file requests cannot touch /.settings; programs and Lua can). allow and deny save the setting and tell the running daemon (OS event
 trapos_sandbox_capabilities), which tells the gateway: no reboot needed.
 ]]
@@ -150,7 +151,7 @@ local COMMANDS = {
   { name = 'status', needsUrl = true, run = function(lib, _, url) status(lib, url) end,
     usage = 'status        show the daemon connection and what is allowed' },
   { name = 'allow', needsUrl = false, run = function(lib, rest) change(lib, true, rest) end,
-    usage = 'allow CAP...  let the sandbox agent: exec, eval, fs.read, fs.write, screen or all' },
+    usage = 'allow CAP...  let the agent: exec, eval, fs.read, fs.write, screen, input or all' },
   { name = 'deny', needsUrl = false, run = function(lib, rest) change(lib, false, rest) end,
     usage = 'deny CAP...   take capabilities back' },
   { name = 'ask', needsUrl = true, run = function(lib, rest) ask(lib, rest) end,
