@@ -24,17 +24,8 @@ Daemon state is published in the shared table `_G.traposSandboxState` (`state`, 
 `sandbox status` can read it without a round trip. A stopped daemon leaves its last state
 behind, marked `running = false`.
 
-Gateway requests the daemon answers (M.requestHandlers, the dispatch table; SPEC §9 has the
-payloads), each needing the capability in brackets to be in the setting sandbox.allow:
-  ping                          {traposId}
-  exec [exec]                   run a program with the daemon's shell, in a coroutine beside it;
-                                output streamed as partial responses (stdout_delta/stderr_delta)
-  eval [eval]                   run Lua the same way; returns rendered with textutils.serialize
-  list_files, read_file [fs.read]      read_file: base64, at most 64 KiB a frame
-  write_file, delete_file [fs.write]   write_file parts go to a temporary file beside the
-                                target, moved into place by the final one
-  screen [screen]               the terminal recorded in _G.traposSandboxScreen (a window)
-  cancel                        {messageId} of a running exec/eval: terminated, ends `cancelled`
+Gateway requests the daemon answers: the request table (section 10) lists every type, the
+capability it needs in the setting sandbox.allow and its handler; SPEC §9 has the payloads.
 Anything else is `unknown_type`; a capability not allowed is `forbidden`; CraftOS refusing a
 file operation is `fs_error` with its message. No frame sent is over M.MAX_SEND (128 KiB).
 
@@ -45,7 +36,28 @@ Event loop interface (trapos's `_G.bootEventLoop`, or `createEventLoop()` on pla
                                            use it; without it they listen to M.PROGRAM_EVENTS)
 Handlers are called with the event's parameters; a loop that also passes the event name
 first is detected and handled.
+
+Sections, in this order, each using only those above it; each opens with a header
+(`-- == Section: NAME ==`) saying what it owns, what it needs and what it exports:
+  1  Constants and argument checks     M, expect, errorValue
+  2  Capabilities (consent)            sandbox.allow: parse, change, the settings' definitions
+  3  Encodings                         base64, payload/error coercion, JSON lists and codec
+  4  Envelopes                         the wire frames, hello, traposId, messageIds
+  5  Event loop                        createEventLoop (plain CraftOS), listening to every event
+  6  Output capture and the terminal   what exec/eval programs print; their redirect target
+  7  The screen                        the recorder of the native terminal; screen_watch
+  8  Jobs                              exec/eval coroutines: resume, timeout, cancel, partials
+  9  Request handlers                  ping, exec, eval, cancel, files, screen, input
+  10 The request table                 type -> capability -> handler, in one place
+  11 Dispatch                          onMessage: frames to handlers or to waiting programs
+  12 The session (the daemon)          the WebSocket, hello, reconnect, forwarding; startSession
+  13 Entry points for programs         request, ask, newWrapper
 ]]
+
+-- == Section: Constants and argument checks ===============================================
+-- Owns: the module table M with every tunable number and OS event name, the argument checks
+-- (expect, expectNonEmpty) and errorValue, the {code, message} every failure is made of.
+-- Needs: nothing. Exports: M._VERSION, M.EVENT_*, the limits (M.MAX_SEND, ...), M.errorValue.
 
 local M = {
   _VERSION = _VERSION,
@@ -82,14 +94,6 @@ local M = {
   FILE_OVERHEAD = 500,              -- bytes CC:Tweaked counts for any file or folder
 }
 
--- What the owner may allow (setting sandbox.allow), in the order they are listed.
-M.CAPABILITIES = { 'exec', 'eval', 'fs.read', 'fs.write', 'screen' }
--- The capability each gateway request needs; ping and cancel need none.
-M.REQUEST_CAPABILITY = {
-  exec = 'exec', eval = 'eval', list_files = 'fs.read', read_file = 'fs.read',
-  write_file = 'fs.write', delete_file = 'fs.write', screen = 'screen',
-}
-
 local function expect(n, value, ...)
   local t = type(value)
   local names = { ... }
@@ -111,27 +115,14 @@ local function errorValue(code, message)
 end
 M.errorValue = errorValue
 
--- The settings the daemon and the `sandbox` command read, with descriptions for `set`.
-function M.defineSettings()
-  if not (settings and settings.define) then return end
-  settings.define('sandbox.url', {
-    description = 'WebSocket URL of the trapsandbox gateway, e.g. ws://host:4444/gateway',
-    type = 'string',
-  })
-  settings.define('sandbox.password', {
-    description = 'Shared secret the sandbox daemon presents to the gateway (SANDBOX_PASSWORD)',
-    type = 'string',
-  })
-  settings.define('sandbox.allow', {
-    description = 'What the sandbox agent may do here, comma-separated: exec (run programs), eval (run Lua), '
-      .. 'fs.read (list and read files), fs.write (write and delete files), screen (read the terminal). '
-      .. 'Change it with "sandbox allow CAP..." / "sandbox deny CAP..."',
-    type = 'string',
-    default = '',
-  })
-end
+-- == Section: Capabilities (consent) ======================================================
+-- Owns: what the owner may allow (setting sandbox.allow): the list, its parsing and changing,
+-- the settings' definitions and the whole-computer warning.
+-- Needs: constants. Exports: M.CAPABILITIES, M.parseCapabilities, M.changeCapabilities,
+-- M.WHOLE_COMPUTER, M.grantsWholeComputer, M.defineSettings.
 
--- Capabilities (consent) ------------------------------------------------------
+-- What the owner may allow (setting sandbox.allow), in the order they are listed.
+M.CAPABILITIES = { 'exec', 'eval', 'fs.read', 'fs.write', 'screen', 'input' }
 
 local KNOWN_CAPABILITY = {}
 for _, name in ipairs(M.CAPABILITIES) do KNOWN_CAPABILITY[name] = true end
@@ -179,20 +170,46 @@ function M.changeCapabilities(value, allow, names)
   return table.concat(list, ','), list
 end
 
--- Said in plain words wherever exec or eval is allowed (the installer's question, `sandbox
--- allow`): file requests keep away from /.settings, but a program or Lua chunk can read it.
-M.WHOLE_COMPUTER = 'exec and eval (running programs and Lua) give the agent the whole computer, '
+-- Said in plain words wherever exec, eval or input is allowed (the installer's question,
+-- `sandbox allow`): file requests keep away from /.settings, but a program or Lua chunk can read
+-- it, and typing into the shell can run either.
+M.WHOLE_COMPUTER = 'exec, eval and input (running programs and Lua, typing on the computer) give the agent the whole computer, '
   .. 'including its sandbox password'
 
--- Whether a list in `allowed` (names as given to `sandbox allow`, or a new allowed list) has exec, eval or all.
+-- Whether a list in `allowed` (names as given to `sandbox allow`, or a new allowed list) has exec, eval, input
+-- or all.
 function M.grantsWholeComputer(allowed)
   for _, name in ipairs(allowed) do
-    if name == 'exec' or name == 'eval' or name == 'all' then return true end
+    if name == 'exec' or name == 'eval' or name == 'input' or name == 'all' then return true end
   end
   return false
 end
 
--- Base64 ------------------------------------------------------------------------
+-- The settings the daemon and the `sandbox` command read, with descriptions for `set`.
+function M.defineSettings()
+  if not (settings and settings.define) then return end
+  settings.define('sandbox.url', {
+    description = 'WebSocket URL of the trapsandbox gateway, e.g. ws://host:4444/gateway',
+    type = 'string',
+  })
+  settings.define('sandbox.password', {
+    description = 'Shared secret the sandbox daemon presents to the gateway (SANDBOX_PASSWORD)',
+    type = 'string',
+  })
+  settings.define('sandbox.allow', {
+    description = 'What the sandbox agent may do here, comma-separated: exec (run programs), eval (run Lua), '
+      .. 'fs.read (list and read files), fs.write (write and delete files), screen (read the terminal), '
+      .. 'input (type keys and click on it). '
+      .. 'Change it with "sandbox allow CAP..." / "sandbox deny CAP..."',
+    type = 'string',
+    default = '',
+  })
+end
+
+-- == Section: Encodings ===================================================================
+-- Owns: base64 (file content), payload and error coercion (SPEC §2), JSON lists, the default
+-- JSON codec (textutils).
+-- Needs: constants. Exports: M.base64Encode, M.base64Decode, M.coercePayload, M.coerceError.
 
 --[[ Built for CraftOS's Lua, where making strings piecewise is slow (SPEC §6): output bytes are
 collected as numbers and turned into strings with one string.char per BASE64_GROUP of them, and
@@ -283,15 +300,6 @@ function M.base64Decode(text)
   return table.concat(out)
 end
 
--- traposId = "<computerId>:<label>", label may be empty ("7:").
-function M.traposId(osLike)
-  osLike = osLike or os
-  expect(1, osLike, 'table')
-  local id = osLike.getComputerID()
-  local label = osLike.getComputerLabel and osLike.getComputerLabel() or nil
-  return ('%d:%s'):format(id, label or '')
-end
-
 -- A JSON object decodes to a table with only string keys. Anything else (missing, `[]` which
 -- CraftOS decodes to the frozen `textutils.empty_json_array`, a list, a scalar) reads as {}.
 -- Always returns a table the caller may modify.
@@ -311,8 +319,37 @@ function M.coerceError(err, fallbackMessage)
   return errorValue('internal', fallbackMessage or 'request failed without an error')
 end
 
--- Envelope builders ---------------------------------------------------------
+-- An empty list as CraftOS encodes it as a JSON list ([]), where textutils can; {} otherwise,
+-- which the gateway reads as an empty list too (SPEC §2, payload coercion).
+local function jsonList(list)
+  if #list == 0 then
+    local tu = rawget(_G, 'textutils')
+    if type(tu) == 'table' and type(tu.empty_json_array) == 'table' then return tu.empty_json_array end
+  end
+  return list
+end
 
+local function defaultEncode(value)
+  return textutils.serializeJSON(value)
+end
+
+local function defaultDecode(text)
+  return textutils.unserializeJSON(text)
+end
+
+-- == Section: Envelopes ===================================================================
+-- Owns: the four wire frames (SPEC §2), hello, traposId, messageIds, the URL nonce.
+-- Needs: constants, encodings. Exports: M.traposId, M.computerRequest, M.computerResponse,
+-- M.gatewayRequest, M.gatewayResponse, M.hello, M.newMessageId, M.withNonce.
+
+-- traposId = "<computerId>:<label>", label may be empty ("7:").
+function M.traposId(osLike)
+  osLike = osLike or os
+  expect(1, osLike, 'table')
+  local id = osLike.getComputerID()
+  local label = osLike.getComputerLabel and osLike.getComputerLabel() or nil
+  return ('%d:%s'):format(id, label or '')
+end
 -- The four events differ only in their name and in which side's traposId they carry.
 -- The builders tail-call these, so argument errors still name the builder's caller.
 local function requestFrame(event, idKey, id, messageId, msgType, payload)
@@ -352,16 +389,6 @@ function M.gatewayResponse(receiverId, messageId, msgType, ok, payload, err)
   return responseFrame('gateway_response', 'traposReceiverId', receiverId, messageId, msgType, ok, payload, err)
 end
 
--- An empty list as CraftOS encodes it as a JSON list ([]), where textutils can; {} otherwise,
--- which the gateway reads as an empty list too (SPEC §2, payload coercion).
-local function jsonList(list)
-  if #list == 0 then
-    local tu = rawget(_G, 'textutils')
-    if type(tu) == 'table' and type(tu.empty_json_array) == 'table' then return tu.empty_json_array end
-  end
-  return list
-end
-
 -- capabilities: the allowed list (§9).
 function M.hello(senderId, messageId, secret, version, capabilities)
   expectNonEmpty(1, senderId)
@@ -392,31 +419,1536 @@ function M.withNonce(url, nonce)
   return url .. sep .. 'n=' .. tostring(nonce)
 end
 
-local function defaultEncode(value)
-  return textutils.serializeJSON(value)
+-- == Section: Event loop ==================================================================
+-- Owns: the built-in event loop for plain CraftOS (trapos's bootEventLoop interface) and
+-- listening to every event (what a program started by exec or eval waits on).
+-- Needs: constants. Exports: M.createEventLoop, M.PROGRAM_EVENTS.
+
+-- Adds `handler` to `list`; returns the function that removes it again.
+local function addHandler(list, handler)
+  local entry = { fn = handler }
+  list[#list + 1] = entry
+  return function()
+    for i = #list, 1, -1 do
+      if list[i] == entry then table.remove(list, i) end
+    end
+  end
 end
 
-local function defaultDecode(text)
-  return textutils.unserializeJSON(text)
+-- Built-in event loop for plain CraftOS: the same interface as trapos's bootEventLoop.
+function M.createEventLoop(osLike)
+  osLike = osLike or os
+  local handlers = {}
+  local anyHandlers = {}
+  local timers = {}
+  local running = false
+  local loop = {}
+
+  function loop.register(event, handler)
+    expect(1, event, 'string')
+    expect(2, handler, 'function')
+    local list = handlers[event]
+    if not list then list = {}; handlers[event] = list end
+    return addHandler(list, handler)
+  end
+
+  -- Every event, with its name first (what a program run by exec or eval waits on).
+  function loop.registerAny(handler)
+    expect(1, handler, 'function')
+    return addHandler(anyHandlers, handler)
+  end
+
+  function loop.setTimeout(fn, seconds)
+    expect(1, fn, 'function')
+    expect(2, seconds, 'number')
+    local id = osLike.startTimer(seconds)
+    timers[id] = fn
+    return function()
+      if timers[id] then
+        timers[id] = nil
+        if osLike.cancelTimer then pcall(osLike.cancelTimer, id) end
+      end
+    end
+  end
+
+  function loop.dispatch(event, ...)
+    if event == 'timer' then
+      local id = ...
+      local fn = timers[id]
+      if fn then
+        timers[id] = nil
+        fn()
+      end
+    end
+    local list = handlers[event]
+    if list then
+      local snapshot = {}
+      for i = 1, #list do snapshot[i] = list[i] end
+      for i = 1, #snapshot do snapshot[i].fn(...) end
+    end
+    if #anyHandlers > 0 then
+      local snapshot = {}
+      for i = 1, #anyHandlers do snapshot[i] = anyHandlers[i] end
+      for i = 1, #snapshot do snapshot[i].fn(event, ...) end
+    end
+  end
+
+  -- Raw events: `terminate` is handed to the handlers (a program run by exec gets it) and never
+  -- ends the loop. Every coroutine receives every terminate (SPEC §6): one typed into the
+  -- computer by the gateway's `input`, or Ctrl+T meant for the shell the daemon runs beside,
+  -- must not stop the daemon. It stops with the computer, or with stop().
+  function loop.run()
+    running = true
+    local pull = osLike.pullEventRaw or osLike.pullEvent
+    while running do
+      loop.dispatch(pull())
+    end
+  end
+
+  function loop.stop()
+    running = false
+  end
+
+  return loop
 end
 
--- Gateway requests: the dispatch table ------------------------------------------
+local function dropEventName(name, ...)
+  if select('#', ...) > 0 and (select(1, ...)) == name then
+    return select(2, ...)
+  end
+  return ...
+end
 
---[[ M.requestHandlers: gateway request type -> handler(req, ctx).
+-- Event names for loops without registerAny (trapos's bootEventLoop): what programs wait on.
+M.PROGRAM_EVENTS = {
+  'alarm', 'char', 'computer_command', 'disk', 'disk_eject', 'file_transfer', 'http_check',
+  'http_failure', 'http_success', 'key', 'key_up', 'modem_message', 'monitor_resize',
+  'monitor_touch', 'mouse_click', 'mouse_drag', 'mouse_scroll', 'mouse_up', 'paste', 'peripheral',
+  'peripheral_detach', 'rednet_message', 'redstone', 'speaker_audio_empty', 'task_complete',
+  'term_resize', 'terminate', 'timer', 'turtle_inventory', 'websocket_closed', 'websocket_failure',
+  'websocket_message', 'websocket_success', M.EVENT_REPLY, M.EVENT_CONNECTED,
+}
+
+local function listenAll(loop, handler)
+  if type(loop.registerAny) == 'function' then
+    return loop.registerAny(function(...) return handler(...) end)
+  end
+  local disposers = {}
+  for _, name in ipairs(M.PROGRAM_EVENTS) do
+    disposers[#disposers + 1] = loop.register(name, function(...) handler(name, dropEventName(name, ...)) end)
+  end
+  return function()
+    for i = 1, #disposers do disposers[i]() end
+  end
+end
+
+-- == Section: Output capture and the terminal =============================================
+-- Owns: what a program run by exec or eval prints (per stream, bounded), the redirect target
+-- that records it while drawing where the player looks, the swapped write/printError.
+-- Needs: constants. Exports: M.newCapture, M.TERM_METHODS.
+
+--[[ What a program run by exec or eval prints is recorded per stream, up to maxBytes each
+(the rest is dropped and the stream flagged truncated), and queued for partial responses.
+It is caught at two depths while the program runs (only then):
+  - _G.write and _G.printError are swapped for capturedWrite / capturedPrintError, so print
+    and write land in stdout with their own newlines and printError in stderr;
+  - the program's terminal is a redirect that draws on the daemon's terminal (the player sees
+    it) and records term.write / term.blit calls made outside write, a row change or a scroll
+    standing for a newline.
+`depth` > 0 while inside the swapped functions, so their own term calls are not recorded twice. ]]
+local Capture = {}
+Capture.__index = Capture
+
+function M.newCapture(maxBytes, mergeStderr)
+  local function stream() return { pieces = {}, bytes = 0, truncated = false } end
+  return setmetatable({
+    max = maxBytes or M.MAX_OUTPUT_BYTES, merge = mergeStderr, depth = 0, row = nil,
+    stdout = stream(), stderr = stream(), pending = {},
+  }, Capture)
+end
+
+function Capture:record(name, text)
+  if text == '' then return end
+  if self.merge then name = 'stdout' end
+  local stream = self[name]
+  local room = self.max - stream.bytes
+  if room <= 0 then stream.truncated = true; return end
+  if #text > room then
+    text = text:sub(1, room)
+    stream.truncated = true
+  end
+  stream.pieces[#stream.pieces + 1] = text
+  stream.bytes = stream.bytes + #text
+  local last = self.pending[#self.pending]
+  if last and last.name == name then
+    last.pieces[#last.pieces + 1] = text
+    last.bytes = last.bytes + #text
+  else
+    self.pending[#self.pending + 1] = { name = name, pieces = { text }, bytes = #text }
+  end
+end
+
+function Capture:text(name)
+  return table.concat(self[name].pieces)
+end
+
+-- The oldest pending run of one stream, at most `limit` bytes of it: name, data (or nil).
+function Capture:takePending(limit)
+  local run = self.pending[1]
+  if not run then return nil end
+  local data = table.concat(run.pieces)
+  if #data > limit then
+    run.pieces, run.bytes = { data:sub(limit + 1) }, #data - limit
+    data = data:sub(1, limit)
+  else
+    table.remove(self.pending, 1)
+  end
+  return run.name, data
+end
+
+--[[ The methods of CraftOS's terminal (term.native() once term.lua has moved
+nativePaletteColour and screenshot onto `term`): CC:Tweaked's TermMethods, then CraftOS-PC's
+graphics-mode extras. A terminal built over another takes its parent's methods by these names,
+by indexing: a parent that is a wrapper (`setmetatable({write = ...}, {__index = ...})`, as
+screen recorders and multiplexers make them) has most of its methods behind `__index`, where
+`pairs` never looks. A name the parent lacks stays absent, so term.redirect treats the new
+terminal as it would the parent: CraftOS-PC lends the native graphics methods, and a missing
+standard method becomes its "Redirect object is missing method X." stub. ]]
+M.TERM_METHODS = {
+  'write', 'scroll', 'setCursorPos', 'setCursorBlink', 'getCursorPos', 'getCursorBlink',
+  'getSize', 'clear', 'clearLine', 'setTextColour', 'setTextColor', 'setBackgroundColour',
+  'setBackgroundColor', 'isColour', 'isColor', 'getTextColour', 'getTextColor',
+  'getBackgroundColour', 'getBackgroundColor', 'blit', 'setPaletteColour', 'setPaletteColor',
+  'getPaletteColour', 'getPaletteColor',
+  'setGraphicsMode', 'getGraphicsMode', 'setPixel', 'getPixel', 'drawPixels', 'getPixels',
+  'showMouse', 'relativeMouse', 'setFrozen', 'getFrozen',
+  -- A window's own, passed on when the parent is one (a program may ask its terminal for them).
+  'getLine', 'setVisible', 'isVisible', 'redraw', 'restoreCursor', 'getPosition', 'reposition',
+}
+
+-- A redirect target drawing on `parent` (each of its M.TERM_METHODS) that records what is written.
+function Capture:terminal(parent)
+  local cap = self
+  local t = {}
+  for _, name in ipairs(M.TERM_METHODS) do
+    if type(parent[name]) == 'function' then t[name] = function(...) return parent[name](...) end end
+  end
+  if parent.getCursorPos then
+    local ok, _, y = pcall(parent.getCursorPos)
+    if ok then cap.row = y end
+  end
+  function t.write(text)
+    if cap.depth == 0 then cap:record('stdout', tostring(text)) end
+    return parent.write(text)
+  end
+  function t.blit(text, fg, bg)
+    if cap.depth == 0 then cap:record('stdout', tostring(text)) end
+    return parent.blit(text, fg, bg)
+  end
+  function t.setCursorPos(x, y)
+    if cap.depth == 0 and cap.row ~= nil and y ~= cap.row then cap:record('stdout', '\n') end
+    cap.row = y
+    return parent.setCursorPos(x, y)
+  end
+  function t.scroll(n)
+    if cap.depth == 0 and type(n) == 'number' and n >= 1 then cap:record('stdout', ('\n'):rep(n)) end
+    return parent.scroll(n)
+  end
+  return t
+end
+
+local activeCapture = nil              -- the capture of the job being resumed, if any
+local realWrite, realPrintError = nil, nil -- what _G held when a job last started running
+
+local function capturedWrite(text)
+  local cap = activeCapture
+  if cap and cap.depth == 0 and (type(text) == 'string' or type(text) == 'number') then
+    cap:record('stdout', tostring(text))
+    cap.depth = cap.depth + 1
+    local lines = realWrite and realWrite(text) or 0
+    cap.depth = cap.depth - 1
+    return lines
+  end
+  if realWrite then return realWrite(text) end
+  return 0
+end
+
+local function capturedPrintError(...)
+  local cap = activeCapture
+  if cap and cap.depth ~= 0 then cap = nil end
+  if cap then
+    local parts = {}
+    for i = 1, select('#', ...) do parts[i] = tostring((select(i, ...))) end
+    cap:record('stderr', table.concat(parts, '\t') .. '\n')
+    cap.depth = cap.depth + 1
+  end
+  if realPrintError then realPrintError(...) end
+  if cap then cap.depth = cap.depth - 1 end
+end
+
+-- == Section: The screen ==================================================================
+-- Owns: making the computer's screen readable however the daemon started (a recorder over the
+-- native terminal, installed once), and screen_watch's streams of changed rows (SPEC §14).
+-- Needs: constants (M.TERM_METHODS). Exports: M.installRecorder, M.newRecorder, M.compactRow,
+-- M.RECORDER_GLOBAL, M.MAX_WATCHES, M.SCREEN_WATCH_FPS.
+
+--[[ The native terminal cannot be read back. The recorder wraps the native terminal's drawing
+methods in place: each one (taken from the native table by name, M.RECORDED_METHODS) draws
+exactly as before and then mirrors what it drew into a buffer of lines and blit colours, and
+tells the watches which rows changed.
+
+Why in place, and not a window redirect: everything that reaches the screen goes through the
+native table's methods, looked up at each call — term.lua's own redirect target, the windows
+multishell and the installer's startup made over it before the daemon started, a program that
+calls term.native() itself — so all of it is recorded, and every redirect keeps working as
+before. A window over term.native() would repaint the screen when made (the player would see it
+cleared), would not see what others draw on the native terminal directly and would later paint
+its stale copy over it. The player sees exactly what they saw: every call is passed on first.
+What was drawn before the recorder was installed is not known (blank) until it is redrawn,
+unless the terminal the daemon started in is a readable window of the whole screen, which seeds
+it.
+
+Installed once per computer: _G[M.RECORDER_GLOBAL] holds the recorder, and a second daemon or a
+reloaded library reuses it rather than wrapping the wrappers. ]]
+M.RECORDER_GLOBAL = 'traposSandboxRecorder'
+M.RECORDED_METHODS = {
+  'write', 'blit', 'clear', 'clearLine', 'scroll', 'setCursorPos', 'setCursorBlink',
+  'setPaletteColour', 'setPaletteColor',
+}
+M.MAX_WATCHES = 4                 -- screen_watch requests at once (overloaded past that)
+M.SCREEN_WATCH_FPS = 10           -- default maxFps; at most 20
+
+local BLIT_DIGITS = '0123456789abcdef'
+
+-- A colour (a power of two, colours.white = 1 ... colours.black = 32768) as its blit digit.
+local function blitDigit(colour)
+  local bit = 0
+  colour = type(colour) == 'number' and colour or 1
+  while colour >= 2 and bit < 15 do
+    colour = colour / 2
+    bit = bit + 1
+  end
+  return BLIT_DIGITS:sub(bit + 1, bit + 1)
+end
+
+-- `s` written into `line` (`width` cells) from column `x`, clipped to the line.
+local function splice(line, x, s, width)
+  local first, last = x, x + #s - 1
+  if first < 1 then first = 1 end
+  if last > width then last = width end
+  if first > last then return line end
+  return line:sub(1, first - 1) .. s:sub(first - x + 1, last - x + 1) .. line:sub(last + 1)
+end
+
+--[[ A row as screen_watch sends it: each of line, text and background with its final run of one
+character cut to a single one (a string shorter than the width continues with its last
+character), so a short line in one colour costs its text and two characters of colour, and a
+one-row change of a 51x19 screen fits in 300 bytes on the wire. ]]
+function M.compactRow(line, text, background)
+  local function cut(s)
+    local last = s:sub(-1)
+    local stop = #s
+    while stop > 1 and s:sub(stop - 1, stop - 1) == last do stop = stop - 1 end
+    return s:sub(1, stop)
+  end
+  return { line = cut(line), text = cut(text), background = cut(background) }
+end
+
+--[[ newRecorder(native) -> recorder: the buffer and the wrapped methods (recorder.wrapped), not
+yet installed. recorder: getSize(), getLine(y) -> line, text, background, getCursorPos(),
+getCursorBlink(), palette() -> 16 "#rrggbb" (blit digit order), sync() (picks up a resize),
+watch(w) -> unwatch(): w.rows[y] = true for each changed row, w.paletteChanged = true, and
+w:poke() on every change (cursor moves and blink included). ]]
+function M.newRecorder(native)
+  local parent = {}
+  for _, name in ipairs(M.TERM_METHODS) do
+    if type(native[name]) == 'function' then parent[name] = native[name] end
+  end
+  local rec = { native = native, parent = parent, watchers = {}, wrapped = {} }
+  local width, height = parent.getSize()
+  local lines, texts, backs = {}, {}, {}
+  local cursorX, cursorY, blink = nil, nil, nil
+
+  local function colours()
+    local fg = parent.getTextColour or parent.getTextColor
+    local bg = parent.getBackgroundColour or parent.getBackgroundColor
+    return blitDigit(fg and fg() or 1), blitDigit(bg and bg() or 32768)
+  end
+  local function notify(row, palette)
+    for watcher in pairs(rec.watchers) do
+      if row then watcher.rows[row] = true end
+      if palette then watcher.paletteChanged = true end
+      watcher:poke()
+    end
+  end
+  local function fill(row, fg, bg)
+    local changed = lines[row] ~= (' '):rep(width) or texts[row] ~= fg:rep(width) or backs[row] ~= bg:rep(width)
+    lines[row], texts[row], backs[row] = (' '):rep(width), fg:rep(width), bg:rep(width)
+    if changed then notify(row) end
+  end
+  local function put(x, y, s, f, b)
+    if y < 1 or y > height or #s == 0 then return end
+    local line, text, back = splice(lines[y], x, s, width), splice(texts[y], x, f, width), splice(backs[y], x, b, width)
+    if line ~= lines[y] or text ~= texts[y] or back ~= backs[y] then
+      lines[y], texts[y], backs[y] = line, text, back
+      notify(y)
+    end
+  end
+  local function blankAll()
+    local fg, bg = colours()
+    for row = 1, height do lines[row], texts[row], backs[row] = (' '):rep(width), fg:rep(width), bg:rep(width) end
+  end
+  blankAll()
+
+  local w = rec.wrapped
+  function w.write(text)
+    local x, y = parent.getCursorPos()
+    local r = table.pack(parent.write(text))
+    local s = tostring(text)
+    local fg, bg = colours()
+    put(x, y, s, fg:rep(#s), bg:rep(#s))
+    return table.unpack(r, 1, r.n)
+  end
+  function w.blit(text, fg, bg)
+    local x, y = parent.getCursorPos()
+    local r = table.pack(parent.blit(text, fg, bg))
+    if type(text) == 'string' and type(fg) == 'string' and type(bg) == 'string' then
+      put(x, y, text, fg:lower(), bg:lower())
+    end
+    return table.unpack(r, 1, r.n)
+  end
+  function w.clear()
+    local r = table.pack(parent.clear())
+    local fg, bg = colours()
+    for row = 1, height do fill(row, fg, bg) end
+    return table.unpack(r, 1, r.n)
+  end
+  function w.clearLine()
+    local r = table.pack(parent.clearLine())
+    local _, y = parent.getCursorPos()
+    if y >= 1 and y <= height then
+      local fg, bg = colours()
+      fill(y, fg, bg)
+    end
+    return table.unpack(r, 1, r.n)
+  end
+  function w.scroll(n)
+    local r = table.pack(parent.scroll(n))
+    n = type(n) == 'number' and math.floor(n) or 0
+    if n ~= 0 then
+      local fg, bg = colours()
+      local blank, blankFg, blankBg = (' '):rep(width), fg:rep(width), bg:rep(width)
+      local newLines, newTexts, newBacks = {}, {}, {}
+      for row = 1, height do
+        local from = row + n
+        if from >= 1 and from <= height then
+          newLines[row], newTexts[row], newBacks[row] = lines[from], texts[from], backs[from]
+        else
+          newLines[row], newTexts[row], newBacks[row] = blank, blankFg, blankBg
+        end
+      end
+      for row = 1, height do
+        local changed = newLines[row] ~= lines[row] or newTexts[row] ~= texts[row] or newBacks[row] ~= backs[row]
+        lines[row], texts[row], backs[row] = newLines[row], newTexts[row], newBacks[row]
+        if changed then notify(row) end
+      end
+    end
+    return table.unpack(r, 1, r.n)
+  end
+  -- A cursor set where it already is (window.restoreCursor after every event) is no change:
+  -- an idle screen must not wake the watches.
+  function w.setCursorPos(x, y)
+    local r = table.pack(parent.setCursorPos(x, y))
+    if x ~= cursorX or y ~= cursorY then
+      cursorX, cursorY = x, y
+      notify()
+    end
+    return table.unpack(r, 1, r.n)
+  end
+  function w.setCursorBlink(on)
+    local r = table.pack(parent.setCursorBlink(on))
+    if on ~= blink then
+      blink = on
+      notify()
+    end
+    return table.unpack(r, 1, r.n)
+  end
+  local function setPalette(name)
+    return function(...)
+      local r = table.pack(parent[name](...))
+      notify(nil, true)
+      return table.unpack(r, 1, r.n)
+    end
+  end
+  w.setPaletteColour, w.setPaletteColor = setPalette('setPaletteColour'), setPalette('setPaletteColor')
+  for name in pairs(w) do
+    if not parent[name] then w[name] = nil end
+  end
+
+  -- A terminal resized since (CraftOS-PC's window, term_resize): the buffer follows, all rows
+  -- changed.
+  function rec.sync()
+    local newWidth, newHeight = parent.getSize()
+    if newWidth == width and newHeight == height then return false end
+    local fg, bg = colours()
+    for row = 1, newHeight do
+      local line, text, back = lines[row] or '', texts[row] or '', backs[row] or ''
+      local pad = newWidth - #line
+      if pad > 0 then
+        line, text, back = line .. (' '):rep(pad), text .. fg:rep(pad), back .. bg:rep(pad)
+      end
+      lines[row], texts[row], backs[row] = line:sub(1, newWidth), text:sub(1, newWidth), back:sub(1, newWidth)
+    end
+    for row = newHeight + 1, height do lines[row], texts[row], backs[row] = nil, nil, nil end
+    width, height = newWidth, newHeight
+    for row = 1, height do notify(row) end
+    return true
+  end
+  function rec.getSize() return width, height end
+  function rec.getLine(y) return lines[y], texts[y], backs[y] end
+  function rec.getCursorPos() return parent.getCursorPos() end
+  function rec.getCursorBlink()
+    if parent.getCursorBlink then return parent.getCursorBlink() == true end
+    return blink == true
+  end
+  function rec.palette()
+    local list = {}
+    local get = parent.getPaletteColour or parent.getPaletteColor
+    for i = 0, 15 do
+      local hex = '#000000'
+      if get then
+        local ok, r, g, b = pcall(get, 2 ^ i)
+        if ok and type(r) == 'number' then
+          hex = ('#%02x%02x%02x'):format(math.floor(r * 255 + 0.5), math.floor(g * 255 + 0.5), math.floor(b * 255 + 0.5))
+        end
+      end
+      list[i + 1] = hex
+    end
+    return list
+  end
+  -- Rows drawn before the recorder existed, from a readable terminal of the whole screen.
+  function rec.seed(readable)
+    if type(readable) ~= 'table' or type(readable.getLine) ~= 'function' or type(readable.getSize) ~= 'function' then return end
+    local ok, w2, h2 = pcall(readable.getSize)
+    if not ok or w2 ~= width or h2 ~= height then return end
+    for row = 1, height do
+      local okLine, line, text, back = pcall(readable.getLine, row)
+      if okLine and type(line) == 'string' and #line == width and type(text) == 'string' and #text == width
+        and type(back) == 'string' and #back == width then
+        lines[row], texts[row], backs[row] = line, text, back
+      end
+    end
+  end
+  function rec.watch(watcher)
+    rec.watchers[watcher] = true
+    return function() rec.watchers[watcher] = nil end
+  end
+  return rec
+end
+
+-- The recorder of `termApi`'s native terminal, installed once per computer; nil when there is
+-- no native terminal to record.
+function M.installRecorder(termApi)
+  if type(termApi) ~= 'table' or type(termApi.native) ~= 'function' then return nil end
+  local ok, native = pcall(termApi.native)
+  if not ok or type(native) ~= 'table' or type(native.getSize) ~= 'function' or type(native.getCursorPos) ~= 'function' then
+    return nil
+  end
+  local rec = rawget(_G, M.RECORDER_GLOBAL)
+  if type(rec) == 'table' and rec.native == native and type(rec.getLine) == 'function' then return rec end
+  rec = M.newRecorder(native)
+  if termApi.current then
+    local okCurrent, current = pcall(termApi.current)
+    if okCurrent and current ~= native then rec.seed(current) end
+  end
+  for name, fn in pairs(rec.wrapped) do native[name] = fn end
+  rawset(_G, M.RECORDER_GLOBAL, rec)
+  return rec
+end
+
+--[[ A screen_watch: the first partial carries the whole screen (every row, width, height, the
+cursor, cursorBlink and the palette); each later one only what changed since the one before —
+the changed rows (M.compactRow), cursorX and cursorY always, width, height, cursorBlink and
+palette when they changed. A draw arms one timer (none while nothing changes), so partials are
+at least 1000 / maxFps ms apart and coalesce every draw in between. It ends when cancelled or
+when its connection ends. ]]
+local Watch = {}
+Watch.__index = Watch
+
+function Watch:poke()
+  if self.done or self.clearTimer then return end
+  local session = self.session
+  local wait = self.lastFrame and (self.lastFrame + self.interval - session.clock()) or 0
+  if wait < 0 then wait = 0 end
+  self.clearTimer = session.loop.setTimeout(function()
+    self.clearTimer = nil
+    if not self.done then self:frame(false) end
+  end, wait / 1000)
+end
+
+function Watch:frame(first)
+  local rec, sent = self.recorder, self.sent
+  rec.sync()
+  local width, height = rec.getSize()
+  local cursorX, cursorY = rec.getCursorPos()
+  local blink = rec.getCursorBlink()
+  local payload = { type = 'screen', cursorX = cursorX, cursorY = cursorY }
+  local changed = first or cursorX ~= sent.cursorX or cursorY ~= sent.cursorY
+  if first or width ~= sent.width or height ~= sent.height then
+    payload.width, payload.height, changed = width, height, true
+  end
+  if first or blink ~= sent.cursorBlink then payload.cursorBlink, changed = blink, true end
+  if first then
+    for y = 1, height do self.rows[y] = true end
+    self.paletteChanged = true
+  end
+  local rows = {}
+  for y in pairs(self.rows) do
+    if y >= 1 and y <= height then
+      rows[tostring(y)] = M.compactRow(rec.getLine(y))
+      changed = true
+    end
+  end
+  payload.rows = rows
+  if self.paletteChanged then payload.palette, changed = rec.palette(), true end
+  self.rows, self.paletteChanged = {}, false
+  if not changed then return end
+  self.req.partial(payload)
+  self.lastFrame = self.session.clock()
+  sent.width, sent.height, sent.cursorX, sent.cursorY, sent.cursorBlink = width, height, cursorX, cursorY, blink
+end
+
+-- Ends the watch: `cancel` answers `cancelled`; the end of its connection answers nothing
+-- anyone can receive. Returns whether it was running.
+function Watch:stop(reason)
+  if self.done then return false end
+  self.done = true
+  self.unwatch()
+  if self.clearTimer then self.clearTimer(); self.clearTimer = nil end
+  local session = self.session
+  session.watches[self.req.messageId] = nil
+  session.watchCount = session.watchCount - 1
+  if reason == 'cancel' then
+    self.req.respond(false, nil, M.errorValue('cancelled', 'cancelled by the gateway'))
+  else
+    self.req.respond(false, nil, M.errorValue('not_connected', 'the connection ended'))
+  end
+  return true
+end
+
+-- Starts a screen_watch of `recorder` for `req` on `session`, at most maxFps frames a second.
+local function startWatch(session, req, recorder, maxFps)
+  if session.watches[req.messageId] then
+    return req.respond(false, nil, M.errorValue('bad_request', 'a request with this messageId is running'))
+  end
+  if session.watchCount >= M.MAX_WATCHES then
+    return req.respond(false, nil, M.errorValue('overloaded', ('%d screen watches are running already'):format(session.watchCount)))
+  end
+  local watch = setmetatable({
+    session = session, req = req, recorder = recorder, attempt = session.current,
+    interval = 1000 / maxFps, rows = {}, paletteChanged = false, sent = {}, done = false,
+  }, Watch)
+  session.watches[req.messageId] = watch
+  session.watchCount = session.watchCount + 1
+  watch.unwatch = recorder.watch(watch)
+  watch:frame(true)
+end
+
+-- Stops the watches started on `attempt` (all watches when nil).
+local function stopWatches(session, attempt)
+  local list = {}
+  for _, watch in pairs(session.watches) do
+    if attempt == nil or watch.attempt == attempt then list[#list + 1] = watch end
+  end
+  for _, watch in ipairs(list) do watch:stop('disconnect') end
+end
+
+-- == Section: Jobs ========================================================================
+-- Owns: a program (exec) or a Lua chunk (eval) running in its own coroutine beside the daemon:
+-- resuming it with its terminal and capture in place, timeout, cancel, streamed partials.
+-- Needs: constants, event loop, capture. Exports: nothing (startJob and stopJobs, for the
+-- request handlers and the session).
+
+--[[ A job is resumed from the daemon's event loop like `parallel` resumes its coroutines: with
+every event that matches the filter it yielded (all events when none), and `terminate` always.
+On timeoutMs, cancel, or the end of its connection it is resumed once with `terminate`; if it
+has not ended M.TERMINATE_GRACE s later it is abandoned. Output streams back as partial
+responses, coalesced; before the final answer whatever is still buffered is sent, so the
+partials always carry the whole captured output and the final answer repeats it. ]]
+local Job = {}
+Job.__index = Job
+
+local function startJob(session, req, spec)
+  if session.jobs[req.messageId] then
+    return req.respond(false, nil, errorValue('bad_request', 'a request with this messageId is running'))
+  end
+  if session.jobCount >= M.MAX_JOBS then
+    return req.respond(false, nil, errorValue('overloaded', ('%d programs are running already'):format(session.jobCount)))
+  end
+  local job = setmetatable({
+    session = session, req = req, spec = spec, attempt = session.current,
+    capture = M.newCapture(spec.maxOutputBytes, spec.mergeStderr),
+    co = coroutine.create(spec.body), dir = spec.cwd, startedAt = session.clock(),
+    done = false, filter = nil, stopReason = nil, lastPartial = nil,
+  }, Job)
+  if session.term and session.term.current and session.term.redirect then
+    -- Draw where the player looks: the recorded screen (the shell's), else our own terminal.
+    local ok, parent = pcall(session.screen)
+    if not ok or type(parent) ~= 'table' then ok, parent = pcall(session.term.current) end
+    if ok and type(parent) == 'table' then job.term = job.capture:terminal(parent) end
+  end
+  session.jobs[req.messageId] = job
+  session.jobCount = session.jobCount + 1
+  job.dispose = listenAll(session.loop, function(...) job:onEvent(...) end)
+  job.clearTimeout = session.loop.setTimeout(function()
+    job.clearTimeout = nil
+    job:stop('timeout')
+  end, spec.timeoutMs / 1000)
+  job:resume()
+end
+
+-- Stops the jobs started on `attempt` (all jobs when nil).
+local function stopJobs(session, attempt)
+  local list = {}
+  for _, job in pairs(session.jobs) do
+    if attempt == nil or job.attempt == attempt then list[#list + 1] = job end
+  end
+  for _, job in ipairs(list) do job:stop('disconnect') end
+end
+
+function Job:onEvent(event, ...)
+  if self.done then return end
+  if self.filter == nil or self.filter == event or event == 'terminate' then
+    self:resume(event, ...)
+  end
+end
+
+-- One resume, with the program's terminal, output capture and working directory in place
+-- and everything put back afterwards.
+function Job:resume(...)
+  if self.done then return end
+  local session = self.session
+  local termApi, shellApi = session.term, session.shell
+  local prevTerm
+  if self.term then
+    prevTerm = termApi.current()
+    termApi.redirect(self.term)
+  end
+  local prevWrite, prevPrintError = rawget(_G, 'write'), rawget(_G, 'printError')
+  if prevWrite ~= capturedWrite then realWrite = prevWrite; rawset(_G, 'write', capturedWrite) end
+  if prevPrintError ~= capturedPrintError then realPrintError = prevPrintError; rawset(_G, 'printError', capturedPrintError) end
+  local prevDir
+  if shellApi and self.dir then
+    prevDir = shellApi.dir()
+    pcall(shellApi.setDir, self.dir)
+  end
+  local prevCapture = activeCapture
+  activeCapture = self.capture
+  self.capture.depth = 0
+
+  local result = table.pack(coroutine.resume(self.co, ...))
+
+  activeCapture = prevCapture
+  if prevDir then
+    self.dir = shellApi.dir()
+    pcall(shellApi.setDir, prevDir)
+  end
+  if rawget(_G, 'write') == capturedWrite then rawset(_G, 'write', prevWrite) end
+  if rawget(_G, 'printError') == capturedPrintError then rawset(_G, 'printError', prevPrintError) end
+  if prevTerm then
+    self.term = termApi.current()
+    termApi.redirect(prevTerm)
+  end
+
+  if coroutine.status(self.co) == 'dead' then
+    self:finish(result)
+  else
+    if result[1] then self.filter = result[2] end
+    self:flushOutput(false)
+  end
+end
+
+-- Sends pending output as partials: at once when the last partial is M.PARTIAL_INTERVAL_MS
+-- old or the run holds M.PARTIAL_MIN_BYTES; otherwise one timer sends it later.
+function Job:flushOutput(force)
+  local session, cap = self.session, self.capture
+  while cap.pending[1] do
+    local now = session.clock()
+    local wait = self.lastPartial and (self.lastPartial + M.PARTIAL_INTERVAL_MS - now) or 0
+    if not force and wait > 0 and cap.pending[1].bytes < M.PARTIAL_MIN_BYTES then
+      if not self.clearFlush then
+        self.clearFlush = session.loop.setTimeout(function()
+          self.clearFlush = nil
+          if not self.done then self:flushOutput(false) end
+        end, wait / 1000)
+      end
+      return
+    end
+    local name, data = cap:takePending(M.PARTIAL_MAX_BYTES)
+    self.req.partial({ type = name .. '_delta', data = data })
+    self.lastPartial = now
+  end
+end
+
+function Job:stop(reason)
+  if self.done then return false end
+  if reason == 'cancel' or not self.stopReason then self.stopReason = reason end
+  self:resume('terminate')
+  if not self.done and not self.clearGrace then
+    self.clearGrace = self.session.loop.setTimeout(function()
+      self.clearGrace = nil
+      self.abandoned = true
+      self:finish({ false, 'still running after terminate: abandoned', n = 2 })
+    end, M.TERMINATE_GRACE)
+  end
+  return true
+end
+
+-- Halves the longest output string of an answer that does not fit in one frame.
+local function shrinkOutput(answer)
+  local holder, key, longest = nil, nil, 0
+  local function consider(t, k)
+    if type(t[k]) == 'string' and #t[k] > longest then holder, key, longest = t, k, #t[k] end
+  end
+  consider(answer, 'stdout')
+  consider(answer, 'stderr')
+  if type(answer.returns) == 'table' then
+    for i = 1, #answer.returns do consider(answer.returns, i) end
+  end
+  if not holder or longest < 2 then return false end
+  holder[key] = holder[key]:sub(1, math.floor(longest / 2))
+  if holder == answer then answer[key .. 'Truncated'] = true end
+  return true
+end
+
+function Job:finish(result)
+  if self.done then return end
+  self.done = true
+  local session = self.session
+  if self.dispose then self.dispose() end
+  for _, clear in ipairs({ 'clearTimeout', 'clearGrace', 'clearFlush' }) do
+    if self[clear] then self[clear](); self[clear] = nil end
+  end
+  session.jobs[self.req.messageId] = nil
+  session.jobCount = session.jobCount - 1
+  local answer = self.spec.answer(self, result)
+  self:flushOutput(true)
+  if self.stopReason == 'cancel' then
+    self.req.respond(false, nil, errorValue('cancelled', 'cancelled by the gateway'))
+  else
+    self.req.respond(true, answer, nil, shrinkOutput)
+  end
+end
+
+function Job:durationMs()
+  return math.max(0, math.floor(self.session.clock() - self.startedAt))
+end
+
+-- == Section: Request handlers ============================================================
+-- Owns: what the daemon does for each gateway request (SPEC §9): ping, exec, eval, cancel, the
+-- file requests (paths, /.settings refused, base64, parts), screen. Each is handler(req, ctx).
+-- Needs: constants, encodings, jobs. Exports: M.isSettingsPath, M.SETTINGS_FILE, M.PROGRAM_PATH,
+-- M.TEMP_SUFFIX, M.NO_SCREEN.
+
+--[[ A handler is handler(req, ctx), registered in the request table below (M.requestHandlers).
 req = { messageId, type, payload (coerced), respond(ok, payload, err, shrink?) -> sent,
         partial(payload) -> sent }
 ctx = the context onMessage was given (traposId, send, ... and, in a session, `session` and
 `allowed(capability)`).
 A handler answers through req.respond, at once or later (exec and eval stream partials first).
-A handler that raises is answered with `internal`; a type missing here with `unknown_type`; a
-type that needs a capability (M.REQUEST_CAPABILITY) the owner has not allowed with `forbidden`.
+A handler that raises is answered with `internal`; a type missing from the table with
+`unknown_type`; a type whose capability the owner has not allowed with `forbidden` (dispatch).
 An answer that would encode over M.MAX_SEND is sent as `too_large` instead (after `shrink`, when
 given, could not make it fit). ]]
-M.requestHandlers = {}
 
-function M.requestHandlers.ping(req, ctx)
+local function handlePing(req, ctx)
   req.respond(true, { traposId = ctx.traposId })
 end
+
+local function badRequest(req, message)
+  req.respond(false, nil, errorValue('bad_request', message))
+end
+
+local function fsError(req, message)
+  req.respond(false, nil, errorValue('fs_error', message))
+end
+
+-- CraftOS's own message, without a "file:line:" prefix a Lua error may carry.
+local function errorText(err)
+  local text = tostring(err)
+  return (text:gsub('^[^%s:]+:%d+: ', ''))
+end
+
+local function sessionOf(req, ctx)
+  if type(ctx.session) ~= 'table' then
+    req.respond(false, nil, errorValue('internal', 'no sandbox session'))
+    return nil
+  end
+  return ctx.session
+end
+
+local function optionalNumber(payload, key, default, min, max)
+  local value = payload[key]
+  if value == nil then return default end
+  if type(value) ~= 'number' or value ~= value or value < min then
+    return nil, ('%s must be a number of at least %d'):format(key, min)
+  end
+  if max and value > max then value = max end
+  return math.floor(value)
+end
+
+-- A list field may arrive as {} or textutils.empty_json_array when empty (SPEC §2).
+local function stringList(value, key)
+  if value == nil then return {} end
+  if type(value) ~= 'table' then return nil, key .. ' must be a list of strings' end
+  local list = {}
+  for i = 1, #value do
+    if type(value[i]) ~= 'string' then return nil, key .. ' must be a list of strings' end
+    list[i] = value[i]
+  end
+  for k in pairs(value) do
+    if type(k) ~= 'number' or k < 1 or k > #value or k % 1 ~= 0 then return nil, key .. ' must be a list of strings' end
+  end
+  return list
+end
+
+-- A CraftOS path from payload[key]: absolute, or relative to payload.cwd (default /; the
+-- cwd itself is relative to /). Returns the fs path ('' for the root) and the display path
+-- ('/...'), or nil, message.
+local function resolvePath(fsApi, payload, key, required)
+  local path = payload[key]
+  if path == nil and not required then path = '' end
+  if type(path) ~= 'string' then return nil, key .. ' must be a string' end
+  local cwd = key ~= 'cwd' and payload.cwd or nil
+  if cwd ~= nil and type(cwd) ~= 'string' then return nil, 'cwd must be a string' end
+  local full
+  if path:sub(1, 1) == '/' or path:sub(1, 1) == '\\' then
+    full = fsApi.combine('', path)
+  else
+    full = fsApi.combine(fsApi.combine('', cwd or ''), path)
+  end
+  return full, '/' .. full
+end
+
+--[[ The computer's credential stays on it (SPEC §9): /.settings holds sandbox.password, so
+file requests may not read, list, write or delete it. CraftOS normalises a path before it
+touches the disk, and differently in CC:Tweaked (fs.combine keeps `*`; fs.open drops it) and
+CraftOS-PC (drops `"*:<>?|`, control and non-ASCII bytes, then folds `..`, trims spaces, drops
+all-dot parts, cuts a long last part at 255), on hosts whose names may ignore case and trailing
+dots and spaces. So a path is the settings file when, folded with the illegal characters
+dropped before or after folding, its first part is `.settings` in any case with any trailing
+dots or spaces (or a part of 255 bytes or more starting with it): the file, or a path under it
+(which would make a folder of that name where the settings are saved). `..` above the root
+stays at the root. The gateway refuses the same paths (trapsandbox/settingsfile.py, its twin). ]]
+M.SETTINGS_FILE = '.settings'
+local PATH_DROPPED = '[%c\128-\255"*:<>?|]'
+
+local function foldPath(path)
+  local parts = {}
+  for raw in path:gmatch('[^/\\]+') do
+    local part = raw:gsub('^[%c ]+', ''):gsub('[%c ]+$', '')
+    if part == '..' then
+      parts[#parts] = nil
+    elseif part ~= '' and not part:find('^%.+$') then
+      parts[#parts + 1] = part
+    end
+  end
+  return parts
+end
+
+local function namesSettings(parts)
+  if #parts == 0 then return false end
+  local name = parts[1]:lower()
+  if #name >= 255 then return name:sub(1, #M.SETTINGS_FILE) == M.SETTINGS_FILE end
+  return (name:gsub('[%. ]+$', '')) == M.SETTINGS_FILE
+end
+
+-- Whether `path` (absolute, or relative to `cwd`, itself relative to /) is /.settings.
+function M.isSettingsPath(path, cwd)
+  local first = path:sub(1, 1)
+  local joined = path
+  if first ~= '/' and first ~= '\\' then joined = (cwd or '') .. '/' .. path end
+  local folded = table.concat(foldPath(joined), '/')
+  return namesSettings(foldPath((joined:gsub(PATH_DROPPED, ''))))
+    or namesSettings(foldPath((folded:gsub(PATH_DROPPED, ''))))
+end
+
+local function settingsForbidden(req, shown)
+  req.respond(false, nil, errorValue('forbidden', shown .. ' is this computer\'s settings file and holds its '
+    .. 'sandbox password: file requests may not read, list, write or delete it'))
+end
+
+-- The path of a file request (see resolvePath), or nil once the request has been answered:
+-- bad_request, or forbidden for the settings file.
+local function filePath(req, fsApi, required)
+  local path, shown = resolvePath(fsApi, req.payload, 'path', required)
+  if not path then return badRequest(req, shown) end
+  local cwd = req.payload.cwd
+  if M.isSettingsPath(req.payload.path or '', cwd) or M.isSettingsPath(shown) then
+    return settingsForbidden(req, shown)
+  end
+  return path, shown
+end
+
+local function encodingOk(req)
+  local encoding = req.payload.encoding
+  if encoding ~= nil and encoding ~= 'base64' then
+    badRequest(req, 'encoding must be "base64"')
+    return false
+  end
+  return true
+end
+
+local function timeoutAndOutput(payload)
+  local timeoutMs, err = optionalNumber(payload, 'timeoutMs', M.EXEC_TIMEOUT_MS, 1)
+  if not timeoutMs then return nil, err end
+  local maxOutput
+  maxOutput, err = optionalNumber(payload, 'maxOutputBytes', M.MAX_OUTPUT_BYTES, 0, M.MAX_OUTPUT_BYTES)
+  if not maxOutput then return nil, err end
+  return timeoutMs, maxOutput
+end
+
+-- exec without a shell (a daemon started with none): resolve like the shell and run the file.
+M.PROGRAM_PATH = { '/rom/programs', '/rom/programs/http', '/rom/programs/advanced', '/rom/programs/fun', '/programs' }
+
+local function findProgram(fsApi, command, cwd)
+  local function found(path)
+    if fsApi.exists(path) and not fsApi.isDir(path) then return path end
+    if fsApi.exists(path .. '.lua') and not fsApi.isDir(path .. '.lua') then return path .. '.lua' end
+  end
+  if command:find('[/\\]') then
+    if command:find('^[/\\]') then return found(fsApi.combine('', command)) end
+    return found(fsApi.combine(cwd, command))
+  end
+  local hit = found(fsApi.combine(cwd, command))
+  if hit then return hit end
+  for _, dir in ipairs(M.PROGRAM_PATH) do
+    hit = found(fsApi.combine(dir, command))
+    if hit then return hit end
+  end
+end
+
+local function runWithoutShell(fsApi, command, args, cwd)
+  local report = function(message) local pe = rawget(_G, 'printError') or print; pe(message) end
+  local path = findProgram(fsApi, command, cwd)
+  if not path then report('No such program'); return false end
+  local handle, openErr = fsApi.open(path, 'r')
+  if not handle then report(openErr or ('cannot open ' .. path)); return false end
+  local source = handle.readAll()
+  handle.close()
+  local env = setmetatable({ arg = { [0] = command, table.unpack(args) } }, { __index = _G })
+  local fn, loadErr = load(source or '', '@/' .. path, 't', env)
+  if not fn then report(loadErr); return false end
+  local ok, err = pcall(fn, table.unpack(args))
+  if not ok then
+    if err ~= nil and err ~= '' then report(err) end
+    return false
+  end
+  return true
+end
+
+local function execAnswer(job, result)
+  local cap = job.capture
+  -- An error that escaped the program (not printed by the shell) still goes to stderr.
+  if not result[1] then cap:record('stderr', tostring(result[2]) .. '\n') end
+  local answer = {
+    exitCode = (result[1] and result[2] == true) and 0 or 1,
+    timedOut = job.stopReason == 'timeout',
+    durationMs = job:durationMs(),
+    stdout = cap:text('stdout'),
+    stderr = cap:text('stderr'),
+  }
+  if cap.stdout.truncated then answer.stdoutTruncated = true end
+  if cap.stderr.truncated then answer.stderrTruncated = true end
+  return answer
+end
+
+local function handleExec(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local payload, fsApi = req.payload, session.fs
+  local command = payload.command
+  if type(command) ~= 'string' or command == '' then return badRequest(req, 'command must be a non-empty string') end
+  local args, err = stringList(payload.args, 'args')
+  if not args then return badRequest(req, err) end
+  local cwd
+  cwd, err = resolvePath(fsApi, payload, 'cwd', false)
+  if not cwd then return badRequest(req, err) end
+  if not fsApi.isDir(cwd) then return badRequest(req, 'cwd /' .. cwd .. ' is not a directory') end
+  local timeoutMs, maxOutput = timeoutAndOutput(payload)
+  if not timeoutMs then return badRequest(req, maxOutput) end
+  local shellApi = session.shell
+  local body
+  if shellApi and shellApi.execute then
+    body = function() return shellApi.execute(command, table.unpack(args)) end
+  else
+    body = function() return runWithoutShell(fsApi, command, args, cwd) end
+  end
+  startJob(session, req, {
+    body = body, cwd = shellApi and cwd or nil, timeoutMs = timeoutMs, maxOutputBytes = maxOutput,
+    answer = execAnswer,
+  })
+end
+
+local function serializeValue(textutilsApi, value)
+  if textutilsApi and textutilsApi.serialize then
+    local ok, text = pcall(textutilsApi.serialize, value)
+    if ok and type(text) == 'string' then return text end
+  end
+  return tostring(value)
+end
+
+-- eval has one output stream: printError output goes to stdout too.
+local function evalAnswer(job, result)
+  local cap = job.capture
+  local answer = {
+    ok = result[1] == true and not job.abandoned,
+    returns = {},
+    stdout = cap:text('stdout'),
+    durationMs = job:durationMs(),
+    timedOut = job.stopReason == 'timeout',
+  }
+  if answer.ok then
+    for i = 2, result.n do answer.returns[i - 1] = serializeValue(job.session.textutils, result[i]) end
+  else
+    answer.error = tostring(result[2])
+  end
+  answer.returns = jsonList(answer.returns)
+  if cap.stdout.truncated then answer.stdoutTruncated = true end
+  return answer
+end
+
+-- The environment eval code runs in: reads fall through to the computer's globals, assignments
+-- stay here, and it lasts for the session (like the Lua prompt, `x = 1` then `return x` works).
+local function evalEnv(session)
+  if not session.evalGlobals then
+    session.evalGlobals = setmetatable({ shell = session.shell, multishell = rawget(_G, 'multishell') }, { __index = _G })
+  end
+  return session.evalGlobals
+end
+
+local function handleEval(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local code = req.payload.code
+  if type(code) ~= 'string' or code == '' then return badRequest(req, 'code must be a non-empty string') end
+  local timeoutMs, maxOutput = timeoutAndOutput(req.payload)
+  if not timeoutMs then return badRequest(req, maxOutput) end
+  local env = evalEnv(session)
+  -- Like the Lua prompt: an expression first, then statements.
+  local fn, err = load('return ' .. code, '=eval', 't', env)
+  if not fn then fn, err = load(code, '=eval', 't', env) end
+  if not fn then
+    return req.respond(true, { ok = false, returns = jsonList({}), stdout = '', error = tostring(err), durationMs = 0, timedOut = false })
+  end
+  startJob(session, req, {
+    body = fn, timeoutMs = timeoutMs, maxOutputBytes = maxOutput, mergeStderr = true, answer = evalAnswer,
+  })
+end
+
+local function handleCancel(req, ctx)
+  local messageId = req.payload.messageId
+  if type(messageId) ~= 'string' or messageId == '' then return badRequest(req, 'messageId must be a non-empty string') end
+  local session = type(ctx.session) == 'table' and ctx.session or nil
+  -- A running exec or eval (a job), or a screen_watch.
+  local running = session and (session.jobs[messageId] or session.watches[messageId]) or nil
+  req.respond(true, { cancelled = running ~= nil and running:stop('cancel') or false })
+end
+
+-- Files ----------------------------------------------------------------------------
+
+local function fileEntry(fsApi, dir, name)
+  local full = fsApi.combine(dir, name)
+  if fsApi.attributes then
+    local ok, attrs = pcall(fsApi.attributes, full)
+    if ok and type(attrs) == 'table' then
+      return { name = name, type = attrs.isDir and 'dir' or 'file', size = attrs.isDir and 0 or (attrs.size or 0),
+        readOnly = attrs.isReadOnly == true }
+    end
+  end
+  local isDir = fsApi.isDir(full)
+  return { name = name, type = isDir and 'dir' or 'file', size = isDir and 0 or fsApi.getSize(full),
+    readOnly = fsApi.isReadOnly(full) == true }
+end
+
+local function handleListFiles(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local fsApi = session.fs
+  local path, shown = filePath(req, fsApi, false)
+  if not path then return end
+  if not fsApi.exists(path) then return fsError(req, shown .. ': No such file') end
+  if not fsApi.isDir(path) then return fsError(req, shown .. ': Not a directory') end
+  local ok, names = pcall(fsApi.list, path)
+  if not ok then return fsError(req, errorText(names)) end
+  local entries = {}
+  for i, name in ipairs(names) do entries[i] = fileEntry(fsApi, path, name) end
+  req.respond(true, { path = shown, entries = jsonList(entries) })
+end
+
+-- Reads `length` bytes from `offset` of an open binary handle.
+local function readRange(handle, offset, length)
+  if offset > 0 then
+    if handle.seek then
+      handle.seek('set', offset)
+    else
+      local skipped = 0
+      while skipped < offset do
+        local chunk = handle.read(math.min(offset - skipped, M.MAX_CONTENT))
+        if not chunk or chunk == '' then break end
+        skipped = skipped + #chunk
+      end
+    end
+  end
+  local parts, got = {}, 0
+  while got < length do
+    local chunk = handle.read(length - got)
+    if not chunk or chunk == '' then break end
+    parts[#parts + 1] = chunk
+    got = got + #chunk
+  end
+  return table.concat(parts)
+end
+
+local function handleReadFile(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local fsApi, payload = session.fs, req.payload
+  if not encodingOk(req) then return end
+  local path, shown = filePath(req, fsApi, true)
+  if not path then return end
+  local offset, err = optionalNumber(payload, 'offset', 0, 0)
+  if not offset then return badRequest(req, err) end
+  local length
+  length, err = optionalNumber(payload, 'length', M.MAX_CONTENT, 0, M.MAX_CONTENT)
+  if not length then return badRequest(req, err) end
+  if not fsApi.exists(path) then return fsError(req, shown .. ': No such file') end
+  if fsApi.isDir(path) then return fsError(req, shown .. ': Is a directory') end
+  local handle, openErr = fsApi.open(path, 'rb')
+  if not handle then return fsError(req, openErr or (shown .. ': cannot open')) end
+  local ok, data = pcall(readRange, handle, offset, length)
+  handle.close()
+  if not ok then return fsError(req, errorText(data)) end
+  req.respond(true, {
+    content = M.base64Encode(data), encoding = 'base64', sizeBytes = fsApi.getSize(path),
+    offset = offset, bytesRead = #data,
+  })
+end
+
+-- The free space of the drive `path` is on (or will be on): asked of its nearest existing folder.
+local function freeSpaceFor(fsApi, path)
+  if not fsApi.getFreeSpace then return nil, 0 end
+  local dir, missing = fsApi.getDir(path), 0
+  while dir ~= '' and dir ~= '..' and not fsApi.exists(dir) do
+    missing = missing + 1
+    dir = fsApi.getDir(dir)
+  end
+  if dir == '..' then dir = '' end
+  local ok, free = pcall(fsApi.getFreeSpace, dir)
+  if ok and type(free) == 'number' then return free, missing end
+  return nil, missing -- "unlimited", or not answerable
+end
+
+-- Writes `data` to `path` ('wb' or 'ab'); the handle is closed exactly once. -> ok, message
+local function writeBytes(fsApi, path, mode, data)
+  local handle, openErr = fsApi.open(path, mode)
+  if not handle then return false, openErr or ('/' .. path .. ': cannot open') end
+  local ok, err = true, nil
+  if data ~= '' then ok, err = pcall(handle.write, data) end
+  local closed, closeErr = pcall(handle.close)
+  if ok and not closed then ok, err = false, closeErr end
+  if not ok then return false, errorText(err) end
+  return true
+end
+
+-- Moves `temp` onto `path`, so `path` is replaced whole or not at all. -> ok, message
+local function install(fsApi, temp, path)
+  local backup
+  if fsApi.exists(path) then
+    backup = temp .. '.old'
+    if fsApi.exists(backup) then pcall(fsApi.delete, backup) end
+    local ok, err = pcall(fsApi.move, path, backup)
+    if not ok then return false, errorText(err) end
+  end
+  local ok, err = pcall(fsApi.move, temp, path)
+  if not ok then
+    if backup then pcall(fsApi.move, backup, path) end
+    return false, errorText(err)
+  end
+  if backup then pcall(fsApi.delete, backup) end
+  return true
+end
+
+M.TEMP_SUFFIX = '.sandbox-part'
+
+local function handleWriteFile(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local fsApi, payload = session.fs, req.payload
+  if not encodingOk(req) then return end
+  local path, shown = filePath(req, fsApi, true)
+  if not path then return end
+  if path == '' then return badRequest(req, 'path names a folder: /') end
+  if type(payload.content) ~= 'string' then return badRequest(req, 'content must be a base64 string') end
+  local data, decodeErr = M.base64Decode(payload.content)
+  if not data then return badRequest(req, 'content: ' .. decodeErr) end
+  if #data > M.MAX_CONTENT then
+    return badRequest(req, ('%d bytes in one frame, at most %d: send parts'):format(#data, M.MAX_CONTENT))
+  end
+  local part = payload.part
+  if part ~= nil and type(part) ~= 'table' then return badRequest(req, 'part must be {offset, final}') end
+  local offset, final = 0, true
+  if part then
+    local err
+    offset, err = optionalNumber(part, 'offset', 0, 0)
+    if not offset then return badRequest(req, 'part.' .. err) end
+    final = part.final == true
+  end
+  if fsApi.isReadOnly(path) then return fsError(req, shown .. ': Access denied') end
+  if fsApi.isDir(path) then return fsError(req, shown .. ': Cannot write to directory') end
+
+  -- Parts go to a temporary file beside the target; offset 0 starts it afresh.
+  local temp = fsApi.combine(fsApi.getDir(path), '.' .. fsApi.getName(path) .. M.TEMP_SUFFIX)
+  if M.isSettingsPath('/' .. temp) or M.isSettingsPath('/' .. temp .. '.old') then return settingsForbidden(req, shown) end
+  local have = 0
+  if offset > 0 then
+    have = fsApi.exists(temp) and fsApi.getSize(temp) or 0
+    if offset ~= have then
+      return badRequest(req, ('part.offset is %d but %d bytes of %s were received so far'):format(offset, have, shown))
+    end
+  end
+  local free, missingDirs = freeSpaceFor(fsApi, path)
+  local need = #data + (offset == 0 and M.FILE_OVERHEAD or 0) + missingDirs * M.FILE_OVERHEAD
+  if free and need > free then
+    return fsError(req, ('Out of space: writing %s needs %d bytes, %d free'):format(shown, need, free))
+  end
+  local dir = fsApi.getDir(path)
+  if dir ~= '' and not fsApi.exists(dir) then
+    local ok, err = pcall(fsApi.makeDir, dir)
+    if not ok then return fsError(req, errorText(err)) end
+  end
+  local ok, err = writeBytes(fsApi, temp, offset == 0 and 'wb' or 'ab', data)
+  if not ok then
+    pcall(fsApi.delete, temp)
+    return fsError(req, err)
+  end
+  local size = have + #data
+  if final then
+    ok, err = install(fsApi, temp, path)
+    if not ok then
+      pcall(fsApi.delete, temp)
+      return fsError(req, err)
+    end
+    size = fsApi.getSize(path)
+  end
+  req.respond(true, { bytesWritten = #data, sizeBytes = size })
+end
+
+local function handleDeleteFile(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local fsApi = session.fs
+  local path, shown = filePath(req, fsApi, true)
+  if not path then return end
+  if path == '' then return badRequest(req, 'refusing to delete /') end
+  if not fsApi.exists(path) then return req.respond(true, { deleted = false }) end
+  if fsApi.isReadOnly(path) then return fsError(req, shown .. ': Access denied') end
+  local ok, err = pcall(fsApi.delete, path)
+  if not ok then return fsError(req, errorText(err)) end
+  req.respond(true, { deleted = not fsApi.exists(path) })
+end
+
+-- Screen ---------------------------------------------------------------------------
+
+--[[ The screen is the daemon's recorder of the native terminal (section 7, installed when the
+daemon starts, however it was started). A session without one (no term.native, or started
+with `recorder = false`) falls back to a readable terminal (one with getLine, i.e. a window)
+recorded in _G.traposSandboxScreen, as older installers' startup files did. ]]
+M.NO_SCREEN = 'this computer has no readable screen: the sandbox daemon could not record its terminal '
+  .. '(no term.native)'
+
+local function readableScreen(session)
+  if session.recorder then
+    session.recorder.sync()
+    return session.recorder
+  end
+  local screen = session.screen()
+  if type(screen) == 'table' and type(screen.getLine) == 'function' and type(screen.getSize) == 'function' then
+    return screen
+  end
+end
+
+local function handleScreen(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local screen = readableScreen(session)
+  if not screen then return req.respond(false, nil, errorValue('internal', M.NO_SCREEN)) end
+  local width, height = screen.getSize()
+  local cursorX, cursorY = 1, 1
+  if screen.getCursorPos then cursorX, cursorY = screen.getCursorPos() end
+  local lines, text, background = {}, {}, {}
+  for y = 1, height do
+    local line, fg, bg = screen.getLine(y)
+    lines[y] = line or ''
+    text[y] = fg
+    background[y] = bg
+  end
+  local answer = { width = width, height = height, cursorX = cursorX, cursorY = cursorY, lines = lines }
+  if #text == height then answer.text = text end
+  if #background == height then answer.background = background end
+  req.respond(true, answer)
+end
+
+-- screen_watch {maxFps?}: partials until cancelled or the connection ends (see Watch).
+local function handleScreenWatch(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local maxFps, err = optionalNumber(req.payload, 'maxFps', M.SCREEN_WATCH_FPS, 1, 20)
+  if not maxFps then return badRequest(req, err) end
+  if not session.recorder then return req.respond(false, nil, errorValue('internal', M.NO_SCREEN)) end
+  startWatch(session, req, session.recorder, maxFps)
+end
+
+-- Input (SPEC §14) ----------------------------------------------------------------------
+
+M.MAX_INPUT_EVENTS = 256 -- events in one input request (bad_request past that)
+M.INPUT_BATCH = 32       -- events queued before the daemon waits for the queue to drain
+
+local function keyCode(name)
+  local keysApi = rawget(_G, 'keys')
+  local code = type(name) == 'string' and type(keysApi) == 'table' and keysApi[name] or nil
+  if type(code) == 'number' then return code end
+end
+
+local function isWhole(value) return type(value) == 'number' and value == math.floor(value) end
+
+-- {button | direction, x, y} as the mouse event `name`'s parameters.
+local function mouseEvent(name, first, allowed)
+  return function(value)
+    if type(value) ~= 'table' or not (isWhole(value.x) and isWhole(value.y)) then
+      return nil, ('needs {%s, x, y} with whole numbers'):format(first)
+    end
+    if not allowed[value[first]] then return nil, ('%s must be one of %s'):format(first, allowed.text) end
+    return { name, value[first], value.x, value.y }
+  end
+end
+
+-- Each input kind: its JSON key -> a check that returns the CraftOS event, or nil, message.
+local INPUT_KINDS = {
+  char = function(value)
+    if type(value) == 'string' and #value == 1 then return { 'char', value } end
+    return nil, 'char must be one character'
+  end,
+  key = function(value, event)
+    local code = keyCode(value)
+    if not code then return nil, 'unknown key name ' .. tostring(value) end
+    if event.held ~= nil and type(event.held) ~= 'boolean' then return nil, 'held must be true or false' end
+    return { 'key', code, event.held == true }
+  end,
+  keyUp = function(value)
+    local code = keyCode(value)
+    if not code then return nil, 'unknown key name ' .. tostring(value) end
+    return { 'key_up', code }
+  end,
+  paste = function(value)
+    if type(value) == 'string' then return { 'paste', value } end
+    return nil, 'paste must be a string'
+  end,
+  terminate = function(value)
+    if value == true then return { 'terminate' } end
+    return nil, 'terminate must be true'
+  end,
+  mouseClick = mouseEvent('mouse_click', 'button', { true, true, true, text = '1, 2, 3' }),
+  mouseUp = mouseEvent('mouse_up', 'button', { true, true, true, text = '1, 2, 3' }),
+  mouseScroll = mouseEvent('mouse_scroll', 'direction', { [-1] = true, [1] = true, text = '-1, 1' }),
+}
+
+-- One input event -> the CraftOS event to queue, or nil, message.
+local function inputEvent(event)
+  if type(event) ~= 'table' then return nil, 'must be an object' end
+  local kind
+  for key in pairs(event) do
+    if INPUT_KINDS[key] then
+      if kind then return nil, 'has both ' .. kind .. ' and ' .. key end
+      kind = key
+    elseif not (key == 'held' and event.key ~= nil) then
+      return nil, 'unknown field ' .. tostring(key)
+    end
+  end
+  if not kind then return nil, 'needs one of char, key, keyUp, paste, terminate, mouseClick, mouseUp, mouseScroll' end
+  return INPUT_KINDS[kind](event[kind], event)
+end
+
+--[[ input {events}: every event is checked before any is queued (a bad one is bad_request
+naming it, counted from 0 as in the JSON list). They are queued in order, M.INPUT_BATCH at a
+time: after each batch the daemon arms a 0 s timer and queues the next batch when it fires. The
+timer's event is queued behind the batch, so by then every event of the batch has left the
+computer's queue (it drops events past 256); at most M.INPUT_BATCH + 1 of ours are in it at
+once. The daemon's own loop is not a handler that may block (os.sleep would eat the events other
+handlers wait for), hence the timer. Answer {queued}. ]]
+local function handleInput(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local events = req.payload.events
+  if events == nil then events = {} end
+  if type(events) ~= 'table' then return badRequest(req, 'events must be a list') end
+  for k in pairs(events) do
+    if not isWhole(k) or k < 1 or k > #events then return badRequest(req, 'events must be a list') end
+  end
+  if #events > M.MAX_INPUT_EVENTS then
+    return badRequest(req, ('%d events, at most %d in one request'):format(#events, M.MAX_INPUT_EVENTS))
+  end
+  local queue = {}
+  for i = 1, #events do
+    local event, err = inputEvent(events[i])
+    if not event then return badRequest(req, ('events[%d] %s'):format(i - 1, err)) end
+    queue[i] = event
+  end
+  local attempt, nextEvent = session.current, 1
+  local function batch()
+    if session.current ~= attempt or (attempt and attempt.done) then return end -- connection gone
+    local last = math.min(nextEvent + M.INPUT_BATCH - 1, #queue)
+    for i = nextEvent, last do session:queue(table.unpack(queue[i])) end
+    nextEvent = last + 1
+    if nextEvent > #queue then return req.respond(true, { queued = #queue }) end
+    session.loop.setTimeout(batch, 0)
+  end
+  batch()
+end
+
+-- == Section: The request table ===========================================================
+-- Owns: every gateway request type the daemon answers, the capability it needs (in the
+-- setting sandbox.allow; none for ping and cancel) and its handler, in one place.
+-- Needs: the request handlers. Exports: M.requestHandlers (type -> handler, what dispatch
+-- calls) and M.REQUEST_CAPABILITY (type -> capability), both made from REQUESTS.
+
+-- SPEC §9 has the payloads and answers.
+local REQUESTS = {
+  -- type          capability  handler              what it does
+  { 'ping',         nil,        handlePing },        -- {traposId}
+  { 'exec',         'exec',     handleExec },        -- run a program beside the daemon; partials stream its output
+  { 'eval',         'eval',     handleEval },        -- run Lua the same way; returns via textutils.serialize
+  { 'cancel',       nil,        handleCancel },      -- {messageId} of a running exec, eval or screen_watch
+  { 'list_files',   'fs.read',  handleListFiles },   -- {path, entries}
+  { 'read_file',    'fs.read',  handleReadFile },    -- base64, at most 64 KiB a frame
+  { 'write_file',   'fs.write', handleWriteFile },   -- parts into a temporary file, the final one moves it in
+  { 'delete_file',  'fs.write', handleDeleteFile },  -- {deleted}
+  { 'screen',       'screen',   handleScreen },      -- the whole screen's lines and colours
+  { 'screen_watch', 'screen',   handleScreenWatch }, -- the screen, then its changes as partials (§14)
+  { 'input',        'input',    handleInput },       -- {events}: keys, chars, paste, mouse, terminate (§14)
+}
+
+M.requestHandlers, M.REQUEST_CAPABILITY = {}, {}
+for _, entry in ipairs(REQUESTS) do
+  local msgType, capability, handler = entry[1], entry[2], entry[3]
+  M.requestHandlers[msgType] = handler
+  M.REQUEST_CAPABILITY[msgType] = capability
+end
+
+-- == Section: Dispatch ====================================================================
+-- Owns: turning one frame from the gateway into a handler call or a reply for a waiting
+-- program (onMessage), the request object a handler answers through, the frame size limit.
+-- Needs: constants, encodings, envelopes, the request table. Exports: M.onMessage.
 
 local function encodeFor(ctx)
   return ctx.encode or defaultEncode
@@ -527,97 +2059,10 @@ function M.onMessage(content, ctx)
   return 'ignored'
 end
 
--- Adds `handler` to `list`; returns the function that removes it again.
-local function addHandler(list, handler)
-  local entry = { fn = handler }
-  list[#list + 1] = entry
-  return function()
-    for i = #list, 1, -1 do
-      if list[i] == entry then table.remove(list, i) end
-    end
-  end
-end
-
--- Built-in event loop for plain CraftOS: the same interface as trapos's bootEventLoop.
-function M.createEventLoop(osLike)
-  osLike = osLike or os
-  local handlers = {}
-  local anyHandlers = {}
-  local timers = {}
-  local running = false
-  local loop = {}
-
-  function loop.register(event, handler)
-    expect(1, event, 'string')
-    expect(2, handler, 'function')
-    local list = handlers[event]
-    if not list then list = {}; handlers[event] = list end
-    return addHandler(list, handler)
-  end
-
-  -- Every event, with its name first (what a program run by exec or eval waits on).
-  function loop.registerAny(handler)
-    expect(1, handler, 'function')
-    return addHandler(anyHandlers, handler)
-  end
-
-  function loop.setTimeout(fn, seconds)
-    expect(1, fn, 'function')
-    expect(2, seconds, 'number')
-    local id = osLike.startTimer(seconds)
-    timers[id] = fn
-    return function()
-      if timers[id] then
-        timers[id] = nil
-        if osLike.cancelTimer then pcall(osLike.cancelTimer, id) end
-      end
-    end
-  end
-
-  function loop.dispatch(event, ...)
-    if event == 'timer' then
-      local id = ...
-      local fn = timers[id]
-      if fn then
-        timers[id] = nil
-        fn()
-      end
-    end
-    local list = handlers[event]
-    if list then
-      local snapshot = {}
-      for i = 1, #list do snapshot[i] = list[i] end
-      for i = 1, #snapshot do snapshot[i].fn(...) end
-    end
-    if #anyHandlers > 0 then
-      local snapshot = {}
-      for i = 1, #anyHandlers do snapshot[i] = anyHandlers[i] end
-      for i = 1, #snapshot do snapshot[i].fn(event, ...) end
-    end
-  end
-
-  function loop.run()
-    running = true
-    while running do
-      loop.dispatch(osLike.pullEvent())
-    end
-  end
-
-  function loop.stop()
-    running = false
-  end
-
-  return loop
-end
-
-local function dropEventName(name, ...)
-  if select('#', ...) > 0 and (select(1, ...)) == name then
-    return select(2, ...)
-  end
-  return ...
-end
-
--- The session (the daemon) ---------------------------------------------------------
+-- == Section: The session (the daemon) ====================================================
+-- Owns: the one WebSocket to the gateway: connect, hello, reconnect with backoff, forwarding
+-- programs' requests, announcing capabilities, the published state; startSession.
+-- Needs: everything above (dispatch for frames, jobs to stop them). Exports: M.startSession.
 
 --[[ A session moves through these states (`session.state()`):
   connecting   websocketAsync called, waiting for websocket_success (connectTimeout)
@@ -692,8 +2137,9 @@ function Session:endAttempt(message)
   clearAttemptTimers(attempt)
   self:closeHandle(attempt.handle)
   self:failInFlight(message or 'connection lost')
-  -- Their answers could only go on this connection: programs it started are stopped.
-  self:stopJobs(attempt)
+  -- Their answers could only go on this connection: programs and watches it started are stopped.
+  stopJobs(self, attempt)
+  stopWatches(self, attempt)
 end
 
 function Session:clearReconnect()
@@ -958,7 +2404,8 @@ function Session:stop()
   if self.stopped then return end
   self.stopped = true
   self:endAttempt('daemon stopped')
-  self:stopJobs()
+  stopJobs(self)
+  stopWatches(self)
   self:clearReconnect()
   for i = 1, #self.disposers do self.disposers[i]() end
   self.disposers = {}
@@ -1000,7 +2447,9 @@ For the sandbox requests (SPEC §9), the CraftOS APIs they use (default: the glo
   fs, term, settings (sandbox.allow), textutils (serialize, for eval)
   shell       the shell exec runs programs with (the daemon's own; none: a plain loader)
   clock       function() -> milliseconds              default os.epoch('utc')
-  screen      function() -> readable terminal or nil  default _G.traposSandboxScreen
+  screen      function() -> the terminal exec and eval draw on   default _G.traposSandboxScreen
+                (the shell's), else the daemon's own
+  recorder    the readable screen (M.newRecorder), or false   default M.installRecorder(term)
 Returns a session: isReady(), lastError(), state(), status(), stop(), loop (the event loop used). ]]
 function M.startSession(opts)
   expect(1, opts, 'table')
@@ -1049,6 +2498,8 @@ function M.startSession(opts)
     announced = nil,
     jobs = {},
     jobCount = 0,
+    watches = {},
+    watchCount = 0,
     fs = opts.fs or rawget(_G, 'fs'),
     term = opts.term or rawget(_G, 'term'),
     settings = opts.settings or rawget(_G, 'settings'),
@@ -1057,6 +2508,12 @@ function M.startSession(opts)
     clock = opts.clock or function() return osLike.epoch('utc') end,
     screen = opts.screen or function() return rawget(_G, 'traposSandboxScreen') end,
   }, Session)
+  -- The screen, readable however the daemon was started (section 7).
+  if opts.recorder ~= nil then
+    self.recorder = opts.recorder or nil
+  else
+    self.recorder = M.installRecorder(self.term)
+  end
   self:listen()
 
   local session = { loop = self.loop, traposId = self.traposId }
@@ -1069,7 +2526,7 @@ function M.startSession(opts)
       state = self.state, connected = self.state == 'ready', running = not self.stopped,
       traposId = self.traposId, url = baseUrl, lastError = self.lastError, accountId = self.accountId,
       version = _VERSION, attempts = self.attempts, capabilities = self:capabilities(),
-      jobs = self.jobCount,
+      jobs = self.jobCount, watches = self.watchCount,
     }
   end
   function session.stop() self:stop() end
@@ -1078,873 +2535,10 @@ function M.startSession(opts)
   return session
 end
 
--- Output capture ------------------------------------------------------------------
-
---[[ What a program run by exec or eval prints is recorded per stream, up to maxBytes each
-(the rest is dropped and the stream flagged truncated), and queued for partial responses.
-It is caught at two depths while the program runs (only then):
-  - _G.write and _G.printError are swapped for capturedWrite / capturedPrintError, so print
-    and write land in stdout with their own newlines and printError in stderr;
-  - the program's terminal is a redirect that draws on the daemon's terminal (the player sees
-    it) and records term.write / term.blit calls made outside write, a row change or a scroll
-    standing for a newline.
-`depth` > 0 while inside the swapped functions, so their own term calls are not recorded twice. ]]
-local Capture = {}
-Capture.__index = Capture
-
-function M.newCapture(maxBytes, mergeStderr)
-  local function stream() return { pieces = {}, bytes = 0, truncated = false } end
-  return setmetatable({
-    max = maxBytes or M.MAX_OUTPUT_BYTES, merge = mergeStderr, depth = 0, row = nil,
-    stdout = stream(), stderr = stream(), pending = {},
-  }, Capture)
-end
-
-function Capture:record(name, text)
-  if text == '' then return end
-  if self.merge then name = 'stdout' end
-  local stream = self[name]
-  local room = self.max - stream.bytes
-  if room <= 0 then stream.truncated = true; return end
-  if #text > room then
-    text = text:sub(1, room)
-    stream.truncated = true
-  end
-  stream.pieces[#stream.pieces + 1] = text
-  stream.bytes = stream.bytes + #text
-  local last = self.pending[#self.pending]
-  if last and last.name == name then
-    last.pieces[#last.pieces + 1] = text
-    last.bytes = last.bytes + #text
-  else
-    self.pending[#self.pending + 1] = { name = name, pieces = { text }, bytes = #text }
-  end
-end
-
-function Capture:text(name)
-  return table.concat(self[name].pieces)
-end
-
--- The oldest pending run of one stream, at most `limit` bytes of it: name, data (or nil).
-function Capture:takePending(limit)
-  local run = self.pending[1]
-  if not run then return nil end
-  local data = table.concat(run.pieces)
-  if #data > limit then
-    run.pieces, run.bytes = { data:sub(limit + 1) }, #data - limit
-    data = data:sub(1, limit)
-  else
-    table.remove(self.pending, 1)
-  end
-  return run.name, data
-end
-
---[[ The methods of CraftOS's terminal (term.native() once term.lua has moved
-nativePaletteColour and screenshot onto `term`): CC:Tweaked's TermMethods, then CraftOS-PC's
-graphics-mode extras. A terminal built over another takes its parent's methods by these names,
-by indexing: a parent that is a wrapper (`setmetatable({write = ...}, {__index = ...})`, as
-screen recorders and multiplexers make them) has most of its methods behind `__index`, where
-`pairs` never looks. A name the parent lacks stays absent, so term.redirect treats the new
-terminal as it would the parent: CraftOS-PC lends the native graphics methods, and a missing
-standard method becomes its "Redirect object is missing method X." stub. ]]
-M.TERM_METHODS = {
-  'write', 'scroll', 'setCursorPos', 'setCursorBlink', 'getCursorPos', 'getCursorBlink',
-  'getSize', 'clear', 'clearLine', 'setTextColour', 'setTextColor', 'setBackgroundColour',
-  'setBackgroundColor', 'isColour', 'isColor', 'getTextColour', 'getTextColor',
-  'getBackgroundColour', 'getBackgroundColor', 'blit', 'setPaletteColour', 'setPaletteColor',
-  'getPaletteColour', 'getPaletteColor',
-  'setGraphicsMode', 'getGraphicsMode', 'setPixel', 'getPixel', 'drawPixels', 'getPixels',
-  'showMouse', 'relativeMouse', 'setFrozen', 'getFrozen',
-  -- A window's own, passed on when the parent is one (a program may ask its terminal for them).
-  'getLine', 'setVisible', 'isVisible', 'redraw', 'restoreCursor', 'getPosition', 'reposition',
-}
-
--- A redirect target drawing on `parent` (each of its M.TERM_METHODS) that records what is written.
-function Capture:terminal(parent)
-  local cap = self
-  local t = {}
-  for _, name in ipairs(M.TERM_METHODS) do
-    if type(parent[name]) == 'function' then t[name] = function(...) return parent[name](...) end end
-  end
-  if parent.getCursorPos then
-    local ok, _, y = pcall(parent.getCursorPos)
-    if ok then cap.row = y end
-  end
-  function t.write(text)
-    if cap.depth == 0 then cap:record('stdout', tostring(text)) end
-    return parent.write(text)
-  end
-  function t.blit(text, fg, bg)
-    if cap.depth == 0 then cap:record('stdout', tostring(text)) end
-    return parent.blit(text, fg, bg)
-  end
-  function t.setCursorPos(x, y)
-    if cap.depth == 0 and cap.row ~= nil and y ~= cap.row then cap:record('stdout', '\n') end
-    cap.row = y
-    return parent.setCursorPos(x, y)
-  end
-  function t.scroll(n)
-    if cap.depth == 0 and type(n) == 'number' and n >= 1 then cap:record('stdout', ('\n'):rep(n)) end
-    return parent.scroll(n)
-  end
-  return t
-end
-
-local activeCapture = nil              -- the capture of the job being resumed, if any
-local realWrite, realPrintError = nil, nil -- what _G held when a job last started running
-
-local function capturedWrite(text)
-  local cap = activeCapture
-  if cap and cap.depth == 0 and (type(text) == 'string' or type(text) == 'number') then
-    cap:record('stdout', tostring(text))
-    cap.depth = cap.depth + 1
-    local lines = realWrite and realWrite(text) or 0
-    cap.depth = cap.depth - 1
-    return lines
-  end
-  if realWrite then return realWrite(text) end
-  return 0
-end
-
-local function capturedPrintError(...)
-  local cap = activeCapture
-  if cap and cap.depth ~= 0 then cap = nil end
-  if cap then
-    local parts = {}
-    for i = 1, select('#', ...) do parts[i] = tostring((select(i, ...))) end
-    cap:record('stderr', table.concat(parts, '\t') .. '\n')
-    cap.depth = cap.depth + 1
-  end
-  if realPrintError then realPrintError(...) end
-  if cap then cap.depth = cap.depth - 1 end
-end
-
--- Jobs: a program (exec) or a chunk (eval) running in its own coroutine -------------
-
---[[ A job is resumed from the daemon's event loop like `parallel` resumes its coroutines: with
-every event that matches the filter it yielded (all events when none), and `terminate` always.
-On timeoutMs, cancel, or the end of its connection it is resumed once with `terminate`; if it
-has not ended M.TERMINATE_GRACE s later it is abandoned. Output streams back as partial
-responses, coalesced; before the final answer whatever is still buffered is sent, so the
-partials always carry the whole captured output and the final answer repeats it. ]]
-local Job = {}
-Job.__index = Job
-
--- Event names for loops without registerAny (trapos's bootEventLoop): what programs wait on.
-M.PROGRAM_EVENTS = {
-  'alarm', 'char', 'computer_command', 'disk', 'disk_eject', 'file_transfer', 'http_check',
-  'http_failure', 'http_success', 'key', 'key_up', 'modem_message', 'monitor_resize',
-  'monitor_touch', 'mouse_click', 'mouse_drag', 'mouse_scroll', 'mouse_up', 'paste', 'peripheral',
-  'peripheral_detach', 'rednet_message', 'redstone', 'speaker_audio_empty', 'task_complete',
-  'term_resize', 'terminate', 'timer', 'turtle_inventory', 'websocket_closed', 'websocket_failure',
-  'websocket_message', 'websocket_success', M.EVENT_REPLY, M.EVENT_CONNECTED,
-}
-
-local function listenAll(loop, handler)
-  if type(loop.registerAny) == 'function' then
-    return loop.registerAny(function(...) return handler(...) end)
-  end
-  local disposers = {}
-  for _, name in ipairs(M.PROGRAM_EVENTS) do
-    disposers[#disposers + 1] = loop.register(name, function(...) handler(name, dropEventName(name, ...)) end)
-  end
-  return function()
-    for i = 1, #disposers do disposers[i]() end
-  end
-end
-
-function Session:startJob(req, spec)
-  if self.jobs[req.messageId] then
-    return req.respond(false, nil, errorValue('bad_request', 'a request with this messageId is running'))
-  end
-  if self.jobCount >= M.MAX_JOBS then
-    return req.respond(false, nil, errorValue('overloaded', ('%d programs are running already'):format(self.jobCount)))
-  end
-  local job = setmetatable({
-    session = self, req = req, spec = spec, attempt = self.current,
-    capture = M.newCapture(spec.maxOutputBytes, spec.mergeStderr),
-    co = coroutine.create(spec.body), dir = spec.cwd, startedAt = self.clock(),
-    done = false, filter = nil, stopReason = nil, lastPartial = nil,
-  }, Job)
-  if self.term and self.term.current and self.term.redirect then
-    -- Draw where the player looks: the recorded screen (the shell's), else our own terminal.
-    local ok, parent = pcall(self.screen)
-    if not ok or type(parent) ~= 'table' then ok, parent = pcall(self.term.current) end
-    if ok and type(parent) == 'table' then job.term = job.capture:terminal(parent) end
-  end
-  self.jobs[req.messageId] = job
-  self.jobCount = self.jobCount + 1
-  job.dispose = listenAll(self.loop, function(...) job:onEvent(...) end)
-  job.clearTimeout = self.loop.setTimeout(function()
-    job.clearTimeout = nil
-    job:stop('timeout')
-  end, spec.timeoutMs / 1000)
-  job:resume()
-end
-
--- Stops the jobs started on `attempt` (all jobs when nil).
-function Session:stopJobs(attempt)
-  local list = {}
-  for _, job in pairs(self.jobs) do
-    if attempt == nil or job.attempt == attempt then list[#list + 1] = job end
-  end
-  for _, job in ipairs(list) do job:stop('disconnect') end
-end
-
-function Job:onEvent(event, ...)
-  if self.done then return end
-  if self.filter == nil or self.filter == event or event == 'terminate' then
-    self:resume(event, ...)
-  end
-end
-
--- One resume, with the program's terminal, output capture and working directory in place
--- and everything put back afterwards.
-function Job:resume(...)
-  if self.done then return end
-  local session = self.session
-  local termApi, shellApi = session.term, session.shell
-  local prevTerm
-  if self.term then
-    prevTerm = termApi.current()
-    termApi.redirect(self.term)
-  end
-  local prevWrite, prevPrintError = rawget(_G, 'write'), rawget(_G, 'printError')
-  if prevWrite ~= capturedWrite then realWrite = prevWrite; rawset(_G, 'write', capturedWrite) end
-  if prevPrintError ~= capturedPrintError then realPrintError = prevPrintError; rawset(_G, 'printError', capturedPrintError) end
-  local prevDir
-  if shellApi and self.dir then
-    prevDir = shellApi.dir()
-    pcall(shellApi.setDir, self.dir)
-  end
-  local prevCapture = activeCapture
-  activeCapture = self.capture
-  self.capture.depth = 0
-
-  local result = table.pack(coroutine.resume(self.co, ...))
-
-  activeCapture = prevCapture
-  if prevDir then
-    self.dir = shellApi.dir()
-    pcall(shellApi.setDir, prevDir)
-  end
-  if rawget(_G, 'write') == capturedWrite then rawset(_G, 'write', prevWrite) end
-  if rawget(_G, 'printError') == capturedPrintError then rawset(_G, 'printError', prevPrintError) end
-  if prevTerm then
-    self.term = termApi.current()
-    termApi.redirect(prevTerm)
-  end
-
-  if coroutine.status(self.co) == 'dead' then
-    self:finish(result)
-  else
-    if result[1] then self.filter = result[2] end
-    self:flushOutput(false)
-  end
-end
-
--- Sends pending output as partials: at once when the last partial is M.PARTIAL_INTERVAL_MS
--- old or the run holds M.PARTIAL_MIN_BYTES; otherwise one timer sends it later.
-function Job:flushOutput(force)
-  local session, cap = self.session, self.capture
-  while cap.pending[1] do
-    local now = session.clock()
-    local wait = self.lastPartial and (self.lastPartial + M.PARTIAL_INTERVAL_MS - now) or 0
-    if not force and wait > 0 and cap.pending[1].bytes < M.PARTIAL_MIN_BYTES then
-      if not self.clearFlush then
-        self.clearFlush = session.loop.setTimeout(function()
-          self.clearFlush = nil
-          if not self.done then self:flushOutput(false) end
-        end, wait / 1000)
-      end
-      return
-    end
-    local name, data = cap:takePending(M.PARTIAL_MAX_BYTES)
-    self.req.partial({ type = name .. '_delta', data = data })
-    self.lastPartial = now
-  end
-end
-
-function Job:stop(reason)
-  if self.done then return false end
-  if reason == 'cancel' or not self.stopReason then self.stopReason = reason end
-  self:resume('terminate')
-  if not self.done and not self.clearGrace then
-    self.clearGrace = self.session.loop.setTimeout(function()
-      self.clearGrace = nil
-      self.abandoned = true
-      self:finish({ false, 'still running after terminate: abandoned', n = 2 })
-    end, M.TERMINATE_GRACE)
-  end
-  return true
-end
-
--- Halves the longest output string of an answer that does not fit in one frame.
-local function shrinkOutput(answer)
-  local holder, key, longest = nil, nil, 0
-  local function consider(t, k)
-    if type(t[k]) == 'string' and #t[k] > longest then holder, key, longest = t, k, #t[k] end
-  end
-  consider(answer, 'stdout')
-  consider(answer, 'stderr')
-  if type(answer.returns) == 'table' then
-    for i = 1, #answer.returns do consider(answer.returns, i) end
-  end
-  if not holder or longest < 2 then return false end
-  holder[key] = holder[key]:sub(1, math.floor(longest / 2))
-  if holder == answer then answer[key .. 'Truncated'] = true end
-  return true
-end
-
-function Job:finish(result)
-  if self.done then return end
-  self.done = true
-  local session = self.session
-  if self.dispose then self.dispose() end
-  for _, clear in ipairs({ 'clearTimeout', 'clearGrace', 'clearFlush' }) do
-    if self[clear] then self[clear](); self[clear] = nil end
-  end
-  session.jobs[self.req.messageId] = nil
-  session.jobCount = session.jobCount - 1
-  local answer = self.spec.answer(self, result)
-  self:flushOutput(true)
-  if self.stopReason == 'cancel' then
-    self.req.respond(false, nil, errorValue('cancelled', 'cancelled by the gateway'))
-  else
-    self.req.respond(true, answer, nil, shrinkOutput)
-  end
-end
-
-function Job:durationMs()
-  return math.max(0, math.floor(self.session.clock() - self.startedAt))
-end
-
--- Sandbox request handlers ----------------------------------------------------------
-
-local function badRequest(req, message)
-  req.respond(false, nil, errorValue('bad_request', message))
-end
-
-local function fsError(req, message)
-  req.respond(false, nil, errorValue('fs_error', message))
-end
-
--- CraftOS's own message, without a "file:line:" prefix a Lua error may carry.
-local function errorText(err)
-  local text = tostring(err)
-  return (text:gsub('^[^%s:]+:%d+: ', ''))
-end
-
-local function sessionOf(req, ctx)
-  if type(ctx.session) ~= 'table' then
-    req.respond(false, nil, errorValue('internal', 'no sandbox session'))
-    return nil
-  end
-  return ctx.session
-end
-
-local function optionalNumber(payload, key, default, min, max)
-  local value = payload[key]
-  if value == nil then return default end
-  if type(value) ~= 'number' or value ~= value or value < min then
-    return nil, ('%s must be a number of at least %d'):format(key, min)
-  end
-  if max and value > max then value = max end
-  return math.floor(value)
-end
-
--- A list field may arrive as {} or textutils.empty_json_array when empty (SPEC §2).
-local function stringList(value, key)
-  if value == nil then return {} end
-  if type(value) ~= 'table' then return nil, key .. ' must be a list of strings' end
-  local list = {}
-  for i = 1, #value do
-    if type(value[i]) ~= 'string' then return nil, key .. ' must be a list of strings' end
-    list[i] = value[i]
-  end
-  for k in pairs(value) do
-    if type(k) ~= 'number' or k < 1 or k > #value or k % 1 ~= 0 then return nil, key .. ' must be a list of strings' end
-  end
-  return list
-end
-
--- A CraftOS path from payload[key]: absolute, or relative to payload.cwd (default /; the
--- cwd itself is relative to /). Returns the fs path ('' for the root) and the display path
--- ('/...'), or nil, message.
-local function resolvePath(fsApi, payload, key, required)
-  local path = payload[key]
-  if path == nil and not required then path = '' end
-  if type(path) ~= 'string' then return nil, key .. ' must be a string' end
-  local cwd = key ~= 'cwd' and payload.cwd or nil
-  if cwd ~= nil and type(cwd) ~= 'string' then return nil, 'cwd must be a string' end
-  local full
-  if path:sub(1, 1) == '/' or path:sub(1, 1) == '\\' then
-    full = fsApi.combine('', path)
-  else
-    full = fsApi.combine(fsApi.combine('', cwd or ''), path)
-  end
-  return full, '/' .. full
-end
-
---[[ The computer's credential stays on it (SPEC §9): /.settings holds sandbox.password, so
-file requests may not read, list, write or delete it. CraftOS normalises a path before it
-touches the disk, and differently in CC:Tweaked (fs.combine keeps `*`; fs.open drops it) and
-CraftOS-PC (drops `"*:<>?|`, control and non-ASCII bytes, then folds `..`, trims spaces, drops
-all-dot parts, cuts a long last part at 255), on hosts whose names may ignore case and trailing
-dots and spaces. So a path is the settings file when, folded with the illegal characters
-dropped before or after folding, its first part is `.settings` in any case with any trailing
-dots or spaces (or a part of 255 bytes or more starting with it): the file, or a path under it
-(which would make a folder of that name where the settings are saved). `..` above the root
-stays at the root. The gateway refuses the same paths (trapsandbox/settingsfile.py, its twin). ]]
-M.SETTINGS_FILE = '.settings'
-local PATH_DROPPED = '[%c\128-\255"*:<>?|]'
-
-local function foldPath(path)
-  local parts = {}
-  for raw in path:gmatch('[^/\\]+') do
-    local part = raw:gsub('^[%c ]+', ''):gsub('[%c ]+$', '')
-    if part == '..' then
-      parts[#parts] = nil
-    elseif part ~= '' and not part:find('^%.+$') then
-      parts[#parts + 1] = part
-    end
-  end
-  return parts
-end
-
-local function namesSettings(parts)
-  if #parts == 0 then return false end
-  local name = parts[1]:lower()
-  if #name >= 255 then return name:sub(1, #M.SETTINGS_FILE) == M.SETTINGS_FILE end
-  return (name:gsub('[%. ]+$', '')) == M.SETTINGS_FILE
-end
-
--- Whether `path` (absolute, or relative to `cwd`, itself relative to /) is /.settings.
-function M.isSettingsPath(path, cwd)
-  local first = path:sub(1, 1)
-  local joined = path
-  if first ~= '/' and first ~= '\\' then joined = (cwd or '') .. '/' .. path end
-  local folded = table.concat(foldPath(joined), '/')
-  return namesSettings(foldPath((joined:gsub(PATH_DROPPED, ''))))
-    or namesSettings(foldPath((folded:gsub(PATH_DROPPED, ''))))
-end
-
-local function settingsForbidden(req, shown)
-  req.respond(false, nil, errorValue('forbidden', shown .. ' is this computer\'s settings file and holds its '
-    .. 'sandbox password: file requests may not read, list, write or delete it'))
-end
-
--- The path of a file request (see resolvePath), or nil once the request has been answered:
--- bad_request, or forbidden for the settings file.
-local function filePath(req, fsApi, required)
-  local path, shown = resolvePath(fsApi, req.payload, 'path', required)
-  if not path then return badRequest(req, shown) end
-  local cwd = req.payload.cwd
-  if M.isSettingsPath(req.payload.path or '', cwd) or M.isSettingsPath(shown) then
-    return settingsForbidden(req, shown)
-  end
-  return path, shown
-end
-
-local function encodingOk(req)
-  local encoding = req.payload.encoding
-  if encoding ~= nil and encoding ~= 'base64' then
-    badRequest(req, 'encoding must be "base64"')
-    return false
-  end
-  return true
-end
-
-local function timeoutAndOutput(payload)
-  local timeoutMs, err = optionalNumber(payload, 'timeoutMs', M.EXEC_TIMEOUT_MS, 1)
-  if not timeoutMs then return nil, err end
-  local maxOutput
-  maxOutput, err = optionalNumber(payload, 'maxOutputBytes', M.MAX_OUTPUT_BYTES, 0, M.MAX_OUTPUT_BYTES)
-  if not maxOutput then return nil, err end
-  return timeoutMs, maxOutput
-end
-
--- exec without a shell (a daemon started with none): resolve like the shell and run the file.
-M.PROGRAM_PATH = { '/rom/programs', '/rom/programs/http', '/rom/programs/advanced', '/rom/programs/fun', '/programs' }
-
-local function findProgram(fsApi, command, cwd)
-  local function found(path)
-    if fsApi.exists(path) and not fsApi.isDir(path) then return path end
-    if fsApi.exists(path .. '.lua') and not fsApi.isDir(path .. '.lua') then return path .. '.lua' end
-  end
-  if command:find('[/\\]') then
-    if command:find('^[/\\]') then return found(fsApi.combine('', command)) end
-    return found(fsApi.combine(cwd, command))
-  end
-  local hit = found(fsApi.combine(cwd, command))
-  if hit then return hit end
-  for _, dir in ipairs(M.PROGRAM_PATH) do
-    hit = found(fsApi.combine(dir, command))
-    if hit then return hit end
-  end
-end
-
-local function runWithoutShell(fsApi, command, args, cwd)
-  local report = function(message) local pe = rawget(_G, 'printError') or print; pe(message) end
-  local path = findProgram(fsApi, command, cwd)
-  if not path then report('No such program'); return false end
-  local handle, openErr = fsApi.open(path, 'r')
-  if not handle then report(openErr or ('cannot open ' .. path)); return false end
-  local source = handle.readAll()
-  handle.close()
-  local env = setmetatable({ arg = { [0] = command, table.unpack(args) } }, { __index = _G })
-  local fn, loadErr = load(source or '', '@/' .. path, 't', env)
-  if not fn then report(loadErr); return false end
-  local ok, err = pcall(fn, table.unpack(args))
-  if not ok then
-    if err ~= nil and err ~= '' then report(err) end
-    return false
-  end
-  return true
-end
-
-local function execAnswer(job, result)
-  local cap = job.capture
-  -- An error that escaped the program (not printed by the shell) still goes to stderr.
-  if not result[1] then cap:record('stderr', tostring(result[2]) .. '\n') end
-  local answer = {
-    exitCode = (result[1] and result[2] == true) and 0 or 1,
-    timedOut = job.stopReason == 'timeout',
-    durationMs = job:durationMs(),
-    stdout = cap:text('stdout'),
-    stderr = cap:text('stderr'),
-  }
-  if cap.stdout.truncated then answer.stdoutTruncated = true end
-  if cap.stderr.truncated then answer.stderrTruncated = true end
-  return answer
-end
-
-function M.requestHandlers.exec(req, ctx)
-  local session = sessionOf(req, ctx)
-  if not session then return end
-  local payload, fsApi = req.payload, session.fs
-  local command = payload.command
-  if type(command) ~= 'string' or command == '' then return badRequest(req, 'command must be a non-empty string') end
-  local args, err = stringList(payload.args, 'args')
-  if not args then return badRequest(req, err) end
-  local cwd
-  cwd, err = resolvePath(fsApi, payload, 'cwd', false)
-  if not cwd then return badRequest(req, err) end
-  if not fsApi.isDir(cwd) then return badRequest(req, 'cwd /' .. cwd .. ' is not a directory') end
-  local timeoutMs, maxOutput = timeoutAndOutput(payload)
-  if not timeoutMs then return badRequest(req, maxOutput) end
-  local shellApi = session.shell
-  local body
-  if shellApi and shellApi.execute then
-    body = function() return shellApi.execute(command, table.unpack(args)) end
-  else
-    body = function() return runWithoutShell(fsApi, command, args, cwd) end
-  end
-  session:startJob(req, {
-    body = body, cwd = shellApi and cwd or nil, timeoutMs = timeoutMs, maxOutputBytes = maxOutput,
-    answer = execAnswer,
-  })
-end
-
-local function serializeValue(textutilsApi, value)
-  if textutilsApi and textutilsApi.serialize then
-    local ok, text = pcall(textutilsApi.serialize, value)
-    if ok and type(text) == 'string' then return text end
-  end
-  return tostring(value)
-end
-
--- eval has one output stream: printError output goes to stdout too.
-local function evalAnswer(job, result)
-  local cap = job.capture
-  local answer = {
-    ok = result[1] == true and not job.abandoned,
-    returns = {},
-    stdout = cap:text('stdout'),
-    durationMs = job:durationMs(),
-    timedOut = job.stopReason == 'timeout',
-  }
-  if answer.ok then
-    for i = 2, result.n do answer.returns[i - 1] = serializeValue(job.session.textutils, result[i]) end
-  else
-    answer.error = tostring(result[2])
-  end
-  answer.returns = jsonList(answer.returns)
-  if cap.stdout.truncated then answer.stdoutTruncated = true end
-  return answer
-end
-
--- The environment eval code runs in: reads fall through to the computer's globals, assignments
--- stay here, and it lasts for the session (like the Lua prompt, `x = 1` then `return x` works).
-function Session:evalEnv()
-  if not self.evalGlobals then
-    self.evalGlobals = setmetatable({ shell = self.shell, multishell = rawget(_G, 'multishell') }, { __index = _G })
-  end
-  return self.evalGlobals
-end
-
-function M.requestHandlers.eval(req, ctx)
-  local session = sessionOf(req, ctx)
-  if not session then return end
-  local code = req.payload.code
-  if type(code) ~= 'string' or code == '' then return badRequest(req, 'code must be a non-empty string') end
-  local timeoutMs, maxOutput = timeoutAndOutput(req.payload)
-  if not timeoutMs then return badRequest(req, maxOutput) end
-  local env = session:evalEnv()
-  -- Like the Lua prompt: an expression first, then statements.
-  local fn, err = load('return ' .. code, '=eval', 't', env)
-  if not fn then fn, err = load(code, '=eval', 't', env) end
-  if not fn then
-    return req.respond(true, { ok = false, returns = jsonList({}), stdout = '', error = tostring(err), durationMs = 0, timedOut = false })
-  end
-  session:startJob(req, {
-    body = fn, timeoutMs = timeoutMs, maxOutputBytes = maxOutput, mergeStderr = true, answer = evalAnswer,
-  })
-end
-
-function M.requestHandlers.cancel(req, ctx)
-  local messageId = req.payload.messageId
-  if type(messageId) ~= 'string' or messageId == '' then return badRequest(req, 'messageId must be a non-empty string') end
-  local job = type(ctx.session) == 'table' and ctx.session.jobs[messageId] or nil
-  req.respond(true, { cancelled = job ~= nil and job:stop('cancel') or false })
-end
-
--- Files ----------------------------------------------------------------------------
-
-local function fileEntry(fsApi, dir, name)
-  local full = fsApi.combine(dir, name)
-  if fsApi.attributes then
-    local ok, attrs = pcall(fsApi.attributes, full)
-    if ok and type(attrs) == 'table' then
-      return { name = name, type = attrs.isDir and 'dir' or 'file', size = attrs.isDir and 0 or (attrs.size or 0),
-        readOnly = attrs.isReadOnly == true }
-    end
-  end
-  local isDir = fsApi.isDir(full)
-  return { name = name, type = isDir and 'dir' or 'file', size = isDir and 0 or fsApi.getSize(full),
-    readOnly = fsApi.isReadOnly(full) == true }
-end
-
-function M.requestHandlers.list_files(req, ctx)
-  local session = sessionOf(req, ctx)
-  if not session then return end
-  local fsApi = session.fs
-  local path, shown = filePath(req, fsApi, false)
-  if not path then return end
-  if not fsApi.exists(path) then return fsError(req, shown .. ': No such file') end
-  if not fsApi.isDir(path) then return fsError(req, shown .. ': Not a directory') end
-  local ok, names = pcall(fsApi.list, path)
-  if not ok then return fsError(req, errorText(names)) end
-  local entries = {}
-  for i, name in ipairs(names) do entries[i] = fileEntry(fsApi, path, name) end
-  req.respond(true, { path = shown, entries = jsonList(entries) })
-end
-
--- Reads `length` bytes from `offset` of an open binary handle.
-local function readRange(handle, offset, length)
-  if offset > 0 then
-    if handle.seek then
-      handle.seek('set', offset)
-    else
-      local skipped = 0
-      while skipped < offset do
-        local chunk = handle.read(math.min(offset - skipped, M.MAX_CONTENT))
-        if not chunk or chunk == '' then break end
-        skipped = skipped + #chunk
-      end
-    end
-  end
-  local parts, got = {}, 0
-  while got < length do
-    local chunk = handle.read(length - got)
-    if not chunk or chunk == '' then break end
-    parts[#parts + 1] = chunk
-    got = got + #chunk
-  end
-  return table.concat(parts)
-end
-
-function M.requestHandlers.read_file(req, ctx)
-  local session = sessionOf(req, ctx)
-  if not session then return end
-  local fsApi, payload = session.fs, req.payload
-  if not encodingOk(req) then return end
-  local path, shown = filePath(req, fsApi, true)
-  if not path then return end
-  local offset, err = optionalNumber(payload, 'offset', 0, 0)
-  if not offset then return badRequest(req, err) end
-  local length
-  length, err = optionalNumber(payload, 'length', M.MAX_CONTENT, 0, M.MAX_CONTENT)
-  if not length then return badRequest(req, err) end
-  if not fsApi.exists(path) then return fsError(req, shown .. ': No such file') end
-  if fsApi.isDir(path) then return fsError(req, shown .. ': Is a directory') end
-  local handle, openErr = fsApi.open(path, 'rb')
-  if not handle then return fsError(req, openErr or (shown .. ': cannot open')) end
-  local ok, data = pcall(readRange, handle, offset, length)
-  handle.close()
-  if not ok then return fsError(req, errorText(data)) end
-  req.respond(true, {
-    content = M.base64Encode(data), encoding = 'base64', sizeBytes = fsApi.getSize(path),
-    offset = offset, bytesRead = #data,
-  })
-end
-
--- The free space of the drive `path` is on (or will be on): asked of its nearest existing folder.
-local function freeSpaceFor(fsApi, path)
-  if not fsApi.getFreeSpace then return nil, 0 end
-  local dir, missing = fsApi.getDir(path), 0
-  while dir ~= '' and dir ~= '..' and not fsApi.exists(dir) do
-    missing = missing + 1
-    dir = fsApi.getDir(dir)
-  end
-  if dir == '..' then dir = '' end
-  local ok, free = pcall(fsApi.getFreeSpace, dir)
-  if ok and type(free) == 'number' then return free, missing end
-  return nil, missing -- "unlimited", or not answerable
-end
-
--- Writes `data` to `path` ('wb' or 'ab'); the handle is closed exactly once. -> ok, message
-local function writeBytes(fsApi, path, mode, data)
-  local handle, openErr = fsApi.open(path, mode)
-  if not handle then return false, openErr or ('/' .. path .. ': cannot open') end
-  local ok, err = true, nil
-  if data ~= '' then ok, err = pcall(handle.write, data) end
-  local closed, closeErr = pcall(handle.close)
-  if ok and not closed then ok, err = false, closeErr end
-  if not ok then return false, errorText(err) end
-  return true
-end
-
--- Moves `temp` onto `path`, so `path` is replaced whole or not at all. -> ok, message
-local function install(fsApi, temp, path)
-  local backup
-  if fsApi.exists(path) then
-    backup = temp .. '.old'
-    if fsApi.exists(backup) then pcall(fsApi.delete, backup) end
-    local ok, err = pcall(fsApi.move, path, backup)
-    if not ok then return false, errorText(err) end
-  end
-  local ok, err = pcall(fsApi.move, temp, path)
-  if not ok then
-    if backup then pcall(fsApi.move, backup, path) end
-    return false, errorText(err)
-  end
-  if backup then pcall(fsApi.delete, backup) end
-  return true
-end
-
-M.TEMP_SUFFIX = '.sandbox-part'
-
-function M.requestHandlers.write_file(req, ctx)
-  local session = sessionOf(req, ctx)
-  if not session then return end
-  local fsApi, payload = session.fs, req.payload
-  if not encodingOk(req) then return end
-  local path, shown = filePath(req, fsApi, true)
-  if not path then return end
-  if path == '' then return badRequest(req, 'path names a folder: /') end
-  if type(payload.content) ~= 'string' then return badRequest(req, 'content must be a base64 string') end
-  local data, decodeErr = M.base64Decode(payload.content)
-  if not data then return badRequest(req, 'content: ' .. decodeErr) end
-  if #data > M.MAX_CONTENT then
-    return badRequest(req, ('%d bytes in one frame, at most %d: send parts'):format(#data, M.MAX_CONTENT))
-  end
-  local part = payload.part
-  if part ~= nil and type(part) ~= 'table' then return badRequest(req, 'part must be {offset, final}') end
-  local offset, final = 0, true
-  if part then
-    local err
-    offset, err = optionalNumber(part, 'offset', 0, 0)
-    if not offset then return badRequest(req, 'part.' .. err) end
-    final = part.final == true
-  end
-  if fsApi.isReadOnly(path) then return fsError(req, shown .. ': Access denied') end
-  if fsApi.isDir(path) then return fsError(req, shown .. ': Cannot write to directory') end
-
-  -- Parts go to a temporary file beside the target; offset 0 starts it afresh.
-  local temp = fsApi.combine(fsApi.getDir(path), '.' .. fsApi.getName(path) .. M.TEMP_SUFFIX)
-  if M.isSettingsPath('/' .. temp) or M.isSettingsPath('/' .. temp .. '.old') then return settingsForbidden(req, shown) end
-  local have = 0
-  if offset > 0 then
-    have = fsApi.exists(temp) and fsApi.getSize(temp) or 0
-    if offset ~= have then
-      return badRequest(req, ('part.offset is %d but %d bytes of %s were received so far'):format(offset, have, shown))
-    end
-  end
-  local free, missingDirs = freeSpaceFor(fsApi, path)
-  local need = #data + (offset == 0 and M.FILE_OVERHEAD or 0) + missingDirs * M.FILE_OVERHEAD
-  if free and need > free then
-    return fsError(req, ('Out of space: writing %s needs %d bytes, %d free'):format(shown, need, free))
-  end
-  local dir = fsApi.getDir(path)
-  if dir ~= '' and not fsApi.exists(dir) then
-    local ok, err = pcall(fsApi.makeDir, dir)
-    if not ok then return fsError(req, errorText(err)) end
-  end
-  local ok, err = writeBytes(fsApi, temp, offset == 0 and 'wb' or 'ab', data)
-  if not ok then
-    pcall(fsApi.delete, temp)
-    return fsError(req, err)
-  end
-  local size = have + #data
-  if final then
-    ok, err = install(fsApi, temp, path)
-    if not ok then
-      pcall(fsApi.delete, temp)
-      return fsError(req, err)
-    end
-    size = fsApi.getSize(path)
-  end
-  req.respond(true, { bytesWritten = #data, sizeBytes = size })
-end
-
-function M.requestHandlers.delete_file(req, ctx)
-  local session = sessionOf(req, ctx)
-  if not session then return end
-  local fsApi = session.fs
-  local path, shown = filePath(req, fsApi, true)
-  if not path then return end
-  if path == '' then return badRequest(req, 'refusing to delete /') end
-  if not fsApi.exists(path) then return req.respond(true, { deleted = false }) end
-  if fsApi.isReadOnly(path) then return fsError(req, shown .. ': Access denied') end
-  local ok, err = pcall(fsApi.delete, path)
-  if not ok then return fsError(req, errorText(err)) end
-  req.respond(true, { deleted = not fsApi.exists(path) })
-end
-
--- Screen ---------------------------------------------------------------------------
-
---[[ The native terminal cannot be read back, so the screen is whatever readable terminal (one
-with getLine, i.e. a `window`) was recorded in _G.traposSandboxScreen. The startup file the
-installer writes records it: on a computer without multishell it wraps the whole screen in a
-window the shell and the daemon draw in; under multishell it records the window of the tab the
-first shell runs in (what the player sees while that tab is in front). ]]
-M.NO_SCREEN = 'this computer has no readable screen: start the daemon from /startup/sandbox-daemon.lua '
-  .. '(written by the installer), which keeps the shell\'s terminal in a window and records it '
-  .. 'in _G.traposSandboxScreen'
-
-function M.requestHandlers.screen(req, ctx)
-  local session = sessionOf(req, ctx)
-  if not session then return end
-  local screen = session.screen()
-  if type(screen) ~= 'table' or type(screen.getLine) ~= 'function' or type(screen.getSize) ~= 'function' then
-    return req.respond(false, nil, errorValue('internal', M.NO_SCREEN))
-  end
-  local width, height = screen.getSize()
-  local cursorX, cursorY = 1, 1
-  if screen.getCursorPos then cursorX, cursorY = screen.getCursorPos() end
-  local lines, text, background = {}, {}, {}
-  for y = 1, height do
-    local line, fg, bg = screen.getLine(y)
-    lines[y] = line or ''
-    text[y] = fg
-    background[y] = bg
-  end
-  local answer = { width = width, height = height, cursorX = cursorX, cursorY = cursorY, lines = lines }
-  if #text == height then answer.text = text end
-  if #background == height then answer.background = background end
-  req.respond(true, answer)
-end
+-- == Section: Entry points for programs ===================================================
+-- Owns: what the sandbox command and other programs call: request (one request through the
+-- daemon), ask (sandbox ask, streamed), newWrapper (word wrap for ask's output).
+-- Needs: constants, encodings, envelopes. Exports: M.request, M.ask, M.newWrapper.
 
 --[[ request(type, payload, opts) -> ok, payloadOrError
 Queues trapos_sandbox_send and waits for the matching trapos_sandbox_reply or a timer.

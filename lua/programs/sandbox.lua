@@ -13,13 +13,17 @@ sandbox: talk to the trapsandbox gateway through the sandbox daemon.
                        starts a fresh conversation
   sandbox --version | --help
 Capabilities (setting sandbox.allow): exec (run programs), eval (run Lua code), fs.read (list
-and read files), fs.write (write and delete files), screen (read the terminal); `all` names
-every one. exec and eval give the agent the whole computer, including its sandbox password
+and read files), fs.write (write and delete files), screen (read and watch the terminal), input
+(type keys and click on it); `all` names every one. exec, eval and input give the agent the
+whole computer, including its sandbox password
 (file requests cannot touch /.settings; programs and Lua can). allow and deny save the setting and tell the running daemon (OS event
 trapos_sandbox_capabilities), which tells the gateway: no reboot needed.
 ]]
 
 local args = { ... }
+
+-- == Section: Loading libsandbox ==========================================================
+-- Owns: finding the library (require under trapos, the file on plain CraftOS).
 
 -- libsandbox lives in /apis: `require` finds it under trapos; plain CraftOS needs dofile.
 local function locate()
@@ -33,16 +37,9 @@ local function locate()
   error('libsandbox not found: install /apis/libsandbox.lua', 0)
 end
 
-local function usage()
-  print('Usage: sandbox <command>')
-  print('  health        check the sandbox gateway and opencode')
-  print('  status        show the daemon connection and what is allowed')
-  print('  allow CAP...  let the sandbox agent: exec, eval, fs.read, fs.write, screen or all')
-  print('  deny CAP...   take capabilities back')
-  print('  ask [--new] [--yes] PROMPT...  ask the agent (Ctrl+T cancels)')
-  print('  --version     print the version')
-  print('Settings: sandbox.url (ws://host:4444/gateway), sandbox.password, sandbox.allow')
-end
+-- == Section: Subcommands =================================================================
+-- Owns: what each subcommand does and prints. Needs: libsandbox (consent, request, ask) and
+-- the daemon's published state (_G.traposSandboxState).
 
 local function describeAllowed(list)
   if #list == 0 then return 'nothing (run "sandbox allow CAP...")' end
@@ -144,37 +141,60 @@ local function status(lib, url)
   allowedLine(lib)
 end
 
+-- == Section: The command table ===========================================================
+-- Owns: every subcommand in one place: its name, whether it needs sandbox.url (consent is
+-- local and needs no gateway), its line in the usage text and what runs it.
+
+local COMMANDS = {
+  { name = 'health', needsUrl = true, run = function(lib) health(lib) end,
+    usage = 'health        check the sandbox gateway and opencode' },
+  { name = 'status', needsUrl = true, run = function(lib, _, url) status(lib, url) end,
+    usage = 'status        show the daemon connection and what is allowed' },
+  { name = 'allow', needsUrl = false, run = function(lib, rest) change(lib, true, rest) end,
+    usage = 'allow CAP...  let the agent: exec, eval, fs.read, fs.write, screen, input or all' },
+  { name = 'deny', needsUrl = false, run = function(lib, rest) change(lib, false, rest) end,
+    usage = 'deny CAP...   take capabilities back' },
+  { name = 'ask', needsUrl = true, run = function(lib, rest) ask(lib, rest) end,
+    usage = 'ask [--new] [--yes] PROMPT...  ask the agent (Ctrl+T cancels)' },
+}
+
+local function usage()
+  print('Usage: sandbox <command>')
+  for _, command in ipairs(COMMANDS) do print('  ' .. command.usage) end
+  print('  --version     print the version')
+  print('Settings: sandbox.url (ws://host:4444/gateway), sandbox.password, sandbox.allow')
+end
+
+local function findCommand(name)
+  for _, command in ipairs(COMMANDS) do
+    if command.name == name then return command end
+  end
+end
+
+-- == Section: Main ========================================================================
+
 local lib = locate()
 lib.defineSettings()
 
-local command = args[1]
-if command == '--version' or command == '-v' then
+local name = args[1]
+if name == '--version' or name == '-v' then
   print('sandbox ' .. _VERSION)
   return
 end
-if command == nil or command == '--help' or command == '-h' or command == 'help' then
+if name == nil or name == '--help' or name == '-h' or name == 'help' then
   usage()
   return
 end
--- Consent is local: it needs no gateway.
-if command == 'allow' or command == 'deny' then
-  change(lib, command == 'allow', { table.unpack(args, 2) })
-  return
-end
-
+local command = findCommand(name)
 local url = settings.get('sandbox.url')
-if type(url) ~= 'string' or url == '' then
+-- An unknown command is answered like one that needs the gateway: without sandbox.url, say that.
+if (not command or command.needsUrl) and (type(url) ~= 'string' or url == '') then
   print('set sandbox.url first')
   return
 end
-
-if command == 'health' then
-  health(lib)
-elseif command == 'status' then
-  status(lib, url)
-elseif command == 'ask' then
-  ask(lib, { table.unpack(args, 2) })
-else
-  print('sandbox: unknown command ' .. tostring(command))
+if not command then
+  print('sandbox: unknown command ' .. tostring(name))
   usage()
+  return
 end
+command.run(lib, { table.unpack(args, 2) }, url)

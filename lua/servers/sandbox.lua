@@ -6,9 +6,12 @@ sandbox daemon: keeps one WebSocket to the trapsandbox gateway and bridges it to
 returns; on plain CraftOS it runs its own event loop forever, so start it in the background:
 `bg /servers/sandbox.lua`, or from startup (the installer adds /startup/sandbox-daemon.lua).
 Settings: sandbox.url (required), sandbox.password, and sandbox.allow: what the gateway may ask
-of this computer (exec, eval, fs.read, fs.write, screen; see `sandbox allow`). It runs the
-programs the gateway asks for with this shell, in coroutines beside itself, drawing on its own
-terminal; the screen it reports is _G.traposSandboxScreen (set by the installer's startup file).
+of this computer (exec, eval, fs.read, fs.write, screen, input; see `sandbox allow`). It runs
+the programs the gateway asks for with this shell, in coroutines beside itself, drawing on the
+shell's terminal (_G.traposSandboxScreen, set by the installer's startup file) or its own. The
+screen it reports is the computer's whole screen, recorded by the daemon itself however it was
+started (installer's startup, trapos autostart, or shell.run from your own startup). Ctrl+T
+does not stop it: the terminate reaches a program it runs for the gateway instead.
 ]]
 
 -- libsandbox lives in /apis: `require` finds it under trapos; plain CraftOS needs dofile.

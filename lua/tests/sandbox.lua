@@ -1205,7 +1205,7 @@ end
 -- Installs the fake CraftOS globals programs use (undone after the case) on `loop`.
 local function installCraftOS(loop, craft)
   local saved = {}
-  local names = { 'term', 'write', 'print', 'printError', 'sleep', 'fs', 'textutils', 'settings', 'os', 'traposSandboxScreen' }
+  local names = { 'term', 'write', 'print', 'printError', 'sleep', 'fs', 'textutils', 'settings', 'os', 'traposSandboxScreen', 'traposSandboxRecorder', 'keys' }
   for _, name in ipairs(names) do saved[name] = rawget(_G, name) end
   onCleanup(function() for _, name in ipairs(names) do rawset(_G, name, saved[name]) end end)
 
@@ -1268,7 +1268,7 @@ local function installCraftOS(loop, craft)
   end)
 end
 
-local ALL = 'exec,eval,fs.read,fs.write,screen'
+local ALL = 'exec,eval,fs.read,fs.write,screen,input'
 
 --[[ A ready session on a fake CraftOS. extra: allow (sandbox.allow, default all), capacity,
 noShell, and any startSession option. Returns env with craft = { fs, native, term, shell,
@@ -1888,17 +1888,163 @@ end)
 
 -- Screen ---------------------------------------------------------------------------
 
-test('screen reads the recorded terminal, or says why it cannot', function()
+test('screen reads the recorder of the native terminal, installed once, or says why it cannot', function()
   local env = sandbox()
-  local missing = env.call('screen', {})
-  eq(errorCode(missing), 'internal', 'no readable terminal')
-  eq(missing.error.message, lib.NO_SCREEN, 'says why and what to do')
-  local win = fakeWindow(6, 2)
-  win.write('hi')
-  win.setCursorPos(3, 2)
-  rawset(_G, 'traposSandboxScreen', win)
-  eq(okPayload(env.call('screen', {})), { width = 6, height = 2, cursorX = 3, cursorY = 2, lines = { 'hi    ', '      ' },
-    text = { '000000', '000000' }, background = { 'ffffff', 'ffffff' } }, 'the screen')
+  local native = env.craft.native
+  _G.term.setCursorPos(1, 2)
+  _G.term.write('hi')
+  _G.term.setCursorPos(3, 3)
+  local answer = okPayload(env.call('screen', {}))
+  eq({ answer.width, answer.height, answer.cursorX, answer.cursorY }, { 30, 6, 3, 3 }, 'size and cursor')
+  eq(answer.lines[2], 'hi' .. (' '):rep(28), 'what was drawn, recorded')
+  eq(answer.text[2], ('0'):rep(30), 'text colours')
+  eq(answer.background[2], ('f'):rep(30), 'background colours')
+  eq(native.rows[2], answer.lines[2], 'drawn on the screen as before')
+  -- A second daemon (or a reloaded library) reuses it: the methods are wrapped once.
+  local recorder = rawget(_G, lib.RECORDER_GLOBAL)
+  local write = native.write
+  eq(lib.installRecorder(env.craft.term), recorder, 'the same recorder')
+  eq(native.write, write, 'not wrapped twice')
+  -- No native terminal to record, and no readable terminal: it says so.
+  local bare = newSession({ loop = fakeLoop(), term = {}, recorder = false, screen = function() return nil end,
+    settings = fakeSettings({ ['sandbox.allow'] = 'screen' }) })
+  bare.h, bare.hello = connected(bare)
+  local id = lib.newMessageId(bare.os)
+  bare.loop.emit('websocket_message', bare.http.lastUrl(), encode(lib.gatewayRequest('7:', id, 'screen', {})), false)
+  local frames = bare.h.frames()
+  eq(frames[#frames].error, { code = 'internal', message = lib.NO_SCREEN }, 'says why')
+end)
+
+test('the recorder mirrors write, blit, clear, clearLine and scroll row by row', function()
+  local native = fakeWindow(8, 3)
+  local rec = lib.newRecorder(native)
+  for name, fn in pairs(rec.wrapped) do native[name] = fn end
+  local changed = {}
+  local watcher = { rows = {}, poke = function() end }
+  rec.watch(watcher)
+  native.write('abc')
+  native.setCursorPos(2, 2)
+  native.blit('xy', '12', '3F')
+  eq({ rec.getLine(2) }, { ' xy     ', '012' .. ('0'):rep(5), 'f3f' .. ('f'):rep(5) }, 'blit with its colours')
+  for y in pairs(watcher.rows) do changed[#changed + 1] = y end
+  table.sort(changed)
+  eq(changed, { 1, 2 }, 'the rows drawn on')
+  native.scroll(1)
+  eq({ (rec.getLine(1)), (rec.getLine(3)) }, { ' xy     ', '        ' }, 'scrolled')
+  native.setCursorPos(1, 1)
+  native.clearLine()
+  eq((rec.getLine(1)), '        ', 'line cleared')
+  native.write('z')
+  native.clear()
+  eq({ (rec.getLine(1)), (rec.getLine(2)) }, { '        ', '        ' }, 'cleared')
+  eq(native.rows, { '        ', '        ', '        ' }, 'the screen itself agrees')
+  eq(lib.compactRow('ab   ', '00000', 'fffff'), { line = 'ab ', text = '0', background = 'f' }, 'compact row')
+end)
+
+local UUID = '0f8fad5b-d9cb-469f-a165-70867728950e' -- a gateway messageId's length
+
+test('screen_watch sends the whole screen, then changed rows at most maxFps a second, nothing while idle', function()
+  local env = sandbox()
+  local id = env.ask('screen_watch', { maxFps = 5 }, UUID)
+  local _, partials = env.answers(id)
+  eq(#partials, 1, 'the first frame at once')
+  local first = partials[1].payload
+  eq({ first.type, first.width, first.height, first.cursorBlink }, { 'screen', 30, 6, false }, 'header')
+  local rows = 0
+  for _ in pairs(first.rows) do rows = rows + 1 end
+  eq(rows, 6, 'every row')
+  eq(#first.palette, 16, 'the palette')
+  eq(env.loop.pending(), 0, 'idle: no timer armed')
+  env.loop.advance(5)
+  eq(#select(2, env.answers(id)), 1, 'idle: nothing sent')
+  _G.term.setCursorPos(1, 3)
+  _G.term.write('> sandbox health')
+  _G.term.setCursorPos(1, 4)
+  _G.term.write('sandboxOk: true')
+  env.loop.advance(0)
+  _, partials = env.answers(id)
+  eq(#partials, 2, 'one frame for both writes')
+  eq(partials[2].payload, { type = 'screen', cursorX = 16, cursorY = 4, rows = {
+    ['3'] = { line = '> sandbox health ', text = '0', background = 'f' },
+    ['4'] = { line = 'sandboxOk: true ', text = '0', background = 'f' } } }, 'only the changed rows')
+  _G.term.write('!')
+  env.loop.advance(0.1)
+  eq(#select(2, env.answers(id)), 2, 'not before 1/maxFps s')
+  env.loop.advance(0.15)
+  _, partials = env.answers(id)
+  eq(#partials, 3, 'then the change')
+  -- One row change of a typical line costs at most 300 bytes on the wire.
+  local sent = env.h.sent[#env.h.sent]
+  truthy(#sent <= 300, 'one row: ' .. #sent .. ' bytes: ' .. sent)
+  eq(env.loop.pending(), 0, 'idle again: no timer armed')
+  if rawget(_G, 'io') and io.stdout then io.stdout:write(('screen_watch: one row change is %d bytes on the wire\n'):format(#sent)) end
+  -- Cancel ends it; so does the end of the connection.
+  eq(okPayload(env.call('cancel', { messageId = id })), { cancelled = true }, 'cancelled')
+  eq(errorCode(env.final(id)), 'cancelled', 'the watch ends cancelled')
+  _G.term.write('after')
+  env.loop.advance(1)
+  eq(#select(2, env.answers(id)), 3, 'nothing after the end')
+  local second = env.ask('screen_watch', {})
+  env.loop.emit('websocket_closed', env.http.lastUrl())
+  _G.term.write('gone')
+  env.loop.advance(1)
+  eq(#select(2, env.answers(second)), 1, 'the connection ended the watch')
+  eq(env.session.status().watches, 0, 'no watch left')
+end)
+
+test('input checks every event first, then queues them in order in batches', function()
+  local env = sandbox()
+  rawset(_G, 'keys', { enter = 257, a = 65, getName = function() end })
+  local function queued()
+    local list = {}
+    for _, e in ipairs(env.os.queued) do list[#list + 1] = { table.unpack(e, 1, e.n) } end
+    return list
+  end
+  env.os.queued = {}
+  local bad = env.call('input', { events = { { char = 'a' }, { key = 'enter' }, { key = 'nope' } } })
+  eq(errorCode(bad), 'bad_request', 'an unknown key name')
+  truthy(bad.error.message:find('events[2]', 1, true), 'names the event: ' .. bad.error.message)
+  eq(errorCode(env.call('input', { events = { { char = 'ab' } } })), 'bad_request', 'char is one character')
+  eq(errorCode(env.call('input', { events = { { mouseClick = { button = 1, x = 2 } } } })), 'bad_request', 'mouse needs x and y')
+  eq(errorCode(env.call('input', { events = { { fly = true } } })), 'bad_request', 'an unknown kind')
+  local many = {}
+  for i = 1, 257 do many[i] = { char = 'a' } end
+  eq(errorCode(env.call('input', { events = many })), 'bad_request', 'at most 256')
+  env.loop.advance(0)
+  eq(queued(), {}, 'nothing queued by a bad request')
+  local id = env.ask('input', { events = {
+    { char = 'h' }, { key = 'enter', held = true }, { keyUp = 'enter' }, { paste = 'pasted' }, { terminate = true },
+    { mouseClick = { button = 2, x = 3, y = 4 } }, { mouseUp = { button = 2, x = 3, y = 4 } },
+    { mouseScroll = { direction = -1, x = 5, y = 6 } } } })
+  eq(queued(), { { 'char', 'h' }, { 'key', 257, true }, { 'key_up', 257 }, { 'paste', 'pasted' }, { 'terminate' },
+    { 'mouse_click', 2, 3, 4 }, { 'mouse_up', 2, 3, 4 }, { 'mouse_scroll', -1, 5, 6 } }, 'in order, as CraftOS events')
+  eq(okPayload(env.final(id)), { queued = 8 }, 'answered')
+  -- 100 events: 32 at a time, the next batch once a 0 s timer (queued behind them) fires.
+  env.os.queued = {}
+  many = {}
+  for i = 1, 100 do many[i] = { char = string.char(32 + i % 90) } end
+  id = env.ask('input', { events = many })
+  eq(#env.os.queued, lib.INPUT_BATCH, 'the first batch')
+  eq(env.answers(id), nil, 'no answer before the last batch')
+  env.loop.advance(0)
+  eq(#env.os.queued, 100, 'all queued')
+  for i = 1, 100 do if env.os.queued[i][2] ~= many[i].char then error('out of order at ' .. i) end end
+  eq(okPayload(env.final(id)), { queued = 100 }, 'answered once all are queued')
+end)
+
+test('the built-in event loop hands terminate to its handlers and keeps running', function()
+  local events = { { 'terminate' }, { 'char', 'x' } }
+  local osLike = {
+    pullEventRaw = function() return table.unpack(table.remove(events, 1)) end,
+    pullEvent = function() error('Terminated', 0) end,
+    startTimer = function() return 1 end,
+  }
+  local loop = lib.createEventLoop(osLike)
+  local seen = {}
+  loop.register('terminate', function() seen[#seen + 1] = 'terminate' end)
+  loop.register('char', function(c) seen[#seen + 1] = c; loop.stop() end)
+  loop.run()
+  eq(seen, { 'terminate', 'x' }, 'terminate handled, the loop went on')
 end)
 
 -- sandbox ask (SPEC §11) --------------------------------------------------------

@@ -156,7 +156,11 @@ class EndToEndTests(GatewayMixin, TestCase):
         ok, err = yield proc.done
         self.assertTrue(ok, err)
         self.assertIn("startup entry: /startup/sandbox-daemon.lua", c.output)
-        self.assertIn("note: exec and eval (running programs and Lua) give the agent", c.output)
+        self.assertIn(
+            "note: exec, eval and input (running programs and Lua, typing on the computer) give "
+            "the agent",
+            c.output,
+        )
         self.assertEqual(c.get_setting("sandbox.url"), self.url.encode())
         self.assertEqual(c.get_setting("sandbox.password"), PASSWORD.encode())
         self.assertEqual(c.get_setting("sandbox.allow"), b"exec,fs.read")
@@ -176,15 +180,19 @@ class EndToEndTests(GatewayMixin, TestCase):
     def test_installer_asks_for_consent(self):
         """Without --allow the installer asks once; Enter (no) allows nothing, y allows all."""
         base = f"http://127.0.0.1:{self.port}"
-        for id, answer, expected in ((8, "", b""), (9, "y", b"exec,eval,fs.read,fs.write,screen")):
+        for id, answer, expected in (
+            (8, "", b""),
+            (9, "y", b"exec,eval,fs.read,fs.write,screen,input"),
+        ):
             c = self.computer(id=id, install=False)
             c.set_settings({"sandbox.url": None, "sandbox.password": None})
             proc = c.run(f"wget run {base}/client/install.lua {PASSWORD}")
             yield c.wait_for_output("[y/N] ")
             # The question says what exec and eval give away, before the answer.
             self.assertIn(
-                "see the screen on this computer? Note: exec and eval (running programs and Lua) "
-                "give the agent the whole computer, including its sandbox password. [y/N]",
+                "see the screen and type on this computer? Note: exec, eval and input (running "
+                "programs and Lua, typing on the computer) give the agent the whole computer, "
+                "including its sandbox password. [y/N]",
                 c.output,
             )
             c.type_line(answer)
@@ -294,7 +302,8 @@ class SandboxEndToEndTests(GatewayMixin, TestCase):
         proc = c.run("/programs/sandbox.lua allow eval")
         yield proc.done
         self.assertIn(
-            "allowed: eval\nnote: exec and eval (running programs and Lua) give the agent the "
+            "allowed: eval\nnote: exec, eval and input (running programs and Lua, typing on the "
+            "computer) give the agent the "
             "whole computer, including its sandbox password\n",
             c.output,
         )
@@ -313,11 +322,12 @@ class SandboxEndToEndTests(GatewayMixin, TestCase):
         self.assertIn("unknown capability bogus", c.output)
 
     @defer.inlineCallbacks
-    def test_screen_without_a_readable_terminal_says_why(self):
+    def test_screen_reads_the_whole_screen_of_a_daemon_started_from_the_shell(self):
         c = yield self.ready()
         answer = yield self.ask(c, "screen", {})
-        self.assertFalse(answer.ok)
-        self.assertIn("no readable screen", answer.error.message)
+        self.assertTrue(answer.ok, answer.error)
+        self.assertEqual(answer.payload["lines"], c.screen_lines())
+        self.assertIn("sandbox daemon 0.1.0: connecting to", "\n".join(answer.payload["lines"]))
 
 
 # The daemon started from a shell whose terminal is a wrapper drawing through a metatable, as
@@ -442,3 +452,176 @@ class SettingsFileTests(GatewayMixin, TestCase):
         self.assertIn(".settings", [entry["name"] for entry in answer.payload["entries"]])
         answer = yield self.gateway.registry.request("7:st", "delete_file", {"path": "/notes.txt"})
         self.assertEqual(answer.payload, {"deleted": True})
+
+
+# A trapos-style boot event loop (register / setTimeout, no registerAny): trapos's autostart
+# runs /servers/sandbox.lua, which registers its handlers and returns.
+TRAPOS_BOOT = """
+local handlers, timers = {}, {}
+_G.bootEventLoop = {
+  register = function(event, fn)
+    handlers[event] = handlers[event] or {}
+    local entry = { fn = fn }
+    table.insert(handlers[event], entry)
+    return function()
+      for i, e in ipairs(handlers[event]) do
+        if e == entry then table.remove(handlers[event], i) return end
+      end
+    end
+  end,
+  setTimeout = function(fn, seconds)
+    local id = os.startTimer(seconds)
+    timers[id] = fn
+    return function() if timers[id] then timers[id] = nil os.cancelTimer(id) end end
+  end,
+}
+shell.run('/servers/sandbox.lua')
+while true do
+  local e = table.pack(os.pullEventRaw())
+  if e[1] == 'timer' and timers[e[2]] then local fn = timers[e[2]] timers[e[2]] = nil fn() end
+  local list = {}
+  for i, entry in ipairs(handlers[e[1]] or {}) do list[i] = entry end
+  for _, entry in ipairs(list) do entry.fn(table.unpack(e, 2, e.n)) end
+end
+"""
+
+# The owner's own startup: the daemon beside a shell, without the installer's startup file.
+OWN_STARTUP = """
+parallel.waitForAny(
+  function() shell.run('/servers/sandbox.lua') end,
+  function() shell.run('/rom/programs/shell.lua') end
+)
+"""
+
+ASKER = "print('name?')\nlocal name = read()\nprint('hello ' .. name)\n"
+
+
+class ScreenAndInputTests(GatewayMixin, TestCase):
+    """SPEC §9's screen however the daemon started, and §14's screen_watch and input."""
+
+    def ask(self, type, payload, **kwargs):
+        return self.gateway.registry.request("7:si", type, payload, timeout=10, **kwargs)
+
+    def watch(self, payload):
+        """A screen_watch: its Deferred, its frames, and until(predicate) -> a Deferred that
+        fires once a frame makes predicate() true."""
+        frames, waiters = [], []
+
+        def on_partial(frame):
+            frames.append(frame)
+            for entry in list(waiters):
+                if entry[0]():
+                    waiters.remove(entry)
+                    entry[1].callback(None)
+
+        def until(predicate):
+            d = defer.Deferred()
+            if predicate():
+                d.callback(None)
+            else:
+                waiters.append((predicate, d))
+                d.addTimeout(10, reactor)
+            return d
+
+        d = self.ask("screen_watch", payload, on_partial=on_partial)
+        d.addErrback(lambda f: f.trap(defer.CancelledError))
+        return d, frames, until
+
+    def computer(self, **kwargs):
+        c = super().computer(label="si", **kwargs)
+        c.set_settings({"sandbox.allow": "exec,screen,input"})
+        return c
+
+    @defer.inlineCallbacks
+    def check_screen(self, c):
+        yield c.wait_for_lua("traposSandboxState and traposSandboxState.connected")
+        answer = yield self.ask("screen", {})
+        self.assertTrue(answer.ok, answer.error)
+        self.assertEqual(answer.payload["lines"], c.screen_lines())
+        return answer.payload
+
+    @defer.inlineCallbacks
+    def test_screen_when_started_by_the_installers_startup_file(self):
+        c = self.computer(install=False)
+        c.set_settings({"sandbox.url": None, "sandbox.password": None})
+        base = f"http://127.0.0.1:{self.port}"
+        ok, err = yield c.run(f"wget run {base}/client/install.lua {PASSWORD} --allow=screen").done
+        self.assertTrue(ok, err)
+        yield c.shutdown()
+        rebooted = Computer(c.root, id=7, label="si")
+        self.addCleanup(rebooted.shutdown)
+        rebooted.boot()
+        yield self.check_screen(rebooted)
+
+    @defer.inlineCallbacks
+    def test_screen_when_started_by_a_trapos_style_boot_loop(self):
+        c = self.computer()
+        c.run_lua(TRAPOS_BOOT, "trapos")
+        payload = yield self.check_screen(c)
+        self.assertIn("sandbox daemon 0.1.0: connecting to", "\n".join(payload["lines"]))
+
+    @defer.inlineCallbacks
+    def test_screen_when_started_beside_a_shell_from_the_owners_startup(self):
+        c = self.computer()
+        c.write_file("/startup.lua", OWN_STARTUP)
+        c.boot()
+        payload = yield self.check_screen(c)
+        # The shell's prompt, drawn beside the daemon.
+        self.assertIn(">", [line.rstrip() for line in payload["lines"]])
+        # Two daemons (or a reload) keep the one recorder.
+        again = (
+            "return traposSandboxRecorder == dofile('/apis/libsandbox.lua').installRecorder(term)"
+        )
+        self.assertEqual(c.eval(again), True)
+
+    @defer.inlineCallbacks
+    def test_input_drives_a_program_waiting_in_read_and_screen_watch_shows_it(self):
+        c = self.computer()
+        c.write_file("/asker.lua", ASKER)
+        c.run("/servers/sandbox.lua")
+        yield c.wait_for_lua("traposSandboxState and traposSandboxState.connected")
+        watch, frames, until = self.watch({"maxFps": 20})
+        yield until(lambda: len(frames) == 1)
+        self.assertEqual(len(frames[0]["rows"]), 19)
+        self.assertEqual(len(frames[0]["palette"]), 16)
+        run = self.ask("exec", {"command": "asker"})
+        yield c.wait_for_output("name?")
+        events = [{"char": ch} for ch in "Ada"] + [{"key": "enter"}]
+        answer = yield self.ask("input", {"events": events})
+        self.assertTrue(answer.ok, answer.error)
+        self.assertEqual(answer.payload, {"queued": 4})
+        answer = yield run
+        self.assertEqual(answer.payload["stdout"], "name?\nAda\nhello Ada\n")
+        yield until(
+            lambda: any(
+                row["line"].startswith("hello Ada") for f in frames for row in f["rows"].values()
+            )
+        )
+        # Idle: once the last frame is out no timer is armed on the computer, so nothing can be
+        # sent; a round trip through the daemon sends no frame either.
+        yield c.wait_for(lambda: not c._timers, what="no timer armed")
+        count = len(frames)
+        yield self.ask("ping", {})
+        yield self.ask("ping", {})
+        self.assertEqual(len(frames), count)
+        self.assertEqual(c.eval("return traposSandboxSession.status().watches"), 1)
+        # Cancelling the request cancels the watch on the computer.
+        watch.cancel()
+        yield c.wait_for_lua("traposSandboxSession.status().watches == 0")
+        self.assertEqual(c.violations, [])
+
+    @defer.inlineCallbacks
+    def test_a_terminate_typed_by_input_stops_the_program_not_the_daemon(self):
+        c = self.computer()
+        c.write_file("/asker.lua", ASKER)
+        c.run("/servers/sandbox.lua")
+        yield c.wait_for_lua("traposSandboxState and traposSandboxState.connected")
+        run = self.ask("exec", {"command": "asker"})
+        yield c.wait_for_output("name?")
+        answer = yield self.ask("input", {"events": [{"terminate": True}]})
+        self.assertEqual(answer.payload, {"queued": 1})
+        answer = yield run
+        self.assertEqual(answer.payload["exitCode"], 1)
+        self.assertIn("Terminated", answer.payload["stderr"])
+        ping = yield self.ask("ping", {})
+        self.assertTrue(ping.ok)

@@ -50,7 +50,7 @@ UNAVAILABLE = "unavailable"
 
 # What a computer's owner can allow (the Lua setting sandbox.allow), and the
 # capability each gateway -> computer request type needs.  ping and cancel need none.
-CAPABILITIES = ("exec", "eval", "fs.read", "fs.write", "screen")
+CAPABILITIES = ("exec", "eval", "fs.read", "fs.write", "screen", "input")
 CAPABILITY_OF = {
     "exec": "exec",
     "eval": "eval",
@@ -59,10 +59,12 @@ CAPABILITY_OF = {
     "write_file": "fs.write",
     "delete_file": "fs.write",
     "screen": "screen",
+    "screen_watch": "screen",
+    "input": "input",
 }
 # Request types that run on the computer until they end or are cancelled
 # (with a ``cancel {messageId}`` request), streaming partial responses.
-STREAMING = frozenset({"exec", "eval"})
+STREAMING = frozenset({"exec", "eval", "screen_watch"})
 # Computer -> gateway request types answered with partial responses first.
 COMPUTER_STREAMING = frozenset({"ask"})
 

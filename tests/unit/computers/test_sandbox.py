@@ -147,6 +147,25 @@ class CancelTests(SandboxTestCase):
         self.assertGatewayError(d, "timeout")
         self.assertEqual(computer.sent[-1]["type"], "cancel")
 
+    def test_cancelling_a_screen_watch_tells_the_computer(self):
+        link = FakeLink()
+        self.registry.add(Session("local", "7:", link, self.clock, capabilities={"screen"}))
+        d = self.registry.request("7:", "screen_watch", {})
+        d.cancel()
+        self.failureResultOf(d, CancelledError)
+        watch, cancel = link.sent
+        self.assertEqual(
+            (cancel["type"], cancel["payload"]), ("cancel", {"messageId": watch["messageId"]})
+        )
+
+    def test_input_is_a_capability_of_its_own(self):
+        self.assertEqual(wire.decode_capabilities(["input", "screen"]), {"input", "screen"})
+        link = FakeLink()
+        self.registry.add(Session("local", "7:", link, self.clock, capabilities={"screen"}))
+        self.assertGatewayError(self.registry.request("7:", "input", {"events": []}), "forbidden")
+        self.registry.request("7:", "screen_watch", {})
+        self.assertEqual([frame["type"] for frame in link.sent], ["screen_watch"])
+
     def test_cancelling_other_requests_sends_nothing(self):
         link = FakeLink()
         self.registry.add(Session("local", "7:", link, self.clock))
