@@ -11,9 +11,9 @@ from treq.testing import StubTreq
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.resource import Resource
 
-from tests.harness.fakes import FixedProbe, SandboxComputer
+from tests.harness.apps import gateway_app
+from tests.harness.fakes import SandboxComputer
 from tests.harness.support import JSON
 from trapsandbox import limits
 from trapsandbox.admission import accounts, auth
@@ -22,8 +22,6 @@ from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.wire import GatewayError
 from trapsandbox.config import ConfigError
 from trapsandbox.limits import LOCAL_ACCOUNT
-from trapsandbox.opencode.probe import ProbeResult
-from trapsandbox.web.app import GatewayApp
 
 THERE = IPv4Address("TCP", "203.0.113.9", 5000)
 HERE = IPv4Address("TCP", "127.0.0.1", 5000)
@@ -348,7 +346,7 @@ class ScopedHTTPTests(SynchronousTestCase):
         clock = Clock()
         registry = Registry(clock)
         admission = auth.Admission(clock, admin_token="admin", accounts=some(*NAMES))
-        app = GatewayApp(registry, FixedProbe(ProbeResult(True)), Resource(), admission=admission)
+        app = gateway_app(registry, admission=admission)
         connected = {}
         for account, trapos_id in computers:
             connected[(account, trapos_id)] = SandboxComputer.connect(
@@ -461,9 +459,7 @@ class AdminHTTPTests(SynchronousTestCase):
         clock = Clock()
         self.registry = Registry(clock)
         admission = auth.Admission(clock, admin_token="admin", accounts=some("alice", "bob"))
-        self.metrics_app = GatewayApp(
-            self.registry, FixedProbe(ProbeResult(True)), Resource(), admission=admission
-        )
+        self.metrics_app = gateway_app(self.registry, admission=admission)
         self.metrics_app._metrics.watch_accounts(
             lambda: {**dict.fromkeys(admission.account_names(), 0), **self.registry.counts()}
         )

@@ -6,18 +6,18 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 
+from tests.harness.apps import gateway_app
 from tests.harness.fakes import FixedProbe
 from trapsandbox.computers.registry import Registry
 from trapsandbox.opencode.probe import ProbeResult
 from trapsandbox.web import client
-from trapsandbox.web.app import GatewayApp
 
 
 class WebTests(SynchronousTestCase):
     def setUp(self):
         self.registry = Registry(Clock())
         self.probe = FixedProbe(ProbeResult(False, "down"))
-        self.http = StubTreq(GatewayApp(self.registry, self.probe, Resource()).resource())
+        self.http = StubTreq(gateway_app(self.registry, self.probe).resource())
 
     def get(self, path, headers=None):
         response = self.successResultOf(
@@ -74,7 +74,7 @@ class WebTests(SynchronousTestCase):
 
     def test_idle_http_connections_time_out(self):
         from trapsandbox.limits import HTTP_IDLE_TIMEOUT
-        from trapsandbox.web.app import GatewaySite
+        from trapsandbox.web.site import GatewaySite
 
         self.assertEqual(GatewaySite(Resource()).timeOut, HTTP_IDLE_TIMEOUT)
         self.assertLessEqual(HTTP_IDLE_TIMEOUT, 60)
