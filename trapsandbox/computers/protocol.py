@@ -39,7 +39,6 @@ from twisted.python.failure import Failure
 
 from trapsandbox import limits
 from trapsandbox.admission import auth, proxies
-from trapsandbox.admission.accounts import sha256_hex
 from trapsandbox.computers import wire
 from trapsandbox.computers.handlers import Handler
 from trapsandbox.computers.outbound import Outbound
@@ -383,49 +382,21 @@ class GatewayProtocol(compat.WholeFrames, Sending, WebSocketServerProtocol):
             self.factory.metrics.hello(wire.BAD_REQUEST)
             self._reply_error(frame, wire.BAD_REQUEST, str(error))
             return
-        account_id = self.factory.admission.computer(
+        admission = self.factory.admission
+        admitted = admission.computer(
             self.peer_host, hello.secret, f"{self.peer_address} as {hello.trapos_id}"
         )
-        if isinstance(account_id, auth.Refusal):
-            if account_id.reason == auth.THROTTLED:
-                self._refuse_hello(
-                    frame,
-                    hello,
-                    wire.OVERLOADED,
-                    "too many failed hellos from your address: "
-                    f"try again in {account_id.wait:.0f} s",
-                    wire.CLOSE_THROTTLED,
-                    "too many failed hellos",
-                )
-            else:
-                self._refuse_hello(
-                    frame,
-                    hello,
-                    wire.UNAUTHORIZED,
-                    account_id.message,
-                    wire.CLOSE_UNAUTHORIZED,
-                    "unauthorized",
-                )
-            return
-        most = self.factory.admission.max_computers(account_id)
-        registry = self.factory.registry
-        if (
-            most is not None
-            and registry.find(hello.trapos_id, account_id) is None
-            and registry.count(account_id) >= most
-        ):
-            self._refuse_hello(
-                frame,
-                hello,
-                wire.OVERLOADED,
-                f"account {account_id} already has {most} computers connected (its max_computers)",
-                wire.CLOSE_TOO_MANY_COMPUTERS,
-                "too many computers",
-            )
+        if isinstance(admitted, auth.Admitted):
+            refusal = admission.room(admitted.account, hello.trapos_id, self.factory.registry)
+        else:
+            refusal = admitted
+        if refusal is not None:
+            self._refuse_hello(frame, hello, refusal)
             return
         self._cancel_hello_timer()
         self._hello_done()
         self.factory.metrics.hello("ok")
+        account_id = admitted.account
         self.session = Session(
             account_id=account_id,
             trapos_id=hello.trapos_id,
@@ -435,7 +406,7 @@ class GatewayProtocol(compat.WholeFrames, Sending, WebSocketServerProtocol):
             version=hello.version,
             connected_at=self.factory.clock.seconds(),
             capabilities=wire.decode_capabilities(hello.capabilities),
-            credential=sha256_hex(hello.secret) if isinstance(hello.secret, str) else "",
+            credential=admitted.credential,
         )
         self.factory.registry.add(self.session)
         if self.factory.connect_lines.allow():
@@ -448,14 +419,9 @@ class GatewayProtocol(compat.WholeFrames, Sending, WebSocketServerProtocol):
         self._reply(frame.message_id, frame.type, payload={"accountId": account_id})
 
     def _refuse_hello(
-        self,
-        frame: wire.ComputerRequest,
-        hello: wire.Hello,
-        code: str,
-        message: str,
-        close_code: int,
-        close_reason: str,
+        self, frame: wire.ComputerRequest, hello: wire.Hello, refusal: auth.Refusal
     ) -> None:
+        code, message, close_code, close_reason = _hello_refusal(refusal)
         self.factory.metrics.hello(code)
         log.debug(
             "refused hello from {peer}: {code}, traposId {traposId}, client {version}, "
@@ -547,6 +513,25 @@ class GatewayProtocol(compat.WholeFrames, Sending, WebSocketServerProtocol):
             timeout=self.factory.hello_timeout,
         )
         self.close(wire.CLOSE_HELLO_TIMEOUT, "hello timeout")
+
+
+def _hello_refusal(refusal: auth.Refusal) -> tuple[str, str, int, str]:
+    """How a refused hello is told: its error code and message, the close code and reason."""
+    if refusal.reason == auth.THROTTLED:
+        return (
+            wire.OVERLOADED,
+            f"too many failed hellos from your address: try again in {refusal.wait:.0f} s",
+            wire.CLOSE_THROTTLED,
+            "too many failed hellos",
+        )
+    if refusal.reason == auth.FULL:
+        return (
+            wire.OVERLOADED,
+            refusal.message,
+            wire.CLOSE_TOO_MANY_COMPUTERS,
+            "too many computers",
+        )
+    return wire.UNAUTHORIZED, refusal.message, wire.CLOSE_UNAUTHORIZED, "unauthorized"
 
 
 def server_options(

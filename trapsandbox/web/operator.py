@@ -242,9 +242,6 @@ class OperatorRequests:
         account_id = self.account(operator, trapos_id, asked)
         if type(account_id) is Answer:
             return account_id
-        # A missing computer and another account's take the same path from here
-        # (the body is checked, then the request finds nothing), so their answers
-        # cannot differ.
         if isinstance(body, BadRequest):
             return rejected(body)  # not raised again: it would keep this frame too
         try:
