@@ -29,6 +29,7 @@ from trapsandbox.computers.handlers import ComputerRequests
 from trapsandbox.computers.protocol import GatewayFactory
 from trapsandbox.computers.registry import Registry, describe_session
 from trapsandbox.computers.sandbox import Sandbox
+from trapsandbox.errors import ConfigError
 from trapsandbox.fast import compat
 from trapsandbox.fast.front import FrontFactory
 from trapsandbox.mcp.endpoint import McpEndpoint
@@ -155,9 +156,7 @@ class _Listener(service.Service):
         try:
             self._endpoint = endpoints.serverFromString(reactor, description)
         except (ValueError, KeyError, TypeError) as error:
-            raise config.ConfigError(
-                f"--port {description!r} is not a valid endpoint: {error}"
-            ) from None
+            raise ConfigError(f"--port {description!r} is not a valid endpoint: {error}") from None
 
     def privilegedStartService(self) -> None:
         super().privilegedStartService()
@@ -363,7 +362,7 @@ class GatewayService(service.MultiService):
             return False
         try:
             self.admission.reload(accounts.load(path))
-        except config.ConfigError as error:
+        except ConfigError as error:
             log.error(
                 "accounts not reloaded, keeping the {count} in use: {error}",
                 count=len(self.admission.accounts or ()),
@@ -476,7 +475,7 @@ def makeService(options: Options) -> service.IService:
         settings = config.load(os.environ, options)
         gateway = GatewayService(settings, reactor, Notifier.from_environ(reactor, os.environ))
         gateway.reload_on_sighup = True
-    except config.ConfigError as error:
+    except ConfigError as error:
         raise SystemExit(f"trapsandbox: {error}") from None
     # Everything loaded so far lives as long as the process: keep the cyclic
     # collector from walking it again and again, and let it run less often

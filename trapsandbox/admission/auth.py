@@ -59,7 +59,7 @@ from trapsandbox.admission.accounts import Accounts, sha256_hex
 from trapsandbox.admission.proxies import Network, TrustedProxies
 from trapsandbox.admission.throttle import FailureThrottle
 from trapsandbox.computers.wire import GatewayError
-from trapsandbox.config import ConfigError
+from trapsandbox.errors import ConfigError
 from trapsandbox.limits import LOCAL_ACCOUNT
 
 log = Logger()

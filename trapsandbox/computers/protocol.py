@@ -41,8 +41,10 @@ from trapsandbox import limits
 from trapsandbox.admission import auth, proxies
 from trapsandbox.computers import wire
 from trapsandbox.computers.handlers import Handler
+from trapsandbox.computers.lines import Throttle, computer_lines
 from trapsandbox.computers.outbound import Outbound
 from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.sending import Sending
 from trapsandbox.computers.wire import GatewayError
 from trapsandbox.fast import compat
 from trapsandbox.ops.metrics import Metrics
@@ -55,112 +57,6 @@ compat.direct_reactor_dispatch()
 compat.share_transport_dict_keys()
 
 log = Logger()
-
-
-class _Throttle:
-    """Say yes at most once per ``interval``, with how many noes came in between."""
-
-    def __init__(self, clock: IReactorTime, interval: float) -> None:
-        self._clock = clock
-        self._interval = interval
-        self._next = 0.0
-        self._suppressed = 0
-
-    def allow(self) -> int | None:
-        """None: not now.  Otherwise the number of calls refused since the last yes."""
-        now = self._clock.seconds()
-        if now < self._next:
-            self._suppressed += 1
-            return None
-        self._next = now + self._interval
-        suppressed, self._suppressed = self._suppressed, 0
-        return suppressed
-
-
-class _Budget:
-    """
-    At most ``limit`` lines a second; the rest are counted, and ``summary``
-    is called with their number once that second is over.
-    """
-
-    def __init__(self, clock: IReactorTime, limit: int, summary: Any) -> None:
-        self._clock = clock
-        self._limit = limit
-        self._summary = summary
-        self._second = 0
-        self._used = 0
-        self._suppressed = 0
-        self._timer: Any = None
-
-    def allow(self) -> bool:
-        now = self._clock.seconds()
-        second = int(now)
-        if second != self._second:
-            self._second = second
-            self._used = 0
-        if self._used < self._limit:
-            self._used += 1
-            return True
-        self._suppressed += 1
-        if self._timer is None:
-            self._timer = self._clock.callLater(second + 1 - now, self.flush)
-        return False
-
-    def flush(self) -> None:
-        """Say what was counted now (also when the gateway stops)."""
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
-        suppressed, self._suppressed = self._suppressed, 0
-        if suppressed:
-            self._summary(suppressed)
-
-
-class Sending:
-    """
-    How both of the port's WebSocket protocols send: through an ``Outbound``
-    (``self.outbound``), registered as the transport's producer when the
-    connection opens; a peer that stops reading is closed 4004.  The factory
-    has ``clock``, ``max_queued_bytes`` and ``stall_timeout``; ``who()`` names
-    the peer in the log.
-    """
-
-    __slots__ = ()
-
-    def start_sending(self) -> None:
-        factory = self.factory
-        self.outbound = Outbound(
-            self._write,
-            self._stalled,
-            factory.clock,
-            factory.max_queued_bytes,
-            factory.stall_timeout,
-        )
-        # The HTTP channel that parsed the upgrade, if any, is still the
-        # transport's producer; our sends take its place.
-        self.transport.unregisterProducer()
-        self.transport.registerProducer(self.outbound, True)
-
-    def _write(self, data: bytes) -> None:
-        # Also called when a paused transport drains, maybe after a close
-        # began: what was queued for the connection then goes nowhere.
-        if self.state == WebSocketProtocol.STATE_OPEN:
-            self.sendMessage(data)
-
-    def close(self, code: int, reason: str) -> None:
-        if self.state == WebSocketProtocol.STATE_OPEN:
-            self.sendClose(code, reason)
-
-    def _stalled(self) -> None:
-        log.warn(
-            "{who} stopped reading for {timeout:g} s with {queued} bytes waiting: closing",
-            who=self.who(),
-            timeout=self.factory.stall_timeout,
-            queued=self.outbound.queued_bytes,
-        )
-        # The close frame waits behind the unread data; Autobahn drops the
-        # connection when the close handshake times out.
-        self.close(wire.CLOSE_STALLED, "stalled")
 
 
 class GatewayProtocol(compat.WholeFrames, Sending, WebSocketServerProtocol):
@@ -557,15 +453,6 @@ def server_options(
     }
 
 
-def _more(count: int, what: str) -> None:
-    log.info(
-        "{count} more computers {what} in the last second (at most {limit} such lines a second)",
-        count=count,
-        what=what,
-        limit=limits.CONNECT_LINES_PER_SECOND,
-    )
-
-
 class GatewayFactory(WebSocketServerFactory):
     """Shared state of all computer connections."""
 
@@ -601,16 +488,10 @@ class GatewayFactory(WebSocketServerFactory):
         self.stall_timeout = stall_timeout
         self.connections: set[GatewayProtocol] = set()
         self.awaiting_hello: dict[str, int] = {}
-        self.ignored_log = _Throttle(clock, limits.LOG_INTERVAL)
-        self.refused_log = _Throttle(clock, limits.LOG_INTERVAL)
-        # A fleet reconnecting at once would write thousands of lines (and a
-        # hello's log line costs as much as a tenth of the hello).
-        self.connect_lines = _Budget(
-            clock, limits.CONNECT_LINES_PER_SECOND, lambda n: _more(n, "connected")
-        )
-        self.disconnect_lines = _Budget(
-            clock, limits.CONNECT_LINES_PER_SECOND, lambda n: _more(n, "disconnected")
-        )
+        self.ignored_log = Throttle(clock, limits.LOG_INTERVAL)
+        self.refused_log = Throttle(clock, limits.LOG_INTERVAL)
+        self.connect_lines = computer_lines(clock, "connected")
+        self.disconnect_lines = computer_lines(clock, "disconnected")
         self._drained: list[Deferred] = []
         self.setProtocolOptions(
             **server_options(limits.MAX_INBOUND_BYTES, auto_ping_interval, auto_ping_timeout),

@@ -51,7 +51,8 @@ from trapsandbox import limits
 from trapsandbox.admission import auth, proxies
 from trapsandbox.computers import wire
 from trapsandbox.computers.outbound import Outbound
-from trapsandbox.computers.protocol import Sending, server_options
+from trapsandbox.computers.protocol import server_options
+from trapsandbox.computers.sending import Sending
 from trapsandbox.computers.wire import GatewayError
 from trapsandbox.fast import compat
 from trapsandbox.ops.metrics import Metrics

@@ -20,7 +20,7 @@ from trapsandbox.admission import accounts, auth
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.wire import GatewayError
-from trapsandbox.config import ConfigError
+from trapsandbox.errors import ConfigError
 from trapsandbox.limits import LOCAL_ACCOUNT
 
 THERE = IPv4Address("TCP", "203.0.113.9", 5000)
