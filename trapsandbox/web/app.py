@@ -71,6 +71,7 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
 from werkzeug.exceptions import HTTPException, NotFound
+from werkzeug.routing import PathConverter
 
 from trapsandbox import __version__, limits
 from trapsandbox.admission import auth
@@ -187,6 +188,18 @@ def _encoded(answer: dict[str, Any]) -> dict[str, Any]:
 _EXECUTE = '{"command", "args"?, "cwd"?, "timeoutMs"?, "maxOutputBytes"?}'
 
 
+class _Segment(PathConverter):
+    """
+    A traposId as its path segment decodes, whatever it holds: empty, or
+    starting with "/" (``%2F``).  The operator route reads it so, as
+    ``fasthttp`` does, rather than redirect to another path or answer a
+    bare 404: such a computer is a missing one.
+    """
+
+    regex = ".*?"
+    part_isolating = False  # it may span "/"
+
+
 class _TextOnly(Resource):
     """
     Klein's resource, but for the one answer Klein gives before routing: a
@@ -224,6 +237,7 @@ class GatewayApp:
     """
 
     app = Klein()
+    app.url_map.converters["segment"] = _Segment
 
     def __init__(
         self,
@@ -367,8 +381,8 @@ class GatewayApp:
             return d.addCallback(lambda body: json_body(request, _in_scope(body, scope)))
         return json_body(request, {"computers": listed})
 
-    # ``path``: a label may hold a "/" (sent as %2F, which Twisted decodes).
-    @app.route("/computers/<path:trapos_id>/requests", methods=["POST"])
+    # A label may hold a "/" (sent as %2F, which Twisted decodes): ``segment``.
+    @app.route("/computers/<segment:trapos_id>/requests", methods=["POST"], merge_slashes=False)
     def computer_request(self, request: IRequest, trapos_id: str):
         try:
             body: bytes | BadRequest = read_body(request)

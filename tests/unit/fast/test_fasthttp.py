@@ -177,6 +177,7 @@ class SameAnswersTests(SynchronousTestCase):
             post(body=b'{"type":"ping","timeoutMs":1e400}'): 400,
             post(path=b"/computers/8%3A/requests"): 404,
             post(path=b"/computers/%FF/requests"): 404,
+            post(path=b"/computers/%2Fx/requests"): 404,  # a traposId starting "/"
             post(path=b"/computers/7%3A/requests?account=other"): 404,
         }
         for request, status in cases.items():
