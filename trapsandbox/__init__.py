@@ -6,6 +6,7 @@ Read the list as the architecture (arrows are "uses"; a package uses only the
 ones above it, ``tap`` excepted, which builds everything):
 
     ``limits``      every limit and default; imports nothing
+    ``errors``      ``ConfigError``, a bad setting wherever it is read; imports nothing
     ``config``      settings from the environment and twistd's options
     ``state``       the state directory (SANDBOX_STATE_DIR) and private files in it
     ``computers``   the computer side: the wire, the registry of connected computers,

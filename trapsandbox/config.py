@@ -15,7 +15,9 @@ import attrs
 from hyperlink import URL
 
 from trapsandbox import limits
+from trapsandbox.admission import accounts as accounts_module
 from trapsandbox.admission import proxies
+from trapsandbox.errors import ConfigError
 from trapsandbox.limits import (
     DEFAULT_HOST,
     DEFAULT_OPENCODE_URL,
@@ -24,10 +26,6 @@ from trapsandbox.limits import (
     MAX_CONNECTIONS,
     MAX_UNAUTHENTICATED_PER_ADDRESS,
 )
-
-
-class ConfigError(ValueError):
-    """A setting has a bad value; the message names the setting."""
 
 
 @attrs.frozen
@@ -214,10 +212,6 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
 
     accounts_file = accounts = None
     if (found := given("accounts-file", "SANDBOX_ACCOUNTS_FILE")) is not None:
-        from trapsandbox.admission import (
-            accounts as accounts_module,  # it imports ConfigError from here
-        )
-
         accounts_file, name = found
         if not accounts_file:
             raise ConfigError(f"{name} is empty: unset it to have no accounts file")

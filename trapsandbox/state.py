@@ -33,7 +33,7 @@ from collections.abc import Iterator
 
 from twisted.logger import Logger
 
-from trapsandbox.config import ConfigError
+from trapsandbox.errors import ConfigError
 
 log = Logger()
 

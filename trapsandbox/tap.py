@@ -28,17 +28,21 @@ from trapsandbox.admission.strangers import Strangers
 from trapsandbox.computers import wire
 from trapsandbox.computers.handlers import ComputerRequests
 from trapsandbox.computers.protocol import GatewayFactory
-from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.registry import Registry, describe_session
+from trapsandbox.computers.sandbox import Sandbox
+from trapsandbox.errors import ConfigError
 from trapsandbox.fast import fixes, paths
+from trapsandbox.mcp.endpoint import McpEndpoint
 from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.client import OpencodeClient
 from trapsandbox.opencode.probe import OpencodeProbe, redact
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.ops.systemd import Notifier
-from trapsandbox.web.app import GatewayApp, GatewaySite
+from trapsandbox.web.app import GatewayApp
 from trapsandbox.web.listener import CountedSite
 from trapsandbox.web.operator import OperatorRequests
 from trapsandbox.web.opsocket import OperatorSocketFactory
+from trapsandbox.web.site import GatewaySite
 
 log = Logger()
 
@@ -162,9 +166,7 @@ class _Listener(service.Service):
         try:
             self._endpoint = endpoints.serverFromString(reactor, description)
         except (ValueError, KeyError, TypeError) as error:
-            raise config.ConfigError(
-                f"--port {description!r} is not a valid endpoint: {error}"
-            ) from None
+            raise ConfigError(f"--port {description!r} is not a valid endpoint: {error}") from None
 
     def privilegedStartService(self) -> None:
         super().privilegedStartService()
@@ -197,6 +199,32 @@ def _describe(address: Any) -> str:
     return str(getattr(address, "name", address))
 
 
+def web_app(
+    registry: Registry,
+    probe: Any,
+    websocket: Any,
+    requests: OperatorRequests,
+    metrics: Metrics,
+    cluster: Any = None,
+    asks: Asks | None = None,
+    operator_socket: Any = None,
+) -> GatewayApp:
+    """The HTTP app and the parts only it uses: the §9 sandbox and the MCP endpoint."""
+    sandbox = Sandbox(registry)
+    return GatewayApp(
+        registry,
+        probe,
+        websocket,
+        requests,
+        sandbox,
+        McpEndpoint(registry, sandbox, metrics),
+        metrics,
+        cluster=cluster,
+        asks=asks,
+        operator_socket=operator_socket,
+    )
+
+
 class GatewayService(service.MultiService):
     """
     The gateway: its listeners, systemd notifications, and a graceful close
@@ -218,13 +246,45 @@ class GatewayService(service.MultiService):
         self.notifier = Notifier(reactor) if notifier is None else notifier
         # Made private here, at start: a bad one stops the daemon with one line.
         self.state_dir = state.prepare(settings.state_dir, "SANDBOX_STATE_DIR")
-        ask_directory = state.prepare(
-            settings.ask_directory or os.path.join(self.state_dir, limits.ASK_DIRECTORY_NAME),
-            "SANDBOX_ASK_DIR",
-        )
         self.metrics = Metrics()
         self.registry = Registry(
             reactor, request_timeout=settings.request_timeout, metrics=self.metrics
+        )
+        self.admission = Admission(
+            reactor,
+            settings.password,
+            settings.admin_token,
+            accounts=settings.accounts,
+            trusted_proxies=settings.trusted_proxies,
+        )
+        # Set by makeService: the real daemon reloads the accounts on SIGHUP.
+        self.reload_on_sighup = False
+        self._previous_sighup: Any = None
+        self._build_opencode()
+        self.factory = GatewayFactory(
+            self.registry,
+            self.admission,
+            ComputerRequests(self.probe, self.asks).table(),
+            reactor,
+            metrics=self.metrics,
+            max_connections=settings.max_connections,
+            max_unauthenticated_per_address=settings.max_unauthenticated_per_address,
+        )
+        self.cluster = None
+        if settings.redis_url is not None:
+            self._build_cluster()
+        self._watch()
+        self._build_http()
+        self.listeners = [_Listener(reactor, port, self.listening) for port in settings.ports]
+        for listener in self.listeners:
+            listener.setServiceParent(self)
+
+    def _build_opencode(self) -> None:
+        """The HTTP client to opencode, its probe, and sandbox ask."""
+        settings, reactor = self.settings, self._reactor
+        ask_directory = state.prepare(
+            settings.ask_directory or os.path.join(self.state_dir, limits.ASK_DIRECTORY_NAME),
+            "SANDBOX_ASK_DIR",
         )
         self._pool = HTTPConnectionPool(reactor, persistent=True)
         self._pool.maxPersistentPerHost = limits.OPENCODE_PERSISTENT_CONNECTIONS
@@ -252,75 +312,63 @@ class GatewayService(service.MultiService):
             settings.opencode_password,
             metrics=self.metrics,
         )
-        self.admission = Admission(
-            reactor,
-            settings.password,
-            settings.admin_token,
-            accounts=settings.accounts,
-            trusted_proxies=settings.trusted_proxies,
-        )
-        # Set by makeService: the real daemon reloads the accounts on SIGHUP.
-        self.reload_on_sighup = False
-        self._previous_sighup: Any = None
-        self.factory = GatewayFactory(
-            self.registry,
-            self.admission,
-            ComputerRequests(self.probe, self.asks).table(),
-            reactor,
-            metrics=self.metrics,
-            max_connections=settings.max_connections,
-            max_unauthenticated_per_address=settings.max_unauthenticated_per_address,
-        )
-        self.cluster = None
-        if settings.redis_url is not None:
-            # Imported only here: one process needs neither txredisapi nor Redis.
-            from trapsandbox.cluster.member import Cluster
-            from trapsandbox.web.app import describe_session
 
-            self.cluster = Cluster(
-                self.registry,
-                settings.redis_url,
-                reactor,
-                describe_session,
-                refresh_interval=settings.cluster_refresh_interval,
-            )
-            self.registry.peers = self.cluster
-            cluster = self.cluster
-            self.metrics.watch_cluster(lambda: cluster.size, lambda: int(cluster.redis_ok))
+    def _build_cluster(self) -> None:
+        """Cluster mode: this process's membership, the registry's peers."""
+        # Imported only here: one process needs neither txredisapi nor Redis.
+        from trapsandbox.cluster.member import Cluster
+
+        self.cluster = cluster = Cluster(
+            self.registry,
+            self.settings.redis_url,
+            self._reactor,
+            describe_session,
+            refresh_interval=self.settings.cluster_refresh_interval,
+        )
+        self.registry.peers = cluster
+        self.metrics.watch_cluster(lambda: cluster.size, lambda: int(cluster.redis_ok))
+
+    def _watch(self) -> None:
         self.metrics.watch(
             computers=lambda: len(self.registry),
             connections=lambda: len(self.factory.connections),
             pending=lambda: self.registry.pending,
         )
         self.metrics.watch_accounts(self._account_counts)
+
+    def _build_http(self) -> None:
+        """The operator socket, the HTTP app and site, and the port's first-bytes router."""
+        requests = OperatorRequests(self.registry, self.admission)
         self.operator_socket = OperatorSocketFactory(
-            OperatorRequests(self.registry, self.admission),
-            reactor,
+            requests,
+            self._reactor,
             self.metrics,
-            max_per_account=settings.max_operator_sockets_per_account,
+            max_per_account=self.settings.max_operator_sockets_per_account,
         )
-        app = GatewayApp(
+        app = web_app(
             self.registry,
             self.probe,
             WebSocketResource(self.factory),
-            metrics=self.metrics,
-            admission=self.admission,
+            requests,
+            self.metrics,
             cluster=self.cluster,
             asks=self.asks,
             operator_socket=WebSocketResource(self.operator_socket),
         )
         self.site = GatewaySite(app.resource(), decide=app.decide)
         self.strangers = Strangers()
-        if fast is None:
-            listening = CountedSite(self.site, reactor, self.strangers)
+        if self.fast is None:
+            self.listening = CountedSite(self.site, self._reactor, self.strangers)
         else:
-            fast.protocols(self.factory, self.operator_socket)
-            listening = fast.listener(
-                self.site, self.factory, reactor, app.requests, self.operator_socket, self.strangers
+            self.fast.protocols(self.factory, self.operator_socket)
+            self.listening = self.fast.listener(
+                self.site,
+                self.factory,
+                self._reactor,
+                requests,
+                self.operator_socket,
+                self.strangers,
             )
-        self.listeners = [_Listener(reactor, port, listening) for port in settings.ports]
-        for listener in self.listeners:
-            listener.setServiceParent(self)
 
     def _account_counts(self) -> dict[str, int]:
         counts = dict.fromkeys(self.admission.account_names(), 0)
@@ -340,7 +388,7 @@ class GatewayService(service.MultiService):
             return False
         try:
             self.admission.reload(accounts.load(path))
-        except config.ConfigError as error:
+        except ConfigError as error:
             log.error(
                 "accounts not reloaded, keeping the {count} in use: {error}",
                 count=len(self.admission.accounts or ()),
@@ -465,7 +513,7 @@ def makeService(options: Options) -> service.IService:
             settings, reactor, Notifier.from_environ(reactor, os.environ), fast=fast
         )
         gateway.reload_on_sighup = True
-    except config.ConfigError as error:
+    except ConfigError as error:
         raise SystemExit(f"trapsandbox: {error}") from None
     # Everything loaded so far lives as long as the process: keep the cyclic
     # collector from walking it again and again, and let it run less often

@@ -14,6 +14,7 @@ from trapsandbox import config
 from trapsandbox.cluster import member as cluster
 from trapsandbox.cluster.redis import RedisAddress
 from trapsandbox.computers import wire
+from trapsandbox.errors import ConfigError
 
 
 class WithoutRedisTests(TestCase):
@@ -59,7 +60,7 @@ class SettingsTests(SynchronousTestCase):
             config.Settings(redis_url="redis://h/1", cluster_refresh_interval=0.5),
         )
         for bad in ("http://h", "redis://:pw@/0", "redis://h/x", "redis://h/1/2"):
-            with self.assertRaises(config.ConfigError) as raised:
+            with self.assertRaises(ConfigError) as raised:
                 config.load({"SANDBOX_REDIS_URL": bad})
             self.assertNotIn("pw", str(raised.exception))
 

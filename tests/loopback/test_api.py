@@ -12,15 +12,14 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.client import HTTPConnectionPool, ResponseNeverReceived
 from twisted.web.resource import Resource
 
-from tests.harness.fakes import FakeLink, FixedProbe
+from tests.harness.apps import gateway_app
+from tests.harness.fakes import FakeLink
 from tests.harness.logcapture import LogCapture
 from tests.harness.support import JSON, both_modes, bounded, connect, reactor, start_gateway
 from trapsandbox.admission.auth import Admission, is_loopback
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.limits import MAX_BODY_BYTES
-from trapsandbox.opencode.probe import ProbeResult
-from trapsandbox.web.app import GatewayApp
 
 BASE = "http://localhost:4444"
 TOKEN = "op-token-1234"
@@ -49,11 +48,8 @@ class APITestCase(SynchronousTestCase):
         self.clock = Clock()
         self.clock.advance(1_700_000_000)
         self.registry = Registry(self.clock, request_timeout=30)
-        app = GatewayApp(
-            self.registry,
-            FixedProbe(ProbeResult(True)),
-            Resource(),
-            admission=Admission(self.clock, admin_token=self.admin_token),
+        app = gateway_app(
+            self.registry, admission=Admission(self.clock, admin_token=self.admin_token)
         )
         resource = app.resource()
         if self.peer is not None:

@@ -28,6 +28,7 @@ from tests.harness.logcapture import LogCapture
 from tests.harness.servers import Fixed, Opencode, Silent, StallsAfterHeaders, listen, serve
 from tests.harness.support import both_modes, bounded, closed_port, connect, reactor, start_gateway
 from trapsandbox import config
+from trapsandbox.errors import ConfigError
 
 PASSWORD = "faults-sesame"
 
@@ -192,7 +193,7 @@ class CredentialsInURLTests(TestCase):
         url = serve(self, opencode).replace("//", "//someone:pw-in-url@")
         try:
             config.load({"OPENCODE_URL": url})
-        except config.ConfigError as error:
+        except ConfigError as error:
             self.assertIn("OPENCODE_SERVER_PASSWORD", str(error))
             return
         gateway = start_gateway(self, password=PASSWORD, opencode_url=url)

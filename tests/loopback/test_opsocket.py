@@ -200,6 +200,33 @@ class OperatorSocketTests(TestCase):
         answer = orjson.loads(await client.text())
         self.assertEqual((answer["id"], answer["status"]), (1, 404))
 
+    async def test_a_computer_upgrade_on_a_kept_alive_http_connection(self):
+        # Not the first-bytes router's: the site's one router (Klein) hands it to Autobahn.
+        client = _RawClient()
+        await bounded(
+            protocol.ClientCreator(reactor(), lambda: client).connectTCP("127.0.0.1", self.port)
+        )
+        self.addCleanup(client.transport.abortConnection)
+        client.transport.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertIn(b" 200 ", await client.response())
+        client.transport.write(
+            b"GET /gateway?n=1 HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 13\r\n\r\n"
+        )
+        self.assertIn(b" 101 ", await client.response())
+        hello = {
+            "event": "computer_request",
+            "traposSenderId": "7:base",
+            "messageId": "m1",
+            "type": "hello",
+            "payload": {"traposId": "7:base", "secret": PASSWORD},
+        }
+        client.send_text(orjson.dumps(hello))
+        answer = orjson.loads(await client.text())
+        self.assertEqual((answer["messageId"], answer["ok"]), ("m1", True))
+        self.assertIsNotNone(self.gateway.registry.find("7:base"))
+
 
 class _RawClient(protocol.Protocol):
     """HTTP/1.1 by hand, then WebSocket frames by hand: one connection throughout."""
@@ -241,8 +268,12 @@ class _RawClient(protocol.Protocol):
     def send_text(self, payload):
         mask = os.urandom(4)
         masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-        assert len(payload) < 126
-        self.transport.write(bytes([0x81, 0x80 | len(payload)]) + mask + masked)
+        assert len(payload) < 0x10000
+        if len(payload) < 126:
+            head = bytes([0x81, 0x80 | len(payload)])
+        else:
+            head = bytes([0x81, 0x80 | 126]) + len(payload).to_bytes(2, "big")
+        self.transport.write(head + mask + masked)
 
     async def text(self):
         """The next text frame from the server (unmasked, one frame, length < 64 KiB)."""

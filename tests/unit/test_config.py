@@ -6,6 +6,7 @@ from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
 
 from trapsandbox import config
+from trapsandbox.errors import ConfigError
 from trapsandbox.tap import Options
 
 
@@ -20,7 +21,7 @@ class ConfigTests(SynchronousTestCase):
         return config.load(environ or {}, options(*argv))
 
     def assertConfigError(self, environ, *argv, names):
-        with self.assertRaises(config.ConfigError) as caught:
+        with self.assertRaises(ConfigError) as caught:
             self.load(environ, *argv)
         self.assertIn(names, str(caught.exception))
         return str(caught.exception)

@@ -9,7 +9,7 @@ import stat
 from twisted.trial.unittest import SynchronousTestCase
 
 from trapsandbox import state
-from trapsandbox.config import ConfigError
+from trapsandbox.errors import ConfigError
 
 NOBODY = 65534
 

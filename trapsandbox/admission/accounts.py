@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from trapsandbox.config import ConfigError
+from trapsandbox.errors import ConfigError
 from trapsandbox.limits import LOCAL_ACCOUNT
 
 # An account name is a bare TOML key, short, and safe in a URL query and a metric label.

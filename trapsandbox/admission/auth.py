@@ -17,6 +17,10 @@ Admission: who may connect as a computer, and who may act as an operator.
   ``foreign_upgrade``).  ``operator`` answers an
   ``Operator`` (who) or a ``Refusal`` (why not), and ``Operator.account_of``
   is the one place a per-computer request finds the account it means.
+  ``bearer_token`` is the one reader of a bearer token.
+- ``computer`` answers ``Admitted`` (the account, and the secret's SHA-256,
+  computed once and kept by the session) or a ``Refusal``; ``room`` says
+  whether the account has room for one more (``max_computers``, ``FULL``).
 - ``reload`` replaces the accounts (SIGHUP); ``revoked`` says which connected
   computers the new accounts no longer admit.
 
@@ -55,7 +59,7 @@ from trapsandbox.admission.accounts import Accounts, sha256_hex
 from trapsandbox.admission.proxies import Network, TrustedProxies
 from trapsandbox.admission.throttle import FailureThrottle
 from trapsandbox.computers.wire import GatewayError
-from trapsandbox.config import ConfigError
+from trapsandbox.errors import ConfigError
 from trapsandbox.limits import LOCAL_ACCOUNT
 
 log = Logger()
@@ -66,6 +70,19 @@ MISSING = "missing"  # an operator gave no token
 THROTTLED = "throttled"  # wrong, from an address that failed too often: slow down
 NOT_LOOPBACK = "not_loopback"  # no admin token is set and the client is not on this machine
 BROWSER = "browser"  # a web page (or a DNS rebinding) asking as the loopback admin
+FULL = "full"  # a computer's account already has its max_computers connected
+
+
+@attrs.frozen
+class Admitted:
+    """
+    A computer let in: its account, and the SHA-256 of the secret it gave
+    (hashed once, here; ``admits`` compares it after a reload; "" when no
+    account's secret was looked up).
+    """
+
+    account: str
+    credential: str = ""
 
 
 @attrs.frozen
@@ -107,7 +124,12 @@ class Operator:
         """
         The account whose ``trapos_id`` this operator means, or a
         ``GatewayError`` ``ambiguous`` for the admin without ``asked`` when
-        several accounts hold it here.
+        several accounts hold it here.  Every operator surface resolves a
+        computer's account here: the HTTP routes, the ``/operator`` socket.
+
+        A missing computer and another account's take the same path from
+        here (the caller checks the body, then the request finds nothing), so
+        their answers cannot differ.
         """
         scope = self.scope(asked)
         if scope is not None:
@@ -304,20 +326,39 @@ class Admission:
         account = None if self.accounts is None else self.accounts.by_name.get(account_id)
         return None if account is None else account.max_computers
 
-    def resolve_account(self, secret: object) -> str | None:
-        """The account ``secret`` belongs to, or None: unauthorized."""
+    def room(self, account_id: str, trapos_id: str, registry: Any) -> Refusal | None:
+        """
+        Why a computer admitted to ``account_id`` may not connect now (``FULL``:
+        its account has its ``max_computers`` connected, SPEC §12), or None.
+        A computer replacing its own connection takes no more room.
+        """
+        most = self.max_computers(account_id)
+        if (
+            most is None
+            or registry.find(trapos_id, account_id) is not None
+            or registry.count(account_id) < most
+        ):
+            return None
+        return Refusal(
+            FULL,
+            f"account {account_id} already has {most} computers connected (its max_computers)",
+        )
+
+    def _admitted(self, secret: object) -> Admitted | None:
+        """Who ``secret`` admits, or None: unauthorized."""
         if not self.enabled:
-            return LOCAL_ACCOUNT
+            return Admitted(LOCAL_ACCOUNT)
         if not isinstance(secret, str):
             return None
         if self._password is not None and _same(
             secret.encode("utf-8", "surrogatepass"), self._password
         ):
-            return LOCAL_ACCOUNT
+            return Admitted(LOCAL_ACCOUNT)
         if self.accounts is not None:
-            account = self.accounts.by_secret.get(sha256_hex(secret))
+            credential = sha256_hex(secret)
+            account = self.accounts.by_secret.get(credential)
             if account is not None:
-                return account.name
+                return Admitted(account.name, credential)
         return None
 
     def admits(self, account_id: str, credential: str) -> bool:
@@ -332,19 +373,18 @@ class Admission:
 
     def token_still_admits(self, account_id: str, authorization: bytes | None) -> bool:
         """Whether an operator admitted to ``account_id`` with ``authorization`` still is."""
-        scheme, _, token = (authorization or b"").partition(b" ")
-        operator = self._operator_of(scheme, token.strip())
+        operator = self._operator_of(bearer_token(authorization))
         return operator is not None and operator.account == account_id
 
     def revoked(self, sessions: Any) -> list[Any]:
         """The ``sessions`` (with ``account_id`` and ``credential``) no longer admitted."""
         return [s for s in sessions if not self.admits(s.account_id, s.credential)]
 
-    def computer(self, host: str, secret: object, who: str) -> str | Refusal:
-        """The account of a computer at ``host`` presenting ``secret``, or why not."""
-        account = self.resolve_account(secret)
-        if account is not None:
-            return account
+    def computer(self, host: str, secret: object, who: str) -> Admitted | Refusal:
+        """Who a computer at ``host`` presenting ``secret`` is let in as, or why not."""
+        admitted = self._admitted(secret)
+        if admitted is not None:
+            return admitted
         return self._failed(
             self.hello_throttle,
             host,
@@ -366,8 +406,7 @@ class Admission:
                 "operator endpoints answer only loopback clients while no "
                 "SANDBOX_ADMIN_TOKEN is set",
             )
-        scheme, _, token = (authorization or b"").partition(b" ")
-        if not scheme:
+        if not (authorization or b"").partition(b" ")[0]:
             if self._admin_token is None and is_loopback(address):
                 return ADMIN
             # No token at all is not a guess: nothing to count against the address,
@@ -376,7 +415,7 @@ class Admission:
             if wait > 0:
                 return _throttled("wrong operator tokens", wait)
             return Refusal(MISSING, "a bearer token is required")
-        operator = self._operator_of(scheme, token.strip())
+        operator = self._operator_of(bearer_token(authorization))
         if operator is not None:
             return operator
         return self._failed(
@@ -386,8 +425,8 @@ class Admission:
             Refusal(WRONG, "wrong bearer token"),
         )
 
-    def _operator_of(self, scheme: bytes, token: bytes) -> Operator | None:
-        if scheme.lower() != b"bearer" or not token:
+    def _operator_of(self, token: bytes | None) -> Operator | None:
+        if token is None:
             return None
         if self._admin_token is not None and _same(token, self._admin_token):
             return ADMIN
@@ -433,9 +472,10 @@ def _throttled(what: str, wait: float) -> Refusal:
 
 def bearer_token(authorization: bytes | None) -> bytes | None:
     """
-    The token of an ``Authorization: Bearer <token>`` header (the scheme in
-    any case, RFC 9110 §11.1; spaces around the token dropped), or None:
-    no header, another scheme, or no token.
+    The token of an ``Authorization: Bearer <token>`` value, or None (no
+    header, another scheme, no token).  The scheme is case-insensitive (RFC
+    7235 §2.1); blanks around the token are dropped.  Every bearer token the
+    gateway reads (operators', an ask's) is read here.
     """
     scheme, _, token = (authorization or b"").partition(b" ")
     token = token.strip()

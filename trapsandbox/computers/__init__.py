@@ -5,8 +5,11 @@ The computer side: one WebSocket per computer, and requests both ways (SPEC §2,
     ``registry``      connected computers (newest wins) and requests to them
                       (Deferreds correlated by messageId, partial responses)
     ``protocol``      the Autobahn protocol and factory: hello, dispatch, limits,
-                      close codes; ``Sending`` (shared with ``web.opsocket``)
+                      close codes
+    ``sending``       how both WebSockets of the port send (``Sending``, shared with
+                      ``web.opsocket``)
     ``outbound``      flow control of what one connection is sent
+    ``lines``         the log under a flood: one line per interval, so many a second
     ``handlers``      computer -> gateway requests: one handler per type
     ``sandbox``       the section 9 operations on a computer (exec, eval, files, screen)
     ``settingsfile``  no file request reaches a computer's /.settings (its credential);

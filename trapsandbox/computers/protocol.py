@@ -39,122 +39,17 @@ from twisted.python.failure import Failure
 
 from trapsandbox import limits
 from trapsandbox.admission import auth, proxies
-from trapsandbox.admission.accounts import sha256_hex
 from trapsandbox.computers import wire
 from trapsandbox.computers.handlers import Handler
+from trapsandbox.computers.lines import Throttle, computer_lines
 from trapsandbox.computers.outbound import Outbound
 from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.sending import Sending
 from trapsandbox.computers.wire import GatewayError
 from trapsandbox.fast import fixes
 from trapsandbox.ops.metrics import Metrics
 
 log = Logger()
-
-
-class _Throttle:
-    """Say yes at most once per ``interval``, with how many noes came in between."""
-
-    def __init__(self, clock: IReactorTime, interval: float) -> None:
-        self._clock = clock
-        self._interval = interval
-        self._next = 0.0
-        self._suppressed = 0
-
-    def allow(self) -> int | None:
-        """None: not now.  Otherwise the number of calls refused since the last yes."""
-        now = self._clock.seconds()
-        if now < self._next:
-            self._suppressed += 1
-            return None
-        self._next = now + self._interval
-        suppressed, self._suppressed = self._suppressed, 0
-        return suppressed
-
-
-class _Budget:
-    """
-    At most ``limit`` lines a second; the rest are counted, and ``summary``
-    is called with their number once that second is over.
-    """
-
-    def __init__(self, clock: IReactorTime, limit: int, summary: Any) -> None:
-        self._clock = clock
-        self._limit = limit
-        self._summary = summary
-        self._second = 0
-        self._used = 0
-        self._suppressed = 0
-        self._timer: Any = None
-
-    def allow(self) -> bool:
-        now = self._clock.seconds()
-        second = int(now)
-        if second != self._second:
-            self._second = second
-            self._used = 0
-        if self._used < self._limit:
-            self._used += 1
-            return True
-        self._suppressed += 1
-        if self._timer is None:
-            self._timer = self._clock.callLater(second + 1 - now, self.flush)
-        return False
-
-    def flush(self) -> None:
-        """Say what was counted now (also when the gateway stops)."""
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
-        suppressed, self._suppressed = self._suppressed, 0
-        if suppressed:
-            self._summary(suppressed)
-
-
-class Sending:
-    """
-    How both of the port's WebSocket protocols send: through an ``Outbound``
-    (``self.outbound``), registered as the transport's producer when the
-    connection opens; a peer that stops reading is closed 4004.  The factory
-    has ``clock``, ``max_queued_bytes`` and ``stall_timeout``; ``who()`` names
-    the peer in the log.
-    """
-
-    __slots__ = ()
-
-    def start_sending(self) -> None:
-        factory = self.factory
-        self.outbound = Outbound(
-            self._write,
-            self._stalled,
-            factory.clock,
-            factory.max_queued_bytes,
-            factory.stall_timeout,
-        )
-        # The HTTP channel that parsed the upgrade, if any, is still the
-        # transport's producer; our sends take its place.
-        self.transport.unregisterProducer()
-        self.transport.registerProducer(self.outbound, True)
-
-    def _write(self, data: bytes) -> None:
-        # Also called when a paused transport drains, maybe after a close
-        # began: what was queued for the connection then goes nowhere.
-        if self.state == WebSocketProtocol.STATE_OPEN:
-            self.sendMessage(data)
-
-    def close(self, code: int, reason: str) -> None:
-        if self.state == WebSocketProtocol.STATE_OPEN:
-            self.sendClose(code, reason)
-
-    def _stalled(self) -> None:
-        log.warn(
-            "{who} stopped reading for {timeout:g} s with {queued} bytes waiting: closing",
-            who=self.who(),
-            timeout=self.factory.stall_timeout,
-            queued=self.outbound.queued_bytes,
-        )
-        # The close frame waits behind the unread data; Autobahn drops the
-        # connection when the close handshake times out.
-        self.close(wire.CLOSE_STALLED, "stalled")
 
 
 class GatewayProtocol(Sending, WebSocketServerProtocol):
@@ -361,49 +256,21 @@ class GatewayProtocol(Sending, WebSocketServerProtocol):
             self.factory.metrics.hello(wire.BAD_REQUEST)
             self._reply_error(frame, wire.BAD_REQUEST, str(error))
             return
-        account_id = self.factory.admission.computer(
+        admission = self.factory.admission
+        admitted = admission.computer(
             self.peer_host, hello.secret, f"{self.peer_address} as {hello.trapos_id}"
         )
-        if isinstance(account_id, auth.Refusal):
-            if account_id.reason == auth.THROTTLED:
-                self._refuse_hello(
-                    frame,
-                    hello,
-                    wire.OVERLOADED,
-                    "too many failed hellos from your address: "
-                    f"try again in {account_id.wait:.0f} s",
-                    wire.CLOSE_THROTTLED,
-                    "too many failed hellos",
-                )
-            else:
-                self._refuse_hello(
-                    frame,
-                    hello,
-                    wire.UNAUTHORIZED,
-                    account_id.message,
-                    wire.CLOSE_UNAUTHORIZED,
-                    "unauthorized",
-                )
-            return
-        most = self.factory.admission.max_computers(account_id)
-        registry = self.factory.registry
-        if (
-            most is not None
-            and registry.find(hello.trapos_id, account_id) is None
-            and registry.count(account_id) >= most
-        ):
-            self._refuse_hello(
-                frame,
-                hello,
-                wire.OVERLOADED,
-                f"account {account_id} already has {most} computers connected (its max_computers)",
-                wire.CLOSE_TOO_MANY_COMPUTERS,
-                "too many computers",
-            )
+        if isinstance(admitted, auth.Admitted):
+            refusal = admission.room(admitted.account, hello.trapos_id, self.factory.registry)
+        else:
+            refusal = admitted
+        if refusal is not None:
+            self._refuse_hello(frame, hello, refusal)
             return
         self._cancel_hello_timer()
         self._hello_done()
         self.factory.metrics.hello("ok")
+        account_id = admitted.account
         self.session = Session(
             account_id=account_id,
             trapos_id=hello.trapos_id,
@@ -413,7 +280,7 @@ class GatewayProtocol(Sending, WebSocketServerProtocol):
             version=hello.version,
             connected_at=self.factory.clock.seconds(),
             capabilities=wire.decode_capabilities(hello.capabilities),
-            credential=sha256_hex(hello.secret) if isinstance(hello.secret, str) else "",
+            credential=admitted.credential,
         )
         self.factory.registry.add(self.session)
         if self.factory.connect_lines.allow():
@@ -426,14 +293,9 @@ class GatewayProtocol(Sending, WebSocketServerProtocol):
         self._reply(frame.message_id, frame.type, payload={"accountId": account_id})
 
     def _refuse_hello(
-        self,
-        frame: wire.ComputerRequest,
-        hello: wire.Hello,
-        code: str,
-        message: str,
-        close_code: int,
-        close_reason: str,
+        self, frame: wire.ComputerRequest, hello: wire.Hello, refusal: auth.Refusal
     ) -> None:
+        code, message, close_code, close_reason = _hello_refusal(refusal)
         self.factory.metrics.hello(code)
         log.debug(
             "refused hello from {peer}: {code}, traposId {traposId}, client {version}, "
@@ -527,6 +389,25 @@ class GatewayProtocol(Sending, WebSocketServerProtocol):
         self.close(wire.CLOSE_HELLO_TIMEOUT, "hello timeout")
 
 
+def _hello_refusal(refusal: auth.Refusal) -> tuple[str, str, int, str]:
+    """How a refused hello is told: its error code and message, the close code and reason."""
+    if refusal.reason == auth.THROTTLED:
+        return (
+            wire.OVERLOADED,
+            f"too many failed hellos from your address: try again in {refusal.wait:.0f} s",
+            wire.CLOSE_THROTTLED,
+            "too many failed hellos",
+        )
+    if refusal.reason == auth.FULL:
+        return (
+            wire.OVERLOADED,
+            refusal.message,
+            wire.CLOSE_TOO_MANY_COMPUTERS,
+            "too many computers",
+        )
+    return wire.UNAUTHORIZED, refusal.message, wire.CLOSE_UNAUTHORIZED, "unauthorized"
+
+
 def server_options(
     max_bytes: int, auto_ping_interval: float, auto_ping_timeout: float
 ) -> dict[str, Any]:
@@ -548,15 +429,6 @@ def server_options(
         # A plain GET gets an error, not an HTML status page.
         "webStatus": False,
     }
-
-
-def _more(count: int, what: str) -> None:
-    log.info(
-        "{count} more computers {what} in the last second (at most {limit} such lines a second)",
-        count=count,
-        what=what,
-        limit=limits.CONNECT_LINES_PER_SECOND,
-    )
 
 
 class GatewayFactory(WebSocketServerFactory):
@@ -594,16 +466,10 @@ class GatewayFactory(WebSocketServerFactory):
         self.stall_timeout = stall_timeout
         self.connections: set[GatewayProtocol] = set()
         self.awaiting_hello: dict[str, int] = {}
-        self.ignored_log = _Throttle(clock, limits.LOG_INTERVAL)
-        self.refused_log = _Throttle(clock, limits.LOG_INTERVAL)
-        # A fleet reconnecting at once would write thousands of lines (and a
-        # hello's log line costs as much as a tenth of the hello).
-        self.connect_lines = _Budget(
-            clock, limits.CONNECT_LINES_PER_SECOND, lambda n: _more(n, "connected")
-        )
-        self.disconnect_lines = _Budget(
-            clock, limits.CONNECT_LINES_PER_SECOND, lambda n: _more(n, "disconnected")
-        )
+        self.ignored_log = Throttle(clock, limits.LOG_INTERVAL)
+        self.refused_log = Throttle(clock, limits.LOG_INTERVAL)
+        self.connect_lines = computer_lines(clock, "connected")
+        self.disconnect_lines = computer_lines(clock, "disconnected")
         self._drained: list[Deferred] = []
         self.setProtocolOptions(
             **server_options(limits.MAX_INBOUND_BYTES, auto_ping_interval, auto_ping_timeout),

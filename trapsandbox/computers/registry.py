@@ -17,6 +17,7 @@ request went out on resolves it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import attrs
@@ -229,6 +230,23 @@ class Session:
     def fail_all(self, error: GatewayError) -> None:
         for message_id in list(self._pending):
             self._fail(message_id, error)
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def describe_session(session: Session) -> dict[str, Any]:
+    """A computer's entry in ``GET /computers`` (and in a cluster's shared listing)."""
+    return {
+        "traposId": session.trapos_id,
+        "accountId": session.account_id,
+        "peer": session.peer,
+        "connectedSince": _iso(session.connected_at),
+        "version": session.version,
+        "inFlight": session.in_flight,
+        "capabilities": sorted(session.capabilities),
+    }
 
 
 def _ignore(failure: Failure) -> None:

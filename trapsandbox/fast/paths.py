@@ -30,7 +30,7 @@ from typing import Any
 from twisted.internet.interfaces import IReactorTime
 
 from trapsandbox.admission.strangers import Strangers
-from trapsandbox.config import ConfigError
+from trapsandbox.errors import ConfigError
 from trapsandbox.fast import compat
 from trapsandbox.fast.front import FrontFactory
 from trapsandbox.fast.protocols import FastGatewayProtocol, FastOperatorSocket

@@ -1,8 +1,14 @@
 """
 The HTTP side, on the same port as the WebSocket (SPEC §4, §9).
 
-    ``app``        the site (decides an operator request at its head) and the Klein
-                   app: /health, /client, /computers, the section 9 routes, /metrics, /mcp
+    ``app``        the Klein app, the one router: /gateway, /operator, /health, /client,
+                   /computers, the section 9 routes, /metrics, /mcp; ``decide``
+    ``site``       twisted.web's channel, request and site, bounded for strangers: a
+                   request decided at its head, its body capped, a deadline
+    ``validation`` what a request body may hold: ``BadRequest`` (the one error for a
+                   caller's mistake, with its status and code) and the field checks
+    ``answers``    JSON answers written onto a request (both body shapes)
+    ``streaming``  /execute's NDJSON output stream
     ``operator``   an operator's request to one computer, however it came: who may
                    ask, which account is meant, each outcome's status (an ``Answer``)
     ``opsocket``   ``GET /operator``: one WebSocket carrying many operator requests

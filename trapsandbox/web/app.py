@@ -3,11 +3,10 @@ The HTTP side, on the same port as the WebSocket: a Klein app.
 
     GET  /health                          open: {sandboxOk, opencodeOk, opencodeDetail?,
                                                  computers, version}
-    /gateway                              the WebSocket endpoint for computers (routed
-                                          ahead of Klein, by ``_Root``)
+    /gateway                              the WebSocket endpoint for computers
     /operator                             operators: the WebSocket carrying many requests
                                           {id, traposId, type, ...} -> {id, status, ...}
-                                          (``opsocket``; routed ahead of Klein)
+                                          (``opsocket``)
     GET  /client/install.lua              open: the one-line installer for a computer
     GET  /client/<dir>/<file>             open: the Lua client files it downloads
     GET  /computers                       operators: {computers: [{traposId, accountId, peer,
@@ -45,87 +44,69 @@ operator POST must be ``application/json`` (415).  A client's address is
 ``GatewayApp.client_address``: the peer's, or behind a proxy listed in
 ``SANDBOX_TRUSTED_PROXIES`` the client it forwards.  An operator request is
 decided when its head is complete, before its body is read
-(``GatewayRequest``; ``fasthttp`` likewise): a refused caller is answered
-there and the connection closed.  Per-computer routes resolve their
+(``site.GatewayRequest`` asks ``decide``; ``fasthttp`` likewise): a refused
+caller is answered there and the connection closed.  Per-computer routes resolve their
 account in one place (``on_computer``); the admin may add
 ``?account=NAME``.  ``/metrics`` is the admin's alone.  Every answer, errors
 included, is JSON (``{ok: false, error: {code, message}}``), never an HTML
-traceback page.
+traceback page: Klein's own errors too (``http_error``, ``_TextOnly``).
+
+One router: every path, the WebSockets' included, is a Klein route.  Bodies
+are checked by ``validation`` and answers written by ``answers``; the app
+builds nothing (``trapsandbox.tap`` gives it its parts).
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import functools
-import io
-import math
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import unquote_to_bytes
 
-import orjson
 from klein import Klein
 from prometheus_client.exposition import choose_encoder
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http import datetimeToString
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
-from twisted.web.server import NOT_DONE_YET, Request, Site
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, NotFound
+from werkzeug.routing import PathConverter
 
 from trapsandbox import __version__, limits
 from trapsandbox.admission import auth
 from trapsandbox.computers import wire
-from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.registry import Registry, describe_session
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.computers.wire import GatewayError
-from trapsandbox.fast import fixes
-from trapsandbox.fast.fasthttp import ABORT_AFTER, response
-from trapsandbox.limits import MAX_BODY_BYTES, MAX_REQUEST_TIMEOUT_MS
+from trapsandbox.limits import MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.mcp.endpoint import McpEndpoint
 from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.probe import OpencodeProbe, ProbeResult
 from trapsandbox.ops.metrics import Metrics
-from trapsandbox.web import client
+from trapsandbox.web import client, validation
+from trapsandbox.web.answers import (
+    json_body,
+    json_error,
+    ok_body,
+    plain_body,
+    sandbox_error,
+    sandbox_failed,
+    write_answer,
+)
 from trapsandbox.web.operator import (
-    REQUEST_TIMEOUT,
+    NO_SUCH_COMPUTER,
     STATUS_OF_ERROR,
     UNSUPPORTED_MEDIA_TYPE,
     Answer,
-    BadBody,
     OperatorRequests,
     json_content,
-    json_object,
-    too_large,
 )
+from trapsandbox.web.site import ASK, PUBLIC, operator_route
+from trapsandbox.web.streaming import OutputStream
+from trapsandbox.web.validation import BadRequest, read_body
 
 log = Logger()
-
-
-def json_body(request: IRequest, body: Any, code: int = 200) -> bytes:
-    request.setResponseCode(code)
-    request.setHeader(b"content-type", b"application/json")
-    request.setHeader(b"cache-control", b"no-store")
-    return orjson.dumps(body)
-
-
-def json_error(request: IRequest, code: int, error: str, message: str) -> bytes:
-    return json_body(request, {"ok": False, "error": {"code": error, "message": message}}, code)
-
-
-def write_answer(request: IRequest, answer: Answer) -> bytes:
-    """An ``operator.Answer`` onto ``request``: its status and headers set, its body returned."""
-    status, body, headers = answer.encoded()
-    request.setResponseCode(status)
-    for name, value in headers:
-        request.setHeader(name, value)
-    request.setHeader(b"content-type", b"application/json")
-    request.setHeader(b"cache-control", b"no-store")
-    return body
 
 
 def _lua(request: IRequest, body: bytes) -> bytes:
@@ -166,218 +147,24 @@ def _asked_account(request: IRequest) -> str | None:
     return values[0].decode("utf-8", "replace")
 
 
-def on_computer(error: Callable[[IRequest, int, str, str], bytes]):
+def on_computer(route):
     """
-    An operator route on one computer: its account is resolved here, in one
-    place, from the operator and ``?account=`` (``auth.Operator.account_of``),
-    and the route is called with ``account_id=``.  Another account's computer
-    answers as a missing one does; ``error`` makes the body of an answer given
-    here (409 for the admin).
+    A §9 operator route on one computer, called with ``account_id=`` the
+    account ``auth.Operator.account_of`` resolves from the operator and
+    ``?account=``; its refusal (409 for the admin) is a §9 error answer.
     """
 
-    def decorate(route):
-        @functools.wraps(route)
-        def resolved(self: GatewayApp, request: IRequest, trapos_id: str, operator: auth.Operator):
-            try:
-                account_id = operator.account_of(self._registry, trapos_id, _asked_account(request))
-            except GatewayError as failure:
-                return error(
-                    request, STATUS_OF_ERROR.get(failure.code, 500), failure.code, failure.message
-                )
-            # A missing computer and another account's take the same path from here
-            # (the body is checked, then the request finds nothing), so their answers
-            # cannot differ.
-            return route(self, request, trapos_id, account_id=account_id)
+    @functools.wraps(route)
+    def resolved(self: GatewayApp, request: IRequest, trapos_id: str, operator: auth.Operator):
+        try:
+            account_id = operator.account_of(self._registry, trapos_id, _asked_account(request))
+        except GatewayError as failure:
+            return sandbox_error(
+                request, STATUS_OF_ERROR.get(failure.code, 500), failure.code, failure.message
+            )
+        return route(self, request, trapos_id, account_id=account_id)
 
-        return operators_only(resolved)
-
-    return decorate
-
-
-class _CappedContent(io.BytesIO):
-    """A request body kept in memory up to a limit; past it, dropped and flagged."""
-
-    def __init__(self, limit: int, over_limit: bool = False) -> None:
-        super().__init__()
-        self._limit = limit
-        self.over_limit = over_limit
-
-    def write(self, data: bytes) -> int:
-        if not self.over_limit:
-            if self.tell() + len(data) > self._limit:
-                self.over_limit = True
-                self.seek(0)
-                self.truncate()
-            else:
-                super().write(data)
-        return len(data)
-
-
-# The head's decision on a request for no operator route: nothing to admit, and
-# no route of it reads a body.
-PUBLIC = "public"
-# ... on ``POST /mcp`` with an ask's own token (SPEC §11): the route finds its scope.
-ASK = "ask"
-
-
-def operator_route(method: bytes, target: bytes) -> str | None:
-    """
-    The operator route a request line names: ``computers``, ``metrics``,
-    ``mcp`` (POST only: other methods are a 405 for anyone), or None.  The
-    first path segment is %-decoded as twisted.web's traversal decodes it.
-    """
-    if not target.startswith(b"/"):
-        return None
-    first = unquote_to_bytes(target[1:].split(b"?", 1)[0].split(b"/", 1)[0])
-    if first in (b"computers", b"metrics") or (first == b"mcp" and method == b"POST"):
-        return first.decode("ascii")
-    return None
-
-
-class GatewayChannel(fixes.BoundedContentLength):
-    """
-    twisted.web's channel, bounded for strangers (SPEC §4 "Nothing is buffered
-    for a stranger"): a request's head and body must arrive within
-    ``REQUEST_DEADLINE`` of its first byte (else 408 and close; Twisted's own
-    idle timeout is reset by every byte), and a refused request's answer is
-    the connection's last (``refuse``).
-    """
-
-    # Set by what listens (``front.hand_over``, ``listener.CountedSite``): the place of the
-    # connection among its address's connections not yet admitted (``admission.strangers``).
-    ticket: Any = None
-    _deadline: Any = None
-    _abort: Any = None
-    # A request is whole and being answered (no deadline), or the connection is closing.
-    _answering = False
-    _closing = False
-
-    def dataReceived(self, data: bytes) -> None:
-        if self._deadline is None and not self._answering and not self._closing:
-            self._deadline = self.callLater(limits.REQUEST_DEADLINE, self._too_slow)
-        super().dataReceived(data)
-
-    def allContentReceived(self) -> None:
-        self._stop_deadline()
-        self._answering = True
-        super().allContentReceived()
-
-    def requestDone(self, request: IRequest) -> None:
-        self._answering = False
-        # (Requests that arrived meanwhile are read now: dataReceived again.)
-        super().requestDone(request)
-
-    def admitted(self) -> None:
-        """A request on this connection was admitted: it is no stranger's."""
-        ticket, self.ticket = self.ticket, None
-        if ticket is not None:
-            ticket.admitted()
-
-    def refuse(self, answer: Answer) -> None:
-        """Send ``answer`` as the connection's last, and close it without reading more."""
-        self._closing = True
-        self._stop_deadline()
-        self.persistent = False
-        self.write(response(answer, datetimeToString(), close=True))
-        self.loseConnection()
-        # A client that does not read its answer is not waited for (as fasthttp).
-        self.setTimeout(None)
-        self._abort = self.callLater(ABORT_AFTER, self.transport.abortConnection)
-
-    def _too_slow(self) -> None:
-        self._deadline = None
-        if not self._answering and not self._closing:
-            self.refuse(REQUEST_TIMEOUT)
-
-    def _stop_deadline(self) -> None:
-        deadline, self._deadline = self._deadline, None
-        if deadline is not None and deadline.active():
-            deadline.cancel()
-
-    def connectionLost(self, reason: Failure) -> None:
-        self._stop_deadline()
-        if self._abort is not None and self._abort.active():
-            self._abort.cancel()
-        self.admitted()  # gone: no longer waiting
-        super().connectionLost(reason)
-
-
-class GatewayRequest(Request):
-    """
-    A request decided at its head: who asks is known before any byte of its
-    body is read, and a caller who may not send one is answered at once
-    (``GatewayChannel.refuse``), its body never kept.
-    """
-
-    # The head's decision: an ``auth.Operator``, ``PUBLIC``, ``ASK``, or None
-    # (not decided at the head: the route decides).
-    admitted: Any = None
-    _refused = False
-
-    def gotLength(self, length: int | None) -> None:
-        # Called by HTTPChannel.allHeadersReceived, before the body (fixes.request_line).
-        channel = self.channel
-        line = fixes.request_line(self)
-        decide = getattr(channel.site, "decide", None)
-        decision = None if line is None or decide is None else decide(self, *line)
-        if isinstance(decision, Answer):
-            self._refused = True
-            # No "100 Continue" after the answer (HTTPChannel sends it after gotLength).
-            self.requestHeaders.removeHeader(b"expect")
-            self.content = _CappedContent(0)
-            channel.refuse(decision)
-            return
-        self.admitted = decision
-        if decision is not None:
-            channel.admitted()
-        if decision is PUBLIC:
-            self.content = _CappedContent(0)  # no such route reads a body: keep none
-            return
-        super().gotLength(length)
-
-    def handleContentChunk(self, data: bytes) -> None:
-        if not self._refused:
-            super().handleContentChunk(data)
-
-    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
-        if not self._refused:  # (what a refused request's body held is not served)
-            super().requestReceived(command, path, version)
-
-
-class GatewaySite(Site):
-    """
-    A ``Site`` that never spools a large request body to memory or disk, and
-    reads an operator request's body only once its head is admitted
-    (``decide``, ``GatewayApp.decide``).
-    """
-
-    displayTracebacks = False
-    protocol = GatewayChannel
-    requestFactory = GatewayRequest
-
-    def __init__(
-        self,
-        resource: IResource,
-        timeout: float = limits.HTTP_IDLE_TIMEOUT,
-        decide: Callable[[IRequest, bytes, bytes], Any] | None = None,
-    ) -> None:
-        # No route reads form fields: skip parsing every POST's content type
-        # for them (a quarter of an operator request's CPU).
-        super().__init__(resource, timeout=timeout, parsePOSTFormSubmission=False)
-        self.decide = decide
-
-    def getContentFile(self, length: int | None) -> _CappedContent:
-        return _CappedContent(MAX_BODY_BYTES, length is not None and length > MAX_BODY_BYTES)
-
-    def log(self, request: IRequest) -> None:
-        # No access line per HTTP request: an agent or a fleet's operator pings make
-        # thousands a second (a tenth of a request's CPU, and a flooded journal).
-        # Refusals, failures and every computer's connect and close are logged.
-        pass
-
-
-def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return operators_only(resolved)
 
 
 def _in_scope(body: dict[str, Any], scope: str | None) -> dict[str, Any]:
@@ -385,101 +172,6 @@ def _in_scope(body: dict[str, Any], scope: str | None) -> dict[str, Any]:
     if scope is not None:
         body["computers"] = [c for c in body["computers"] if c.get("accountId") == scope]
     return body
-
-
-def describe_session(session: Session) -> dict[str, Any]:
-    """A computer's entry in ``/computers``."""
-    return {
-        "traposId": session.trapos_id,
-        "accountId": session.account_id,
-        "peer": session.peer,
-        "connectedSince": _iso(session.connected_at),
-        "version": session.version,
-        "inFlight": session.in_flight,
-        "capabilities": sorted(session.capabilities),
-    }
-
-
-def _take_body(request: IRequest) -> bytes:
-    """The request's body, which the request keeps no copy of; raises ``BadBody``."""
-    body = request.content.read(MAX_BODY_BYTES + 1)
-    if getattr(request.content, "over_limit", False) or len(body) > MAX_BODY_BYTES:
-        raise too_large()
-    # The request object lives until the computer answers: keep no copy of
-    # a body that may be megabytes.
-    request.content.close()
-    request.content = io.BytesIO()
-    return body
-
-
-def _string(obj: dict[str, Any], name: str, required: bool = True) -> str | None:
-    value = obj.get(name)
-    if value is None and not required:
-        return None
-    if type(value) is not str or (required and not value):
-        raise BadBody(f"{name} must be a non-empty string")
-    return value
-
-
-def _number(obj: dict[str, Any], name: str, high: float, integer: bool = False) -> Any:
-    """An optional positive number of at most ``high``."""
-    value = obj.get(name)
-    if value is None:
-        return None
-    kinds = (int,) if integer else (int, float)
-    if type(value) not in kinds or not math.isfinite(value) or not 0 < value <= high:
-        kind = "whole number" if integer else "number"
-        raise BadBody(f"{name} must be a {kind} from 1 to {high}")
-    return value
-
-
-def _strings(obj: dict[str, Any], name: str) -> list[str]:
-    try:
-        value = obj.get(name)
-        return [] if value is None else wire.string_list(value)
-    except TypeError:
-        raise BadBody(f"{name} must be a list of strings") from None
-
-
-def _base64(obj: dict[str, Any]) -> None:
-    encoding = obj.get("encoding", "base64")
-    if encoding != "base64":
-        raise BadBody('encoding must be "base64"')
-
-
-_EXECUTE = '{"command", "args"?, "cwd"?, "timeoutMs"?, "maxOutputBytes"?}'
-
-
-def sandbox_error(request: IRequest, status: int, code: str, message: str) -> bytes:
-    """A failure of a §9 endpoint: ``{ok: false, error: "<message>", code}``."""
-    return json_body(request, {"ok": False, "error": message, "code": code}, status)
-
-
-def _sandbox_failed(failure: Failure, request: IRequest) -> bytes | Failure:
-    if failure.check(GatewayError):
-        error = failure.value
-        return sandbox_error(
-            request, STATUS_OF_ERROR.get(error.code, 500), error.code, error.message
-        )
-    return failure  # cancelled (the client went away), or a bug for internal_error
-
-
-def _relayable(request: IRequest, body: dict[str, Any]) -> bytes:
-    try:
-        return json_body(request, body)
-    except orjson.JSONEncodeError as error:
-        # orjson reads deeper nesting (1024) than it writes (254).
-        return sandbox_error(
-            request, 502, wire.INTERNAL, f"the computer's answer cannot be relayed: {error}"
-        )
-
-
-def _ok_body(payload: dict[str, Any], request: IRequest) -> bytes:
-    return _relayable(request, {"ok": True, **payload})
-
-
-def _plain_body(payload: dict[str, Any], request: IRequest) -> bytes:
-    return _relayable(request, payload)
 
 
 def _encoded(answer: dict[str, Any]) -> dict[str, Any]:
@@ -490,157 +182,84 @@ def _encoded(answer: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class _OutputStream:
+_EXECUTE = '{"command", "args"?, "cwd"?, "timeoutMs"?, "maxOutputBytes"?}'
+
+
+class _Segment(PathConverter):
     """
-    ``/execute``'s answer: NDJSON lines written as the computer's output
-    arrives, then one ``result`` (or ``error``) line.  Until the request has
-    gone out, a failure is an ordinary JSON answer with its status.
+    A traposId as its path segment decodes, whatever it holds: empty, or
+    starting with "/" (``%2F``).  The operator route reads it so, as
+    ``fasthttp`` does, rather than redirect to another path or answer a
+    bare 404: such a computer is a missing one.
     """
 
-    def __init__(self, request: IRequest) -> None:
-        self._request = request
-        self._begun = False
-        # What the deltas carried so far, so that the final answer's full
-        # output can fill in what no partial did.
-        self._sent = {"stdout_delta": 0, "stderr_delta": 0}
-
-    def begin(self) -> None:
-        if not self._begun:
-            self._begun = True
-            request = self._request
-            request.setResponseCode(200)
-            request.setHeader(b"content-type", b"application/x-ndjson")
-            request.setHeader(b"cache-control", b"no-store")
-
-    def _line(self, obj: dict[str, Any]) -> None:
-        self.begin()
-        self._request.write(orjson.dumps(obj) + b"\n")
-
-    def output(self, kind: str, data: str) -> None:
-        self._sent[kind] += len(data)
-        self._line({"type": kind, "data": data})
-
-    def result(self, answer: dict[str, Any]) -> bytes:
-        for kind, name in (("stdout_delta", "stdout"), ("stderr_delta", "stderr")):
-            full = answer.get(name)
-            if isinstance(full, str) and len(full) > self._sent[kind]:
-                self.output(kind, full[self._sent[kind] :])
-        line: dict[str, Any] = {"type": "result"}
-        for name in ("exitCode", "timedOut", "durationMs", "stdoutTruncated", "stderrTruncated"):
-            if name in answer:
-                line[name] = answer[name]
-        self._line(line)
-        return b""
-
-    def failed(self, failure: Failure) -> bytes | Failure:
-        if not failure.check(GatewayError):
-            return failure  # cancelled: the caller is gone
-        if not self._begun:
-            return _sandbox_failed(failure, self._request)
-        error = failure.value
-        self._line({"type": "error", "error": error.message, "code": error.code})
-        return b""
+    regex = ".*?"
+    part_isolating = False  # it may span "/"
 
 
-class _Direct(Resource):
+class _TextOnly(Resource):
     """
-    One hot route served without Klein (whose routing cost a fifth of an
-    operator request): ``handler(request)`` answers with bytes or a Deferred
-    of bytes, as a Klein route does, and a client that goes away cancels it.
+    Klein's resource, but for the one answer Klein gives before routing: a
+    path or ``Host`` that is not UTF-8 (Klein's routes are text) would be a
+    bare-text 400 and an error in the log.  No route's path holds such bytes,
+    so such a path names nothing here: a 404 as JSON, the one of a missing
+    computer under ``/computers`` (as ``fasthttp`` answers it).
     """
 
     isLeaf = True
 
-    def __init__(self, handler: Callable[[IRequest], Any], failed: Callable) -> None:
+    def __init__(self, routes: IResource) -> None:
         super().__init__()
-        self._handler = handler
-        self._failed = failed
+        self._routes = routes
 
     def render(self, request: IRequest) -> Any:
-        result = self._handler(request)
-        if not isinstance(result, Deferred):
-            return result
-        gone: list[object] = []
-        request.notifyFinish().addBoth(gone.append)
-
-        def write(body: bytes) -> None:
-            if not gone:
-                request.write(body)
-                request.finish()
-
-        def failed(failure: Failure) -> None:
-            if not gone and not failure.check(CancelledError):
-                write(self._failed(request, failure))
-
-        result.addCallbacks(write, failed)
-        if not gone:
-            request.notifyFinish().addErrback(lambda _: result.cancel())
-        return NOT_DONE_YET
-
-
-class _Root(Resource):
-    """
-    Sends ``/gateway`` straight to the WebSocket, ``POST /computers/{id}/requests``
-    straight to its route, and everything else to Klein: every computer's
-    connect and every operator request would otherwise pay for Klein's routing.
-    """
-
-    def __init__(
-        self, websocket: IResource, app: IResource, requests: _Direct, operator: Any = None
-    ) -> None:
-        super().__init__()
-        self._websocket = websocket
-        self._operator = operator
-        self._app = app
-        self._requests = requests
-
-    def getChildWithDefault(self, name: bytes, request: IRequest) -> IResource:
-        postpath = request.postpath
-        if name == b"gateway" and not postpath:
-            return self._websocket
-        if name == b"operator" and not postpath and self._operator is not None:
-            return self._operator
-        if (
-            name == b"computers"
-            and request.method == b"POST"
-            and len(postpath) == 2
-            and postpath[1] == b"requests"
-        ):
-            return self._requests
-        # Klein routes on the whole path: give it back the segment just taken.
-        postpath.insert(0, request.prepath.pop())
-        return self._app
-
-    def render(self, request: IRequest) -> bytes:
-        return self._app.render(request)
+        try:
+            for segment in request.postpath:
+                segment.decode("utf-8")
+        except UnicodeDecodeError:
+            if request.postpath[0] == b"computers":
+                return write_answer(request, NO_SUCH_COMPUTER)
+            return json_error(request, 404, "not_found", NotFound.description)
+        try:
+            request.getRequestHostname().decode("utf-8")
+        except UnicodeDecodeError:
+            return json_error(request, 400, "bad_request", "the Host header is not UTF-8")
+        return self._routes.render(request)
 
 
 class GatewayApp:
+    """
+    The HTTP routes of the port, and the decision on a request from its
+    head (``decide``).  Given every part it serves; builds none.
+    """
+
     app = Klein()
+    app.url_map.converters["segment"] = _Segment
 
     def __init__(
         self,
         registry: Registry,
         probe: OpencodeProbe,
         websocket: IResource,
-        metrics: Metrics | None = None,
-        admission: auth.Admission | None = None,
+        requests: OperatorRequests,
+        sandbox: Sandbox,
+        mcp: McpEndpoint,
+        metrics: Metrics,
         cluster: Any = None,
         asks: Asks | None = None,
         operator_socket: IResource | None = None,
     ) -> None:
         self._registry = registry
-        self._operator_socket = operator_socket
+        self._probe = probe
+        self._websocket = websocket
+        self._requests = requests
+        self._sandbox = sandbox
+        self._mcp = mcp
+        self._metrics = metrics
         # Cluster mode: a ``trapsandbox.cluster.member.Cluster`` (not imported otherwise).
         self._cluster = cluster
         self._asks = asks
-        self._sandbox = Sandbox(registry)
-        self._probe = probe
-        self._websocket = websocket
-        self._metrics = registry.metrics if metrics is None else metrics
-        self._admission = auth.Admission(registry.clock) if admission is None else admission
-        self._requests = OperatorRequests(registry, self._admission)
-        self._mcp = McpEndpoint(registry, self._sandbox, self._metrics)
+        self._operator_socket = operator_socket
 
     @property
     def requests(self) -> OperatorRequests:
@@ -648,24 +267,11 @@ class GatewayApp:
         return self._requests
 
     def resource(self) -> IResource:
-        return _Root(
-            self._websocket,
-            self.app.resource(),
-            _Direct(self._direct_request, self.internal_error),
-            self._operator_socket,
-        )
-
-    def _direct_request(self, request: IRequest) -> Any:
-        # postpath is [traposId, "requests"], each segment already %-decoded.
-        try:
-            trapos_id = request.postpath[0].decode("utf-8")
-        except UnicodeDecodeError:
-            return json_error(request, 404, "not_found", "no such computer")
-        return self.computer_request(request, trapos_id)
+        return _TextOnly(self.app.resource())
 
     def client_address(self, request: IRequest) -> object:
         """The request's client: its peer, or a trusted reverse proxy's client (SPEC §4)."""
-        return self._admission.client_address(
+        return self._requests.client_address(
             request.getClientAddress(),
             _joined(request, b"x-forwarded-for"),
             _joined(request, b"forwarded"),
@@ -673,7 +279,7 @@ class GatewayApp:
 
     def decide(self, request: IRequest, method: bytes, target: bytes) -> Any:
         """
-        The decision on a request from its head alone (``GatewayRequest``),
+        The decision on a request from its head alone (``site.GatewayRequest``),
         before its body is read: ``PUBLIC`` for no operator route; for one,
         the ``auth.Operator`` or the ``Answer`` refusing it (``_admit``), or
         ``ASK`` for an ask's own token on ``/mcp``.
@@ -715,6 +321,20 @@ class GatewayApp:
             return write_answer(request, who)
         return who
 
+    # -- The WebSockets ----------------------------------------------------------------------
+
+    @app.route("/gateway")
+    def gateway(self, request: IRequest) -> IResource:
+        return self._websocket
+
+    @app.route("/operator")
+    def operator_socket(self, request: IRequest) -> IResource:
+        if self._operator_socket is None:
+            raise NotFound()
+        return self._operator_socket
+
+    # -- Open routes -------------------------------------------------------------------------
+
     @app.route("/health", methods=["GET"])
     def health(self, request: IRequest):
         d = self._probe.check()
@@ -743,6 +363,8 @@ class GatewayApp:
             return json_error(request, 404, "not_found", f'no client file "{wire.cut(name)}"')
         return _lua(request, body)
 
+    # -- Operators ---------------------------------------------------------------------------
+
     @app.route("/computers", methods=["GET"])
     @operators_only
     def computers(self, request: IRequest, operator: auth.Operator) -> bytes:
@@ -756,12 +378,12 @@ class GatewayApp:
             return d.addCallback(lambda body: json_body(request, _in_scope(body, scope)))
         return json_body(request, {"computers": listed})
 
-    # ``path``: a label may hold a "/" (sent as %2F, which Twisted decodes).
-    @app.route("/computers/<path:trapos_id>/requests", methods=["POST"])
+    # A label may hold a "/" (sent as %2F, which Twisted decodes): ``segment``.
+    @app.route("/computers/<segment:trapos_id>/requests", methods=["POST"], merge_slashes=False)
     def computer_request(self, request: IRequest, trapos_id: str):
         try:
-            body: bytes | BadBody = _take_body(request)
-        except BadBody as error:
+            body: bytes | BadRequest = read_body(request)
+        except BadRequest as error:
             body = error
         operator = self._operator(request)
         if not isinstance(operator, auth.Operator):
@@ -780,22 +402,21 @@ class GatewayApp:
 
     # -- The computer as a sandbox (SPEC §9) -------------------------------------------------
 
-    def _sandbox_body(self, request: IRequest, shape: str) -> dict[str, Any]:
-        return json_object(_take_body(request), shape)
-
     @app.route("/computers/<path:trapos_id>/execute", methods=["POST"])
-    @on_computer(sandbox_error)
+    @on_computer
     def execute(self, request: IRequest, trapos_id: str, account_id: str):
         try:
-            body = self._sandbox_body(request, _EXECUTE)
-            command = _string(body, "command")
-            args = _strings(body, "args")
-            cwd = _string(body, "cwd", required=False)
-            timeout_ms = _number(body, "timeoutMs", MAX_REQUEST_TIMEOUT_MS)
-            max_output = _number(body, "maxOutputBytes", limits.MAX_OUTPUT_BYTES, integer=True)
-        except BadBody as error:
-            return sandbox_error(request, error.status, error.code, str(error))
-        stream = _OutputStream(request)
+            body = validation.json_object(read_body(request), _EXECUTE)
+            command = validation.string(body, "command")
+            args = validation.strings(body, "args")
+            cwd = validation.string(body, "cwd", required=False)
+            timeout_ms = validation.number(body, "timeoutMs", MAX_REQUEST_TIMEOUT_MS)
+            max_output = validation.number(
+                body, "maxOutputBytes", limits.MAX_OUTPUT_BYTES, integer=True
+            )
+        except BadRequest as error:
+            return sandbox_error(request, error.status, error.code, error.message)
+        stream = OutputStream(request)
         d = self._sandbox.execute(
             trapos_id,
             command,
@@ -812,14 +433,14 @@ class GatewayApp:
         return d
 
     @app.route("/computers/<path:trapos_id>/eval", methods=["POST"])
-    @on_computer(sandbox_error)
+    @on_computer
     def eval(self, request: IRequest, trapos_id: str, account_id: str):
         def call(body: dict[str, Any]) -> Deferred:
             return self._sandbox.eval(
                 trapos_id,
-                _string(body, "code"),
-                _number(body, "timeoutMs", MAX_REQUEST_TIMEOUT_MS),
-                _number(body, "maxOutputBytes", limits.MAX_OUTPUT_BYTES, integer=True),
+                validation.string(body, "code"),
+                validation.number(body, "timeoutMs", MAX_REQUEST_TIMEOUT_MS),
+                validation.number(body, "maxOutputBytes", limits.MAX_OUTPUT_BYTES, integer=True),
                 account_id=account_id,
             )
 
@@ -827,60 +448,54 @@ class GatewayApp:
         return self._sandbox_call(request, '{"code", "timeoutMs"?}', call, ok=False)
 
     @app.route("/computers/<path:trapos_id>/read-file", methods=["POST"])
-    @on_computer(sandbox_error)
+    @on_computer
     def read_file(self, request: IRequest, trapos_id: str, account_id: str):
         def call(body: dict[str, Any]) -> Deferred:
-            _base64(body)
-            offset = body.get("offset", 0)
-            if type(offset) is not int or offset < 0:
-                raise BadBody("offset must be a whole number of bytes, 0 or more")
-            length = _number(body, "length", limits.MAX_FILE_BYTES, integer=True)
+            validation.base64_encoding(body)
+            offset = validation.offset(body, "offset")
+            length = validation.number(body, "length", limits.MAX_FILE_BYTES, integer=True)
             return self._sandbox.read_file(
-                trapos_id, _string(body, "path"), offset, length, account_id=account_id
+                trapos_id, validation.string(body, "path"), offset, length, account_id=account_id
             ).addCallback(_encoded)
 
         return self._sandbox_call(request, '{"path", "offset"?, "length"?}', call)
 
     @app.route("/computers/<path:trapos_id>/write-file", methods=["POST"])
-    @on_computer(sandbox_error)
+    @on_computer
     def write_file(self, request: IRequest, trapos_id: str, account_id: str):
         def call(body: dict[str, Any]) -> Deferred:
-            path = _string(body, "path")
-            _base64(body)
-            content = body.get("content")
-            try:
-                if type(content) is not str:
-                    raise ValueError
-                data = base64.b64decode(content, validate=True)
-            except (ValueError, binascii.Error):
-                raise BadBody("content must be the file's bytes in base64") from None
+            path = validation.string(body, "path")
+            validation.base64_encoding(body)
+            data = validation.base64_bytes(body, "content")
             return self._sandbox.write_file(trapos_id, path, data, account_id=account_id)
 
         return self._sandbox_call(request, '{"path", "content", "encoding": "base64"}', call)
 
     @app.route("/computers/<path:trapos_id>/list-files", methods=["POST"])
-    @on_computer(sandbox_error)
+    @on_computer
     def list_files(self, request: IRequest, trapos_id: str, account_id: str):
         def call(body: dict[str, Any]) -> Deferred:
-            return self._sandbox.list_files(trapos_id, _string(body, "path"), account_id=account_id)
+            return self._sandbox.list_files(
+                trapos_id, validation.string(body, "path"), account_id=account_id
+            )
 
         return self._sandbox_call(request, '{"path"}', call)
 
     @app.route("/computers/<path:trapos_id>/delete-file", methods=["POST"])
-    @on_computer(sandbox_error)
+    @on_computer
     def delete_file(self, request: IRequest, trapos_id: str, account_id: str):
         def call(body: dict[str, Any]) -> Deferred:
             return self._sandbox.delete_file(
-                trapos_id, _string(body, "path"), account_id=account_id
+                trapos_id, validation.string(body, "path"), account_id=account_id
             )
 
         return self._sandbox_call(request, '{"path"}', call)
 
     @app.route("/computers/<path:trapos_id>/screen", methods=["GET"])
-    @on_computer(sandbox_error)
+    @on_computer
     def screen(self, request: IRequest, trapos_id: str, account_id: str):
         d = self._sandbox.screen(trapos_id, account_id=account_id)
-        d.addCallbacks(_ok_body, _sandbox_failed, (request,), None, (request,))
+        d.addCallbacks(ok_body, sandbox_failed, (request,), None, (request,))
         return d
 
     def _sandbox_call(
@@ -891,14 +506,12 @@ class GatewayApp:
         ok: bool = True,
     ):
         try:
-            d = call(self._sandbox_body(request, shape))
-        except BadBody as error:
-            return sandbox_error(request, error.status, error.code, str(error))
+            d = call(validation.json_object(read_body(request), shape))
+        except BadRequest as error:
+            return sandbox_error(request, error.status, error.code, error.message)
         except GatewayError:
-            return _sandbox_failed(Failure(), request)
-        d.addCallbacks(
-            _ok_body if ok else _plain_body, _sandbox_failed, (request,), None, (request,)
-        )
+            return sandbox_failed(Failure(), request)
+        d.addCallbacks(ok_body if ok else plain_body, sandbox_failed, (request,), None, (request,))
         return d
 
     # -- MCP (SPEC §10) ----------------------------------------------------------------------
@@ -918,9 +531,9 @@ class GatewayApp:
                 return operator
             scope = operator.scope(_asked_account(request))
         try:
-            body = _take_body(request)
-        except BadBody as error:
-            return self._mcp.post(request, None, str(error), scope=scope, pin=pin)
+            body = read_body(request)
+        except BadRequest as error:
+            return self._mcp.post(request, None, error.message, scope=scope, pin=pin)
         return self._mcp.post(request, body, scope=scope, pin=pin)
 
     @app.route("/mcp", methods=["GET", "PUT", "DELETE", "PATCH", "OPTIONS"])
@@ -940,6 +553,8 @@ class GatewayApp:
         request.setHeader(b"content-type", content_type.encode("ascii"))
         request.setHeader(b"cache-control", b"no-store")
         return encoder(self._metrics.registry)
+
+    # -- Klein's own errors, as JSON ---------------------------------------------------------
 
     @app.handle_errors(HTTPException)
     def http_error(self, request: IRequest, failure: Failure) -> bytes:

@@ -24,7 +24,14 @@ from trapsandbox.admission import auth
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.wire import GatewayError
-from trapsandbox.limits import MAX_BODY_BYTES, MAX_REQUEST_TIMEOUT_MS
+from trapsandbox.limits import MAX_REQUEST_TIMEOUT_MS
+from trapsandbox.web.validation import (
+    BadRequest,
+    json_object,
+    number,
+    optional_object,
+    short_string,
+)
 
 # The HTTP status for each way a request to a computer can fail.
 STATUS_OF_ERROR = {
@@ -109,60 +116,20 @@ def json_content(content_type: bytes | None) -> bool:
     return media == b"application/json"
 
 
-class BadBody(ValueError):
-    """A request body to answer with ``status`` and ``code``; the message says why."""
-
-    def __init__(self, message: str, status: int = 400, code: str = wire.BAD_REQUEST) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-
-
-def too_large() -> BadBody:
-    # A new one each time: a raised exception keeps the frames it went through.
-    return BadBody(f"the body is over {MAX_BODY_BYTES} bytes", 413, wire.TOO_LARGE)
-
-
-def json_object(body: bytes, shape: str) -> dict[str, Any]:
-    """The JSON object ``body`` holds; raises ``BadBody`` naming ``shape``."""
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError as error:
-        raise BadBody(f"the body is not JSON: {error}") from None
-    if type(obj) is not dict:
-        raise BadBody(f"the body must be a JSON object: {shape}")
-    return obj
-
-
 _REQUEST = '{"type", "payload"?, "timeoutMs"?}'
 
 
 def parse_request(obj: dict[str, Any]) -> tuple[str, dict[str, Any], float | None]:
-    """``(type, payload, timeout in seconds or None)``; raises ``BadBody``."""
-    kind = obj.get("type")
-    if type(kind) is not str or not 0 < len(kind) <= limits.MAX_TYPE_LENGTH:
-        raise BadBody(f"type must be a string of 1 to {limits.MAX_TYPE_LENGTH} characters")
-    payload = obj.get("payload")
-    if payload is None:
-        payload = {}
-    elif type(payload) is not dict:
-        raise BadBody("payload must be a JSON object")
-    timeout = obj.get("timeoutMs")
-    if timeout is not None:
-        if (
-            type(timeout) not in (int, float)
-            or not math.isfinite(timeout)
-            or not 0 < timeout <= MAX_REQUEST_TIMEOUT_MS
-        ):
-            raise BadBody(
-                f"timeoutMs must be a number of milliseconds, 1 to {MAX_REQUEST_TIMEOUT_MS}"
-            )
-        timeout = timeout / 1000
-    return kind, payload, timeout
+    """``(type, payload, timeout in seconds or None)``; raises ``BadRequest``."""
+    kind = short_string(obj, "type", limits.MAX_TYPE_LENGTH)
+    payload = optional_object(obj, "payload")
+    timeout = number(obj, "timeoutMs", MAX_REQUEST_TIMEOUT_MS, unit="milliseconds")
+    return kind, payload, None if timeout is None else timeout / 1000
 
 
-def _bad_body(error: BadBody) -> Answer:
-    return error_answer(error.status, error.code, str(error))
+def rejected(error: BadRequest) -> Answer:
+    """The answer to a request the caller got wrong (its status and code are the error's)."""
+    return error_answer(error.status, error.code, error.message)
 
 
 def _answered(response: wire.ComputerResponse) -> Answer:
@@ -259,7 +226,7 @@ class OperatorRequests:
         authorization: bytes | None,
         trapos_id: str,
         asked: str | None,
-        body: bytes | BadBody,
+        body: bytes | BadRequest,
         admitted: auth.Operator | None = None,
     ) -> Answer | Deferred:
         """
@@ -275,15 +242,12 @@ class OperatorRequests:
         account_id = self.account(operator, trapos_id, asked)
         if type(account_id) is Answer:
             return account_id
-        # A missing computer and another account's take the same path from here
-        # (the body is checked, then the request finds nothing), so their answers
-        # cannot differ.
-        if isinstance(body, BadBody):
-            return _bad_body(body)  # not raised again: it would keep this frame too
+        if isinstance(body, BadRequest):
+            return rejected(body)  # not raised again: it would keep this frame too
         try:
             obj = json_object(body, _REQUEST)
-        except BadBody as error:
-            return _bad_body(error)
+        except BadRequest as error:
+            return rejected(error)
         return self.send(trapos_id, account_id, obj)
 
     def send(self, trapos_id: str, account_id: str, obj: dict[str, Any]) -> Answer | Deferred:
@@ -293,8 +257,8 @@ class OperatorRequests:
         """
         try:
             kind, payload, timeout = parse_request(obj)
-        except BadBody as error:
-            return _bad_body(error)
+        except BadRequest as error:
+            return rejected(error)
         d = self._registry.request(trapos_id, kind, payload, timeout, account_id=account_id)
         d.addCallbacks(_answered, _failed)
         return d

@@ -51,28 +51,18 @@ from trapsandbox import limits
 from trapsandbox.admission import auth, proxies
 from trapsandbox.computers import wire
 from trapsandbox.computers.outbound import Outbound
-from trapsandbox.computers.protocol import Sending, server_options
+from trapsandbox.computers.protocol import server_options
+from trapsandbox.computers.sending import Sending
 from trapsandbox.computers.wire import GatewayError
 from trapsandbox.fast import fixes
 from trapsandbox.ops.metrics import Metrics
-from trapsandbox.web.operator import INTERNAL, Answer, OperatorRequests, error_answer
+from trapsandbox.web.operator import INTERNAL, Answer, OperatorRequests, error_answer, rejected
+from trapsandbox.web.validation import BadRequest, json_object, short_string
 
 log = Logger()
 
 _SHAPE = '{"id", "traposId", "type", "payload"?, "timeoutMs"?, "account"?}'
 CANCELLED = error_answer(503, wire.UNAVAILABLE, "the request was cancelled")
-
-
-class _Unread(Exception):
-    """A message answered 400 before it reached a computer; ``id`` is its id if it had one."""
-
-    def __init__(self, message_id: Any, message: str) -> None:
-        super().__init__(message)
-        self.id = message_id
-
-
-def _bad(message: str) -> Answer:
-    return error_answer(400, wire.BAD_REQUEST, message)
 
 
 def _id_of(obj: dict[str, Any]) -> str | int:
@@ -81,29 +71,22 @@ def _id_of(obj: dict[str, Any]) -> str | int:
     # Not bool (an int in Python) and not float; orjson reads integers past 64 bits as floats.
     if kind is int or (kind is str and 0 < len(message_id) <= limits.MAX_ID_LENGTH):
         return message_id
-    raise _Unread(
-        None, f"id must be a string of 1 to {limits.MAX_ID_LENGTH} characters or an integer"
-    )
+    raise BadRequest(f"id must be a string of 1 to {limits.MAX_ID_LENGTH} characters or an integer")
 
 
-def read_message(payload: bytes) -> tuple[str | int, str, str | None, dict[str, Any]]:
-    """``(id, traposId, account or None, the message)``; raises ``_Unread``."""
-    try:
-        obj = orjson.loads(payload)
-    except orjson.JSONDecodeError as error:
-        raise _Unread(None, f"the message is not JSON: {error}") from None
-    if type(obj) is not dict:
-        raise _Unread(None, f"the message must be a JSON object: {_SHAPE}")
-    message_id = _id_of(obj)
-    trapos_id = obj.get("traposId")
-    if type(trapos_id) is not str or not 0 < len(trapos_id) <= limits.MAX_ID_LENGTH:
-        raise _Unread(
-            message_id, f"traposId must be a string of 1 to {limits.MAX_ID_LENGTH} characters"
-        )
+def read_message(payload: bytes) -> tuple[str | int, dict[str, Any]]:
+    """``(id, the message)``; raises ``BadRequest`` (answered with no id)."""
+    obj = json_object(payload, _SHAPE, "the message")
+    return _id_of(obj), obj
+
+
+def target(obj: dict[str, Any]) -> tuple[str, str | None]:
+    """``(traposId, account or None)``; raises ``BadRequest`` (answered with the id)."""
+    trapos_id = short_string(obj, "traposId", limits.MAX_ID_LENGTH)
     account = obj.get("account")
     if account is not None and type(account) is not str:
-        raise _Unread(message_id, "account must be a string")
-    return message_id, trapos_id, account, obj
+        raise BadRequest("account must be a string")
+    return trapos_id, account
 
 
 def encode_answer(message_id: str | int | None, answer: Answer) -> bytes:
@@ -184,11 +167,12 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         message_id = None
         try:
             if isBinary:
-                raise _Unread(None, "binary frames are not read: send each request as JSON text")
-            message_id, trapos_id, account, obj = read_message(payload)
+                raise BadRequest("binary frames are not read: send each request as JSON text")
+            message_id, obj = read_message(payload)
+            trapos_id, account = target(obj)
             self._start(message_id, trapos_id, account, obj)
-        except _Unread as unread:
-            self._answer(unread.id, _bad(str(unread)))
+        except BadRequest as error:
+            self._answer(message_id, rejected(error))
         except Exception:
             log.failure("unexpected error handling a message from {peer}", peer=self.peer_address)
             # Never a second answer to an id whose first is still to come.
@@ -228,7 +212,7 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
     def _start(self, message_id: str | int, trapos_id: str, account: str | None, obj: dict) -> None:
         factory = self.factory
         if message_id in self.in_flight:
-            raise _Unread(message_id, f"id {message_id!r} is already in flight on this connection")
+            raise BadRequest(f"id {message_id!r} is already in flight on this connection")
         if len(self.in_flight) >= factory.max_in_flight:
             self._answer(
                 message_id,

@@ -11,19 +11,17 @@ from treq.testing import StubTreq
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.resource import Resource
 
-from tests.harness.fakes import FixedProbe, SandboxComputer
+from tests.harness.apps import gateway_app
+from tests.harness.fakes import SandboxComputer
 from tests.harness.support import JSON
 from trapsandbox import limits
 from trapsandbox.admission import accounts, auth
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.wire import GatewayError
-from trapsandbox.config import ConfigError
+from trapsandbox.errors import ConfigError
 from trapsandbox.limits import LOCAL_ACCOUNT
-from trapsandbox.opencode.probe import ProbeResult
-from trapsandbox.web.app import GatewayApp
 
 THERE = IPv4Address("TCP", "203.0.113.9", 5000)
 HERE = IPv4Address("TCP", "127.0.0.1", 5000)
@@ -150,18 +148,36 @@ class ResolutionTests(SynchronousTestCase):
 
     def test_a_file_turns_auth_on_without_a_password(self):
         self.assertTrue(self.admission.enabled)
-        self.assertEqual(self.admission.computer("h", "secret-of-alice", "1:"), "alice")
-        self.assertEqual(self.admission.computer("h", "secret-of-bob", "1:"), "bob")
+        self.assertEqual(self.admission.computer("h", "secret-of-alice", "1:").account, "alice")
+        self.assertEqual(self.admission.computer("h", "secret-of-bob", "1:").account, "bob")
         for wrong in ("sesame", None, "", 7):
             self.assertEqual(self.admission.computer("h2", wrong, "1:").reason, auth.WRONG)
         self.assertEqual(self.admission.account_names(), ["alice", "bob"])
         self.assertEqual(self.admission.max_computers("bob"), 3)
         self.assertIsNone(self.admission.max_computers(limits.LOCAL_ACCOUNT))
 
+    def test_the_secret_is_hashed_once_and_the_digest_kept(self):
+        # The session keeps this digest; a reload compares it (``admits``).
+        admitted = self.admission.computer("h", "secret-of-alice", "1:")
+        self.assertEqual(admitted, auth.Admitted("alice", accounts.sha256_hex("secret-of-alice")))
+        self.assertTrue(self.admission.admits("alice", admitted.credential))
+
+    def test_max_computers_is_decided_by_admission(self):
+        registry = Registry(self.clock)
+        for n in range(3):
+            self.assertIsNone(self.admission.room("bob", f"{n}:", registry))
+            SandboxComputer.connect(registry, f"{n}:", account_id="bob")
+        refusal = self.admission.room("bob", "9:", registry)
+        self.assertEqual(refusal.reason, auth.FULL)
+        self.assertIn("already has 3 computers connected", refusal.message)
+        # A computer replacing its own connection takes no more room; another account has its own.
+        self.assertIsNone(self.admission.room("bob", "1:", registry))
+        self.assertIsNone(self.admission.room("alice", "9:", registry))
+
     def test_the_password_is_local_beside_the_file(self):
         admission = auth.Admission(self.clock, password="sesame", accounts=some("alice"))
-        self.assertEqual(admission.computer("h", "sesame", "1:"), limits.LOCAL_ACCOUNT)
-        self.assertEqual(admission.computer("h", "secret-of-alice", "1:"), "alice")
+        self.assertEqual(admission.computer("h", "sesame", "1:").account, limits.LOCAL_ACCOUNT)
+        self.assertEqual(admission.computer("h", "secret-of-alice", "1:").account, "alice")
         self.assertEqual(admission.account_names(), [limits.LOCAL_ACCOUNT, "alice"])
 
     def test_the_password_or_admin_token_cannot_be_an_accounts(self):
@@ -200,7 +216,7 @@ class ResolutionTests(SynchronousTestCase):
         self.assertEqual(
             self.admission.operator(THERE, b"Bearer token-of-alice"), auth.Operator("alice")
         )
-        self.assertEqual(self.admission.computer("h", "secret-of-alice", "1:"), "alice")
+        self.assertEqual(self.admission.computer("h", "secret-of-alice", "1:").account, "alice")
         other = IPv4Address("TCP", "198.51.100.1", 1)
         self.assertEqual(self.admission.operator(other, b"Bearer guess").reason, auth.WRONG)
         self.assertEqual(self.admission.computer("h2", "guess", "1:").reason, auth.WRONG)
@@ -295,8 +311,8 @@ class ReloadTests(SynchronousTestCase):
         revoked = admission.revoked(registry)
         self.assertEqual(sorted(s.account_id for s in revoked), ["bob", "carol"])
         self.assertEqual(admission.computer("h", "secret-of-bob", "1:").reason, auth.WRONG)
-        self.assertEqual(admission.computer("h", "new", "1:"), "carol")
-        self.assertEqual(admission.computer("h", "secret-of-dave", "1:"), "dave")
+        self.assertEqual(admission.computer("h", "new", "1:").account, "carol")
+        self.assertEqual(admission.computer("h", "secret-of-dave", "1:").account, "dave")
 
     def test_a_clashing_reload_changes_nothing(self):
         admission = auth.Admission(Clock(), password="sesame", accounts=some("alice"))
@@ -348,7 +364,7 @@ class ScopedHTTPTests(SynchronousTestCase):
         clock = Clock()
         registry = Registry(clock)
         admission = auth.Admission(clock, admin_token="admin", accounts=some(*NAMES))
-        app = GatewayApp(registry, FixedProbe(ProbeResult(True)), Resource(), admission=admission)
+        app = gateway_app(registry, admission=admission)
         connected = {}
         for account, trapos_id in computers:
             connected[(account, trapos_id)] = SandboxComputer.connect(
@@ -461,9 +477,7 @@ class AdminHTTPTests(SynchronousTestCase):
         clock = Clock()
         self.registry = Registry(clock)
         admission = auth.Admission(clock, admin_token="admin", accounts=some("alice", "bob"))
-        self.metrics_app = GatewayApp(
-            self.registry, FixedProbe(ProbeResult(True)), Resource(), admission=admission
-        )
+        self.metrics_app = gateway_app(self.registry, admission=admission)
         self.metrics_app._metrics.watch_accounts(
             lambda: {**dict.fromkeys(admission.account_names(), 0), **self.registry.counts()}
         )

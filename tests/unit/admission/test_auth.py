@@ -19,7 +19,7 @@ class ComputerTests(SynchronousTestCase):
         self.admission = auth.Admission(self.clock, password="sesame")
 
     def test_the_right_secret_is_the_local_account(self):
-        self.assertEqual(self.admission.computer("h", "sesame", "7:"), limits.LOCAL_ACCOUNT)
+        self.assertEqual(self.admission.computer("h", "sesame", "7:").account, limits.LOCAL_ACCOUNT)
 
     def test_a_wrong_or_missing_secret_is_refused(self):
         for secret in ("nope", None, 7, ""):
@@ -29,7 +29,7 @@ class ComputerTests(SynchronousTestCase):
     def test_no_password_admits_any_secret(self):
         admission = auth.Admission(self.clock)
         self.assertFalse(admission.enabled)
-        self.assertEqual(admission.computer("h", None, "7:"), limits.LOCAL_ACCOUNT)
+        self.assertEqual(admission.computer("h", None, "7:").account, limits.LOCAL_ACCOUNT)
 
     def test_a_guessing_address_has_its_wrong_secrets_refused_not_its_right_one(self):
         for _ in range(limits.FREE_FAILURES + 1):
@@ -38,7 +38,7 @@ class ComputerTests(SynchronousTestCase):
         self.assertEqual(refusal.reason, auth.THROTTLED)
         self.assertGreater(refusal.wait, 0)
         # The right secret is checked first and let in, however blocked its address is.
-        self.assertEqual(self.admission.computer("h", "sesame", "7:"), limits.LOCAL_ACCOUNT)
+        self.assertEqual(self.admission.computer("h", "sesame", "7:").account, limits.LOCAL_ACCOUNT)
         # Another address is not affected; the blocked one may try again later.
         self.assertEqual(self.admission.computer("other", "nope", "7:").reason, auth.WRONG)
         self.clock.advance(refusal.wait)
@@ -134,3 +134,21 @@ class OrderTests(SynchronousTestCase):
                 IPv4Address("TCP", host, 1), b"Bearer tok" if right else b"Bearer guess"
             ),
         )
+
+
+class BearerTokenTests(SynchronousTestCase):
+    """The one reader of ``Authorization: Bearer <token>`` (operators', an ask's)."""
+
+    def test_the_scheme_is_case_insensitive(self):
+        for header in (b"Bearer tok", b"bearer tok", b"BEARER  tok ", b"bEaReR tok\t"):
+            self.assertEqual(auth.bearer_token(header), b"tok", header)
+
+    def test_no_token(self):
+        for header in (None, b"", b"Bearer", b"Bearer ", b"Basic dG9rOg==", b"Bearertok", b" tok"):
+            self.assertIsNone(auth.bearer_token(header), header)
+
+    def test_operators_are_read_with_it(self):
+        admission = auth.Admission(Clock(), admin_token="tok")
+        self.assertEqual(admission.operator(THERE, b"bearer tok"), auth.ADMIN)
+        self.assertEqual(admission.operator(THERE, b"Basic tok").reason, auth.WRONG)
+        self.assertEqual(admission.operator(THERE, None).reason, auth.MISSING)

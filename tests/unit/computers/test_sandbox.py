@@ -13,17 +13,15 @@ from treq.testing import StubTreq
 from twisted.internet.defer import CancelledError
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.resource import Resource
 
-from tests.harness.fakes import FakeLink, FixedProbe, SandboxComputer
+from tests.harness.apps import gateway_app
+from tests.harness.fakes import FakeLink, SandboxComputer
 from tests.harness.support import JSON, response_frame
 from trapsandbox import limits
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.computers.wire import GatewayError
-from trapsandbox.opencode.probe import ProbeResult
-from trapsandbox.web.app import GatewayApp
 
 BASE = "http://127.0.0.1:4444"
 
@@ -235,7 +233,7 @@ class FileTests(SandboxTestCase):
 class EndpointTests(SandboxTestCase):
     def setUp(self):
         super().setUp()
-        app = GatewayApp(self.registry, FixedProbe(ProbeResult(True)), Resource())
+        app = gateway_app(self.registry)
         self.http = StubTreq(app.resource())
 
     def post(self, trapos_id, action, body):

@@ -15,14 +15,12 @@ from lupa import lua52
 from treq.testing import StubTreq
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.resource import Resource
 
-from tests.harness.fakes import FakeLink, FixedProbe, SandboxComputer
+from tests.harness.apps import gateway_app
+from tests.harness.fakes import FakeLink, SandboxComputer
 from trapsandbox.computers import settingsfile, wire
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.computers.wire import GatewayError
-from trapsandbox.opencode.probe import ProbeResult
-from trapsandbox.web.app import GatewayApp
 
 LIB = Path(__file__).resolve().parents[3] / "lua" / "apis" / "libsandbox.lua"
 
@@ -166,7 +164,7 @@ class EndpointTests(SynchronousTestCase):
         registry = Registry(Clock(), request_timeout=60)
         self.computer = SandboxComputer.connect(registry)
         self.computer.files[".settings"] = b'{ ["sandbox.password"] = "hunter2" }'
-        app = GatewayApp(registry, FixedProbe(ProbeResult(True)), Resource())
+        app = gateway_app(registry)
         self.http = StubTreq(app.resource())
 
     def test_every_file_endpoint_answers_403_forbidden(self):

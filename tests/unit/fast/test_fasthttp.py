@@ -14,9 +14,9 @@ from twisted.internet.defer import fail
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.resource import Resource
 
-from tests.harness.fakes import FakeLink, FixedProbe
+from tests.harness.apps import gateway_app
+from tests.harness.fakes import FakeLink
 from tests.harness.logcapture import LogCapture
 from tests.harness.support import response_frame
 from trapsandbox import limits
@@ -26,8 +26,7 @@ from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.fast import fasthttp
 from trapsandbox.fast.fasthttp import MAX_BUFFERED, FastHTTP, read_head
 from trapsandbox.fast.front import FrontFactory
-from trapsandbox.opencode.probe import ProbeResult
-from trapsandbox.web.app import GatewayApp, GatewaySite
+from trapsandbox.web.site import GatewaySite
 
 TOKEN = b"op-token-1234"
 AUTH = b"Authorization: Bearer " + TOKEN + b"\r\n"
@@ -102,11 +101,8 @@ class Port:
         self.clock = Clock()
         self.clock.advance(1_700_000_000)
         self.registry = registry(self.clock, request_timeout=30)
-        self.app = GatewayApp(
-            self.registry,
-            FixedProbe(ProbeResult(True)),
-            Resource(),
-            admission=Admission(self.clock, admin_token=admin_token),
+        self.app = gateway_app(
+            self.registry, admission=Admission(self.clock, admin_token=admin_token)
         )
         self.site = GatewaySite(self.app.resource(), decide=self.app.decide)
         self.site.reactor = self.clock  # twisted.web's channels time out on our clock
@@ -181,6 +177,7 @@ class SameAnswersTests(SynchronousTestCase):
             post(body=b'{"type":"ping","timeoutMs":1e400}'): 400,
             post(path=b"/computers/8%3A/requests"): 404,
             post(path=b"/computers/%FF/requests"): 404,
+            post(path=b"/computers/%2Fx/requests"): 404,  # a traposId starting "/"
             post(path=b"/computers/7%3A/requests?account=other"): 404,
         }
         for request, status in cases.items():

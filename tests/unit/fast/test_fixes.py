@@ -13,7 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 
 from trapsandbox.fast import fixes
-from trapsandbox.web.app import GatewaySite
+from trapsandbox.web.site import GatewaySite
 from trapsandbox.web.operator import error_answer
 
 

@@ -8,6 +8,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from trapsandbox import config
 from trapsandbox.computers.protocol import GatewayProtocol
+from trapsandbox.errors import ConfigError
 from trapsandbox.fast import compat, paths
 from trapsandbox.fast.front import FrontFactory
 from trapsandbox.fast.protocols import FastGatewayProtocol, FastOperatorSocket
@@ -49,7 +50,7 @@ class InstallTests(SynchronousTestCase):
         self.assertEqual(fast.parts, ("front", "fasthttp", "frames"))
 
     def test_an_unknown_part_is_a_clear_error(self):
-        with self.assertRaises(config.ConfigError) as raised:
+        with self.assertRaises(ConfigError) as raised:
             paths.install(["frmaes"])
         self.assertIn("no such fast path frmaes", str(raised.exception))
 
@@ -94,7 +95,7 @@ class SwitchTests(SynchronousTestCase):
         self.assertFalse(config.fast_paths({"SANDBOX_FAST_PATHS": "1"}, {"plain": True}))
 
     def test_a_bad_value_is_a_clear_error(self):
-        with self.assertRaises(config.ConfigError) as raised:
+        with self.assertRaises(ConfigError) as raised:
             config.fast_paths({"SANDBOX_FAST_PATHS": "yes"})
         self.assertEqual(
             str(raised.exception), "SANDBOX_FAST_PATHS must be 1 (the default) or 0, not 'yes'"

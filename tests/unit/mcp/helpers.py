@@ -7,13 +7,12 @@ import orjson
 from treq.testing import StubTreq
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.resource import Resource
 
+from tests.harness.apps import gateway_app
 from tests.harness.fakes import FixedProbe, SandboxComputer
 from trapsandbox.admission import auth
 from trapsandbox.computers.registry import Registry
 from trapsandbox.opencode.probe import ProbeResult
-from trapsandbox.web.app import GatewayApp
 
 URL = "http://127.0.0.1:4444/mcp"
 TOOLS = (
@@ -35,9 +34,7 @@ class McpTestCase(SynchronousTestCase):
         self.clock = Clock()
         self.registry = Registry(self.clock, request_timeout=60)
         admission = auth.Admission(self.clock, admin_token=self.admin_token)
-        app = GatewayApp(
-            self.registry, FixedProbe(ProbeResult(True, "")), Resource(), admission=admission
-        )
+        app = gateway_app(self.registry, FixedProbe(ProbeResult(True, "")), admission)
         self.http = StubTreq(app.resource())
         self.ids = 0
 

@@ -8,8 +8,8 @@ import orjson
 from treq.testing import StubTreq
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
-from twisted.web.resource import Resource
 
+from tests.harness.apps import gateway_app
 from tests.harness.fakes import FixedProbe, SandboxComputer
 from tests.unit.opencode.helpers import URL, FakeHTTP
 from trapsandbox.admission import auth
@@ -18,7 +18,6 @@ from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.client import OpencodeClient
 from trapsandbox.opencode.probe import ProbeResult
 from trapsandbox.opencode.tokens import AskTokens
-from trapsandbox.web.app import GatewayApp
 
 
 class AskTokensTests(SynchronousTestCase):
@@ -66,12 +65,8 @@ class AskTokenOnMcpTests(SynchronousTestCase):
         client = OpencodeClient(FakeHTTP(), clock, URL)
         self.asks = Asks(client, clock, directory=self.mktemp())
         admission = auth.Admission(clock, admin_token="s3cret")
-        app = GatewayApp(
-            self.registry,
-            FixedProbe(ProbeResult(True, "")),
-            Resource(),
-            admission=admission,
-            asks=self.asks,
+        app = gateway_app(
+            self.registry, FixedProbe(ProbeResult(True, "")), admission, asks=self.asks
         )
         self.http = StubTreq(app.resource())
 

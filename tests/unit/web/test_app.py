@@ -2,22 +2,25 @@
 
 import orjson
 from treq.testing import StubTreq
+from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 
+from tests.harness.apps import gateway_app
 from tests.harness.fakes import FixedProbe
 from trapsandbox.computers.registry import Registry
 from trapsandbox.opencode.probe import ProbeResult
 from trapsandbox.web import client
-from trapsandbox.web.app import GatewayApp
+from trapsandbox.web.site import GatewaySite
 
 
 class WebTests(SynchronousTestCase):
     def setUp(self):
         self.registry = Registry(Clock())
         self.probe = FixedProbe(ProbeResult(False, "down"))
-        self.http = StubTreq(GatewayApp(self.registry, self.probe, Resource()).resource())
+        self.http = StubTreq(gateway_app(self.registry, self.probe).resource())
 
     def get(self, path, headers=None):
         response = self.successResultOf(
@@ -74,7 +77,33 @@ class WebTests(SynchronousTestCase):
 
     def test_idle_http_connections_time_out(self):
         from trapsandbox.limits import HTTP_IDLE_TIMEOUT
-        from trapsandbox.web.app import GatewaySite
 
         self.assertEqual(GatewaySite(Resource()).timeOut, HTTP_IDLE_TIMEOUT)
         self.assertLessEqual(HTTP_IDLE_TIMEOUT, 60)
+
+
+class TextOnlyTests(SynchronousTestCase):
+    """Klein's routes are text: what is not UTF-8 is answered as JSON, as every error is."""
+
+    def exchange(self, target, host=b"127.0.0.1:4444"):
+        app = gateway_app(Registry(Clock()))
+        site = GatewaySite(app.resource(), decide=app.decide)
+        site.reactor = Clock()
+        transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 50000))
+        channel = site.buildProtocol(transport.getPeer())
+        channel.makeConnection(transport)
+        channel.dataReceived(b"GET " + target + b" HTTP/1.1\r\nHost: " + host + b"\r\n\r\n")
+        head, _, body = transport.value().partition(b"\r\n\r\n")
+        channel.connectionLost(None)
+        self.assertIn(b"\r\nContent-Type: application/json", head)
+        return int(head.split(b" ", 2)[1]), orjson.loads(body)["error"]
+
+    def test_a_path_that_is_not_utf8_names_nothing(self):
+        self.assertEqual(self.exchange(b"/%FF")[0], 404)
+        for target in (b"/computers/%FF/screen", b"/computers/7%3A/%FE/screen"):
+            self.assertEqual(
+                self.exchange(target), (404, {"code": "not_found", "message": "no such computer"})
+            )
+
+    def test_a_host_that_is_not_utf8_is_a_bad_request(self):
+        self.assertEqual(self.exchange(b"/health", host=b"\xff")[0], 400)

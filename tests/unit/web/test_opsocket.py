@@ -15,7 +15,7 @@ from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.limits import STALL_TIMEOUT
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.web.operator import Answer, OperatorRequests
-from trapsandbox.web.opsocket import OperatorSocketFactory, encode_answer, read_message
+from trapsandbox.web.opsocket import OperatorSocketFactory, encode_answer, read_message, target
 
 TOKEN = "unit-token-42"
 
@@ -78,11 +78,13 @@ class OperatorSocketTestCase(SynchronousTestCase):
 
 class MessageTests(SynchronousTestCase):
     def test_reads_the_id_the_computer_and_the_account(self):
-        message_id, trapos_id, account, obj = read_message(
+        message_id, obj = read_message(
             b'{"id": 12, "traposId": "7:", "type": "ping", "account": "bob"}'
         )
+        trapos_id, account = target(obj)
         self.assertEqual((message_id, trapos_id, account, obj["type"]), (12, "7:", "bob", "ping"))
-        self.assertEqual(read_message(b'{"id": "a", "traposId": "7:"}')[:3], ("a", "7:", None))
+        message_id, obj = read_message(b'{"id": "a", "traposId": "7:"}')
+        self.assertEqual((message_id, *target(obj)), ("a", "7:", None))
 
     def test_answers_splice_the_id_and_status_in_front_of_the_body(self):
         answer = Answer(404, {"ok": False, "error": {"code": "not_found", "message": "x"}})

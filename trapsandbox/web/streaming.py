@@ -1,0 +1,67 @@
+"""
+``POST /computers/{id}/execute``'s answer: the run's output as NDJSON lines
+while it runs (SPEC §9).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from twisted.python.failure import Failure
+from twisted.web.iweb import IRequest
+
+from trapsandbox.computers.wire import GatewayError
+from trapsandbox.web.answers import sandbox_failed
+
+
+class OutputStream:
+    """
+    NDJSON lines written as the computer's output arrives, then one
+    ``result`` (or ``error``) line.  Until the request has gone out
+    (``begin``), a failure is an ordinary JSON answer with its status.
+    """
+
+    def __init__(self, request: IRequest) -> None:
+        self._request = request
+        self._begun = False
+        # What the deltas carried so far, so that the final answer's full
+        # output can fill in what no partial did.
+        self._sent = {"stdout_delta": 0, "stderr_delta": 0}
+
+    def begin(self) -> None:
+        if not self._begun:
+            self._begun = True
+            request = self._request
+            request.setResponseCode(200)
+            request.setHeader(b"content-type", b"application/x-ndjson")
+            request.setHeader(b"cache-control", b"no-store")
+
+    def _line(self, obj: dict[str, Any]) -> None:
+        self.begin()
+        self._request.write(orjson.dumps(obj) + b"\n")
+
+    def output(self, kind: str, data: str) -> None:
+        self._sent[kind] += len(data)
+        self._line({"type": kind, "data": data})
+
+    def result(self, answer: dict[str, Any]) -> bytes:
+        for kind, name in (("stdout_delta", "stdout"), ("stderr_delta", "stderr")):
+            full = answer.get(name)
+            if isinstance(full, str) and len(full) > self._sent[kind]:
+                self.output(kind, full[self._sent[kind] :])
+        line: dict[str, Any] = {"type": "result"}
+        for name in ("exitCode", "timedOut", "durationMs", "stdoutTruncated", "stderrTruncated"):
+            if name in answer:
+                line[name] = answer[name]
+        self._line(line)
+        return b""
+
+    def failed(self, failure: Failure) -> bytes | Failure:
+        if not failure.check(GatewayError):
+            return failure  # cancelled: the caller is gone
+        if not self._begun:
+            return sandbox_failed(failure, self._request)
+        error = failure.value
+        self._line({"type": "error", "error": error.message, "code": error.code})
+        return b""
