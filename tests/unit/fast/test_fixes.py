@@ -13,8 +13,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 
 from trapsandbox.fast import fixes
-from trapsandbox.web.site import GatewaySite
 from trapsandbox.web.operator import error_answer
+from trapsandbox.web.site import GatewaySite
 
 
 class AutobahnTests(SynchronousTestCase):
