@@ -63,6 +63,8 @@ FILE_REQUEST_TIMEOUT = 30.0
 MAX_SCREEN_SIDE = 512
 # A screen_watch runs until its caller leaves; this bounds a forgotten one.
 SCREEN_WATCH_TIMEOUT = 24 * 3600.0
+# Input events in one request (the computer's M.MAX_INPUT_EVENTS).
+MAX_INPUT_EVENTS = 256
 # send_input waits this long for the computer to draw what the input did.
 SEND_INPUT_SETTLE = 0.3
 
