@@ -58,6 +58,15 @@ FILE_CHUNK_BYTES = 64 * 1024
 MAX_FILE_BYTES = 1024 * 1024
 # One file, list or screen frame's round trip.
 FILE_REQUEST_TIMEOUT = 30.0
+# A screen's size as the gateway keeps it (``computers.screen``): a computer
+# claiming more is cut to this; CraftOS's largest monitor is 164x81.
+MAX_SCREEN_SIDE = 512
+# A screen_watch runs until its caller leaves; this bounds a forgotten one.
+SCREEN_WATCH_TIMEOUT = 24 * 3600.0
+# Input events in one request (the computer's M.MAX_INPUT_EVENTS).
+MAX_INPUT_EVENTS = 256
+# send_input waits this long for the computer to draw what the input did.
+SEND_INPUT_SETTLE = 0.3
 
 # -- MCP (the agent's tools) -----------------------------------------------------------------
 

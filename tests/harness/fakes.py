@@ -150,6 +150,7 @@ class SandboxComputer:
         self.temp: dict[str, bytes] = {}
         self.sent: list = []
         self.runs: list = []  # exec/eval requests not yet answered
+        self.typed: list = []  # input events, in order
         self.closed: list = []
         self.session = None
 
@@ -244,6 +245,10 @@ class SandboxComputer:
     def on_delete_file(self, request, payload):
         deleted = self.files.pop(payload["path"], None) is not None
         self.answer(request, payload={"deleted": deleted})
+
+    def on_input(self, request, payload):
+        self.typed.extend(payload["events"])
+        self.answer(request, payload={"queued": len(payload["events"])})
 
     def on_screen(self, request, payload):
         self.answer(

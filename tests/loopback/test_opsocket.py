@@ -161,6 +161,39 @@ class OperatorSocketTests(TestCase):
         self.assertEqual(self.gateway.registry.pending, 0)
         self.assertEqual(self.gateway.operator_socket.connections, set())
 
+    async def test_a_screen_watch_relays_each_frame_then_its_answer(self):
+        computer = await self.computer(capabilities=["screen"])
+        operator = await connect_operator(self, self.port)
+        operator.send({"id": "w", "traposId": "7:base", "type": "screen_watch"})
+        watch = await computer.next_message()
+        self.assertEqual(watch["type"], "screen_watch")
+        first = {
+            "type": "screen",
+            "width": 4,
+            "height": 1,
+            "cursorX": 1,
+            "cursorY": 1,
+            "cursorBlink": False,
+            "rows": {"1": {"line": "a ", "text": "0", "background": "f"}},
+            "palette": ["#000000"] * 16,
+        }
+        computer.respond(watch, payload=first, partial=True)
+        computer.respond(watch, payload={"cursorX": 2, "cursorY": 1, "rows": {}}, partial=True)
+        one, two = await operator.next_message(), await operator.next_message()
+        self.assertEqual(
+            (one["id"], one["status"], one["partial"], one["payload"]["rows"]["1"]["line"]),
+            ("w", 200, True, "a   "),
+        )
+        self.assertEqual((two["payload"]["cursorX"], two["payload"]["width"]), (2, 4))
+        # A ping meanwhile has its one answer, no partials.
+        operator.send({"id": 2, "traposId": "7:base", "type": "ping"})
+        ping = await computer.next_message()
+        computer.respond(ping, payload={"traposId": "7:base"})
+        self.assertNotIn("partial", await operator.next_message())
+        computer.respond(watch, ok=False, error={"code": "cancelled", "message": "cancelled"})
+        final = await operator.next_message()
+        self.assertEqual((final["id"], final["ok"], "partial" in final), ("w", False, False))
+
     async def test_stopping_answers_what_is_in_flight_then_closes_1000(self):
         computer = await self.computer()
         operator = await connect_operator(self, self.port)

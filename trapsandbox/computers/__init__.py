@@ -11,7 +11,9 @@ The computer side: one WebSocket per computer, and requests both ways (SPEC §2,
     ``outbound``      flow control of what one connection is sent
     ``lines``         the log under a flood: one line per interval, so many a second
     ``handlers``      computer -> gateway requests: one handler per type
-    ``sandbox``       the section 9 operations on a computer (exec, eval, files, screen)
+    ``sandbox``       the section 9 operations on a computer (exec, eval, files, screen,
+                      input, screen_watch)
+    ``screen``        a screen_watch's compact frames as operators get them (SPEC §14)
     ``settingsfile``  no file request reaches a computer's /.settings (its credential);
                       the twin of the Lua client's rule
 """

@@ -14,6 +14,9 @@ The computer as a sandbox (SPEC §9): run programs and Lua, files, the screen.
     gateway_request delete_file {path}       <- {deleted}
     gateway_request screen {}                <- {width, height, cursorX, cursorY, lines, ...}
     gateway_request cancel {messageId}       <- {cancelled}
+    gateway_request input {events}           <- {queued}
+    gateway_request screen_watch {maxFps?}
+        <- partial compact frames (``computers.screen``) until cancelled
 
 ``Sandbox`` is what the HTTP endpoints and the MCP tools share: each method
 fires with the computer's answer payload, or fails with a ``GatewayError``
@@ -36,6 +39,7 @@ from twisted.internet.defer import Deferred, fail
 from trapsandbox import limits
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.screen import ScreenState
 from trapsandbox.computers.wire import GatewayError
 from trapsandbox.limits import FILE_CHUNK_BYTES, LOCAL_ACCOUNT, MAX_FILE_BYTES
 
@@ -158,6 +162,35 @@ class Sandbox:
 
     def screen(self, trapos_id: str, account_id: str = LOCAL_ACCOUNT) -> Deferred:
         return self._call(account_id, trapos_id, "screen", {}, limits.FILE_REQUEST_TIMEOUT)
+
+    def input(self, trapos_id: str, events: list[Any], account_id: str = LOCAL_ACCOUNT) -> Deferred:
+        """Queue ``events`` (SPEC §14) on the computer; fires with ``{queued}``."""
+        return self._call(
+            account_id, trapos_id, "input", {"events": events}, limits.FILE_REQUEST_TIMEOUT
+        )
+
+    def watch_screen(
+        self,
+        trapos_id: str,
+        on_frame: Callable[[dict[str, Any]], None],
+        max_fps: float | None = None,
+        account_id: str = LOCAL_ACCOUNT,
+    ) -> Deferred:
+        """
+        A ``screen_watch``: ``on_frame`` hears each frame as operators get them
+        (``ScreenState``).  It runs until the Deferred is cancelled (which
+        cancels it on the computer) or the computer ends it (a failure).
+        """
+        state = ScreenState()
+        payload = {} if max_fps is None else {"maxFps": max_fps}
+        return self._call(
+            account_id,
+            trapos_id,
+            "screen_watch",
+            payload,
+            limits.SCREEN_WATCH_TIMEOUT,
+            lambda frame: on_frame(state.apply(frame)),
+        )
 
     def read_file(
         self,

@@ -50,3 +50,43 @@ def file_content(arguments: dict[str, Any]) -> bytes:
             "in one call (and the disk holds about 1 MB)",
         )
     return data
+
+
+def input_events(arguments: dict[str, Any]) -> list[dict[str, Any]]:
+    """
+    ``send_input``'s ``text``, ``keys`` and ``terminate`` as ``input`` events, in
+    that order: each character of the text a ``char`` (a line break the
+    ``enter`` key; a run of more than ``PASTE_AFTER`` characters one ``paste``),
+    each key name a ``key``, then ``terminate``.  The computer checks the key names.
+    """
+    text = arguments.get("text")
+    if text is not None and type(text) is not str:
+        raise ToolError(INVALID_ARGUMENTS, "text must be a string")
+    keys = strings(arguments, "keys")
+    terminate = arguments.get("terminate", False)
+    if type(terminate) is not bool:
+        raise ToolError(INVALID_ARGUMENTS, "terminate must be true or false")
+    events: list[dict[str, Any]] = []
+    for n, line in enumerate((text or "").split("\n")):
+        if n:
+            events.append({"key": "enter"})
+        if len(line) > PASTE_AFTER:
+            events.append({"paste": line})
+        else:
+            events.extend({"char": char} for char in line)
+    events.extend({"key": key} for key in keys)
+    if terminate:
+        events.append({"terminate": True})
+    if not events:
+        raise ToolError(INVALID_ARGUMENTS, "give text, keys or terminate: there is nothing to send")
+    if len(events) > limits.MAX_INPUT_EVENTS:
+        raise ToolError(
+            INVALID_ARGUMENTS,
+            f"that is {len(events)} input events; at most {limits.MAX_INPUT_EVENTS} in one call "
+            "(fewer keys or line breaks, or several calls)",
+        )
+    return events
+
+
+# Characters typed one by one; a longer line is sent as one paste.
+PASTE_AFTER = 64

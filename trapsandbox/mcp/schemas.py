@@ -61,7 +61,7 @@ TOOLS: list[dict[str, Any]] = [
         "description": (
             "List the ComputerCraft computers connected to this gateway: each one's traposId "
             "(id:label), id, label and the capabilities its player allowed (exec, eval, "
-            "fs.read, fs.write, screen). Call it first to learn what the computer argument "
+            "fs.read, fs.write, screen, input). Call it first to learn what the computer argument "
             "of the other tools can be."
         ),
         "inputSchema": {"type": "object", "properties": {}, "additionalProperties": False},
@@ -168,6 +168,42 @@ TOOLS: list[dict[str, Any]] = [
         ),
         "inputSchema": _schema({}),
         "annotations": {"readOnlyHint": True},
+    },
+    {
+        "name": "send_input",
+        "title": "Type into a computer",
+        "description": (
+            "Type into a computer as its player would, then see its screen: the text is "
+            "typed character by character (a line break presses enter), then each key is "
+            "pressed, then terminate (Ctrl+T) is sent if asked. "
+            f"{limits.SEND_INPUT_SETTLE:g} s later the screen is read and returned, so you "
+            "see what the input did. Use it to answer "
+            "a program waiting for input (read(), a menu, a game); run_command cannot. "
+            "The program must already be running on the computer's screen. "
+            + _allow("input")
+            + ' The screen is shown only if "screen" is allowed too.'
+        ),
+        "inputSchema": _schema(
+            {
+                "text": {
+                    "type": "string",
+                    "description": 'Text to type, e.g. "hello" or "yes\\n" (\\n presses enter).',
+                },
+                "keys": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": (
+                        "Keys to press after the text, by CraftOS key name (keys.* in "
+                        'CraftOS): "enter", "backspace", "tab", "up", "down", "left", '
+                        '"right", "home", "end", "delete", "leftCtrl", "f1", "a", "one", ...'
+                    ),
+                },
+                "terminate": {
+                    "type": "boolean",
+                    "description": "Send terminate last (as holding Ctrl+T): stops most programs.",
+                },
+            }
+        ),
     },
 ]
 TOOL_NAMES = frozenset(tool["name"] for tool in TOOLS)

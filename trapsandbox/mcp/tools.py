@@ -17,6 +17,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, TimeoutError
 from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import deferLater
 
 from trapsandbox import limits
 from trapsandbox.computers import wire
@@ -82,6 +83,7 @@ class Tools:
             "write_file": self._write_file,
             "delete_file": self._delete_file,
             "read_screen": self._read_screen,
+            "send_input": self._send_input,
         }
 
     async def call(self, name: str, session: Session, arguments: dict[str, Any]) -> Answer:
@@ -251,10 +253,35 @@ class Tools:
         answer = await self._answer(
             session, self._sandbox.screen(session.trapos_id, account_id=session.account_id)
         )
-        lines = answer.get("lines") if isinstance(answer.get("lines"), list) else []
-        shown = "\n".join(str(line).rstrip() for line in lines)
-        header = (
-            f"The screen of {session.trapos_id} ({answer.get('width')}x{answer.get('height')}, "
-            f"cursor at column {answer.get('cursorX')}, line {answer.get('cursorY')}):"
+        return result(_screen_text(session, answer), answer), "ok"
+
+    async def _send_input(self, session: Session, arguments: dict[str, Any]) -> Answer:
+        events = check.input_events(arguments)
+        answer = await self._answer(
+            session,
+            self._sandbox.input(session.trapos_id, events, account_id=session.account_id),
         )
-        return result(f"{header}\n{shown}", answer), "ok"
+        queued = answer.get("queued", len(events))
+        sent = f"Sent {queued} input events to {session.trapos_id}."
+        # Give the program a moment to draw what the input did, then look.
+        await deferLater(self._clock, limits.SEND_INPUT_SETTLE)
+        try:
+            screen = await self._answer(
+                session, self._sandbox.screen(session.trapos_id, account_id=session.account_id)
+            )
+        except ToolError as error:
+            text = f"{sent} Its screen cannot be read now, so the effect is not shown: {error}"
+            return result(text, {"queued": queued}), "ok"
+        text = f"{sent} {_screen_text(session, screen)}"
+        return result(text, {"queued": queued, "screen": screen}), "ok"
+
+
+def _screen_text(session: Session, answer: dict[str, Any]) -> str:
+    """A ``screen`` answer as a model reads it: a header, then the lines."""
+    lines = answer.get("lines") if isinstance(answer.get("lines"), list) else []
+    shown = "\n".join(str(line).rstrip() for line in lines)
+    header = (
+        f"The screen of {session.trapos_id} ({answer.get('width')}x{answer.get('height')}, "
+        f"cursor at column {answer.get('cursorX')}, line {answer.get('cursorY')}):"
+    )
+    return f"{header}\n{shown}"

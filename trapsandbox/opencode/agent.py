@@ -22,6 +22,7 @@ CHANGING_TOOLS = (
     "trapsandbox_run_lua",
     "trapsandbox_write_file",
     "trapsandbox_delete_file",
+    "trapsandbox_send_input",
 )
 READING_TOOLS = (
     "trapsandbox_list_computers",

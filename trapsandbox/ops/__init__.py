@@ -6,4 +6,5 @@ Operating the gateway.
     ``systemd``   sd_notify: ready, stopping, watchdog
     ``ctl``       ``trapsandbox-ctl``, the operator's command line
     ``batch``     ``trapsandbox-ctl batch``: NDJSON requests over one ``/operator``
+    ``attach``    ``trapsandbox-ctl attach``: a computer's live screen, keys forwarded
 """

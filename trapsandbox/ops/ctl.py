@@ -10,6 +10,7 @@
     trapsandbox-ctl ls 7:base /            cat 7:base /startup.lua
     trapsandbox-ctl put 7:base LOCAL REMOTE    get 7:base REMOTE LOCAL
     trapsandbox-ctl rm 7:base REMOTE       screen 7:base
+    trapsandbox-ctl attach 7:base          (the live screen; keys forwarded; Ctrl-] leaves)
     trapsandbox-ctl opencode-config        (the "mcp" block for opencode's config)
     trapsandbox-ctl batch [--file F] [--concurrency N]   (NDJSON requests over one WebSocket)
     trapsandbox-ctl accounts add NAME --file F [--max-computers N]
@@ -366,6 +367,12 @@ def cmd_screen(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_attach(args: argparse.Namespace) -> int:
+    from trapsandbox.ops import attach  # termios: only where a terminal is attached
+
+    return attach.run(args, call, _token(args), _computer_path, Failed)
+
+
 def opencode_config(url: str, token: bool) -> dict[str, Any]:
     """opencode's config block for this gateway's MCP endpoint (SPEC §10)."""
     server: dict[str, Any] = {"type": "remote", "url": url.rstrip("/") + "/mcp", "oauth": False}
@@ -515,6 +522,7 @@ def parser() -> argparse.ArgumentParser:
     )
     on_computer("rm", "delete a file on a computer", cmd_rm, ("path", "PATH"))
     on_computer("screen", "show a computer's screen", cmd_screen)
+    on_computer("attach", "watch a computer's screen live and type into it", cmd_attach)
 
     many = commands.add_parser(
         "batch",

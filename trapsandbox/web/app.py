@@ -32,8 +32,14 @@ The HTTP side, on the same port as the WebSocket: a Klein app.
     POST /computers/<traposId>/list-files  {path} -> {ok, path, entries}
     POST /computers/<traposId>/delete-file {path} -> {ok, deleted}
     GET  /computers/<traposId>/screen      -> {ok, width, height, cursorX, cursorY, lines, ...}
+    POST /computers/<traposId>/input       {events} -> {ok, queued} (SPEC §14)
+    GET  /computers/<traposId>/screen/stream?maxFps=n
+                                           -> text/event-stream: data: {type: screen, width,
+                                              height, cursorX, cursorY, cursorBlink, rows,
+                                              palette?} per frame (``computers.screen``)
   Their failures are {ok: false, error: "<message>", code} with the status of
-  ``STATUS_OF_ERROR``; a caller leaving /execute cancels the run.
+  ``STATUS_OF_ERROR``; a caller leaving /execute cancels the run, and one
+leaving /screen/stream the watch on the computer.
 
 Operators present ``Authorization: Bearer <SANDBOX_ADMIN_TOKEN>`` (the
 admin: every account) or an account's token (that account's computers only,
@@ -103,7 +109,7 @@ from trapsandbox.web.operator import (
     json_content,
 )
 from trapsandbox.web.site import ASK, PUBLIC, operator_route
-from trapsandbox.web.streaming import OutputStream
+from trapsandbox.web.streaming import OutputStream, ScreenStream
 from trapsandbox.web.validation import BadRequest, read_body
 
 log = Logger()
@@ -496,6 +502,30 @@ class GatewayApp:
     def screen(self, request: IRequest, trapos_id: str, account_id: str):
         d = self._sandbox.screen(trapos_id, account_id=account_id)
         d.addCallbacks(ok_body, sandbox_failed, (request,), None, (request,))
+        return d
+
+    @app.route("/computers/<path:trapos_id>/input", methods=["POST"])
+    @on_computer
+    def input(self, request: IRequest, trapos_id: str, account_id: str):
+        def call(body: dict[str, Any]) -> Deferred:
+            events = validation.objects(body, "events", limits.MAX_INPUT_EVENTS)
+            return self._sandbox.input(trapos_id, events, account_id=account_id)
+
+        return self._sandbox_call(request, '{"events": [{"char"}, {"key"}, ...]}', call)
+
+    @app.route("/computers/<path:trapos_id>/screen/stream", methods=["GET"])
+    @on_computer
+    def screen_stream(self, request: IRequest, trapos_id: str, account_id: str):
+        try:
+            max_fps = validation.query_number(request, b"maxFps", 1, 20)
+        except BadRequest as error:
+            return sandbox_error(request, error.status, error.code, error.message)
+        stream = ScreenStream(request)
+        d = self._sandbox.watch_screen(trapos_id, stream.frame, max_fps, account_id=account_id)
+        if not d.called:
+            stream.begin()  # it went out: from now on, its end is an event of the stream
+        # Klein cancels ``d`` when the caller leaves: the watch is cancelled on the computer.
+        d.addBoth(stream.ended)
         return d
 
     def _sandbox_call(

@@ -12,6 +12,7 @@ An outcome is an ``Answer``: a status, a JSON body and any extra headers;
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -23,6 +24,7 @@ from trapsandbox import limits
 from trapsandbox.admission import auth
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.screen import ScreenState
 from trapsandbox.computers.wire import GatewayError
 from trapsandbox.limits import MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.web.validation import (
@@ -148,6 +150,13 @@ def _failed(failure: Failure) -> Answer | Failure:
     return failure  # cancelled (the client went away), or a bug: the caller's
 
 
+def _frames_to(
+    on_frame: Callable[[dict[str, Any]], None],
+) -> Callable[[dict[str, Any]], None]:
+    state = ScreenState()
+    return lambda compact: on_frame(state.apply(compact))
+
+
 def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode("latin-1")
 
@@ -250,15 +259,32 @@ class OperatorRequests:
             return rejected(error)
         return self.send(trapos_id, account_id, obj)
 
-    def send(self, trapos_id: str, account_id: str, obj: dict[str, Any]) -> Answer | Deferred:
+    def send(
+        self,
+        trapos_id: str,
+        account_id: str,
+        obj: dict[str, Any],
+        on_partial: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Answer | Deferred:
         """
         ``obj`` (``{type, payload?, timeoutMs?}``) to the computer of the
         account ``account`` resolved; the answer, or a Deferred of it, as ``http``.
+        ``on_partial`` hears a ``screen_watch``'s frames (``ScreenState``'s
+        shape) before it; no other type's partials are relayed.  A
+        ``screen_watch`` runs up to ``SCREEN_WATCH_TIMEOUT`` unless ``timeoutMs`` says.
         """
         try:
             kind, payload, timeout = parse_request(obj)
         except BadRequest as error:
             return rejected(error)
-        d = self._registry.request(trapos_id, kind, payload, timeout, account_id=account_id)
+        relay = None
+        if kind == "screen_watch":
+            if timeout is None:
+                timeout = limits.SCREEN_WATCH_TIMEOUT
+            if on_partial is not None:
+                relay = _frames_to(on_partial)
+        d = self._registry.request(
+            trapos_id, kind, payload, timeout, account_id=account_id, on_partial=relay
+        )
         d.addCallbacks(_answered, _failed)
         return d

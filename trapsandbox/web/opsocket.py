@@ -13,6 +13,19 @@ connection, each correlated by an id of the operator's choosing.
                                                       <- {"id": "b", "status": 404, "ok": false,
                                                           "error": {"code", "message"}}
 
+A ``screen_watch`` (SPEC §14) streams: each frame the computer sends is
+relayed as it comes, before the final answer, as a message of its own
+
+                                                      <- {"id": 7, "status": 200, "partial": true,
+                                                          "payload": {"type": "screen", width,
+                                                          height, cursorX, cursorY, cursorBlink,
+                                                          rows: {"<y>": {line, text, background}},
+                                                          palette?}}
+
+(full-width rows, ``trapsandbox.computers.screen``); it runs until the
+computer ends it or this connection closes (``timeoutMs`` bounds it, by
+default ``SCREEN_WATCH_TIMEOUT``).  Every other type has its one answer only.
+
 An answer's ``status`` and the rest of it are what ``POST
 /computers/{traposId}/requests`` (``?account=`` being ``account``) would
 answer: ``trapsandbox.web.operator`` decides both, for both.  Answers go out as
@@ -233,7 +246,9 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         if type(account_id) is Answer:
             self._answer(message_id, account_id)
             return
-        result = requests.send(trapos_id, account_id, obj)
+        result = requests.send(
+            trapos_id, account_id, obj, lambda frame: self._partial(message_id, frame)
+        )
         if type(result) is Answer:
             self._answer(message_id, result)
             return
@@ -252,6 +267,16 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
             return
         log.failure("a request from {peer} failed", failure, peer=self.peer_address)
         self._answer(message_id, INTERNAL)
+
+    def _partial(self, message_id: str | int, payload: dict[str, Any]) -> None:
+        if self.state != WebSocketProtocol.STATE_OPEN or message_id not in self.in_flight:
+            return
+        message = {"id": message_id, "status": 200, "partial": True, "payload": payload}
+        try:
+            self.outbound.send(orjson.dumps(message))
+        except GatewayError:
+            self.dropped = True
+            log.debug("a frame to {peer} dropped: it is not reading", peer=self.peer_address)
 
     def _answer(self, message_id: str | int | None, answer: Answer) -> None:
         self.factory.metrics.operator_socket_request(answer.status)

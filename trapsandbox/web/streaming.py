@@ -1,6 +1,7 @@
 """
-``POST /computers/{id}/execute``'s answer: the run's output as NDJSON lines
-while it runs (SPEC §9).
+Answers that stream: ``POST /computers/{id}/execute``'s run output as NDJSON
+lines while it runs (SPEC §9), and ``GET /computers/{id}/screen/stream``'s
+screen frames as server-sent events (SPEC §14).
 """
 
 from __future__ import annotations
@@ -64,4 +65,48 @@ class OutputStream:
             return sandbox_failed(failure, self._request)
         error = failure.value
         self._line({"type": "error", "error": error.message, "code": error.code})
+        return b""
+
+
+class ScreenStream:
+    """
+    ``text/event-stream``: one ``data:`` line per screen frame (the
+    ``ScreenState`` shape), then, when the computer ends the watch, one
+    ``event: error`` with ``{code, error}``.  Until the watch has gone out
+    (``begin``), a failure is an ordinary JSON answer with its status.
+    """
+
+    def __init__(self, request: IRequest) -> None:
+        self._request = request
+        self._begun = False
+
+    def begin(self) -> None:
+        if not self._begun:
+            self._begun = True
+            request = self._request
+            request.setResponseCode(200)
+            request.setHeader(b"content-type", b"text/event-stream")
+            request.setHeader(b"cache-control", b"no-store")
+            # No proxy should hold frames back.
+            request.setHeader(b"x-accel-buffering", b"no")
+            # The head goes out with the first write: a comment, so the caller sees it now.
+            request.write(b": watching\n\n")
+
+    def frame(self, frame: dict[str, Any]) -> None:
+        self.begin()
+        self._request.write(b"data: " + orjson.dumps(frame) + b"\n\n")
+
+    def ended(self, result: object) -> bytes | Failure:
+        if isinstance(result, Failure):
+            if not result.check(GatewayError):
+                return result  # cancelled: the caller is gone
+            if not self._begun:
+                return sandbox_failed(result, self._request)
+            error = result.value
+            code, message = error.code, error.message
+        else:
+            code, message = "ended", "the computer ended the watch"
+        self.begin()
+        body = orjson.dumps({"code": code, "error": message})
+        self._request.write(b"event: error\ndata: " + body + b"\n\n")
         return b""

@@ -130,6 +130,30 @@ def strings(obj: dict[str, Any], name: str) -> list[str]:
         raise BadRequest(f"{name} must be a list of strings") from None
 
 
+def query_number(request: IRequest, name: bytes, low: int, high: int) -> int | None:
+    """An optional whole number from ``low`` to ``high`` in the query string."""
+    values = request.args.get(name)
+    if not values:
+        return None
+    try:
+        value = int(values[0])
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise BadRequest(f"{name.decode()} must be a whole number from {low} to {high}")
+    return value
+
+
+def objects(obj: dict[str, Any], name: str, most: int) -> list[dict[str, Any]]:
+    """A list of at most ``most`` JSON objects (what each holds is the computer's to check)."""
+    value = obj.get(name)
+    if type(value) is not list or not all(type(item) is dict for item in value):
+        raise BadRequest(f"{name} must be a list of objects")
+    if len(value) > most:
+        raise BadRequest(f"{len(value)} {name}, at most {most} in one request")
+    return value
+
+
 def optional_object(obj: dict[str, Any], name: str) -> dict[str, Any]:
     """An optional JSON object ({} if absent)."""
     value = obj.get(name)

@@ -24,6 +24,7 @@ TOOLS = (
     "write_file",
     "delete_file",
     "read_screen",
+    "send_input",
 )
 
 
