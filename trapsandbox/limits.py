@@ -220,6 +220,11 @@ ASK_PARTIAL_MAX_CHARS = 4096
 MAX_PROMPT_CHARS = 16 * 1024
 # The shown detail of a permission request (a command line, the first lines of code, a path).
 PERMISSION_DETAIL_CHARS = 200
+# A question the agent asks the player (opencode's question tool): at most this many
+# questions, options each, and characters in one typed answer.
+MAX_ASK_QUESTIONS = 8
+MAX_ASK_OPTIONS = 16
+MAX_ASK_ANSWER_CHARS = 1024
 # How long a permission request waits for its tool's input before it shows the pattern.
 ASK_PERMISSION_DETAIL_WAIT = 2.0
 
