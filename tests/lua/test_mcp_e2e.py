@@ -231,6 +231,12 @@ class RealOpencodeTests(McpMixin, TestCase):
         self.assertTrue(
             {"trapsandbox_list_computers", "trapsandbox_read_file"} <= model.offered_tools()
         )
+        # The server has resources (SPEC §17): opencode 1.18.33 offers the model its own
+        # tools to list and read them.
+        self.assertTrue(
+            {"list_mcp_resources", "read_mcp_resource"} <= model.offered_tools(),
+            model.offered_tools(),
+        )
 
     async def test_a_computer_that_allowed_nothing_gives_the_model_the_error_text(self):
         await self.ready("shy", "")
