@@ -7,10 +7,12 @@ opencode, whose agent is a scripted model calling the gateway's MCP tools.
 import json
 
 import treq
+from twisted.logger import formatEvent
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.fake_model import start_fake_model, tool_messages
+from tests.harness.logcapture import LogCapture
 from tests.harness.opencode import start_opencode
 from tests.harness.support import bounded, closed_port, reactor
 from tests.lua.test_lua_e2e import GatewayMixin
@@ -35,9 +37,10 @@ SLOW = (
 
 # Marks its start, ticks for ``...`` seconds; terminated, it leaves /ended saying so.
 TICKER = (
+    "local seconds = tonumber(...)\n"
     "local f = fs.open('/started', 'w') f.close()\n"
     "local ok, err = pcall(function()\n"
-    "  for i = 1, tonumber(...) do print('tick ' .. i) os.sleep(1) end\n"
+    "  for i = 1, seconds do print('tick ' .. i) os.sleep(1) end\n"
     "end)\n"
     "f = fs.open('/ended', 'w') f.write(ok and 'finished' or tostring(err)) f.close()\n"
 )
@@ -276,6 +279,7 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         await self.opencode(model)
         c = await self.ready()
         c.write_file("/ticker.lua", TICKER.encode())
+        logs = LogCapture(self)
         self.ask(c, "/programs/sandbox.lua ask --yes tick")
         await c.wait_for(lambda: c.read_file("/started") is not None, 90, "the run's start")
         c.terminate()
@@ -284,3 +288,7 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         print(f"the run ended {reactor().seconds() - aborted:.3f} s after Ctrl+T")
         self.assertEqual(c.read_file("/ended"), b"Terminated")
         await c.wait_for_output("sandbox ask: cancelled", 30)
+        # It was opencode's cancel, not its hanging up, that ended the run.
+        said = [formatEvent(event) for event in logs.events]
+        self.assertTrue(any("cancelled by its client" in line for line in said), said[-20:])
+        self.assertIn("MCP run_command on 7:ask: cancelled", "\n".join(said))

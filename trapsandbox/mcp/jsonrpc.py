@@ -45,6 +45,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 
+from trapsandbox.computers.wire import cut
 from trapsandbox.mcp.stream import EventStream, accepts_events, event
 
 log = Logger()
@@ -102,6 +103,7 @@ class Running:
             return False
         call, d = found
         call.cancelled = True
+        log.info("MCP request {id} cancelled by its client", id=cut(str(call.id)))
         d.cancel()
         return True
 
