@@ -76,10 +76,20 @@ MCP_CALL_TIMEOUT = 50.0
 # The longest run a tool asks for, so that the computer stops it and answers
 # with its output and timedOut well inside the call's bound.
 MCP_MAX_RUN_SECONDS = 45.0
+# With progress (SPEC §17: the client gave a progressToken and takes an SSE answer) a run may
+# last its own timeoutSeconds up to this, its call that plus the answer's margin.
+MCP_PROGRESS_MAX_RUN_SECONDS = 600.0
+MCP_CALL_MARGIN = MCP_CALL_TIMEOUT - MCP_MAX_RUN_SECONDS
+# Progress goes out at most this often (output heard meanwhile waits for the next tick) ...
+MCP_PROGRESS_INTERVAL = 1.0
+# ... and at least this often, output or not: every notification resets opencode's clock.
+MCP_PROGRESS_HEARTBEAT = 5.0
 # The ``timeout`` (ms) of the MCP block the gateway writes for a computer's ask sessions.
-# opencode 1.18.33 cuts a tool call that sends no progress at that timeout (NOTES-opencode.md),
-# so it must outlast the longest call the gateway lets run (MCP_CALL_TIMEOUT) plus the
-# answer's way back.  Set, not left to opencode's default (60 s today), because the block is
+# opencode 1.18.33 cuts a tool call at that timeout unless progress resets it
+# (NOTES-opencode.md), so it must outlast the longest call the gateway answers without
+# progress (MCP_CALL_TIMEOUT) plus the answer's way back, and the longest gap between two
+# progress notifications (MCP_PROGRESS_HEARTBEAT): a long run with progress needs no more.
+# Set, not left to opencode's default (60 s today), because the block is
 # copied from the operator's, whose ``timeout`` may be short (5000 cut calls at 5.5 s: issue
 # 26), and a default may change with opencode's version.
 ASK_MCP_TIMEOUT_MS = int((MCP_CALL_TIMEOUT + 10) * 1000)
@@ -219,6 +229,11 @@ ASK_PARTIAL_MAX_CHARS = 4096
 MAX_PROMPT_CHARS = 16 * 1024
 # The shown detail of a permission request (a command line, the first lines of code, a path).
 PERMISSION_DETAIL_CHARS = 200
+# A question the agent asks the player (opencode's question tool): at most this many
+# questions, options each, and characters in one typed answer.
+MAX_ASK_QUESTIONS = 8
+MAX_ASK_OPTIONS = 16
+MAX_ASK_ANSWER_CHARS = 1024
 # How long a permission request waits for its tool's input before it shows the pattern.
 ASK_PERMISSION_DETAIL_WAIT = 2.0
 

@@ -2631,10 +2631,71 @@ local function shortTool(name)
   return (name:gsub('^trapsandbox_', ''))
 end
 
+--[[ The agent's question (its question tool; partial {type = 'question', id, questions}):
+each question with its options numbered. The player types a number (several, comma-separated,
+when `multiple`), or an answer of their own when `custom`, then Enter; an empty line rejects
+the question. newQuestion(p, line, echo) shows the first; its :key(event, a) takes the `char`,
+`paste` and `key` events and returns, once every question has its answer, the ask_answer payload. ]]
+local function newQuestion(p, line, echo)
+  local q = { id = p.id, questions = p.questions, index = 1, answers = {}, typed = '' }
+  function q.show()
+    local it = q.questions[q.index]
+    line('? ' .. tostring(it.question))
+    for i, option in ipairs(type(it.options) == 'table' and it.options or {}) do
+      local about = option.description and option.description ~= '' and (' - ' .. tostring(option.description)) or ''
+      line(('  %d. %s%s'):format(i, tostring(option.label), about))
+    end
+    line(it.multiple and 'Numbers, comma-separated' .. (it.custom and ', or your answer' or '') .. ' (empty: refuse):'
+      or 'A number' .. (it.custom and ' or your answer' or '') .. ' (empty: refuse):')
+  end
+  local function picked(it, text)
+    local options, labels = type(it.options) == 'table' and it.options or {}, {}
+    for word in (text .. ','):gmatch('([^,]*),') do
+      local n = tonumber((word:gsub('^%s+', ''):gsub('%s+$', '')))
+      if not n or not options[n] then return nil end
+      labels[#labels + 1] = tostring(options[n].label)
+    end
+    if #labels > 1 and not it.multiple then return nil end
+    return labels
+  end
+  function q:key(event, a)
+    if event == 'char' or event == 'paste' then
+      self.typed = self.typed .. tostring(a)
+      echo(a)
+      return nil
+    end
+    local k = keys or {}
+    if event ~= 'key' or (a ~= k.enter and a ~= k.numPadEnter) then
+      if event == 'key' and a == k.backspace and #self.typed > 0 then
+        self.typed = self.typed:sub(1, -2)
+        echo(nil)
+      end
+      return nil
+    end
+    local text = self.typed
+    self.typed = ''
+    line('')
+    if text:match('^%s*$') then return { questionId = self.id, reject = true } end
+    local it = self.questions[self.index]
+    local answer = picked(it, text) or (it.custom and { text }) or nil
+    if not answer then
+      line(('Type a number from 1 to %d.'):format(#(it.options or {})))
+      return nil
+    end
+    self.answers[self.index] = answer
+    self.index = self.index + 1
+    if self.questions[self.index] then self.show() return nil end
+    return { questionId = self.id, answers = self.answers }
+  end
+  q.show()
+  return q
+end
+
 --[[ ask(prompt, opts) -> ok, payloadOrError
 `sandbox ask`: sends computer_request ask {prompt, new?, yes?} through the daemon and prints
 its partials as they arrive: text word-wrapped through opts.out (a newWrapper), one line per
-tool the agent uses, a y/a/n question per permission request (answered with ask_permission).
+tool the agent uses, a y/a/n question per permission request (answered with ask_permission),
+the agent's questions with numbered options (newQuestion, answered with ask_answer).
 `terminate` (Ctrl+T) sends cancel {messageId} and waits for the final answer a while; a second
 one gives up at once. Every partial restarts the idle timer, so a long answer never times out.
 opts: new, yes, out, print, pullEvent (raw: it must return terminate), queueEvent, startTimer,
@@ -2661,7 +2722,15 @@ function M.ask(prompt, opts)
     if out then out.line(text) else say(text) end
   end
   queueEvent(M.EVENT_SEND, messageId, 'ask', { prompt = prompt, new = opts.new == true, yes = opts.yes == true })
-  local asking, cancelled, printed = nil, false, false
+  local asking, cancelled, printed, question = nil, false, false, nil
+  local function echo(typed)
+    if typed then
+      write(typed) -- as typed, not through the word-wrapper, which holds back a word's start
+    elseif term and term.getCursorPos then -- backspace: one column back, blanked
+      local x, y = term.getCursorPos()
+      if x > 1 then term.setCursorPos(x - 1, y) term.write(' ') term.setCursorPos(x - 1, y) end
+    end
+  end
   while true do
     local event, a, b, c, d = pullEvent()
     if event == M.EVENT_PARTIAL and a == messageId then
@@ -2680,6 +2749,10 @@ function M.ask(prompt, opts)
         line('Allow ' .. shortTool(p.tool) .. ': ' .. tostring(p.detail or '') .. '?')
         line('[y] once  [a] always  [n] no')
         asking = p.id
+      elseif p.type == 'question' and type(p.id) == 'string' and type(p.questions) == 'table'
+          and p.questions[1] then
+        if out then out.flush() end
+        question = newQuestion(p, line, echo)
       end
     elseif event == M.EVENT_REPLY and a == messageId then
       if cancelTimer then pcall(cancelTimer, timer) end
@@ -2702,12 +2775,19 @@ function M.ask(prompt, opts)
         line(response == 'reject' and '> refused' or ('> allowed (' .. response .. ')'))
         asking = nil
       end
+    elseif (event == 'char' or event == 'paste' or event == 'key') and question then
+      local answered = question:key(event, a)
+      if answered then
+        queueEvent(M.EVENT_SEND, M.newMessageId(osLike), 'ask_answer', answered)
+        line(answered.reject and '> refused' or '> answered')
+        question = nil
+      end
     elseif event == 'terminate' then
       if cancelled then
         if out then out.flush() end
         return false, errorValue('cancelled', 'stopped waiting for the agent')
       end
-      cancelled, asking = true, nil
+      cancelled, asking, question = true, nil, nil
       queueEvent(M.EVENT_SEND, M.newMessageId(osLike), 'cancel', { messageId = messageId })
       line('Cancelling the agent...')
       restart(M.ASK_CANCEL_WAIT)

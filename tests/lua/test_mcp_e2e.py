@@ -90,6 +90,80 @@ class SdkClientTests(McpMixin, TestCase):
         self.assertEqual((done["protocolVersion"], done["server"]), ("2025-11-25", "trapsandbox"))
 
 
+# Prints a line a second for ``...`` seconds; terminated, it leaves /ended saying so.
+TICKER = (
+    "local seconds = tonumber(...)\n"
+    "local ok, err = pcall(function()\n"
+    "  for i = 1, seconds do print('tick ' .. i) os.sleep(1) end\n"
+    "end)\n"
+    "local f = fs.open('/ended', 'w') f.write(ok and 'finished' or tostring(err)) f.close()\n"
+    "print('finished after ' .. seconds .. ' s')\n"
+)
+
+
+class SdkDeeperTests(McpMixin, TestCase):
+    """SPEC §17 with the official SDK: progress, cancellation, resources."""
+
+    sdk = SdkClientTests.sdk
+
+    async def test_the_progress_callback_hears_a_run_as_it_goes(self):
+        c = await self.ready("mc", "exec")
+        c.write_file("/ticker.lua", TICKER.encode())
+        call = {"command": "/ticker.lua", "args": ["4"], "timeoutSeconds": 60}
+        ran, _ = await self.sdk([["call_progress", "run_command", call]])
+        self.assertFalse(ran["isError"], ran)
+        self.assertIn("finished after 4 s", ran["text"])
+        progress = ran["progress"]
+        # About one a second while it printed, each later and further than the one before.
+        self.assertGreaterEqual(len(progress), 2, progress)
+        self.assertEqual([p[0] for p in progress], sorted({p[0] for p in progress}))
+        self.assertTrue(all(p[1] == 60 for p in progress), progress)
+        self.assertRegex(progress[0][2], r"^\d+ bytes of output: tick \d$")
+        times = [p[3] for p in progress]
+        self.assertTrue(all(b - a >= 0.5 for a, b in zip(times, times[1:], strict=False)), times)
+
+    async def test_a_cancelled_call_ends_its_run_on_the_computer(self):
+        c = await self.ready("mc", "exec")
+        c.write_file("/ticker.lua", TICKER.encode())
+        call = {"command": "/ticker.lua", "args": ["600"], "timeoutSeconds": 600}
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump([["cancel", "run_command", call]], f)
+        argv = [sys.executable, "-m", "tests.harness.mcp_client", self.mcp_url, path]
+        child = spawn(self, argv + ["--token", TOKEN], clean_env(PYTHONPATH=REPO))
+        await child.wait_for(r'"cancelling"', 60)
+        sent = reactor().seconds()
+        await c.wait_for(lambda: c.read_file("/ended") is not None, 5, "the run's end")
+        ended_after = reactor().seconds() - sent
+        print(f"the run ended {ended_after:.3f} s after the cancel was sent")
+        self.assertLess(ended_after, 1.0)
+        self.assertEqual(c.read_file("/ended"), b"Terminated")
+        self.assertEqual(await child.wait_ended(30), 0, child.output)
+        self.assertIn('"answered": false', child.output)  # MCP: no response to a cancelled call
+        self.assertEqual(
+            self.gateway.metrics._mcp_calls.labels("run_command", "cancelled").value, 1
+        )
+
+    async def test_resources_list_and_read(self):
+        c = await self.ready("mc", "screen,fs.read")
+        c.write_file("/notes.txt", "héllo\n".encode())
+        c.write_file("/bin.dat", b"\xff\xfe")
+        # (The harness's daemon keeps no screen to read: reading one is the unit tests'.)
+        listed, text, blob, other, _ = await self.sdk(
+            [
+                ["list_resources"],
+                ["read_resource", "trapsandbox://7%3Amc/files/notes.txt"],
+                ["read_resource", "trapsandbox://7%3Amc/files/bin.dat"],
+                ["read_resource", "trapsandbox://8/screen"],
+            ]
+        )
+        self.assertEqual(listed["resources"], ["trapsandbox://7%3Amc/screen"])
+        self.assertEqual(listed["templates"], ["trapsandbox://{traposId}/files/{+path}"])
+        self.assertEqual(text["contents"][0]["text"], "héllo\n")
+        self.assertEqual(blob["contents"][0]["blob"], "//4=")
+        self.assertIn('No connected computer is "8"', other["error"])
+
+
 class RealOpencodeTests(McpMixin, TestCase):
     """The real opencode as the MCP client, its agent driven by a scripted model."""
 
@@ -156,6 +230,12 @@ class RealOpencodeTests(McpMixin, TestCase):
         self.assertIn("Returned: 42", result)
         self.assertTrue(
             {"trapsandbox_list_computers", "trapsandbox_read_file"} <= model.offered_tools()
+        )
+        # The server has resources (SPEC §17): opencode 1.18.33 offers the model its own
+        # tools to list and read them.
+        self.assertTrue(
+            {"list_mcp_resources", "read_mcp_resource"} <= model.offered_tools(),
+            model.offered_tools(),
         )
 
     async def test_a_computer_that_allowed_nothing_gives_the_model_the_error_text(self):

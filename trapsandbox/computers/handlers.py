@@ -5,9 +5,12 @@ What the gateway answers when a computer asks: one handler per request type.
     computer_request capabilities {capabilities: [..]}  ->  {capabilities: [..]}
         what the computer's owner allows from now on (``sandbox allow``/``deny``)
     computer_request ask {prompt, new?, yes?}  ->  partials {type: text_delta | tool |
-        permission, ..}, then {sessionId, text}  (SPEC §11, ``trapsandbox.opencode.asks``)
+        permission | question, ..}, then {sessionId, text}
+        (SPEC §11, ``trapsandbox.opencode.asks``)
     computer_request cancel {messageId}  ->  {cancelled: bool}: abort that ask
     computer_request ask_permission {permissionId, response: once|always|reject}  ->  {}
+    computer_request ask_answer {questionId, answers: [[label, ..], ..] | reject: true}  ->  {}
+        the player's answer to the agent's question (SPEC §17)
 
 A handler takes the computer's ``Session`` and its ``ComputerRequest`` and
 returns the answer's payload, or a Deferred that fires with it; a
@@ -55,6 +58,7 @@ class ComputerRequests:
             "ask": self.ask,
             "cancel": self.cancel,
             "ask_permission": self.ask_permission,
+            "ask_answer": self.ask_answer,
         }
 
     def probe_gateway(self, session: Session, frame: wire.ComputerRequest) -> Deferred | dict:
@@ -113,6 +117,16 @@ class ComputerRequests:
             session.trapos_id,
             frame.payload.get("permissionId"),
             frame.payload.get("response"),
+        )
+        return d.addCallback(lambda _: {})
+
+    def ask_answer(self, session: Session, frame: wire.ComputerRequest) -> Deferred:
+        d = self._need_asks().answer(
+            session.account_id,
+            session.trapos_id,
+            frame.payload.get("questionId"),
+            frame.payload.get("answers"),
+            frame.payload.get("reject"),
         )
         return d.addCallback(lambda _: {})
 

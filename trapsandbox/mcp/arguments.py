@@ -30,14 +30,15 @@ def strings(arguments: dict[str, Any], name: str) -> list[str]:
         raise ToolError(INVALID_ARGUMENTS, f"{name} must be a list of strings") from None
 
 
-def run_seconds(arguments: dict[str, Any]) -> float:
+def run_seconds(arguments: dict[str, Any], most: float = limits.MCP_MAX_RUN_SECONDS) -> float:
+    """``timeoutSeconds``, kept within ``most`` (more with progress, SPEC §17)."""
     value = arguments.get("timeoutSeconds")
     if value is None:
         return limits.DEFAULT_RUN_TIMEOUT_MS / 1000
     if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
         raise ToolError(INVALID_ARGUMENTS, "timeoutSeconds must be a number of seconds above 0")
     # A longer run would outlive the call: run it as long as a call may take.
-    return min(float(value), limits.MCP_MAX_RUN_SECONDS)
+    return min(float(value), most)
 
 
 def file_content(arguments: dict[str, Any]) -> bytes:

@@ -11,8 +11,13 @@ not application/json: refused before it gets here, by
 (no server-to-client stream).
 
 Methods: ``initialize`` (the client's protocol version when we speak it, else
-our newest), ``ping``, ``tools/list`` (``schemas``), ``tools/call``; anything
-else is -32601.  No session state is kept and no ``Mcp-Session-Id`` issued.
+our newest), ``ping``, ``tools/list`` (``schemas``), ``tools/call``,
+``resources/list``, ``resources/templates/list``, ``resources/read``
+(``resources``); anything else is -32601.  No session state is kept: the
+``Mcp-Session-Id`` issued at ``initialize`` only tells a client connection's
+request ids from another's, for ``notifications/cancelled`` (``jsonrpc``).
+A call whose client takes progress may run for its own ``timeoutSeconds``
+(``tools``), its progress sent as it goes (``stream``).
 
 ``tools/call`` errors follow the 2025-11-25 split (SEP-1303): an unknown tool
 or params that are not ``{name, arguments?}`` are -32602; arguments a tool
@@ -25,8 +30,10 @@ its outcome: which computer (``resolve``), then the tool (``tools``).
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
+from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
@@ -42,9 +49,11 @@ from trapsandbox.mcp.jsonrpc import (
     LATEST,
     METHOD_NOT_FOUND,
     PROTOCOL_VERSIONS,
+    Call,
     Invalid,
 )
 from trapsandbox.mcp.resolve import computers, pinned, resolve
+from trapsandbox.mcp.resources import TEMPLATES, Resources
 from trapsandbox.mcp.results import OUTCOMES, ToolError, failed
 from trapsandbox.mcp.schemas import TOOL_NAMES, TOOLS
 from trapsandbox.mcp.text import INSTRUCTIONS
@@ -69,6 +78,8 @@ class McpEndpoint:
         metrics.mcp_labels(TOOL_NAMES, OUTCOMES)
         self._clock = registry.clock if clock is None else clock
         self._tools = Tools(sandbox, self._clock)
+        self._resources = Resources(registry, sandbox)
+        self.running = jsonrpc.Running()
 
     def post(
         self,
@@ -88,13 +99,16 @@ class McpEndpoint:
             request,
             body,
             too_large,
-            lambda method, params: self._method(method, params, scope, pin),
+            lambda method, params, call: self._method(method, params, call, scope, pin),
+            self.running,
+            _caller(request),
         )
 
     async def _method(
         self,
         method: str,
         params: dict[str, Any],
+        call: Call,
         scope: str | None,
         pin: tuple[str, str] | None = None,
     ) -> dict[str, Any]:
@@ -105,7 +119,13 @@ class McpEndpoint:
         if method == "tools/list":
             return {"tools": TOOLS}
         if method == "tools/call":
-            return await self._tools_call(params, scope, pin)
+            return await self._tools_call(params, call, scope, pin)
+        if method == "resources/list":
+            return await self._resources.list(scope, pin)
+        if method == "resources/templates/list":
+            return {"resourceTemplates": TEMPLATES}
+        if method == "resources/read":
+            return await self._resources.read(params, scope, pin)
         raise Invalid(METHOD_NOT_FOUND, f'no method "{wire.cut(method)}"')
 
     def _initialize(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -114,13 +134,17 @@ class McpEndpoint:
             raise Invalid(INVALID_PARAMS, "initialize needs protocolVersion, a string")
         return {
             "protocolVersion": asked if asked in PROTOCOL_VERSIONS else LATEST,
-            "capabilities": {"tools": {}},
+            "capabilities": {"tools": {}, "resources": {}},
             "serverInfo": {"name": "trapsandbox", "title": "trapsandbox", "version": __version__},
             "instructions": INSTRUCTIONS,
         }
 
     async def _tools_call(
-        self, params: dict[str, Any], scope: str | None, pin: tuple[str, str] | None = None
+        self,
+        params: dict[str, Any],
+        call: Call,
+        scope: str | None,
+        pin: tuple[str, str] | None = None,
     ) -> dict[str, Any]:
         name = params.get("name")
         if type(name) is not str:
@@ -148,10 +172,18 @@ class McpEndpoint:
                 else:
                     session = pinned(self._registry, pin)
                 target = session.trapos_id
-                result, outcome = await self._tools.call(name, session, arguments)
+                result, outcome = await self._tools.call(name, session, arguments, call.progress)
         except ToolError as error:
             outcome = error.outcome
             result = failed(error)
+        except CancelledError:
+            # The client cancelled it (or went away): the run was cancelled on the computer.
+            self._counted(name, target, wire.CANCELLED, started)
+            raise
+        self._counted(name, target, outcome, started)
+        return result
+
+    def _counted(self, name: str, target: str, outcome: str, started: float) -> None:
         seconds = self._clock.seconds() - started
         self._metrics.mcp_tool_call(name, outcome, seconds)
         log.info(
@@ -161,4 +193,8 @@ class McpEndpoint:
             outcome=outcome,
             seconds=seconds,
         )
-        return result
+
+
+def _caller(request: IRequest) -> bytes:
+    """Who sent ``request``, as far as its cancels go: its credential's digest (kept, not it)."""
+    return hashlib.sha256(request.getHeader(b"authorization") or b"").digest()

@@ -2,9 +2,13 @@
 JSON-RPC 2.0 over MCP's Streamable HTTP transport (SPEC §10): one message per
 ``POST /mcp``, and the HTTP answer it gets.
 
-    a request        -> 200 application/json: its response (result or error)
-    a notification   -> 202, no body (opencode sends notifications/cancelled
-                        after every call: accepted quietly)
+    a request        -> 200 application/json: its response (result or error);
+                        a tools/call with a progressToken from a client that
+                        accepts text/event-stream: 200 SSE, its progress
+                        notifications then its response (``stream``)
+    a notification   -> 202, no body; notifications/cancelled ends the call it
+                        names, if it is still running (opencode sends one
+                        after every call: those name nothing and are ignored)
     a response       -> 202, no body (this server sends no requests)
     not JSON         -> 400 {jsonrpc, id: null, error: -32700}
     a batch (array)  -> 400 -32600: batching was removed from MCP in
@@ -14,22 +18,35 @@ JSON-RPC 2.0 over MCP's Streamable HTTP transport (SPEC §10): one message per
     an unsupported MCP-Protocol-Version header -> 400 -32600
 
 What a method means is not decided here: ``answer`` hands a request's method
-and params to the caller's ``Methods`` and writes what it returns, or the
-``Invalid`` it raises, as the response.  This module is the one place a
-response is written, so a response that becomes an event stream (SSE, for
-progress) changes here alone.
+and params to the caller's ``Methods`` (with the ``Call`` it answers: its id
+and, when the client takes them, where progress goes) and writes what it
+returns, or the ``Invalid`` it raises, as the response.  This module is the
+one place a response is written.
+
+Cancellation (SPEC §17).  Request ids are unique per client connection only
+(opencode's two MCP connections both use id 2 at once), so the calls running
+are kept by caller (its credential, hashed by the endpoint), ``Mcp-Session-Id``
+(issued at ``initialize``: one per client connection) and id.  A cancelled
+call's Deferred is cancelled, which cancels its request to the computer (the
+registry sends ``cancel``; in cluster mode the relay does); its answer is no
+response (202, or the end of its event stream), as MCP says.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+import uuid
+from collections.abc import Callable, Coroutine, Hashable
 from typing import Any
 
+import attrs
 import orjson
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
+
+from trapsandbox.computers.wire import cut
+from trapsandbox.mcp.stream import EventStream, accepts_events, event
 
 log = Logger()
 
@@ -45,8 +62,53 @@ INTERNAL_ERROR = -32603
 
 _MAX_INT_ID = 2**63
 
-# A request's method and params in, its result out (or ``Invalid``).
-Methods = Callable[[str, dict[str, Any]], Coroutine[Any, Any, dict[str, Any]]]
+
+# A progress report: how far (it must grow from one to the next), of how much, and a line.
+Progress = Callable[[float, "float | None", "str | None"], None]
+
+
+@attrs.define(eq=False)
+class Call:
+    """One request being answered: its id, and where its progress goes (None: nowhere)."""
+
+    id: Any
+    progress: Progress | None = None
+    cancelled: bool = False
+
+
+# A request's method, params and Call in, its result out (or ``Invalid``).
+Methods = Callable[[str, dict[str, Any], Call], Coroutine[Any, Any, dict[str, Any]]]
+
+
+class Running:
+    """The calls being answered, by (caller, Mcp-Session-Id, id): what a cancel can reach."""
+
+    def __init__(self) -> None:
+        self._calls: dict[tuple[Hashable, Any, Any], tuple[Call, Deferred]] = {}
+
+    def add(self, key: tuple[Hashable, Any, Any], call: Call, d: Deferred) -> None:
+        self._calls[key] = (call, d)
+
+        def ended(result: Any) -> Any:
+            if self._calls.get(key, (None,))[0] is call:
+                del self._calls[key]
+            return result
+
+        d.addBoth(ended)
+
+    def cancel(self, key: tuple[Hashable, Any, Any]) -> bool:
+        """Cancel the call ``key`` if it runs; False (quietly) if it does not (any more)."""
+        found = self._calls.pop(key, None)
+        if found is None:
+            return False
+        call, d = found
+        call.cancelled = True
+        log.info("MCP request {id} cancelled by its client", id=cut(str(call.id)))
+        d.cancel()
+        return True
+
+    def __len__(self) -> int:
+        return len(self._calls)
 
 
 class Invalid(Exception):
@@ -60,12 +122,20 @@ class Invalid(Exception):
 
 
 def answer(
-    request: IRequest, body: bytes | None, too_large: str | None, methods: Methods
+    request: IRequest,
+    body: bytes | None,
+    too_large: str | None,
+    methods: Methods,
+    running: Running | None = None,
+    caller: Hashable = None,
 ) -> bytes | Deferred:
     """
     The HTTP answer to one POSTed ``body`` (None and ``too_large``: it was
-    refused for its size), a request's result coming from ``methods``.
+    refused for its size), a request's result coming from ``methods``; the
+    calls of ``caller`` (who sent it) are kept in ``running`` while they run.
     """
+    if running is None:
+        running = Running()
     if body is None:
         return reply(request, error(None, INVALID_REQUEST, too_large or "too large"), 413)
     try:
@@ -73,12 +143,14 @@ def answer(
     except orjson.JSONDecodeError as failure:
         return reply(request, error(None, PARSE_ERROR, f"the body is not JSON: {failure}"), 400)
     try:
-        return _message(request, message, methods)
+        return _message(request, message, methods, running, caller)
     except Invalid as invalid:
         return reply(request, error(None, invalid.code, invalid.message), invalid.status)
 
 
-def _message(request: IRequest, message: Any, methods: Methods) -> bytes | Deferred:
+def _message(
+    request: IRequest, message: Any, methods: Methods, running: Running, caller: Hashable
+) -> bytes | Deferred:
     if type(message) is list:
         raise Invalid(
             INVALID_REQUEST,
@@ -97,8 +169,13 @@ def _message(request: IRequest, message: Any, methods: Methods) -> bytes | Defer
         raise Invalid(INVALID_REQUEST, "a JSON-RPC request needs a method", 400)
     if type(method) is not str:
         raise Invalid(INVALID_REQUEST, "method must be a string", 400)
+    session = request.getHeader(b"mcp-session-id")
     if "id" not in message:
-        return _accepted(request)  # notifications/initialized, cancelled, …: nothing to say
+        if method == "notifications/cancelled":
+            params = message.get("params")
+            if type(params) is dict and "requestId" in params:
+                running.cancel((caller, session, _key_of(params["requestId"])))
+        return _accepted(request)  # notifications/initialized, …: nothing to say
     id = message["id"]
     if not (type(id) is str or (type(id) is int and -_MAX_INT_ID <= id < _MAX_INT_ID)):
         raise Invalid(INVALID_REQUEST, "id must be a string or an integer", 400)
@@ -118,19 +195,65 @@ def _message(request: IRequest, message: Any, methods: Methods) -> bytes | Defer
         params = {}
     elif type(params) is not dict:
         return reply(request, error(id, INVALID_PARAMS, "params must be an object"))
-    d = Deferred.fromCoroutine(methods(method, params))
-    d.addCallback(lambda result: reply(request, {"jsonrpc": "2.0", "id": id, "result": result}))
-    d.addErrback(_failed, request, id)
+    stream = EventStream(request)
+    call = Call(id, _progress(request, params, stream))
+    if method == "initialize":
+        # One per client connection: what tells two connections' same ids apart (a cancel's).
+        request.setHeader(b"mcp-session-id", uuid.uuid4().hex.encode())
+    d = Deferred.fromCoroutine(methods(method, params, call))
+    running.add((caller, session, _key_of(id)), call, d)
+    d.addCallback(
+        lambda result: _last(request, stream, {"jsonrpc": "2.0", "id": id, "result": result})
+    )
+    d.addErrback(_failed, request, stream, call)
     return d
 
 
-def _failed(failure: Failure, request: IRequest, id: Any) -> bytes | Failure:
+def _key_of(id: Any) -> Any:
+    # 2 and 2.0 are one id in JSON; True is not 1.
+    return ("bool", id) if type(id) is bool else id
+
+
+def _progress(request: IRequest, params: dict[str, Any], stream: EventStream) -> Progress | None:
+    """Where a request's progress goes: SSE notifications, if it asked and takes them."""
+    meta = params.get("_meta")
+    token = meta.get("progressToken") if type(meta) is dict else None
+    if not (type(token) is str or type(token) is int) or not accepts_events(request):
+        return None
+
+    def progress(value: float, total: float | None, message: str | None) -> None:
+        note: dict[str, Any] = {"progressToken": token, "progress": value}
+        if total is not None:
+            note["total"] = total
+        if message:
+            note["message"] = message
+        stream.send({"jsonrpc": "2.0", "method": "notifications/progress", "params": note})
+
+    return progress
+
+
+def _last(
+    request: IRequest, stream: EventStream, message: dict[str, Any], status: int = 200
+) -> bytes:
+    """The response: the stream's last event once it has opened, else the JSON answer."""
+    stream.end()
+    if not stream.opened:
+        return reply(request, message, status)
+    return event(_encoded(message))
+
+
+def _failed(failure: Failure, request: IRequest, stream: EventStream, call: Call) -> Any:
+    id = call.id
     if failure.check(Invalid):
-        return reply(request, error(id, failure.value.code, failure.value.message))
+        return _last(request, stream, error(id, failure.value.code, failure.value.message))
     if failure.check(CancelledError):
+        stream.end()
+        if call.cancelled:
+            # The client cancelled it: MCP wants no response; the HTTP answer still ends.
+            return b"" if stream.opened else _accepted(request)
         return failure  # the client went away: nobody to answer
     log.failure("MCP request failed", failure)
-    return reply(request, error(id, INTERNAL_ERROR, "the gateway failed on this request"))
+    return _last(request, stream, error(id, INTERNAL_ERROR, "the gateway failed on this request"))
 
 
 def error(id: Any, code: int, message: str) -> dict[str, Any]:
@@ -142,18 +265,22 @@ def _accepted(request: IRequest) -> bytes:
     return b""
 
 
-def reply(request: IRequest, message: dict[str, Any], status: int = 200) -> bytes:
-    """``message`` as the JSON body of the answer, with ``status``."""
+def _encoded(message: dict[str, Any]) -> bytes:
     try:
-        body = orjson.dumps(message)
+        return orjson.dumps(message)
     except orjson.JSONEncodeError:
         # A computer's answer too deep for orjson to write (it reads deeper than it writes):
         # the text is all a model needs.
         result = message.get("result")
         if isinstance(result, dict) and "structuredContent" in result:
             result = {k: v for k, v in result.items() if k != "structuredContent"}
-            return reply(request, {**message, "result": result}, status)
-        body = orjson.dumps(error(message.get("id"), INTERNAL_ERROR, "the answer cannot be sent"))
+            return _encoded({**message, "result": result})
+        return orjson.dumps(error(message.get("id"), INTERNAL_ERROR, "the answer cannot be sent"))
+
+
+def reply(request: IRequest, message: dict[str, Any], status: int = 200) -> bytes:
+    """``message`` as the JSON body of the answer, with ``status``."""
+    body = _encoded(message)
     request.setResponseCode(status)
     request.setHeader(b"content-type", b"application/json")
     request.setHeader(b"cache-control", b"no-store")

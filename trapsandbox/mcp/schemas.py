@@ -46,10 +46,12 @@ def _schema(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[
 _TIMEOUT = {
     "type": "number",
     "exclusiveMinimum": 0,
-    "maximum": limits.MCP_MAX_RUN_SECONDS,
+    "maximum": limits.MCP_PROGRESS_MAX_RUN_SECONDS,
     "description": (
-        f"Seconds before the run is stopped (default {limits.DEFAULT_RUN_TIMEOUT_MS // 1000}, "
-        f"at most {limits.MCP_MAX_RUN_SECONDS:g}); you then get its output so far."
+        f"Seconds before the run is stopped (default {limits.DEFAULT_RUN_TIMEOUT_MS // 1000}); "
+        "you then get its output so far. Up to "
+        f"{limits.MCP_PROGRESS_MAX_RUN_SECONDS:g} when the client follows the call's "
+        f"progress (opencode does), otherwise at most {limits.MCP_MAX_RUN_SECONDS:g}."
     ),
 }
 _PATH = {"type": "string", "minLength": 1, "description": _PATH_HELP}

@@ -5,8 +5,9 @@ section 9 operations (``Sandbox``), and how its answer reads to a model.
 A tool gets the session ``resolve`` chose and its arguments, and returns its
 ``CallToolResult`` with the call's outcome; every failure the model can act on
 is a ``ToolError``.  A call is bounded by ``MCP_CALL_TIMEOUT`` (opencode cuts
-a call that sends nothing for about a minute); a run's output is heard as it
-comes (``Tools._run``), which is where progress would be reported.
+a call that sends nothing for about a minute), unless its client takes
+progress (SPEC §17): then a run lasts its own ``timeoutSeconds`` (up to
+``MCP_PROGRESS_MAX_RUN_SECONDS``) and reports as it goes (``Reporter``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, TimeoutError
 from twisted.internet.interfaces import IReactorTime
-from twisted.internet.task import deferLater
+from twisted.internet.task import LoopingCall, deferLater
 
 from trapsandbox import limits
 from trapsandbox.computers import wire
@@ -25,6 +26,7 @@ from trapsandbox.computers.registry import Session
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.computers.wire import GatewayError
 from trapsandbox.mcp import arguments as check
+from trapsandbox.mcp.jsonrpc import Progress
 from trapsandbox.mcp.resolve import several_accounts, split
 from trapsandbox.mcp.results import LUA_ERROR, ToolError, result
 from trapsandbox.mcp.text import ADVICE, gateway_error_text, output_text
@@ -68,13 +70,61 @@ def list_computers(sessions: list[Any]) -> dict[str, Any]:
     return result(text, {"computers": listed})
 
 
+class Reporter:
+    """
+    A run's progress while it goes on: each ``MCP_PROGRESS_INTERVAL`` when it
+    printed something meanwhile, else each ``MCP_PROGRESS_HEARTBEAT`` (a quiet
+    run must still reset the client's clock).  ``progress`` is the seconds
+    the run has gone on, which grows with each report as MCP wants (output
+    bytes would not during a quiet spell); ``total`` its ``timeoutSeconds``;
+    the message, its output so far in bytes and its latest line.
+    """
+
+    def __init__(self, progress: Progress, clock: IReactorTime, seconds: float) -> None:
+        self._progress = progress
+        self._clock = clock
+        self._seconds = seconds
+        self._started = clock.seconds()
+        self._reported = self._started
+        self._bytes = 0
+        self._line = ""
+        self._heard = False
+        self._loop = LoopingCall(self._tick)
+        self._loop.clock = clock
+
+    def start(self) -> None:
+        self._loop.start(limits.MCP_PROGRESS_INTERVAL, now=False)
+
+    def stop(self) -> None:
+        if self._loop.running:
+            self._loop.stop()
+
+    def heard(self, data: str) -> None:
+        self._bytes += len(data.encode("utf-8", "surrogatepass"))
+        lines = [line for line in data.splitlines() if line.strip()]
+        if lines:
+            self._line = lines[-1]
+        self._heard = True
+
+    def _tick(self) -> None:
+        now = self._clock.seconds()
+        if not self._heard and now - self._reported < limits.MCP_PROGRESS_HEARTBEAT:
+            return
+        self._heard = False
+        self._reported = now
+        message = f"{self._bytes} bytes of output"
+        if self._line:
+            message += ": " + wire.cut(self._line)
+        self._progress(round(now - self._started, 3), self._seconds, message)
+
+
 class Tools:
     """The tools that act on one computer; ``call`` runs one by name."""
 
     def __init__(self, sandbox: Sandbox, clock: IReactorTime) -> None:
         self._sandbox = sandbox
         self._clock = clock
-        self._tools: dict[str, Callable[[Session, dict[str, Any]], Coroutine[Any, Any, Answer]]]
+        self._tools: dict[str, Callable[..., Coroutine[Any, Any, Answer]]]
         self._tools = {
             "run_command": self._run_command,
             "run_lua": self._run_lua,
@@ -86,42 +136,68 @@ class Tools:
             "send_input": self._send_input,
         }
 
-    async def call(self, name: str, session: Session, arguments: dict[str, Any]) -> Answer:
-        """Tool ``name`` on ``session``, or a ``ToolError`` for the model."""
+    async def call(
+        self,
+        name: str,
+        session: Session,
+        arguments: dict[str, Any],
+        progress: Progress | None = None,
+    ) -> Answer:
+        """
+        Tool ``name`` on ``session``, or a ``ToolError`` for the model;
+        ``progress``: where a run reports while it goes on (None: the client
+        takes no progress, so the call keeps within ``MCP_CALL_TIMEOUT``).
+        """
+        if name in ("run_command", "run_lua"):
+            return await self._tools[name](session, arguments, progress)
         return await self._tools[name](session, arguments)
 
-    def _bounded(self, d: Deferred) -> Deferred:
-        # Cancelling the request cancels a run on the computer.
-        return d.addTimeout(limits.MCP_CALL_TIMEOUT, self._clock)
-
-    async def _answer(self, session: Session, d: Deferred) -> dict[str, Any]:
-        """The answer ``d`` fires with, or a ``ToolError`` for the model."""
+    async def _answer(
+        self, session: Session, d: Deferred, bound: float = limits.MCP_CALL_TIMEOUT
+    ) -> dict[str, Any]:
+        """The answer ``d`` fires with within ``bound``, or a ``ToolError`` for the model."""
         try:
-            return await self._bounded(d)
+            # Cancelling the request cancels a run on the computer.
+            return await d.addTimeout(bound, self._clock)
         except GatewayError as error:
             raise ToolError(error.code, gateway_error_text(error, session)) from None
         except TimeoutError:
             raise ToolError(
                 wire.TIMEOUT,
-                f"{session.trapos_id} did not finish within {limits.MCP_CALL_TIMEOUT:g} s; "
+                f"{session.trapos_id} did not finish within {bound:g} s; "
                 "the request was cancelled on it. " + ADVICE[wire.TIMEOUT],
             ) from None
+
+    def _seconds(self, arguments: dict[str, Any], progress: Progress | None) -> float:
+        """How long a run may last: longer when its progress reaches the client."""
+        if progress is None:
+            return check.run_seconds(arguments, limits.MCP_MAX_RUN_SECONDS)
+        return check.run_seconds(arguments, limits.MCP_PROGRESS_MAX_RUN_SECONDS)
 
     async def _run(
         self,
         session: Session,
         start: Callable[[float, Callable[[str, str], None]], Deferred],
         seconds: float,
+        progress: Progress | None,
     ) -> dict[str, Any]:
         """A run's answer; past the call's bound, what it printed so far and ``timedOut``."""
         heard: dict[str, list[str]] = {"stdout_delta": [], "stderr_delta": []}
+        reporter = None if progress is None else Reporter(progress, self._clock, seconds)
 
         def listen(kind: str, data: str) -> None:
             heard[kind].append(data)
+            if reporter is not None:
+                reporter.heard(data)
 
         d = start(round(seconds * 1000), listen)
+        if reporter is None:
+            bound = limits.MCP_CALL_TIMEOUT
+        else:
+            bound = seconds + limits.MCP_CALL_MARGIN
+            reporter.start()
         try:
-            return await self._answer(session, d)
+            return await self._answer(session, d, bound)
         except ToolError as error:
             if error.outcome != wire.TIMEOUT or not any(heard.values()):
                 raise
@@ -131,11 +207,16 @@ class Tools:
                 "stderr": "".join(heard["stderr_delta"]),
                 "answered": False,
             }
+        finally:
+            if reporter is not None:
+                reporter.stop()
 
-    async def _run_command(self, session: Session, arguments: dict[str, Any]) -> Answer:
+    async def _run_command(
+        self, session: Session, arguments: dict[str, Any], progress: Progress | None = None
+    ) -> Answer:
         command = check.string(arguments, "command")
         args = check.strings(arguments, "args")
-        seconds = check.run_seconds(arguments)
+        seconds = self._seconds(arguments, progress)
         answer = await self._run(
             session,
             lambda ms, listen: self._sandbox.execute(
@@ -147,14 +228,17 @@ class Tools:
                 account_id=session.account_id,
             ),
             seconds,
+            progress,
         )
         code = answer.get("exitCode")
         header = f"{command} on {session.trapos_id}: exit code {code if code is not None else '?'}"
         return result(output_text(answer, header, seconds), answer), "ok"
 
-    async def _run_lua(self, session: Session, arguments: dict[str, Any]) -> Answer:
+    async def _run_lua(
+        self, session: Session, arguments: dict[str, Any], progress: Progress | None = None
+    ) -> Answer:
         code = check.string(arguments, "code")
-        seconds = check.run_seconds(arguments)
+        seconds = self._seconds(arguments, progress)
         answer = await self._run(
             session,
             lambda ms, listen: self._sandbox.eval(
@@ -165,6 +249,7 @@ class Tools:
                 account_id=session.account_id,
             ),
             seconds,
+            progress,
         )
         returns = answer.get("returns")
         if answer.get("ok") is False:

@@ -2,7 +2,7 @@
 What opencode's agent may do and is told in an ask (SPEC §11): the session's
 permission rules (the computer's tools only; a change is asked for), the
 system note that says which computer it works for, and what a permission
-request shows the player.
+request or a question (opencode's ``question`` tool) shows the player.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ READING_TOOLS = (
 )
 
 
+# opencode's built-in tool that asks the user a question and waits for the answer.
+QUESTION_TOOL = "question"
+
+
 def session_rules(yes: bool) -> list[dict[str, str]]:
     """
     An ask session's permission rules (the last match wins): nothing but the
@@ -43,6 +47,8 @@ def session_rules(yes: bool) -> list[dict[str, str]]:
     change = "allow" if yes else "ask"
     return [
         {"permission": "*", "pattern": "*", "action": "deny"},
+        # opencode's question tool: its questions go to the player (SPEC §17).
+        {"permission": QUESTION_TOOL, "pattern": "*", "action": "allow"},
         *({"permission": name, "pattern": "*", "action": "allow"} for name in READING_TOOLS),
         *({"permission": name, "pattern": "*", "action": change} for name in CHANGING_TOOLS),
     ]
@@ -61,7 +67,8 @@ def system_note(trapos_id: str, capabilities: frozenset[str]) -> str:
         f"it short and plain. The trapsandbox_* tools act on this computer (computer = "
         f'"{trapos_id}") and only on it. Its player allowed: {allowed}; a tool that needs '
         'more says so, and the player can run "sandbox allow CAP" on the computer. The '
-        "player is asked before each change you make and may refuse it."
+        "player is asked before each change you make and may refuse it. When you need the "
+        "player to choose, use the question tool: they answer on the computer."
     )
 
 
@@ -84,5 +91,42 @@ def detail_of(tool: str, arguments: Any) -> str:
             text += f" ({len(arguments['content'].encode('utf-8', 'surrogatepass'))} bytes)"
     else:
         text = orjson.dumps(arguments).decode()
+    limit = limits.PERMISSION_DETAIL_CHARS
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def questions_of(asked: Any) -> list[dict[str, Any]] | None:
+    """
+    What a ``question.asked`` event's questions show the player: each one's
+    text, its options (label, description), whether several may be picked and
+    whether the player may type an answer of their own (opencode's
+    ``custom``, true unless said otherwise); None if there are none to show.
+    """
+    if type(asked) is not list or not asked:
+        return None
+    shown = []
+    for question in asked[: limits.MAX_ASK_QUESTIONS]:
+        if type(question) is not dict or type(question.get("question")) is not str:
+            return None
+        options = question.get("options") if type(question.get("options")) is list else []
+        shown.append(
+            {
+                "question": _short(question["question"]),
+                "options": [
+                    {
+                        "label": _short(str(option.get("label", ""))),
+                        "description": _short(str(option.get("description", ""))),
+                    }
+                    for option in options[: limits.MAX_ASK_OPTIONS]
+                    if type(option) is dict
+                ],
+                "multiple": question.get("multiple") is True,
+                "custom": question.get("custom") is not False,
+            }
+        )
+    return shown
+
+
+def _short(text: str) -> str:
     limit = limits.PERMISSION_DETAIL_CHARS
     return text if len(text) <= limit else text[: limit - 1] + "…"

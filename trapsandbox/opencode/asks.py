@@ -13,6 +13,8 @@ player.
           <- partial {type: tool, name, status}                    message.part.updated (tool)
           <- partial {type: permission, id, tool, detail}          permission.asked
     ask_permission {permissionId, response} -> POST /permission/P/reply
+          <- partial {type: question, id, questions}                question.asked
+    ask_answer {questionId, answers | reject} -> POST /question/Q/reply (or /reject)
     cancel {messageId}        ->  POST /session/S/abort
           <- final {sessionId, text}                               session.idle
 
@@ -48,7 +50,13 @@ from twisted.python.failure import Failure
 from trapsandbox import limits
 from trapsandbox.computers import wire
 from trapsandbox.computers.wire import GatewayError, cut
-from trapsandbox.opencode.agent import PERMISSION_REPLIES, detail_of, session_rules, system_note
+from trapsandbox.opencode.agent import (
+    PERMISSION_REPLIES,
+    detail_of,
+    questions_of,
+    session_rules,
+    system_note,
+)
 from trapsandbox.opencode.client import OpencodeClient, opencode_error
 from trapsandbox.opencode.directories import AskDirectories
 from trapsandbox.opencode.events import EventStream
@@ -92,6 +100,7 @@ class Run:
     tool_status: dict[str, str] = attrs.field(factory=dict)
     tokens: dict[str, tuple[int, int]] = attrs.field(factory=dict)  # messageID -> (in, out)
     permissions: set[str] = attrs.field(factory=set)
+    questions: dict[str, int] = attrs.field(factory=dict)  # questionID -> how many questions
     # permission.asked whose tool input is not known yet: permissionID -> (event, timer)
     pending: dict[str, tuple[dict[str, Any], Any]] = attrs.field(factory=dict)
     flush_timer: Any = None
@@ -132,6 +141,7 @@ class Asks:
         self.conversations: dict[tuple[str, str], Conversation] = {}
         self.runs: dict[tuple[str, str], Run] = {}
         self._by_permission: dict[str, Run] = {}
+        self._by_question: dict[str, Run] = {}
 
     # -- Remembered per computer, bounded per account ------------------------------------
 
@@ -274,6 +284,8 @@ class Asks:
                 self._tool_part(run, part)
         elif kind == "permission.asked":
             self._permission(run, props)
+        elif kind == "question.asked":
+            self._question(run, props)
         elif kind == "session.error":
             error = props.get("error")
             run.error = error if type(error) is dict else {"name": "UnknownError"}
@@ -390,6 +402,17 @@ class Asks:
             detail = ", ".join(map(str, patterns)) if isinstance(patterns, list) else ""
         self._send(run, {"type": "permission", "id": props["id"], "tool": tool, "detail": detail})
 
+    def _question(self, run: Run, props: dict[str, Any]) -> None:
+        """The agent asks the player (opencode's question tool): shown on the computer."""
+        question_id = props.get("id")
+        questions = questions_of(props.get("questions"))
+        if type(question_id) is not str or questions is None or question_id in run.questions:
+            return
+        run.started = True
+        run.questions[question_id] = len(questions)
+        self._by_question[question_id] = run
+        self._send(run, {"type": "question", "id": question_id, "questions": questions})
+
     # -- Sending -------------------------------------------------------------------------
 
     def _text(self, run: Run) -> None:
@@ -464,6 +487,8 @@ class Asks:
             del self.runs[run.key]
         for permission in run.permissions:
             self._by_permission.pop(permission, None)
+        for question in run.questions:
+            self._by_question.pop(question, None)
         for _, waiting in run.pending.values():
             if waiting.active():
                 waiting.cancel()
@@ -555,6 +580,34 @@ class Asks:
         del self._by_permission[permission_id]
         return self._client.reply_permission(run.conversation.directory, permission_id, response)
 
+    def answer(
+        self, account_id: str, trapos_id: str, question_id: Any, answers: Any, reject: Any
+    ) -> Deferred:
+        """
+        The player's answer to the agent's question ``question_id``: the
+        labels picked (or text typed), one list per question, or ``reject``.
+        """
+        run = self._by_question.get(question_id) if type(question_id) is str else None
+        if run is None or run.key != (account_id, trapos_id):
+            raise GatewayError(wire.BAD_REQUEST, "no question of this computer's ask has that id")
+        if reject is not True:
+            if (
+                type(answers) is not list
+                or len(answers) != run.questions[question_id]
+                or not all(_answer(answer) for answer in answers)
+            ):
+                raise GatewayError(
+                    wire.BAD_REQUEST,
+                    "answers must be a list with one list of strings for each question "
+                    "(or reject: true)",
+                )
+        del run.questions[question_id]
+        del self._by_question[question_id]
+        directory = run.conversation.directory
+        if reject is True:
+            return self._client.reject_question(directory, question_id)
+        return self._client.reply_question(directory, question_id, answers)
+
     def stop(self) -> None:
         self.stream.stop()
         for run in list(self.runs.values()):
@@ -565,6 +618,13 @@ def _logged(what: str) -> Callable[[Failure], None]:
     """An errback for a call whose failure only needs a log line."""
     return lambda failure: log.info(
         "{what} failed: {why}", what=what, why=cut(failure.getErrorMessage())
+    )
+
+
+def _answer(answer: Any) -> bool:
+    """One question's answer: picked labels or typed text, each a bounded string."""
+    return type(answer) is list and all(
+        type(text) is str and 0 < len(text) <= limits.MAX_ASK_ANSWER_CHARS for text in answer
     )
 
 

@@ -1,6 +1,6 @@
 """
 opencode's HTTP API as far as ``sandbox ask`` needs it (SPEC §11): sessions,
-prompts, aborts, permission replies, MCP servers, statuses.  Every call is
+prompts, aborts, permission replies, question answers, MCP servers, statuses.  Every call is
 bounded (``ASK_CALL_TIMEOUT``), sends opencode's Basic auth, follows no
 redirect, and fails with an ``opencode_error`` a player can act on
 (``explain``), never with a library's exception.
@@ -140,6 +140,15 @@ class OpencodeClient:
 
     def reply_permission(self, directory: str, permission_id: str, reply: str) -> Deferred:
         return self.call("POST", f"/permission/{permission_id}/reply", {"reply": reply}, directory)
+
+    def reply_question(
+        self, directory: str, question_id: str, answers: list[list[str]]
+    ) -> Deferred:
+        """``answers``: the labels (or typed text) picked, one list per question."""
+        return self.call("POST", f"/question/{question_id}/reply", {"answers": answers}, directory)
+
+    def reject_question(self, directory: str, question_id: str) -> Deferred:
+        return self.call("POST", f"/question/{question_id}/reject", None, directory)
 
     def message(self, directory: str, session_id: str, message_id: str) -> Deferred:
         """``{info, parts}`` of one message of a session."""

@@ -36,6 +36,7 @@ class McpTestCase(SynchronousTestCase):
         self.registry = Registry(self.clock, request_timeout=60)
         admission = auth.Admission(self.clock, admin_token=self.admin_token)
         app = gateway_app(self.registry, FixedProbe(ProbeResult(True, "")), admission)
+        self.endpoint = app._mcp
         self.http = StubTreq(app.resource())
         self.ids = 0
 
@@ -98,3 +99,32 @@ class McpTestCase(SynchronousTestCase):
         [item] = result["content"]
         self.assertEqual(item["type"], "text")
         return item["text"]
+
+
+def events(body):
+    """The JSON-RPC messages of an SSE answer, in order."""
+    found = []
+    for block in body.decode().split("\n\n"):
+        lines = block.split("\n")
+        if not block:
+            continue
+        assert lines[0] == "event: message", block
+        assert lines[1].startswith("data: "), block
+        found.append(orjson.loads(lines[1][len("data: ") :]))
+    return found
+
+
+class StreamingMixin:
+    """tools/call as a client that takes progress sends it."""
+
+    def call_streaming(self, tool, token="tok", headers=None, **arguments):
+        """A tools/call with a progressToken, Accept: SSE; a Deferred of (response, body)."""
+        self.ids += 1
+        message = {
+            "jsonrpc": "2.0",
+            "id": self.ids,
+            "method": "tools/call",
+            "params": {"name": tool, "arguments": arguments, "_meta": {"progressToken": token}},
+        }
+        headers = {"accept": "application/json, text/event-stream", **(headers or {})}
+        return self.post_raw(orjson.dumps(message), headers)

@@ -27,7 +27,7 @@ class MethodTests(McpTestCase):
                 {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t"}},
             )
             self.assertEqual(result["protocolVersion"], version)
-            self.assertEqual(result["capabilities"], {"tools": {}})
+            self.assertEqual(result["capabilities"], {"tools": {}, "resources": {}})
             self.assertEqual(result["serverInfo"]["name"], "trapsandbox")
             self.assertEqual(result["serverInfo"]["version"], __version__)
 
@@ -45,9 +45,9 @@ class MethodTests(McpTestCase):
         self.assertEqual(self.result("ping", {"_meta": {}}), {})
 
     def test_unknown_method(self):
-        error = self.rpc_error("resources/list")
+        error = self.rpc_error("prompts/list")
         self.assertEqual(error["code"], -32601)
-        self.assertIn("resources/list", error["message"])
+        self.assertIn("prompts/list", error["message"])
 
     def test_tools_call_with_bad_params(self):
         for params in (

@@ -31,13 +31,28 @@ class TransportTests(McpTestCase):
             response, body = self.post(message)
             self.assertEqual((response.code, body), (202, b""), message)
 
-    def test_no_session_id_is_issued(self):
+    def test_a_session_id_is_issued_at_initialize_and_any_is_accepted(self):
+        # One per client connection, so that their request ids (and cancels) are told apart.
+        ids = set()
+        for _ in range(2):
+            response, _ = self.post(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "initialize",
+                    "params": {"protocolVersion": "x"},
+                }
+            )
+            [issued] = response.headers.getRawHeaders("mcp-session-id")
+            self.assertRegex(issued, "^[0-9a-f]{32}$")
+            ids.add(issued)
+        self.assertEqual(len(ids), 2)
+        # No state: an unknown one does no harm, and other answers issue none.
         response, _ = self.post(
-            {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "x"}}
+            {"jsonrpc": "2.0", "id": 2, "method": "ping"}, {"mcp-session-id": "abc"}
         )
+        self.assertEqual(response.code, 200)
         self.assertFalse(response.headers.hasHeader("mcp-session-id"))
-        # ... and one sent anyway does no harm.
-        self.rpc("ping", headers={"mcp-session-id": "abc"})
 
 
 class MalformedTests(McpTestCase):

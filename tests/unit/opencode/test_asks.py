@@ -30,6 +30,7 @@ class AskSessionTests(AskTestsMixin, SynchronousTestCase):
         self.assertIn(("*", "deny"), rules)
         self.assertIn(("trapsandbox_write_file", "ask"), rules)
         self.assertIn(("trapsandbox_read_file", "allow"), rules)
+        self.assertIn(("question", "allow"), rules)  # its questions reach the player
         (prompt,) = [c for c in self.http.calls if c[1] == f"/session/{SES}/prompt_async"]
         self.assertEqual(prompt[3]["parts"], [{"type": "text", "text": "write a program"}])
         self.assertIn("1:a", prompt[3]["system"])
@@ -327,6 +328,95 @@ class AskCancelTests(AskTestsMixin, SynchronousTestCase):
         self.asks.cancel("local", "1:a", "m1")
         self.clock.advance(limits.ASK_ABORT_GRACE)
         self.assertEqual(self.failureResultOf(self.done, GatewayError).value.code, wire.CANCELLED)
+
+
+class AskQuestionTests(AskTestsMixin, SynchronousTestCase):
+    """The agent's questions (opencode's question tool) reach the player (SPEC §17)."""
+
+    def setUp(self):
+        super().setUp()
+        self.done = self.ask()
+        self.assistant()
+
+    def question(self, qid="que_1", **extra):
+        self.http.event(
+            "question.asked",
+            id=qid,
+            sessionID=SES,
+            questions=[
+                {
+                    "question": "Which colour?",
+                    "header": "Colour",
+                    "options": [
+                        {"label": "red", "description": "warm"},
+                        {"label": "blue", "description": "cold"},
+                    ],
+                    **extra,
+                }
+            ],
+            tool={"messageID": "msg_a", "callID": "call_q"},
+        )
+
+    def questions(self):
+        return [p for p in self.partials if p["type"] == "question"]
+
+    def test_a_question_is_shown_and_the_answer_goes_to_opencode(self):
+        self.question(multiple=True)
+        self.assertEqual(
+            self.questions(),
+            [
+                {
+                    "type": "question",
+                    "id": "que_1",
+                    "questions": [
+                        {
+                            "question": "Which colour?",
+                            "options": [
+                                {"label": "red", "description": "warm"},
+                                {"label": "blue", "description": "cold"},
+                            ],
+                            "multiple": True,
+                            "custom": True,
+                        }
+                    ],
+                }
+            ],
+        )
+        self.successResultOf(self.asks.answer("local", "1:a", "que_1", [["red", "blue"]], None))
+        (call,) = [c for c in self.http.calls if c[1] == "/question/que_1/reply"]
+        self.assertEqual((call[0], call[3]), ("POST", {"answers": [["red", "blue"]]}))
+        self.assertEqual(call[2], [self.asks.conversations[("local", "1:a")].directory])
+        # Answered: a second answer is refused.
+        self.assertRaises(GatewayError, self.asks.answer, "local", "1:a", "que_1", [["x"]], None)
+
+    def test_a_rejected_question(self):
+        self.question(custom=False)
+        self.assertFalse(self.questions()[0]["questions"][0]["custom"])
+        self.successResultOf(self.asks.answer("local", "1:a", "que_1", None, True))
+        (call,) = [c for c in self.http.calls if c[1].startswith("/question/")]
+        self.assertEqual(call[:2], ("POST", "/question/que_1/reject"))
+
+    def test_answers_are_checked(self):
+        self.question()
+        for answers in (None, [], [["a"], ["b"]], [[]] * 0, [[1]], [[""]], ["red"], [["x" * 2000]]):
+            with self.assertRaises(GatewayError) as caught:
+                self.asks.answer("local", "1:a", "que_1", answers, None)
+            self.assertEqual(caught.exception.code, wire.BAD_REQUEST, answers)
+        # Another computer cannot answer this one's question; an unknown id is refused.
+        self.assertRaises(GatewayError, self.asks.answer, "local", "2:b", "que_1", [["red"]], None)
+        self.assertRaises(GatewayError, self.asks.answer, "local", "1:a", "que_x", [["red"]], None)
+        self.assertEqual([c for c in self.http.calls if "/question/" in c[1]], [])
+
+    def test_a_malformed_question_is_not_shown(self):
+        self.http.event("question.asked", id="que_2", sessionID=SES, questions="what?")
+        self.http.event("question.asked", id=7, sessionID=SES, questions=[{"question": "q"}])
+        self.assertEqual(self.questions(), [])
+
+    def test_the_ask_ending_forgets_its_questions(self):
+        self.question()
+        self.idle()
+        self.successResultOf(self.done)
+        self.assertRaises(GatewayError, self.asks.answer, "local", "1:a", "que_1", [["red"]], None)
 
 
 class AskPermissionTests(AskTestsMixin, SynchronousTestCase):

@@ -1,0 +1,138 @@
+"""
+MCP resources (SPEC §17): a computer's screen and files as things a client
+reads by URI, besides the tools.
+
+    trapsandbox://{traposId}/screen          text: the screen's lines
+    trapsandbox://{traposId}/files/{+path}   a file: text when its bytes are
+                                             UTF-8, else a base64 ``blob``
+
+The traposId is percent-encoded in a URI (``trapsandbox://5%3Abase/screen``:
+a bare ``:`` reads as a port to URI parsers, the MCP SDK's included); a bare
+one, an id or a label are accepted as the tools' ``computer`` is
+(``resolve``).  Who may read what is the tools' rule: the caller's computers
+(its account's, the admin's every account's), an ask's token its own computer
+only, and the computer itself refuses what its player did not allow
+(``screen``, ``fs.read``).  ``resources/list`` lists the screens of the
+computers that allowed ``screen``; files are read through the template.
+
+A read that cannot be answered is a JSON-RPC error (resources have no
+``isError`` result): -32002 (MCP's "resource not found") for a computer that
+is not there, -32003 for the computer's refusal or failure (not allowed, no
+such file, no answer in time), each with the text a model acts on (``text``).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+from urllib.parse import quote, unquote
+
+from twisted.internet.defer import TimeoutError
+
+from trapsandbox.computers import wire
+from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.sandbox import Sandbox
+from trapsandbox.computers.wire import GatewayError
+from trapsandbox.mcp.jsonrpc import INVALID_PARAMS, Invalid
+from trapsandbox.mcp.resolve import computers, resolve
+from trapsandbox.mcp.results import ToolError
+from trapsandbox.mcp.text import gateway_error_text
+
+SCHEME = "trapsandbox://"
+RESOURCE_NOT_FOUND = -32002
+RESOURCE_REFUSED = -32003
+
+TEMPLATES: list[dict[str, Any]] = [
+    {
+        "uriTemplate": SCHEME + "{traposId}/files/{+path}",
+        "name": "file",
+        "title": "A file on a computer",
+        "description": (
+            "A file on a ComputerCraft computer, by its traposId (percent-encoded: 7%3Abase "
+            "for 7:base) and its path from / (e.g. trapsandbox://7%3Abase/files/startup.lua). "
+            'Text when it is UTF-8, else base64. The player must have run "sandbox allow '
+            'fs.read" on it.'
+        ),
+    }
+]
+
+
+def uri_of(trapos_id: str, what: str) -> str:
+    """A resource's URI: the traposId percent-encoded, then ``what`` (``screen``, ``files/…``)."""
+    return SCHEME + quote(trapos_id, safe="") + "/" + what
+
+
+def parse(uri: Any) -> tuple[str, str, str]:
+    """A URI's computer (decoded), kind (``screen`` or ``files``) and path (``/…``)."""
+    if type(uri) is not str or not uri.startswith(SCHEME):
+        raise Invalid(INVALID_PARAMS, f"uri must be a {SCHEME} URI; resources/list shows them")
+    authority, _, rest = uri[len(SCHEME) :].partition("/")
+    computer = unquote(authority)
+    if rest == "screen" and computer:
+        return computer, "screen", ""
+    if rest.startswith("files/") and computer and len(rest) > len("files/"):
+        return computer, "files", "/" + unquote(rest[len("files/") :]).lstrip("/")
+    raise Invalid(
+        INVALID_PARAMS,
+        f'no resource "{wire.cut(uri)}": the URIs are {SCHEME}{{traposId}}/screen and '
+        f"{SCHEME}{{traposId}}/files/{{path}}",
+    )
+
+
+class Resources:
+    """``resources/list`` and ``resources/read`` for one caller's computers."""
+
+    def __init__(self, registry: Registry, sandbox: Sandbox) -> None:
+        self._registry = registry
+        self._sandbox = sandbox
+
+    async def list(self, scope: str | None, pin: tuple[str, str] | None) -> dict[str, Any]:
+        listed = []
+        for session in await computers(self._registry, scope, pin):
+            if "screen" not in session.capabilities:
+                continue
+            listed.append(
+                {
+                    "uri": uri_of(session.trapos_id, "screen"),
+                    "name": f"{session.trapos_id} screen",
+                    "title": f"The screen of {session.trapos_id}",
+                    "description": "What the computer's terminal shows now, line by line.",
+                    "mimeType": "text/plain",
+                }
+            )
+        return {"resources": listed}
+
+    async def read(
+        self, params: dict[str, Any], scope: str | None, pin: tuple[str, str] | None
+    ) -> dict[str, Any]:
+        uri = params.get("uri")
+        computer, kind, path = parse(uri)
+        found = await computers(self._registry, scope, pin)
+        try:
+            session = resolve(self._registry, computer, scope, found)
+        except ToolError as error:
+            raise Invalid(RESOURCE_NOT_FOUND, error.text) from None
+        try:
+            if kind == "screen":
+                answer = await self._sandbox.screen(
+                    session.trapos_id, account_id=session.account_id
+                )
+                lines = answer.get("lines") if isinstance(answer.get("lines"), list) else []
+                text = "\n".join(str(line).rstrip() for line in lines)
+                return {"contents": [{"uri": uri, "mimeType": "text/plain", "text": text}]}
+            answer = await self._sandbox.read_file(
+                session.trapos_id, path, account_id=session.account_id
+            )
+        except GatewayError as error:
+            code = RESOURCE_NOT_FOUND if error.code == wire.NOT_CONNECTED else RESOURCE_REFUSED
+            raise Invalid(code, gateway_error_text(error, session)) from None
+        except TimeoutError:
+            raise Invalid(RESOURCE_REFUSED, f"{session.trapos_id} did not answer in time") from None
+        content: bytes = answer["content"]
+        try:
+            return {"contents": [{"uri": uri, "mimeType": "text/plain", "text": content.decode()}]}
+        except UnicodeDecodeError:
+            blob = base64.b64encode(content).decode("ascii")
+            return {
+                "contents": [{"uri": uri, "mimeType": "application/octet-stream", "blob": blob}]
+            }

@@ -1,0 +1,64 @@
+"""
+A response written as server-sent events (SPEC §17): how a ``tools/call``
+that asked for progress is answered.
+
+    200 text/event-stream
+    event: message
+    data: {"jsonrpc": "2.0", "method": "notifications/progress", ...}
+    ...
+    event: message
+    data: {"jsonrpc": "2.0", "id": ..., "result": ...}        the last event
+
+The stream opens with its first event: a call that ends before it has
+anything to report is answered as plain JSON, as a client that asked for
+progress must accept either.  No event ids: there is nothing to resume (a
+stream that breaks ends its call, as a closed connection does today).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from twisted.web.iweb import IRequest
+
+
+def accepts_events(request: IRequest) -> bool:
+    """Whether the client's ``Accept`` takes ``text/event-stream`` (an SSE answer)."""
+    accept = b",".join(request.requestHeaders.getRawHeaders(b"accept", []))
+    return any(
+        item.split(b";", 1)[0].strip().lower() == b"text/event-stream"
+        for item in accept.split(b",")
+    )
+
+
+def event(body: bytes) -> bytes:
+    """One SSE event carrying one JSON-RPC message's ``body``."""
+    return b"event: message\ndata: " + body + b"\n\n"
+
+
+class EventStream:
+    """One request's answer as SSE, opened by the first ``send``."""
+
+    def __init__(self, request: IRequest) -> None:
+        self._request = request
+        self.opened = False
+        self.ended = False
+
+    def send(self, message: dict[str, Any]) -> None:
+        """``message`` (a notification) now; nothing once the answer has ended."""
+        if self.ended:
+            return
+        if not self.opened:
+            self.opened = True
+            request = self._request
+            request.setResponseCode(200)
+            request.setHeader(b"content-type", b"text/event-stream")
+            request.setHeader(b"cache-control", b"no-store")
+            # Proxies such as nginx hold a response back otherwise; the events are the point.
+            request.setHeader(b"x-accel-buffering", b"no")
+        self._request.write(event(orjson.dumps(message)))
+
+    def end(self) -> None:
+        """No more notifications: the answer is being written (or dropped)."""
+        self.ended = True
