@@ -38,6 +38,7 @@ from trapsandbox.opencode.client import OpencodeClient
 from trapsandbox.opencode.probe import OpencodeProbe, redact
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.ops.systemd import Notifier
+from trapsandbox.snapshots.service import Snapshots
 from trapsandbox.web.app import GatewayApp
 from trapsandbox.web.listener import CountedSite
 from trapsandbox.web.operator import OperatorRequests
@@ -208,9 +209,12 @@ def web_app(
     cluster: Any = None,
     asks: Asks | None = None,
     operator_socket: Any = None,
+    sandbox: Sandbox | None = None,
+    snapshots: Snapshots | None = None,
 ) -> GatewayApp:
-    """The HTTP app and the parts only it uses: the §9 sandbox and the MCP endpoint."""
-    sandbox = Sandbox(registry)
+    """The HTTP app and the parts only it uses: the MCP endpoint (and the §9 sandbox
+    when the gateway does not share its own)."""
+    sandbox = Sandbox(registry) if sandbox is None else sandbox
     return GatewayApp(
         registry,
         probe,
@@ -222,6 +226,7 @@ def web_app(
         cluster=cluster,
         asks=asks,
         operator_socket=operator_socket,
+        snapshots=snapshots,
     )
 
 
@@ -261,6 +266,8 @@ class GatewayService(service.MultiService):
         self.reload_on_sighup = False
         self._previous_sighup: Any = None
         self._build_opencode()
+        self.sandbox = Sandbox(self.registry)
+        self._build_snapshots()
         self.factory = GatewayFactory(
             self.registry,
             self.admission,
@@ -313,6 +320,19 @@ class GatewayService(service.MultiService):
             metrics=self.metrics,
         )
 
+    def _build_snapshots(self) -> None:
+        """Snapshots (SPEC §15): in the cluster's Redis, else SQLite in the state directory."""
+        self.snapshots = Snapshots(self.sandbox)
+        if self.settings.redis_url is not None:
+            from trapsandbox.snapshots.redisstore import RedisStore
+
+            self.snapshots.attach(RedisStore.connect(self.settings.redis_url, self._reactor))
+        else:
+            from trapsandbox.snapshots.sqlitestore import SqliteStore
+
+            opening = SqliteStore.open(self.state_dir, self._reactor)
+            opening.addCallbacks(self.snapshots.attach, self.snapshots.failed)
+
     def _build_cluster(self) -> None:
         """Cluster mode: this process's membership, the registry's peers."""
         # Imported only here: one process needs neither txredisapi nor Redis.
@@ -354,6 +374,8 @@ class GatewayService(service.MultiService):
             cluster=self.cluster,
             asks=self.asks,
             operator_socket=WebSocketResource(self.operator_socket),
+            sandbox=self.sandbox,
+            snapshots=self.snapshots,
         )
         self.site = GatewaySite(app.resource(), decide=app.decide)
         self.strangers = Strangers()
@@ -490,7 +512,10 @@ class GatewayService(service.MultiService):
             # Once every computer is closed (and released), leave the cluster.
             cluster = self.cluster
             closed.addBoth(lambda _: cluster.stop())
-        d = DeferredList([stopped, closed, self._pool.closeCachedConnections()], consumeErrors=True)
+        d = DeferredList(
+            [stopped, closed, self._pool.closeCachedConnections(), self.snapshots.close()],
+            consumeErrors=True,
+        )
         d.addCallback(self._stopped)
         return d
 

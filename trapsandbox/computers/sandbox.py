@@ -12,6 +12,7 @@ The computer as a sandbox (SPEC §9): run programs and Lua, files, the screen.
     gateway_request write_file {path, content, encoding: base64, part?: {offset, final}}
         <- {bytesWritten, sizeBytes}
     gateway_request delete_file {path}       <- {deleted}
+    gateway_request snapshot_list {}         <- {files: [{path, size, modified}], total}
     gateway_request screen {}                <- {width, height, cursorX, cursorY, lines, ...}
     gateway_request cancel {messageId}       <- {cancelled}
     gateway_request input {events}           <- {queued}
@@ -160,6 +161,13 @@ class Sandbox:
             account_id, trapos_id, "delete_file", {"path": path}, limits.FILE_REQUEST_TIMEOUT
         )
 
+    def snapshot_list(
+        self, trapos_id: str, account_id: str = LOCAL_ACCOUNT, timeout: float | None = None
+    ) -> Deferred:
+        """Every file a snapshot holds, ``{files: [{path, size, modified}], total}`` (§15)."""
+        timeout = limits.FILE_REQUEST_TIMEOUT if timeout is None else timeout
+        return self._call(account_id, trapos_id, "snapshot_list", {}, timeout)
+
     def screen(self, trapos_id: str, account_id: str = LOCAL_ACCOUNT) -> Deferred:
         return self._call(account_id, trapos_id, "screen", {}, limits.FILE_REQUEST_TIMEOUT)
 
@@ -234,17 +242,22 @@ class Sandbox:
         return {"content": b"".join(chunks), "sizeBytes": size, "offset": offset, "bytesRead": got}
 
     def write_file(
-        self, trapos_id: str, path: str, content: bytes, account_id: str = LOCAL_ACCOUNT
+        self,
+        trapos_id: str,
+        path: str,
+        content: bytes,
+        account_id: str = LOCAL_ACCOUNT,
+        max_bytes: int = MAX_FILE_BYTES,
     ) -> Deferred:
         """
-        Replace the file at ``path`` with ``content`` (at most ``MAX_FILE_BYTES``),
-        sent in parts; the computer moves it into place with the last one, so
-        the file is replaced whole or not at all.
+        Replace the file at ``path`` with ``content`` (at most ``max_bytes``: a restore
+        writes back any file a snapshot holds), sent in parts; the computer moves it
+        into place with the last one, so the file is replaced whole or not at all.
         """
-        if len(content) > MAX_FILE_BYTES:
+        if len(content) > max_bytes:
             return fail(
                 GatewayError(
-                    wire.TOO_LARGE, f"at most {MAX_FILE_BYTES} bytes can be written in one call"
+                    wire.TOO_LARGE, f"at most {max_bytes} bytes can be written in one call"
                 )
             )
         return Deferred.fromCoroutine(self._write_file(account_id, trapos_id, path, content))

@@ -61,6 +61,7 @@ CAPABILITY_OF = {
     "screen": "screen",
     "screen_watch": "screen",
     "input": "input",
+    "snapshot_list": "fs.read",
 }
 # Request types that run on the computer until they end or are cancelled
 # (with a ``cancel {messageId}`` request), streaming partial responses.

@@ -11,6 +11,8 @@
     trapsandbox-ctl put 7:base LOCAL REMOTE    get 7:base REMOTE LOCAL
     trapsandbox-ctl rm 7:base REMOTE       screen 7:base
     trapsandbox-ctl attach 7:base          (the live screen; keys forwarded; Ctrl-] leaves)
+    trapsandbox-ctl snapshots 7:base       snapshot 7:base   (list; take one now)
+    trapsandbox-ctl changes 7:base SNAP    restore 7:base SNAP   (SPEC §15)
     trapsandbox-ctl opencode-config        (the "mcp" block for opencode's config)
     trapsandbox-ctl batch [--file F] [--concurrency N]   (NDJSON requests over one WebSocket)
     trapsandbox-ctl accounts add NAME --file F [--max-computers N]
@@ -373,6 +375,93 @@ def cmd_attach(args: argparse.Namespace) -> int:
     return attach.run(args, call, _token(args), _computer_path, Failed)
 
 
+# -- Snapshots (SPEC §15) ----------------------------------------------------------------------
+
+# A snapshot fetches every changed file of a computer, a restore writes them back.
+SNAPSHOT_TIMEOUT = 300.0
+
+
+def _snapshot_path(args: argparse.Namespace, tail: str = "") -> str:
+    action = "snapshots" + (f"/{urllib.parse.quote(args.snapshot, safe='')}{tail}" if tail else "")
+    return _computer_path(args.trapos_id, action, args.account)
+
+
+def _when(ms: Any) -> str:
+    if not isinstance(ms, int):
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000))
+
+
+def cmd_snapshots(args: argparse.Namespace) -> int:
+    answer = call(args, "GET", _snapshot_path(args))
+    listed = answer.get("snapshots") or []
+    if not listed:
+        print(f"{args.trapos_id} has no snapshots (take one: trapsandbox-ctl snapshot ID)")
+        return 0
+    print(f"{'ID':>4}  {'CREATED (UTC)':<19}  {'REASON':<7}  {'FILES':>5}  {'BYTES':>9}")
+    for each in listed:
+        print(
+            f"{each.get('id', '?'):>4}  {_when(each.get('created')):<19}  "
+            f"{each.get('reason', '?'):<7}  {each.get('files', 0):>5}  {each.get('bytes', 0):>9}"
+        )
+    return 0
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    answer = call(args, "POST", _snapshot_path(args), {}, SNAPSHOT_TIMEOUT)
+    print(
+        f"snapshot {answer.get('id')} of {args.trapos_id}: {answer.get('files')} files, "
+        f"{answer.get('bytes')} bytes ({answer.get('fetched')} fetched)"
+    )
+    return 0
+
+
+def _size(change: dict[str, Any]) -> str:
+    before, after = change.get("before"), change.get("after")
+    if before is None:
+        return f"{after} bytes"
+    if after is None:
+        return f"{before} bytes"
+    return f"{before} -> {after} bytes"
+
+
+def cmd_changes(args: argparse.Namespace) -> int:
+    answer = call(args, "GET", _snapshot_path(args, "/changes"), None, SNAPSHOT_TIMEOUT)
+    rows = [
+        (kind, change)
+        for kind in ("added", "modified", "deleted")
+        for change in answer.get(kind) or []
+    ]
+    if not rows:
+        print(f"no changes on {args.trapos_id} since snapshot {args.snapshot}")
+        return 0
+    print(f"{len(rows)} changes on {args.trapos_id} since snapshot {args.snapshot}:")
+    for kind, change in rows:
+        print(f"  {kind:<9} {change.get('path')} ({_size(change)})")
+    for each in answer.get("diffs") or []:
+        print()
+        print(each.get("diff", ""))
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    answer = call(args, "POST", _snapshot_path(args, "/restore"), {}, SNAPSHOT_TIMEOUT)
+    deleted, written = answer.get("deleted") or [], answer.get("written") or []
+    print(
+        f"restored {args.trapos_id} to snapshot {answer.get('restored')}: "
+        f"{len(written)} written, {len(deleted)} deleted"
+    )
+    for path in written:
+        print(f"  wrote   {path}")
+    for path in deleted:
+        print(f"  deleted {path}")
+    print(
+        f"undo with: trapsandbox-ctl restore {args.trapos_id} {answer.get('before')} "
+        f"(the snapshot taken just before)"
+    )
+    return 0
+
+
 def opencode_config(url: str, token: bool) -> dict[str, Any]:
     """opencode's config block for this gateway's MCP endpoint (SPEC §10)."""
     server: dict[str, Any] = {"type": "remote", "url": url.rstrip("/") + "/mcp", "oauth": False}
@@ -523,6 +612,17 @@ def parser() -> argparse.ArgumentParser:
     on_computer("rm", "delete a file on a computer", cmd_rm, ("path", "PATH"))
     on_computer("screen", "show a computer's screen", cmd_screen)
     on_computer("attach", "watch a computer's screen live and type into it", cmd_attach)
+    on_computer("snapshots", "list a computer's snapshots of its files", cmd_snapshots)
+    on_computer("snapshot", "take a snapshot of a computer's files now", cmd_snapshot)
+    on_computer(
+        "changes", "what changed on a computer since a snapshot", cmd_changes, ("snapshot", "SNAP")
+    )
+    on_computer(
+        "restore",
+        "bring a computer's files back to a snapshot (undoable)",
+        cmd_restore,
+        ("snapshot", "SNAP"),
+    )
 
     many = commands.add_parser(
         "batch",

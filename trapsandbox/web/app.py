@@ -37,6 +37,14 @@ The HTTP side, on the same port as the WebSocket: a Klein app.
                                            -> text/event-stream: data: {type: screen, width,
                                               height, cursorX, cursorY, cursorBlink, rows,
                                               palette?} per frame (``computers.screen``)
+  Snapshots (SPEC §15, ``trapsandbox.snapshots.service``), operators, the same answers:
+    GET  /computers/<traposId>/snapshots                 -> {ok, snapshots: [{id, created,
+                                                            reason, files, bytes, ...}]}
+    POST /computers/<traposId>/snapshots                 {} -> {ok, id, files, bytes, fetched}
+    GET  /computers/<traposId>/snapshots/<id>/changes    -> {ok, snapshot, added, modified,
+                                                            deleted, diffs}
+    POST /computers/<traposId>/snapshots/<id>/restore    {} -> {ok, restored, before,
+                                                            deleted, written}
   Their failures are {ok: false, error: "<message>", code} with the status of
   ``STATUS_OF_ERROR``; a caller leaving /execute cancels the run, and one
 leaving /screen/stream the watch on the computer.
@@ -90,6 +98,7 @@ from trapsandbox.mcp.endpoint import McpEndpoint
 from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.probe import OpencodeProbe, ProbeResult
 from trapsandbox.ops.metrics import Metrics
+from trapsandbox.snapshots.service import Snapshots
 from trapsandbox.web import client, validation
 from trapsandbox.web.answers import (
     json_body,
@@ -161,14 +170,20 @@ def on_computer(route):
     """
 
     @functools.wraps(route)
-    def resolved(self: GatewayApp, request: IRequest, trapos_id: str, operator: auth.Operator):
+    def resolved(
+        self: GatewayApp,
+        request: IRequest,
+        trapos_id: str,
+        operator: auth.Operator,
+        **path: str,
+    ):
         try:
             account_id = operator.account_of(self._registry, trapos_id, _asked_account(request))
         except GatewayError as failure:
             return sandbox_error(
                 request, STATUS_OF_ERROR.get(failure.code, 500), failure.code, failure.message
             )
-        return route(self, request, trapos_id, account_id=account_id)
+        return route(self, request, trapos_id, account_id=account_id, **path)
 
     return operators_only(resolved)
 
@@ -254,8 +269,10 @@ class GatewayApp:
         cluster: Any = None,
         asks: Asks | None = None,
         operator_socket: IResource | None = None,
+        snapshots: Snapshots | None = None,
     ) -> None:
         self._registry = registry
+        self._snapshots = snapshots
         self._probe = probe
         self._websocket = websocket
         self._requests = requests
@@ -526,6 +543,68 @@ class GatewayApp:
             stream.begin()  # it went out: from now on, its end is an event of the stream
         # Klein cancels ``d`` when the caller leaves: the watch is cancelled on the computer.
         d.addBoth(stream.ended)
+        return d
+
+    # -- Snapshots (SPEC §15) ----------------------------------------------------------------
+    # A label may hold a "/": the snapshot id is the last segments, the traposId the rest.
+
+    @app.route("/computers/<path:trapos_id>/snapshots", methods=["GET"])
+    @on_computer
+    def snapshots(self, request: IRequest, trapos_id: str, account_id: str):
+        def listed(snapshots: list[dict[str, Any]]) -> bytes:
+            if not snapshots and self._registry.find(trapos_id, account_id) is None:
+                # None here and not connected: the answer of a missing computer, whoever's.
+                error = GatewayError(wire.NOT_CONNECTED, f"{wire.cut(trapos_id)} is not connected")
+                return sandbox_failed(Failure(error), request)
+            return ok_body({"snapshots": snapshots}, request)
+
+        return self._snapshot_call(request, lambda s: s.list(account_id, trapos_id), listed)
+
+    @app.route("/computers/<path:trapos_id>/snapshots", methods=["POST"])
+    @on_computer
+    def take_snapshot(self, request: IRequest, trapos_id: str, account_id: str):
+        return self._snapshot_call(
+            request, lambda s: s.take(account_id, trapos_id, "manual"), body=True
+        )
+
+    @app.route("/computers/<path:trapos_id>/snapshots/<snapshot_id>/changes", methods=["GET"])
+    @on_computer
+    def snapshot_changes(
+        self, request: IRequest, trapos_id: str, account_id: str, snapshot_id: str
+    ):
+        return self._snapshot_call(request, lambda s: s.changes(account_id, trapos_id, snapshot_id))
+
+    @app.route("/computers/<path:trapos_id>/snapshots/<snapshot_id>/restore", methods=["POST"])
+    @on_computer
+    def restore_snapshot(
+        self, request: IRequest, trapos_id: str, account_id: str, snapshot_id: str
+    ):
+        return self._snapshot_call(
+            request, lambda s: s.restore(account_id, trapos_id, snapshot_id), body=True
+        )
+
+    def _snapshot_call(
+        self,
+        request: IRequest,
+        call: Callable[[Snapshots], Deferred],
+        answer: Callable[[Any], bytes] | None = None,
+        body: bool = False,
+    ):
+        """A snapshot operation: its body (if any) must be empty or a JSON object."""
+        try:
+            if body:
+                raw = read_body(request)
+                if raw.strip():
+                    validation.json_object(raw, "{}")
+        except BadRequest as error:
+            return sandbox_error(request, error.status, error.code, error.message)
+        if self._snapshots is None:
+            return sandbox_error(request, 503, wire.UNAVAILABLE, "snapshots are not set up")
+        d = call(self._snapshots)
+        if answer is None:
+            d.addCallbacks(ok_body, sandbox_failed, (request,), None, (request,))
+        else:
+            d.addCallbacks(answer, sandbox_failed, None, None, (request,))
         return d
 
     def _sandbox_call(

@@ -40,6 +40,8 @@ STATUS_OF_ERROR = {
     wire.BAD_REQUEST: 400,
     wire.FORBIDDEN: 403,
     wire.NOT_CONNECTED: 404,
+    # No such snapshot of this computer for this account (``snapshots.model.NOT_FOUND``).
+    "not_found": 404,
     # The admin named a traposId that several accounts hold (SPEC §12).
     auth.AMBIGUOUS: 409,
     wire.TOO_LARGE: 413,

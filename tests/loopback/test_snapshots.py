@@ -1,0 +1,140 @@
+"""The snapshot routes (SPEC §15) through a real port: two accounts, fake computers that
+answer ``snapshot_list``, ``read_file``, ``write_file`` and ``delete_file`` from a dict."""
+
+import base64
+import os
+from urllib.parse import quote
+
+import orjson
+import treq
+from twisted.trial.unittest import TestCase
+from twisted.web.client import HTTPConnectionPool
+
+from tests.harness.support import JSON, bounded, connect, reactor, start_gateway
+from tests.loopback.test_accounts import table
+from trapsandbox.admission import accounts
+
+
+class FilesComputer:
+    """Answers the file requests of one ``TestComputer`` from ``files`` until closed."""
+
+    def __init__(self, computer):
+        self.computer = computer
+        self.files = {"/a.txt": (b"one\ntwo\n", 1000), "/d/b.bin": (b"\x00\xff" * 50, 1000)}
+        self.clock = 1000
+        self.serve()
+
+    def serve(self):
+        d = self.computer.messages.get()
+        d.addCallback(self.answer)
+
+    def answer(self, request):
+        if request.get("event") != "gateway_request":
+            return self.serve()
+        kind, payload = request["type"], request.get("payload") or {}
+        path = payload.get("path")
+        if kind == "snapshot_list":
+            files = [{"path": p, "size": len(d), "modified": m} for p, (d, m) in self.files.items()]
+            answer = {"files": files, "total": sum(f["size"] for f in files)}
+        elif kind == "read_file":
+            data = self.files[path][0]
+            answer = {
+                "content": base64.b64encode(data).decode(),
+                "encoding": "base64",
+                "sizeBytes": len(data),
+                "offset": 0,
+                "bytesRead": len(data),
+            }
+        elif kind == "write_file":
+            self.write(path, base64.b64decode(payload["content"]))
+            answer = {"bytesWritten": 0, "sizeBytes": len(self.files[path][0])}
+        elif kind == "delete_file":
+            answer = {"deleted": self.files.pop(path, None) is not None}
+        else:
+            answer = {}
+        self.computer.respond(request, payload=answer)
+        self.serve()
+
+    def write(self, path, data):
+        self.clock += 1
+        self.files[path] = (data, self.clock)
+
+
+class SnapshotRoutesTests(TestCase):
+    timeout = 30
+
+    async def start(self):
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write(table("alice", "s-alice") + table("bob", "s-bob"))
+        self.gateway = start_gateway(self, accounts_file=path, accounts=accounts.load(path))
+        await self.gateway.snapshots.ready()
+        self.pool = HTTPConnectionPool(reactor(), persistent=False)
+        computer = await connect(self, self.gateway.port)
+        await computer.hello("s-alice", "1:a")
+        reply = await computer.request("capabilities", {"capabilities": ["fs.read", "fs.write"]})
+        self.assertTrue(reply["ok"], reply)
+        return FilesComputer(computer)
+
+    async def http(self, method, path, token, body=None):
+        response = await bounded(
+            treq.request(
+                method,
+                f"http://127.0.0.1:{self.gateway.port}{path}",
+                headers={"authorization": f"Bearer token-{token}", **JSON},
+                data=None if body is None else body,
+                pool=self.pool,
+            )
+        )
+        return response.code, orjson.loads(await bounded(treq.content(response)))
+
+    async def test_take_list_changes_restore(self):
+        alice = await self.start()
+        base = f"/computers/{quote('1:a', safe='')}/snapshots"
+        status, body = await self.http("POST", base, "alice", b"{}")
+        self.assertEqual((status, body["ok"], body["files"]), (200, True, 2), body)
+        snap = body["id"]
+        status, body = await self.http("GET", base, "alice")
+        self.assertEqual([s["id"] for s in body["snapshots"]], [snap])
+
+        alice.write("/a.txt", b"one\n2\n")
+        alice.write("/c.txt", b"new")
+        status, body = await self.http("GET", f"{base}/{snap}/changes", "alice")
+        self.assertEqual(status, 200, body)
+        self.assertEqual([c["path"] for c in body["added"]], ["/c.txt"])
+        self.assertEqual([c["path"] for c in body["modified"]], ["/a.txt"])
+        self.assertIn("+2", body["diffs"][0]["diff"])
+
+        status, body = await self.http("POST", f"{base}/{snap}/restore", "alice")
+        self.assertEqual(status, 200, body)
+        self.assertEqual((body["deleted"], body["written"]), (["/c.txt"], ["/a.txt"]))
+        self.assertEqual(alice.files["/a.txt"][0], b"one\ntwo\n")
+        self.assertNotIn("/c.txt", alice.files)
+
+    async def test_another_accounts_computer_answers_like_a_missing_one(self):
+        await self.start()
+        base = f"/computers/{quote('1:a', safe='')}/snapshots"
+        status, body = await self.http("POST", base, "alice", b"{}")
+        snap = body["id"]
+        missing = f"/computers/{quote('9:gone', safe='')}/snapshots"
+        for method, suffix, body in (
+            ("GET", "", None),
+            ("POST", "", b"{}"),
+            ("GET", f"/{snap}/changes", None),
+            ("POST", f"/{snap}/restore", b"{}"),
+        ):
+            theirs = await self.http(method, base + suffix, "bob", body)
+            gone = await self.http(method, missing + suffix, "bob", body)
+            self.assertEqual(theirs[0], 404, (method, suffix, theirs))
+            self.assertEqual(
+                (theirs[1]["code"], theirs[1]["error"].replace("1:a", "X")),
+                (gone[1]["code"], gone[1]["error"].replace("9:gone", "X")),
+            )
+
+    async def test_a_bad_body_is_a_json_error(self):
+        await self.start()
+        base = f"/computers/{quote('1:a', safe='')}/snapshots"
+        status, body = await self.http("POST", base, "alice", b"[1]")
+        self.assertEqual((status, body["ok"], body["code"]), (400, False, "bad_request"))
+        status, body = await self.http("GET", f"{base}/nope/changes", "alice")
+        self.assertEqual((status, body["code"]), (404, "not_found"))

@@ -1,0 +1,122 @@
+"""``Snapshots`` on a fake computer (``programs.Computer`` behind a fake ``Sandbox``) and
+the real SQLite store: what travels, what is refused, what a restore does."""
+
+from __future__ import annotations
+
+import os
+
+from twisted.internet import reactor
+from twisted.internet.defer import fail, succeed
+from twisted.trial.unittest import TestCase
+
+from tests.unit.snapshots.programs import Computer
+from trapsandbox import limits
+from trapsandbox.computers import wire
+from trapsandbox.computers.wire import GatewayError
+from trapsandbox.snapshots.service import Snapshots
+from trapsandbox.snapshots.sqlitestore import SqliteStore
+
+
+class FakeSandbox:
+    """The four calls ``Snapshots`` makes, on a ``Computer``; it records what was read."""
+
+    def __init__(self, computer: Computer) -> None:
+        self.computer = computer
+        self.reads: list[str] = []
+        self.vanish: set[str] = set()  # deleted between the listing and the read
+
+    def snapshot_list(self, trapos_id, account_id, timeout):
+        files = [
+            {"path": p, "size": s, "modified": m} for p, (s, m) in self.computer.listing().items()
+        ]
+        for path in self.vanish:
+            self.computer.delete(path)
+        return succeed({"files": files, "total": sum(f["size"] for f in files)})
+
+    def read_file(self, trapos_id, path, offset=0, length=None, account_id=None):
+        self.reads.append(path)
+        if path not in self.computer.files:
+            return fail(GatewayError(wire.FS_ERROR, f"{path}: No such file"))
+        data = self.computer.files[path]
+        chunk = data[offset : offset + 100]  # small reads: files span several
+        return succeed(
+            {"content": chunk, "sizeBytes": len(data), "offset": offset, "bytesRead": len(chunk)}
+        )
+
+    def write_file(self, trapos_id, path, content, account_id=None, max_bytes=None):
+        self.computer.write(path, content)
+        return succeed({"bytesWritten": len(content), "sizeBytes": len(content)})
+
+    def delete_file(self, trapos_id, path, account_id=None):
+        self.computer.delete(path)
+        return succeed({"deleted": True})
+
+
+class SnapshotsTests(TestCase):
+    timeout = 30
+
+    async def setUp(self):
+        directory = self.mktemp()
+        os.makedirs(directory, mode=0o700)
+        self.store = await SqliteStore.open(directory, reactor)
+        self.addCleanup(self.store.close)
+        self.computer = Computer()
+        self.computer.write("/a.txt", b"hello\n")
+        self.computer.write("/d/big.bin", bytes(range(256)) * 2)
+        self.sandbox = FakeSandbox(self.computer)
+        self.snapshots = Snapshots(self.sandbox, self.store)
+
+    async def test_only_what_changed_travels(self):
+        first = await self.snapshots.take("acc", "7:", "manual")
+        self.assertEqual((first["files"], first["fetched"]), (2, 2))
+        self.sandbox.reads.clear()
+        self.computer.write("/a.txt", b"hello again\n")
+        second = await self.snapshots.take("acc", "7:", "manual")
+        self.assertEqual(second["fetched"], 1)
+        self.assertEqual(self.sandbox.reads, ["/a.txt"])
+
+    async def test_a_file_gone_before_its_read_is_left_out(self):
+        self.sandbox.vanish.add("/a.txt")
+        taken = await self.snapshots.take("acc", "7:", "manual")
+        self.assertEqual(taken["files"], 1)
+        snapshot = await self.store.get("acc", "7:", taken["id"])
+        self.assertEqual(list(snapshot.files), ["/d/big.bin"])
+
+    async def test_over_the_bound_is_refused_before_any_read(self):
+        self.patch(limits, "SNAPSHOT_MAX_BYTES", 100)
+        error = await self.assertFailure(self.snapshots.take("acc", "7:", "manual"), GatewayError)
+        self.assertEqual(error.code, wire.TOO_LARGE)
+        self.assertEqual(self.sandbox.reads, [])
+        self.assertEqual(await self.store.list("acc", "7:"), [])
+
+    async def test_restore_and_undo(self):
+        taken = await self.snapshots.take("acc", "7:", "manual")
+        before = dict(self.computer.files)
+        self.computer.write("/a.txt", b"changed")
+        self.computer.write("/new", b"new")
+        self.computer.delete("/d/big.bin")
+        edited = dict(self.computer.files)
+        done = await self.snapshots.restore("acc", "7:", taken["id"])
+        self.assertEqual(self.computer.files, before)
+        self.assertEqual(done["deleted"], ["/new"])
+        self.assertEqual(done["written"], ["/a.txt", "/d/big.bin"])
+        await self.snapshots.restore("acc", "7:", done["before"])
+        self.assertEqual(self.computer.files, edited)
+
+    async def test_a_missing_snapshot_changes_nothing(self):
+        self.computer.write("/new", b"new")
+        error = await self.assertFailure(self.snapshots.restore("acc", "7:", "9"), GatewayError)
+        self.assertEqual(error.code, "not_found")
+        self.assertIn("/new", self.computer.files)
+        self.assertEqual(await self.store.list("acc", "7:"), [])
+
+    async def test_unavailable_until_the_store_is_attached(self):
+        snapshots = Snapshots(self.sandbox)
+        ready = snapshots.ready()
+        self.assertFalse(ready.called)
+        error = await self.assertFailure(snapshots.list("acc", "7:"), GatewayError)
+        self.assertEqual(error.code, wire.UNAVAILABLE)
+        self.assertIn("still opening", error.message)
+        snapshots.attach(self.store)
+        self.assertTrue(ready.called)
+        self.assertEqual(await snapshots.list("acc", "7:"), [])

@@ -1,0 +1,269 @@
+"""
+Snapshots of a computer's files (SPEC §15): what the routes, ``trapsandbox-ctl``, the
+game's ``sandbox`` commands and the ask hook call.  The storage layer decides nothing
+about computers; this is where a computer is asked, in the order the store expects::
+
+    take     snapshot_list -> refuse past SNAPSHOT_MAX_BYTES (nothing saved)
+             -> fetch what to_fetch names -> hash -> missing -> put_content -> commit -> prune
+    changes  snapshot_list -> fetch what differs from the snapshot -> changes + text_diff
+    restore  the snapshot (NotFound before anything moves) -> take one of now ("restore",
+             so an undo can be undone) -> restore_plan: deletes, then each write whole
+             (``write_file``'s parts: a file is replaced whole or not at all)
+
+Every method takes the account first: the store and the registry both answer another
+account's computer or snapshot exactly like a missing one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from trapsandbox import limits
+from trapsandbox.computers import wire
+from trapsandbox.computers.sandbox import Sandbox
+from trapsandbox.computers.settingsfile import is_settings_path
+from trapsandbox.computers.wire import GatewayError
+from trapsandbox.snapshots import changes as diff
+from trapsandbox.snapshots import model
+from trapsandbox.snapshots.model import FileEntry
+from trapsandbox.snapshots.store import SnapshotStore
+
+log = Logger()
+
+OPENING = "it is still opening"
+# The computer answers a listing of a few hundred files in a few batches of 64.
+LIST_TIMEOUT = 60.0
+
+
+def _listed(answer: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """A ``snapshot_list`` answer as path -> (size, modified ms), checked."""
+    files = answer.get("files")
+    if isinstance(files, dict) and not files:  # an empty list as CraftOS may encode it
+        files = []
+    if not isinstance(files, list):
+        raise GatewayError(wire.INTERNAL, "the computer's file list has no files")
+    listing: dict[str, tuple[int, int]] = {}
+    for item in files:
+        if not isinstance(item, dict):
+            raise GatewayError(wire.INTERNAL, "the computer's file list is malformed")
+        path, size, modified = item.get("path"), item.get("size"), item.get("modified")
+        if isinstance(modified, float) and modified.is_integer():
+            modified = int(modified)
+        if isinstance(size, float) and size.is_integer():
+            size = int(size)
+        if (
+            type(path) is not str
+            or not path.startswith("/")
+            or type(size) is not int
+            or type(modified) is not int
+            or size < 0
+            or modified < 0
+        ):
+            raise GatewayError(wire.INTERNAL, "the computer's file list is malformed")
+        if not is_settings_path(path):
+            listing[path] = (size, modified)
+    if len(listing) > limits.SNAPSHOT_MAX_FILES:
+        raise GatewayError(
+            wire.TOO_LARGE,
+            f"the computer has {len(listing)} files: a snapshot holds at most "
+            f"{limits.SNAPSHOT_MAX_FILES}",
+        )
+    model.check_total(sum(size for size, _ in listing.values()))
+    return listing
+
+
+class Snapshots:
+    """
+    ``store`` may come later (``attach``): the embedded store opens on its thread while
+    the gateway starts; until then, or if it failed, every call answers ``unavailable``.
+    """
+
+    def __init__(self, sandbox: Sandbox, store: SnapshotStore | None = None) -> None:
+        self._sandbox = sandbox
+        self._store = store
+        self._broken = OPENING
+        self._closed = False
+        self._waiting: list[Deferred[None]] = []
+
+    def attach(self, store: SnapshotStore) -> SnapshotStore | Deferred[None]:
+        if self._closed:  # opened after the gateway stopped
+            return store.close()
+        self._store = store
+        self._settled()
+        return store
+
+    def failed(self, failure: Failure) -> None:
+        """The store could not be opened: said once in the log, and by every call."""
+        self._broken = failure.getErrorMessage()
+        log.error("snapshots are unavailable: {why}", why=self._broken)
+        self._settled()
+
+    def ready(self) -> Deferred[None]:
+        """Fires once the store is open, or failed to open (then every call says why)."""
+        if self._store is not None or self._broken != OPENING:
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._waiting.append(d)
+        return d
+
+    def _settled(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for d in waiting:
+            d.callback(None)
+
+    def close(self) -> Deferred[None]:
+        store, self._store, self._closed = self._store, None, True
+        self._broken = "the gateway is stopping"
+        return succeed(None) if store is None else store.close()
+
+    def store(self) -> SnapshotStore:
+        if self._store is None:
+            raise model.unavailable(self._broken)
+        return self._store
+
+    # -- The operations ----------------------------------------------------------------------
+
+    def list(self, account: str, trapos_id: str) -> Deferred[list[dict[str, Any]]]:
+        """The computer's snapshots, newest first, as JSON."""
+
+        async def run() -> list[dict[str, Any]]:
+            return [s.to_json() for s in await self.store().list(account, trapos_id)]
+
+        return Deferred.fromCoroutine(run())
+
+    def take(self, account: str, trapos_id: str, reason: str = "manual") -> Deferred[dict]:
+        """A snapshot now: ``{id, files, bytes, fetched}``."""
+
+        async def run() -> dict[str, Any]:
+            snap_id, files, fetched = await self._take(account, trapos_id, reason)
+            count, size = model.sized(files)
+            return {"id": snap_id, "files": count, "bytes": size, "fetched": fetched}
+
+        return Deferred.fromCoroutine(run())
+
+    def changes(self, account: str, trapos_id: str, snapshot_id: str) -> Deferred[dict]:
+        """From snapshot ``snapshot_id`` to the computer now: ``{snapshot, added, modified,
+        deleted, diffs: [{path, diff}]}`` (a bounded diff per modified file)."""
+
+        async def run() -> dict[str, Any]:
+            store = self.store()
+            snapshot = await store.get(account, trapos_id, snapshot_id)
+            listing = await self._list(account, trapos_id)
+            fetched = await self._fetch(
+                account, trapos_id, diff.to_fetch(snapshot.files, listing), listing
+            )
+            hashes = {path: _sha(data) for path, data in fetched.items()}
+            found = diff.changes(snapshot.files, listing, hashes)
+            diffs = []
+            for change in found.modified:
+                if change.path in fetched:
+                    before = await store.content(account, snapshot.files[change.path].sha256)
+                    text = diff.text_diff(change.path, before, fetched[change.path])
+                    diffs.append({"path": change.path, "diff": text})
+            return {"snapshot": snapshot.id, **found.to_json(), "diffs": diffs}
+
+        return Deferred.fromCoroutine(run())
+
+    def restore(self, account: str, trapos_id: str, snapshot_id: str) -> Deferred[dict]:
+        """Bring the computer's files back to ``snapshot_id``: ``{restored, before, deleted,
+        written}`` (``before``: the snapshot of the state it replaced, to undo the undo)."""
+
+        async def run() -> dict[str, Any]:
+            store = self.store()
+            target = await store.get(account, trapos_id, snapshot_id)
+            before, current, _ = await self._take(account, trapos_id, "restore")
+            plan = diff.restore_plan(target.files, current)
+            for path in plan.delete:
+                await self._sandbox.delete_file(trapos_id, path, account_id=account)
+            for path, sha256 in plan.write:
+                data = await store.content(account, sha256)
+                await self._sandbox.write_file(
+                    trapos_id, path, data, account_id=account, max_bytes=limits.SNAPSHOT_MAX_BYTES
+                )
+            return {
+                "restored": target.id,
+                "before": before,
+                "deleted": list(plan.delete),
+                "written": [path for path, _ in plan.write],
+            }
+
+        return Deferred.fromCoroutine(run())
+
+    # -- The steps ---------------------------------------------------------------------------
+
+    async def _take(
+        self, account: str, trapos_id: str, reason: str
+    ) -> tuple[str, dict[str, FileEntry], int]:
+        """(id, files map, how many files were fetched)."""
+        model.check_reason(reason)
+        store = self.store()
+        latest = await store.latest(account, trapos_id)
+        listing = await self._list(account, trapos_id)
+        fetched = await self._fetch(account, trapos_id, diff.to_fetch(latest, listing), listing)
+        hashes = {path: _sha(data) for path, data in fetched.items()}
+        absent = await store.missing(account, hashes.values())
+        for path, data in fetched.items():
+            if hashes[path] in absent:
+                await store.put_content(account, hashes[path], data)
+                absent.discard(hashes[path])
+        files = {}
+        for path, (_, modified) in listing.items():
+            if path in fetched:
+                # What was read, should the file have moved since it was listed.
+                files[path] = FileEntry(len(fetched[path]), modified, hashes[path])
+            elif path in latest:
+                files[path] = latest[path]
+        snap_id = await store.commit(account, trapos_id, files, reason)
+        try:
+            await store.prune(account)
+        except GatewayError as error:
+            # The snapshot is taken; retention catches up at the next one.
+            log.warn("snapshots of {account}: prune failed: {why}", account=account, why=error)
+        return snap_id, files, len(fetched)
+
+    async def _list(self, account: str, trapos_id: str) -> dict[str, tuple[int, int]]:
+        answer = await self._sandbox.snapshot_list(trapos_id, account, LIST_TIMEOUT)
+        return _listed(answer)
+
+    async def _fetch(
+        self,
+        account: str,
+        trapos_id: str,
+        paths: list[str],
+        listing: dict[str, tuple[int, int]],
+    ) -> dict[str, bytes]:
+        """The content of ``paths``; one deleted since it was listed leaves the listing."""
+        fetched = {}
+        for path in paths:
+            try:
+                fetched[path] = await self._read(account, trapos_id, path)
+            except GatewayError as error:
+                if error.code != wire.FS_ERROR:
+                    raise
+                del listing[path]
+        model.check_total(sum(len(data) for data in fetched.values()))
+        return fetched
+
+    async def _read(self, account: str, trapos_id: str, path: str) -> bytes:
+        """A whole file, past ``read_file``'s bound of one call if need be."""
+        parts: list[bytes] = []
+        offset = 0
+        while True:
+            answer = await self._sandbox.read_file(
+                trapos_id, path, offset=offset, account_id=account
+            )
+            parts.append(answer["content"])
+            offset += answer["bytesRead"]
+            if not answer["bytesRead"] or offset >= answer["sizeBytes"]:
+                return b"".join(parts)
+            if offset > limits.SNAPSHOT_MAX_BYTES:
+                model.check_total(offset)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
