@@ -321,8 +321,16 @@ class GatewayService(service.MultiService):
         )
 
     def _build_snapshots(self) -> None:
-        """Snapshots (SPEC §15): in the cluster's Redis, else SQLite in the state directory."""
+        """Snapshots (SPEC §15); their store is opened when the service starts."""
         self.snapshots = Snapshots(self.sandbox)
+
+    def _open_snapshots(self) -> None:
+        """
+        The snapshots' store: in the cluster's Redis, else SQLite in the state
+        directory.  Opened at start, not when the service is built: a store's
+        thread or connection must not keep alive a process that never started
+        (a port in use, a build for a check).
+        """
         if self.settings.redis_url is not None:
             from trapsandbox.snapshots.redisstore import RedisStore
 
@@ -439,6 +447,7 @@ class GatewayService(service.MultiService):
 
     def startService(self) -> None:
         super().startService()
+        self._open_snapshots()
         if self.reload_on_sighup:
             # Twisted's own handlers are SIGINT, SIGTERM and SIGCHLD; SIGHUP is ours.
             self._previous_sighup = signal.signal(signal.SIGHUP, self._sighup)
