@@ -14,7 +14,9 @@ sandbox: talk to the trapsandbox gateway through the sandbox daemon.
   sandbox --version | --help
 Capabilities (setting sandbox.allow): exec (run programs), eval (run Lua code), fs.read (list
 and read files), fs.write (write and delete files), screen (read and watch the terminal), input
-(type keys and click on it); `all` names every one. exec, eval and input give the agent the
+(type keys and click on it), peripheral (list, call and watch attached peripherals), turtle
+(drive this turtle: move, dig, place); `all` names every one but turtle, which is only ever
+allowed by name. exec, eval and input give the agent the
 whole computer, including its sandbox password
 (file requests cannot touch /.settings; programs and Lua can). allow and deny save the setting and tell the running daemon (OS event
 trapos_sandbox_capabilities), which tells the gateway: no reboot needed.
@@ -58,6 +60,10 @@ local function change(lib, allow, names)
   os.queueEvent(lib.EVENT_CAPABILITIES)
   print('allowed: ' .. describeAllowed(listOrError))
   if allow and lib.grantsWholeComputer(names) then print('note: ' .. lib.WHOLE_COMPUTER) end
+  if allow and lib.grantsTurtle(names) then
+    print('note: ' .. lib.MOVING_MACHINE)
+    if not rawget(_G, 'turtle') then print('note: this computer is not a turtle') end
+  end
   return true
 end
 
@@ -151,7 +157,7 @@ local COMMANDS = {
   { name = 'status', needsUrl = true, run = function(lib, _, url) status(lib, url) end,
     usage = 'status        show the daemon connection and what is allowed' },
   { name = 'allow', needsUrl = false, run = function(lib, rest) change(lib, true, rest) end,
-    usage = 'allow CAP...  let the agent: exec, eval, fs.read, fs.write, screen, input or all' },
+    usage = 'allow CAP...  let the agent: exec, eval, fs.read, fs.write, screen, input, peripheral, turtle or all' },
   { name = 'deny', needsUrl = false, run = function(lib, rest) change(lib, false, rest) end,
     usage = 'deny CAP...   take capabilities back' },
   { name = 'ask', needsUrl = true, run = function(lib, rest) ask(lib, rest) end,

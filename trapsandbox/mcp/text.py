@@ -29,6 +29,10 @@ ADVICE = {
         "CraftOS refused it. Paths are absolute from /; /rom is read-only; the disk holds "
         "about 1 MB; list_files shows what is there."
     ),
+    wire.PERIPHERAL_ERROR: (
+        "The peripheral or turtle refused it (CraftOS's message above); list_peripherals shows "
+        "each peripheral's methods."
+    ),
     wire.UNKNOWN_TYPE: (
         "The computer runs an older trapsandbox client without this; the player can reinstall "
         "it with the gateway's installer."

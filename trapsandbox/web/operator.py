@@ -44,6 +44,7 @@ STATUS_OF_ERROR = {
     auth.AMBIGUOUS: 409,
     wire.TOO_LARGE: 413,
     wire.FS_ERROR: 422,
+    wire.PERIPHERAL_ERROR: 422,
     # The computer runs a client that does not know the request (an older version).
     wire.UNKNOWN_TYPE: 501,
     wire.OVERLOADED: 503,
