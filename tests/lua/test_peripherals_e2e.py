@@ -4,7 +4,9 @@ harness's peripherals (modelled on CraftOS-PC's emulated ones) and a turtle in a
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 
+from tests.harness.processes import clean_env, spawn
 from tests.lua.test_lua_e2e import PASSWORD, GatewayMixin
+from tests.lua.test_sandbox_e2e import CTL
 from trapsandbox.computers.wire import GatewayError
 
 
@@ -240,3 +242,41 @@ class TurtleTests(GatewayMixin, TestCase):
             ok, err = await proc.done
             self.assertTrue(ok, err)
             self.assertEqual(c.get_setting("sandbox.allow"), expected)
+
+
+class CtlTests(GatewayMixin, TestCase):
+    """trapsandbox-ctl peripherals and call (real processes) against the harness computer."""
+
+    async def ready(self):
+        c = self.computer(label="pe")
+        c.set_settings({"sandbox.allow": "peripheral"})
+        self.world = c.install_world()
+        self.world[b"attach"](b"top", b"monitor")
+        self.world[b"attach"](b"left", b"printer")
+        await self.start_daemon(c)
+        return c
+
+    def ctl(self, *args):
+        env = clean_env(TRAPSANDBOX_URL=f"http://127.0.0.1:{self.port}")
+        return spawn(self, [CTL, *args], env)
+
+    async def test_peripherals_lists_names_types_and_methods(self):
+        await self.ready()
+        child = self.ctl("peripherals", "7:pe")
+        self.assertEqual(await child.wait_ended(10), 0, child.output)
+        lines = child.output.splitlines()
+        self.assertTrue(lines[0].startswith("top  monitor  clear getCursorPos"), child.output)
+        self.assertTrue(lines[1].startswith("left  printer  endPage"), child.output)
+
+    async def test_call_takes_json_args_and_prints_each_return_value(self):
+        await self.ready()
+        for args in (("setCursorPos", "1", "2"), ("write", "hello")):
+            child = self.ctl("call", "7:pe", "top", *args)
+            self.assertEqual(await child.wait_ended(10), 0, child.output)
+        self.assertEqual(self.world[b"monitorLines"](b"top")[2], b"hello          ")
+        child = self.ctl("call", "7:pe", "top", "getSize")
+        self.assertEqual(await child.wait_ended(10), 0, child.output)
+        self.assertEqual(child.output, "15\n5\n")
+        child = self.ctl("call", "7:pe", "top", "fly")
+        self.assertEqual(await child.wait_ended(10), 1, child.output)
+        self.assertIn("peripheral_error: No such method fly", child.output)
