@@ -82,6 +82,8 @@ local M = {
   CLOSE_REPLACED = 4000,
   CLOSE_UNAUTHORIZED = 4001,
   EVENT_CAPABILITIES = 'trapos_sandbox_capabilities',
+  -- `sandbox stop` / `sandbox resume` changed sandbox.stopped (SPEC §16): the daemon looks again.
+  EVENT_STOP = 'trapos_sandbox_stop',
   -- The computer as a sandbox (SPEC §9).
   MAX_CONTENT = 64 * 1024,          -- file bytes in one read_file / write_file frame
   EXEC_TIMEOUT_MS = 30000,          -- exec / eval default timeoutMs
@@ -228,6 +230,16 @@ function M.defineSettings()
       .. 'Change it with "sandbox allow CAP..." / "sandbox deny CAP..."',
     type = 'string',
     default = '',
+  })
+  settings.define('sandbox.stopped', {
+    description = 'Set by "sandbox stop": every request of the agent is refused until "sandbox resume"',
+    type = 'boolean',
+    default = false,
+  })
+  settings.define('sandbox.stop_side', {
+    description = 'A side (top, bottom, left, right, front, back) whose redstone signal stops the sandbox agent '
+      .. 'while it is on, like "sandbox stop"',
+    type = 'string',
   })
   settings.define('sandbox.turtle_budget', {
     description = 'Moves (forward, back, up, down) one sandbox ask may make with this turtle',
@@ -1060,6 +1072,8 @@ function Watch:stop(reason)
   session.watchCount = session.watchCount - 1
   if reason == 'cancel' then
     self.req.respond(false, nil, M.errorValue('cancelled', 'cancelled by the gateway'))
+  elseif reason == 'stopped' then
+    self.req.respond(false, nil, session:stopReason() or M.errorValue('stopped', 'stopped on the computer'))
   else
     self.req.respond(false, nil, M.errorValue('not_connected', 'the connection ended'))
   end
@@ -1084,13 +1098,14 @@ local function startWatch(session, req, recorder, maxFps)
   watch:frame(true)
 end
 
--- Stops the watches started on `attempt` (all watches when nil).
-local function stopWatches(session, attempt)
+-- Stops the watches started on `attempt` (all watches when nil), for `reason` (default
+-- 'disconnect').
+local function stopWatches(session, attempt, reason)
   local list = {}
   for _, watch in pairs(session.watches) do
     if attempt == nil or watch.attempt == attempt then list[#list + 1] = watch end
   end
-  for _, watch in ipairs(list) do watch:stop('disconnect') end
+  for _, watch in ipairs(list) do watch:stop(reason or 'disconnect') end
 end
 
 -- == Section: Jobs ========================================================================
@@ -1137,13 +1152,13 @@ local function startJob(session, req, spec)
   job:resume()
 end
 
--- Stops the jobs started on `attempt` (all jobs when nil).
-local function stopJobs(session, attempt)
+-- Stops the jobs started on `attempt` (all jobs when nil), for `reason` (default 'disconnect').
+local function stopJobs(session, attempt, reason)
   local list = {}
   for _, job in pairs(session.jobs) do
     if attempt == nil or job.attempt == attempt then list[#list + 1] = job end
   end
-  for _, job in ipairs(list) do job:stop('disconnect') end
+  for _, job in ipairs(list) do job:stop(reason or 'disconnect') end
 end
 
 function Job:onEvent(event, ...)
@@ -1265,6 +1280,8 @@ function Job:finish(result)
   self:flushOutput(true)
   if self.stopReason == 'cancel' then
     self.req.respond(false, nil, errorValue('cancelled', 'cancelled by the gateway'))
+  elseif self.stopReason == 'stopped' then
+    self.req.respond(false, nil, self.session:stopReason() or errorValue('stopped', 'stopped on the computer'))
   elseif failure then
     self.req.respond(false, nil, failure)
   else
@@ -2104,6 +2121,8 @@ function EventWatch:stop(reason)
     self.req.respond(true, { events = self.count, timedOut = true })
   elseif reason == 'cancel' then
     self.req.respond(false, nil, errorValue('cancelled', 'cancelled by the gateway'))
+  elseif reason == 'stopped' then
+    self.req.respond(false, nil, session:stopReason() or errorValue('stopped', 'stopped on the computer'))
   else
     self.req.respond(false, nil, errorValue('not_connected', 'the connection ended'))
   end
@@ -2289,6 +2308,12 @@ local function dispatchRequest(ctx, messageId, msgType, payload)
     return 'unknown_type'
   end
   local capability = M.REQUEST_CAPABILITY[msgType]
+  -- Stopped by the player (sandbox stop, or the stop side's redstone): only ping and cancel.
+  local stopped = capability and ctx.stopped and ctx.stopped()
+  if stopped then
+    req.respond(false, nil, stopped)
+    return 'stopped'
+  end
   if capability and not (ctx.allowed and ctx.allowed(capability)) then
     req.respond(false, nil, errorValue('forbidden', forbiddenMessage(ctx, capability)))
     return 'forbidden'
@@ -2370,6 +2395,9 @@ function Session:publish()
   published.accountId = self.accountId
   published.version = _VERSION
   published.capabilities = self:capabilities()
+  local stopped = self:stopReason()
+  published.agentStopped = stopped ~= nil
+  published.stopMessage = stopped and stopped.message or nil
   published.updated = self.os.epoch and self.os.epoch('utc') or nil
 end
 
@@ -2588,6 +2616,7 @@ function Session:onFrame(url, content, isBinary)
       onHello = function(...) self:onHello(...) end,
       onReply = function(messageId, ok, _, err) return self:onReply(messageId, ok, err) end,
       allowed = function(capability) return self:allows(capability) end,
+      stopped = function() return self:stopReason() end,
     }
   end
   M.onMessage(content, attempt.ctx)
@@ -2642,6 +2671,38 @@ function Session:announceCapabilities(list)
   self.ownRequests[messageId] = true
   self.log('capabilities: ' .. (key == '' and 'none' or key))
   return true
+end
+
+-- Stop (SPEC §16): the player's brake, read live like the capabilities. ------------------
+
+-- Why the agent is stopped here ({code = 'stopped', message} saying how to resume), or nil.
+function Session:stopReason()
+  local settingsApi = self.settings
+  if settingsApi and settingsApi.get and settingsApi.get('sandbox.stopped') == true then
+    return errorValue('stopped', ('the player stopped the sandbox agent on computer %s: on it, run "sandbox resume"')
+      :format(self.traposId))
+  end
+  local side = settingsApi and settingsApi.get and settingsApi.get('sandbox.stop_side')
+  local redstoneApi = self.redstone
+  if type(side) == 'string' and side ~= '' and redstoneApi and redstoneApi.getInput then
+    local ok, on = pcall(redstoneApi.getInput, side)
+    if ok and on then
+      return errorValue('stopped', ('a redstone signal on the %s side of computer %s stops the sandbox agent: '
+        .. 'turn it off to resume'):format(side, self.traposId))
+    end
+  end
+end
+
+-- On sandbox stop / resume and on every redstone change: once stopped, every running request
+-- (programs, Lua, watches, peripheral calls) ends with `stopped`; new ones are refused (dispatch).
+function Session:onStopChange()
+  local stopped = self:stopReason() ~= nil
+  if stopped and not self.halted then
+    stopJobs(self, nil, 'stopped')
+    stopWatches(self, nil, 'stopped')
+  end
+  self.halted = stopped
+  self:publish()
 end
 
 -- ready: a program asks to send a request (trapos_sandbox_send); anything else answers at once.
@@ -2704,6 +2765,8 @@ local SESSION_EVENTS = {
   websocket_message = 'onFrame',
   [M.EVENT_SEND] = 'forward',
   [M.EVENT_CAPABILITIES] = 'announceCapabilities',
+  [M.EVENT_STOP] = 'onStopChange',
+  redstone = 'onStopChange',
 }
 
 function Session:listen()
@@ -2728,7 +2791,8 @@ end
   helloTimeout, connectTimeout, backoffMin, backoffMax, backoffJitter (seconds / fraction)
 For the sandbox requests (SPEC §9), the CraftOS APIs they use (default: the globals):
   fs, term, settings (sandbox.allow), textutils (serialize, for eval),
-  peripheral, turtle (SPEC §16; no turtle API: turtle requests answer unknown_type)
+  peripheral, turtle (SPEC §16; no turtle API: turtle requests answer unknown_type),
+  redstone (the stop side's signal)
   shell       the shell exec runs programs with (the daemon's own; none: a plain loader)
   clock       function() -> milliseconds              default os.epoch('utc')
   screen      function() -> the terminal exec and eval draw on   default _G.traposSandboxScreen
@@ -2790,6 +2854,8 @@ function M.startSession(opts)
     textutils = opts.textutils or rawget(_G, 'textutils'),
     peripheral = opts.peripheral or rawget(_G, 'peripheral'),
     turtle = opts.turtle or rawget(_G, 'turtle'),
+    redstone = opts.redstone or rawget(_G, 'redstone'),
+    halted = false,  -- the agent stopped (sandbox stop or the stop side's redstone), as last seen
     asking = nil,    -- the messageId of this computer's running ask (the turtle budget counts)
     turtleMoves = 0,
     shell = opts.shell,
@@ -2803,6 +2869,7 @@ function M.startSession(opts)
     self.recorder = M.installRecorder(self.term)
   end
   self:listen()
+  self.halted = self:stopReason() ~= nil
 
   local session = { loop = self.loop, traposId = self.traposId }
   function session.isReady() return self.state == 'ready' end
@@ -2814,7 +2881,7 @@ function M.startSession(opts)
       state = self.state, connected = self.state == 'ready', running = not self.stopped,
       traposId = self.traposId, url = baseUrl, lastError = self.lastError, accountId = self.accountId,
       version = _VERSION, attempts = self.attempts, capabilities = self:capabilities(),
-      jobs = self.jobCount, watches = self.watchCount,
+      jobs = self.jobCount, watches = self.watchCount, agentStopped = self:stopReason() ~= nil,
     }
   end
   function session.stop() self:stop() end

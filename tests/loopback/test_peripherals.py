@@ -71,6 +71,13 @@ class PeripheralHTTPTests(TestCase):
             (code, body["code"], body["error"]), (422, "peripheral_error", "No such method fly")
         )
 
+    async def test_stopped_by_the_player_is_409(self):
+        computer = await self.computer()
+        posted = self.post("/turtle", {"action": "forward"})
+        error = {"code": "stopped", "message": 'on it, run "sandbox resume"'}
+        _, (code, body) = await self.exchange(computer, posted, None, ok=False, error=error)
+        self.assertEqual((code, body["code"]), (409, "stopped"))
+
     async def test_bad_bodies_are_400_and_not_allowed_is_403(self):
         await self.computer(capabilities=("screen",))
         for path, body, status, code in (

@@ -280,3 +280,57 @@ class CtlTests(GatewayMixin, TestCase):
         child = self.ctl("call", "7:pe", "top", "fly")
         self.assertEqual(await child.wait_ended(10), 1, child.output)
         self.assertIn("peripheral_error: No such method fly", child.output)
+
+
+class StopTests(GatewayMixin, TestCase):
+    """sandbox stop / resume and the stop side's redstone (SPEC §16) on the harness."""
+
+    async def ready(self, **settings):
+        c = self.computer(label="st")
+        c.set_settings({"sandbox.allow": "exec,peripheral", **settings})
+        self.world = c.install_world()
+        self.world[b"attach"](b"top", b"monitor")
+        await self.start_daemon(c)
+        return c
+
+    def ask(self, type, payload, **kwargs):
+        return self.gateway.registry.request("7:st", type, payload, timeout=10, **kwargs)
+
+    async def test_stop_cancels_what_runs_and_refuses_the_rest_until_resume(self):
+        c = await self.ready()
+        c.write_file("/nap.lua", "print('napping') sleep(30)")
+        run = self.ask("exec", {"command": "nap", "timeoutMs": 20000})
+        watch = self.ask("peripheral_events", {})
+        await c.wait_for_output("napping")
+        await c.wait_for_lua("traposSandboxSession.status().watches == 1")
+        proc = c.run("/programs/sandbox.lua stop")
+        await proc.done
+        self.assertIn('Run "sandbox resume"', c.output)
+        for d in (run, watch):
+            answer = await d
+            self.assertEqual(answer.error.code, "stopped", answer)
+            self.assertIn('run "sandbox resume"', answer.error.message)
+        refused = await self.ask("list_peripherals", {})
+        self.assertEqual(refused.error.code, "stopped")
+        self.assertTrue((await self.ask("ping", {})).ok)
+        status = c.run("/programs/sandbox.lua status")
+        await status.done
+        self.assertIn("agent: stopped (the player stopped the sandbox agent", c.output)
+        await c.run("/programs/sandbox.lua resume").done
+        answer = await self.ask("list_peripherals", {})
+        self.assertTrue(answer.ok, answer.error)
+
+    async def test_a_redstone_signal_on_the_stop_side_stops_the_agent(self):
+        c = await self.ready(**{"sandbox.stop_side": "back"})
+        watch = self.ask("peripheral_events", {"events": ["monitor_touch"]})
+        await c.wait_for_lua("traposSandboxSession.status().watches == 1")
+        self.world[b"setRedstone"](b"back", True)
+        answer = await watch
+        self.assertEqual(answer.error.code, "stopped")
+        self.assertIn("redstone signal on the back side", answer.error.message)
+        refused = await self.ask("call_peripheral", {"name": "top", "method": "getSize"})
+        self.assertEqual(refused.error.code, "stopped")
+        self.world[b"setRedstone"](b"back", False)
+        await c.wait_for_lua("not traposSandboxSession.status().agentStopped")
+        answer = await self.ask("call_peripheral", {"name": "top", "method": "getSize"})
+        self.assertEqual(answer.payload["returns"], [15, 5])

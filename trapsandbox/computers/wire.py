@@ -46,6 +46,8 @@ CANCELLED = "cancelled"  # the requester gave up and said so
 FS_ERROR = "fs_error"  # CraftOS refused a file operation; the message is its own
 # A peripheral call or turtle action failed; the message is CraftOS's own.
 PERIPHERAL_ERROR = "peripheral_error"
+# The computer's player stopped the agent there (``sandbox stop``, or the stop side's redstone).
+STOPPED = "stopped"
 OPENCODE_ERROR = "opencode_error"
 # Cluster mode: the process holding the computer, or Redis, cannot be reached.
 UNAVAILABLE = "unavailable"

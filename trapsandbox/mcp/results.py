@@ -28,6 +28,7 @@ OUTCOMES = frozenset(
         wire.TIMEOUT,
         wire.FS_ERROR,
         wire.PERIPHERAL_ERROR,
+        wire.STOPPED,
         wire.TOO_LARGE,
         wire.OVERLOADED,
         wire.BAD_REQUEST,

@@ -33,6 +33,10 @@ ADVICE = {
         "The peripheral or turtle refused it (CraftOS's message above); list_peripherals shows "
         "each peripheral's methods."
     ),
+    wire.STOPPED: (
+        "The player stopped you on this computer; do not retry. Tell them what you were "
+        "doing; only they can let you continue (the command is in the message)."
+    ),
     wire.UNKNOWN_TYPE: (
         "The computer runs an older trapsandbox client without this; the player can reinstall "
         "it with the gateway's installer."

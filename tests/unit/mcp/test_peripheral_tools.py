@@ -72,3 +72,19 @@ class PeripheralToolTests(McpTestCase):
         self.assertEqual(tools["list_peripherals"]["annotations"], {"readOnlyHint": True})
         for name in ("call_peripheral", "turtle"):
             self.assertEqual(tools[name]["annotations"], {"destructiveHint": True})
+
+    def test_stopped_by_the_player_says_not_to_retry(self):
+        c = self.computer(capabilities=PERIPHERALS)
+        message = (
+            'the player stopped the sandbox agent on computer 7:base: on it, run "sandbox resume"'
+        )
+
+        def stopped(request, payload):
+            c.answer(request, ok=False, error={"code": "stopped", "message": message})
+
+        c.on_turtle = stopped
+        result = self.call("turtle", action="forward")
+        self.assertTrue(result["isError"])
+        self.assertEqual(result["structuredContent"]["code"], "stopped")
+        self.assertIn(message, self.text(result))
+        self.assertIn("do not retry", self.text(result))
