@@ -13,12 +13,12 @@ It downloads /client/apis/libsandbox.lua, /client/servers/sandbox.lua and
 /client/programs/sandbox.lua into /apis, /servers and /programs, sets sandbox.url to the
 gateway's ws(s)://HOST:PORT/gateway and sandbox.password (argument, or asked for), asks once
 whether the sandbox agent may act on this computer (sandbox.allow: y allows exec, eval,
-fs.read, fs.write, screen and input; anything else allows nothing), saying that exec, eval
+fs.read, fs.write, screen, input and peripheral; a turtle is asked separately for turtle; anything else allows nothing), saying that exec, eval
 and input give it the whole computer, sandbox password included; saves the settings and, on plain
 CraftOS (no trapos), writes /startup/sandbox-daemon.lua, which makes `sandbox` runnable,
 starts the daemon in the background and keeps the screen readable for `screen` requests.
 
-For scripted installs, --allow=all, --allow=none or --allow=exec,fs.read (any of the six)
+For scripted installs, --allow=all, --allow=none or --allow=exec,fs.read (any of the eight; all leaves out turtle)
 presets sandbox.allow and skips the question. It can be changed later with `sandbox allow` /
 `sandbox deny`.
 ]]
@@ -169,17 +169,26 @@ if allowArg ~= nil then
     allowValue, err = lib.changeCapabilities('', true, names)
     if not allowValue then fail('--allow: ' .. err) end
     if lib.grantsWholeComputer(names) then print('note: ' .. lib.WHOLE_COMPUTER) end
+    if lib.grantsTurtle(names) then print('note: ' .. lib.MOVING_MACHINE) end
   else
     allowValue = ''
   end
 else
-  write('Let the sandbox agent run programs and Lua, read and change files, see the screen and type on '
-    .. 'this computer? Note: ' .. lib.WHOLE_COMPUTER .. '. [y/N] ')
+  write('Let the sandbox agent run programs and Lua, read and change files, see the screen, type on '
+    .. 'this computer and use its peripherals? Note: ' .. lib.WHOLE_COMPUTER .. '. [y/N] ')
   local answer = read()
   if type(answer) == 'string' and answer:lower():match('^%s*y') then
     allowValue = lib.changeCapabilities('', true, { 'all' })
   else
     allowValue = ''
+  end
+  -- A turtle is asked separately: "all" never includes it (SPEC §16).
+  if rawget(_G, 'turtle') then
+    write('This is a turtle. Let the sandbox agent drive it too? Note: ' .. lib.MOVING_MACHINE .. '. [y/N] ')
+    local drive = read()
+    if type(drive) == 'string' and drive:lower():match('^%s*y') then
+      allowValue = lib.changeCapabilities(allowValue, true, { 'turtle' })
+    end
   end
 end
 
@@ -196,7 +205,7 @@ print('sandbox.password ' .. ((password ~= nil and password ~= '') and 'set' or 
 if allowValue ~= '' then
   print('sandbox.allow = ' .. allowValue)
 else
-  print('sandbox.allow: nothing allowed (later: sandbox allow exec eval fs.read fs.write screen input)')
+  print('sandbox.allow: nothing allowed (later: sandbox allow exec eval fs.read fs.write screen input peripheral)')
 end
 
 if rawget(_G, 'bootEventLoop') then

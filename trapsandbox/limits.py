@@ -63,6 +63,11 @@ FILE_REQUEST_TIMEOUT = 30.0
 MAX_SCREEN_SIDE = 512
 # A screen_watch runs until its caller leaves; this bounds a forgotten one.
 SCREEN_WATCH_TIMEOUT = 24 * 3600.0
+# peripheral_events (SPEC §16): the computer's default and largest timeoutMs; the gateway
+# waits this much longer for the answer that ends it.
+PERIPHERAL_EVENTS_TIMEOUT_MS = 60_000
+MAX_PERIPHERAL_EVENTS_TIMEOUT_MS = 600_000
+PERIPHERAL_EVENTS_GRACE = 30.0
 # Input events in one request (the computer's M.MAX_INPUT_EVENTS).
 MAX_INPUT_EVENTS = 256
 # send_input waits this long for the computer to draw what the input did.

@@ -82,6 +82,8 @@ local M = {
   CLOSE_REPLACED = 4000,
   CLOSE_UNAUTHORIZED = 4001,
   EVENT_CAPABILITIES = 'trapos_sandbox_capabilities',
+  -- `sandbox stop` / `sandbox resume` changed sandbox.stopped (SPEC §16): the daemon looks again.
+  EVENT_STOP = 'trapos_sandbox_stop',
   -- The computer as a sandbox (SPEC §9).
   MAX_CONTENT = 64 * 1024,          -- file bytes in one read_file / write_file frame
   EXEC_TIMEOUT_MS = 30000,          -- exec / eval default timeoutMs
@@ -92,6 +94,12 @@ local M = {
   TERMINATE_GRACE = 1,              -- seconds a terminated program may take to end
   MAX_JOBS = 16,                    -- exec / eval running at once (overloaded past that)
   FILE_OVERHEAD = 500,              -- bytes CC:Tweaked counts for any file or folder
+  -- Peripherals and turtles (SPEC §16).
+  PERIPHERAL_TIMEOUT_MS = 10000,    -- a call_peripheral or turtle action may take this long
+  EVENTS_TIMEOUT_MS = 60000,        -- peripheral_events default timeoutMs ...
+  EVENTS_MAX_TIMEOUT_MS = 600000,   -- ... and its largest
+  JSON_DEPTH = 16,                  -- nesting kept when a Lua value is made JSON
+  TURTLE_BUDGET = 64,               -- default sandbox.turtle_budget: moves per ask
 }
 
 local function expect(n, value, ...)
@@ -122,7 +130,15 @@ M.errorValue = errorValue
 -- M.WHOLE_COMPUTER, M.grantsWholeComputer, M.defineSettings.
 
 -- What the owner may allow (setting sandbox.allow), in the order they are listed.
-M.CAPABILITIES = { 'exec', 'eval', 'fs.read', 'fs.write', 'screen', 'input' }
+M.CAPABILITIES = { 'exec', 'eval', 'fs.read', 'fs.write', 'screen', 'input', 'peripheral', 'turtle' }
+
+-- Allowed only by name: `all` (and the installer's "y") leaves them out, since a turtle is a
+-- moving machine that digs and places blocks in the world; `deny all` still takes them back.
+M.NAMED_ONLY = { turtle = true }
+
+-- Said wherever turtle is allowed (the installer's separate question, `sandbox allow`).
+M.MOVING_MACHINE = 'turtle lets the agent drive this turtle, a moving machine: it moves, digs, places '
+  .. 'and drops blocks in the world'
 
 local KNOWN_CAPABILITY = {}
 for _, name in ipairs(M.CAPABILITIES) do KNOWN_CAPABILITY[name] = true end
@@ -153,13 +169,15 @@ end
 function M.changeCapabilities(value, allow, names)
   expect(2, allow, 'boolean')
   expect(3, names, 'table')
-  local known = table.concat(M.CAPABILITIES, ', ') .. ' or all'
+  local known = table.concat(M.CAPABILITIES, ', ') .. ' or all (all but turtle)'
   if #names == 0 then return nil, 'name at least one capability: ' .. known end
   local set = {}
   for _, name in ipairs(M.parseCapabilities(value)) do set[name] = true end
   for _, name in ipairs(names) do
     if name == 'all' then
-      for _, each in ipairs(M.CAPABILITIES) do set[each] = allow or nil end
+      for _, each in ipairs(M.CAPABILITIES) do
+        if not (allow and M.NAMED_ONLY[each]) then set[each] = allow or nil end
+      end
     elseif KNOWN_CAPABILITY[name] then
       set[name] = allow or nil
     else
@@ -185,6 +203,14 @@ function M.grantsWholeComputer(allowed)
   return false
 end
 
+-- Whether a list of names given to `sandbox allow` has turtle (never part of all).
+function M.grantsTurtle(allowed)
+  for _, name in ipairs(allowed) do
+    if name == 'turtle' then return true end
+  end
+  return false
+end
+
 -- The settings the daemon and the `sandbox` command read, with descriptions for `set`.
 function M.defineSettings()
   if not (settings and settings.define) then return end
@@ -199,10 +225,26 @@ function M.defineSettings()
   settings.define('sandbox.allow', {
     description = 'What the sandbox agent may do here, comma-separated: exec (run programs), eval (run Lua), '
       .. 'fs.read (list and read files), fs.write (write and delete files), screen (read the terminal), '
-      .. 'input (type keys and click on it). '
+      .. 'input (type keys and click on it), peripheral (list, call and watch attached peripherals), '
+      .. 'turtle (move, dig and place with this turtle; not included in all). '
       .. 'Change it with "sandbox allow CAP..." / "sandbox deny CAP..."',
     type = 'string',
     default = '',
+  })
+  settings.define('sandbox.stopped', {
+    description = 'Set by "sandbox stop": every request of the agent is refused until "sandbox resume"',
+    type = 'boolean',
+    default = false,
+  })
+  settings.define('sandbox.stop_side', {
+    description = 'A side (top, bottom, left, right, front, back) whose redstone signal stops the sandbox agent '
+      .. 'while it is on, like "sandbox stop"',
+    type = 'string',
+  })
+  settings.define('sandbox.turtle_budget', {
+    description = 'Moves (forward, back, up, down) one sandbox ask may make with this turtle',
+    type = 'number',
+    default = M.TURTLE_BUDGET,
   })
 end
 
@@ -1030,6 +1072,8 @@ function Watch:stop(reason)
   session.watchCount = session.watchCount - 1
   if reason == 'cancel' then
     self.req.respond(false, nil, M.errorValue('cancelled', 'cancelled by the gateway'))
+  elseif reason == 'stopped' then
+    self.req.respond(false, nil, session:stopReason() or M.errorValue('stopped', 'stopped on the computer'))
   else
     self.req.respond(false, nil, M.errorValue('not_connected', 'the connection ended'))
   end
@@ -1054,13 +1098,14 @@ local function startWatch(session, req, recorder, maxFps)
   watch:frame(true)
 end
 
--- Stops the watches started on `attempt` (all watches when nil).
-local function stopWatches(session, attempt)
+-- Stops the watches started on `attempt` (all watches when nil), for `reason` (default
+-- 'disconnect').
+local function stopWatches(session, attempt, reason)
   local list = {}
   for _, watch in pairs(session.watches) do
     if attempt == nil or watch.attempt == attempt then list[#list + 1] = watch end
   end
-  for _, watch in ipairs(list) do watch:stop('disconnect') end
+  for _, watch in ipairs(list) do watch:stop(reason or 'disconnect') end
 end
 
 -- == Section: Jobs ========================================================================
@@ -1107,13 +1152,13 @@ local function startJob(session, req, spec)
   job:resume()
 end
 
--- Stops the jobs started on `attempt` (all jobs when nil).
-local function stopJobs(session, attempt)
+-- Stops the jobs started on `attempt` (all jobs when nil), for `reason` (default 'disconnect').
+local function stopJobs(session, attempt, reason)
   local list = {}
   for _, job in pairs(session.jobs) do
     if attempt == nil or job.attempt == attempt then list[#list + 1] = job end
   end
-  for _, job in ipairs(list) do job:stop('disconnect') end
+  for _, job in ipairs(list) do job:stop(reason or 'disconnect') end
 end
 
 function Job:onEvent(event, ...)
@@ -1231,10 +1276,14 @@ function Job:finish(result)
   end
   session.jobs[self.req.messageId] = nil
   session.jobCount = session.jobCount - 1
-  local answer = self.spec.answer(self, result)
+  local answer, failure = self.spec.answer(self, result)
   self:flushOutput(true)
   if self.stopReason == 'cancel' then
     self.req.respond(false, nil, errorValue('cancelled', 'cancelled by the gateway'))
+  elseif self.stopReason == 'stopped' then
+    self.req.respond(false, nil, self.session:stopReason() or errorValue('stopped', 'stopped on the computer'))
+  elseif failure then
+    self.req.respond(false, nil, failure)
   else
     self.req.respond(true, answer, nil, shrinkOutput)
   end
@@ -1987,6 +2036,253 @@ local function handleInput(req, ctx)
   batch()
 end
 
+-- Peripherals and turtles (SPEC §16) --------------------------------------------------------
+
+--[[ A Lua value as JSON: strings, booleans and finite numbers as they are; tables as arrays
+(keys exactly 1..n) or objects (other keys as text); nil inside a list as null; functions,
+coroutines, userdata, NaN and infinities, cycles and tables nested deeper than M.JSON_DEPTH
+as their type name ("function", "table"), so any peripheral's answer can be sent. ]]
+local function jsonNull()
+  local textutilsApi = rawget(_G, 'textutils')
+  return textutilsApi and textutilsApi.json_null or nil
+end
+
+local function toJsonValue(value, seen, depth)
+  local t = type(value)
+  if t == 'string' or t == 'boolean' then return value end
+  if t == 'number' then
+    if value ~= value or value == math.huge or value == -math.huge then return tostring(value) end
+    return value
+  end
+  if t == 'nil' then return jsonNull() end
+  if t ~= 'table' or seen[value] or depth > M.JSON_DEPTH then return t end
+  seen[value] = true
+  local count, largest, isList = 0, 0, true
+  for k in pairs(value) do
+    count = count + 1
+    if isWhole(k) and k >= 1 then
+      if k > largest then largest = k end
+    else
+      isList = false
+    end
+  end
+  local out = {}
+  if isList and largest == count then
+    for i = 1, count do out[i] = toJsonValue(value[i], seen, depth + 1) end
+    out = jsonList(out)
+  else
+    for k, v in pairs(value) do out[tostring(k)] = toJsonValue(v, seen, depth + 1) end
+  end
+  seen[value] = nil
+  return out
+end
+
+-- A packed list of Lua values (table.pack) as a JSON list, nils as null.
+local function jsonValues(packed, first)
+  local out = {}
+  for i = first, packed.n do out[#out + 1] = toJsonValue(packed[i], {}, 1) end
+  return jsonList(out)
+end
+M.toJsonValue = function(value) return toJsonValue(value, {}, 1) end
+
+-- args of call_peripheral and turtle: a JSON list (may be absent); -> list, n | nil, message
+local function argList(value)
+  if value == nil then return {}, 0 end
+  if type(value) ~= 'table' then return nil, 'args must be a list' end
+  local n = 0
+  for k in pairs(value) do
+    if not isWhole(k) or k < 1 then return nil, 'args must be a list' end
+    if k > n then n = k end
+  end
+  local list = {}
+  for i = 1, n do
+    if value[i] ~= jsonNull() then list[i] = value[i] end
+  end
+  return list, n
+end
+
+local function peripheralError(message)
+  return errorValue('peripheral_error', message)
+end
+
+local function peripheralApi(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  if type(session.peripheral) ~= 'table' then
+    req.respond(false, nil, peripheralError('this computer has no peripheral API'))
+    return
+  end
+  return session, session.peripheral
+end
+
+-- list_peripherals {} -> {peripherals: [{name, types, methods}]}. getType returns every type
+-- of a peripheral (CC:Tweaked 1.99+: "monitor", or "inventory" beside "minecraft:chest").
+local function handleListPeripherals(req, ctx)
+  local _, api = peripheralApi(req, ctx)
+  if not api then return end
+  local list = {}
+  for _, name in ipairs(api.getNames()) do
+    local types = table.pack(api.getType(name))
+    local typeNames = {}
+    for i = 1, types.n do
+      if type(types[i]) == 'string' then typeNames[#typeNames + 1] = types[i] end
+    end
+    local methods = {}
+    for _, method in ipairs(api.getMethods(name) or {}) do methods[#methods + 1] = tostring(method) end
+    table.sort(methods)
+    list[#list + 1] = { name = name, types = jsonList(typeNames), methods = jsonList(methods) }
+  end
+  req.respond(true, { peripherals = jsonList(list) })
+end
+
+--[[ A call that may yield (CC:Tweaked's turtle actions and main-thread peripheral methods wait
+for an event) runs as a job beside the daemon, like exec: it is resumed with the events it
+waits for, times out after M.PERIPHERAL_TIMEOUT_MS, and `cancel` ends it. `body` returns
+the call's values; `answer(job, packed)` makes the final answer (or nil, error). ]]
+local function startCall(session, req, body, answer)
+  startJob(session, req, {
+    body = body, timeoutMs = M.PERIPHERAL_TIMEOUT_MS, maxOutputBytes = 1024,
+    answer = function(job, result)
+      if job.stopReason == 'timeout' then
+        return nil, errorValue('timeout', ('no answer within %d ms'):format(M.PERIPHERAL_TIMEOUT_MS))
+      end
+      if not result[1] then return nil, peripheralError(errorText(result[2])) end
+      return answer(result)
+    end,
+  })
+end
+
+-- call_peripheral {name, method, args?} -> {returns}; CraftOS's error is peripheral_error.
+local function handleCallPeripheral(req, ctx)
+  local session, api = peripheralApi(req, ctx)
+  if not api then return end
+  local payload = req.payload
+  local name, method = payload.name, payload.method
+  if type(name) ~= 'string' or name == '' then return badRequest(req, 'name must be a non-empty string') end
+  if type(method) ~= 'string' or method == '' then return badRequest(req, 'method must be a non-empty string') end
+  local args, n = argList(payload.args)
+  if not args then return badRequest(req, n) end
+  -- CraftOS-PC's peripheral.call on an empty side returns nil: say so instead.
+  if not api.isPresent(name) then return req.respond(false, nil, peripheralError('no peripheral named ' .. name)) end
+  startCall(session, req, function() return api.call(name, method, table.unpack(args, 1, n)) end,
+    function(result) return { returns = jsonValues(result, 2) } end)
+end
+
+--[[ peripheral_events {events?, timeoutMs?}: each peripheral event (M.PERIPHERAL_EVENTS, or
+the names given) as a partial {type: "event", name, args} until cancelled, the connection
+ends, or timeoutMs (then the answer is {events: count, timedOut: true}). Counted with the
+screen watches (at most M.MAX_WATCHES at once). ]]
+M.PERIPHERAL_EVENTS = {
+  'peripheral', 'peripheral_detach', 'monitor_touch', 'monitor_resize', 'redstone', 'modem_message',
+  'disk', 'disk_eject', 'speaker_audio_empty', 'turtle_inventory',
+}
+
+local EventWatch = {}
+EventWatch.__index = EventWatch
+
+function EventWatch:stop(reason)
+  if self.done then return false end
+  self.done = true
+  for i = 1, #self.disposers do self.disposers[i]() end
+  if self.clearTimeout then self.clearTimeout() end
+  local session = self.session
+  session.watches[self.req.messageId] = nil
+  session.watchCount = session.watchCount - 1
+  if reason == 'timeout' then
+    self.req.respond(true, { events = self.count, timedOut = true })
+  elseif reason == 'cancel' then
+    self.req.respond(false, nil, errorValue('cancelled', 'cancelled by the gateway'))
+  elseif reason == 'stopped' then
+    self.req.respond(false, nil, session:stopReason() or errorValue('stopped', 'stopped on the computer'))
+  else
+    self.req.respond(false, nil, errorValue('not_connected', 'the connection ended'))
+  end
+  return true
+end
+
+local function handlePeripheralEvents(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local names, err = stringList(req.payload.events, 'events')
+  if not names then return badRequest(req, err) end
+  if #names == 0 then names = M.PERIPHERAL_EVENTS end
+  local timeoutMs
+  timeoutMs, err = optionalNumber(req.payload, 'timeoutMs', M.EVENTS_TIMEOUT_MS, 1, M.EVENTS_MAX_TIMEOUT_MS)
+  if not timeoutMs then return badRequest(req, err) end
+  if session.watches[req.messageId] then return badRequest(req, 'a request with this messageId is running') end
+  if session.watchCount >= M.MAX_WATCHES then
+    return req.respond(false, nil, errorValue('overloaded', ('%d watches are running already'):format(session.watchCount)))
+  end
+  local watch = setmetatable({ session = session, req = req, attempt = session.current, count = 0, disposers = {} }, EventWatch)
+  session.watches[req.messageId] = watch
+  session.watchCount = session.watchCount + 1
+  local seenName = {}
+  for _, name in ipairs(names) do
+    if not seenName[name] then
+      seenName[name] = true
+      watch.disposers[#watch.disposers + 1] = session.loop.register(name, function(...)
+        if watch.done then return end
+        watch.count = watch.count + 1
+        req.partial({ type = 'event', name = name, args = jsonValues(table.pack(dropEventName(name, ...)), 1) })
+      end)
+    end
+  end
+  watch.clearTimeout = session.loop.setTimeout(function()
+    watch.clearTimeout = nil
+    watch:stop('timeout')
+  end, timeoutMs / 1000)
+end
+
+-- turtle {action, args?} -> {returns, fuel, selected}. The actions of CC:Tweaked's turtle
+-- API an agent may use (SPEC §16); the moves count against sandbox.turtle_budget while an
+-- ask of this computer runs (Session:forward starts the count).
+M.TURTLE_ACTIONS = {}
+for _, action in ipairs({
+  'turnLeft', 'turnRight', 'dig', 'digUp', 'digDown', 'place', 'placeUp', 'placeDown',
+  'detect', 'detectUp', 'detectDown', 'inspect', 'inspectUp', 'inspectDown', 'compare',
+  'compareUp', 'compareDown', 'compareTo', 'attack', 'attackUp', 'attackDown', 'drop', 'dropUp',
+  'dropDown', 'suck', 'suckUp', 'suckDown', 'select', 'getSelectedSlot', 'getItemCount',
+  'getItemSpace', 'getItemDetail', 'transferTo', 'getFuelLevel', 'getFuelLimit', 'refuel',
+  'equipLeft', 'equipRight', 'craft',
+}) do M.TURTLE_ACTIONS[action] = 'act' end
+for _, action in ipairs({ 'forward', 'back', 'up', 'down' }) do M.TURTLE_ACTIONS[action] = 'move' end
+
+M.NOT_A_TURTLE = 'this computer is not a turtle (no turtle API)'
+
+local function turtleBudget(session)
+  local value = session.settings and session.settings.get and session.settings.get('sandbox.turtle_budget')
+  if type(value) ~= 'number' or value < 0 then return M.TURTLE_BUDGET end
+  return math.floor(value)
+end
+
+local function handleTurtle(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local api = session.turtle
+  if type(api) ~= 'table' then return req.respond(false, nil, errorValue('unknown_type', M.NOT_A_TURTLE)) end
+  local action = req.payload.action
+  local kind = type(action) == 'string' and M.TURTLE_ACTIONS[action]
+  if not kind then return badRequest(req, ('unknown turtle action %s'):format(tostring(action))) end
+  if type(api[action]) ~= 'function' then
+    return req.respond(false, nil, peripheralError(('this turtle cannot %s (it needs an upgrade, e.g. a crafting table for craft)'):format(action)))
+  end
+  local args, n = argList(req.payload.args)
+  if not args then return badRequest(req, n) end
+  if kind == 'move' and session.asking then
+    local budget = turtleBudget(session)
+    if session.turtleMoves >= budget then
+      return req.respond(false, nil, errorValue('forbidden', ('this ask has moved the turtle %d times, its budget '
+        .. '(sandbox.turtle_budget); ask again, or raise it with "set sandbox.turtle_budget N"'):format(budget)))
+    end
+    session.turtleMoves = session.turtleMoves + 1
+  end
+  startCall(session, req, function() return api[action](table.unpack(args, 1, n)) end, function(result)
+    local fuel = api.getFuelLevel and api.getFuelLevel()
+    local selected = api.getSelectedSlot and api.getSelectedSlot()
+    return { returns = jsonValues(result, 2), fuel = toJsonValue(fuel, {}, 1), selected = selected }
+  end)
+end
+
 -- == Section: The request table ===========================================================
 -- Owns: every gateway request type the daemon answers, the capability it needs (in the
 -- setting sandbox.allow; none for ping and cancel) and its handler, in one place.
@@ -2008,6 +2304,10 @@ local REQUESTS = {
   { 'screen_watch', 'screen',   handleScreenWatch }, -- the screen, then its changes as partials (§14)
   { 'input',        'input',    handleInput },       -- {events}: keys, chars, paste, mouse, terminate (§14)
   { 'snapshot_list', 'fs.read', handleSnapshotList }, -- {files: [{path, size, modified}], total} outside /rom, drives, /.settings (§15)
+  { 'list_peripherals', 'peripheral', handleListPeripherals }, -- {peripherals: [{name, types, methods}]} (§16)
+  { 'call_peripheral', 'peripheral', handleCallPeripheral },   -- {returns} as JSON; peripheral_error
+  { 'peripheral_events', 'peripheral', handlePeripheralEvents }, -- partials {type: "event", name, args}
+  { 'turtle',       'turtle',   handleTurtle },      -- {returns, fuel, selected}; moves within the budget
 }
 
 M.requestHandlers, M.REQUEST_CAPABILITY = {}, {}
@@ -2080,6 +2380,12 @@ local function dispatchRequest(ctx, messageId, msgType, payload)
     return 'unknown_type'
   end
   local capability = M.REQUEST_CAPABILITY[msgType]
+  -- Stopped by the player (sandbox stop, or the stop side's redstone): only ping and cancel.
+  local stopped = capability and ctx.stopped and ctx.stopped()
+  if stopped then
+    req.respond(false, nil, stopped)
+    return 'stopped'
+  end
   if capability and not (ctx.allowed and ctx.allowed(capability)) then
     req.respond(false, nil, errorValue('forbidden', forbiddenMessage(ctx, capability)))
     return 'forbidden'
@@ -2161,6 +2467,9 @@ function Session:publish()
   published.accountId = self.accountId
   published.version = _VERSION
   published.capabilities = self:capabilities()
+  local stopped = self:stopReason()
+  published.agentStopped = stopped ~= nil
+  published.stopMessage = stopped and stopped.message or nil
   published.updated = self.os.epoch and self.os.epoch('utc') or nil
 end
 
@@ -2190,7 +2499,7 @@ end
 
 function Session:failInFlight(message)
   local ids = self.inFlight
-  self.inFlight, self.inFlightCount = {}, 0
+  self.inFlight, self.inFlightCount, self.asking = {}, 0, nil
   for id in pairs(ids) do
     self:reply(id, errorValue('not_connected', message))
   end
@@ -2379,6 +2688,7 @@ function Session:onFrame(url, content, isBinary)
       onHello = function(...) self:onHello(...) end,
       onReply = function(messageId, ok, _, err) return self:onReply(messageId, ok, err) end,
       allowed = function(capability) return self:allows(capability) end,
+      stopped = function() return self:stopReason() end,
     }
   end
   M.onMessage(content, attempt.ctx)
@@ -2395,6 +2705,7 @@ function Session:onReply(messageId, ok, err)
     self.inFlight[messageId] = nil
     self.inFlightCount = self.inFlightCount - 1
   end
+  if self.asking == messageId then self.asking = nil end
 end
 
 -- Capabilities: the live setting is what counts; the gateway hears of every change. ----
@@ -2434,6 +2745,38 @@ function Session:announceCapabilities(list)
   return true
 end
 
+-- Stop (SPEC §16): the player's brake, read live like the capabilities. ------------------
+
+-- Why the agent is stopped here ({code = 'stopped', message} saying how to resume), or nil.
+function Session:stopReason()
+  local settingsApi = self.settings
+  if settingsApi and settingsApi.get and settingsApi.get('sandbox.stopped') == true then
+    return errorValue('stopped', ('the player stopped the sandbox agent on computer %s: on it, run "sandbox resume"')
+      :format(self.traposId))
+  end
+  local side = settingsApi and settingsApi.get and settingsApi.get('sandbox.stop_side')
+  local redstoneApi = self.redstone
+  if type(side) == 'string' and side ~= '' and redstoneApi and redstoneApi.getInput then
+    local ok, on = pcall(redstoneApi.getInput, side)
+    if ok and on then
+      return errorValue('stopped', ('a redstone signal on the %s side of computer %s stops the sandbox agent: '
+        .. 'turn it off to resume'):format(side, self.traposId))
+    end
+  end
+end
+
+-- On sandbox stop / resume and on every redstone change: once stopped, every running request
+-- (programs, Lua, watches, peripheral calls) ends with `stopped`; new ones are refused (dispatch).
+function Session:onStopChange()
+  local stopped = self:stopReason() ~= nil
+  if stopped and not self.halted then
+    stopJobs(self, nil, 'stopped')
+    stopWatches(self, nil, 'stopped')
+  end
+  self.halted = stopped
+  self:publish()
+end
+
 -- ready: a program asks to send a request (trapos_sandbox_send); anything else answers at once.
 function Session:forward(messageId, msgType, payload)
   if type(messageId) ~= 'string' or messageId == '' then return end
@@ -2469,6 +2812,7 @@ function Session:forward(messageId, msgType, payload)
   if self.inFlightCount >= M.MAX_IN_FLIGHT then self.inFlight, self.inFlightCount = {}, 0 end
   self.inFlight[messageId] = true
   self.inFlightCount = self.inFlightCount + 1
+  if msgType == 'ask' then self.asking, self.turtleMoves = messageId, 0 end
 end
 
 -- stopped, by the owner.
@@ -2493,6 +2837,8 @@ local SESSION_EVENTS = {
   websocket_message = 'onFrame',
   [M.EVENT_SEND] = 'forward',
   [M.EVENT_CAPABILITIES] = 'announceCapabilities',
+  [M.EVENT_STOP] = 'onStopChange',
+  redstone = 'onStopChange',
 }
 
 function Session:listen()
@@ -2516,7 +2862,9 @@ end
   log         function(message)                            default: none
   helloTimeout, connectTimeout, backoffMin, backoffMax, backoffJitter (seconds / fraction)
 For the sandbox requests (SPEC §9), the CraftOS APIs they use (default: the globals):
-  fs, term, settings (sandbox.allow), textutils (serialize, for eval)
+  fs, term, settings (sandbox.allow), textutils (serialize, for eval),
+  peripheral, turtle (SPEC §16; no turtle API: turtle requests answer unknown_type),
+  redstone (the stop side's signal)
   shell       the shell exec runs programs with (the daemon's own; none: a plain loader)
   clock       function() -> milliseconds              default os.epoch('utc')
   screen      function() -> the terminal exec and eval draw on   default _G.traposSandboxScreen
@@ -2576,6 +2924,12 @@ function M.startSession(opts)
     term = opts.term or rawget(_G, 'term'),
     settings = opts.settings or rawget(_G, 'settings'),
     textutils = opts.textutils or rawget(_G, 'textutils'),
+    peripheral = opts.peripheral or rawget(_G, 'peripheral'),
+    turtle = opts.turtle or rawget(_G, 'turtle'),
+    redstone = opts.redstone or rawget(_G, 'redstone'),
+    halted = false,  -- the agent stopped (sandbox stop or the stop side's redstone), as last seen
+    asking = nil,    -- the messageId of this computer's running ask (the turtle budget counts)
+    turtleMoves = 0,
     shell = opts.shell,
     clock = opts.clock or function() return osLike.epoch('utc') end,
     screen = opts.screen or function() return rawget(_G, 'traposSandboxScreen') end,
@@ -2587,6 +2941,7 @@ function M.startSession(opts)
     self.recorder = M.installRecorder(self.term)
   end
   self:listen()
+  self.halted = self:stopReason() ~= nil
 
   local session = { loop = self.loop, traposId = self.traposId }
   function session.isReady() return self.state == 'ready' end
@@ -2598,7 +2953,7 @@ function M.startSession(opts)
       state = self.state, connected = self.state == 'ready', running = not self.stopped,
       traposId = self.traposId, url = baseUrl, lastError = self.lastError, accountId = self.accountId,
       version = _VERSION, attempts = self.attempts, capabilities = self:capabilities(),
-      jobs = self.jobCount, watches = self.watchCount,
+      jobs = self.jobCount, watches = self.watchCount, agentStopped = self:stopReason() ~= nil,
     }
   end
   function session.stop() self:stop() end

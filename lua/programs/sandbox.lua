@@ -7,6 +7,9 @@ sandbox: talk to the trapsandbox gateway through the sandbox daemon.
                        and what the sandbox agent is allowed to do here
   sandbox allow CAP... let the agent use these capabilities on this computer
   sandbox deny CAP...  take them back
+  sandbox stop         stop the agent here: every request it has running is cancelled and new
+                       ones are refused (also while sandbox.stop_side has a redstone signal)
+  sandbox resume       let it act again
   sandbox ask [--new] [--yes] PROMPT...
                        ask the opencode agent; its answer streams onto the screen, it asks
                        y/a/n before each change (unless --yes), Ctrl+T cancels it; --new
@@ -14,7 +17,9 @@ sandbox: talk to the trapsandbox gateway through the sandbox daemon.
   sandbox --version | --help
 Capabilities (setting sandbox.allow): exec (run programs), eval (run Lua code), fs.read (list
 and read files), fs.write (write and delete files), screen (read and watch the terminal), input
-(type keys and click on it); `all` names every one. exec, eval and input give the agent the
+(type keys and click on it), peripheral (list, call and watch attached peripherals), turtle
+(drive this turtle: move, dig, place); `all` names every one but turtle, which is only ever
+allowed by name. exec, eval and input give the agent the
 whole computer, including its sandbox password
 (file requests cannot touch /.settings; programs and Lua can). allow and deny save the setting and tell the running daemon (OS event
 trapos_sandbox_capabilities), which tells the gateway: no reboot needed.
@@ -58,7 +63,28 @@ local function change(lib, allow, names)
   os.queueEvent(lib.EVENT_CAPABILITIES)
   print('allowed: ' .. describeAllowed(listOrError))
   if allow and lib.grantsWholeComputer(names) then print('note: ' .. lib.WHOLE_COMPUTER) end
+  if allow and lib.grantsTurtle(names) then
+    print('note: ' .. lib.MOVING_MACHINE)
+    if not rawget(_G, 'turtle') then print('note: this computer is not a turtle') end
+  end
   return true
+end
+
+-- sandbox stop / resume (SPEC §16): the player's brake, saved in sandbox.stopped; the daemon
+-- hears of it at once (OS event trapos_sandbox_stop) and ends what the agent has running.
+local function setStopped(lib, stopped)
+  if stopped then settings.set('sandbox.stopped', true) else settings.unset('sandbox.stopped') end
+  if not settings.save() then print('sandbox: could not save settings') end
+  os.queueEvent(lib.EVENT_STOP)
+  if stopped then
+    print('agent: stopped; whatever it was running here is cancelled. Run "sandbox resume" to let it act again.')
+  else
+    print('agent: resumed')
+    local side = settings.get('sandbox.stop_side')
+    if type(side) == 'string' and side ~= '' and redstone and redstone.getInput(side) then
+      print('note: the redstone signal on the ' .. side .. ' side still stops it')
+    end
+  end
 end
 
 local function describeError(err)
@@ -139,6 +165,7 @@ local function status(lib, url)
   print('gateway: ' .. tostring(state.url or url))
   if state.lastError then print('last error: ' .. describeError(state.lastError)) end
   allowedLine(lib)
+  if state.agentStopped then print('agent: stopped (' .. tostring(state.stopMessage) .. ')') end
 end
 
 -- == Section: The command table ===========================================================
@@ -151,9 +178,13 @@ local COMMANDS = {
   { name = 'status', needsUrl = true, run = function(lib, _, url) status(lib, url) end,
     usage = 'status        show the daemon connection and what is allowed' },
   { name = 'allow', needsUrl = false, run = function(lib, rest) change(lib, true, rest) end,
-    usage = 'allow CAP...  let the agent: exec, eval, fs.read, fs.write, screen, input or all' },
+    usage = 'allow CAP...  let the agent: exec, eval, fs.read, fs.write, screen, input, peripheral, turtle or all' },
   { name = 'deny', needsUrl = false, run = function(lib, rest) change(lib, false, rest) end,
     usage = 'deny CAP...   take capabilities back' },
+  { name = 'stop', needsUrl = false, run = function(lib) setStopped(lib, true) end,
+    usage = 'stop          stop the agent here: cancel what it runs, refuse the rest' },
+  { name = 'resume', needsUrl = false, run = function(lib) setStopped(lib, false) end,
+    usage = 'resume        let the agent act here again after stop' },
   { name = 'ask', needsUrl = true, run = function(lib, rest) ask(lib, rest) end,
     usage = 'ask [--new] [--yes] PROMPT...  ask the agent (Ctrl+T cancels)' },
 }

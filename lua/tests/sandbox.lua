@@ -1268,7 +1268,7 @@ local function installCraftOS(loop, craft)
   end)
 end
 
-local ALL = 'exec,eval,fs.read,fs.write,screen,input'
+local ALL = 'exec,eval,fs.read,fs.write,screen,input,peripheral'
 
 --[[ A ready session on a fake CraftOS. extra: allow (sandbox.allow, default all), capacity,
 noShell, and any startSession option. Returns env with craft = { fs, native, term, shell,
@@ -1348,6 +1348,11 @@ test('capabilities parse in order and change with allow and deny', function()
   eq((lib.changeCapabilities('exec,fs.write', false, { 'exec' })), 'fs.write', 'deny one')
   eq((lib.changeCapabilities('exec', true, { 'all' })), ALL, 'allow all')
   eq((lib.changeCapabilities(ALL, false, { 'all' })), '', 'deny all')
+  -- turtle (a moving machine) is allowed by name only; deny all takes it back too.
+  eq((lib.changeCapabilities('', true, { 'all', 'turtle' })), ALL .. ',turtle', 'allow all and turtle')
+  eq((lib.changeCapabilities('turtle', false, { 'all' })), '', 'deny all takes turtle')
+  eq(lib.grantsTurtle({ 'all' }), false, 'all is not turtle')
+  eq(lib.grantsTurtle({ 'exec', 'turtle' }), true, 'turtle by name')
   local bad, message = lib.changeCapabilities('exec', true, { 'eval', 'rm' })
   eq(bad, nil, 'unknown name changes nothing')
   truthy(message:find('unknown capability rm', 1, true) and message:find('fs.write', 1, true), 'says what is known: ' .. message)
@@ -1418,6 +1423,41 @@ test('requests outside sandbox.allow are forbidden, ping and cancel need none', 
   for _, f in ipairs(frames) do if f.type == 'capabilities' then announced = f end end
   truthy(announced, 'the revocation was announced')
   eq(env.craft.fs.opens, 0, 'no file was opened')
+end)
+
+-- turtle (SPEC §16) ----------------------------------------------------------------
+
+test('an ask moves the turtle at most sandbox.turtle_budget times; other moves are not counted', function()
+  local moves = 0
+  local fakeTurtle = {
+    forward = function() moves = moves + 1; return true end,
+    turnLeft = function() return true end,
+    getFuelLevel = function() return 100 - moves end,
+    getSelectedSlot = function() return 1 end,
+  }
+  local env = sandbox({ allow = 'turtle', turtle = fakeTurtle })
+  env.craft.settings.set('sandbox.turtle_budget', 2)
+  eq(okPayload(env.call('turtle', { action = 'forward' })), { returns = { true }, fuel = 99, selected = 1 }, 'no ask: a move')
+  env.loop.emit(lib.EVENT_SEND, 'ask-1', 'ask', { prompt = 'walk' })
+  for i = 1, 2 do okPayload(env.call('turtle', { action = 'forward' }), 'move ' .. i) end
+  okPayload(env.call('turtle', { action = 'turnLeft' }), 'a turn is no move')
+  local refused = env.call('turtle', { action = 'forward' })
+  eq(errorCode(refused), 'forbidden', 'past the budget')
+  truthy(refused.error.message:find('sandbox.turtle_budget', 1, true), refused.error.message)
+  eq(moves, 3, 'the refused move did not run')
+  -- The ask ends: moves are free again.
+  env.loop.emit('websocket_message', env.http.lastUrl(), encode(lib.gatewayResponse('7:', 'ask-1', 'ask', true, {})), false)
+  okPayload(env.call('turtle', { action = 'forward' }), 'after the ask')
+end)
+
+test('Lua values are made JSON: lists, objects, type names, cycles cut', function()
+  local t = { 1, 2, { a = true } }
+  t[3].back = t
+  eq(lib.toJsonValue(t), { 1, 2, { a = true, back = 'table' } }, 'cycle')
+  eq(lib.toJsonValue({ [1] = 'a', [3] = 'c' }), { ['1'] = 'a', ['3'] = 'c' }, 'a sparse table is an object')
+  eq(lib.toJsonValue(print), 'function', 'function')
+  eq(lib.toJsonValue(math.huge), 'inf', 'infinity')
+  eq(lib.toJsonValue({ [true] = 1 }), { ['true'] = 1 }, 'other keys as text')
 end)
 
 -- exec -----------------------------------------------------------------------------
@@ -1526,7 +1566,7 @@ test('exec works on a loop without registerAny, through the known event names', 
   eq(#inner.any, 0, 'registerAny was not used')
   local left = 0
   for _, list in pairs(inner.handlers) do left = left + #list end
-  local sessionHandlers = 6
+  local sessionHandlers = 8 -- SESSION_EVENTS: the websocket four, send, capabilities, stop, redstone
   eq(left, sessionHandlers, 'the program\'s listeners are gone, the session\'s remain')
 end)
 

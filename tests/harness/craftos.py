@@ -74,6 +74,7 @@ from twisted.web.client import Agent, HTTPConnectionPool, readBody
 from twisted.web.http_headers import Headers
 
 BIOS = Path(__file__).with_name("craftos_bios.lua")
+WORLD = Path(__file__).with_name("craftos_world.lua")
 KEY_ENTER = 257
 MAX_WEBSOCKETS = 4
 MAX_WEBSOCKET_MESSAGE = 128 * 1024  # CC:Tweaked's default http.websocket_message limit
@@ -798,6 +799,15 @@ class Computer:
     def eval(self, code: str) -> Any:
         """Evaluate Lua synchronously in the computer's global environment (for inspection)."""
         return self.kernel[b"eval"](_b(code))
+
+    def install_world(self, turtle: bool = False) -> Any:
+        """Peripherals (``peripheral``, ``redstone``) and, with ``turtle``, a turtle in a small
+        world (``craftos_world.lua``); returns its control table (``_G.harnessWorld``). Call it
+        before the daemon starts: the daemon takes the APIs when it starts, as on CraftOS."""
+        world = self.kernel[b"eval"](WORLD.read_bytes())
+        if turtle:
+            world[b"makeTurtle"]()
+        return world
 
     def queue_event(self, name: str, *args: Any) -> None:
         self._queue(_b(name), *(_b(a) for a in args))

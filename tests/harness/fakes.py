@@ -250,6 +250,23 @@ class SandboxComputer:
         self.typed.extend(payload["events"])
         self.answer(request, payload={"queued": len(payload["events"])})
 
+    # Peripherals and a turtle (SPEC §16): a monitor on top; a turtle without fuel.
+    def on_list_peripherals(self, request, payload):
+        monitor = {"name": "top", "types": ["monitor"], "methods": ["getSize", "write"]}
+        self.answer(request, payload={"peripherals": [monitor]})
+
+    def on_call_peripheral(self, request, payload):
+        if payload["name"] != "top" or payload["method"] not in ("getSize", "write"):
+            error = {"code": "peripheral_error", "message": f"No such method {payload['method']}"}
+            self.answer(request, ok=False, error=error)
+            return
+        returns = [15, 5] if payload["method"] == "getSize" else []
+        self.answer(request, payload={"returns": returns})
+
+    def on_turtle(self, request, payload):
+        returns = [False, "Out of fuel"] if payload["action"] == "forward" else [True]
+        self.answer(request, payload={"returns": returns, "fuel": 0, "selected": 1})
+
     def on_screen(self, request, payload):
         self.answer(
             request,

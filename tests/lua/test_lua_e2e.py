@@ -182,7 +182,7 @@ class EndToEndTests(GatewayMixin, TestCase):
         base = f"http://127.0.0.1:{self.port}"
         for id, answer, expected in (
             (8, "", b""),
-            (9, "y", b"exec,eval,fs.read,fs.write,screen,input"),
+            (9, "y", b"exec,eval,fs.read,fs.write,screen,input,peripheral"),
         ):
             c = self.computer(id=id, install=False)
             c.set_settings({"sandbox.url": None, "sandbox.password": None})
@@ -190,9 +190,9 @@ class EndToEndTests(GatewayMixin, TestCase):
             yield c.wait_for_output("[y/N] ")
             # The question says what exec and eval give away, before the answer.
             self.assertIn(
-                "see the screen and type on this computer? Note: exec, eval and input (running "
-                "programs and Lua, typing on the computer) give the agent the whole computer, "
-                "including its sandbox password. [y/N]",
+                "see the screen, type on this computer and use its peripherals? Note: exec, "
+                "eval and input (running programs and Lua, typing on the computer) give the "
+                "agent the whole computer, including its sandbox password. [y/N]",
                 c.output,
             )
             c.type_line(answer)

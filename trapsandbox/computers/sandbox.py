@@ -18,6 +18,11 @@ The computer as a sandbox (SPEC §9): run programs and Lua, files, the screen.
     gateway_request input {events}           <- {queued}
     gateway_request screen_watch {maxFps?}
         <- partial compact frames (``computers.screen``) until cancelled
+    gateway_request list_peripherals {}      <- {peripherals: [{name, types, methods}]}
+    gateway_request call_peripheral {name, method, args?}   <- {returns: [json]}
+    gateway_request peripheral_events {events?, timeoutMs?}
+        <- partial {type: event, name, args} ... <- {events, timedOut} (SPEC §16)
+    gateway_request turtle {action, args?}   <- {returns, fuel, selected}
 
 ``Sandbox`` is what the HTTP endpoints and the MCP tools share: each method
 fires with the computer's answer payload, or fails with a ``GatewayError``
@@ -175,6 +180,58 @@ class Sandbox:
         """Queue ``events`` (SPEC §14) on the computer; fires with ``{queued}``."""
         return self._call(
             account_id, trapos_id, "input", {"events": events}, limits.FILE_REQUEST_TIMEOUT
+        )
+
+    def list_peripherals(self, trapos_id: str, account_id: str = LOCAL_ACCOUNT) -> Deferred:
+        return self._call(
+            account_id, trapos_id, "list_peripherals", {}, limits.FILE_REQUEST_TIMEOUT
+        )
+
+    def call_peripheral(
+        self,
+        trapos_id: str,
+        name: str,
+        method: str,
+        args: list[Any],
+        account_id: str = LOCAL_ACCOUNT,
+    ) -> Deferred:
+        """``method`` of peripheral ``name``; fires with ``{returns}`` (SPEC §16)."""
+        payload = {"name": name, "method": method, "args": args}
+        return self._call(
+            account_id, trapos_id, "call_peripheral", payload, limits.FILE_REQUEST_TIMEOUT
+        )
+
+    def turtle(
+        self, trapos_id: str, action: str, args: list[Any], account_id: str = LOCAL_ACCOUNT
+    ) -> Deferred:
+        """One turtle ``action``; fires with ``{returns, fuel, selected}`` (SPEC §16)."""
+        payload = {"action": action, "args": args}
+        return self._call(account_id, trapos_id, "turtle", payload, limits.FILE_REQUEST_TIMEOUT)
+
+    def watch_peripheral_events(
+        self,
+        trapos_id: str,
+        on_event: Callable[[dict[str, Any]], None],
+        events: list[str],
+        timeout_ms: int | None = None,
+        account_id: str = LOCAL_ACCOUNT,
+    ) -> Deferred:
+        """
+        A ``peripheral_events``: ``on_event`` hears each ``{type: "event", name,
+        args}``.  It fires with ``{events, timedOut}`` at the computer's timeout,
+        or fails when cancelled (which cancels it on the computer).
+        """
+        payload: dict[str, Any] = {"events": events}
+        if timeout_ms is not None:
+            payload["timeoutMs"] = timeout_ms
+        wait = (timeout_ms or limits.PERIPHERAL_EVENTS_TIMEOUT_MS) / 1000
+        return self._call(
+            account_id,
+            trapos_id,
+            "peripheral_events",
+            payload,
+            wait + limits.PERIPHERAL_EVENTS_GRACE,
+            on_event,
         )
 
     def watch_screen(

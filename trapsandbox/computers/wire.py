@@ -44,13 +44,17 @@ OVERLOADED = "overloaded"
 FORBIDDEN = "forbidden"  # the computer's owner has not allowed that capability
 CANCELLED = "cancelled"  # the requester gave up and said so
 FS_ERROR = "fs_error"  # CraftOS refused a file operation; the message is its own
+# A peripheral call or turtle action failed; the message is CraftOS's own.
+PERIPHERAL_ERROR = "peripheral_error"
+# The computer's player stopped the agent there (``sandbox stop``, or the stop side's redstone).
+STOPPED = "stopped"
 OPENCODE_ERROR = "opencode_error"
 # Cluster mode: the process holding the computer, or Redis, cannot be reached.
 UNAVAILABLE = "unavailable"
 
 # What a computer's owner can allow (the Lua setting sandbox.allow), and the
 # capability each gateway -> computer request type needs.  ping and cancel need none.
-CAPABILITIES = ("exec", "eval", "fs.read", "fs.write", "screen", "input")
+CAPABILITIES = ("exec", "eval", "fs.read", "fs.write", "screen", "input", "peripheral", "turtle")
 CAPABILITY_OF = {
     "exec": "exec",
     "eval": "eval",
@@ -62,10 +66,14 @@ CAPABILITY_OF = {
     "screen_watch": "screen",
     "input": "input",
     "snapshot_list": "fs.read",
+    "list_peripherals": "peripheral",
+    "call_peripheral": "peripheral",
+    "peripheral_events": "peripheral",
+    "turtle": "turtle",
 }
 # Request types that run on the computer until they end or are cancelled
 # (with a ``cancel {messageId}`` request), streaming partial responses.
-STREAMING = frozenset({"exec", "eval", "screen_watch"})
+STREAMING = frozenset({"exec", "eval", "screen_watch", "peripheral_events"})
 # Computer -> gateway request types answered with partial responses first.
 COMPUTER_STREAMING = frozenset({"ask"})
 

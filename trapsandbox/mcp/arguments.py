@@ -30,6 +30,16 @@ def strings(arguments: dict[str, Any], name: str) -> list[str]:
         raise ToolError(INVALID_ARGUMENTS, f"{name} must be a list of strings") from None
 
 
+def values(arguments: dict[str, Any], name: str) -> list[Any]:
+    """An optional list of any JSON values: the arguments of a peripheral call."""
+    value = arguments.get(name)
+    if value is None:
+        return []
+    if type(value) is not list:
+        raise ToolError(INVALID_ARGUMENTS, f"{name} must be a list (JSON values, in order)")
+    return value
+
+
 def run_seconds(arguments: dict[str, Any], most: float = limits.MCP_MAX_RUN_SECONDS) -> float:
     """``timeoutSeconds``, kept within ``most`` (more with progress, SPEC §17)."""
     value = arguments.get("timeoutSeconds")

@@ -27,6 +27,8 @@ OUTCOMES = frozenset(
         wire.NOT_CONNECTED,
         wire.TIMEOUT,
         wire.FS_ERROR,
+        wire.PERIPHERAL_ERROR,
+        wire.STOPPED,
         wire.TOO_LARGE,
         wire.OVERLOADED,
         wire.BAD_REQUEST,

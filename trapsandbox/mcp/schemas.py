@@ -55,6 +55,10 @@ _TIMEOUT = {
     ),
 }
 _PATH = {"type": "string", "minLength": 1, "description": _PATH_HELP}
+_ARGS = {
+    "type": "array",
+    "description": "Its arguments in order, as JSON values (strings, numbers, true/false, ...).",
+}
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -63,8 +67,8 @@ TOOLS: list[dict[str, Any]] = [
         "description": (
             "List the ComputerCraft computers connected to this gateway: each one's traposId "
             "(id:label), id, label and the capabilities its player allowed (exec, eval, "
-            "fs.read, fs.write, screen, input). Call it first to learn what the computer argument "
-            "of the other tools can be."
+            "fs.read, fs.write, screen, input, peripheral, turtle). Call it first to learn "
+            "what the computer argument of the other tools can be."
         ),
         "inputSchema": {"type": "object", "properties": {}, "additionalProperties": False},
         "annotations": {"readOnlyHint": True},
@@ -206,6 +210,68 @@ TOOLS: list[dict[str, Any]] = [
                 },
             }
         ),
+    },
+    {
+        "name": "list_peripherals",
+        "title": "List a computer's peripherals",
+        "description": (
+            "List the peripherals attached to a computer (monitors, printers, speakers, disk "
+            'drives, modems, chests, ...): each one\'s name (a side such as "top", or a '
+            'network name such as "monitor_0"), its types and its methods. Call it before '
+            "call_peripheral. " + _allow("peripheral")
+        ),
+        "inputSchema": _schema({}),
+        "annotations": {"readOnlyHint": True},
+    },
+    {
+        "name": "call_peripheral",
+        "title": "Call a peripheral's method",
+        "description": (
+            "Call one method of a peripheral attached to a computer, as peripheral.call(name, "
+            'method, ...) in CraftOS (e.g. name "top", method "write", args ["hello"] on a '
+            "monitor), and get its return values as JSON (tables as lists or objects, "
+            "functions by their type name). A failing call returns CraftOS's error message. "
+            + _allow("peripheral")
+        ),
+        "inputSchema": _schema(
+            {
+                "name": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "The peripheral's name, as list_peripherals shows it.",
+                },
+                "method": {"type": "string", "minLength": 1, "description": "The method."},
+                "args": _ARGS,
+            },
+            ("name", "method"),
+        ),
+        "annotations": {"destructiveHint": True},
+    },
+    {
+        "name": "turtle",
+        "title": "Drive a turtle",
+        "description": (
+            "Do one action with a turtle (a ComputerCraft robot) as its turtle API would: "
+            "forward, back, up, down, turnLeft, turnRight (a move uses 1 fuel), dig, digUp, "
+            "digDown, place, placeUp, placeDown, detect*, inspect*, compare*, attack*, "
+            "drop*, suck*, select, getItemCount, getItemDetail, transferTo, getFuelLevel, "
+            "refuel, equipLeft, equipRight, craft. You get its return values (true, or "
+            'false and a reason such as "Movement obstructed"), the fuel left and the '
+            "selected slot (1-16). An ask may move the turtle a limited number of times "
+            "(the player's sandbox.turtle_budget, 64 by default). " + _allow("turtle")
+        ),
+        "inputSchema": _schema(
+            {
+                "action": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": 'The turtle API function, e.g. "forward" or "dig".',
+                },
+                "args": _ARGS,
+            },
+            ("action",),
+        ),
+        "annotations": {"destructiveHint": True},
     },
 ]
 TOOL_NAMES = frozenset(tool["name"] for tool in TOOLS)

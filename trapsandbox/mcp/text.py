@@ -29,6 +29,14 @@ ADVICE = {
         "CraftOS refused it. Paths are absolute from /; /rom is read-only; the disk holds "
         "about 1 MB; list_files shows what is there."
     ),
+    wire.PERIPHERAL_ERROR: (
+        "The peripheral or turtle refused it (CraftOS's message above); list_peripherals shows "
+        "each peripheral's methods."
+    ),
+    wire.STOPPED: (
+        "The player stopped you on this computer; do not retry. Tell them what you were "
+        "doing; only they can let you continue (the command is in the message)."
+    ),
     wire.UNKNOWN_TYPE: (
         "The computer runs an older trapsandbox client without this; the player can reinstall "
         "it with the gateway's installer."

@@ -16,6 +16,7 @@ import base64
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import orjson
 from twisted.internet.defer import Deferred, TimeoutError
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall, deferLater
@@ -134,6 +135,9 @@ class Tools:
             "delete_file": self._delete_file,
             "read_screen": self._read_screen,
             "send_input": self._send_input,
+            "list_peripherals": self._list_peripherals,
+            "call_peripheral": self._call_peripheral,
+            "turtle": self._turtle,
         }
 
     async def call(
@@ -359,6 +363,58 @@ class Tools:
             return result(text, {"queued": queued}), "ok"
         text = f"{sent} {_screen_text(session, screen)}"
         return result(text, {"queued": queued, "screen": screen}), "ok"
+
+    async def _list_peripherals(self, session: Session, arguments: dict[str, Any]) -> Answer:
+        answer = await self._answer(
+            session,
+            self._sandbox.list_peripherals(session.trapos_id, account_id=session.account_id),
+        )
+        found = answer.get("peripherals") if isinstance(answer.get("peripherals"), list) else []
+        lines = []
+        for each in found:
+            if isinstance(each, dict):
+                types = ", ".join(str(t) for t in each.get("types") or [])
+                methods = ", ".join(str(m) for m in each.get("methods") or [])
+                lines.append(f"- {each.get('name')} ({types}): {methods}")
+        if lines:
+            text = f"Peripherals of {session.trapos_id}:\n" + "\n".join(lines)
+        else:
+            text = f"No peripheral is attached to {session.trapos_id}."
+        return result(text, answer), "ok"
+
+    async def _call_peripheral(self, session: Session, arguments: dict[str, Any]) -> Answer:
+        name = check.string(arguments, "name")
+        method = check.string(arguments, "method")
+        args = check.values(arguments, "args")
+        answer = await self._answer(
+            session,
+            self._sandbox.call_peripheral(
+                session.trapos_id, name, method, args, account_id=session.account_id
+            ),
+        )
+        text = f"{name}.{method} on {session.trapos_id} returned: {_values(answer)}"
+        return result(text, answer), "ok"
+
+    async def _turtle(self, session: Session, arguments: dict[str, Any]) -> Answer:
+        action = check.string(arguments, "action")
+        args = check.values(arguments, "args")
+        answer = await self._answer(
+            session,
+            self._sandbox.turtle(session.trapos_id, action, args, account_id=session.account_id),
+        )
+        text = (
+            f"turtle.{action} on {session.trapos_id} returned: {_values(answer)}; "
+            f"fuel {answer.get('fuel')}, slot {answer.get('selected')} selected."
+        )
+        return result(text, answer), "ok"
+
+
+def _values(answer: dict[str, Any]) -> str:
+    """An answer's ``returns`` as JSON text, or "nothing"."""
+    returns = answer.get("returns")
+    if not isinstance(returns, list) or not returns:
+        return "nothing"
+    return ", ".join(orjson.dumps(value).decode() for value in returns)
 
 
 def _screen_text(session: Session, answer: dict[str, Any]) -> str:

@@ -23,12 +23,15 @@ CHANGING_TOOLS = (
     "trapsandbox_write_file",
     "trapsandbox_delete_file",
     "trapsandbox_send_input",
+    "trapsandbox_call_peripheral",
+    "trapsandbox_turtle",
 )
 READING_TOOLS = (
     "trapsandbox_list_computers",
     "trapsandbox_list_files",
     "trapsandbox_read_file",
     "trapsandbox_read_screen",
+    "trapsandbox_list_peripherals",
 )
 
 

@@ -13,6 +13,7 @@
     trapsandbox-ctl attach 7:base          (the live screen; keys forwarded; Ctrl-] leaves)
     trapsandbox-ctl snapshots 7:base       snapshot 7:base   (list; take one now)
     trapsandbox-ctl changes 7:base SNAP    restore 7:base SNAP   (SPEC §15)
+    trapsandbox-ctl peripherals 7:base     call 7:base top write '"hi"'   (JSON args)
     trapsandbox-ctl opencode-config        (the "mcp" block for opencode's config)
     trapsandbox-ctl batch [--file F] [--concurrency N]   (NDJSON requests over one WebSocket)
     trapsandbox-ctl accounts add NAME --file F [--max-computers N]
@@ -369,6 +370,31 @@ def cmd_screen(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_peripherals(args: argparse.Namespace) -> int:
+    answer = call(args, "GET", _computer_path(args.trapos_id, "peripherals", args.account))
+    for each in answer.get("peripherals") or []:
+        types = ",".join(each.get("types") or [])
+        print(f"{each.get('name', '?')}  {types}  {' '.join(each.get('methods') or [])}")
+    return 0
+
+
+def _json_value(text: str) -> Any:
+    """A peripheral call's argument: JSON (1, true, "x", [1]); a word that is not JSON is text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    action = "peripherals/" + urllib.parse.quote(args.name, safe="") + "/call"
+    body = {"method": args.method, "args": [_json_value(arg) for arg in args.args]}
+    answer = call(args, "POST", _computer_path(args.trapos_id, action, args.account), body)
+    for value in answer.get("returns") or []:
+        print(json.dumps(value))
+    return 0
+
+
 def cmd_attach(args: argparse.Namespace) -> int:
     from trapsandbox.ops import attach  # termios: only where a terminal is attached
 
@@ -623,6 +649,15 @@ def parser() -> argparse.ArgumentParser:
         cmd_restore,
         ("snapshot", "SNAP"),
     )
+    on_computer("peripherals", "list a computer's peripherals and their methods", cmd_peripherals)
+    calling = on_computer(
+        "call",
+        "call a peripheral's method (each ARG is JSON; a plain word is text)",
+        cmd_call,
+        ("name", "NAME"),
+        ("method", "METHOD"),
+    )
+    calling.add_argument("args", nargs="*", metavar="ARGS")
 
     many = commands.add_parser(
         "batch",

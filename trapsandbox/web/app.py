@@ -118,7 +118,7 @@ from trapsandbox.web.operator import (
     json_content,
 )
 from trapsandbox.web.site import ASK, PUBLIC, operator_route
-from trapsandbox.web.streaming import OutputStream, ScreenStream
+from trapsandbox.web.streaming import EventStream, OutputStream, ScreenStream
 from trapsandbox.web.validation import BadRequest, read_body
 
 log = Logger()
@@ -166,7 +166,8 @@ def on_computer(route):
     """
     A §9 operator route on one computer, called with ``account_id=`` the
     account ``auth.Operator.account_of`` resolves from the operator and
-    ``?account=``; its refusal (409 for the admin) is a §9 error answer.
+    ``?account=`` (and the route's other path parts as they are); its refusal
+    (409 for the admin) is a §9 error answer.
     """
 
     @functools.wraps(route)
@@ -606,6 +607,62 @@ class GatewayApp:
         else:
             d.addCallbacks(answer, sandbox_failed, None, None, (request,))
         return d
+
+    # -- Peripherals and turtles (SPEC §16) --------------------------------------------------
+
+    @app.route("/computers/<path:trapos_id>/peripherals", methods=["GET"])
+    @on_computer
+    def peripherals(self, request: IRequest, trapos_id: str, account_id: str):
+        d = self._sandbox.list_peripherals(trapos_id, account_id=account_id)
+        d.addCallbacks(ok_body, sandbox_failed, (request,), None, (request,))
+        return d
+
+    @app.route("/computers/<path:trapos_id>/peripherals/<name>/call", methods=["POST"])
+    @on_computer
+    def call_peripheral(self, request: IRequest, trapos_id: str, account_id: str, name: str):
+        def call(body: dict[str, Any]) -> Deferred:
+            return self._sandbox.call_peripheral(
+                trapos_id,
+                name,
+                validation.string(body, "method"),
+                validation.values(body, "args"),
+                account_id=account_id,
+            )
+
+        return self._sandbox_call(request, '{"method", "args"?}', call)
+
+    @app.route("/computers/<path:trapos_id>/peripherals/events", methods=["GET"])
+    @on_computer
+    def peripheral_events(self, request: IRequest, trapos_id: str, account_id: str):
+        try:
+            events = validation.query_names(request, b"events")
+            timeout_ms = validation.query_number(
+                request, b"timeoutMs", 1, limits.MAX_PERIPHERAL_EVENTS_TIMEOUT_MS
+            )
+        except BadRequest as error:
+            return sandbox_error(request, error.status, error.code, error.message)
+        stream = EventStream(request)
+        d = self._sandbox.watch_peripheral_events(
+            trapos_id, stream.frame, events, timeout_ms, account_id=account_id
+        )
+        if not d.called:
+            stream.begin()
+        # Klein cancels ``d`` when the caller leaves: the watch is cancelled on the computer.
+        d.addBoth(stream.ended)
+        return d
+
+    @app.route("/computers/<path:trapos_id>/turtle", methods=["POST"])
+    @on_computer
+    def turtle(self, request: IRequest, trapos_id: str, account_id: str):
+        def call(body: dict[str, Any]) -> Deferred:
+            return self._sandbox.turtle(
+                trapos_id,
+                validation.string(body, "action"),
+                validation.values(body, "args"),
+                account_id=account_id,
+            )
+
+        return self._sandbox_call(request, '{"action", "args"?}', call)
 
     def _sandbox_call(
         self,

@@ -45,7 +45,10 @@ STATUS_OF_ERROR = {
     # The admin named a traposId that several accounts hold (SPEC §12).
     auth.AMBIGUOUS: 409,
     wire.TOO_LARGE: 413,
+    # The player stopped the agent on the computer: only they can resume it.
+    wire.STOPPED: 409,
     wire.FS_ERROR: 422,
+    wire.PERIPHERAL_ERROR: 422,
     # The computer runs a client that does not know the request (an older version).
     wire.UNKNOWN_TYPE: 501,
     wire.OVERLOADED: 503,

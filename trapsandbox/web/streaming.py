@@ -110,3 +110,18 @@ class ScreenStream:
         body = orjson.dumps({"code": code, "error": message})
         self._request.write(b"event: error\ndata: " + body + b"\n\n")
         return b""
+
+
+class EventStream(ScreenStream):
+    """
+    ``text/event-stream`` of peripheral events (SPEC §16): one ``data:`` line
+    per ``{type: "event", name, args}``; at the computer's timeout one
+    ``event: end`` with ``{events, timedOut}``; a failure as ``ScreenStream``'s.
+    """
+
+    def ended(self, result: object) -> bytes | Failure:
+        if isinstance(result, Failure):
+            return super().ended(result)
+        self.begin()
+        self._request.write(b"event: end\ndata: " + orjson.dumps(result) + b"\n\n")
+        return b""

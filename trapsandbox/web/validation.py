@@ -130,6 +130,24 @@ def strings(obj: dict[str, Any], name: str) -> list[str]:
         raise BadRequest(f"{name} must be a list of strings") from None
 
 
+def values(obj: dict[str, Any], name: str) -> list[Any]:
+    """An optional list of any JSON values ([] if absent): a Lua call's arguments."""
+    value = obj.get(name)
+    if value is None:
+        return []
+    if type(value) is not list:
+        raise BadRequest(f"{name} must be a list")
+    return value
+
+
+def query_names(request: IRequest, name: bytes) -> list[str]:
+    """An optional comma-separated list of names in the query string (``?events=a,b``)."""
+    found: list[str] = []
+    for value in request.args.get(name, []):
+        found.extend(part for part in value.decode("utf-8", "replace").split(",") if part)
+    return found
+
+
 def query_number(request: IRequest, name: bytes, low: int, high: int) -> int | None:
     """An optional whole number from ``low`` to ``high`` in the query string."""
     values = request.args.get(name)

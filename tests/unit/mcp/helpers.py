@@ -25,6 +25,9 @@ TOOLS = (
     "delete_file",
     "read_screen",
     "send_input",
+    "list_peripherals",
+    "call_peripheral",
+    "turtle",
 )
 
 

@@ -31,6 +31,10 @@ class AskSessionTests(AskTestsMixin, SynchronousTestCase):
         self.assertIn(("trapsandbox_write_file", "ask"), rules)
         self.assertIn(("trapsandbox_read_file", "allow"), rules)
         self.assertIn(("question", "allow"), rules)  # its questions reach the player
+        # Peripherals and turtles (SPEC §16): listing is free, calling and driving asked for.
+        self.assertIn(("trapsandbox_list_peripherals", "allow"), rules)
+        self.assertIn(("trapsandbox_call_peripheral", "ask"), rules)
+        self.assertIn(("trapsandbox_turtle", "ask"), rules)
         (prompt,) = [c for c in self.http.calls if c[1] == f"/session/{SES}/prompt_async"]
         self.assertEqual(prompt[3]["parts"], [{"type": "text", "text": "write a program"}])
         self.assertIn("1:a", prompt[3]["system"])

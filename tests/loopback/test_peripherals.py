@@ -1,0 +1,156 @@
+"""Peripherals and turtles over HTTP on a real port (SPEC §16), with a test computer."""
+
+import orjson
+import treq
+from twisted.internet import endpoints
+from twisted.trial.unittest import TestCase
+from twisted.web.client import HTTPConnectionPool
+
+from tests.harness.support import JSON, both_modes, bounded, connect, reactor, start_gateway
+from tests.loopback.test_live import Stream, events
+
+EVENTS = (
+    b"GET /computers/7%3Abase/peripherals/events?events=monitor_touch,disk&timeoutMs=5000"
+    b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+)
+MONITOR = {"name": "top", "types": ["monitor"], "methods": ["getSize", "write"]}
+
+
+class PeripheralHTTPTests(TestCase):
+    def setUp(self):
+        self.gateway = start_gateway(self, password="sesame")
+        self.base = f"http://127.0.0.1:{self.gateway.port}/computers/7%3Abase"
+        self.pool = HTTPConnectionPool(reactor(), persistent=False)
+
+    async def computer(self, capabilities=("peripheral", "turtle")):
+        computer = await connect(self, self.gateway.port)
+        hello = await computer.request(
+            "hello",
+            {"traposId": "7:base", "secret": "sesame", "capabilities": list(capabilities)},
+        )
+        self.assertTrue(hello["ok"])
+        return computer
+
+    async def answered(self, posted):
+        response = await bounded(posted)
+        return response.code, orjson.loads(await bounded(treq.content(response)))
+
+    async def exchange(self, computer, posted, answer, ok=True, error=None):
+        """The request the computer got (type, payload); the HTTP status and body."""
+        request = await computer.next_message()
+        computer.respond(request, ok=ok, payload=answer, error=error)
+        code, body = await self.answered(posted)
+        return (request["type"], request["payload"]), (code, body)
+
+    def post(self, path, body):
+        return treq.post(self.base + path, data=orjson.dumps(body), headers=JSON, pool=self.pool)
+
+    async def test_list_peripherals(self):
+        computer = await self.computer()
+        got = treq.get(self.base + "/peripherals", pool=self.pool)
+        sent, answer = await self.exchange(computer, got, {"peripherals": [MONITOR]})
+        self.assertEqual(sent, ("list_peripherals", {}))
+        self.assertEqual(answer, (200, {"ok": True, "peripherals": [MONITOR]}))
+
+    async def test_call_a_peripheral(self):
+        computer = await self.computer()
+        posted = self.post("/peripherals/top/call", {"method": "write", "args": ["hi", 1, None]})
+        sent, answer = await self.exchange(computer, posted, {"returns": []})
+        self.assertEqual(
+            sent, ("call_peripheral", {"name": "top", "method": "write", "args": ["hi", 1, None]})
+        )
+        self.assertEqual(answer, (200, {"ok": True, "returns": []}))
+
+    async def test_a_failing_call_is_422_peripheral_error(self):
+        computer = await self.computer()
+        posted = self.post("/peripherals/top/call", {"method": "fly"})
+        error = {"code": "peripheral_error", "message": "No such method fly"}
+        sent, (code, body) = await self.exchange(computer, posted, None, ok=False, error=error)
+        self.assertEqual(sent[1], {"name": "top", "method": "fly", "args": []})
+        self.assertEqual(
+            (code, body["code"], body["error"]), (422, "peripheral_error", "No such method fly")
+        )
+
+    async def test_stopped_by_the_player_is_409(self):
+        computer = await self.computer()
+        posted = self.post("/turtle", {"action": "forward"})
+        error = {"code": "stopped", "message": 'on it, run "sandbox resume"'}
+        _, (code, body) = await self.exchange(computer, posted, None, ok=False, error=error)
+        self.assertEqual((code, body["code"]), (409, "stopped"))
+
+    async def test_bad_bodies_are_400_and_not_allowed_is_403(self):
+        await self.computer(capabilities=("screen",))
+        for path, body, status, code in (
+            ("/peripherals/top/call", {"args": []}, 400, "bad_request"),
+            ("/peripherals/top/call", {"method": "write", "args": "hi"}, 400, "bad_request"),
+            ("/turtle", {"args": []}, 400, "bad_request"),
+            ("/peripherals/top/call", {"method": "write"}, 403, "forbidden"),
+            ("/turtle", {"action": "forward"}, 403, "forbidden"),
+        ):
+            code_, answer = await self.answered(self.post(path, body))
+            self.assertEqual((code_, answer["code"]), (status, code), (path, body))
+        code_, answer = await self.answered(treq.get(self.base + "/peripherals", pool=self.pool))
+        self.assertEqual((code_, answer["code"]), (403, "forbidden"))
+        self.assertIn("sandbox allow peripheral", answer["error"])
+
+    async def test_turtle(self):
+        computer = await self.computer()
+        posted = self.post("/turtle", {"action": "forward"})
+        answer = {"returns": [False, "Out of fuel"], "fuel": 0, "selected": 1}
+        sent, response = await self.exchange(computer, posted, answer)
+        self.assertEqual(sent, ("turtle", {"action": "forward", "args": []}))
+        self.assertEqual(response, (200, {"ok": True, **answer}))
+
+    async def test_no_computer_is_404(self):
+        code, answer = await self.answered(treq.get(self.base + "/peripherals", pool=self.pool))
+        self.assertEqual((code, answer["code"]), (404, "not_connected"))
+
+    async def raw(self, head: bytes) -> Stream:
+        endpoint = endpoints.TCP4ClientEndpoint(reactor(), "127.0.0.1", self.gateway.port)
+        client = await bounded(endpoints.connectProtocol(endpoint, Stream()))
+        self.addCleanup(
+            lambda: None if client.closed.called else client.transport.abortConnection()
+        )
+        client.transport.write(head + b"\r\n")
+        return client
+
+    async def test_events_stream_and_a_caller_leaving_cancels_them(self):
+        computer = await self.computer()
+        client = await self.raw(EVENTS)
+        watch = await computer.next_message()
+        self.assertEqual(
+            (watch["type"], watch["payload"]),
+            ("peripheral_events", {"events": ["monitor_touch", "disk"], "timeoutMs": 5000}),
+        )
+        head = await client.until(b"\r\n\r\n")
+        self.assertIn(b"200", head.split(b"\r\n")[0])
+        self.assertIn(b"content-type: text/event-stream", head.lower())
+        touch = {"type": "event", "name": "monitor_touch", "args": ["top", 3, 4]}
+        computer.respond(watch, payload=touch, partial=True)
+        self.assertEqual(events(await client.until(b"}\n\n")), [touch])
+        client.transport.loseConnection()
+        cancel = await computer.next_message()
+        self.assertEqual(
+            (cancel["type"], cancel["payload"]), ("cancel", {"messageId": watch["messageId"]})
+        )
+        computer.respond(cancel, payload={"cancelled": True})
+        computer.respond(watch, ok=False, error={"code": "cancelled", "message": "cancelled"})
+        await computer.request("probe_gateway")
+        self.assertEqual(self.gateway.registry.pending, 0)
+
+    async def test_events_end_at_the_computers_timeout(self):
+        computer = await self.computer()
+        client = await self.raw(EVENTS)
+        watch = await computer.next_message()
+        computer.respond(watch, payload={"events": 0, "timedOut": True})
+        tail = await client.until(b"}\n\n")
+        self.assertIn(b'event: end\ndata: {"events":0,"timedOut":true}', tail)
+
+    async def test_a_bad_events_query_is_400(self):
+        await self.computer()
+        client = await self.raw(EVENTS.replace(b"timeoutMs=5000", b"timeoutMs=0"))
+        head = await client.until(b"\r\n\r\n")
+        self.assertIn(b" 400 ", head.split(b"\r\n")[0])
+
+
+both_modes(globals(), "PeripheralHTTPTests")
