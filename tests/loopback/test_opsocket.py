@@ -467,3 +467,97 @@ both_modes(
     "OperatorSocketAuthTests",
     "OperatorSocketAccountTests",
 )
+
+
+class ConsoleTokenTests(TestCase):
+    """SPEC §14: the console's page sends its token as the first message, never in a URL."""
+
+    def setUp(self):
+        self.gateway = start_gateway(self, password=PASSWORD, admin_token=TOKEN)
+        self.origin = f"http://127.0.0.1:{self.gateway.port}"
+
+    async def page(self, origin=None):
+        return await connect_operator(self, self.gateway.port, origin=origin or self.origin)
+
+    async def test_the_right_token_as_first_message_admits_the_page(self):
+        page = await self.page()
+        page.send({"token": TOKEN})
+        self.assertEqual(await page.next_message(), {"authenticated": True, "account": None})
+        page.send({"id": 1, "traposId": "9:", "type": "ping"})
+        self.assertEqual((await page.next_message())["status"], 404)
+
+    async def test_a_wrong_missing_or_late_token_is_closed_4001_with_why(self):
+        for first in (
+            {"token": "wrong"},
+            {"token": ""},
+            {"id": 1, "traposId": "9:", "type": "ping"},
+        ):
+            page = await self.page()
+            page.send(first)
+            code, reason = await page.wait_closed()
+            self.assertEqual(code, 4001, first)
+            self.assertTrue(reason, first)
+            self.assertNotIn(TOKEN, reason)
+            self.assertTrue(page.messages.pending == [], "something answered before the token")
+
+    async def test_wrong_tokens_by_message_are_throttled_like_headers(self):
+        for _ in range(6):
+            page = await self.page()
+            page.send({"token": "guess"})
+            self.assertEqual(await page.wait_closed(), (4001, "wrong bearer token"))
+        page = await self.page()
+        page.send({"token": "guess"})
+        code, reason = await page.wait_closed()
+        self.assertEqual(code, 4001)
+        self.assertIn("too many wrong operator tokens", reason)
+        # A header guess from the same address is refused too: one throttle.
+        refused = None
+        try:
+            await connect_operator(self, self.gateway.port, "guess")
+        except Refused as refusal:
+            refused = refusal
+        self.assertEqual(refused.status, 429)
+        # The right token is still admitted at once.
+        page = await self.page()
+        page.send({"token": TOKEN})
+        self.assertEqual((await page.next_message())["authenticated"], True)
+
+    async def test_another_origin_without_a_header_is_refused_at_the_upgrade(self):
+        with self.assertRaises(Refused) as caught:
+            await connect_operator(self, self.gateway.port, origin="http://evil.example")
+        self.assertEqual(caught.exception.status, 401)
+
+    async def test_no_token_within_the_deadline_is_closed_4001(self):
+        from twisted.internet.task import Clock
+
+        clock = Clock()
+        self.gateway.operator_socket.clock = clock
+        page = await self.page()
+        clock.advance(30)
+        code, reason = await page.wait_closed()
+        self.assertEqual((code, reason), (4001, "no token within 30 s"))
+
+
+class ConsoleLoopbackTests(TestCase):
+    async def test_loopback_without_an_admin_token_needs_no_token(self):
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write(_table("alice", "s-alice") + _table("bob", "s-bob"))
+        gateway = start_gateway(self, accounts_file=path, accounts=accounts.load(path))
+        origin = f"http://127.0.0.1:{gateway.port}"
+        page = await connect_operator(self, gateway.port, origin=origin)
+        page.send({"token": ""})
+        self.assertEqual(await page.next_message(), {"authenticated": True, "account": None})
+        # An account's token narrows the page to that account.
+        bob = await connect(self, gateway.port)
+        await bob.hello("s-bob", "2:")
+        page = await connect_operator(self, gateway.port, origin=origin)
+        page.send({"token": "token-alice"})
+        self.assertEqual(await page.next_message(), {"authenticated": True, "account": "alice"})
+        page.send({"id": 1, "traposId": "2:", "type": "ping"})
+        self.assertEqual((await page.next_message())["status"], 404)
+        self.assertEqual(gateway.operator_socket.per_account, {"alice": 1})
+        # The browser rule still holds: a foreign Host is not the loopback admin.
+        with self.assertRaises(Refused) as caught:
+            await connect_operator(self, gateway.port, origin="http://evil.example")
+        self.assertEqual(caught.exception.status, 403)

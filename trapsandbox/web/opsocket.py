@@ -13,6 +13,19 @@ connection, each correlated by an id of the operator's choosing.
                                                       <- {"id": "b", "status": 404, "ok": false,
                                                           "error": {"code", "message"}}
 
+A page of the console (SPEC §14: a browser's upgrade carrying the
+gateway's own ``Origin`` and no ``Authorization``) gives its token as its
+first message instead, never in a URL:
+
+    {"token": "..."}                                  ->
+                                                      <- {"authenticated": true, "account": a|null}
+    (a wrong or missing token: closed 4001 with the reason, counted by the
+     same throttle as a wrong header; none within REQUEST_DEADLINE: 4001)
+
+An empty token keeps what the upgrade decided (loopback with no admin token
+is the admin, the browser rule applied as for the header); a socket such an
+upgrade could not admit waits for the token and answers nothing else.
+
 A ``screen_watch`` (SPEC §14) streams: each frame the computer sends is
 relayed as it comes, before the final answer, as a message of its own
 
@@ -109,9 +122,23 @@ def encode_answer(message_id: str | int | None, answer: Answer) -> bytes:
     return b'{"id":%b,"status":%d,%b' % (orjson.dumps(message_id), status, body[1:])
 
 
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
+
+
 def _header(request: Any, name: str) -> bytes | None:
     value = request.headers.get(name)
     return None if value is None else value.encode("latin-1", "replace")
+
+
+def token_message(obj: dict[str, Any]) -> bytes | None:
+    """The token of a ``{"token": "..."}`` message as an ``Authorization`` value, or None."""
+    if set(obj) != {"token"}:
+        return None
+    token = obj["token"]
+    if type(token) is not str:
+        raise BadRequest("token must be a string")
+    return b"Bearer " + token.encode("utf-8", "replace") if token else b""
 
 
 class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
@@ -130,6 +157,12 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         self.in_flight: dict[str | int, Deferred] = {}
         # An answer found no room while the transport was paused (``Outbound``).
         self.dropped = False
+        # A console page's upgrade: its first message may be {"token"} (``_authenticate``).
+        self.token_first = False
+        self.origin: bytes | None = None
+        self.host: bytes | None = None
+        self.client: object = None
+        self.token_deadline: Any = None
 
     # Autobahn callbacks
 
@@ -138,38 +171,57 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         client = self.factory.requests.client_address(
             self.transport.getPeer(), headers.get("x-forwarded-for"), headers.get("forwarded")
         )
+        self.client = client
         self.peer_address = proxies.describe(client)
         header = request.headers.get("authorization")
         authorization = None if header is None else header.encode("latin-1", "replace")
+        self.origin, self.host = _header(request, "origin"), _header(request, "host")
         requests = self.factory.requests
         # A web page in a browser (or a DNS rebinding) is not the loopback admin.
-        who = requests.operator(
-            client, authorization, _header(request, "origin"), _header(request, "host")
-        )
+        who = requests.operator(client, authorization, self.origin, self.host)
         self.authorization = authorization  # an account's token is checked again at reload
+        # The console: a page the gateway served, whose token comes as the first message.
+        self.token_first = (
+            authorization is None
+            and self.origin is not None
+            and auth.own_origin(_text(self.origin), _text(self.host))
+        )
         if isinstance(who, Answer):
+            if self.token_first and who.status in (401, 429):
+                # Admitted or closed by its first message: a right token always works.
+                return
             self.factory.metrics.operator_socket(str(who.status))
             # Retry-After and WWW-Authenticate, as the HTTP routes send them.
             self.deny_headers = [(name.decode(), value.decode()) for name, value in who.headers]
             raise ConnectionDeny(who.status, who.body["error"]["message"])
-        if who.account is not None:
-            held = self.factory.per_account
-            if held.get(who.account, 0) >= self.factory.max_per_account:
-                self.factory.metrics.operator_socket("429")
-                raise ConnectionDeny(
-                    429,
-                    f"account {who.account} already has {self.factory.max_per_account} "
-                    "operator sockets open; close one first",
-                )
-            held[who.account] = held.get(who.account, 0) + 1
-            self.counted = who.account
+        full = self._count(who)
+        if full is not None:
+            self.factory.metrics.operator_socket("429")
+            raise ConnectionDeny(429, full)
         self.operator = who
+
+    def _count(self, who: auth.Operator) -> str | None:
+        """Count ``who``'s socket against its account's bound; why not, when it is full."""
+        if who.account is None:
+            return None
+        held = self.factory.per_account
+        if held.get(who.account, 0) >= self.factory.max_per_account:
+            return (
+                f"account {who.account} already has {self.factory.max_per_account} "
+                "operator sockets open; close one first"
+            )
+        held[who.account] = held.get(who.account, 0) + 1
+        self.counted = who.account
+        return None
 
     def onOpen(self) -> None:
         factory = self.factory
         factory.connections.add(self)
         factory.metrics.operator_socket("open")
         self.start_sending()
+        if self.operator is None:
+            self.token_deadline = factory.clock.callLater(limits.REQUEST_DEADLINE, self._no_token)
+            return
         log.info(
             "operator socket from {peer} opened ({who})",
             peer=self.peer_address,
@@ -181,6 +233,12 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         try:
             if isBinary:
                 raise BadRequest("binary frames are not read: send each request as JSON text")
+            if self.token_first:
+                self.token_first = False
+                if self._authenticate(payload):
+                    return
+            if self.operator is None:
+                return  # being closed: it gave no token
             message_id, obj = read_message(payload)
             trapos_id, account = target(obj)
             self._start(message_id, trapos_id, account, obj)
@@ -193,6 +251,8 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
 
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
         fixes.cancel_close_handshake_timer(self)
+        if self.token_deadline is not None and self.token_deadline.active():
+            self.token_deadline.cancel()
         self.factory.connections.discard(self)
         self._release()
         if self.outbound is not None:
@@ -207,6 +267,53 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
                 code=code,
                 count=len(in_flight),
             )
+
+    # The console's token (the first message)
+
+    def _authenticate(self, payload: bytes) -> bool:
+        """
+        Whether the first message was ``{"token"}`` (and was handled: the
+        socket admitted, or closed 4001).  Anything else on a socket the
+        upgrade did not admit is closed 4001 too.
+        """
+        try:
+            authorization = token_message(json_object(payload, '{"token"}', "the message"))
+        except BadRequest:
+            authorization = None
+        if authorization is None:
+            if self.operator is None:
+                self._unauthorized('send {"token": "..."} as the first message')
+            return False
+        if self.token_deadline is not None and self.token_deadline.active():
+            self.token_deadline.cancel()
+        if authorization or self.operator is None:
+            requests = self.factory.requests
+            who = requests.operator(self.client, authorization or None, self.origin, self.host)
+            if isinstance(who, Answer):
+                self._unauthorized(who.body["error"]["message"])
+                return True
+            self._release()
+            full = self._count(who)
+            if full is not None:
+                self._unauthorized(full)
+                return True
+            self.operator, self.authorization = who, authorization or None
+        log.info(
+            "operator socket from {peer} authenticated ({who})",
+            peer=self.peer_address,
+            who="admin" if self.operator.admin else f"account {self.operator.account}",
+        )
+        self.outbound.send(orjson.dumps({"authenticated": True, "account": self.operator.account}))
+        return True
+
+    def _unauthorized(self, why: str) -> None:
+        self.operator = None
+        self.factory.metrics.operator_socket("401")
+        self.close(wire.CLOSE_UNAUTHORIZED, why)
+
+    def _no_token(self) -> None:
+        self.token_first = False
+        self._unauthorized(f"no token within {limits.REQUEST_DEADLINE:g} s")
 
     def _release(self) -> None:
         # Counted from onConnect's acceptance to the first onClose.
