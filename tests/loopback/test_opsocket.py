@@ -561,3 +561,43 @@ class ConsoleLoopbackTests(TestCase):
         with self.assertRaises(Refused) as caught:
             await connect_operator(self, gateway.port, origin="http://evil.example")
         self.assertEqual(caught.exception.status, 403)
+
+
+class WatchComputersTests(TestCase):
+    async def test_the_visible_computers_come_live_until_the_socket_closes(self):
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write(_table("alice", "s-alice") + _table("bob", "s-bob"))
+        gateway = start_gateway(
+            self, admin_token=TOKEN, accounts_file=path, accounts=accounts.load(path)
+        )
+        alice = await connect_operator(self, gateway.port, "token-alice")
+        alice.send({"id": "w", "type": "watch_computers"})
+        first = await alice.next_message()
+        self.assertEqual(
+            first, {"id": "w", "status": 200, "partial": True, "payload": {"computers": []}}
+        )
+        # Bob's computer is not alice's: nothing is sent to her for it.
+        bob = await connect(self, gateway.port)
+        await bob.hello("s-bob", "2:")
+        computer = await connect(self, gateway.port)
+        await computer.hello("s-alice", "5:lab")
+        listed = (await alice.next_message())["payload"]["computers"]
+        self.assertEqual([(c["traposId"], c["accountId"]) for c in listed], [("5:lab", "alice")])
+        self.assertEqual(listed[0]["capabilities"], [])
+        # A change of capabilities, then a disconnect.
+        answer = await computer.request("capabilities", {"capabilities": ["screen", "input"]})
+        self.assertTrue(answer["ok"], answer)
+        listed = (await alice.next_message())["payload"]["computers"]
+        self.assertEqual(listed[0]["capabilities"], ["input", "screen"])
+        computer.transport.loseConnection()
+        self.assertEqual((await alice.next_message())["payload"], {"computers": []})
+        # The watch holds its id; other requests go on beside it.
+        alice.send({"id": "w", "type": "watch_computers"})
+        self.assertEqual((await alice.next_message())["status"], 400)
+        alice.send({"id": 2, "traposId": "9:", "type": "ping"})
+        self.assertEqual((await alice.next_message())["status"], 404)
+        # Closing the socket stops the watch.
+        alice.sendClose(1000)
+        await alice.wait_closed()
+        self.assertEqual(gateway.registry._watchers, [])

@@ -100,6 +100,8 @@ class Session:
     # its account's secret closes it (``Admission.admits``).
     credential: str = attrs.field(default="", repr=False)
     max_in_flight: int = limits.MAX_IN_FLIGHT
+    # Told when what ``describe_session`` shows changes (``Registry.watch``); set by the registry.
+    on_change: Callable[[], None] | None = attrs.field(default=None, repr=False)
     _pending: dict[str, _Pending] = attrs.field(factory=dict, init=False)
 
     @property
@@ -109,6 +111,13 @@ class Session:
     @property
     def in_flight(self) -> int:
         return len(self._pending)
+
+    def allow(self, capabilities: frozenset[str]) -> None:
+        """What its owner now allows (a ``capabilities`` request); watchers are told."""
+        changed = capabilities != self.capabilities
+        self.capabilities = capabilities
+        if changed and self.on_change is not None:
+            self.on_change()
 
     def refusal(self, type: str, payload: dict[str, Any]) -> GatewayError | None:
         """
@@ -266,6 +275,24 @@ class Registry:
     # traposId -> the accounts holding it, and account -> how many computers it has.
     _holders: dict[str, set[str]] = attrs.field(factory=dict, init=False)
     _per_account: dict[str, int] = attrs.field(factory=dict, init=False)
+    # Called after a computer connects, disconnects or changes its capabilities.
+    _watchers: list[Callable[[], None]] = attrs.field(factory=list, init=False)
+
+    def watch(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """
+        Call ``listener`` after each change to the listing (a computer
+        connects, disconnects or changes what it allows); answers the
+        function that stops it.
+        """
+        self._watchers.append(listener)
+        return lambda: self._watchers.remove(listener) if listener in self._watchers else None
+
+    def _changed(self) -> None:
+        for listener in list(self._watchers):
+            try:
+                listener()
+            except Exception:
+                log.failure("a watcher of the computers failed")
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -295,6 +322,7 @@ class Registry:
         """Register ``session``; close and return the one it replaces, if any."""
         old = self._sessions.get(session.key)
         self._sessions[session.key] = session
+        session.on_change = self._changed
         if old is None:
             self._holders.setdefault(session.trapos_id, set()).add(session.account_id)
             self._per_account[session.account_id] = self.count(session.account_id) + 1
@@ -309,7 +337,10 @@ class Registry:
             )
             old.fail_all(GatewayError(wire.NOT_CONNECTED, "the computer connected again elsewhere"))
             old.link.close(wire.CLOSE_REPLACED, "replaced")
+            old.on_change = None
+            self._changed()
             return old
+        self._changed()
         return None
 
     def remove(self, session: Session) -> None:
@@ -327,6 +358,8 @@ class Registry:
                 del self._per_account[session.account_id]
             if self.peers is not None:
                 self.peers.removed(session)
+            session.on_change = None
+            self._changed()
         session.fail_all(GatewayError(wire.NOT_CONNECTED, "the computer disconnected"))
 
     @property

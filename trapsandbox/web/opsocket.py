@@ -37,7 +37,11 @@ relayed as it comes, before the final answer, as a message of its own
 
 (full-width rows, ``trapsandbox.computers.screen``); it runs until the
 computer ends it or this connection closes (``timeoutMs`` bounds it, by
-default ``SCREEN_WATCH_TIMEOUT``).  Every other type has its one answer only.
+default ``SCREEN_WATCH_TIMEOUT``).  ``{"id", "type": "watch_computers",
+"account"?}`` (no ``traposId``) is the gateway's own: a partial ``{"computers":
+[...]}`` (``GET /computers``' entries this operator sees, of this process) at
+once and after each connect, disconnect or change of capabilities, until
+the connection closes.  Every other type has its one answer only.
 
 An answer's ``status`` and the rest of it are what ``POST
 /computers/{traposId}/requests`` (``?account=`` being ``account``) would
@@ -88,6 +92,8 @@ from trapsandbox.web.validation import BadRequest, json_object, short_string
 log = Logger()
 
 _SHAPE = '{"id", "traposId", "type", "payload"?, "timeoutMs"?, "account"?}'
+# Handled here, not sent to a computer: the visible computers, live.
+WATCH_COMPUTERS = "watch_computers"
 CANCELLED = error_answer(503, wire.UNAVAILABLE, "the request was cancelled")
 
 
@@ -240,6 +246,9 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
             if self.operator is None:
                 return  # being closed: it gave no token
             message_id, obj = read_message(payload)
+            if obj.get("type") == WATCH_COMPUTERS:
+                self._watch_computers(message_id, obj)
+                return
             trapos_id, account = target(obj)
             self._start(message_id, trapos_id, account, obj)
         except BadRequest as error:
@@ -329,7 +338,8 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
 
     # Requests
 
-    def _start(self, message_id: str | int, trapos_id: str, account: str | None, obj: dict) -> None:
+    def _room(self, message_id: str | int) -> bool:
+        """Whether ``message_id`` may start (else it was answered, or raises ``BadRequest``)."""
         factory = self.factory
         if message_id in self.in_flight:
             raise BadRequest(f"id {message_id!r} is already in flight on this connection")
@@ -342,6 +352,26 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
                     f"at most {factory.max_in_flight} requests in flight on one connection",
                 ),
             )
+            return False
+        return True
+
+    def _watch_computers(self, message_id: str | int, obj: dict[str, Any]) -> None:
+        """The computers this operator sees, as partials, until the socket closes."""
+        account = obj.get("account")
+        if account is not None and type(account) is not str:
+            raise BadRequest("account must be a string")
+        if not self._room(message_id):
+            return
+        self.in_flight[message_id] = Deferred()  # a placeholder while the first listing goes
+        watch = self.factory.requests.watch_computers(
+            self.operator, account, lambda listing: self._partial(message_id, listing)
+        )
+        self.in_flight[message_id] = watch
+        watch.addErrback(self._failed, message_id)
+
+    def _start(self, message_id: str | int, trapos_id: str, account: str | None, obj: dict) -> None:
+        factory = self.factory
+        if not self._room(message_id):
             return
         if self.outbound.paused and self.dropped:
             # Not reading its answers (some already had no room): start no more work for it.
