@@ -6,7 +6,7 @@ thread (``deferToThread``) while the reactor runs the harness computer; every
 wait is Selenium's bounded ``WebDriverWait`` on what the page shows.
 
 ``TRAPSANDBOX_CONSOLE_SCREENSHOT=docs/console.png`` saves the console beside
-the running program (how ``docs/console.png`` was made).
+the running program (how ``docs/console.png`` was made; relative to the tree).
 """
 
 import os
@@ -21,7 +21,7 @@ from twisted.trial.unittest import SkipTest, TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.craftos import Computer
-from tests.harness.processes import clean_env, spawn
+from tests.harness.processes import REPO, clean_env, spawn
 from tests.harness.support import bounded, connect, reactor
 from trapsandbox.admission import accounts
 
@@ -170,7 +170,8 @@ class ConsoleTests(TestCase):
         self.assertEqual(await self.thread(marker.get_attribute, "class"), "f5 bf")
         shot = os.environ.get("TRAPSANDBOX_CONSOLE_SCREENSHOT")
         if shot:
-            await self.thread(self.driver.save_screenshot, os.path.abspath(shot))
+            saved = await self.thread(self.driver.save_screenshot, os.path.join(REPO, shot))
+            self.assertTrue(saved, shot)
         # The screen is text: its label, no live region, and colours from the palette.
         attributes = await self.thread(
             lambda: (screen.get_attribute("aria-label"), screen.get_attribute("aria-live"))
