@@ -153,7 +153,9 @@ class ConsoleTests(TestCase):
         await self.thread(self.log_in, "token-alice")
         button = await self.thread(self.computer_button, "7:si")
         await self.thread(button.click)
-        # The marker a program prints, drawn as text in the page.
+        # The screen as the daemon left it (its activity is watched from then on), then the
+        # marker a program prints, drawn as text in the page.
+        await self.thread(self.screen_shows, "allowed: exec, screen, input")
         run = self.execute("asker")
         await self.thread(self.screen_shows, "MARKER-42 name?")
         # Typing goes to the program waiting in read().
@@ -168,6 +170,11 @@ class ConsoleTests(TestCase):
         cell = '//*[@id="screen"]/span/span[contains(., "MARKER-42")]'
         marker = await self.thread(self.driver.find_element, By.XPATH, cell)
         self.assertEqual(await self.thread(marker.get_attribute, "class"), "f5 bf")
+        # The activity: the exec with its command line and outcome.
+        await self.thread(
+            self.wait_until,
+            shown.text_to_be_present_in_element((By.ID, "activity"), "exec asker · ok · "),
+        )
         shot = os.environ.get("TRAPSANDBOX_CONSOLE_SCREENSHOT")
         if shot:
             saved = await self.thread(self.driver.save_screenshot, os.path.join(REPO, shot))

@@ -601,3 +601,47 @@ class WatchComputersTests(TestCase):
         alice.sendClose(1000)
         await alice.wait_closed()
         self.assertEqual(gateway.registry._watchers, [])
+
+
+class WatchActivityTests(TestCase):
+    async def test_each_request_to_the_computer_is_seen_starting_and_ending(self):
+        gateway = start_gateway(self, password=PASSWORD)
+        computer = await connect(self, gateway.port)
+        hello = {"traposId": "7:base", "secret": PASSWORD, "capabilities": ["exec"]}
+        self.assertTrue((await computer.request("hello", hello))["ok"])
+        watcher = await connect_operator(self, gateway.port)
+        watcher.send({"id": "a", "type": "watch_activity", "traposId": "7:base"})
+        operator = await connect_operator(self, gateway.port)
+        operator.send(
+            {
+                "id": 1,
+                "traposId": "7:base",
+                "type": "exec",
+                "payload": {"command": "ls", "args": ["/rom"]},
+            }
+        )
+        request = await computer.next_message()
+        started = await watcher.next_message()
+        self.assertEqual(
+            started,
+            {
+                "id": "a",
+                "status": 200,
+                "partial": True,
+                "payload": {
+                    "activity": {"n": 1, "type": "exec", "detail": "ls /rom", "state": "started"}
+                },
+            },
+        )
+        computer.respond(request, payload={"exitCode": 0})
+        ended = (await watcher.next_message())["payload"]["activity"]
+        self.assertEqual((ended["n"], ended["state"]), (1, "ok"))
+        self.assertIsInstance(ended["durationMs"], int)
+        self.assertEqual((await operator.next_message())["status"], 200)
+        # Another computer's requests are not this watch's; closing ends it.
+        operator.send({"id": 2, "traposId": "8:", "type": "ping"})
+        self.assertEqual((await operator.next_message())["status"], 404)
+        self.assertEqual(watcher.messages.pending, [])
+        watcher.sendClose(1000)
+        await watcher.wait_closed()
+        self.assertEqual(gateway.registry._activity, {})

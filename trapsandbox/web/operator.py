@@ -209,6 +209,20 @@ class OperatorRequests:
         send()
         return d
 
+    def watch_activity(
+        self, account_id: str, trapos_id: str, on_entry: Callable[[dict[str, Any]], None]
+    ) -> Deferred:
+        """
+        ``{"activity": entry}`` to ``on_entry`` for each request sent to the
+        computer, as it starts and as it ends (``registry.activity_entry``,
+        with ``state``: started, then its outcome and ``durationMs``); a
+        Deferred that never fires: cancelling it stops the watch.
+        """
+        stop = self._registry.watch_activity(
+            account_id, trapos_id, lambda entry: on_entry({"activity": entry})
+        )
+        return Deferred(lambda _: stop())
+
     def operator(
         self,
         address: object,

@@ -41,7 +41,11 @@ default ``SCREEN_WATCH_TIMEOUT``).  ``{"id", "type": "watch_computers",
 "account"?}`` (no ``traposId``) is the gateway's own: a partial ``{"computers":
 [...]}`` (``GET /computers``' entries this operator sees, of this process) at
 once and after each connect, disconnect or change of capabilities, until
-the connection closes.  Every other type has its one answer only.
+the connection closes.  So is ``{"id", "type": "watch_activity", "traposId",
+"account"?}``: a partial ``{"activity": {n, type, detail, state, durationMs?}}``
+as each request to that computer (anyone's: an operator's, the agent's)
+starts (``state`` "started") and ends (its outcome).  Every other type has
+its one answer only.
 
 An answer's ``status`` and the rest of it are what ``POST
 /computers/{traposId}/requests`` (``?account=`` being ``account``) would
@@ -94,6 +98,7 @@ log = Logger()
 _SHAPE = '{"id", "traposId", "type", "payload"?, "timeoutMs"?, "account"?}'
 # Handled here, not sent to a computer: the visible computers, live.
 WATCH_COMPUTERS = "watch_computers"
+WATCH_ACTIVITY = "watch_activity"
 CANCELLED = error_answer(503, wire.UNAVAILABLE, "the request was cancelled")
 
 
@@ -249,6 +254,9 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
             if obj.get("type") == WATCH_COMPUTERS:
                 self._watch_computers(message_id, obj)
                 return
+            if obj.get("type") == WATCH_ACTIVITY:
+                self._watch_activity(message_id, obj)
+                return
             trapos_id, account = target(obj)
             self._start(message_id, trapos_id, account, obj)
         except BadRequest as error:
@@ -365,6 +373,21 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         self.in_flight[message_id] = Deferred()  # a placeholder while the first listing goes
         watch = self.factory.requests.watch_computers(
             self.operator, account, lambda listing: self._partial(message_id, listing)
+        )
+        self.in_flight[message_id] = watch
+        watch.addErrback(self._failed, message_id)
+
+    def _watch_activity(self, message_id: str | int, obj: dict[str, Any]) -> None:
+        """What is sent to one computer, as partials, until the socket closes."""
+        trapos_id, account = target(obj)
+        if not self._room(message_id):
+            return
+        account_id = self.factory.requests.account(self.operator, trapos_id, account)
+        if type(account_id) is Answer:
+            self._answer(message_id, account_id)
+            return
+        watch = self.factory.requests.watch_activity(
+            account_id, trapos_id, lambda entry: self._partial(message_id, entry)
         )
         self.in_flight[message_id] = watch
         watch.addErrback(self._failed, message_id)

@@ -117,6 +117,7 @@ function select(computer) {
   if (state.watch) { state.watch.onclose = null; state.watch.close(); }
   state.watch = null;
   state.rows = [];
+  $("activity").replaceChildren();
   const screen = $("screen");
   screen.replaceChildren();
   screen.classList.remove("gone");
@@ -139,10 +140,15 @@ function watchScreen() {
         id: "screen", traposId: computer.traposId, account: computer.accountId,
         type: "screen_watch", payload: { maxFps: 20 },
       }));
+      ws.send(JSON.stringify({
+        id: "activity", traposId: computer.traposId, account: computer.accountId,
+        type: "watch_activity",
+      }));
       screen.focus();
     },
     (message) => {
       if (message.id === "screen" && message.partial) draw(message.payload);
+      else if (message.id === "activity" && message.partial) showActivity(message.payload.activity);
       else if (message.id === "screen" && keyOf(state.selected) === keyOf(computer) && message.status !== 200) {
         notice("The screen cannot be watched: " + ((message.error && message.error.message) || message.status));
       } else if (String(message.id).startsWith("input-") && !message.ok) {
@@ -151,6 +157,29 @@ function watchScreen() {
     },
     () => {},
   );
+}
+
+// Each request sent to the computer (anyone's), newest first, updated when it ends.  Typing
+// (input) and the console's own screen watch are left out: they would drown the rest.
+function showActivity(entry) {
+  if (entry.type === "input" || entry.type === "screen_watch") return;
+  const list = $("activity");
+  let item = list.querySelector('[data-n="' + entry.n + '"]');
+  if (!item) {
+    item = document.createElement("li");
+    item.dataset.n = String(entry.n);
+    const what = document.createElement("span");
+    what.textContent = entry.type + (entry.detail ? " " + entry.detail : "");
+    const outcome = document.createElement("span");
+    outcome.className = "state";
+    item.append(what, " ", outcome);
+    list.prepend(item);
+    while (list.children.length > 50) list.lastChild.remove();
+  }
+  const ended = entry.state !== "started";
+  item.classList.toggle("failed", ended && entry.state !== "ok");
+  item.querySelector(".state").textContent = ended
+    ? "· " + entry.state + " · " + entry.durationMs + " ms" : "· running…";
 }
 
 function setPalette(palette) {
