@@ -460,15 +460,6 @@ class OperatorSocketAccountTests(TestCase):
         self.assertEqual(gateway.operator_socket.per_account, {"alice": 2, "bob": 1})
 
 
-both_modes(
-    globals(),
-    "OperatorSocketTests",
-    "LoopbackAdminOriginTests",
-    "OperatorSocketAuthTests",
-    "OperatorSocketAccountTests",
-)
-
-
 class ConsoleTokenTests(TestCase):
     """SPEC §14: the console's page sends its token as the first message, never in a URL."""
 
@@ -645,3 +636,16 @@ class WatchActivityTests(TestCase):
         watcher.sendClose(1000)
         await watcher.wait_closed()
         self.assertEqual(gateway.registry._activity, {})
+
+
+both_modes(
+    globals(),
+    "OperatorSocketTests",
+    "LoopbackAdminOriginTests",
+    "OperatorSocketAuthTests",
+    "OperatorSocketAccountTests",
+    "ConsoleTokenTests",
+    "ConsoleLoopbackTests",
+    "WatchComputersTests",
+    "WatchActivityTests",
+)
