@@ -96,7 +96,7 @@ from trapsandbox.web.validation import BadRequest, json_object, short_string
 log = Logger()
 
 _SHAPE = '{"id", "traposId", "type", "payload"?, "timeoutMs"?, "account"?}'
-# Handled here, not sent to a computer: the visible computers, live.
+# Handled here, not sent to a computer: the visible computers, and one computer's requests, live.
 WATCH_COMPUTERS = "watch_computers"
 WATCH_ACTIVITY = "watch_activity"
 CANCELLED = error_answer(503, wire.UNAVAILABLE, "the request was cancelled")
