@@ -1,6 +1,6 @@
 # trapsandbox: `make run` serves on the defaults, `make test` runs the whole suite.
 # Both install what they need from nothing (virtualenv, Python packages, opencode,
-# and for the tests redis-server).
+# and for the tests redis-server, chromium and chromium-driver).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -17,7 +17,7 @@ BENCH_ARGS ?= --peer fastify=../shared/peers/fastify
 run: $(VENV)/.installed
 	$(BIN)/twistd --nodaemon --pidfile= trapsandbox
 
-test: $(VENV)/.installed $(OPENCODE) systemd-tools redis-server
+test: $(VENV)/.installed $(OPENCODE) systemd-tools redis-server chromium
 	$(BIN)/pytest -q $(PYTEST_ARGS) tests
 
 # The load benchmark against the real twistd gateway (see docs/benchmarks.md).
@@ -30,7 +30,7 @@ fuzz: $(VENV)/.installed
 	TRAPSANDBOX_FUZZ_FRAMES=100000 $(BIN)/pytest -q tests/loopback/test_fuzz.py
 
 # The trial-style test classes also run under trial.
-trial: $(VENV)/.installed $(OPENCODE) systemd-tools redis-server
+trial: $(VENV)/.installed $(OPENCODE) systemd-tools redis-server chromium
 	$(BIN)/trial tests
 
 lint: $(VENV)/.installed
@@ -65,6 +65,12 @@ systemd-tools:
 .PHONY: redis-server
 redis-server:
 	@command -v redis-server >/dev/null || $(MAKE) --no-print-directory debian-packages PACKAGES=redis-server
+
+.PHONY: chromium
+# The web console's test drives Debian's chromium through its chromedriver (Selenium).
+chromium:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null \
+		|| $(MAKE) --no-print-directory debian-packages PACKAGES="chromium chromium-driver"
 
 .PHONY: debian-packages
 debian-packages:

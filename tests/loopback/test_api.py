@@ -465,3 +465,32 @@ class LoopbackAPITests(TestCase):
 
 
 both_modes(globals(), "LoopbackAPITests")
+
+
+class ConsoleFilesTests(TestCase):
+    """SPEC §14: the console's files at GET /, open, with a strict Content-Security-Policy."""
+
+    async def test_the_page_and_its_files_come_with_their_policy(self):
+        gateway = start_gateway(self, admin_token="t0ken-console")
+        pool = HTTPConnectionPool(reactor(), persistent=False)
+        base = f"http://127.0.0.1:{gateway.port}"
+        for path, kind in (
+            ("/", b"text/html; charset=utf-8"),
+            ("/console/console.js", b"text/javascript; charset=utf-8"),
+            ("/console/console.css", b"text/css; charset=utf-8"),
+        ):
+            response = await bounded(treq.get(base + path, pool=pool))
+            body = await bounded(treq.content(response))
+            self.assertEqual(response.code, 200, path)
+            self.assertEqual(response.headers.getRawHeaders(b"content-type"), [kind])
+            policy = response.headers.getRawHeaders(b"content-security-policy")[0]
+            self.assertIn(b"default-src 'none'; script-src 'self'; style-src 'self'", policy)
+            self.assertNotIn(b"://", body, "nothing is fetched from elsewhere")
+        response = await bounded(treq.get(base + "/console/../setup.cfg", pool=pool))
+        self.assertEqual(response.code, 404)
+        response = await bounded(treq.get(base + "/console/secret.txt", pool=pool))
+        self.assertEqual(response.code, 404)
+        self.assertEqual((await bounded(treq.json_content(response)))["error"]["code"], "not_found")
+
+
+both_modes(globals(), "ConsoleFilesTests")

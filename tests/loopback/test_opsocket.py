@@ -460,10 +460,192 @@ class OperatorSocketAccountTests(TestCase):
         self.assertEqual(gateway.operator_socket.per_account, {"alice": 2, "bob": 1})
 
 
+class ConsoleTokenTests(TestCase):
+    """SPEC §14: the console's page sends its token as the first message, never in a URL."""
+
+    def setUp(self):
+        self.gateway = start_gateway(self, password=PASSWORD, admin_token=TOKEN)
+        self.origin = f"http://127.0.0.1:{self.gateway.port}"
+
+    async def page(self, origin=None):
+        return await connect_operator(self, self.gateway.port, origin=origin or self.origin)
+
+    async def test_the_right_token_as_first_message_admits_the_page(self):
+        page = await self.page()
+        page.send({"token": TOKEN})
+        self.assertEqual(await page.next_message(), {"authenticated": True, "account": None})
+        page.send({"id": 1, "traposId": "9:", "type": "ping"})
+        self.assertEqual((await page.next_message())["status"], 404)
+
+    async def test_a_wrong_missing_or_late_token_is_closed_4001_with_why(self):
+        for first in (
+            {"token": "wrong"},
+            {"token": ""},
+            {"id": 1, "traposId": "9:", "type": "ping"},
+        ):
+            page = await self.page()
+            page.send(first)
+            code, reason = await page.wait_closed()
+            self.assertEqual(code, 4001, first)
+            self.assertTrue(reason, first)
+            self.assertNotIn(TOKEN, reason)
+            self.assertTrue(page.messages.pending == [], "something answered before the token")
+
+    async def test_wrong_tokens_by_message_are_throttled_like_headers(self):
+        for _ in range(6):
+            page = await self.page()
+            page.send({"token": "guess"})
+            self.assertEqual(await page.wait_closed(), (4001, "wrong bearer token"))
+        page = await self.page()
+        page.send({"token": "guess"})
+        code, reason = await page.wait_closed()
+        self.assertEqual(code, 4001)
+        self.assertIn("too many wrong operator tokens", reason)
+        # A header guess from the same address is refused too: one throttle.
+        refused = None
+        try:
+            await connect_operator(self, self.gateway.port, "guess")
+        except Refused as refusal:
+            refused = refusal
+        self.assertEqual(refused.status, 429)
+        # The right token is still admitted at once.
+        page = await self.page()
+        page.send({"token": TOKEN})
+        self.assertEqual((await page.next_message())["authenticated"], True)
+
+    async def test_another_origin_without_a_header_is_refused_at_the_upgrade(self):
+        with self.assertRaises(Refused) as caught:
+            await connect_operator(self, self.gateway.port, origin="http://evil.example")
+        self.assertEqual(caught.exception.status, 401)
+
+    async def test_no_token_within_the_deadline_is_closed_4001(self):
+        from twisted.internet.task import Clock
+
+        clock = Clock()
+        self.gateway.operator_socket.clock = clock
+        page = await self.page()
+        clock.advance(30)
+        code, reason = await page.wait_closed()
+        self.assertEqual((code, reason), (4001, "no token within 30 s"))
+
+
+class ConsoleLoopbackTests(TestCase):
+    async def test_loopback_without_an_admin_token_needs_no_token(self):
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write(_table("alice", "s-alice") + _table("bob", "s-bob"))
+        gateway = start_gateway(self, accounts_file=path, accounts=accounts.load(path))
+        origin = f"http://127.0.0.1:{gateway.port}"
+        page = await connect_operator(self, gateway.port, origin=origin)
+        page.send({"token": ""})
+        self.assertEqual(await page.next_message(), {"authenticated": True, "account": None})
+        # An account's token narrows the page to that account.
+        bob = await connect(self, gateway.port)
+        await bob.hello("s-bob", "2:")
+        page = await connect_operator(self, gateway.port, origin=origin)
+        page.send({"token": "token-alice"})
+        self.assertEqual(await page.next_message(), {"authenticated": True, "account": "alice"})
+        page.send({"id": 1, "traposId": "2:", "type": "ping"})
+        self.assertEqual((await page.next_message())["status"], 404)
+        self.assertEqual(gateway.operator_socket.per_account, {"alice": 1})
+        # The browser rule still holds: a foreign Host is not the loopback admin.
+        with self.assertRaises(Refused) as caught:
+            await connect_operator(self, gateway.port, origin="http://evil.example")
+        self.assertEqual(caught.exception.status, 403)
+
+
+class WatchComputersTests(TestCase):
+    async def test_the_visible_computers_come_live_until_the_socket_closes(self):
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write(_table("alice", "s-alice") + _table("bob", "s-bob"))
+        gateway = start_gateway(
+            self, admin_token=TOKEN, accounts_file=path, accounts=accounts.load(path)
+        )
+        alice = await connect_operator(self, gateway.port, "token-alice")
+        alice.send({"id": "w", "type": "watch_computers"})
+        first = await alice.next_message()
+        self.assertEqual(
+            first, {"id": "w", "status": 200, "partial": True, "payload": {"computers": []}}
+        )
+        # Bob's computer is not alice's: nothing is sent to her for it.
+        bob = await connect(self, gateway.port)
+        await bob.hello("s-bob", "2:")
+        computer = await connect(self, gateway.port)
+        await computer.hello("s-alice", "5:lab")
+        listed = (await alice.next_message())["payload"]["computers"]
+        self.assertEqual([(c["traposId"], c["accountId"]) for c in listed], [("5:lab", "alice")])
+        self.assertEqual(listed[0]["capabilities"], [])
+        # A change of capabilities, then a disconnect.
+        answer = await computer.request("capabilities", {"capabilities": ["screen", "input"]})
+        self.assertTrue(answer["ok"], answer)
+        listed = (await alice.next_message())["payload"]["computers"]
+        self.assertEqual(listed[0]["capabilities"], ["input", "screen"])
+        computer.transport.loseConnection()
+        self.assertEqual((await alice.next_message())["payload"], {"computers": []})
+        # The watch holds its id; other requests go on beside it.
+        alice.send({"id": "w", "type": "watch_computers"})
+        self.assertEqual((await alice.next_message())["status"], 400)
+        alice.send({"id": 2, "traposId": "9:", "type": "ping"})
+        self.assertEqual((await alice.next_message())["status"], 404)
+        # Closing the socket stops the watch.
+        alice.sendClose(1000)
+        await alice.wait_closed()
+        self.assertEqual(gateway.registry._watchers, [])
+
+
+class WatchActivityTests(TestCase):
+    async def test_each_request_to_the_computer_is_seen_starting_and_ending(self):
+        gateway = start_gateway(self, password=PASSWORD)
+        computer = await connect(self, gateway.port)
+        hello = {"traposId": "7:base", "secret": PASSWORD, "capabilities": ["exec"]}
+        self.assertTrue((await computer.request("hello", hello))["ok"])
+        watcher = await connect_operator(self, gateway.port)
+        watcher.send({"id": "a", "type": "watch_activity", "traposId": "7:base"})
+        operator = await connect_operator(self, gateway.port)
+        operator.send(
+            {
+                "id": 1,
+                "traposId": "7:base",
+                "type": "exec",
+                "payload": {"command": "ls", "args": ["/rom"]},
+            }
+        )
+        request = await computer.next_message()
+        started = await watcher.next_message()
+        self.assertEqual(
+            started,
+            {
+                "id": "a",
+                "status": 200,
+                "partial": True,
+                "payload": {
+                    "activity": {"n": 1, "type": "exec", "detail": "ls /rom", "state": "started"}
+                },
+            },
+        )
+        computer.respond(request, payload={"exitCode": 0})
+        ended = (await watcher.next_message())["payload"]["activity"]
+        self.assertEqual((ended["n"], ended["state"]), (1, "ok"))
+        self.assertIsInstance(ended["durationMs"], int)
+        self.assertEqual((await operator.next_message())["status"], 200)
+        # Another computer's requests are not this watch's; closing ends it.
+        operator.send({"id": 2, "traposId": "8:", "type": "ping"})
+        self.assertEqual((await operator.next_message())["status"], 404)
+        self.assertEqual(watcher.messages.pending, [])
+        watcher.sendClose(1000)
+        await watcher.wait_closed()
+        self.assertEqual(gateway.registry._activity, {})
+
+
 both_modes(
     globals(),
     "OperatorSocketTests",
     "LoopbackAdminOriginTests",
     "OperatorSocketAuthTests",
     "OperatorSocketAccountTests",
+    "ConsoleTokenTests",
+    "ConsoleLoopbackTests",
+    "WatchComputersTests",
+    "WatchActivityTests",
 )

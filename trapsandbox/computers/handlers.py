@@ -78,7 +78,7 @@ class ComputerRequests:
                 traposId=session.trapos_id,
                 capabilities=", ".join(sorted(allowed)) or "nothing",
             )
-        session.capabilities = allowed
+        session.allow(allowed)
         return {"capabilities": sorted(allowed)}
 
     def _need_asks(self) -> Asks:

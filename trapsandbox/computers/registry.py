@@ -100,6 +100,8 @@ class Session:
     # its account's secret closes it (``Admission.admits``).
     credential: str = attrs.field(default="", repr=False)
     max_in_flight: int = limits.MAX_IN_FLIGHT
+    # Told when what ``describe_session`` shows changes (``Registry.watch``); set by the registry.
+    on_change: Callable[[], None] | None = attrs.field(default=None, repr=False)
     _pending: dict[str, _Pending] = attrs.field(factory=dict, init=False)
 
     @property
@@ -109,6 +111,13 @@ class Session:
     @property
     def in_flight(self) -> int:
         return len(self._pending)
+
+    def allow(self, capabilities: frozenset[str]) -> None:
+        """What its owner now allows (a ``capabilities`` request); watchers are told."""
+        changed = capabilities != self.capabilities
+        self.capabilities = capabilities
+        if changed and self.on_change is not None:
+            self.on_change()
 
     def refusal(self, type: str, payload: dict[str, Any]) -> GatewayError | None:
         """
@@ -249,6 +258,36 @@ def describe_session(session: Session) -> dict[str, Any]:
     }
 
 
+def _outcome(result: object) -> str:
+    """A request's end as the metrics and the activity name it."""
+    if isinstance(result, Failure):
+        if result.check(GatewayError):
+            return result.value.code
+        if result.check(CancelledError):
+            return "cancelled"
+        return wire.INTERNAL
+    return "ok" if result.ok else "error"
+
+
+def activity_entry(number: int, type: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """
+    One request in a computer's activity (SPEC §14): its number, type and
+    what it names (an exec's command line, a file request's path, an eval's
+    code), cut to ``wire.ECHO_LIMIT``.
+    """
+    if type == "exec":
+        args = payload.get("args")
+        words = [payload.get("command"), *(args if isinstance(args, list) else ())]
+        detail = " ".join(w if isinstance(w, str) else repr(w) for w in words)
+    elif isinstance(payload.get("path"), str):
+        detail = payload["path"]
+    elif type == "eval" and isinstance(payload.get("code"), str):
+        detail = payload["code"]
+    else:
+        detail = ""
+    return {"n": number, "type": type, "detail": wire.cut(detail)}
+
+
 def _ignore(failure: Failure) -> None:
     return None
 
@@ -266,6 +305,53 @@ class Registry:
     # traposId -> the accounts holding it, and account -> how many computers it has.
     _holders: dict[str, set[str]] = attrs.field(factory=dict, init=False)
     _per_account: dict[str, int] = attrs.field(factory=dict, init=False)
+    # Called after a computer connects, disconnects or changes its capabilities.
+    _watchers: list[Callable[[], None]] = attrs.field(factory=list, init=False)
+    # (accountId, traposId) -> listeners of its requests (``watch_activity``).
+    _activity: dict[tuple[str, str], list[PartialListener]] = attrs.field(factory=dict, init=False)
+    _next_activity: int = attrs.field(default=0, init=False)
+
+    def watch(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """
+        Call ``listener`` after each change to the listing (a computer
+        connects, disconnects or changes what it allows); answers the
+        function that stops it.
+        """
+        self._watchers.append(listener)
+        return lambda: self._watchers.remove(listener) if listener in self._watchers else None
+
+    def watch_activity(
+        self, account_id: str, trapos_id: str, listener: PartialListener
+    ) -> Callable[[], None]:
+        """
+        Call ``listener`` with each request sent to the computer, when it
+        starts and when it ends (``activity_entry``); answers the function
+        that stops it.
+        """
+        listeners = self._activity.setdefault((account_id, trapos_id), [])
+        listeners.append(listener)
+
+        def stop() -> None:
+            if listener in listeners:
+                listeners.remove(listener)
+            if not listeners:
+                self._activity.pop((account_id, trapos_id), None)
+
+        return stop
+
+    def _tell_activity(self, key: tuple[str, str], entry: dict[str, Any]) -> None:
+        for listener in list(self._activity.get(key, ())):
+            try:
+                listener(entry)
+            except Exception:
+                log.failure("a watcher of a computer's activity failed")
+
+    def _changed(self) -> None:
+        for listener in list(self._watchers):
+            try:
+                listener()
+            except Exception:
+                log.failure("a watcher of the computers failed")
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -295,6 +381,7 @@ class Registry:
         """Register ``session``; close and return the one it replaces, if any."""
         old = self._sessions.get(session.key)
         self._sessions[session.key] = session
+        session.on_change = self._changed
         if old is None:
             self._holders.setdefault(session.trapos_id, set()).add(session.account_id)
             self._per_account[session.account_id] = self.count(session.account_id) + 1
@@ -309,7 +396,10 @@ class Registry:
             )
             old.fail_all(GatewayError(wire.NOT_CONNECTED, "the computer connected again elsewhere"))
             old.link.close(wire.CLOSE_REPLACED, "replaced")
+            old.on_change = None
+            self._changed()
             return old
+        self._changed()
         return None
 
     def remove(self, session: Session) -> None:
@@ -327,6 +417,8 @@ class Registry:
                 del self._per_account[session.account_id]
             if self.peers is not None:
                 self.peers.removed(session)
+            session.on_change = None
+            self._changed()
         session.fail_all(GatewayError(wire.NOT_CONNECTED, "the computer disconnected"))
 
     @property
@@ -368,18 +460,24 @@ class Registry:
         # A request refused before it went out has no latency worth recording.
         started = None if d.called else self.clock.seconds()
         d.addBoth(self._count, type, started)
+        key = (account_id, trapos_id)
+        if key in self._activity:
+            self._next_activity += 1
+            entry = activity_entry(self._next_activity, type, payload or {})
+            self._tell_activity(key, {**entry, "state": "started"})
+            d.addBoth(self._activity_ended, key, entry, self.clock.seconds())
         return d
 
+    def _activity_ended(
+        self, result: object, key: tuple[str, str], entry: dict[str, Any], started: float
+    ) -> object:
+        outcome = _outcome(result)
+        ms = round((self.clock.seconds() - started) * 1000)
+        self._tell_activity(key, {**entry, "state": outcome, "durationMs": ms})
+        return result
+
     def _count(self, result: object, type: str, started: float | None) -> object:
-        if isinstance(result, Failure):
-            if result.check(GatewayError):
-                outcome = result.value.code
-            elif result.check(CancelledError):
-                outcome = "cancelled"
-            else:
-                outcome = wire.INTERNAL
-        else:
-            outcome = "ok" if result.ok else "error"
+        outcome = _outcome(result)
         seconds = None if started is None else self.clock.seconds() - started
         self.metrics.gateway_request(type, outcome, seconds)
         return result

@@ -1,7 +1,7 @@
 """
 The HTTP side, on the same port as the WebSocket (SPEC §4, §9).
 
-    ``app``        the Klein app, the one router: /gateway, /operator, /health, /client,
+    ``app``        the Klein app, the one router: /, /gateway, /operator, /health, /client,
                    /computers, the section 9 routes, /metrics, /mcp; ``decide``
     ``site``       twisted.web's channel, request and site, bounded for strangers: a
                    request decided at its head, its body capped, a deadline
@@ -13,4 +13,5 @@ The HTTP side, on the same port as the WebSocket (SPEC §4, §9).
                    ask, which account is meant, each outcome's status (an ``Answer``)
     ``opsocket``   ``GET /operator``: one WebSocket carrying many operator requests
     ``client``     the Lua files served for the one-line install
+    ``console``    the web console's files (``console/``), ``GET /``, with their CSP
 """

@@ -9,6 +9,8 @@ The HTTP side, on the same port as the WebSocket: a Klein app.
                                           (``opsocket``)
     GET  /client/install.lua              open: the one-line installer for a computer
     GET  /client/<dir>/<file>             open: the Lua client files it downloads
+    GET  /                                the web console (``console``), and its
+    GET  /console/<name>                  files: open, with a strict CSP
     GET  /computers                       operators: {computers: [{traposId, accountId, peer,
                                                  connectedSince, version, inFlight,
                                                  capabilities}]}
@@ -99,7 +101,7 @@ from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.probe import OpencodeProbe, ProbeResult
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.snapshots.service import Snapshots
-from trapsandbox.web import client, validation
+from trapsandbox.web import client, console, validation
 from trapsandbox.web.answers import (
     json_body,
     json_error,
@@ -127,6 +129,18 @@ log = Logger()
 def _lua(request: IRequest, body: bytes) -> bytes:
     request.setHeader(b"content-type", b"text/x-lua; charset=utf-8")
     request.setHeader(b"cache-control", b"no-store")
+    return body
+
+
+def _console(request: IRequest, name: str) -> bytes:
+    """A console file with its policy headers (``web.console``), or a 404."""
+    found = console.read(name)
+    if found is None:
+        return json_error(request, 404, "not_found", f'no console file "{wire.cut(name)}"')
+    kind, body = found
+    request.setHeader(b"content-type", kind)
+    for header, value in console.HEADERS:
+        request.setHeader(header, value)
     return body
 
 
@@ -372,6 +386,14 @@ class GatewayApp:
             body.update(self._cluster.health(len(self._registry)))
         body["version"] = __version__
         return json_body(request, body)
+
+    @app.route("/", methods=["GET"])
+    def console_page(self, request: IRequest) -> bytes:
+        return _console(request, console.INDEX)
+
+    @app.route("/console/<name>", methods=["GET"])
+    def console_file(self, request: IRequest, name: str) -> bytes:
+        return _console(request, name)
 
     @app.route("/client/install.lua", methods=["GET"])
     def client_installer(self, request: IRequest) -> bytes:

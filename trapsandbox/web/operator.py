@@ -23,7 +23,7 @@ from twisted.python.failure import Failure
 from trapsandbox import limits
 from trapsandbox.admission import auth
 from trapsandbox.computers import wire
-from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.registry import Registry, describe_session
 from trapsandbox.computers.screen import ScreenState
 from trapsandbox.computers.wire import GatewayError
 from trapsandbox.limits import MAX_REQUEST_TIMEOUT_MS
@@ -183,6 +183,50 @@ class OperatorRequests:
     ) -> object:
         """The client behind ``peer`` (``auth.Admission.client_address``)."""
         return self._admission.client_address(peer, x_forwarded_for, forwarded)
+
+    def listing(self, operator: auth.Operator, asked: str | None = None) -> list[dict[str, Any]]:
+        """The computers ``operator`` sees (``GET /computers``' entries, this process's)."""
+        sessions = self._registry.of_account(operator.scope(asked))
+        return [describe_session(s) for s in sorted(sessions, key=lambda s: s.key)]
+
+    def watch_computers(
+        self,
+        operator: auth.Operator,
+        asked: str | None,
+        on_listing: Callable[[dict[str, Any]], None],
+    ) -> Deferred:
+        """
+        ``{"computers": listing}`` to ``on_listing`` now and after each change
+        ``operator`` can see (a computer connecting, leaving, changing what it
+        allows); a Deferred that never fires: cancelling it stops the watch.
+        """
+        last: list[Any] = [None]
+
+        def send() -> None:
+            listed = self.listing(operator, asked)
+            shown = [{k: v for k, v in c.items() if k != "inFlight"} for c in listed]
+            if shown != last[0]:  # another account's change is not this watcher's
+                last[0] = shown
+                on_listing({"computers": listed})
+
+        stop = self._registry.watch(send)
+        d = Deferred(lambda _: stop())
+        send()
+        return d
+
+    def watch_activity(
+        self, account_id: str, trapos_id: str, on_entry: Callable[[dict[str, Any]], None]
+    ) -> Deferred:
+        """
+        ``{"activity": entry}`` to ``on_entry`` for each request sent to the
+        computer, as it starts and as it ends (``registry.activity_entry``,
+        with ``state``: started, then its outcome and ``durationMs``); a
+        Deferred that never fires: cancelling it stops the watch.
+        """
+        stop = self._registry.watch_activity(
+            account_id, trapos_id, lambda entry: on_entry({"activity": entry})
+        )
+        return Deferred(lambda _: stop())
 
     def operator(
         self,

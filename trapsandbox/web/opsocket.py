@@ -13,6 +13,19 @@ connection, each correlated by an id of the operator's choosing.
                                                       <- {"id": "b", "status": 404, "ok": false,
                                                           "error": {"code", "message"}}
 
+A page of the console (SPEC §14: a browser's upgrade carrying the
+gateway's own ``Origin`` and no ``Authorization``) gives its token as its
+first message instead, never in a URL:
+
+    {"token": "..."}                                  ->
+                                                      <- {"authenticated": true, "account": a|null}
+    (a wrong or missing token: closed 4001 with the reason, counted by the
+     same throttle as a wrong header; none within REQUEST_DEADLINE: 4001)
+
+An empty token keeps what the upgrade decided (loopback with no admin token
+is the admin, the browser rule applied as for the header); a socket such an
+upgrade could not admit waits for the token and answers nothing else.
+
 A ``screen_watch`` (SPEC §14) streams: each frame the computer sends is
 relayed as it comes, before the final answer, as a message of its own
 
@@ -24,7 +37,15 @@ relayed as it comes, before the final answer, as a message of its own
 
 (full-width rows, ``trapsandbox.computers.screen``); it runs until the
 computer ends it or this connection closes (``timeoutMs`` bounds it, by
-default ``SCREEN_WATCH_TIMEOUT``).  Every other type has its one answer only.
+default ``SCREEN_WATCH_TIMEOUT``).  ``{"id", "type": "watch_computers",
+"account"?}`` (no ``traposId``) is the gateway's own: a partial ``{"computers":
+[...]}`` (``GET /computers``' entries this operator sees, of this process) at
+once and after each connect, disconnect or change of capabilities, until
+the connection closes.  So is ``{"id", "type": "watch_activity", "traposId",
+"account"?}``: a partial ``{"activity": {n, type, detail, state, durationMs?}}``
+as each request to that computer (anyone's: an operator's, the agent's)
+starts (``state`` "started") and ends (its outcome).  Every other type has
+its one answer only.
 
 An answer's ``status`` and the rest of it are what ``POST
 /computers/{traposId}/requests`` (``?account=`` being ``account``) would
@@ -75,6 +96,9 @@ from trapsandbox.web.validation import BadRequest, json_object, short_string
 log = Logger()
 
 _SHAPE = '{"id", "traposId", "type", "payload"?, "timeoutMs"?, "account"?}'
+# Handled here, not sent to a computer: the visible computers, and one computer's requests, live.
+WATCH_COMPUTERS = "watch_computers"
+WATCH_ACTIVITY = "watch_activity"
 CANCELLED = error_answer(503, wire.UNAVAILABLE, "the request was cancelled")
 
 
@@ -109,9 +133,23 @@ def encode_answer(message_id: str | int | None, answer: Answer) -> bytes:
     return b'{"id":%b,"status":%d,%b' % (orjson.dumps(message_id), status, body[1:])
 
 
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
+
+
 def _header(request: Any, name: str) -> bytes | None:
     value = request.headers.get(name)
     return None if value is None else value.encode("latin-1", "replace")
+
+
+def token_message(obj: dict[str, Any]) -> bytes | None:
+    """The token of a ``{"token": "..."}`` message as an ``Authorization`` value, or None."""
+    if set(obj) != {"token"}:
+        return None
+    token = obj["token"]
+    if type(token) is not str:
+        raise BadRequest("token must be a string")
+    return b"Bearer " + token.encode("utf-8", "replace") if token else b""
 
 
 class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
@@ -130,6 +168,12 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         self.in_flight: dict[str | int, Deferred] = {}
         # An answer found no room while the transport was paused (``Outbound``).
         self.dropped = False
+        # A console page's upgrade: its first message may be {"token"} (``_authenticate``).
+        self.token_first = False
+        self.origin: bytes | None = None
+        self.host: bytes | None = None
+        self.client: object = None
+        self.token_deadline: Any = None
 
     # Autobahn callbacks
 
@@ -138,38 +182,57 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         client = self.factory.requests.client_address(
             self.transport.getPeer(), headers.get("x-forwarded-for"), headers.get("forwarded")
         )
+        self.client = client
         self.peer_address = proxies.describe(client)
         header = request.headers.get("authorization")
         authorization = None if header is None else header.encode("latin-1", "replace")
+        self.origin, self.host = _header(request, "origin"), _header(request, "host")
         requests = self.factory.requests
         # A web page in a browser (or a DNS rebinding) is not the loopback admin.
-        who = requests.operator(
-            client, authorization, _header(request, "origin"), _header(request, "host")
-        )
+        who = requests.operator(client, authorization, self.origin, self.host)
         self.authorization = authorization  # an account's token is checked again at reload
+        # The console: a page the gateway served, whose token comes as the first message.
+        self.token_first = (
+            authorization is None
+            and self.origin is not None
+            and auth.own_origin(_text(self.origin), _text(self.host))
+        )
         if isinstance(who, Answer):
+            if self.token_first and who.status in (401, 429):
+                # Admitted or closed by its first message: a right token always works.
+                return
             self.factory.metrics.operator_socket(str(who.status))
             # Retry-After and WWW-Authenticate, as the HTTP routes send them.
             self.deny_headers = [(name.decode(), value.decode()) for name, value in who.headers]
             raise ConnectionDeny(who.status, who.body["error"]["message"])
-        if who.account is not None:
-            held = self.factory.per_account
-            if held.get(who.account, 0) >= self.factory.max_per_account:
-                self.factory.metrics.operator_socket("429")
-                raise ConnectionDeny(
-                    429,
-                    f"account {who.account} already has {self.factory.max_per_account} "
-                    "operator sockets open; close one first",
-                )
-            held[who.account] = held.get(who.account, 0) + 1
-            self.counted = who.account
+        full = self._count(who)
+        if full is not None:
+            self.factory.metrics.operator_socket("429")
+            raise ConnectionDeny(429, full)
         self.operator = who
+
+    def _count(self, who: auth.Operator) -> str | None:
+        """Count ``who``'s socket against its account's bound; why not, when it is full."""
+        if who.account is None:
+            return None
+        held = self.factory.per_account
+        if held.get(who.account, 0) >= self.factory.max_per_account:
+            return (
+                f"account {who.account} already has {self.factory.max_per_account} "
+                "operator sockets open; close one first"
+            )
+        held[who.account] = held.get(who.account, 0) + 1
+        self.counted = who.account
+        return None
 
     def onOpen(self) -> None:
         factory = self.factory
         factory.connections.add(self)
         factory.metrics.operator_socket("open")
         self.start_sending()
+        if self.operator is None:
+            self.token_deadline = factory.clock.callLater(limits.REQUEST_DEADLINE, self._no_token)
+            return
         log.info(
             "operator socket from {peer} opened ({who})",
             peer=self.peer_address,
@@ -181,7 +244,19 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         try:
             if isBinary:
                 raise BadRequest("binary frames are not read: send each request as JSON text")
+            if self.token_first:
+                self.token_first = False
+                if self._authenticate(payload):
+                    return
+            if self.operator is None:
+                return  # being closed: it gave no token
             message_id, obj = read_message(payload)
+            if obj.get("type") == WATCH_COMPUTERS:
+                self._watch_computers(message_id, obj)
+                return
+            if obj.get("type") == WATCH_ACTIVITY:
+                self._watch_activity(message_id, obj)
+                return
             trapos_id, account = target(obj)
             self._start(message_id, trapos_id, account, obj)
         except BadRequest as error:
@@ -193,6 +268,8 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
 
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
         fixes.cancel_close_handshake_timer(self)
+        if self.token_deadline is not None and self.token_deadline.active():
+            self.token_deadline.cancel()
         self.factory.connections.discard(self)
         self._release()
         if self.outbound is not None:
@@ -208,6 +285,53 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
                 count=len(in_flight),
             )
 
+    # The console's token (the first message)
+
+    def _authenticate(self, payload: bytes) -> bool:
+        """
+        Whether the first message was ``{"token"}`` (and was handled: the
+        socket admitted, or closed 4001).  Anything else on a socket the
+        upgrade did not admit is closed 4001 too.
+        """
+        try:
+            authorization = token_message(json_object(payload, '{"token"}', "the message"))
+        except BadRequest:
+            authorization = None
+        if authorization is None:
+            if self.operator is None:
+                self._unauthorized('send {"token": "..."} as the first message')
+            return False
+        if self.token_deadline is not None and self.token_deadline.active():
+            self.token_deadline.cancel()
+        if authorization or self.operator is None:
+            requests = self.factory.requests
+            who = requests.operator(self.client, authorization or None, self.origin, self.host)
+            if isinstance(who, Answer):
+                self._unauthorized(who.body["error"]["message"])
+                return True
+            self._release()
+            full = self._count(who)
+            if full is not None:
+                self._unauthorized(full)
+                return True
+            self.operator, self.authorization = who, authorization or None
+        log.info(
+            "operator socket from {peer} authenticated ({who})",
+            peer=self.peer_address,
+            who="admin" if self.operator.admin else f"account {self.operator.account}",
+        )
+        self.outbound.send(orjson.dumps({"authenticated": True, "account": self.operator.account}))
+        return True
+
+    def _unauthorized(self, why: str) -> None:
+        self.operator = None
+        self.factory.metrics.operator_socket("401")
+        self.close(wire.CLOSE_UNAUTHORIZED, why)
+
+    def _no_token(self) -> None:
+        self.token_first = False
+        self._unauthorized(f"no token within {limits.REQUEST_DEADLINE:g} s")
+
     def _release(self) -> None:
         # Counted from onConnect's acceptance to the first onClose.
         account, self.counted = self.counted, None
@@ -222,7 +346,8 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
 
     # Requests
 
-    def _start(self, message_id: str | int, trapos_id: str, account: str | None, obj: dict) -> None:
+    def _room(self, message_id: str | int) -> bool:
+        """Whether ``message_id`` may start (else it was answered, or raises ``BadRequest``)."""
         factory = self.factory
         if message_id in self.in_flight:
             raise BadRequest(f"id {message_id!r} is already in flight on this connection")
@@ -235,6 +360,41 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
                     f"at most {factory.max_in_flight} requests in flight on one connection",
                 ),
             )
+            return False
+        return True
+
+    def _watch_computers(self, message_id: str | int, obj: dict[str, Any]) -> None:
+        """The computers this operator sees, as partials, until the socket closes."""
+        account = obj.get("account")
+        if account is not None and type(account) is not str:
+            raise BadRequest("account must be a string")
+        if not self._room(message_id):
+            return
+        self.in_flight[message_id] = Deferred()  # a placeholder while the first listing goes
+        watch = self.factory.requests.watch_computers(
+            self.operator, account, lambda listing: self._partial(message_id, listing)
+        )
+        self.in_flight[message_id] = watch
+        watch.addErrback(self._failed, message_id)
+
+    def _watch_activity(self, message_id: str | int, obj: dict[str, Any]) -> None:
+        """What is sent to one computer, as partials, until the socket closes."""
+        trapos_id, account = target(obj)
+        if not self._room(message_id):
+            return
+        account_id = self.factory.requests.account(self.operator, trapos_id, account)
+        if type(account_id) is Answer:
+            self._answer(message_id, account_id)
+            return
+        watch = self.factory.requests.watch_activity(
+            account_id, trapos_id, lambda entry: self._partial(message_id, entry)
+        )
+        self.in_flight[message_id] = watch
+        watch.addErrback(self._failed, message_id)
+
+    def _start(self, message_id: str | int, trapos_id: str, account: str | None, obj: dict) -> None:
+        factory = self.factory
+        if not self._room(message_id):
             return
         if self.outbound.paused and self.dropped:
             # Not reading its answers (some already had no room): start no more work for it.

@@ -1,0 +1,225 @@
+"""
+The web console (SPEC §14) in a real headless browser: Debian's ``chromium``
+driven by Selenium through ``chromedriver``, against a real ``twistd`` and a
+computer on the Lua harness.  Selenium blocks, so each browser step runs in a
+thread (``deferToThread``) while the reactor runs the harness computer; every
+wait is Selenium's bounded ``WebDriverWait`` on what the page shows.
+
+``TRAPSANDBOX_CONSOLE_SCREENSHOT=docs/console.png`` saves the console beside
+the running program (how ``docs/console.png`` was made; relative to the tree).
+"""
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import orjson
+import treq
+from twisted.internet.threads import deferToThread
+from twisted.trial.unittest import SkipTest, TestCase
+from twisted.web.client import HTTPConnectionPool
+
+from tests.harness.craftos import Computer
+from tests.harness.processes import REPO, clean_env, spawn
+from tests.harness.support import bounded, connect, reactor
+from trapsandbox.admission import accounts
+
+try:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as shown
+    from selenium.webdriver.support.ui import WebDriverWait
+except ImportError:  # `make test` installs it (the test extras)
+    webdriver = None
+
+TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+LUA = Path(__file__).resolve().parents[2] / "lua"
+CLIENT_FILES = {
+    "/apis/libsandbox.lua": LUA / "apis" / "libsandbox.lua",
+    "/servers/sandbox.lua": LUA / "servers" / "sandbox.lua",
+    "/programs/sandbox.lua": LUA / "programs" / "sandbox.lua",
+}
+ADMIN_TOKEN = "admin-token-5678"
+ASKER = (
+    "term.setTextColour(colours.lime)\nprint('MARKER-42 name?')\n"
+    "term.setTextColour(colours.white)\nlocal name = read()\nprint('hello ' .. name)\n"
+)
+WAIT = 20  # seconds, the bound of every wait on the page
+
+
+def _table(name):
+    return (
+        f"[accounts.{name}]\n"
+        f'secret_sha256 = "{accounts.sha256_hex("s-" + name)}"\n'
+        f'token_sha256 = "{accounts.sha256_hex("token-" + name)}"\n'
+    )
+
+
+def _browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--window-size=1100,720", "--disable-gpu"):
+        options.add_argument(argument)
+    if os.geteuid() == 0:
+        options.add_argument("--no-sandbox")
+    return webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+
+
+class ConsoleTests(TestCase):
+    timeout = 120
+
+    async def start(self):
+        """The gateway (a real twistd: accounts alice and bob, an admin token) and a browser."""
+        if webdriver is None:
+            raise SkipTest("selenium is not installed (pip install -e '.[test]')")
+        if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+            raise SkipTest("chromium and chromium-driver are not installed (make chromium)")
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write(_table("alice") + _table("bob"))
+        argv = [TWISTD, "-n", "--pidfile=", "trapsandbox", "--port", "tcp:0:interface=127.0.0.1"]
+        env = clean_env(
+            SANDBOX_ACCOUNTS_FILE=path, SANDBOX_ADMIN_TOKEN=ADMIN_TOKEN, OPENCODE_URL=""
+        )
+        child = spawn(self, argv, env)
+        self.port = int((await child.wait_for(r"listening on 127\.0\.0\.1:(\d+)")).group(1))
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.driver = await self.thread(_browser)
+        self.addCleanup(lambda: deferToThread(self.driver.quit))
+
+    def thread(self, f, *args):
+        return bounded(deferToThread(f, *args), WAIT + 10)
+
+    async def alice_computer(self):
+        c = Computer(self.mktemp(), id=7, label="si")
+        self.addCleanup(c.shutdown)
+        for dest, source in CLIENT_FILES.items():
+            c.install(source, dest)
+        url = f"ws://127.0.0.1:{self.port}/gateway"
+        c.set_settings(
+            {
+                "sandbox.url": url,
+                "sandbox.password": "s-alice",
+                "sandbox.allow": "exec,screen,input",
+            }
+        )
+        c.write_file("/asker.lua", ASKER)
+        c.run("/servers/sandbox.lua")
+        await c.wait_for_lua("traposSandboxState and traposSandboxState.connected")
+        return c
+
+    async def bob_computer(self):
+        bob = await connect(self, self.port)
+        self.assertEqual((await bob.hello("s-bob", "2:bob"))["payload"], {"accountId": "bob"})
+        return bob
+
+    def log_in(self, token):
+        """Open the console and give ``token`` (blocking: in a thread)."""
+        self.driver.get(self.base + "/")
+        field = self.driver.find_element(By.ID, "token")
+        label = self.driver.find_element(By.CSS_SELECTOR, "label[for=token]")
+        assert (label.text, field.get_attribute("type")) == ("Token", "password")
+        field.send_keys(token)
+        self.driver.find_element(By.CSS_SELECTOR, "#login button").click()
+
+    def wait_until(self, condition):
+        return WebDriverWait(self.driver, WAIT).until(condition)
+
+    def computer_button(self, trapos_id):
+        locator = (By.CSS_SELECTOR, f'#computers button[data-trapos="{trapos_id}"]')
+        return self.wait_until(shown.element_to_be_clickable(locator))
+
+    def screen_shows(self, text):
+        return self.wait_until(shown.text_to_be_present_in_element((By.ID, "screen"), text))
+
+    def execute(self, command):
+        pool = HTTPConnectionPool(reactor(), persistent=False)
+        return treq.post(
+            f"{self.base}/computers/7%3Asi/execute?account=alice",
+            json={"command": command, "timeoutMs": 30000},
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+            pool=pool,
+        )
+
+    async def test_log_in_watch_a_computer_type_into_read_and_see_it_leave(self):
+        await self.start()
+        c = await self.alice_computer()
+        await self.bob_computer()
+        await self.thread(self.log_in, "token-alice")
+        button = await self.thread(self.computer_button, "7:si")
+        await self.thread(button.click)
+        # The screen as the daemon left it (its activity is watched from then on), then the
+        # marker a program prints, drawn as text in the page.
+        await self.thread(self.screen_shows, "allowed: exec, screen, input")
+        run = self.execute("asker")
+        await self.thread(self.screen_shows, "MARKER-42 name?")
+        # Typing goes to the program waiting in read().
+        screen = await self.thread(self.driver.find_element, By.ID, "screen")
+        await self.thread(screen.send_keys, "Ada" + Keys.ENTER)
+        await self.thread(self.screen_shows, "hello Ada")
+        response = await bounded(run, 30)
+        lines = (await bounded(treq.content(response))).splitlines()
+        result = orjson.loads(lines[-1])  # the NDJSON stream's last line
+        self.assertEqual((result["type"], result["exitCode"]), ("result", 0), lines)
+        # CraftOS's colours: the marker in lime (blit 5) on black (f).
+        cell = '//*[@id="screen"]/span/span[contains(., "MARKER-42")]'
+        marker = await self.thread(self.driver.find_element, By.XPATH, cell)
+        self.assertEqual(await self.thread(marker.get_attribute, "class"), "f5 bf")
+        # The activity: the exec with its command line and outcome.
+        await self.thread(
+            self.wait_until,
+            shown.text_to_be_present_in_element((By.ID, "activity"), "exec asker · ok · "),
+        )
+        shot = os.environ.get("TRAPSANDBOX_CONSOLE_SCREENSHOT")
+        if shot:
+            saved = await self.thread(self.driver.save_screenshot, os.path.join(REPO, shot))
+            self.assertTrue(saved, shot)
+        # The screen is text: its label, no live region, and colours from the palette.
+        attributes = await self.thread(
+            lambda: (screen.get_attribute("aria-label"), screen.get_attribute("aria-live"))
+        )
+        self.assertEqual(attributes, ("Terminal of computer 7:si", "off"))
+        notice = await self.thread(lambda: self.driver.find_element(By.ID, "notice").text)
+        self.assertEqual(notice, "")
+        # Alice's token shows alice's computer only.
+        listed = await self.thread(lambda: self.driver.find_element(By.ID, "computers").text)
+        self.assertNotIn("2:bob", listed)
+        # The computer leaves: the console says so.
+        await c.shutdown()
+        await self.thread(
+            self.wait_until,
+            shown.text_to_be_present_in_element((By.ID, "notice"), "7:si disconnected"),
+        )
+        logs = await self.thread(self.driver.get_log, "browser")
+        errors = [e for e in logs if e["level"] == "SEVERE" and "favicon.ico" not in e["message"]]
+        self.assertEqual(errors, [])
+
+    async def test_another_account_sees_its_own_computer_read_only(self):
+        await self.start()
+        await self.alice_computer()
+        await self.bob_computer()
+        await self.thread(self.log_in, "token-bob")
+        button = await self.thread(self.computer_button, "2:bob")
+        listed = await self.thread(lambda: self.driver.find_element(By.ID, "computers").text)
+        self.assertNotIn("7:si", listed)
+        await self.thread(button.click)
+        await self.thread(
+            self.wait_until,
+            shown.text_to_be_present_in_element((By.ID, "notice"), "Read-only: 2:bob"),
+        )
+
+    async def test_a_wrong_token_is_refused_with_why(self):
+        await self.start()
+        await self.thread(self.log_in, "not-a-token")
+        await self.thread(
+            self.wait_until,
+            shown.text_to_be_present_in_element((By.ID, "status"), "refused: wrong bearer token"),
+        )
+        # The token was never in a URL.
+        url = await self.thread(lambda: self.driver.current_url)
+        self.assertEqual(url, self.base + "/")
