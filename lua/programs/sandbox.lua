@@ -14,6 +14,10 @@ sandbox: talk to the trapsandbox gateway through the sandbox daemon.
                        ask the opencode agent; its answer streams onto the screen, it asks
                        y/a/n before each change (unless --yes), Ctrl+T cancels it; --new
                        starts a fresh conversation
+  sandbox snapshots    list the gateway's snapshots of this computer's files
+  sandbox changes      what changed since the snapshot taken before the last ask
+  sandbox undo         show those changes, ask y/N, and bring the files back (a restore takes
+                       a snapshot first: it can be undone too, from `sandbox snapshots`)
   sandbox --version | --help
 Capabilities (setting sandbox.allow): exec (run programs), eval (run Lua code), fs.read (list
 and read files), fs.write (write and delete files), screen (read and watch the terminal), input
@@ -145,6 +149,72 @@ local function ask(lib, words)
   return true
 end
 
+-- Snapshots (SPEC §15): the gateway asks this computer for its files meanwhile, so these
+-- wait longer than a plain request.
+local SNAPSHOT_TIMEOUT = 300
+
+local function snapshots(lib)
+  local ok, result = lib.request('snapshots', {}, { timeout = SNAPSHOT_TIMEOUT })
+  if not ok then
+    print('sandbox snapshots failed: ' .. describeError(result))
+    return false
+  end
+  local list = result.snapshots or {}
+  if #list == 0 then
+    print('no snapshots of this computer yet')
+    return true
+  end
+  for _, each in ipairs(list) do
+    local when = type(each.created) == 'number' and os.date('!%Y-%m-%d %H:%M', math.floor(each.created / 1000)) or '?'
+    print(('%4s %s %-7s %d files, %d bytes'):format(tostring(each.id), when, tostring(each.reason),
+      tonumber(each.files) or 0, tonumber(each.bytes) or 0))
+  end
+  return true
+end
+
+-- Prints what changed since `snapshot` (nil: the one before the last ask); returns the
+-- snapshot's id and the number of changes, or nil.
+local function showChanges(lib, snapshot)
+  local ok, result = lib.request('snapshot_changes', { snapshot = snapshot }, { timeout = SNAPSHOT_TIMEOUT })
+  if not ok then
+    print('sandbox changes failed: ' .. describeError(result))
+    return nil
+  end
+  local count = 0
+  for _, kind in ipairs({ 'added', 'modified', 'deleted' }) do
+    for _, change in ipairs(result[kind] or {}) do
+      count = count + 1
+      print(('%-8s %s'):format(kind, tostring(change.path)))
+    end
+  end
+  if count == 0 then
+    print('no changes since snapshot ' .. tostring(result.snapshot))
+  else
+    print(('%d changes since snapshot %s'):format(count, tostring(result.snapshot)))
+  end
+  return result.snapshot, count
+end
+
+local function undo(lib, words)
+  local snapshot, count = showChanges(lib, words[1])
+  if not snapshot or count == 0 then return false end
+  write('Undo these changes? [y/N] ')
+  local answer = read()
+  if answer ~= 'y' and answer ~= 'Y' then
+    print('nothing changed')
+    return false
+  end
+  local ok, result = lib.request('snapshot_restore', { snapshot = snapshot }, { timeout = SNAPSHOT_TIMEOUT })
+  if not ok then
+    print('sandbox undo failed: ' .. describeError(result))
+    return false
+  end
+  print(('restored snapshot %s: %d written, %d deleted'):format(tostring(result.restored),
+    #(result.written or {}), #(result.deleted or {})))
+  print(('to undo this: sandbox undo %s'):format(tostring(result.before)))
+  return true
+end
+
 local function allowedLine(lib)
   print('allowed: ' .. describeAllowed(lib.parseCapabilities(settings.get('sandbox.allow'))))
 end
@@ -187,6 +257,12 @@ local COMMANDS = {
     usage = 'resume        let the agent act here again after stop' },
   { name = 'ask', needsUrl = true, run = function(lib, rest) ask(lib, rest) end,
     usage = 'ask [--new] [--yes] PROMPT...  ask the agent (Ctrl+T cancels)' },
+  { name = 'snapshots', needsUrl = true, run = function(lib) snapshots(lib) end,
+    usage = 'snapshots     list the snapshots of this computer\'s files' },
+  { name = 'changes', needsUrl = true, run = function(lib, rest) showChanges(lib, rest[1]) end,
+    usage = 'changes [ID]  what changed since the last ask (or snapshot ID)' },
+  { name = 'undo', needsUrl = true, run = function(lib, rest) undo(lib, rest) end,
+    usage = 'undo [ID]     undo the last ask\'s changes (asks y/N first)' },
 }
 
 local function usage()

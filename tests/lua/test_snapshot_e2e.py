@@ -220,3 +220,67 @@ class CtlTests(GatewayMixin, TestCase):
         self.assertIn("manual", out)
         out = await self.run_ctl("changes", "7:ct", "99", code=1)
         self.assertIn("not_found: no snapshot 99 of this computer", out)
+
+
+class InGameTests(GatewayMixin, TestCase):
+    """``sandbox snapshots``, ``sandbox changes`` and ``sandbox undo`` on the computer."""
+
+    async def ready(self, allow=ALL):
+        c = self.computer(label="ig")
+        c.set_settings({"sandbox.allow": allow})
+        await self.start_daemon(c)
+        await self.gateway.snapshots.ready()
+        return c
+
+    async def test_changes_then_undo_with_yes(self):
+        c = await self.ready()
+        c.write_file("/notes.txt", "one\ntwo\n")
+        # What the ask hook does before an ask's first change.
+        await self.gateway.snapshots.take("local", "7:ig", "ask")
+        c.write_file("/notes.txt", "changed\n")
+        c.write_file("/made/by/agent.lua", "print(1)")
+        await c.run("/programs/sandbox.lua changes").done
+        self.assertIn("added    /made/by/agent.lua", c.output)
+        self.assertIn("modified /notes.txt", c.output)
+        self.assertIn("2 changes since snapshot 1", c.output)
+
+        proc = c.run("/programs/sandbox.lua undo")
+        c.focus(proc)  # keys go to the focused tab
+        await c.wait_for_output("Undo these changes? [y/N]")
+        c.type_line("y")
+        await proc.done
+        self.assertIn("restored snapshot 1: 1 written, 1 deleted", c.output)
+        self.assertIn("to undo this: sandbox undo 2", c.output)
+        self.assertEqual(c.read_file("/notes.txt"), b"one\ntwo\n")
+        self.assertIsNone(c.read_file("/made/by/agent.lua"))
+
+        await c.run("/programs/sandbox.lua snapshots").done
+        self.assertRegex(c.output, r"2 \S+ \S+ restore")
+        self.assertRegex(c.output, r"1 \S+ \S+ ask")
+        self.assertEqual(c.violations, [])
+
+    async def test_undo_answered_no_changes_nothing(self):
+        c = await self.ready()
+        await self.gateway.snapshots.take("local", "7:ig", "ask")
+        c.write_file("/new.txt", "x")
+        proc = c.run("/programs/sandbox.lua undo")
+        c.focus(proc)  # keys go to the focused tab
+        await c.wait_for_output("Undo these changes? [y/N]")
+        c.type_line("")
+        await proc.done
+        self.assertIn("nothing changed", c.output)
+        self.assertEqual(c.read_file("/new.txt"), b"x")
+
+    async def test_no_ask_yet_and_no_consent_say_so(self):
+        c = await self.ready(allow="fs.read")
+        await c.run("/programs/sandbox.lua changes").done
+        self.assertIn("no ask has changed files on this computer yet", c.output)
+        await self.gateway.snapshots.take("local", "7:ig", "ask")
+        c.write_file("/new.txt", "x")
+        proc = c.run("/programs/sandbox.lua undo")
+        c.focus(proc)  # keys go to the focused tab
+        await c.wait_for_output("Undo these changes? [y/N]")
+        c.type_line("y")
+        await proc.done
+        self.assertIn('has not allowed fs.write: on it, run "sandbox allow fs.write"', c.output)
+        self.assertEqual(c.read_file("/new.txt"), b"x")

@@ -11,6 +11,12 @@ What the gateway answers when a computer asks: one handler per request type.
     computer_request ask_permission {permissionId, response: once|always|reject}  ->  {}
     computer_request ask_answer {questionId, answers: [[label, ..], ..] | reject: true}  ->  {}
         the player's answer to the agent's question (SPEC §17)
+    computer_request snapshots {}  ->  {snapshots: [{id, created, reason, files, bytes}]}
+    computer_request snapshot_changes {snapshot?}  ->  {snapshot, added, modified, deleted,
+        diffs}: since ``snapshot``, by default the one taken before the last ask
+    computer_request snapshot_restore {snapshot}  ->  {restored, before, deleted, written}
+        (SPEC §15: ``sandbox snapshots|changes|undo``; the computer's own account and
+        traposId only, with its own consent: fs.read, and fs.write to restore)
 
 A handler takes the computer's ``Session`` and its ``ComputerRequest`` and
 returns the answer's payload, or a Deferred that fires with it; a
@@ -36,6 +42,7 @@ if TYPE_CHECKING:
     from trapsandbox.computers.registry import Session
     from trapsandbox.opencode.asks import Asks
     from trapsandbox.opencode.probe import OpencodeProbe, ProbeResult
+    from trapsandbox.snapshots.service import Snapshots
 
 log = Logger()
 
@@ -45,9 +52,12 @@ Handler = Callable[["Session", wire.ComputerRequest], "Deferred | dict[str, Any]
 class ComputerRequests:
     """The handlers of one gateway, and the table the connections dispatch on."""
 
-    def __init__(self, probe: OpencodeProbe, asks: Asks | None = None) -> None:
+    def __init__(
+        self, probe: OpencodeProbe, asks: Asks | None = None, snapshots: Snapshots | None = None
+    ) -> None:
         self._probe = probe
         self._asks = asks
+        self._snapshots = snapshots
 
     def table(self) -> dict[str, Handler]:
         return {
@@ -59,6 +69,9 @@ class ComputerRequests:
             "cancel": self.cancel,
             "ask_permission": self.ask_permission,
             "ask_answer": self.ask_answer,
+            "snapshots": self.snapshots,
+            "snapshot_changes": self.snapshot_changes,
+            "snapshot_restore": self.snapshot_restore,
         }
 
     def probe_gateway(self, session: Session, frame: wire.ComputerRequest) -> Deferred | dict:
@@ -129,6 +142,56 @@ class ComputerRequests:
             frame.payload.get("reject"),
         )
         return d.addCallback(lambda _: {})
+
+    # -- Snapshots (SPEC §15): the asking computer's own, with its own consent ---------------
+
+    def _need_snapshots(self, session: Session, *capabilities: str) -> Snapshots:
+        for capability in capabilities:
+            if capability not in session.capabilities:
+                raise GatewayError(
+                    wire.FORBIDDEN,
+                    f"computer {session.trapos_id} has not allowed {capability}: on it, run "
+                    f'"sandbox allow {capability}"',
+                )
+        if self._snapshots is None:
+            raise GatewayError(wire.UNAVAILABLE, "this gateway keeps no snapshots")
+        return self._snapshots
+
+    def snapshots(self, session: Session, frame: wire.ComputerRequest) -> Deferred:
+        snapshots = self._need_snapshots(session, "fs.read")
+        d = snapshots.list(session.account_id, session.trapos_id)
+        return d.addCallback(lambda listed: {"snapshots": listed})
+
+    def snapshot_changes(self, session: Session, frame: wire.ComputerRequest) -> Deferred:
+        snapshots = self._need_snapshots(session, "fs.read")
+        account, trapos_id = session.account_id, session.trapos_id
+
+        async def run() -> dict[str, Any]:
+            snapshot_id = frame.payload.get("snapshot")
+            if snapshot_id is None:
+                snapshot_id = await _before_last_ask(snapshots, account, trapos_id)
+            return await snapshots.changes(account, trapos_id, _snapshot_id(snapshot_id))
+
+        return Deferred.fromCoroutine(run())
+
+    def snapshot_restore(self, session: Session, frame: wire.ComputerRequest) -> Deferred:
+        snapshots = self._need_snapshots(session, "fs.read", "fs.write")
+        snapshot_id = _snapshot_id(frame.payload.get("snapshot"))
+        return snapshots.restore(session.account_id, session.trapos_id, snapshot_id)
+
+
+def _snapshot_id(value: object) -> str:
+    if type(value) is not str or not value:
+        raise GatewayError(wire.BAD_REQUEST, "snapshot must be a snapshot's id (a string)")
+    return value
+
+
+async def _before_last_ask(snapshots: Snapshots, account: str, trapos_id: str) -> str:
+    """The id of the newest snapshot taken before an ask, or ``not_found`` saying so."""
+    for each in await snapshots.list(account, trapos_id):
+        if each["reason"] == "ask":
+            return each["id"]
+    raise GatewayError("not_found", "no ask has changed files on this computer yet")
 
 
 def _payload_of(result: ProbeResult) -> dict[str, Any]:
