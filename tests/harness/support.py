@@ -147,11 +147,15 @@ class TestComputer(WebSocketClientProtocol):
         self.send(frame)
         return self.next_message()
 
-    def hello(self, secret: str | None = None, trapos_id: str = "7:") -> Deferred:
+    def hello(
+        self, secret: str | None = None, trapos_id: str = "7:", capabilities=None
+    ) -> Deferred:
         self.trapos_id = trapos_id
         payload = {"traposId": trapos_id, "version": "test"}
         if secret is not None:
             payload["secret"] = secret
+        if capabilities is not None:
+            payload["capabilities"] = list(capabilities)
         return self.request("hello", payload)
 
     def respond(self, request, **fields) -> None:
@@ -178,6 +182,16 @@ async def connect(
             ssl.optionsForClientTLS("localhost", trustRoot=trust), endpoint
         )
     return await _opened(testcase, factory, protocol or TestComputer, endpoint)
+
+
+async def admitted(
+    testcase, port: int, secret: str, trapos_id: str = "7:base", capabilities=()
+) -> TestComputer:
+    """A TestComputer connected to ``port`` and past its hello, allowing ``capabilities``."""
+    computer = await connect(testcase, port)
+    hello = await computer.hello(secret, trapos_id, capabilities)
+    testcase.assertTrue(hello["ok"], hello)
+    return computer
 
 
 async def _opened(testcase, factory, protocol, endpoint):

@@ -7,7 +7,14 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.harness.support import JSON, both_modes, bounded, connect, reactor, start_gateway
+from tests.harness.support import (
+    JSON,
+    admitted,
+    both_modes,
+    bounded,
+    reactor,
+    start_gateway,
+)
 
 WATCH = b"GET /computers/7%3Abase/screen/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n"
 FIRST = {
@@ -69,15 +76,8 @@ class LiveHTTPTests(TestCase):
         self.base = f"http://127.0.0.1:{self.gateway.port}"
         self.pool = HTTPConnectionPool(reactor(), persistent=False)
 
-    async def computer(self, capabilities=("screen", "input")):
-        computer = await connect(self, self.gateway.port)
-        hello = await computer.request(
-            "hello",
-            {"traposId": "7:base", "secret": "sesame", "capabilities": list(capabilities)},
-        )
-        self.assertTrue(hello["ok"])
-        computer.trapos_id = "7:base"
-        return computer
+    def computer(self, capabilities=("screen", "input")):
+        return admitted(self, self.gateway.port, "sesame", capabilities=capabilities)
 
     async def raw(self, head: bytes) -> Stream:
         endpoint = endpoints.TCP4ClientEndpoint(reactor(), "127.0.0.1", self.gateway.port)

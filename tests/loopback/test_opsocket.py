@@ -11,6 +11,7 @@ from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.support import (
     Refused,
+    admitted,
     both_modes,
     bounded,
     connect,
@@ -29,12 +30,8 @@ class OperatorSocketTests(TestCase):
         self.gateway = start_gateway(self, password=PASSWORD)
         self.port = self.gateway.port
 
-    async def computer(self, trapos_id="7:base", capabilities=()):
-        computer = await connect(self, self.port)
-        hello = {"traposId": trapos_id, "secret": PASSWORD, "capabilities": list(capabilities)}
-        self.assertTrue((await computer.request("hello", hello))["ok"])
-        computer.trapos_id = trapos_id
-        return computer
+    def computer(self, trapos_id="7:base", capabilities=()):
+        return admitted(self, self.port, PASSWORD, trapos_id, capabilities)
 
     async def test_a_ping_round_trip_is_the_http_answer_with_its_id(self):
         computer = await self.computer()

@@ -6,7 +6,14 @@ from twisted.internet import endpoints
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.harness.support import JSON, both_modes, bounded, connect, reactor, start_gateway
+from tests.harness.support import (
+    JSON,
+    admitted,
+    both_modes,
+    bounded,
+    reactor,
+    start_gateway,
+)
 from tests.loopback.test_live import Stream, events
 
 EVENTS = (
@@ -22,14 +29,8 @@ class PeripheralHTTPTests(TestCase):
         self.base = f"http://127.0.0.1:{self.gateway.port}/computers/7%3Abase"
         self.pool = HTTPConnectionPool(reactor(), persistent=False)
 
-    async def computer(self, capabilities=("peripheral", "turtle")):
-        computer = await connect(self, self.gateway.port)
-        hello = await computer.request(
-            "hello",
-            {"traposId": "7:base", "secret": "sesame", "capabilities": list(capabilities)},
-        )
-        self.assertTrue(hello["ok"])
-        return computer
+    def computer(self, capabilities=("peripheral", "turtle")):
+        return admitted(self, self.gateway.port, "sesame", capabilities=capabilities)
 
     async def answered(self, posted):
         response = await bounded(posted)
