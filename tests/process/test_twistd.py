@@ -48,7 +48,8 @@ class TwistdTests(TestCase):
 
         child.signal("TERM")
         self.assertEqual(await computer.wait_closed(), (1000, "server shutting down"))
-        self.assertEqual(await child.wait_ended(5), 0)
+        # twistd takes ~2 s to exit after SIGTERM (so did 11cc6e9); 5 s missed under load.
+        self.assertEqual(await child.wait_ended(15), 0)
         self.assertIn("Server Shut Down", child.output)
         self.assertNotIn("Traceback", child.output)
         self.assertNotIn("sesame", child.output)
