@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import subprocess
 import sys
 
 import orjson
@@ -309,6 +310,24 @@ class BatchTests(CtlTestCase):
         self.assertEqual(len(output.splitlines()), 1, output)
         self.assertIn(f"cannot reach the gateway at {url}", output)
         self.assertNotIn("Traceback", output)
+
+
+class ClosedPipeTests(SynchronousTestCase):
+    def test_a_reader_that_went_away_ends_it_quietly(self):
+        """`trapsandbox-ctl … | head`: no traceback when head stops reading."""
+        reader, writer = os.pipe()
+        os.close(reader)
+        try:
+            child = subprocess.run(
+                [CTL, "--url", "http://127.0.0.1:1", "opencode-config"],
+                stdout=writer,
+                stderr=subprocess.PIPE,
+                env=clean_env(),
+                timeout=30,
+            )
+        finally:
+            os.close(writer)
+        self.assertEqual((child.returncode, child.stderr), (141, b""))
 
 
 class ExplainTests(SynchronousTestCase):
