@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -75,21 +76,29 @@ async def cancel(session: ClientSession, name: str, arguments: dict) -> None:
         except McpError:
             answered.append(True)
 
-    async with anyio.create_task_group() as group:
-        group.start_soon(call)
-        with anyio.fail_after(30):
-            await running.wait()
-        await session.send_notification(
-            types.ClientNotification(
-                types.CancelledNotification(
-                    params=types.CancelledNotificationParams(requestId=request_id, reason="test")
+    with anyio.open_signal_receiver(signal.SIGUSR1) as signals:
+        async with anyio.create_task_group() as group:
+            group.start_soon(call)
+            with anyio.fail_after(30):
+                await running.wait()
+            await session.send_notification(
+                types.ClientNotification(
+                    types.CancelledNotification(
+                        params=types.CancelledNotificationParams(
+                            requestId=request_id, reason="test"
+                        )
+                    )
                 )
             )
-        )
-        emit({"cancelling": request_id})
-        # No response comes for a cancelled request: give it a moment to show one would.
-        await anyio.sleep(2)
-        group.cancel_scope.cancel()
+            emit({"cancelling": request_id})
+            # No response comes for a cancelled request.  The test sends SIGUSR1 once the run
+            # has ended on the computer, when a response would have been sent; a ping answered
+            # after that gives it the time to arrive.
+            with anyio.fail_after(30):
+                async for _ in signals:
+                    break
+                await session.send_ping()
+            group.cancel_scope.cancel()
     emit({"cancelled": request_id, "answered": bool(answered)})
 
 

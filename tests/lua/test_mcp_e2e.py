@@ -7,6 +7,7 @@ scripted model.
 
 import json
 import os
+import signal
 import sys
 
 import treq
@@ -138,6 +139,7 @@ class SdkDeeperTests(McpMixin, TestCase):
         print(f"the run ended {ended_after:.3f} s after the cancel was sent")
         self.assertLess(ended_after, 1.0)
         self.assertEqual(c.read_file("/ended"), b"Terminated")
+        child.signal(signal.SIGUSR1)  # the run is over: the client checks no answer came
         self.assertEqual(await child.wait_ended(30), 0, child.output)
         self.assertIn('"answered": false', child.output)  # MCP: no response to a cancelled call
         self.assertEqual(

@@ -85,9 +85,15 @@ class PrivateDirectoryTests(SynchronousTestCase):
         self.assertEqual(mode(os.path.join(self.root, "7-abc")), 0o700)
 
     def test_an_existing_private_one_is_used(self):
-        os.mkdir(os.path.join(self.root, "d"), 0o700)
-        with state.private_directory(self.root, "d"):
+        path = os.path.join(self.root, "d")
+        os.mkdir(path, 0o700)
+        with open(os.path.join(path, "kept"), "w"):
             pass
+        with state.private_directory(self.root, "d") as directory:
+            self.assertEqual(os.fstat(directory).st_ino, os.stat(path).st_ino)
+            state.write_private(directory, "opencode.json", b"{}")
+        self.assertEqual(sorted(os.listdir(path)), ["kept", "opencode.json"])
+        self.assertEqual(mode(path), 0o700)
 
     def test_a_directory_writable_by_others_is_refused(self):
         path = os.path.join(self.root, "d")
