@@ -1,16 +1,32 @@
 """
-The snapshot stores in-process (SPEC §15): storage after 10 snapshots of a 1 MiB disk of
-100 files with 5 % of them changed each time, and the time to take one (the store's part:
-latest, missing, put_content, commit), to list, and to get and plan a restore::
+SPEC §15's snapshot figures, two ways.
+
+The stores in-process: storage after 10 snapshots of a 1 MiB disk of 100 files with 5 % of
+them changed each time, and the time to take one (the store's part: latest, missing,
+put_content, commit), to list, and to get and plan a restore; no computer is involved::
 
     python -m bench.snapshots [--redis]   # --redis: also a redis-server of its own
 
-No computer is involved: this is the store's share of SPEC §15's targets.
+End to end, through a gateway's HTTP routes and a computer running the real Lua client: 100
+files of 10 KiB (1 MiB) written to ``/bench-snapshots`` on it, then the first snapshot, a
+snapshot with nothing changed, a restore of 10 changed files (which takes a snapshot of the
+current state first, as every restore does), and 10 snapshots with 5 % of the files changed
+each; the bench's files are deleted at the end (its snapshots stay, pruned as any)::
+
+    python -m bench.snapshots --computer
+        # a gateway in this process, a computer on the CraftOS harness (real Lua 5.2)
+    python -m bench.snapshots --computer 7:base --url http://127.0.0.1:4444 [--token T]
+        # a running gateway (--token, or SANDBOX_ADMIN_TOKEN; none on loopback) and a
+        # connected computer that allowed fs.read and fs.write: real CraftOS-PC, say
+
+The "first" snapshot is a first only for the bench's files (a computer with earlier
+snapshots sends only what differs from its latest, and the bench's files are new each run).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import os
 import random
@@ -20,10 +36,13 @@ import sqlite3
 import subprocess
 import tempfile
 import time
+from urllib.parse import quote
 
 import orjson
+import treq
 from twisted.internet import task
 from twisted.internet.defer import ensureDeferred
+from twisted.web.client import HTTPConnectionPool
 
 from trapsandbox import limits
 from trapsandbox.snapshots import changes
@@ -32,6 +51,7 @@ from trapsandbox.snapshots.sqlitestore import SqliteStore
 
 FILES, FILE_BYTES, SNAPSHOTS, CHANGED = 100, 10 * 1024 + 246, 10, 5
 ACCOUNT, COMPUTER = "bench", "1:"
+HARNESS = "harness"
 
 
 def sha(data: bytes) -> str:
@@ -150,15 +170,165 @@ async def _used_memory(store: RedisStore) -> int:
     return int(info.split("used_memory:")[1].split()[0])
 
 
+# -- End to end: a gateway's HTTP routes and a computer ------------------------------------
+
+BENCH_DIR = "/bench-snapshots"
+RESTORED = 10  # files changed before the timed restore
+
+
+class Gateway:
+    """The §15 routes (and write-file, delete-file) of one computer on a running gateway."""
+
+    def __init__(self, reactor, url: str, token: str | None, trapos_id: str) -> None:
+        self.base = f"{url.rstrip('/')}/computers/{quote(trapos_id, safe='')}"
+        self.headers = {"Content-Type": "application/json"}
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
+        self.pool = HTTPConnectionPool(reactor, persistent=True)
+
+    async def call(self, method: str, path: str, body: object = None) -> dict:
+        data = None if body is None else orjson.dumps(body)
+        response = await treq.request(
+            method, self.base + path, data=data, headers=self.headers, pool=self.pool
+        )
+        answer = orjson.loads(await treq.content(response))
+        if response.code != 200 or not answer.get("ok"):
+            raise RuntimeError(f"{method} {path}: {response.code} {answer}")
+        return answer
+
+    async def write(self, path: str, data: bytes) -> None:
+        content = base64.b64encode(data).decode()
+        await self.call(
+            "POST", "/write-file", {"path": path, "content": content, "encoding": "base64"}
+        )
+
+    async def timed(self, method: str, path: str) -> tuple[float, dict]:
+        started = time.perf_counter()
+        answer = await self.call(method, path, {} if method == "POST" else None)
+        return time.perf_counter() - started, answer
+
+
+async def end_to_end(gateway: Gateway, store_bytes=None) -> dict:
+    """The figures through ``gateway``; ``store_bytes``: how to read the store's size, if
+    the store is at hand (the harness run)."""
+    rng = random.Random(22)
+    paths = [f"{BENCH_DIR}/dir{n % 5}/file{n}.lua" for n in range(FILES)]
+    try:
+        for path in paths:
+            await gateway.write(path, rng.randbytes(FILE_BYTES))
+        first_s, first = await gateway.timed("POST", "/snapshots")
+        unchanged_s, unchanged = await gateway.timed("POST", "/snapshots")
+        for path in rng.sample(paths, RESTORED):
+            await gateway.write(path, rng.randbytes(FILE_BYTES))
+        restore_s, restored = await gateway.timed("POST", f"/snapshots/{first['id']}/restore")
+        takes = []
+        for _ in range(SNAPSHOTS):
+            for path in rng.sample(paths, CHANGED):
+                await gateway.write(path, rng.randbytes(FILE_BYTES))
+            took, _ = await gateway.timed("POST", "/snapshots")
+            takes.append(took)
+        listed = (await gateway.call("GET", "/snapshots"))["snapshots"]
+    finally:
+        for path in paths:
+            await gateway.call("POST", "/delete-file", {"path": path})
+        await gateway.pool.closeCachedConnections()
+    return {
+        "bench files": f"{FILES} x {FILE_BYTES} bytes = {FILES * FILE_BYTES}",
+        "first snapshot": f"{ms(first_s)} ({first['files']} files, {first['bytes']} bytes, "
+        f"{first['fetched']} fetched)",
+        "nothing changed": f"{ms(unchanged_s)} ({unchanged['fetched']} fetched)",
+        f"restore of {RESTORED} changed files": f"{ms(restore_s)} "
+        f"({len(restored['written'])} written, {len(restored['deleted'])} deleted)",
+        f"take, {CHANGED} changed (median of {SNAPSHOTS})": ms(sorted(takes)[len(takes) // 2]),
+        "snapshots listed": len(listed),
+        f"store bytes after {SNAPSHOTS} more": "the store is on the gateway (its state "
+        "directory's snapshots.sqlite3, or Redis)"
+        if store_bytes is None
+        else store_bytes(),
+    }
+
+
+async def on_harness(reactor) -> dict:
+    """``end_to_end`` on a gateway in this process and a computer of the CraftOS harness."""
+    import sys
+    from pathlib import Path
+
+    from trapsandbox import config
+    from trapsandbox.tap import GatewayService
+
+    repo = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(repo))
+    from tests.harness.craftos import Computer
+
+    state = tempfile.mkdtemp(prefix="bench-snapshots-state-")
+    root = tempfile.mkdtemp(prefix="bench-snapshots-computer-")
+    settings = config.Settings(
+        ports=("tcp:0:interface=127.0.0.1",), opencode_url="", state_dir=state
+    )
+    service = GatewayService(settings, reactor)
+    service.privilegedStartService()
+    service.startService()
+    computer = Computer(root, id=1, label="bench", capacity=8 * 1024 * 1024)
+    try:
+        await service.snapshots.ready()
+        port = service.listeners[0].port.getHost().port
+        for name in ("apis/libsandbox.lua", "servers/sandbox.lua", "programs/sandbox.lua"):
+            computer.install(repo / "lua" / name, "/" + name)
+        computer.set_settings(
+            {"sandbox.url": f"ws://127.0.0.1:{port}/gateway", "sandbox.allow": "fs.read,fs.write"}
+        )
+        computer.run("/servers/sandbox.lua")
+        await computer.wait_for_lua("traposSandboxState and traposSandboxState.connected")
+        path = os.path.join(state, limits.SNAPSHOTS_FILE_NAME)
+
+        def store_bytes() -> str:
+            db = sqlite3.connect(path)
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            db.close()
+            return f"{os.path.getsize(path)} (SQLite, checkpointed)"
+
+        gateway = Gateway(reactor, f"http://127.0.0.1:{port}", None, "1:bench")
+        figures = {"where": "gateway in-process, computer on the CraftOS harness"}
+        figures.update(await end_to_end(gateway, store_bytes))
+        return figures
+    finally:
+        await computer.shutdown()
+        await service.stopService()
+        shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.snapshots", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.snapshots",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--redis", action="store_true", help="also the Redis store")
+    parser.add_argument(
+        "--computer",
+        nargs="?",
+        const=HARNESS,
+        help="end to end: alone, on the harness; with a traposId, that computer on --url",
+    )
+    parser.add_argument("--url", default=limits.DEFAULT_CTL_URL, help="a running gateway")
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("SANDBOX_ADMIN_TOKEN") or None,
+        help="its operator bearer token (env SANDBOX_ADMIN_TOKEN)",
+    )
     args = parser.parse_args(argv)
 
     async def run(reactor) -> None:
-        results = [await sqlite(reactor)]
-        if args.redis:
-            results.append(await redis(reactor))
+        if args.computer == HARNESS:
+            results = [await on_harness(reactor)]
+        elif args.computer:
+            gateway = Gateway(reactor, args.url, args.token, args.computer)
+            results = [{"where": f"{args.computer} on {args.url}", **await end_to_end(gateway)}]
+        else:
+            results = [await sqlite(reactor)]
+            if args.redis:
+                results.append(await redis(reactor))
         for figures in results:
             print(orjson.dumps(figures, option=orjson.OPT_INDENT_2).decode())
 

@@ -58,6 +58,19 @@ class Settings:
     # SANDBOX_TRUSTED_PROXIES (SPEC §4): networks (and perhaps ``unix``) whose
     # X-Forwarded-For/Forwarded are believed; none by default.
     trusted_proxies: tuple[Any, ...] = ()
+    # Snapshots (SPEC §15): kept per computer, the content kept per account, one snapshot's
+    # bound (SANDBOX_SNAPSHOTS_KEEP, SANDBOX_SNAPSHOT_QUOTA_MB, SANDBOX_SNAPSHOT_MAX_MB).
+    snapshots_keep: int = limits.SNAPSHOTS_KEEP
+    snapshot_quota_bytes: int = limits.SNAPSHOT_QUOTA_BYTES
+    snapshot_max_bytes: int = limits.SNAPSHOT_MAX_BYTES
+
+    def snapshot_store_settings(self) -> dict[str, int]:
+        """What a snapshot store is opened with (``SnapshotStore``'s keyword arguments)."""
+        return {
+            "keep": self.snapshots_keep,
+            "quota": self.snapshot_quota_bytes,
+            "max_bytes": self.snapshot_max_bytes,
+        }
 
 
 def _escape(host: str) -> str:
@@ -93,6 +106,17 @@ def _timeout_ms(value: str, name: str) -> float:
     if not (ms > 0 and math.isfinite(ms)):
         raise ConfigError(f"{name} must be a positive number of milliseconds, not {value!r}")
     return ms / 1000
+
+
+def _megabytes(value: str, name: str) -> int:
+    """A size in MiB (``0.5`` allowed), as bytes."""
+    try:
+        size = float(value)
+    except ValueError:
+        size = math.nan
+    if not (math.isfinite(size) and size * 1024 * 1024 >= 1):
+        raise ConfigError(f"{name} must be a positive number of MiB (e.g. 4 or 0.5), not {value!r}")
+    return int(size * 1024 * 1024)
 
 
 def _opencode_url(value: str, name: str) -> str:
@@ -265,6 +289,18 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
             limits.MAX_ASK_CONVERSATIONS,
         ),
         trusted_proxies=setting("trusted-proxies", "SANDBOX_TRUSTED_PROXIES", _trusted_proxies, ()),
+        snapshots_keep=setting(
+            "snapshots-keep", "SANDBOX_SNAPSHOTS_KEEP", _count, limits.SNAPSHOTS_KEEP
+        ),
+        snapshot_quota_bytes=setting(
+            "snapshot-quota-mb",
+            "SANDBOX_SNAPSHOT_QUOTA_MB",
+            _megabytes,
+            limits.SNAPSHOT_QUOTA_BYTES,
+        ),
+        snapshot_max_bytes=setting(
+            "snapshot-max-mb", "SANDBOX_SNAPSHOT_MAX_MB", _megabytes, limits.SNAPSHOT_MAX_BYTES
+        ),
     )
 
 

@@ -96,8 +96,10 @@ MCP_PROGRESS_HEARTBEAT = 5.0
 # progress notifications (MCP_PROGRESS_HEARTBEAT): a long run with progress needs no more.
 # Set, not left to opencode's default (60 s today), because the block is
 # copied from the operator's, whose ``timeout`` may be short (5000 cut calls at 5.5 s: issue
-# 26), and a default may change with opencode's version.
-ASK_MCP_TIMEOUT_MS = int((MCP_CALL_TIMEOUT + 10) * 1000)
+# 26), and a default may change with opencode's version.  An ask's first change also waits
+# for the snapshot taken before it (ASK_SNAPSHOT_TIMEOUT at most), sending nothing meanwhile.
+ASK_SNAPSHOT_TIMEOUT = 5.0
+ASK_MCP_TIMEOUT_MS = int((MCP_CALL_TIMEOUT + ASK_SNAPSHOT_TIMEOUT + 10) * 1000)
 
 # -- Connections -----------------------------------------------------------------------------
 
@@ -244,6 +246,7 @@ ASK_PERMISSION_DETAIL_WAIT = 2.0
 
 # -- Snapshots (SPEC §15) --------------------------------------------------------------------
 
+# The defaults of the store's settings (``config``; the store holds the values in force).
 # Per computer the newest this many are kept (SANDBOX_SNAPSHOTS_KEEP).
 SNAPSHOTS_KEEP = 10
 # Per account, the content its kept snapshots use, at most (SANDBOX_SNAPSHOT_QUOTA_MB): past

@@ -38,6 +38,7 @@ from trapsandbox.opencode.client import OpencodeClient
 from trapsandbox.opencode.probe import OpencodeProbe, redact
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.ops.systemd import Notifier
+from trapsandbox.snapshots.askhook import AskSnapshots
 from trapsandbox.snapshots.service import Snapshots
 from trapsandbox.web.app import GatewayApp
 from trapsandbox.web.listener import CountedSite
@@ -131,6 +132,26 @@ class Options(usage.Options):
             "Reverse proxies whose X-Forwarded-For/Forwarded name the client: comma-separated "
             "addresses or CIDRs, or unix (SANDBOX_TRUSTED_PROXIES; default none).",
         ],
+        [
+            "snapshots-keep",
+            None,
+            None,
+            f"Snapshots kept per computer, the oldest pruned ({limits.SNAPSHOTS_KEEP}).",
+        ],
+        [
+            "snapshot-quota-mb",
+            None,
+            None,
+            "MiB of snapshot content kept per account, the oldest pruned "
+            f"({limits.SNAPSHOT_QUOTA_BYTES // 2**20}).",
+        ],
+        [
+            "snapshot-max-mb",
+            None,
+            None,
+            "A computer whose files take more MiB than this is not snapshotted "
+            f"({limits.SNAPSHOT_MAX_BYTES // 2**20}).",
+        ],
     ]
     optFlags = [
         [
@@ -221,7 +242,12 @@ def web_app(
         websocket,
         requests,
         sandbox,
-        McpEndpoint(registry, sandbox, metrics),
+        McpEndpoint(
+            registry,
+            sandbox,
+            metrics,
+            before_change=None if asks is None else asks.before_change,
+        ),
         metrics,
         cluster=cluster,
         asks=asks,
@@ -265,9 +291,9 @@ class GatewayService(service.MultiService):
         # Set by makeService: the real daemon reloads the accounts on SIGHUP.
         self.reload_on_sighup = False
         self._previous_sighup: Any = None
-        self._build_opencode()
         self.sandbox = Sandbox(self.registry)
         self._build_snapshots()
+        self._build_opencode()
         self.factory = GatewayFactory(
             self.registry,
             self.admission,
@@ -310,6 +336,7 @@ class GatewayService(service.MultiService):
             self.metrics,
             directory=ask_directory,
             max_conversations=settings.max_ask_conversations,
+            snapshots=AskSnapshots(self.snapshots, reactor),
         )
         self.probe = OpencodeProbe(
             http,
@@ -334,11 +361,16 @@ class GatewayService(service.MultiService):
         if self.settings.redis_url is not None:
             from trapsandbox.snapshots.redisstore import RedisStore
 
-            self.snapshots.attach(RedisStore.connect(self.settings.redis_url, self._reactor))
+            store = RedisStore.connect(
+                self.settings.redis_url, self._reactor, **self.settings.snapshot_store_settings()
+            )
+            self.snapshots.attach(store)
         else:
             from trapsandbox.snapshots.sqlitestore import SqliteStore
 
-            opening = SqliteStore.open(self.state_dir, self._reactor)
+            opening = SqliteStore.open(
+                self.state_dir, self._reactor, **self.settings.snapshot_store_settings()
+            )
             opening.addCallbacks(self.snapshots.attach, self.snapshots.failed)
 
     def _build_cluster(self) -> None:

@@ -146,6 +146,11 @@ local function ask(lib, words)
     end
     return false
   end
+  -- The gateway counted the files this ask changed since the snapshot before its first change.
+  local changed = type(result) == 'table' and tonumber(result.changed) or 0
+  if changed > 0 then
+    print(('changed %d %s: sandbox changes / sandbox undo'):format(changed, changed == 1 and 'file' or 'files'))
+  end
   return true
 end
 

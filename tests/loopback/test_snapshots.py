@@ -12,6 +12,7 @@ from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.support import JSON, bounded, connect, reactor, start_gateway
 from tests.loopback.test_accounts import table
+from trapsandbox import config
 from trapsandbox.admission import accounts
 
 
@@ -22,6 +23,7 @@ class FilesComputer:
         self.computer = computer
         self.files = {"/a.txt": (b"one\ntwo\n", 1000), "/d/b.bin": (b"\x00\xff" * 50, 1000)}
         self.clock = 1000
+        self.requests = []
         self.serve()
 
     def serve(self):
@@ -52,6 +54,7 @@ class FilesComputer:
             answer = {"deleted": self.files.pop(path, None) is not None}
         else:
             answer = {}
+        self.requests.append(kind)
         self.computer.respond(request, payload=answer)
         self.serve()
 
@@ -63,11 +66,13 @@ class FilesComputer:
 class SnapshotRoutesTests(TestCase):
     timeout = 30
 
-    async def start(self):
+    async def start(self, **settings):
         path = os.path.abspath(self.mktemp())
         with open(path, "w") as f:
             f.write(table("alice", "s-alice") + table("bob", "s-bob"))
-        self.gateway = start_gateway(self, accounts_file=path, accounts=accounts.load(path))
+        self.gateway = start_gateway(
+            self, accounts_file=path, accounts=accounts.load(path), **settings
+        )
         await self.gateway.snapshots.ready()
         self.pool = HTTPConnectionPool(reactor(), persistent=False)
         computer = await connect(self, self.gateway.port)
@@ -138,3 +143,19 @@ class SnapshotRoutesTests(TestCase):
         self.assertEqual((status, body["ok"], body["code"]), (400, False, "bad_request"))
         status, body = await self.http("GET", f"{base}/nope/changes", "alice")
         self.assertEqual((status, body["code"]), (404, "not_found"))
+
+    async def test_a_small_snapshot_max_mb_refuses_cleanly(self):
+        """SANDBOX_SNAPSHOT_MAX_MB reaches the store: 108 bytes of files over a 104-byte
+        bound are refused before any file is read, with a 413 naming the setting, and
+        nothing is listed."""
+        settings = config.load({"SANDBOX_SNAPSHOT_MAX_MB": "0.0001"})
+        self.assertEqual(settings.snapshot_max_bytes, 104)
+        alice = await self.start(snapshot_max_bytes=settings.snapshot_max_bytes)
+        base = f"/computers/{quote('1:a', safe='')}/snapshots"
+        status, body = await self.http("POST", base, "alice", b"{}")
+        self.assertEqual((status, body["code"]), (413, "too_large"), body)
+        self.assertIn("108 bytes", body["error"])
+        self.assertIn("at most 104 bytes (SANDBOX_SNAPSHOT_MAX_MB)", body["error"])
+        self.assertEqual(alice.requests, ["snapshot_list"])
+        status, body = await self.http("GET", base, "alice")
+        self.assertEqual((status, body["snapshots"]), (200, []))

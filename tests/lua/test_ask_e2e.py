@@ -144,6 +144,35 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         metrics = self.gateway.metrics
         self.assertEqual(metrics._asks.labels("ok").value, 1)
 
+    async def test_an_ask_that_wrote_a_file_says_so_and_sandbox_undo_removes_it(self):
+        """
+        SPEC §15: the gateway snapshots the computer before the ask's first change (the
+        agent's write_file), the ask ends with the closing line, and ``sandbox undo``
+        answered y brings the computer back: the file the agent wrote is gone.
+        """
+        script = [("trapsandbox_write_file", {"path": "/made.lua", "content": PROGRAM})]
+        model = await start_fake_model(self, "", {}, script=script, answer="Wrote it.")
+        await self.opencode(model)
+        c = await self.ready(allow="fs.read,fs.write")
+        await self.gateway.snapshots.ready()
+        c.write_file("/mine.txt", "the player's")
+        self.ask(c, "/programs/sandbox.lua ask --yes write made.lua")
+        await self.on_screen(c, "changed 1 file: sandbox changes / sandbox undo", 90)
+        self.assertEqual(c.read_file("/made.lua"), PROGRAM.encode())
+        (snapshot,) = await self.gateway.snapshots.list("local", "7:ask")
+        self.assertEqual(snapshot["reason"], "ask")  # the client's files and /mine.txt
+
+        undo = c.run("/programs/sandbox.lua undo")
+        c.focus(undo)
+        await c.wait_for_output("Undo these changes? [y/N]", 30)
+        self.assertIn("added    /made.lua", c.output)
+        c.type_line("y")
+        await bounded(undo.done, 30)
+        self.assertIn("0 written, 1 deleted", c.output)
+        self.assertIsNone(c.read_file("/made.lua"))
+        self.assertEqual(c.read_file("/mine.txt"), b"the player's")
+        self.assertEqual(c.violations, [])
+
     async def test_the_tools_reach_the_asking_computer_only(self):
         # The model names another computer; the ask's token pins every tool to the asker.
         script = [

@@ -10,7 +10,6 @@ from twisted.trial.unittest import TestCase
 
 from tests.harness.processes import clean_env, spawn
 from tests.lua.test_lua_e2e import GatewayMixin
-from trapsandbox import limits
 from trapsandbox.computers import wire
 from trapsandbox.computers.wire import GatewayError
 
@@ -162,7 +161,7 @@ class SnapshotServiceTests(GatewayMixin, TestCase):
 
     async def test_over_the_bound_nothing_is_saved(self):
         c = await self.ready()
-        self.patch(limits, "SNAPSHOT_MAX_BYTES", 1000)
+        self.gateway.snapshots.store().max_bytes = 1000
         c.write_file("/big.bin", b"x" * 2000)
         error = await self.assertFailure(
             self.gateway.snapshots.take("local", "7:sv", "manual"), GatewayError

@@ -94,3 +94,15 @@ class BenchSmokeTests(TestCase):
         self.assertEqual(figures["exec"]["count"], 5)
         self.assertGreater(figures["exec"]["p50_ms"], 0)
         self.assertEqual([f["bytes"] for f in figures["files"]], [65536, 300000, 1048576])
+
+    async def test_snapshot_benchmark_runs_end_to_end(self):
+        """``python -m bench.snapshots --computer``: a gateway and a harness computer."""
+        child = spawn(
+            self, [sys.executable, "-m", "bench.snapshots", "--computer"], clean_env(), cwd=REPO
+        )
+        self.assertEqual(await child.wait_ended(90), 0, child.output)
+        figures = orjson.loads(child.output[child.output.index("{") :])
+        self.assertIn("(103 files", figures["first snapshot"])
+        self.assertIn("(0 fetched)", figures["nothing changed"])
+        self.assertIn("(10 written, 0 deleted)", figures["restore of 10 changed files"])
+        self.assertEqual(figures["snapshots listed"], 10)

@@ -214,3 +214,39 @@ class ConfigTests(SynchronousTestCase):
             self.assertConfigError(
                 {"SANDBOX_MAX_ASK_CONVERSATIONS": value}, names="SANDBOX_MAX_ASK_CONVERSATIONS"
             )
+
+    def test_snapshot_settings(self):
+        """SPEC §15: kept per computer, MiB per account, MiB of one snapshot."""
+        settings = self.load()
+        self.assertEqual(
+            settings.snapshot_store_settings(),
+            {"keep": 10, "quota": 64 * 2**20, "max_bytes": 4 * 2**20},
+        )
+        settings = self.load(
+            {
+                "SANDBOX_SNAPSHOTS_KEEP": "3",
+                "SANDBOX_SNAPSHOT_QUOTA_MB": "128",
+                "SANDBOX_SNAPSHOT_MAX_MB": "0.5",
+            }
+        )
+        self.assertEqual(
+            settings.snapshot_store_settings(),
+            {"keep": 3, "quota": 128 * 2**20, "max_bytes": 2**19},
+        )
+        argv = ("--snapshots-keep", "5", "--snapshot-quota-mb", "1", "--snapshot-max-mb", "2")
+        settings = self.load({"SANDBOX_SNAPSHOTS_KEEP": "3"}, *argv)
+        self.assertEqual(
+            settings.snapshot_store_settings(), {"keep": 5, "quota": 2**20, "max_bytes": 2 * 2**20}
+        )
+
+    def test_bad_snapshot_settings_name_the_setting(self):
+        for value in ("0", "-1", "ten", "1.5", ""):
+            message = self.assertConfigError(
+                {"SANDBOX_SNAPSHOTS_KEEP": value}, names="SANDBOX_SNAPSHOTS_KEEP"
+            )
+            self.assertIn("whole number of at least 1", message)
+        for name in ("SANDBOX_SNAPSHOT_QUOTA_MB", "SANDBOX_SNAPSHOT_MAX_MB"):
+            for value in ("0", "-4", "lots", "nan", "inf", "", "1e-9"):
+                message = self.assertConfigError({name: value}, names=name)
+                self.assertIn("positive number of MiB", message)
+        self.assertConfigError({}, "--snapshot-max-mb", "x", names="--snapshot-max-mb")

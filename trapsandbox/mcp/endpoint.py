@@ -31,16 +31,17 @@ its outcome: which computer (``resolve``), then the tool (``tools``).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
-from twisted.internet.defer import CancelledError
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
 from trapsandbox import __version__
 from trapsandbox.computers import wire
-from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.limits import LOCAL_ACCOUNT
 from trapsandbox.mcp import jsonrpc
@@ -59,6 +60,7 @@ from trapsandbox.mcp.schemas import TOOL_NAMES, TOOLS
 from trapsandbox.mcp.text import INSTRUCTIONS
 from trapsandbox.mcp.tools import Tools, list_computers
 from trapsandbox.ops.metrics import Metrics
+from trapsandbox.snapshots.askhook import CHANGING
 
 log = Logger()
 
@@ -72,8 +74,14 @@ class McpEndpoint:
         sandbox: Sandbox,
         metrics: Metrics,
         clock: IReactorTime | None = None,
+        before_change: Callable[[Session], Deferred[None]] | None = None,
     ) -> None:
+        """
+        ``before_change``: what a tool that changes files waits on when called with an
+        ask's token (``Asks.before_change``: the snapshot before the ask's first change).
+        """
         self._registry = registry
+        self._before_change = before_change
         self._metrics = metrics
         metrics.mcp_labels(TOOL_NAMES, OUTCOMES)
         self._clock = registry.clock if clock is None else clock
@@ -171,6 +179,8 @@ class McpEndpoint:
                     session = resolve(self._registry, computer, scope, found)
                 else:
                     session = pinned(self._registry, pin)
+                    if name in CHANGING and self._before_change is not None:
+                        await self._before_change(session)
                 target = session.trapos_id
                 result, outcome = await self._tools.call(name, session, arguments, call.progress)
         except ToolError as error:

@@ -16,7 +16,9 @@ player.
           <- partial {type: question, id, questions}                question.asked
     ask_answer {questionId, answers | reject} -> POST /question/Q/reply (or /reject)
     cancel {messageId}        ->  POST /session/S/abort
-          <- final {sessionId, text}                               session.idle
+          <- final {sessionId, text, changed?}                     session.idle
+                                  (changed: files changed since the snapshot taken
+                                  before the run's first change, ``snapshots.askhook``)
 
 Confinement.  Every computer's sessions live in a directory of its own
 (``directories``) whose opencode instance has a ``trapsandbox`` MCP server
@@ -39,10 +41,10 @@ the gap are lost) and ends if not.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-from twisted.internet.defer import Deferred, TimeoutError
+from twisted.internet.defer import Deferred, TimeoutError, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -62,6 +64,9 @@ from trapsandbox.opencode.directories import AskDirectories
 from trapsandbox.opencode.events import EventStream
 from trapsandbox.opencode.tokens import AskTokens
 from trapsandbox.ops.metrics import Metrics
+
+if TYPE_CHECKING:
+    from trapsandbox.snapshots.askhook import AskSnapshots
 
 log = Logger()
 
@@ -107,6 +112,8 @@ class Run:
     bound: Any = None
     unsubscribe: Callable[[], None] | None = None
     finished: bool = False
+    # The snapshot before its first change (``snapshots.askhook``): None until then.
+    snapshot: Deferred | None = None
 
 
 class Asks:
@@ -124,8 +131,10 @@ class Asks:
         tokens: AskTokens | None = None,
         timeout: float = limits.ASK_TIMEOUT,
         max_conversations: int = limits.MAX_ASK_CONVERSATIONS,
+        snapshots: AskSnapshots | None = None,
     ) -> None:
         self._client = client
+        self._snapshots = snapshots
         self._clock = clock
         self._metrics = Metrics() if metrics is None else metrics
         self._metrics.ask_labels(ASK_OUTCOMES)
@@ -228,7 +237,20 @@ class Asks:
                     f"opencode at {self._client.where}: its event stream did not open"
                 ) from None
             raise error
-        return await done
+        result = await done
+        if self._snapshots is not None:
+            result = await self._snapshots.closing(placeholder, result)
+        return result
+
+    def before_change(self, session: Any) -> Deferred[None]:
+        """
+        What an MCP tool that changes files waits on when called with the ask token of
+        ``session``'s computer (SPEC §15): the snapshot before its running ask's first change.
+        """
+        run = self.runs.get((session.account_id, session.trapos_id))
+        if self._snapshots is None or run is None or run.finished:
+            return succeed(None)
+        return self._snapshots.before_change(run, session.capabilities)
 
     async def _conversation(self, key: tuple[str, str], new: bool, yes: bool) -> Conversation:
         self._remember(key)

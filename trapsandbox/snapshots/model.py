@@ -196,7 +196,7 @@ def entry(value: object) -> FileEntry:
     )
 
 
-def check_files(files: object) -> dict[str, FileEntry]:
+def check_files(files: object, max_bytes: int) -> dict[str, FileEntry]:
     """A files map to commit, checked whole: paths, entries, the count and the size bound."""
     if not isinstance(files, Mapping):
         raise bad("a snapshot's files must be a map of path -> {size, modified, sha256}")
@@ -206,26 +206,29 @@ def check_files(files: object) -> dict[str, FileEntry]:
             f"{len(files)} files: a snapshot holds at most {limits.SNAPSHOT_MAX_FILES}",
         )
     checked = {check_path(path): entry(value) for path, value in files.items()}
-    check_total(sum(e.size for e in checked.values()))
+    check_total(sum(e.size for e in checked.values()), max_bytes)
     return checked
 
 
-def check_total(size: int) -> None:
-    """The computer's files add up to ``size`` bytes: refused past the bound, not half-saved."""
-    if size > limits.SNAPSHOT_MAX_BYTES:
+def check_total(size: int, max_bytes: int) -> None:
+    """
+    The computer's files add up to ``size`` bytes: refused past ``max_bytes`` (the
+    store's, from SANDBOX_SNAPSHOT_MAX_MB), not half-saved.
+    """
+    if size > max_bytes:
         raise GatewayError(
             wire.TOO_LARGE,
             f"the computer's files take {size} bytes: a snapshot holds at most "
-            f"{limits.SNAPSHOT_MAX_BYTES} (SANDBOX_SNAPSHOT_MAX_MB)",
+            f"{max_bytes} bytes (SANDBOX_SNAPSHOT_MAX_MB)",
         )
 
 
-def check_content(sha256: object, data: object) -> bytes:
+def check_content(sha256: object, data: object, max_bytes: int) -> bytes:
     """``data`` whose SHA-256 is ``sha256``, within the bound of one snapshot."""
     check_sha256(sha256)
     if not isinstance(data, bytes):
         raise bad("content must be bytes")
-    check_total(len(data))
+    check_total(len(data), max_bytes)
     if hashlib.sha256(data).hexdigest() != sha256:
         raise bad(f"the content's SHA-256 is not {sha256[:12]}...: not stored")
     return data

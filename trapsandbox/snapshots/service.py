@@ -3,7 +3,7 @@ Snapshots of a computer's files (SPEC §15): what the routes, ``trapsandbox-ctl`
 game's ``sandbox`` commands and the ask hook call.  The storage layer decides nothing
 about computers; this is where a computer is asked, in the order the store expects::
 
-    take     snapshot_list -> refuse past SNAPSHOT_MAX_BYTES (nothing saved)
+    take     snapshot_list -> refuse past the store's max_bytes (nothing saved)
              -> fetch what to_fetch names -> hash -> missing -> put_content -> commit -> prune
     changes  snapshot_list -> fetch what differs from the snapshot -> changes + text_diff
     restore  the snapshot (NotFound before anything moves) -> take one of now ("restore",
@@ -40,8 +40,9 @@ OPENING = "it is still opening"
 LIST_TIMEOUT = 60.0
 
 
-def _listed(answer: dict[str, Any]) -> dict[str, tuple[int, int]]:
-    """A ``snapshot_list`` answer as path -> (size, modified ms), checked."""
+def _listed(answer: dict[str, Any], max_bytes: int) -> dict[str, tuple[int, int]]:
+    """A ``snapshot_list`` answer as path -> (size, modified ms), checked (``max_bytes``:
+    the bound of one snapshot, SANDBOX_SNAPSHOT_MAX_MB)."""
     files = answer.get("files")
     if isinstance(files, dict) and not files:  # an empty list as CraftOS may encode it
         files = []
@@ -73,7 +74,7 @@ def _listed(answer: dict[str, Any]) -> dict[str, tuple[int, int]]:
             f"the computer has {len(listing)} files: a snapshot holds at most "
             f"{limits.SNAPSHOT_MAX_FILES}",
         )
-    model.check_total(sum(size for size, _ in listing.values()))
+    model.check_total(sum(size for size, _ in listing.values()), max_bytes)
     return listing
 
 
@@ -183,7 +184,7 @@ class Snapshots:
             for path, sha256 in plan.write:
                 data = await store.content(account, sha256)
                 await self._sandbox.write_file(
-                    trapos_id, path, data, account_id=account, max_bytes=limits.SNAPSHOT_MAX_BYTES
+                    trapos_id, path, data, account_id=account, max_bytes=store.max_bytes
                 )
             return {
                 "restored": target.id,
@@ -228,7 +229,7 @@ class Snapshots:
 
     async def _list(self, account: str, trapos_id: str) -> dict[str, tuple[int, int]]:
         answer = await self._sandbox.snapshot_list(trapos_id, account, LIST_TIMEOUT)
-        return _listed(answer)
+        return _listed(answer, self.store().max_bytes)
 
     async def _fetch(
         self,
@@ -246,7 +247,7 @@ class Snapshots:
                 if error.code != wire.FS_ERROR:
                     raise
                 del listing[path]
-        model.check_total(sum(len(data) for data in fetched.values()))
+        model.check_total(sum(len(data) for data in fetched.values()), self.store().max_bytes)
         return fetched
 
     async def _read(self, account: str, trapos_id: str, path: str) -> bytes:
@@ -261,8 +262,7 @@ class Snapshots:
             offset += answer["bytesRead"]
             if not answer["bytesRead"] or offset >= answer["sizeBytes"]:
                 return b"".join(parts)
-            if offset > limits.SNAPSHOT_MAX_BYTES:
-                model.check_total(offset)
+            model.check_total(offset, self.store().max_bytes)
 
 
 def _sha(data: bytes) -> str:

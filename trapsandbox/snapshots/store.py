@@ -41,11 +41,15 @@ class SnapshotStore(abc.ABC):
         keep: int = limits.SNAPSHOTS_KEEP,
         quota: int = limits.SNAPSHOT_QUOTA_BYTES,
         grace: float = limits.SNAPSHOT_ORPHAN_GRACE,
+        max_bytes: int = limits.SNAPSHOT_MAX_BYTES,
     ) -> None:
         self._now = now
+        # Retention (SANDBOX_SNAPSHOTS_KEEP, SANDBOX_SNAPSHOT_QUOTA_MB) and the bound of one
+        # snapshot (SANDBOX_SNAPSHOT_MAX_MB), which ``Snapshots`` also reads from here.
         self.keep = keep
         self.quota = quota
         self.grace = grace
+        self.max_bytes = max_bytes
 
     def now_ms(self) -> int:
         return int(self._now() * 1000)
@@ -69,7 +73,10 @@ class SnapshotStore(abc.ABC):
         """Store ``data`` under ``sha256`` (checked) for ``account``; again is harmless."""
         return maybeDeferred(
             lambda: self._put_content(
-                _account(account), sha256, model.check_content(sha256, data), self.now_ms()
+                _account(account),
+                sha256,
+                model.check_content(sha256, data, self.max_bytes),
+                self.now_ms(),
             )
         )
 
@@ -81,7 +88,7 @@ class SnapshotStore(abc.ABC):
             lambda: self._commit(
                 _account(account),
                 _computer(trapos_id),
-                model.check_files(files),
+                model.check_files(files, self.max_bytes),
                 model.check_reason(reason),
                 self.now_ms(),
             )

@@ -10,7 +10,6 @@ from twisted.internet.defer import fail, succeed
 from twisted.trial.unittest import TestCase
 
 from tests.unit.snapshots.programs import Computer
-from trapsandbox import limits
 from trapsandbox.computers import wire
 from trapsandbox.computers.wire import GatewayError
 from trapsandbox.snapshots.service import Snapshots
@@ -83,7 +82,7 @@ class SnapshotsTests(TestCase):
         self.assertEqual(list(snapshot.files), ["/d/big.bin"])
 
     async def test_over_the_bound_is_refused_before_any_read(self):
-        self.patch(limits, "SNAPSHOT_MAX_BYTES", 100)
+        self.store.max_bytes = 100
         error = await self.assertFailure(self.snapshots.take("acc", "7:", "manual"), GatewayError)
         self.assertEqual(error.code, wire.TOO_LARGE)
         self.assertEqual(self.sandbox.reads, [])
