@@ -24,6 +24,7 @@ test: $(VENV)/.installed $(OPENCODE) systemd-tools redis-server chromium
 bench: $(VENV)/.installed
 	$(BIN)/python -m bench $(BENCH_ARGS)
 	$(BIN)/python -m bench.sandbox
+	$(BIN)/python -m bench.live
 
 # Generated hostile frames over real sockets: 100,000 of them (make test sends a few thousand).
 fuzz: $(VENV)/.installed

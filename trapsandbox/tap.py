@@ -297,7 +297,7 @@ class GatewayService(service.MultiService):
         self.factory = GatewayFactory(
             self.registry,
             self.admission,
-            ComputerRequests(self.probe, self.asks, self.snapshots).table(),
+            ComputerRequests(self.probe, self.asks, self.snapshots, self.registry).table(),
             reactor,
             metrics=self.metrics,
             max_connections=settings.max_connections,

@@ -175,6 +175,9 @@ class ConsoleTests(TestCase):
             self.wait_until,
             shown.text_to_be_present_in_element((By.ID, "activity"), "exec asker · ok · "),
         )
+        # ... and who sent it: the admin's token (an account's would be named).
+        activity = await self.thread(lambda: self.driver.find_element(By.ID, "activity").text)
+        self.assertRegex(activity, r"exec asker · ok · \d+ ms — operator")
         shot = os.environ.get("TRAPSANDBOX_CONSOLE_SCREENSHOT")
         if shot:
             saved = await self.thread(self.driver.save_screenshot, os.path.join(REPO, shot))

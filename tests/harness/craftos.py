@@ -49,8 +49,9 @@ Where it knowingly differs from CC:Tweaked (1.109+, whose sources it follows):
 - ``textutils.serialize`` orders non-array keys (numbers, then strings, then the rest);
   CraftOS uses ``next``'s order. Numbers print with Lua 5.2's ``%.14g``.
 - No limit of 128 open files, no closing of dropped handles by the garbage collector; attribute
-  times are the host's; timers are not rounded to 50 ms ticks; ``read()`` takes no history or
-  completion and draws the line only when Enter is pressed.
+  times are the host's; timers are not rounded to 50 ms ticks; ``read()`` takes no history,
+  completion or cursor keys, and a line wider than the terminal is cut, not scrolled (it is
+  drawn as it is typed, as CraftOS's is).
 - A program's own ``debug.sethook`` runs beside the yield limit's hook; a count hook asked for
   more than 5000 instructions apart is called every 5000.
 """

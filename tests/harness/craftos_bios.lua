@@ -2126,23 +2126,33 @@ if tabbed then
   multishell = multishellApi
 end
 
--- read(): a line typed (or pasted) into the focused process, echoed when Enter is pressed.
+-- read(): a line typed (or pasted) into the focused process, drawn as it is typed (each char,
+-- paste and backspace shows at once, as CraftOS's read() does: a console or `attach` watching
+-- the screen sees the key), then a new line when Enter is pressed.
 function read(replaceChar)
   expect(1, replaceChar, 'string', 'nil')
+  if replaceChar then replaceChar = replaceChar:sub(1, 1) end
   local buffer = ''
+  local startX, startY = term.getCursorPos()
+  term.setCursorBlink(true)
+  local function redraw(previous)
+    term.setCursorPos(startX, startY)
+    term.write(replaceChar and rep(replaceChar, #buffer) or buffer)
+    if previous > #buffer then term.write(rep(' ', previous - #buffer)) end
+    term.setCursorPos(startX + #buffer, startY)
+  end
   while true do
     local event, a = os.pullEvent()
     if event == 'paste' or event == 'char' then
       buffer = buffer .. a
+      term.write(replaceChar and rep(replaceChar, #a) or a)
     elseif event == 'key' and (a == keys.enter or a == keys.numPadEnter) then
-      if replaceChar then
-        print(rep(replaceChar:sub(1, 1), #buffer))
-      else
-        print(buffer)
-      end
+      term.setCursorBlink(false)
+      print()
       return buffer
-    elseif event == 'key' and a == keys.backspace then
+    elseif event == 'key' and a == keys.backspace and #buffer > 0 then
       buffer = buffer:sub(1, -2)
+      redraw(#buffer + 1)
     end
   end
 end

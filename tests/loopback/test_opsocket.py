@@ -617,7 +617,13 @@ class WatchActivityTests(TestCase):
                 "status": 200,
                 "partial": True,
                 "payload": {
-                    "activity": {"n": 1, "type": "exec", "detail": "ls /rom", "state": "started"}
+                    "activity": {
+                        "n": 1,
+                        "type": "exec",
+                        "detail": "ls /rom",
+                        "by": "operator",
+                        "state": "started",
+                    }
                 },
             },
         )

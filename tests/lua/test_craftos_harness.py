@@ -332,6 +332,22 @@ class HarnessTestCase(TestCase):
         self.assertIn("hello steve arg1", c.output)
 
     @defer.inlineCallbacks
+    def test_read_draws_each_key_as_it_is_typed(self):
+        # As CraftOS's read(): a watcher of the screen sees each char before Enter.
+        c = self.computer()
+        proc = c.run_lua("write('name? ') R = read() print('hello ' .. R)")
+        yield c.wait_for_output("name? ")
+        for char in "ab":
+            c.queue_event("char", char)
+        c.queue_event("key", 259, False)  # backspace (GLFW code, as CC:Tweaked)
+        c.queue_event("char", "x")
+        yield c.wait_for(lambda: c.screen_lines()[0].startswith("name? ax"), what="the echo")
+        self.assertEqual(c.screen_lines()[0].rstrip(), "name? ax")
+        c.type_line("y")
+        yield proc.done
+        self.assertEqual(c.screen_lines()[:2], ["name? axy".ljust(51), "hello axy".ljust(51)])
+
+    @defer.inlineCallbacks
     def test_wait_for_output_times_out_with_the_transcript(self):
         c = self.computer()
         c.run_lua("print('something else')")

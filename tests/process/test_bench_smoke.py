@@ -106,3 +106,24 @@ class BenchSmokeTests(TestCase):
         self.assertIn("(0 fetched)", figures["nothing changed"])
         self.assertIn("(10 written, 0 deleted)", figures["restore of 10 changed files"])
         self.assertEqual(figures["snapshots listed"], 10)
+
+    async def test_live_benchmark_runs(self):
+        """``python -m bench.live``, tiny: one row change under 300 bytes, idle silent, CPU run."""
+        output = os.path.abspath(self.mktemp())
+        argv = ["--idle", "1", "--presses", "3", "--computers", "3", "--seconds", "1"]
+        child = spawn(
+            self,
+            [sys.executable, "-m", "bench.live", *argv, "--output", output],
+            clean_env(),
+            cwd=REPO,
+        )
+        self.assertEqual(await child.wait_ended(90), 0, child.output)
+        with open(output, "rb") as f:
+            figures = orjson.loads(f.read())
+        change = figures["one_row_change"]
+        self.assertEqual(change["rows_in_frame"], [1])
+        self.assertTrue(all(size < 300 for size in change["computer_to_gateway_message_bytes"]))
+        self.assertEqual([v for k, v in figures["idle"].items() if k.endswith("bytes")], [0, 0, 0])
+        self.assertEqual(figures["latency_harness"]["presses"], 3)
+        self.assertEqual(figures["cpu"]["computers"], 3)
+        self.assertGreater(figures["cpu"]["frames_delivered_per_second"], 0)

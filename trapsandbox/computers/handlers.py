@@ -34,12 +34,14 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from trapsandbox.computers import wire
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.computers.senders import PLAYER
+from trapsandbox.computers.wire import GatewayError, cut
 
 if TYPE_CHECKING:
-    from trapsandbox.computers.registry import Session
+    from trapsandbox.computers.registry import Registry, Session
     from trapsandbox.opencode.asks import Asks
     from trapsandbox.opencode.probe import OpencodeProbe, ProbeResult
     from trapsandbox.snapshots.service import Snapshots
@@ -53,11 +55,17 @@ class ComputerRequests:
     """The handlers of one gateway, and the table the connections dispatch on."""
 
     def __init__(
-        self, probe: OpencodeProbe, asks: Asks | None = None, snapshots: Snapshots | None = None
+        self,
+        probe: OpencodeProbe,
+        asks: Asks | None = None,
+        snapshots: Snapshots | None = None,
+        registry: Registry | None = None,
     ) -> None:
         self._probe = probe
         self._asks = asks
         self._snapshots = snapshots
+        # The activity of a computer (SPEC §14) shows its asks, told here.
+        self._registry = registry
 
     def table(self) -> dict[str, Handler]:
         return {
@@ -101,11 +109,18 @@ class ComputerRequests:
 
     def ask(self, session: Session, frame: wire.ComputerRequest) -> Deferred:
         asks = self._need_asks()
+        # The ask is in the computer's activity from before it starts, so that none of its
+        # partials is missed there.
+        ended: Deferred = Deferred()
+        progress = self._track_ask(session, frame, ended)
 
         def emit(payload: dict[str, Any]) -> None:
             session.link.send_partial(frame.message_id, frame.type, payload)
+            told = _ask_progress(payload)
+            if told is not None:
+                progress(told)
 
-        return Deferred.fromCoroutine(
+        d = Deferred.fromCoroutine(
             asks.ask(
                 session.account_id,
                 session.trapos_id,
@@ -115,6 +130,17 @@ class ComputerRequests:
                 emit,
             )
         )
+        return d.addBoth(_tell, ended)
+
+    def _track_ask(
+        self, session: Session, frame: wire.ComputerRequest, ended: Deferred
+    ) -> Callable[[dict[str, Any]], None]:
+        if self._registry is None:
+            return lambda _: None
+        key = (session.account_id, session.trapos_id)
+        progress = self._registry.track(key, "ask", frame.payload, ended, {"by": PLAYER})
+        ended.addErrback(lambda _: None)  # the ask's own Deferred carries its failure on
+        return progress
 
     def cancel(self, session: Session, frame: wire.ComputerRequest) -> Deferred | dict[str, Any]:
         d = self._need_asks().cancel(
@@ -192,6 +218,39 @@ async def _before_last_ask(snapshots: Snapshots, account: str, trapos_id: str) -
         if each["reason"] == "ask":
             return each["id"]
     raise GatewayError("not_found", "no ask has changed files on this computer yet")
+
+
+def _tell(result: Any, ended: Deferred) -> Any:
+    """Pass ``result`` on, and fire ``ended`` with it."""
+    if isinstance(result, Failure):
+        ended.errback(result)
+    else:
+        ended.callback(result)
+    return result
+
+
+def _ask_progress(partial: dict[str, Any]) -> dict[str, Any] | None:
+    """
+    What the activity shows of an ask's partial: the agent's text as it
+    arrives, each tool it uses, what it asks permission for, and its
+    questions (their text only); cut like every value shown.
+    """
+    kind = partial.get("type")
+    if kind == "text_delta":
+        return {"text": partial.get("text", "")}
+    if kind == "tool":
+        return {"tool": cut(partial.get("name")), "status": cut(partial.get("status"))}
+    if kind == "permission":
+        return {"permission": cut(partial.get("tool")), "detail": cut(partial.get("detail"))}
+    if kind == "question":
+        questions = partial.get("questions")
+        texts = (
+            [q.get("question") for q in questions if isinstance(q, dict)]
+            if isinstance(questions, list)
+            else []
+        )
+        return {"question": cut(" / ".join(t for t in texts if isinstance(t, str)))}
+    return None
 
 
 def _payload_of(result: ProbeResult) -> dict[str, Any]:

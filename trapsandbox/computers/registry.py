@@ -27,7 +27,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from trapsandbox import limits
-from trapsandbox.computers import settingsfile, wire
+from trapsandbox.computers import senders, settingsfile, wire
 from trapsandbox.computers.wire import GatewayError
 from trapsandbox.limits import LOCAL_ACCOUNT
 from trapsandbox.ops.metrics import Metrics
@@ -266,14 +266,16 @@ def _outcome(result: object) -> str:
         if result.check(CancelledError):
             return "cancelled"
         return wire.INTERNAL
-    return "ok" if result.ok else "error"
+    # A computer's answer says whether it did it; the gateway's own answer (an ask's) is a payload.
+    return "error" if getattr(result, "ok", True) is False else "ok"
 
 
 def activity_entry(number: int, type: str, payload: dict[str, Any]) -> dict[str, Any]:
     """
     One request in a computer's activity (SPEC §14): its number, type and
     what it names (an exec's command line, a file request's path, an eval's
-    code), cut to ``wire.ECHO_LIMIT``.
+    code, an ask's prompt), cut to ``wire.ECHO_LIMIT``.  Never a file's
+    content or anything else of the payload: only what names the request.
     """
     if type == "exec":
         args = payload.get("args")
@@ -283,6 +285,8 @@ def activity_entry(number: int, type: str, payload: dict[str, Any]) -> dict[str,
         detail = payload["path"]
     elif type == "eval" and isinstance(payload.get("code"), str):
         detail = payload["code"]
+    elif type == "ask" and isinstance(payload.get("prompt"), str):
+        detail = payload["prompt"]
     else:
         detail = ""
     return {"n": number, "type": type, "detail": wire.cut(detail)}
@@ -462,11 +466,32 @@ class Registry:
         d.addBoth(self._count, type, started)
         key = (account_id, trapos_id)
         if key in self._activity:
-            self._next_activity += 1
-            entry = activity_entry(self._next_activity, type, payload or {})
-            self._tell_activity(key, {**entry, "state": "started"})
-            d.addBoth(self._activity_ended, key, entry, self.clock.seconds())
+            self.track(key, type, payload or {}, d)
         return d
+
+    def track(
+        self,
+        key: tuple[str, str],
+        type: str,
+        payload: dict[str, Any],
+        d: Deferred,
+        sender: senders.Sender | None = None,
+    ) -> Callable[[dict[str, Any]], None]:
+        """
+        Tell the watchers of ``key``'s activity of the request ``d`` (sent by
+        ``sender``, by default ``senders.current()``): now, with ``state``
+        "started", and when it ends (its outcome, ``durationMs``).  Answers
+        the function that tells them how it goes meanwhile (``state``
+        "running" and what it is given: an ask's text as it arrives).
+        """
+        self._next_activity += 1
+        entry = {
+            **activity_entry(self._next_activity, type, payload),
+            **(senders.current() if sender is None else sender),
+        }
+        self._tell_activity(key, {**entry, "state": "started"})
+        d.addBoth(self._activity_ended, key, entry, self.clock.seconds())
+        return lambda progress: self._tell_activity(key, {**entry, "state": "running", **progress})
 
     def _activity_ended(
         self, result: object, key: tuple[str, str], entry: dict[str, Any], started: float

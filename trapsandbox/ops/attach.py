@@ -202,7 +202,11 @@ def attach(
                 break
     finally:
         termios.tcsetattr(stdin_fd, termios.TCSADRAIN, saved)
-        response.close()
+        if stop.is_set():
+            response.close()
+        # Else the frames' thread is blocked reading the stream, holding its buffer's lock:
+        # closing it would wait for the next frame, and an idle screen sends none.  The thread
+        # is a daemon and the command ends now; the connection ends with the process.
         out.write(f"\x1b[0m\x1b[?25h\x1b[{renderer.height + 1};1H\r\n")
         out.flush()
 

@@ -91,7 +91,7 @@ from werkzeug.routing import PathConverter
 
 from trapsandbox import __version__, limits
 from trapsandbox.admission import auth
-from trapsandbox.computers import wire
+from trapsandbox.computers import senders, wire
 from trapsandbox.computers.registry import Registry, describe_session
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.computers.wire import GatewayError
@@ -198,7 +198,11 @@ def on_computer(route):
             return sandbox_error(
                 request, STATUS_OF_ERROR.get(failure.code, 500), failure.code, failure.message
             )
-        return route(self, request, trapos_id, account_id=account_id, **path)
+        # What the route sends the computer is this operator's, in its activity.
+        sender = senders.of_operator(operator)
+        return senders.sent_by(
+            sender, route, self, request, trapos_id, account_id=account_id, **path
+        )
 
     return operators_only(resolved)
 
@@ -709,8 +713,11 @@ class GatewayApp:
         # An ask's own token (SPEC §11) reaches the asking computer only. Any other
         # caller must be an operator: an account token's tools reach its computers
         # only; the admin's every account's, or one account's with /mcp?account=NAME.
+        # The tools' requests are the agent's in the computer's activity: an ask's own
+        # (the agent in ``sandbox ask``), or an operator's MCP client's.
         pin = self._ask_scope(request)
         scope = None
+        sender = {"by": senders.ASK}
         if pin is not None and not json_content(request.getHeader(b"content-type")):
             return write_answer(request, UNSUPPORTED_MEDIA_TYPE)
         if pin is None:
@@ -718,11 +725,14 @@ class GatewayApp:
             if not isinstance(operator, auth.Operator):
                 return operator
             scope = operator.scope(_asked_account(request))
+            sender = senders.of_operator(operator, senders.AGENT)
         try:
             body = read_body(request)
         except BadRequest as error:
-            return self._mcp.post(request, None, error.message, scope=scope, pin=pin)
-        return self._mcp.post(request, body, scope=scope, pin=pin)
+            return senders.sent_by(
+                sender, self._mcp.post, request, None, error.message, scope=scope, pin=pin
+            )
+        return senders.sent_by(sender, self._mcp.post, request, body, scope=scope, pin=pin)
 
     @app.route("/mcp", methods=["GET", "PUT", "DELETE", "PATCH", "OPTIONS"])
     def mcp_other(self, request: IRequest) -> bytes:

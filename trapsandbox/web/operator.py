@@ -22,7 +22,7 @@ from twisted.python.failure import Failure
 
 from trapsandbox import limits
 from trapsandbox.admission import auth
-from trapsandbox.computers import wire
+from trapsandbox.computers import senders, wire
 from trapsandbox.computers.registry import Registry, describe_session
 from trapsandbox.computers.screen import ScreenState
 from trapsandbox.computers.wire import GatewayError
@@ -306,7 +306,7 @@ class OperatorRequests:
             obj = json_object(body, _REQUEST)
         except BadRequest as error:
             return rejected(error)
-        return self.send(trapos_id, account_id, obj)
+        return senders.sent_by(senders.of_operator(operator), self.send, trapos_id, account_id, obj)
 
     def send(
         self,

@@ -42,9 +42,13 @@ default ``SCREEN_WATCH_TIMEOUT``).  ``{"id", "type": "watch_computers",
 [...]}`` (``GET /computers``' entries this operator sees, of this process) at
 once and after each connect, disconnect or change of capabilities, until
 the connection closes.  So is ``{"id", "type": "watch_activity", "traposId",
-"account"?}``: a partial ``{"activity": {n, type, detail, state, durationMs?}}``
-as each request to that computer (anyone's: an operator's, the agent's)
-starts (``state`` "started") and ends (its outcome).  Every other type has
+"account"?}``: a partial ``{"activity": {n, type, detail, by, account?, state,
+durationMs?}}`` as each request to that computer (anyone's: an operator's,
+the agent's, its player's ``ask``; ``by`` and ``account`` as
+``trapsandbox.computers.senders`` says) starts (``state`` "started") and ends
+(its outcome); an ask also as it runs (``state`` "running" with ``text``,
+the agent's next words, or ``tool``/``status``, ``permission``/``detail``,
+``question``).  Every other type has
 its one answer only.
 
 An answer's ``status`` and the rest of it are what ``POST
@@ -83,7 +87,7 @@ from twisted.python.failure import Failure
 
 from trapsandbox import limits
 from trapsandbox.admission import auth, proxies
-from trapsandbox.computers import wire
+from trapsandbox.computers import senders, wire
 from trapsandbox.computers.outbound import Outbound
 from trapsandbox.computers.protocol import server_options
 from trapsandbox.computers.sending import Sending
@@ -406,8 +410,13 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         if type(account_id) is Answer:
             self._answer(message_id, account_id)
             return
-        result = requests.send(
-            trapos_id, account_id, obj, lambda frame: self._partial(message_id, frame)
+        result = senders.sent_by(
+            senders.of_operator(self.operator),
+            requests.send,
+            trapos_id,
+            account_id,
+            obj,
+            lambda frame: self._partial(message_id, frame),
         )
         if type(result) is Answer:
             self._answer(message_id, result)

@@ -159,8 +159,14 @@ function watchScreen() {
   );
 }
 
-// Each request sent to the computer (anyone's), newest first, updated when it ends.  Typing
-// (input) and the console's own screen watch are left out: they would drown the rest.
+// Each request sent to the computer (anyone's), newest first, with who sent it, updated as it
+// runs (an ask: the agent's text as it arrives, its tools, its questions) and when it ends.
+// Typing (input) and the console's own screen watch are left out: they would drown the rest.
+function whoSent(entry) {
+  const by = entry.by === "player" ? "the player" : entry.by === "ask" ? "the agent (ask)" : entry.by;
+  return by ? " — " + by + (entry.account ? " (" + entry.account + ")" : "") : "";
+}
+
 function showActivity(entry) {
   if (entry.type === "input" || entry.type === "screen_watch") return;
   const list = $("activity");
@@ -172,14 +178,47 @@ function showActivity(entry) {
     what.textContent = entry.type + (entry.detail ? " " + entry.detail : "");
     const outcome = document.createElement("span");
     outcome.className = "state";
-    item.append(what, " ", outcome);
+    const who = document.createElement("span");
+    who.className = "who";
+    who.textContent = whoSent(entry);
+    item.append(what, " ", outcome, who);
     list.prepend(item);
     while (list.children.length > 50) list.lastChild.remove();
+  }
+  if (entry.state === "running") {
+    showProgress(item, entry);
+    return;
   }
   const ended = entry.state !== "started";
   item.classList.toggle("failed", ended && entry.state !== "ok");
   item.querySelector(".state").textContent = ended
     ? "· " + entry.state + " · " + entry.durationMs + " ms" : "· running…";
+}
+
+// How an ask goes: its text grows in one paragraph (the last 4000 characters kept); each tool,
+// permission asked and question is a line of its own.
+function showProgress(item, entry) {
+  if (typeof entry.text === "string") {
+    let text = item.querySelector(".text");
+    if (!text) {
+      text = document.createElement("p");
+      text.className = "text";
+      item.append(text);
+    }
+    text.textContent = (text.textContent + entry.text).slice(-4000);
+    return;
+  }
+  let line = null;
+  if (entry.tool) line = "tool " + entry.tool + " · " + entry.status;
+  else if (entry.permission) line = "asks to use " + entry.permission + (entry.detail ? ": " + entry.detail : "");
+  else if (entry.question) line = "asks: " + entry.question;
+  if (line === null) return;
+  const note = document.createElement("p");
+  note.className = "step";
+  note.textContent = line;
+  item.append(note);
+  const said = item.querySelector(".text");
+  if (said) said.className = "said";  // text after a step starts a new paragraph
 }
 
 function setPalette(palette) {
