@@ -9,6 +9,7 @@ wait is Selenium's bounded ``WebDriverWait`` on what the page shows.
 the running program (how ``docs/console.png`` was made; relative to the tree).
 """
 
+import argparse
 import os
 import shutil
 import sys
@@ -20,6 +21,7 @@ from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SkipTest, TestCase
 from twisted.web.client import HTTPConnectionPool
 
+from bench import console
 from tests.harness.craftos import Computer
 from tests.harness.processes import REPO, clean_env, spawn
 from tests.harness.support import bounded, connect, reactor
@@ -73,7 +75,7 @@ def _browser():
 class ConsoleTests(TestCase):
     timeout = 120
 
-    async def start(self):
+    async def start(self, browser=True):
         """The gateway (a real twistd: accounts alice and bob, an admin token) and a browser."""
         if webdriver is None:
             raise SkipTest("selenium is not installed (pip install -e '.[test]')")
@@ -89,13 +91,14 @@ class ConsoleTests(TestCase):
         child = spawn(self, argv, env)
         self.port = int((await child.wait_for(r"listening on 127\.0\.0\.1:(\d+)")).group(1))
         self.base = f"http://127.0.0.1:{self.port}"
-        self.driver = await self.thread(_browser)
-        self.addCleanup(lambda: deferToThread(self.driver.quit))
+        if browser:
+            self.driver = await self.thread(_browser)
+            self.addCleanup(lambda: deferToThread(self.driver.quit))
 
     def thread(self, f, *args):
         return bounded(deferToThread(f, *args), WAIT + 10)
 
-    async def alice_computer(self):
+    async def alice_computer(self, allow="exec,screen,input"):
         c = Computer(self.mktemp(), id=7, label="si")
         self.addCleanup(c.shutdown)
         for dest, source in CLIENT_FILES.items():
@@ -105,7 +108,7 @@ class ConsoleTests(TestCase):
             {
                 "sandbox.url": url,
                 "sandbox.password": "s-alice",
-                "sandbox.allow": "exec,screen,input",
+                "sandbox.allow": allow,
             }
         )
         c.write_file("/asker.lua", ASKER)
@@ -226,3 +229,14 @@ class ConsoleTests(TestCase):
         # The token was never in a URL.
         url = await self.thread(lambda: self.driver.current_url)
         self.assertEqual(url, self.base + "/")
+
+    async def test_the_latency_benchmark_times_keys_in_the_page(self):
+        """``python -m bench.console``, tiny: keys typed in the console reach read() and back."""
+        await self.start(browser=False)
+        await self.alice_computer(allow="exec,fs.write,screen,input")
+        args = argparse.Namespace(
+            url=self.base, token=ADMIN_TOKEN, computer="7:si", account="alice", presses=3
+        )
+        figures = await bounded(deferToThread(console.measure, args), 90)
+        self.assertEqual(figures["presses"], 3)
+        self.assertTrue(0 < figures["p50_ms"] <= figures["max_ms"] < 15000, figures)
