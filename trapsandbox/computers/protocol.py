@@ -280,6 +280,7 @@ class GatewayProtocol(Sending, WebSocketServerProtocol):
             version=hello.version,
             connected_at=self.factory.clock.seconds(),
             capabilities=wire.decode_capabilities(hello.capabilities),
+            stopped=wire.stop_message(hello.trapos_id, hello.stopped, hello.stop_message),
             credential=admitted.credential,
         )
         self.factory.registry.add(self.session)
