@@ -244,6 +244,58 @@ class TurtleTests(GatewayMixin, TestCase):
             self.assertEqual(c.get_setting("sandbox.allow"), expected)
 
 
+class ConsentTests(GatewayMixin, TestCase):
+    """The consent rules of SPEC §16: peripheral and turtle are known to ``sandbox allow``;
+    ``all`` and the installer's "y" leave turtle out on a computer that is not a turtle."""
+
+    async def test_sandbox_allow_knows_peripheral_and_turtle_and_all_leaves_turtle_out(self):
+        c = self.computer(label="co")
+        c.set_settings({"sandbox.allow": None})
+        await self.start_daemon(c)
+        await c.run("/programs/sandbox.lua allow all").done
+        self.assertIn(
+            "allowed: exec, eval, fs.read, fs.write, screen, input, peripheral\n", c.output
+        )
+        await c.run("/programs/sandbox.lua allow turtle").done
+        self.assertIn("note: turtle lets the agent drive this turtle, a moving machine", c.output)
+        self.assertIn("note: this computer is not a turtle", c.output)
+        await c.wait_for_lua("traposSandboxState.capabilities[8] == 'turtle'")
+        await self.gateway.registry.request("7:co", "ping", {}, timeout=10)
+        self.assertEqual(
+            self.gateway.registry.find("7:co").capabilities,
+            {"exec", "eval", "fs.read", "fs.write", "screen", "input", "peripheral", "turtle"},
+        )
+        await c.run("/programs/sandbox.lua deny peripheral turtle").done
+        self.assertEqual(c.get_setting("sandbox.allow"), b"exec,eval,fs.read,fs.write,screen,input")
+
+    async def test_the_installers_y_on_a_computer_allows_peripheral_not_turtle(self):
+        base = f"http://127.0.0.1:{self.port}"
+        c = self.computer(id=8, install=False)
+        c.set_settings({"sandbox.url": None, "sandbox.password": None})
+        c.install_world()
+        proc = c.run(f"wget run {base}/client/install.lua {PASSWORD}")
+        await c.wait_for_output("[y/N] ")
+        self.assertIn("use its peripherals?", c.output)
+        c.type_line("y")
+        ok, err = await proc.done
+        self.assertTrue(ok, err)
+        self.assertNotIn("This is a turtle", c.output)
+        self.assertEqual(
+            c.get_setting("sandbox.allow"), b"exec,eval,fs.read,fs.write,screen,input,peripheral"
+        )
+
+    async def test_the_installers_allow_all_leaves_a_turtle_undriven(self):
+        base = f"http://127.0.0.1:{self.port}"
+        c = self.computer(id=9, install=False)
+        c.set_settings({"sandbox.url": None, "sandbox.password": None})
+        c.install_world(turtle=True)
+        ok, err = await c.run(f"wget run {base}/client/install.lua {PASSWORD} --allow=all").done
+        self.assertTrue(ok, err)
+        self.assertEqual(
+            c.get_setting("sandbox.allow"), b"exec,eval,fs.read,fs.write,screen,input,peripheral"
+        )
+
+
 class CtlTests(GatewayMixin, TestCase):
     """trapsandbox-ctl peripherals and call (real processes) against the harness computer."""
 
