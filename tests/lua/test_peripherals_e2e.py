@@ -208,8 +208,54 @@ class TurtleTests(GatewayMixin, TestCase):
         self.assertEqual((selected.payload["returns"], selected.payload["selected"]), ([True], 5))
         bad = await self.act("select", 17)
         self.assertEqual(
-            (bad.error.code, bad.error.message), ("peripheral_error", "Slot out of range")
+            (bad.error.code, bad.error.message), ("peripheral_error", "Slot number 17 out of range")
         )
+
+    # The fake against CC:Tweaked's TurtleAPI.java and its commands (issue 23).
+
+    async def test_the_way_is_checked_before_the_fuel_and_turns_are_free(self):
+        await self.ready()
+        self.world[b"block"](0, 0, -1, b"minecraft:stone")
+        answer = await self.act("forward")
+        self.assertEqual(answer.payload["returns"], [False, "Movement obstructed"])
+        answer = await self.act("turnRight")
+        self.assertEqual((answer.payload["returns"], answer.payload["fuel"]), ([True], 0))
+        answer = await self.act("forward")
+        self.assertEqual(answer.payload["returns"], [False, "Out of fuel"])
+
+    async def test_refuel_burns_only_what_fits_and_zero_only_checks(self):
+        await self.ready()
+        self.world[b"turtleState"][b"fuelLimit"] = 200
+        self.world[b"give"](1, b"minecraft:coal", 5)
+        self.world[b"give"](2, b"minecraft:stone", 1)
+        answer = await self.act("refuel", 0)
+        self.assertEqual((answer.payload["returns"], answer.payload["fuel"]), ([True], 0))
+        self.assertEqual((await self.act("getItemCount", 1)).payload["returns"], [5])
+        answer = await self.act("refuel")
+        self.assertEqual((answer.payload["returns"], answer.payload["fuel"]), ([True], 200))
+        self.assertEqual((await self.act("getItemCount", 1)).payload["returns"], [2])
+        bad = await self.act("refuel", -1)
+        self.assertEqual(bad.error.message, "Refuel count -1 out of range")
+        await self.act("select", 2)
+        answer = await self.act("refuel", 0)
+        self.assertEqual(answer.payload["returns"], [False, "Items not combustible"])
+
+    async def test_item_counts_are_checked_and_moving_nothing_succeeds(self):
+        await self.ready()
+        self.assertEqual((await self.act("drop", 0)).payload["returns"], [True])
+        self.assertEqual((await self.act("drop")).payload["returns"], [False, "No items to drop"])
+        self.assertEqual((await self.act("transferTo", 2)).payload["returns"], [True])
+        bad = await self.act("drop", 65)
+        self.assertEqual(bad.error.message, "Item count 65 out of range")
+        bad = await self.act("suck", -1)
+        self.assertEqual(bad.error.message, "Item count -1 out of range")
+
+    async def test_unlimited_fuel_moves_for_free(self):
+        await self.ready()
+        self.world[b"setFuelNeeded"](False)
+        answer = await self.act("forward")
+        self.assertEqual(answer.payload, {"returns": [True], "fuel": "unlimited", "selected": 1})
+        self.assertEqual((await self.act("getFuelLimit")).payload["returns"], ["unlimited"])
 
     async def test_unknown_actions_and_a_crafting_table_missing(self):
         await self.ready()
