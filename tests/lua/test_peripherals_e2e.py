@@ -408,13 +408,25 @@ class StopTests(GatewayMixin, TestCase):
             answer = await d
             self.assertEqual(answer.error.code, "stopped", answer)
             self.assertIn('run "sandbox resume"', answer.error.message)
+        # Frames are handled in order: once a ping is answered, the gateway heard of the stop
+        # and refuses at once...
+        self.assertTrue((await self.ask("ping", {})).ok)
+        with self.assertRaises(GatewayError) as caught:
+            await self.ask("list_peripherals", {})
+        self.assertEqual(caught.exception.code, "stopped")
+        self.assertIn('run "sandbox resume"', caught.exception.message)
+        # ... and so does the computer, should the gateway believe otherwise.
+        session = self.gateway.registry.find("7:st")
+        told, session.stopped = session.stopped, None
         refused = await self.ask("list_peripherals", {})
         self.assertEqual(refused.error.code, "stopped")
-        self.assertTrue((await self.ask("ping", {})).ok)
+        session.stopped = told
         status = c.run("/programs/sandbox.lua status")
         await status.done
         self.assertIn("agent: stopped (the player stopped the sandbox agent", c.output)
         await c.run("/programs/sandbox.lua resume").done
+        await c.wait_for_lua("not traposSandboxSession.status().agentStopped")
+        self.assertTrue((await self.ask("ping", {})).ok)
         answer = await self.ask("list_peripherals", {})
         self.assertTrue(answer.ok, answer.error)
 
@@ -426,9 +438,14 @@ class StopTests(GatewayMixin, TestCase):
         answer = await watch
         self.assertEqual(answer.error.code, "stopped")
         self.assertIn("redstone signal on the back side", answer.error.message)
-        refused = await self.ask("call_peripheral", {"name": "top", "method": "getSize"})
-        self.assertEqual(refused.error.code, "stopped")
+        self.assertTrue((await self.ask("ping", {})).ok)
+        with self.assertRaises(GatewayError) as caught:
+            await self.ask("call_peripheral", {"name": "top", "method": "getSize"})
+        self.assertIn("redstone signal on the back side", caught.exception.message)
         self.world[b"setRedstone"](b"back", False)
         await c.wait_for_lua("not traposSandboxSession.status().agentStopped")
+        # Frames are handled in order: once a ping is answered, the gateway heard the resume.
+        self.assertTrue((await self.ask("ping", {})).ok)
+        self.assertIsNone(self.gateway.registry.find("7:st").stopped)
         answer = await self.ask("call_peripheral", {"name": "top", "method": "getSize"})
         self.assertEqual(answer.payload["returns"], [15, 5])
