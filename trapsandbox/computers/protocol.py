@@ -2,7 +2,8 @@
 The WebSocket side: one ``GatewayProtocol`` per computer connection.
 
     computer                                gateway
-    computer_request hello {traposId, secret}  ->
+    computer_request hello {traposId, secret, version?, capabilities?, stopped?,
+                            stopMessage?}      ->
                                                <- gateway_response hello ok {accountId}
                                                   (or ok:false unauthorized, then close 4001)
     computer_request probe_gateway|health      ->
