@@ -432,16 +432,21 @@ function M.gatewayResponse(receiverId, messageId, msgType, ok, payload, err)
 end
 
 -- capabilities: the allowed list (§9).
-function M.hello(senderId, messageId, secret, version, capabilities)
+-- `stopped` (optional): the error value saying why the player stopped the agent here (SPEC
+-- §16); hello then carries stopped = true and its message, so the gateway knows at once.
+function M.hello(senderId, messageId, secret, version, capabilities, stopped)
   expectNonEmpty(1, senderId)
   expect(3, secret, 'string', 'nil')
   expect(5, capabilities, 'table', 'nil')
-  return M.computerRequest(senderId, messageId, 'hello', {
+  expect(6, stopped, 'table', 'nil')
+  local payload = {
     traposId = senderId,
     secret = secret or '',
     version = version or _VERSION,
     capabilities = jsonList(capabilities or {}),
-  })
+  }
+  if stopped then payload.stopped, payload.stopMessage = true, stopped.message end
+  return M.computerRequest(senderId, messageId, 'hello', payload)
 end
 
 -- messageId = "<os.epoch('utc')>-<process-global sequence>"; the sequence lives in _G so
@@ -2614,7 +2619,10 @@ function Session:onOpen(url, handle)
   attempt.helloId = M.newMessageId(self.os)
   local capabilities = self:capabilities()
   self.announced = table.concat(capabilities, ',')
-  local okEncode, text = pcall(self.encode, M.hello(self.traposId, attempt.helloId, self.secret, _VERSION, capabilities))
+  local stopped = self:stopReason()
+  self.announcedStop = stopped and stopped.message or ''
+  local okEncode, text = pcall(self.encode,
+    M.hello(self.traposId, attempt.helloId, self.secret, _VERSION, capabilities, stopped))
   local sent, sendErr = false, text
   if okEncode then sent, sendErr = self:sendOn(handle, text) end
   if not sent then
@@ -2640,6 +2648,7 @@ function Session:onHello(messageId, ok, payload, err)
     self.log('connected as ' .. self.traposId)
     self:queue(M.EVENT_CONNECTED, self.traposId)
     self:announceCapabilities() -- in case they changed since hello was sent
+    self:announceStop()
   elseif err and err.code == 'unauthorized' then
     self:stopForGood(err)
   else
@@ -2767,6 +2776,7 @@ end
 
 -- On sandbox stop / resume and on every redstone change: once stopped, every running request
 -- (programs, Lua, watches, peripheral calls) ends with `stopped`; new ones are refused (dispatch).
+-- The gateway is told (announceStop): it ends the running ask and shows the computer stopped.
 function Session:onStopChange()
   local stopped = self:stopReason() ~= nil
   if stopped and not self.halted then
@@ -2775,6 +2785,28 @@ function Session:onStopChange()
   end
   self.halted = stopped
   self:publish()
+  self:announceStop()
+end
+
+-- Sends computer_request `stopped {stopped, stopMessage?}` when the stop state differs from the
+-- one last announced (in hello or here), like announceCapabilities. A gateway older than this
+-- request answers unknown_type, which is only logged.
+function Session:announceStop()
+  local stopped = self:stopReason()
+  local key = stopped and stopped.message or ''
+  if self.state ~= 'ready' or key == self.announcedStop then return false end
+  local messageId = M.newMessageId(self.os)
+  local text = encodeFrame(self, M.computerRequest(self.traposId, messageId, 'stopped',
+    { stopped = stopped ~= nil, stopMessage = stopped and stopped.message or nil }))
+  local sent, err = self:sendOn(self.current.handle, text)
+  if not sent then
+    self.log('could not announce the stop: ' .. tostring(err))
+    return false
+  end
+  self.announcedStop = key
+  self.ownRequests[messageId] = true
+  self.log(stopped and 'agent stopped: the gateway is told' or 'agent resumed: the gateway is told')
+  return true
 end
 
 -- ready: a program asks to send a request (trapos_sandbox_send); anything else answers at once.

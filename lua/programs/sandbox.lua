@@ -141,6 +141,9 @@ local function ask(lib, words)
   if not ok then
     if type(result) == 'table' and result.code == 'cancelled' then
       print('sandbox ask: cancelled')
+    elseif type(result) == 'table' and result.code == 'stopped' then
+      -- sandbox stop (or the stop side's redstone) ended it: the message says how to resume.
+      print('sandbox ask: stopped: ' .. tostring(result.message))
     else
       print('sandbox ask failed: ' .. describeError(result))
     end

@@ -240,3 +240,31 @@ class ConsoleTests(TestCase):
         figures = await bounded(deferToThread(console.measure, args), 90)
         self.assertEqual(figures["presses"], 3)
         self.assertTrue(0 < figures["p50_ms"] <= figures["max_ms"] < 15000, figures)
+
+    async def test_a_stopped_computer_has_a_badge_says_why_and_is_watched_again_on_resume(self):
+        await self.start()
+        c = await self.alice_computer()
+        await self.thread(self.log_in, "token-alice")
+        button = await self.thread(self.computer_button, "7:si")
+        await self.thread(button.click)
+        await self.thread(self.screen_shows, "allowed: exec, screen, input")
+        await c.run("/programs/sandbox.lua stop").done
+        badge = (By.CSS_SELECTOR, '#computers button[data-trapos="7:si"] .stopped')
+        shown_badge = await self.thread(self.wait_until, shown.visibility_of_element_located(badge))
+        self.assertEqual(await self.thread(lambda: shown_badge.text), "stopped")
+        await self.thread(
+            self.wait_until,
+            shown.text_to_be_present_in_element((By.ID, "notice"), "Stopped by its player: "),
+        )
+        notice = await self.thread(lambda: self.driver.find_element(By.ID, "notice").text)
+        self.assertIn('run "sandbox resume"', notice)
+        self.assertIn("screen, typing and requests are refused", notice)
+        await c.run("/programs/sandbox.lua resume").done
+        await self.thread(self.wait_until, shown.invisibility_of_element_located(badge))
+        # The stop ended the screen watch on the computer: the console watches again.
+        run = self.execute("asker")
+        await self.thread(self.screen_shows, "MARKER-42 name?")
+        notice = await self.thread(lambda: self.driver.find_element(By.ID, "notice").text)
+        self.assertEqual(notice, "")
+        await c.shutdown()
+        await bounded(run, 30)

@@ -10,14 +10,21 @@ globals by tests.harness.craftos.install_world. Written from CC:Tweaked's docume
   (playNote, playSound), drive (isDiskPresent, getDiskLabel, setDiskLabel, getDiskID, hasData,
   getMountPath, ejectDisk), modem (open, isOpen, close, closeAll, transmit, isWireless).
 - `turtle` (when asked for): a turtle at (0, 0, 0) facing north in a world of named blocks,
-  16 inventory slots, fuel (1 per move, limit 20000). Every action answers as CC:Tweaked
+  16 inventory slots, fuel (1 per move, turns free, limit 20000; or "unlimited" when the
+  server's need_fuel is off: setFuelNeeded(false)). Every action answers as CC:Tweaked
   does (true, or false and its reason; inspect's {name, state, tags}) after waiting for its
   own `turtle_response` event, as the real API does: it yields, so only a coroutine that is
-  resumed with events (a job) can call it.
+  resumed with events (a job) can call it. Checked against CC:Tweaked's TurtleAPI.java and
+  its commands: a move checks the way before the fuel ("Movement obstructed" wins over "Out
+  of fuel"); refuel burns only the items that fit below the limit, refuel(0) only checks the
+  item, a negative count raises "Refuel count N out of range"; slots outside 1..16 raise
+  "Slot number N out of range", item counts outside 0..64 "Item count N out of range";
+  dropping 0 items, or transferring from an empty slot, succeeds.
 
 The returned table (also _G.harnessWorld) lets a test change the world: attach(name, type),
 detach(name), insertDisk(name, id), touch(name, x, y), receive(name, channel, reply, message),
-setRedstone(side, on), block(x, y, z, name), monitorLines(name), transmitted, pages. ]]
+setRedstone(side, on), block(x, y, z, name), monitorLines(name), transmitted, pages; for the
+turtle give(slot, name, count), blockAt(x, y, z), setFuelNeeded(needed), turtleState. ]]
 
 local world = { peripherals = {}, order = {}, transmitted = {}, pages = {}, played = {} }
 local unpack = table.unpack
@@ -284,8 +291,10 @@ local FUEL_VALUE = { ['minecraft:coal'] = 80, ['minecraft:charcoal'] = 80, ['min
 local HEADINGS = { { 0, -1 }, { 1, 0 }, { 0, 1 }, { -1, 0 } } -- north, east, south, west
 
 function world.makeTurtle()
-  local t = { x = 0, y = 0, z = 0, facing = 1, fuel = 0, fuelLimit = 20000, selected = 1, slots = {}, blocks = {} }
+  local t = { x = 0, y = 0, z = 0, facing = 1, fuel = 0, fuelLimit = 20000, fuelNeeded = true,
+    selected = 1, slots = {}, blocks = {} }
   world.turtleState = t
+  function world.setFuelNeeded(needed) t.fuelNeeded = needed and true or false end
   local key = function(x, y, z) return x .. ',' .. y .. ',' .. z end
   function world.block(x, y, z, name) t.blocks[key(x, y, z)] = name and { name = name } or nil end
   function world.blockAt(x, y, z) local b = t.blocks[key(x, y, z)]; return b and b.name end
@@ -314,8 +323,17 @@ function world.makeTurtle()
   local function checkSlot(slot, index)
     if slot == nil then return t.selected end
     if type(slot) ~= 'number' then error(('bad argument #%d (number expected, got %s)'):format(index or 1, type(slot)), 3) end
-    if slot < 1 or slot > 16 or slot % 1 ~= 0 then error('Slot out of range', 3) end
+    if slot % 1 ~= 0 then error(('bad argument #%d (number has no integer representation)'):format(index or 1), 3) end
+    if slot < 1 or slot > 16 then error(('Slot number %d out of range'):format(slot), 3) end
     return slot
+  end
+
+  -- CC:Tweaked's checkCount: drop, suck and transferTo take 0..64 items, 64 by default.
+  local function checkCount(count, index)
+    if count == nil then return 64 end
+    if type(count) ~= 'number' then error(('bad argument #%d (number expected, got %s)'):format(index or 1, type(count)), 3) end
+    if count < 0 or count > 64 then error(('Item count %d out of range'):format(count), 3) end
+    return count
   end
 
   -- Stores `count` of `name` from the selected slot on; -> whether it all fit.
@@ -347,10 +365,12 @@ function world.makeTurtle()
 
   local function move(direction)
     return function()
-      if t.fuel < 1 then return respond(false, 'Out of fuel') end
       local x, y, z = target(direction)
+      -- TurtleMoveCommand: the way first, then the fuel; a move costs 1 when fuel is needed.
       if t.blocks[key(x, y, z)] then return respond(false, 'Movement obstructed') end
-      t.x, t.y, t.z, t.fuel = x, y, z, t.fuel - 1
+      if t.fuelNeeded and t.fuel < 1 then return respond(false, 'Out of fuel') end
+      t.x, t.y, t.z = x, y, z
+      if t.fuelNeeded then t.fuel = t.fuel - 1 end
       return respond(true)
     end
   end
@@ -406,14 +426,21 @@ function world.makeTurtle()
 
   local function drop()
     return function(count)
+      count = checkCount(count)
+      if count == 0 then return respond(true) end -- "Dropping nothing is easy"
       local s = t.slots[t.selected]
       if not s then return respond(false, 'No items to drop') end
-      take(t.selected, count or s.count)
+      take(t.selected, count)
       return respond(true)
     end
   end
 
-  local function suck() return function() return respond(false, 'No items to take') end end
+  local function suck()
+    return function(count)
+      checkCount(count)
+      return respond(false, 'No items to take')
+    end
+  end
 
   local api = {
     forward = move('forward'), back = move('back'), up = move('up'), down = move('down'),
@@ -454,26 +481,35 @@ function world.makeTurtle()
   end
   function api.transferTo(slot, count)
     slot = checkSlot(slot)
+    count = checkCount(count, 2)
     local from, to = t.slots[t.selected], t.slots[slot]
-    if not from then return respond(false, 'No items to transfer') end
+    -- TurtleTransferToCommand: nothing to move (an empty slot, a count of 0) succeeds.
+    if not from or count == 0 then return respond(true) end
     if to and to.name ~= from.name then return respond(false, 'No space for items') end
     local space = to and 64 - to.count or 64
-    local moved = math.min(count or from.count, from.count, space)
+    local moved = math.min(count, from.count, space)
     if moved < 1 then return respond(false, 'No space for items') end
     take(t.selected, moved)
     if to then to.count = to.count + moved else t.slots[slot] = { name = from.name, count = moved } end
     return respond(true)
   end
-  function api.getFuelLevel() return t.fuel end
-  function api.getFuelLimit() return t.fuelLimit end
+  function api.getFuelLevel() return t.fuelNeeded and t.fuel or 'unlimited' end
+  function api.getFuelLimit() return t.fuelNeeded and t.fuelLimit or 'unlimited' end
+  -- TurtleRefuelCommand and FurnaceRefuelHandler: refuel(0) only checks the item; otherwise
+  -- at most `count` items burn, and no more than fill the tank (the last one may overflow).
   function api.refuel(count)
+    if count == nil then count = math.huge end
+    if type(count) ~= 'number' then error(('bad argument #1 (number expected, got %s)'):format(type(count)), 2) end
+    if count < 0 then error(('Refuel count %d out of range'):format(count), 2) end
     local s = t.slots[t.selected]
     if not s then return respond(false, 'No items to combust') end
     local value = FUEL_VALUE[s.name]
     if not value then return respond(false, 'Items not combustible') end
-    local used = math.min(count or s.count, s.count)
-    take(t.selected, used)
-    t.fuel = math.min(t.fuelLimit, t.fuel + used * value)
+    local used = math.min(count, s.count, math.ceil((t.fuelLimit - t.fuel) / value))
+    if used > 0 then
+      take(t.selected, used)
+      t.fuel = math.min(t.fuelLimit, t.fuel + used * value)
+    end
     return respond(true)
   end
   turtle = api

@@ -121,6 +121,7 @@ class ComputersTests(APITestCase):
                     "version": "0.1.0",
                     "inFlight": 0,
                     "capabilities": [],
+                    "stopped": False,
                 },
                 {
                     "traposId": "8:turtle",
@@ -130,6 +131,7 @@ class ComputersTests(APITestCase):
                     "version": None,
                     "inFlight": 0,
                     "capabilities": [],
+                    "stopped": False,
                 },
             ],
         )

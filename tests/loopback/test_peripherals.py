@@ -11,6 +11,8 @@ from tests.harness.support import (
     admitted,
     both_modes,
     bounded,
+    connect,
+    connect_operator,
     reactor,
     start_gateway,
 )
@@ -152,6 +154,103 @@ class PeripheralHTTPTests(TestCase):
         client = await self.raw(EVENTS.replace(b"timeoutMs=5000", b"timeoutMs=0"))
         head = await client.until(b"\r\n\r\n")
         self.assertIn(b" 400 ", head.split(b"\r\n")[0])
+
+
+STOPPED = 'the player stopped the sandbox agent on computer 7:base: on it, run "sandbox resume"'
+
+
+class StopStateTests(TestCase):
+    """
+    The gateway knows when a computer's player stopped the agent (SPEC §16): announced in
+    hello and with a ``stopped`` request, shown in /computers and the /operator listing,
+    and every request needing a capability is refused at once with ``stopped``.
+    """
+
+    def setUp(self):
+        self.gateway = start_gateway(self, password="sesame")
+        self.url = f"http://127.0.0.1:{self.gateway.port}"
+        self.pool = HTTPConnectionPool(reactor(), persistent=False)
+
+    async def get(self, path):
+        response = await bounded(treq.get(self.url + path, pool=self.pool))
+        return response.code, orjson.loads(await bounded(treq.content(response)))
+
+    async def stopped_computer(self):
+        computer = await connect(self, self.gateway.port)
+        computer.trapos_id = "7:base"
+        hello = {
+            "traposId": "7:base",
+            "secret": "sesame",
+            "capabilities": ["peripheral"],
+            "stopped": True,
+            "stopMessage": STOPPED,
+        }
+        self.assertTrue((await computer.request("hello", hello))["ok"])
+        return computer
+
+    async def test_a_stopped_computer_is_listed_stopped_and_refused_without_a_frame(self):
+        computer = await self.stopped_computer()
+        _, listed = await self.get("/computers")
+        (entry,) = listed["computers"]
+        self.assertEqual((entry["stopped"], entry["stopMessage"]), (True, STOPPED))
+        code, body = await self.get("/computers/7%3Abase/peripherals")
+        self.assertEqual((code, body["code"], body["error"]), (409, "stopped", STOPPED))
+        # Nothing reached the computer: the next frame it gets is the answer to its resume.
+        answer = await computer.request("stopped", {"stopped": False})
+        self.assertEqual((answer["ok"], answer["payload"]), (True, {"stopped": False}))
+        _, listed = await self.get("/computers")
+        self.assertEqual(listed["computers"][0]["stopped"], False)
+        self.assertNotIn("stopMessage", listed["computers"][0])
+        got = treq.get(self.url + "/computers/7%3Abase/peripherals", pool=self.pool)
+        request = await computer.next_message()
+        self.assertEqual(request["type"], "list_peripherals")
+        computer.respond(request, payload={"peripherals": []})
+        self.assertEqual((await bounded(got)).code, 200)
+
+    async def test_the_operator_listing_follows_stop_and_resume_live(self):
+        computer = await admitted(self, self.gateway.port, "sesame", capabilities=["screen"])
+        page = await connect_operator(self, self.gateway.port)
+        page.send({"id": "w", "type": "watch_computers"})
+        first = (await page.next_message())["payload"]["computers"]
+        self.assertEqual(first[0]["stopped"], False)
+        redstone = "a redstone signal on the back side of computer 7:base stops the agent"
+        answer = await computer.request("stopped", {"stopped": True, "stopMessage": redstone})
+        self.assertTrue(answer["ok"], answer)
+        listed = (await page.next_message())["payload"]["computers"]
+        self.assertEqual((listed[0]["stopped"], listed[0]["stopMessage"]), (True, redstone))
+        page.send({"id": 1, "traposId": "7:base", "type": "screen"})
+        refused = await page.next_message()
+        self.assertEqual((refused["status"], refused["error"]["code"]), (409, "stopped"))
+        await computer.request("stopped", {"stopped": False})
+        listed = (await page.next_message())["payload"]["computers"]
+        self.assertEqual(listed[0]["stopped"], False)
+
+    async def test_a_stop_without_words_gets_the_gateways_and_a_bad_one_is_refused(self):
+        computer = await admitted(self, self.gateway.port, "sesame")
+        answer = await computer.request("stopped", {"stopped": True})
+        self.assertTrue(answer["ok"], answer)
+        _, listed = await self.get("/computers")
+        self.assertEqual(listed["computers"][0]["stopMessage"], STOPPED)
+        answer = await computer.request("stopped", {"stopped": "yes"})
+        self.assertEqual(answer["error"]["code"], "bad_request")
+        self.assertIn("stopped must be true or false", answer["error"]["message"])
+
+    async def test_an_mcp_call_on_a_stopped_computer_says_how_to_resume(self):
+        await self.stopped_computer()
+        call = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": "list_peripherals", "arguments": {"computer": "7:base"}},
+        }
+        headers = {**JSON, "accept": "application/json, text/event-stream"}
+        response = await bounded(
+            treq.post(self.url + "/mcp", data=orjson.dumps(call), headers=headers, pool=self.pool)
+        )
+        result = orjson.loads(await bounded(treq.content(response)))["result"]
+        self.assertTrue(result["isError"], result)
+        self.assertEqual(result["structuredContent"]["code"], "stopped")
+        self.assertIn('run "sandbox resume"', result["content"][0]["text"])
 
 
 both_modes(globals(), "PeripheralHTTPTests")

@@ -17,6 +17,7 @@ from tests.harness.opencode import start_opencode
 from tests.harness.support import bounded, closed_port, reactor
 from tests.lua.test_lua_e2e import GatewayMixin
 from trapsandbox import limits
+from trapsandbox.computers.registry import describe_session
 from trapsandbox.ops import ctl
 
 TOKEN = "ask-test-admin-token"
@@ -321,3 +322,43 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         said = [formatEvent(event) for event in logs.events]
         self.assertTrue(any("cancelled by its client" in line for line in said), said[-20:])
         self.assertIn("MCP run_command on 7:ask: cancelled", "\n".join(said))
+
+    async def test_sandbox_stop_ends_the_running_ask_and_what_it_runs(self):
+        """
+        SPEC §16: ``sandbox stop``, typed in another tab while the agent runs a
+        program through an ask, terminates the program, ends the ask on the
+        player's screen with a clear line, aborts the run in opencode, and
+        shows the computer stopped; an ask while stopped is refused at once.
+        """
+        call = {"computer": "7:ask", "command": "/ticker.lua", "args": ["300"]}
+        model = await start_fake_model(
+            self, "", {}, script=[("trapsandbox_run_command", {**call, "timeoutSeconds": 300})]
+        )
+        await self.opencode(model)
+        c = await self.ready()
+        c.write_file("/ticker.lua", TICKER.encode())
+        self.ask(c, "/programs/sandbox.lua ask --yes tick")
+        await c.wait_for(lambda: c.read_file("/started") is not None, 90, "the run's start")
+        await c.run("/programs/sandbox.lua stop").done
+        await c.wait_for(lambda: c.read_file("/ended") is not None, 10, "the run's end")
+        self.assertEqual(c.read_file("/ended"), b"Terminated")
+        await self.on_screen(c, "sandbox ask: stopped: the player stopped the sandbox agent", 30)
+        await self.on_screen(c, 'on it, run "sandbox resume"', 5)
+        session = self.gateway.registry.find("7:ask")
+        self.assertEqual(describe_session(session)["stopped"], True)
+        self.assertEqual(self.gateway.metrics._asks.labels("cancelled").value, 1)
+        (conversation,) = self.gateway.asks.conversations.values()
+        status = await self.session_status(conversation.session_id, conversation.directory)
+        self.assertIn(status, (None, {"type": "idle"}))
+        # Stopped: a new ask is refused before opencode hears of it.
+        asked = len(model.requests)
+        self.ask(c, "/programs/sandbox.lua ask --yes tick again")
+        await self.on_screen(c, "sandbox ask: stopped: the player stopped", 30)
+        self.assertEqual(len(model.requests), asked)
+        status = c.run("/programs/sandbox.lua status")
+        await status.done
+        self.assertIn("agent: stopped (the player stopped the sandbox agent", c.output)
+        await c.run("/programs/sandbox.lua resume").done
+        await c.wait_for(
+            lambda: self.gateway.registry.find("7:ask").stopped is None, 10, "the gateway told"
+        )

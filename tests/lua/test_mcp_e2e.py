@@ -15,7 +15,7 @@ from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.harness.fake_model import start_fake_model
+from tests.harness.fake_model import start_fake_model, tool_messages
 from tests.harness.opencode import start_opencode
 from tests.harness.processes import REPO, clean_env, spawn
 from tests.harness.support import bounded, reactor
@@ -249,3 +249,38 @@ class RealOpencodeTests(McpMixin, TestCase):
         result = await self.prompt(model, "What is 6*7 on the computer?")
         self.assertIn('run "sandbox allow eval"', result)
         self.assertNotIn("42", result)
+
+    async def test_opencode_lists_peripherals_and_writes_to_a_monitor(self):
+        """
+        SPEC §16 through the real opencode: its agent lists the peripherals of
+        a computer with the harness's emulated monitor, then writes on it with
+        call_peripheral; the monitor shows the text and the model got each
+        tool's result.
+        """
+        c = self.computer(id=7, label="pm")
+        c.set_settings({"sandbox.allow": "peripheral"})
+        world = c.install_world()
+        world[b"attach"](b"top", b"monitor")
+        await self.start_daemon(c)
+        monitor = {"computer": "7:pm", "name": "top"}
+        script = [
+            ("trapsandbox_list_peripherals", {"computer": "7:pm"}),
+            ("trapsandbox_call_peripheral", {**monitor, "method": "setCursorPos", "args": [2, 3]}),
+            ("trapsandbox_call_peripheral", {**monitor, "method": "write", "args": ["hi agent"]}),
+            ("trapsandbox_call_peripheral", {**monitor, "method": "getCursorPos"}),
+            ("trapsandbox_call_peripheral", {**monitor, "method": "fly"}),
+        ]
+        model = await start_fake_model(self, "", {}, script=script, answer="Written.")
+        await self.opencode(model)
+        await self.prompt(model, "Write on the monitor of computer 7:pm.")
+        self.assertTrue(
+            {"trapsandbox_list_peripherals", "trapsandbox_call_peripheral"} <= model.offered_tools()
+        )
+        results = max((tool_messages(body) for body in model.requests), key=len)
+        self.assertEqual(len(results), len(script), results)
+        listed, _, written, cursor, failed = results
+        self.assertIn("- top (monitor): clear, getCursorPos, getSize", listed)
+        self.assertEqual(written, "top.write on 7:pm returned: nothing")
+        self.assertEqual(cursor, "top.getCursorPos on 7:pm returned: 10, 3")
+        self.assertIn("peripheral_error: No such method fly", failed)
+        self.assertEqual(world[b"monitorLines"](b"top")[3], b" hi agent      ")

@@ -208,8 +208,54 @@ class TurtleTests(GatewayMixin, TestCase):
         self.assertEqual((selected.payload["returns"], selected.payload["selected"]), ([True], 5))
         bad = await self.act("select", 17)
         self.assertEqual(
-            (bad.error.code, bad.error.message), ("peripheral_error", "Slot out of range")
+            (bad.error.code, bad.error.message), ("peripheral_error", "Slot number 17 out of range")
         )
+
+    # The fake against CC:Tweaked's TurtleAPI.java and its commands (issue 23).
+
+    async def test_the_way_is_checked_before_the_fuel_and_turns_are_free(self):
+        await self.ready()
+        self.world[b"block"](0, 0, -1, b"minecraft:stone")
+        answer = await self.act("forward")
+        self.assertEqual(answer.payload["returns"], [False, "Movement obstructed"])
+        answer = await self.act("turnRight")
+        self.assertEqual((answer.payload["returns"], answer.payload["fuel"]), ([True], 0))
+        answer = await self.act("forward")
+        self.assertEqual(answer.payload["returns"], [False, "Out of fuel"])
+
+    async def test_refuel_burns_only_what_fits_and_zero_only_checks(self):
+        await self.ready()
+        self.world[b"turtleState"][b"fuelLimit"] = 200
+        self.world[b"give"](1, b"minecraft:coal", 5)
+        self.world[b"give"](2, b"minecraft:stone", 1)
+        answer = await self.act("refuel", 0)
+        self.assertEqual((answer.payload["returns"], answer.payload["fuel"]), ([True], 0))
+        self.assertEqual((await self.act("getItemCount", 1)).payload["returns"], [5])
+        answer = await self.act("refuel")
+        self.assertEqual((answer.payload["returns"], answer.payload["fuel"]), ([True], 200))
+        self.assertEqual((await self.act("getItemCount", 1)).payload["returns"], [2])
+        bad = await self.act("refuel", -1)
+        self.assertEqual(bad.error.message, "Refuel count -1 out of range")
+        await self.act("select", 2)
+        answer = await self.act("refuel", 0)
+        self.assertEqual(answer.payload["returns"], [False, "Items not combustible"])
+
+    async def test_item_counts_are_checked_and_moving_nothing_succeeds(self):
+        await self.ready()
+        self.assertEqual((await self.act("drop", 0)).payload["returns"], [True])
+        self.assertEqual((await self.act("drop")).payload["returns"], [False, "No items to drop"])
+        self.assertEqual((await self.act("transferTo", 2)).payload["returns"], [True])
+        bad = await self.act("drop", 65)
+        self.assertEqual(bad.error.message, "Item count 65 out of range")
+        bad = await self.act("suck", -1)
+        self.assertEqual(bad.error.message, "Item count -1 out of range")
+
+    async def test_unlimited_fuel_moves_for_free(self):
+        await self.ready()
+        self.world[b"setFuelNeeded"](False)
+        answer = await self.act("forward")
+        self.assertEqual(answer.payload, {"returns": [True], "fuel": "unlimited", "selected": 1})
+        self.assertEqual((await self.act("getFuelLimit")).payload["returns"], ["unlimited"])
 
     async def test_unknown_actions_and_a_crafting_table_missing(self):
         await self.ready()
@@ -242,6 +288,58 @@ class TurtleTests(GatewayMixin, TestCase):
             ok, err = await proc.done
             self.assertTrue(ok, err)
             self.assertEqual(c.get_setting("sandbox.allow"), expected)
+
+
+class ConsentTests(GatewayMixin, TestCase):
+    """The consent rules of SPEC §16: peripheral and turtle are known to ``sandbox allow``;
+    ``all`` and the installer's "y" leave turtle out on a computer that is not a turtle."""
+
+    async def test_sandbox_allow_knows_peripheral_and_turtle_and_all_leaves_turtle_out(self):
+        c = self.computer(label="co")
+        c.set_settings({"sandbox.allow": None})
+        await self.start_daemon(c)
+        await c.run("/programs/sandbox.lua allow all").done
+        self.assertIn(
+            "allowed: exec, eval, fs.read, fs.write, screen, input, peripheral\n", c.output
+        )
+        await c.run("/programs/sandbox.lua allow turtle").done
+        self.assertIn("note: turtle lets the agent drive this turtle, a moving machine", c.output)
+        self.assertIn("note: this computer is not a turtle", c.output)
+        await c.wait_for_lua("traposSandboxState.capabilities[8] == 'turtle'")
+        await self.gateway.registry.request("7:co", "ping", {}, timeout=10)
+        self.assertEqual(
+            self.gateway.registry.find("7:co").capabilities,
+            {"exec", "eval", "fs.read", "fs.write", "screen", "input", "peripheral", "turtle"},
+        )
+        await c.run("/programs/sandbox.lua deny peripheral turtle").done
+        self.assertEqual(c.get_setting("sandbox.allow"), b"exec,eval,fs.read,fs.write,screen,input")
+
+    async def test_the_installers_y_on_a_computer_allows_peripheral_not_turtle(self):
+        base = f"http://127.0.0.1:{self.port}"
+        c = self.computer(id=8, install=False)
+        c.set_settings({"sandbox.url": None, "sandbox.password": None})
+        c.install_world()
+        proc = c.run(f"wget run {base}/client/install.lua {PASSWORD}")
+        await c.wait_for_output("[y/N] ")
+        self.assertIn("use its peripherals?", c.output)
+        c.type_line("y")
+        ok, err = await proc.done
+        self.assertTrue(ok, err)
+        self.assertNotIn("This is a turtle", c.output)
+        self.assertEqual(
+            c.get_setting("sandbox.allow"), b"exec,eval,fs.read,fs.write,screen,input,peripheral"
+        )
+
+    async def test_the_installers_allow_all_leaves_a_turtle_undriven(self):
+        base = f"http://127.0.0.1:{self.port}"
+        c = self.computer(id=9, install=False)
+        c.set_settings({"sandbox.url": None, "sandbox.password": None})
+        c.install_world(turtle=True)
+        ok, err = await c.run(f"wget run {base}/client/install.lua {PASSWORD} --allow=all").done
+        self.assertTrue(ok, err)
+        self.assertEqual(
+            c.get_setting("sandbox.allow"), b"exec,eval,fs.read,fs.write,screen,input,peripheral"
+        )
 
 
 class CtlTests(GatewayMixin, TestCase):
@@ -310,13 +408,25 @@ class StopTests(GatewayMixin, TestCase):
             answer = await d
             self.assertEqual(answer.error.code, "stopped", answer)
             self.assertIn('run "sandbox resume"', answer.error.message)
+        # Frames are handled in order: once a ping is answered, the gateway heard of the stop
+        # and refuses at once...
+        self.assertTrue((await self.ask("ping", {})).ok)
+        with self.assertRaises(GatewayError) as caught:
+            await self.ask("list_peripherals", {})
+        self.assertEqual(caught.exception.code, "stopped")
+        self.assertIn('run "sandbox resume"', caught.exception.message)
+        # ... and so does the computer, should the gateway believe otherwise.
+        session = self.gateway.registry.find("7:st")
+        told, session.stopped = session.stopped, None
         refused = await self.ask("list_peripherals", {})
         self.assertEqual(refused.error.code, "stopped")
-        self.assertTrue((await self.ask("ping", {})).ok)
+        session.stopped = told
         status = c.run("/programs/sandbox.lua status")
         await status.done
         self.assertIn("agent: stopped (the player stopped the sandbox agent", c.output)
         await c.run("/programs/sandbox.lua resume").done
+        await c.wait_for_lua("not traposSandboxSession.status().agentStopped")
+        self.assertTrue((await self.ask("ping", {})).ok)
         answer = await self.ask("list_peripherals", {})
         self.assertTrue(answer.ok, answer.error)
 
@@ -328,9 +438,14 @@ class StopTests(GatewayMixin, TestCase):
         answer = await watch
         self.assertEqual(answer.error.code, "stopped")
         self.assertIn("redstone signal on the back side", answer.error.message)
-        refused = await self.ask("call_peripheral", {"name": "top", "method": "getSize"})
-        self.assertEqual(refused.error.code, "stopped")
+        self.assertTrue((await self.ask("ping", {})).ok)
+        with self.assertRaises(GatewayError) as caught:
+            await self.ask("call_peripheral", {"name": "top", "method": "getSize"})
+        self.assertIn("redstone signal on the back side", caught.exception.message)
         self.world[b"setRedstone"](b"back", False)
         await c.wait_for_lua("not traposSandboxSession.status().agentStopped")
+        # Frames are handled in order: once a ping is answered, the gateway heard the resume.
+        self.assertTrue((await self.ask("ping", {})).ok)
+        self.assertIsNone(self.gateway.registry.find("7:st").stopped)
         answer = await self.ask("call_peripheral", {"name": "top", "method": "getSize"})
         self.assertEqual(answer.payload["returns"], [15, 5])

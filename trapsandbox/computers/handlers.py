@@ -4,6 +4,9 @@ What the gateway answers when a computer asks: one handler per request type.
     computer_request probe_gateway | health  ->  {sandboxOk, opencodeOk, opencodeDetail?}
     computer_request capabilities {capabilities: [..]}  ->  {capabilities: [..]}
         what the computer's owner allows from now on (``sandbox allow``/``deny``)
+    computer_request stopped {stopped, stopMessage?}  ->  {stopped}
+        the player stopped the agent there (``sandbox stop``, the stop side's redstone) or
+        resumed it (SPEC §16): a running ask ends with ``stopped``, requests are refused
     computer_request ask {prompt, new?, yes?}  ->  partials {type: text_delta | tool |
         permission | question, ..}, then {sessionId, text}
         (SPEC §11, ``trapsandbox.opencode.asks``)
@@ -73,6 +76,7 @@ class ComputerRequests:
             # The first seed's name for it; the answer echoes the type asked.
             "health": self.probe_gateway,
             "capabilities": self.capabilities,
+            "stopped": self.stopped,
             "ask": self.ask,
             "cancel": self.cancel,
             "ask_permission": self.ask_permission,
@@ -102,6 +106,26 @@ class ComputerRequests:
         session.allow(allowed)
         return {"capabilities": sorted(allowed)}
 
+    def stopped(self, session: Session, frame: wire.ComputerRequest) -> dict[str, Any]:
+        try:
+            stopped = wire.stop_message(
+                session.trapos_id, frame.payload.get("stopped"), frame.payload.get("stopMessage")
+            )
+        except TypeError as error:
+            raise GatewayError(wire.BAD_REQUEST, str(error)) from None
+        if stopped != session.stopped:
+            log.info(
+                "{traposId}: the agent is {state} by its player",
+                traposId=session.trapos_id,
+                state="stopped" if stopped is not None else "resumed",
+            )
+        session.halt(stopped)
+        if stopped is not None and self._asks is not None:
+            self._asks.halt(
+                session.account_id, session.trapos_id, GatewayError(wire.STOPPED, stopped)
+            )
+        return {"stopped": stopped is not None}
+
     def _need_asks(self) -> Asks:
         if self._asks is None:
             raise GatewayError(wire.OPENCODE_ERROR, "this gateway does not talk to opencode")
@@ -109,6 +133,9 @@ class ComputerRequests:
 
     def ask(self, session: Session, frame: wire.ComputerRequest) -> Deferred:
         asks = self._need_asks()
+        if session.stopped is not None:
+            # Its tools would all be refused: say so before opencode spends anything.
+            raise GatewayError(wire.STOPPED, session.stopped)
         # The ask is in the computer's activity from before it starts, so that none of its
         # partials is missed there.
         ended: Deferred = Deferred()

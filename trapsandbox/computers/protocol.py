@@ -2,7 +2,8 @@
 The WebSocket side: one ``GatewayProtocol`` per computer connection.
 
     computer                                gateway
-    computer_request hello {traposId, secret}  ->
+    computer_request hello {traposId, secret, version?, capabilities?, stopped?,
+                            stopMessage?}      ->
                                                <- gateway_response hello ok {accountId}
                                                   (or ok:false unauthorized, then close 4001)
     computer_request probe_gateway|health      ->
@@ -280,6 +281,7 @@ class GatewayProtocol(Sending, WebSocketServerProtocol):
             version=hello.version,
             connected_at=self.factory.clock.seconds(),
             capabilities=wire.decode_capabilities(hello.capabilities),
+            stopped=wire.stop_message(hello.trapos_id, hello.stopped, hello.stop_message),
             credential=admitted.credential,
         )
         self.factory.registry.add(self.session)

@@ -96,6 +96,10 @@ class Session:
     # What the computer's owner allowed (wire.CAPABILITIES); announced in hello
     # and again with a ``capabilities`` request when it changes.
     capabilities: frozenset[str] = frozenset()
+    # Why its player stopped the agent there (``sandbox stop``, SPEC §16), None while it is
+    # not: announced in hello and with a ``stopped`` request; requests needing a capability
+    # are refused with it until the computer says it resumed.
+    stopped: str | None = None
     # The SHA-256 of the secret it was admitted with: a reload that changes
     # its account's secret closes it (``Admission.admits``).
     credential: str = attrs.field(default="", repr=False)
@@ -119,13 +123,22 @@ class Session:
         if changed and self.on_change is not None:
             self.on_change()
 
+    def halt(self, stopped: str | None) -> None:
+        """Its player stopped the agent (why) or resumed it (None); watchers are told."""
+        changed = stopped != self.stopped
+        self.stopped = stopped
+        if changed and self.on_change is not None:
+            self.on_change()
+
     def refusal(self, type: str, payload: dict[str, Any]) -> GatewayError | None:
         """
-        Why this computer must not be sent this request, if it must not: a
-        capability its owner has not allowed, or a file request on its
-        settings file (which holds its credential).
+        Why this computer must not be sent this request, if it must not: its
+        player stopped the agent, a capability its owner has not allowed, or
+        a file request on its settings file (which holds its credential).
         """
         capability = wire.CAPABILITY_OF.get(type)
+        if capability is not None and self.stopped is not None:
+            return GatewayError(wire.STOPPED, self.stopped)
         if capability is None or capability in self.capabilities:
             return settingsfile.refusal(type, payload)
         return GatewayError(
@@ -255,6 +268,8 @@ def describe_session(session: Session) -> dict[str, Any]:
         "version": session.version,
         "inFlight": session.in_flight,
         "capabilities": sorted(session.capabilities),
+        "stopped": session.stopped is not None,
+        **({"stopMessage": session.stopped} if session.stopped is not None else {}),
     }
 
 

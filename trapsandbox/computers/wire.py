@@ -232,6 +232,10 @@ class Hello:
         default=None, validator=attrs.validators.optional(_bounded(MAX_TYPE_LENGTH))
     )
     capabilities: list[str] = attrs.field(factory=list)
+    # The player stopped the agent there (SPEC §16), and the computer's words saying how to
+    # resume; a client older than the stop sends neither.
+    stopped: bool = False
+    stop_message: str | None = None
 
     @trapos_id.validator
     def _check_trapos_id(self, attribute, value):
@@ -478,6 +482,24 @@ def decode_capabilities(value: object) -> frozenset[str]:
 
 
 _KNOWN_CAPABILITIES = frozenset(CAPABILITIES)
+
+
+def stop_message(trapos_id: str, stopped: object, message: object) -> str | None:
+    """
+    Why the agent is stopped on ``trapos_id`` as the gateway repeats it (SPEC §16), or None
+    when it is not: the computer's own words (they say how to resume), cut, or ours when it
+    sent none.  Raises ``TypeError`` when ``stopped`` is not a boolean.
+    """
+    if type(stopped) is not bool:
+        raise TypeError("stopped must be true or false")
+    if not stopped:
+        return None
+    if type(message) is str and message.strip():
+        return cut(message)
+    return (
+        f"the player stopped the sandbox agent on computer {cut(trapos_id)}: "
+        'on it, run "sandbox resume"'
+    )
 
 
 def decode_hello(payload: dict[str, Any]) -> Hello:

@@ -215,6 +215,8 @@ class Asks:
         try:
             await self.stream.ready().addTimeout(limits.ASK_STREAM_READY_TIMEOUT, self._clock)
             conversation = await self._conversation(key, new, yes)
+            if placeholder.finished:  # halted meanwhile: the prompt must not go out
+                return await done
             run = placeholder
             run.conversation = conversation
             run.unsubscribe = self.stream.subscribe(
@@ -584,6 +586,22 @@ class Asks:
         grace = self._clock.callLater(limits.ASK_ABORT_GRACE, self._abort_unheard, run)
         run.done.addBoth(lambda result: (grace.active() and grace.cancel(), result)[1])
         return self._abort(run)
+
+    def halt(self, account_id: str, trapos_id: str, error: GatewayError) -> bool:
+        """
+        The player stopped the agent on that computer (SPEC §16): its running
+        ask ends now with ``error`` and opencode aborts the run; False when
+        none was running.
+        """
+        run = self.runs.get((account_id, trapos_id))
+        if run is None or run.finished:
+            return False
+        log.info("{traposId} was stopped by its player: ending its ask", traposId=cut(trapos_id))
+        if run.conversation.session_id:
+            self._abort(run)
+        self._flush(run)
+        self._finish(run, error, "cancelled")
+        return True
 
     def _abort_unheard(self, run: Run) -> None:
         self._finish(

@@ -6,11 +6,12 @@ dropping mid-answer, against the fake HTTP client of ``helpers``.
 
 import os
 
+import orjson
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionRefusedError
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.unit.opencode.helpers import SES, AskTestsMixin
+from tests.unit.opencode.helpers import SES, AskTestsMixin, FakeResponse
 from trapsandbox import limits
 from trapsandbox.computers import wire
 from trapsandbox.computers.wire import GatewayError
@@ -332,6 +333,33 @@ class AskCancelTests(AskTestsMixin, SynchronousTestCase):
         self.asks.cancel("local", "1:a", "m1")
         self.clock.advance(limits.ASK_ABORT_GRACE)
         self.assertEqual(self.failureResultOf(self.done, GatewayError).value.code, wire.CANCELLED)
+
+
+class AskHaltTests(AskTestsMixin, SynchronousTestCase):
+    """``sandbox stop`` ends the computer's running ask at once (SPEC §16)."""
+
+    STOPPED = GatewayError(wire.STOPPED, 'the player stopped it: on it, run "sandbox resume"')
+
+    def test_halt_aborts_in_opencode_and_ends_the_ask_stopped(self):
+        done = self.ask(message_id="m1")
+        self.busy()
+        self.assertFalse(self.asks.halt("local", "2:b", self.STOPPED))
+        self.assertTrue(self.asks.halt("local", "1:a", self.STOPPED))
+        self.assertIn(f"/session/{SES}/abort", self.http.paths("POST"))
+        self.assertIs(self.failureResultOf(done, GatewayError).value, self.STOPPED)
+        self.assertEqual(self.outcome("cancelled"), 1)
+        self.assertEqual(self.asks.runs, {})
+        self.assertFalse(self.asks.halt("local", "1:a", self.STOPPED))
+
+    def test_halted_while_its_session_is_set_up_the_prompt_never_goes_out(self):
+        created = Deferred()
+        self.http.answers[("POST", "/session")] = created
+        done = self.ask(message_id="m1")
+        self.assertTrue(self.asks.halt("local", "1:a", self.STOPPED))
+        created.callback(FakeResponse(200, orjson.dumps({"id": SES})))
+        self.assertIs(self.failureResultOf(done, GatewayError).value, self.STOPPED)
+        self.assertNotIn(f"/session/{SES}/prompt_async", self.http.paths("POST"))
+        self.assertEqual(self.asks.runs, {})
 
 
 class AskQuestionTests(AskTestsMixin, SynchronousTestCase):

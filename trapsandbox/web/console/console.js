@@ -75,6 +75,14 @@ function showComputers(computers) {
     caps.className = "caps";
     caps.textContent = c.accountId + " · " + (c.capabilities.join(", ") || "nothing allowed");
     button.append(caps);
+    if (c.stopped) {
+      // The player's brake (sandbox stop, SPEC §16): nothing reaches the computer until resume.
+      const badge = document.createElement("span");
+      badge.className = "stopped";
+      badge.textContent = "stopped";
+      badge.title = c.stopMessage || "";
+      button.append(badge);
+    }
     if (state.selected && keyOf(state.selected) === keyOf(c)) button.setAttribute("aria-current", "true");
     button.addEventListener("click", () => select(c));
     item.append(button);
@@ -86,8 +94,12 @@ function showComputers(computers) {
     if (!now) {
       disconnected();
     } else {
+      const resumed = state.selected.stopped && !now.stopped;
       state.selected = now;
+      $("screen").classList.toggle("halted", Boolean(now.stopped));
       inputNotice();
+      // Stopping ended the screen watch on the computer: after resume, watch again.
+      if (resumed && state.watch) { state.watch.onclose = null; state.watch.close(); state.watch = null; }
       watchScreen();
     }
   }
@@ -99,11 +111,17 @@ function disconnected() {
   if (state.watch) { state.watch.onclose = null; state.watch.close(); state.watch = null; }
 }
 
-function canType() { return state.selected && state.selected.capabilities.includes("input"); }
+function canType() {
+  return state.selected && !state.selected.stopped && state.selected.capabilities.includes("input");
+}
 
 function inputNotice() {
   if (!state.selected) return;
-  if (!state.selected.capabilities.includes("screen")) {
+  if (state.selected.stopped) {
+    // The computer cannot tell the agent from an operator: its stop refuses both.
+    notice("Stopped by its player: " + (state.selected.stopMessage || "run \"sandbox resume\" on it")
+      + ". Nothing reaches it until then: screen, typing and requests are refused.");
+  } else if (!state.selected.capabilities.includes("screen")) {
     notice("Read-only: " + state.selected.traposId + " has not allowed screen (on it, run \"sandbox allow screen\").");
   } else if (!canType()) {
     notice("Read-only: " + state.selected.traposId + " has not allowed input (on it, run \"sandbox allow input\").");
@@ -121,6 +139,7 @@ function select(computer) {
   const screen = $("screen");
   screen.replaceChildren();
   screen.classList.remove("gone");
+  screen.classList.toggle("halted", Boolean(computer.stopped));
   screen.setAttribute("aria-label", "Terminal of computer " + computer.traposId);
   $("terminal-title").textContent = "Computer " + computer.traposId;
   showComputers(state.computers);
