@@ -198,7 +198,7 @@ local function showChanges(lib, snapshot)
   if count == 0 then
     print('no changes since snapshot ' .. tostring(result.snapshot))
   else
-    print(('%d changes since snapshot %s'):format(count, tostring(result.snapshot)))
+    print(('%d %s since snapshot %s'):format(count, count == 1 and 'change' or 'changes', tostring(result.snapshot)))
   end
   return result.snapshot, count
 end

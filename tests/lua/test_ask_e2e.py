@@ -167,6 +167,7 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         c.focus(undo)
         await c.wait_for_output("Undo these changes? [y/N]", 30)
         self.assertIn("added    /made.lua", c.output)
+        self.assertIn("1 change since snapshot", c.output)
         c.type_line("y")
         await bounded(undo.done, 30)
         self.assertIn("0 written, 1 deleted", c.output)
