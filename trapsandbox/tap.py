@@ -231,7 +231,6 @@ def web_app(
     asks: Asks | None = None,
     operator_socket: Any = None,
     sandbox: Sandbox | None = None,
-    snapshots: Snapshots | None = None,
 ) -> GatewayApp:
     """The HTTP app and the parts only it uses: the MCP endpoint (and the §9 sandbox
     when the gateway does not share its own)."""
@@ -252,7 +251,6 @@ def web_app(
         cluster=cluster,
         asks=asks,
         operator_socket=operator_socket,
-        snapshots=snapshots,
     )
 
 
@@ -398,7 +396,7 @@ class GatewayService(service.MultiService):
 
     def _build_http(self) -> None:
         """The operator socket, the HTTP app and site, and the port's first-bytes router."""
-        requests = OperatorRequests(self.registry, self.admission)
+        requests = OperatorRequests(self.registry, self.admission, self.snapshots)
         self.operator_socket = OperatorSocketFactory(
             requests,
             self._reactor,
@@ -415,7 +413,6 @@ class GatewayService(service.MultiService):
             asks=self.asks,
             operator_socket=WebSocketResource(self.operator_socket),
             sandbox=self.sandbox,
-            snapshots=self.snapshots,
         )
         self.site = GatewaySite(app.resource(), decide=app.decide)
         self.strangers = Strangers()

@@ -6,7 +6,8 @@ thread (``deferToThread``) while the reactor runs the harness computer; every
 wait is Selenium's bounded ``WebDriverWait`` on what the page shows.
 
 ``TRAPSANDBOX_CONSOLE_SCREENSHOT=docs/console.png`` saves the console beside
-the running program (how ``docs/console.png`` was made; relative to the tree).
+the running program (how ``docs/console.png`` was made; relative to the tree);
+``TRAPSANDBOX_SNAPSHOTS_SCREENSHOT=F`` saves it showing a snapshot's changes.
 """
 
 import argparse
@@ -205,6 +206,75 @@ class ConsoleTests(TestCase):
         errors = [e for e in logs if e["level"] == "SEVERE" and "favicon.ico" not in e["message"]]
         self.assertEqual(errors, [])
 
+    def text_of(self, element_id):
+        return self.driver.find_element(By.ID, element_id).text
+
+    def shows(self, element_id, text):
+        """Wait until the element's text holds ``text`` (blocking: in a thread)."""
+        return self.wait_until(shown.text_to_be_present_in_element((By.ID, element_id), text))
+
+    def click(self, css):
+        self.wait_until(shown.element_to_be_clickable((By.CSS_SELECTOR, css))).click()
+
+    def active_id(self):
+        return self.driver.switch_to.active_element.get_attribute("id")
+
+    async def test_take_a_snapshot_see_a_change_and_its_diff_and_restore_it(self):
+        """SPEC §15 in the console: take, change a file on the computer, compare, restore."""
+        await self.start()
+        c = await self.alice_computer(allow="fs.read,fs.write,screen")
+        c.write_file("/notes.txt", "one\ntwo\n")
+        await self.thread(self.log_in, "token-alice")
+        await self.thread(self.click, '#computers button[data-trapos="7:si"]')
+        await self.thread(self.shows, "snapshots-title", "Snapshots of 7:si")
+        await self.thread(self.shows, "snapshots-status", "No snapshot of this computer yet.")
+        await self.thread(self.click, "#take-snapshot")
+        await self.thread(self.shows, "snapshots-status", "Snapshot 1 taken")
+        await self.thread(self.shows, "snapshots", "taken by an operator")
+        # The computer changes: one file modified, one added (sizes differ: the listing sees it).
+        c.write_file("/notes.txt", "one\n<b>TWO</b>\n")
+        c.write_file("/added.txt", "new")
+        await self.thread(self.click, '#snapshots tr[data-snapshot="1"] button')
+        await self.thread(self.shows, "changes-summary", "1 added, 1 modified, 0 deleted")
+        changes = await self.thread(self.text_of, "changes")
+        self.assertIn("modified /notes.txt (8 B → 15 B)", changes)
+        self.assertIn("added /added.txt (3 B)", changes)
+        # The diff is the computer's text, shown as text (no element made of it).
+        diff = await self.thread(self.text_of, "diffs")
+        self.assertIn("-two\n+<b>TWO</b>", diff)
+        bold = await self.thread(self.driver.find_elements, By.CSS_SELECTOR, "#diffs b")
+        self.assertEqual(bold, [])
+        shot = os.environ.get("TRAPSANDBOX_SNAPSHOTS_SCREENSHOT")
+        if shot:
+            script = "document.getElementById('snapshots-area').scrollIntoView()"
+            await self.thread(self.driver.execute_script, script)
+            saved = await self.thread(self.driver.save_screenshot, os.path.join(REPO, shot))
+            self.assertTrue(saved, shot)
+        # Restore asks first, inline: the safe choice has the focus and Escape backs out.
+        await self.thread(self.click, "#restore")
+        await self.thread(self.shows, "restore-question", "files created since are deleted")
+        self.assertEqual(await self.thread(self.active_id), "restore-no")
+        await self.thread(lambda: self.driver.switch_to.active_element.send_keys(Keys.ESCAPE))
+        await self.thread(
+            self.wait_until, shown.invisibility_of_element_located((By.ID, "restore-confirm"))
+        )
+        self.assertEqual(await self.thread(self.active_id), "restore")
+        self.assertEqual(c.read_file("/notes.txt"), b"one\n<b>TWO</b>\n")
+        await self.thread(self.click, "#restore")
+        await self.thread(self.click, "#restore-yes")
+        await self.thread(self.shows, "restore-result", "Restored snapshot 1.")
+        result = await self.thread(self.text_of, "restore-result")
+        self.assertIn("Written 1: /notes.txt. Deleted 1: /added.txt.", result)
+        self.assertIn("just before are snapshot 2: restore it to undo this", result)
+        # Back on the computer, and nothing left to undo against snapshot 1.
+        self.assertEqual(c.read_file("/notes.txt"), b"one\ntwo\n")
+        self.assertIsNone(c.read_file("/added.txt"))
+        await self.thread(self.shows, "changes-summary", "No changes")
+        await self.thread(self.shows, "snapshots", "before a restore")
+        logs = await self.thread(self.driver.get_log, "browser")
+        errors = [e for e in logs if e["level"] == "SEVERE" and "favicon.ico" not in e["message"]]
+        self.assertEqual(errors, [])
+
     async def test_another_account_sees_its_own_computer_read_only(self):
         await self.start()
         await self.alice_computer()
@@ -218,6 +288,13 @@ class ConsoleTests(TestCase):
             self.wait_until,
             shown.text_to_be_present_in_element((By.ID, "notice"), "Read-only: 2:bob"),
         )
+        # No fs.read: the snapshots say what to allow, and nothing can be taken.
+        await self.thread(self.shows, "snapshots-notice", "Snapshots need fs.read: 2:bob has not")
+        self.assertIn(
+            '"sandbox allow fs.read"', await self.thread(self.text_of, "snapshots-notice")
+        )
+        take = await self.thread(self.driver.find_element, By.ID, "take-snapshot")
+        self.assertFalse(await self.thread(take.is_enabled))
 
     async def test_a_wrong_token_is_refused_with_why(self):
         await self.start()

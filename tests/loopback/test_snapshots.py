@@ -10,7 +10,15 @@ import treq
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.harness.support import JSON, bounded, connect, reactor, start_gateway
+from tests.harness.support import (
+    JSON,
+    both_modes,
+    bounded,
+    connect,
+    connect_operator,
+    reactor,
+    start_gateway,
+)
 from tests.loopback.test_accounts import table
 from trapsandbox import config
 from trapsandbox.admission import accounts
@@ -63,10 +71,12 @@ class FilesComputer:
         self.files[path] = (data, self.clock)
 
 
-class SnapshotRoutesTests(TestCase):
+class SnapshotGateway(TestCase):
+    """A gateway with accounts alice and bob, and alice's computer ``1:a`` (``start``)."""
+
     timeout = 30
 
-    async def start(self, **settings):
+    async def start(self, capabilities=("fs.read", "fs.write"), **settings):
         path = os.path.abspath(self.mktemp())
         with open(path, "w") as f:
             f.write(table("alice", "s-alice") + table("bob", "s-bob"))
@@ -77,7 +87,7 @@ class SnapshotRoutesTests(TestCase):
         self.pool = HTTPConnectionPool(reactor(), persistent=False)
         computer = await connect(self, self.gateway.port)
         await computer.hello("s-alice", "1:a")
-        reply = await computer.request("capabilities", {"capabilities": ["fs.read", "fs.write"]})
+        reply = await computer.request("capabilities", {"capabilities": list(capabilities)})
         self.assertTrue(reply["ok"], reply)
         return FilesComputer(computer)
 
@@ -93,6 +103,8 @@ class SnapshotRoutesTests(TestCase):
         )
         return response.code, orjson.loads(await bounded(treq.content(response)))
 
+
+class SnapshotRoutesTests(SnapshotGateway):
     async def test_take_list_changes_restore(self):
         alice = await self.start()
         base = f"/computers/{quote('1:a', safe='')}/snapshots"
@@ -128,13 +140,15 @@ class SnapshotRoutesTests(TestCase):
             ("GET", f"/{snap}/changes", None),
             ("POST", f"/{snap}/restore", b"{}"),
         ):
-            theirs = await self.http(method, base + suffix, "bob", body)
             gone = await self.http(method, missing + suffix, "bob", body)
-            self.assertEqual(theirs[0], 404, (method, suffix, theirs))
-            self.assertEqual(
-                (theirs[1]["code"], theirs[1]["error"].replace("1:a", "X")),
-                (gone[1]["code"], gone[1]["error"].replace("9:gone", "X")),
-            )
+            # Bob's own traposId, and alice's named with ?account= (which reaches nobody's).
+            for path in (base + suffix, base + suffix + "?account=alice"):
+                theirs = await self.http(method, path, "bob", body)
+                self.assertEqual(theirs[0], 404, (method, path, theirs))
+                self.assertEqual(
+                    (theirs[1]["code"], theirs[1]["error"].replace("1:a", "X")),
+                    (gone[1]["code"], gone[1]["error"].replace("9:gone", "X")),
+                )
 
     async def test_a_bad_body_is_a_json_error(self):
         await self.start()
@@ -159,3 +173,142 @@ class SnapshotRoutesTests(TestCase):
         self.assertEqual(alice.requests, ["snapshot_list"])
         status, body = await self.http("GET", base, "alice")
         self.assertEqual((status, body["snapshots"]), (200, []))
+
+
+class SnapshotSocketTests(SnapshotGateway):
+    """The same operations as ``/operator`` message types (what the web console uses)."""
+
+    async def operator(self, token):
+        return await connect_operator(self, self.gateway.port, f"token-{token}")
+
+    async def ask(self, operator, kind, payload=None, trapos_id="1:a", **extra):
+        message = {"id": kind, "traposId": trapos_id, "type": kind, **extra}
+        if payload is not None:
+            message["payload"] = payload
+        operator.send(message)
+        answer = await operator.next_message()
+        self.assertEqual(answer["id"], kind)
+        return answer
+
+    async def test_take_list_changes_restore_answer_as_the_routes_do(self):
+        alice = await self.start()
+        operator = await self.operator("alice")
+        base = f"/computers/{quote('1:a', safe='')}/snapshots"
+        taken = await self.ask(operator, "snapshot_take")
+        self.assertEqual((taken["status"], taken["ok"]), (200, True), taken)
+        self.assertEqual(taken["payload"]["files"], 2)
+        snap = taken["payload"]["id"]
+
+        listed = await self.ask(operator, "snapshots")
+        status, body = await self.http("GET", base, "alice")
+        self.assertEqual(
+            listed,
+            {
+                "id": "snapshots",
+                "status": status,
+                "ok": True,
+                "payload": {"snapshots": body["snapshots"]},
+            },
+        )
+        self.assertEqual([(s["id"], s["reason"]) for s in body["snapshots"]], [(snap, "manual")])
+
+        alice.write("/a.txt", b"one\n2\n")
+        alice.write("/c.txt", b"new")
+        changes = await self.ask(operator, "snapshot_changes", {"snapshot": snap})
+        status, body = await self.http("GET", f"{base}/{snap}/changes", "alice")
+        self.assertEqual(
+            (changes["status"], changes["payload"]),
+            (status, {k: v for k, v in body.items() if k != "ok"}),
+        )
+        self.assertEqual([c["path"] for c in body["modified"]], ["/a.txt"])
+        self.assertIn("+2", body["diffs"][0]["diff"])
+
+        restored = await self.ask(operator, "snapshot_restore", {"snapshot": snap})
+        self.assertEqual(restored["status"], 200, restored)
+        payload = restored["payload"]
+        self.assertEqual((payload["deleted"], payload["written"]), (["/c.txt"], ["/a.txt"]))
+        self.assertEqual(alice.files["/a.txt"][0], b"one\ntwo\n")
+        self.assertNotIn("/c.txt", alice.files)
+        # The undo can be undone: the state it replaced is the newest snapshot.
+        listed = await self.ask(operator, "snapshots")
+        newest = listed["payload"]["snapshots"][0]
+        self.assertEqual((newest["id"], newest["reason"]), (payload["before"], "restore"))
+
+    async def test_another_accounts_snapshots_answer_like_a_missing_computers(self):
+        alice = await self.start()
+        mine = await self.operator("alice")
+        snap = (await self.ask(mine, "snapshot_take"))["payload"]["id"]
+        alice.write("/a.txt", b"changed")
+        before = list(alice.requests)
+        bob = await self.operator("bob")
+        for kind, payload in (
+            ("snapshots", None),
+            ("snapshot_take", None),
+            ("snapshot_changes", {"snapshot": snap}),
+            ("snapshot_restore", {"snapshot": snap}),
+        ):
+            theirs = await self.ask(bob, kind, payload)
+            gone = await self.ask(bob, kind, payload, trapos_id="9:gone")
+            self.assertEqual(theirs["status"], 404, (kind, theirs))
+            self.assertEqual(
+                {**theirs, "error": theirs["error"]["message"].replace("1:a", "X")},
+                {**gone, "error": gone["error"]["message"].replace("9:gone", "X")},
+            )
+            # Bob's ?account=alice is refused the same way.
+            asked = await self.ask(bob, kind, payload, account="alice")
+            self.assertEqual(asked["status"], 404, (kind, asked))
+        # Nothing reached alice's computer, nothing of hers was restored.
+        self.assertEqual(alice.requests, before)
+        self.assertEqual(alice.files["/a.txt"][0], b"changed")
+
+    async def test_bad_input_gets_a_clear_error_and_the_socket_stays(self):
+        await self.start()
+        operator = await self.operator("alice")
+        for kind, payload in (
+            ("snapshot_changes", None),
+            ("snapshot_restore", {"snapshot": 7}),
+            ("snapshot_restore", {"snapshot": ""}),
+        ):
+            answer = await self.ask(operator, kind, payload)
+            self.assertEqual((answer["status"], answer["error"]["code"]), (400, "bad_request"))
+            self.assertIn("payload.snapshot must be a snapshot id", answer["error"]["message"])
+        answer = await self.ask(operator, "snapshot_take", [1])
+        self.assertEqual(answer["status"], 400, answer)
+        self.assertEqual(answer["error"]["message"], "payload must be a JSON object")
+        answer = await self.ask(operator, "snapshot_changes", {"snapshot": "nope"})
+        self.assertEqual((answer["status"], answer["error"]["code"]), (404, "not_found"))
+        self.assertEqual((await self.ask(operator, "snapshots"))["status"], 200)
+
+    async def test_a_restore_without_fs_write_is_refused_before_anything_moves(self):
+        """Not a snapshot taken, then a failed write: a 403 saying how to allow it."""
+        alice = await self.start(capabilities=("fs.read",))
+        operator = await self.operator("alice")
+        snap = (await self.ask(operator, "snapshot_take"))["payload"]["id"]
+        alice.write("/a.txt", b"changed")
+        before = list(alice.requests)
+        answer = await self.ask(operator, "snapshot_restore", {"snapshot": snap})
+        self.assertEqual((answer["status"], answer["error"]["code"]), (403, "forbidden"), answer)
+        self.assertIn('"sandbox allow fs.write"', answer["error"]["message"])
+        base = f"/computers/{quote('1:a', safe='')}/snapshots"
+        status, body = await self.http("POST", f"{base}/{snap}/restore", "alice", b"{}")
+        self.assertEqual((status, body["code"]), (403, "forbidden"), body)
+        self.assertEqual(alice.requests, before)
+        listed = await self.ask(operator, "snapshots")
+        self.assertEqual([s["id"] for s in listed["payload"]["snapshots"]], [snap])
+
+    async def test_the_requests_route_answers_as_the_socket(self):
+        """``POST /computers/{id}/requests`` is what the socket answers (its doc says so)."""
+        await self.start()
+        operator = await self.operator("alice")
+        await self.ask(operator, "snapshot_take")
+        answer = await self.ask(operator, "snapshots")
+        status, body = await self.http(
+            "POST",
+            f"/computers/{quote('1:a', safe='')}/requests",
+            "alice",
+            orjson.dumps({"type": "snapshots"}),
+        )
+        self.assertEqual({"id": "snapshots", "status": status, **body}, answer)
+
+
+both_modes(globals(), "SnapshotSocketTests")

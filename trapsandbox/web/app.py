@@ -39,7 +39,7 @@ The HTTP side, on the same port as the WebSocket: a Klein app.
                                            -> text/event-stream: data: {type: screen, width,
                                               height, cursorX, cursorY, cursorBlink, rows,
                                               palette?} per frame (``computers.screen``)
-  Snapshots (SPEC §15, ``trapsandbox.snapshots.service``), operators, the same answers:
+  Snapshots (SPEC §15, ``web.snapshotcalls``; /operator carries them too), operators:
     GET  /computers/<traposId>/snapshots                 -> {ok, snapshots: [{id, created,
                                                             reason, files, bytes, ...}]}
     POST /computers/<traposId>/snapshots                 {} -> {ok, id, files, bytes, fetched}
@@ -100,7 +100,6 @@ from trapsandbox.mcp.endpoint import McpEndpoint
 from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.probe import OpencodeProbe, ProbeResult
 from trapsandbox.ops.metrics import Metrics
-from trapsandbox.snapshots.service import Snapshots
 from trapsandbox.web import client, console, validation
 from trapsandbox.web.answers import (
     json_body,
@@ -120,6 +119,7 @@ from trapsandbox.web.operator import (
     json_content,
 )
 from trapsandbox.web.site import ASK, PUBLIC, operator_route
+from trapsandbox.web.snapshotcalls import SnapshotCalls
 from trapsandbox.web.streaming import EventStream, OutputStream, ScreenStream
 from trapsandbox.web.validation import BadRequest, read_body
 
@@ -288,10 +288,8 @@ class GatewayApp:
         cluster: Any = None,
         asks: Asks | None = None,
         operator_socket: IResource | None = None,
-        snapshots: Snapshots | None = None,
     ) -> None:
         self._registry = registry
-        self._snapshots = snapshots
         self._probe = probe
         self._websocket = websocket
         self._requests = requests
@@ -578,21 +576,12 @@ class GatewayApp:
     @app.route("/computers/<path:trapos_id>/snapshots", methods=["GET"])
     @on_computer
     def snapshots(self, request: IRequest, trapos_id: str, account_id: str):
-        def listed(snapshots: list[dict[str, Any]]) -> bytes:
-            if not snapshots and self._registry.find(trapos_id, account_id) is None:
-                # None here and not connected: the answer of a missing computer, whoever's.
-                error = GatewayError(wire.NOT_CONNECTED, f"{wire.cut(trapos_id)} is not connected")
-                return sandbox_failed(Failure(error), request)
-            return ok_body({"snapshots": snapshots}, request)
-
-        return self._snapshot_call(request, lambda s: s.list(account_id, trapos_id), listed)
+        return self._snapshot_call(request, lambda s: s.list(account_id, trapos_id))
 
     @app.route("/computers/<path:trapos_id>/snapshots", methods=["POST"])
     @on_computer
     def take_snapshot(self, request: IRequest, trapos_id: str, account_id: str):
-        return self._snapshot_call(
-            request, lambda s: s.take(account_id, trapos_id, "manual"), body=True
-        )
+        return self._snapshot_call(request, lambda s: s.take(account_id, trapos_id), body=True)
 
     @app.route("/computers/<path:trapos_id>/snapshots/<snapshot_id>/changes", methods=["GET"])
     @on_computer
@@ -611,13 +600,12 @@ class GatewayApp:
         )
 
     def _snapshot_call(
-        self,
-        request: IRequest,
-        call: Callable[[Snapshots], Deferred],
-        answer: Callable[[Any], bytes] | None = None,
-        body: bool = False,
+        self, request: IRequest, call: Callable[[SnapshotCalls], Deferred], body: bool = False
     ):
-        """A snapshot operation: its body (if any) must be empty or a JSON object."""
+        """
+        A snapshot operation (``snapshotcalls``, whose answers ``/operator`` gives too):
+        its body (if any) must be empty or a JSON object.
+        """
         try:
             if body:
                 raw = read_body(request)
@@ -625,13 +613,8 @@ class GatewayApp:
                     validation.json_object(raw, "{}")
         except BadRequest as error:
             return sandbox_error(request, error.status, error.code, error.message)
-        if self._snapshots is None:
-            return sandbox_error(request, 503, wire.UNAVAILABLE, "snapshots are not set up")
-        d = call(self._snapshots)
-        if answer is None:
-            d.addCallbacks(ok_body, sandbox_failed, (request,), None, (request,))
-        else:
-            d.addCallbacks(answer, sandbox_failed, None, None, (request,))
+        d = call(self._requests.snapshots)
+        d.addCallbacks(ok_body, sandbox_failed, (request,), None, (request,))
         return d
 
     # -- Peripherals and turtles (SPEC §16) --------------------------------------------------

@@ -27,6 +27,9 @@ from trapsandbox.computers.registry import Registry, describe_session
 from trapsandbox.computers.screen import ScreenState
 from trapsandbox.computers.wire import GatewayError
 from trapsandbox.limits import MAX_REQUEST_TIMEOUT_MS
+from trapsandbox.snapshots.service import Snapshots
+from trapsandbox.web import snapshotcalls
+from trapsandbox.web.snapshotcalls import SnapshotCalls
 from trapsandbox.web.validation import (
     BadRequest,
     json_object,
@@ -166,12 +169,22 @@ def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode("latin-1")
 
 
-class OperatorRequests:
-    """``POST /computers/{traposId}/requests``, however it was read."""
+def _snapshot_answer(body: dict[str, Any]) -> Answer:
+    return Answer(200, {"ok": True, "payload": body})
 
-    def __init__(self, registry: Registry, admission: auth.Admission) -> None:
+
+class OperatorRequests:
+    """
+    ``POST /computers/{traposId}/requests``, however it was read.  ``snapshots``: the
+    gateway's (SPEC §15), for the snapshot request types and routes (``snapshotcalls``).
+    """
+
+    def __init__(
+        self, registry: Registry, admission: auth.Admission, snapshots: Snapshots | None = None
+    ) -> None:
         self._registry = registry
         self._admission = admission
+        self.snapshots = SnapshotCalls(registry, snapshots)
 
     @property
     def loopback_admin(self) -> bool:
@@ -321,9 +334,15 @@ class OperatorRequests:
         ``on_partial`` hears a ``screen_watch``'s frames (``ScreenState``'s
         shape) before it; no other type's partials are relayed.  A
         ``screen_watch`` runs up to ``SCREEN_WATCH_TIMEOUT`` unless ``timeoutMs`` says.
+        The snapshot types (``snapshotcalls.TYPES``) are the gateway's own, not
+        sent as they are: ``{ok, payload}`` holds what their HTTP route answers
+        (``timeoutMs`` does not bound them: the service's own timeouts do).
         """
         try:
             kind, payload, timeout = parse_request(obj)
+            if kind in snapshotcalls.TYPES:
+                d = self.snapshots.request(kind, account_id, trapos_id, payload)
+                return d.addCallbacks(_snapshot_answer, _failed)
         except BadRequest as error:
             return rejected(error)
         relay = None

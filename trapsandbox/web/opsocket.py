@@ -49,7 +49,10 @@ the agent's, its player's ``ask``; ``by`` and ``account`` as
 (its outcome); an ask also as it runs (``state`` "running" with ``text``,
 the agent's next words, or ``tool``/``status``, ``permission``/``detail``,
 ``question``).  Every other type has
-its one answer only.
+its one answer only.  The snapshot types (SPEC §15: ``snapshots``,
+``snapshot_take``, ``snapshot_changes`` and ``snapshot_restore`` with
+``payload: {"snapshot": id}``) are the gateway's own too, answered with
+``payload`` holding what their HTTP routes answer (``web.snapshotcalls``).
 
 An answer's ``status`` and the rest of it are what ``POST
 /computers/{traposId}/requests`` (``?account=`` being ``account``) would

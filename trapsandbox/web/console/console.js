@@ -4,6 +4,8 @@
 // message (never in a URL): one watches the computers (watch_computers), the
 // other the selected computer's screen (screen_watch) and carries its input;
 // choosing another computer closes the second, which ends its watch.
+// The first also carries the selected computer's snapshot requests (SPEC §15; the
+// "Snapshots" section at the end of this file).
 "use strict";
 
 const TOKEN_KEY = "trapsandbox.token";
@@ -53,9 +55,11 @@ function connect() {
     },
     (message) => {
       if (message.id === "computers" && message.partial) showComputers(message.payload.computers);
+      else if (String(message.id).startsWith(SNAPSHOT_ID)) snapshotAnswered(message);
     },
     (event, ready) => {
       say(ready ? "disconnected from the gateway" : "refused: " + (event.reason || "cannot connect"));
+      snapshotsSocketEnded();
       showComputers([]);
     },
   );
@@ -103,6 +107,7 @@ function showComputers(computers) {
       watchScreen();
     }
   }
+  snapshotsAllowed();
 }
 
 function disconnected() {
@@ -142,6 +147,7 @@ function select(computer) {
   screen.classList.toggle("halted", Boolean(computer.stopped));
   screen.setAttribute("aria-label", "Terminal of computer " + computer.traposId);
   $("terminal-title").textContent = "Computer " + computer.traposId;
+  showSnapshots(computer);
   showComputers(state.computers);
   inputNotice();
   watchScreen();
@@ -312,6 +318,7 @@ function onPaste(event) {
 
 document.addEventListener("DOMContentLoaded", () => {
   setPalette(DEFAULT_PALETTE);
+  setUpSnapshots();
   const saved = sessionStorage.getItem(TOKEN_KEY);
   $("login").addEventListener("submit", (event) => {
     event.preventDefault();
@@ -323,3 +330,310 @@ document.addEventListener("DOMContentLoaded", () => {
   $("screen").addEventListener("paste", onPaste);
   if (saved !== null) connect();
 });
+
+// -- Snapshots (SPEC §15) ---------------------------------------------------------------------
+// The selected computer's snapshots, newest first; one selected shows its changes against the
+// computer now (paths with sizes, and the gateway's bounded unified diff of each modified text
+// file), and restores it after an inline confirmation.  Requests go over the computers' socket
+// (state.list) as the /operator types snapshots, snapshot_take, snapshot_changes and
+// snapshot_restore.  Everything the computer wrote (paths, diffs) is set as text, never as HTML.
+
+const SNAPSHOT_ID = "snap-";
+const SHOWN_CHANGES = 500;  // paths listed per kind; the rest are counted
+const REASONS = {
+  ask: "before the agent's ask",
+  manual: "taken by an operator",
+  restore: "before a restore",
+};
+const snaps = { key: null, list: [], selected: null, pending: new Map(), next: 1, busy: false };
+
+// One snapshot request about `computer`; resolves with the answer (an error answer if the
+// socket is not open or closes first).
+function snapshotRequest(computer, type, payload) {
+  return new Promise((resolve) => {
+    const ws = state.list;
+    if (!ws || ws.readyState !== WebSocket.OPEN) {
+      resolve({ ok: false, error: { message: "not connected to the gateway" } });
+      return;
+    }
+    const id = SNAPSHOT_ID + snaps.next++;
+    snaps.pending.set(id, resolve);
+    const message = { id, traposId: computer.traposId, account: computer.accountId, type };
+    if (payload) message.payload = payload;
+    ws.send(JSON.stringify(message));
+  });
+}
+
+function snapshotAnswered(message) {
+  const resolve = snaps.pending.get(message.id);
+  if (!resolve) return;
+  snaps.pending.delete(message.id);
+  resolve(message);
+}
+
+function snapshotsSocketEnded() {
+  const pending = [...snaps.pending.values()];
+  snaps.pending.clear();
+  for (const resolve of pending) resolve({ ok: false, error: { message: "the connection to the gateway closed" } });
+}
+
+// Whether the answer is still about the computer shown (another may have been selected since).
+function stillShown(computer) { return snaps.key === keyOf(computer); }
+
+function failure(answer) {
+  const error = answer.error || {};
+  return (typeof error === "string" ? error : error.message) || "failed (" + answer.status + ")";
+}
+
+function snapshotError(text) { $("snapshots-error").textContent = text || ""; }
+function snapshotStatus(text) { $("snapshots-status").textContent = text || ""; }
+
+function has(capability) {
+  return Boolean(state.selected && state.selected.capabilities.includes(capability));
+}
+
+function connectedNow() {
+  return Boolean(state.selected && state.computers.some((c) => keyOf(c) === keyOf(state.selected)));
+}
+
+function bytes(n) {
+  if (n < 1024) return n + " B";
+  if (n < 1024 * 1024) return (n / 1024).toFixed(1) + " KiB";
+  return (n / 1024 / 1024).toFixed(2) + " MiB";
+}
+
+function setUpSnapshots() {
+  $("take-snapshot").addEventListener("click", takeSnapshot);
+  $("restore").addEventListener("click", askRestore);
+  $("restore-no").addEventListener("click", () => closeRestore(true));
+  $("restore-yes").addEventListener("click", restoreSnapshot);
+  $("restore-confirm").addEventListener("keydown", (event) => {
+    if (event.key === "Escape") { event.preventDefault(); closeRestore(true); }
+  });
+}
+
+function showSnapshots(computer) {
+  snaps.key = keyOf(computer);
+  snaps.list = [];
+  snaps.selected = null;
+  snaps.busy = false;
+  $("snapshots-area").hidden = false;
+  $("snapshots-title").textContent = "Snapshots of " + computer.traposId;
+  $("snapshot-detail").hidden = true;
+  $("restore-result").replaceChildren();
+  snapshotError("");
+  snapshotStatus("listing…");
+  drawSnapshots();
+  loadSnapshots(computer);
+}
+
+// What the computer allows (it can change while shown): fs.read to take and compare,
+// fs.write to restore.  Called on every change of the computers' list.
+function snapshotsAllowed() {
+  if (!state.selected || snaps.key !== keyOf(state.selected)) return;
+  const name = state.selected.traposId;
+  let why = "";
+  if (!connectedNow()) why = "Computer " + name + " is not connected: its snapshots are listed, nothing can be taken, compared or restored.";
+  else if (!has("fs.read")) why = "Snapshots need fs.read: " + name + " has not allowed it (on it, run \"sandbox allow fs.read\").";
+  $("snapshots-notice").textContent = why;
+  $("take-snapshot").disabled = snaps.busy || !connectedNow() || !has("fs.read");
+  const canRestore = connectedNow() && has("fs.read") && has("fs.write");
+  $("restore").disabled = snaps.busy || !canRestore;
+  $("restore-needs").textContent = !connectedNow() || !has("fs.read") || canRestore ? ""
+    : "Restoring needs fs.write (on " + name + ", run \"sandbox allow fs.write\").";
+  if (!canRestore) closeRestore(false);
+}
+
+function busy(flag, text) {
+  snaps.busy = flag;
+  snapshotStatus(text);
+  snapshotsAllowed();
+}
+
+async function loadSnapshots(computer) {
+  const answer = await snapshotRequest(computer, "snapshots");
+  if (!stillShown(computer)) return;
+  if (!answer.ok) {
+    snapshotError("The snapshots cannot be listed: " + failure(answer));
+    return;
+  }
+  snaps.list = answer.payload.snapshots;
+  if (snaps.list.length === 0) snapshotStatus("No snapshot of this computer yet.");
+  else if ($("snapshots-status").textContent === "listing…") snapshotStatus("");
+  drawSnapshots();
+}
+
+function drawSnapshots() {
+  const body = $("snapshots").tBodies[0];
+  body.replaceChildren();
+  for (const s of snaps.list) {
+    const row = document.createElement("tr");
+    row.dataset.snapshot = s.id;
+    if (s.reason === "ask") row.className = "ask";
+    const pick = document.createElement("button");
+    pick.type = "button";
+    pick.textContent = "#" + s.id;
+    pick.setAttribute("aria-label", "Snapshot " + s.id + ": show its changes");
+    if (s.id === snaps.selected) pick.setAttribute("aria-current", "true");
+    pick.addEventListener("click", () => selectSnapshot(s.id));
+    const when = new Date(s.created);
+    const cells = [pick, when.toLocaleString(), REASONS[s.reason] || s.reason, String(s.files), bytes(s.bytes)];
+    for (const value of cells) {
+      const cell = document.createElement("td");
+      cell.append(value);
+      row.append(cell);
+    }
+    row.cells[1].title = when.toISOString();
+    row.cells[4].title = s.bytes + " bytes";
+    if (s.reason === "ask") row.cells[2].classList.add("badge");
+    body.append(row);
+  }
+  $("snapshots").hidden = snaps.list.length === 0;
+}
+
+async function takeSnapshot() {
+  const computer = state.selected;
+  snapshotError("");
+  busy(true, "taking a snapshot…");
+  const answer = await snapshotRequest(computer, "snapshot_take");
+  if (!stillShown(computer)) return;
+  if (!answer.ok) {
+    busy(false, "");
+    snapshotError("The snapshot was not taken: " + failure(answer));
+    return;
+  }
+  const p = answer.payload;
+  busy(false, "Snapshot " + p.id + " taken: " + p.files + " files, " + bytes(p.bytes) + " (" + p.fetched + " fetched).");
+  await loadSnapshots(computer);
+}
+
+async function selectSnapshot(id, keepResult) {
+  const computer = state.selected;
+  snaps.selected = id;
+  drawSnapshots();
+  closeRestore(false);
+  if (!keepResult) $("restore-result").replaceChildren();
+  $("snapshot-detail").hidden = false;
+  $("changes-title").textContent = "Changes since snapshot " + id;
+  $("restore").textContent = "Restore snapshot " + id + "…";
+  $("changes").replaceChildren();
+  $("diffs").replaceChildren();
+  if (!has("fs.read")) {
+    $("changes-summary").textContent = "Comparing needs fs.read (on " + computer.traposId + ", run \"sandbox allow fs.read\").";
+    return;
+  }
+  $("changes-summary").textContent = "comparing with the computer now…";
+  const answer = await snapshotRequest(computer, "snapshot_changes", { snapshot: id });
+  if (!stillShown(computer) || snaps.selected !== id) return;
+  if (!answer.ok) {
+    $("changes-summary").textContent = "";
+    snapshotError("The changes cannot be shown: " + failure(answer));
+    return;
+  }
+  snapshotError("");
+  drawChanges(answer.payload);
+}
+
+function drawChanges(found) {
+  const count = found.added.length + found.modified.length + found.deleted.length;
+  $("changes-summary").textContent = count === 0
+    ? "No changes: the computer's files are as in snapshot " + found.snapshot + "."
+    : found.added.length + " added, " + found.modified.length + " modified, " + found.deleted.length + " deleted since snapshot " + found.snapshot + ".";
+  const list = $("changes");
+  const kinds = [["added", (c) => bytes(c.after)], ["modified", (c) => bytes(c.before) + " → " + bytes(c.after)], ["deleted", (c) => bytes(c.before)]];
+  for (const [kind, size] of kinds) {
+    const changes = found[kind];
+    for (const c of changes.slice(0, SHOWN_CHANGES)) {
+      const item = document.createElement("li");
+      item.className = kind;
+      const tag = document.createElement("span");
+      tag.className = "kind";
+      tag.textContent = kind;
+      const path = document.createElement("code");
+      path.textContent = c.path;
+      item.append(tag, " ", path, " (" + size(c) + ")");
+      list.append(item);
+    }
+    if (changes.length > SHOWN_CHANGES) {
+      const more = document.createElement("li");
+      more.textContent = "… and " + (changes.length - SHOWN_CHANGES) + " more " + kind;
+      list.append(more);
+    }
+  }
+  const diffs = $("diffs");
+  for (const d of found.diffs) {
+    const box = document.createElement("details");
+    box.open = true;
+    const summary = document.createElement("summary");
+    summary.textContent = "diff " + d.path;
+    const pre = document.createElement("pre");
+    pre.className = "diff";
+    for (const line of d.diff.split("\n")) {
+      const span = document.createElement("span");
+      if (line.startsWith("@@")) span.className = "hunk";
+      else if (line.startsWith("+") && !line.startsWith("+++")) span.className = "add";
+      else if (line.startsWith("-") && !line.startsWith("---")) span.className = "del";
+      span.textContent = line + "\n";
+      pre.append(span);
+    }
+    box.append(summary, pre);
+    diffs.append(box);
+  }
+}
+
+function askRestore() {
+  const id = snaps.selected;
+  if (id === null) return;
+  $("restore-question").textContent = "Restore " + state.selected.traposId + "'s files to snapshot " + id
+    + "? Files changed since are written back and files created since are deleted. A snapshot of the files"
+    + " as they are now is taken first, so this can be undone too.";
+  $("restore-confirm").hidden = false;
+  $("restore").setAttribute("aria-expanded", "true");
+  $("restore-no").focus();  // the safe choice first: Enter cancels, Tab then Enter restores
+}
+
+function closeRestore(refocus) {
+  const open = !$("restore-confirm").hidden;
+  $("restore-confirm").hidden = true;
+  $("restore").setAttribute("aria-expanded", "false");
+  if (open && refocus) $("restore").focus();
+}
+
+async function restoreSnapshot() {
+  const computer = state.selected;
+  const id = snaps.selected;
+  closeRestore(false);
+  snapshotError("");
+  busy(true, "restoring snapshot " + id + "…");
+  const answer = await snapshotRequest(computer, "snapshot_restore", { snapshot: id });
+  if (!stillShown(computer)) return;
+  busy(false, "");
+  if (!answer.ok) {
+    snapshotError("Snapshot " + id + " was not restored: " + failure(answer));
+    $("restore").focus();
+    return;
+  }
+  drawRestored(answer.payload);
+  await loadSnapshots(computer);
+  await selectSnapshot(id, true);
+  $("restore-result").focus();
+}
+
+// What the restore did, and how to undo it: its `before` snapshot.
+function drawRestored(done) {
+  const result = $("restore-result");
+  result.replaceChildren();
+  result.tabIndex = -1;
+  const said = document.createElement("p");
+  const list = (paths) => paths.length ? ": " + paths.join(", ") : "";
+  said.textContent = "Restored snapshot " + done.restored + ". Written " + done.written.length + list(done.written)
+    + ". Deleted " + done.deleted.length + list(done.deleted) + ".";
+  const undo = document.createElement("p");
+  undo.append("The files as they were just before are snapshot " + done.before + ": restore it to undo this. ");
+  const show = document.createElement("button");
+  show.type = "button";
+  show.textContent = "Show snapshot " + done.before;
+  show.addEventListener("click", () => selectSnapshot(done.before));
+  undo.append(show);
+  result.append(said, undo);
+}

@@ -1,0 +1,134 @@
+"""
+The snapshot operations an operator asks for (SPEC §15), however they arrived: the HTTP
+routes (``web.app``) and the same four as request types of ``/operator`` (and of ``POST
+/computers/{id}/requests``, whose answers the socket's are; ``operator.OperatorRequests.send``).
+The one home of what they answer, so that every surface answers alike::
+
+    type               HTTP route                                      payload
+    snapshots          GET  /computers/{id}/snapshots                  -
+    snapshot_take      POST /computers/{id}/snapshots                  -
+    snapshot_changes   GET  /computers/{id}/snapshots/{snap}/changes   {"snapshot": "3"}
+    snapshot_restore   POST /computers/{id}/snapshots/{snap}/restore   {"snapshot": "3"}
+
+Each fires with the answer's fields (``{snapshots}``; ``{id, files, bytes, fetched}``;
+``{snapshot, added, modified, deleted, diffs}``; ``{restored, before, deleted, written}``)
+or fails with a ``GatewayError`` whose code is the status (``operator.STATUS_OF_ERROR``).
+The account is already resolved (``auth.Operator.account_of``): the store and the registry
+answer another account's computer or snapshot exactly like a missing one (§12).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.defer import Deferred
+
+from trapsandbox import limits
+from trapsandbox.admission import auth
+from trapsandbox.computers import wire
+from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.wire import GatewayError
+from trapsandbox.snapshots.service import Snapshots
+from trapsandbox.snapshots.store import not_found
+from trapsandbox.web.validation import BadRequest, short_string
+
+LIST, TAKE, CHANGES, RESTORE = "snapshots", "snapshot_take", "snapshot_changes", "snapshot_restore"
+TYPES = frozenset({LIST, TAKE, CHANGES, RESTORE})
+
+
+class SnapshotCalls:
+    """``snapshots``: the gateway's service, or None when it keeps none (every call: 503)."""
+
+    def __init__(self, registry: Registry, snapshots: Snapshots | None) -> None:
+        self._registry = registry
+        self._snapshots = snapshots
+
+    def _service(self, account: str, trapos_id: str, snapshot_id: str | None = None) -> Snapshots:
+        """
+        The service, for a call on ``account``'s computer.  An account's token naming
+        another account (``?account=``) reaches nobody's (``auth.NOBODY``, which the store
+        refuses as a name): answered as a missing computer, or snapshot, is.
+        """
+        if self._snapshots is None:
+            raise GatewayError(wire.UNAVAILABLE, "snapshots are not set up")
+        if account == auth.NOBODY:
+            if snapshot_id is not None:
+                raise not_found(snapshot_id)
+            raise _not_connected(trapos_id)
+        return self._snapshots
+
+    def list(self, account: str, trapos_id: str) -> Deferred[dict[str, Any]]:
+        """``{snapshots}``, newest first; none and not connected answers as a missing computer."""
+
+        async def run() -> dict[str, Any]:
+            listed = await self._service(account, trapos_id).list(account, trapos_id)
+            if not listed and self._registry.find(trapos_id, account) is None:
+                # Whoever's it is, the answer of a missing computer (§12).
+                raise _not_connected(trapos_id)
+            return {"snapshots": listed}
+
+        return Deferred.fromCoroutine(run())
+
+    def take(self, account: str, trapos_id: str) -> Deferred[dict[str, Any]]:
+        async def run() -> dict[str, Any]:
+            return await self._service(account, trapos_id).take(account, trapos_id, "manual")
+
+        return Deferred.fromCoroutine(run())
+
+    def changes(self, account: str, trapos_id: str, snapshot_id: str) -> Deferred[dict[str, Any]]:
+        async def run() -> dict[str, Any]:
+            service = self._service(account, trapos_id, snapshot_id)
+            return await service.changes(account, trapos_id, snapshot_id)
+
+        return Deferred.fromCoroutine(run())
+
+    def restore(self, account: str, trapos_id: str, snapshot_id: str) -> Deferred[dict[str, Any]]:
+        """
+        Refused at once (403) when the computer has not allowed ``fs.write``: else the
+        restore would first take its ``before`` snapshot and then fail at its first write.
+        """
+
+        async def run() -> dict[str, Any]:
+            service = self._service(account, trapos_id, snapshot_id)
+            session = self._registry.find(trapos_id, account)
+            # (None: not this process's computer; the writes are refused where it is.)
+            refusal = None if session is None else session.refusal("write_file", {})
+            if refusal is not None:
+                raise refusal
+            return await service.restore(account, trapos_id, snapshot_id)
+
+        return Deferred.fromCoroutine(run())
+
+    def request(
+        self, kind: str, account: str, trapos_id: str, payload: dict[str, Any]
+    ) -> Deferred[dict[str, Any]]:
+        """
+        One of ``TYPES`` as a request ``{type, payload}``; raises ``BadRequest`` when the
+        payload does not name a snapshot where one is needed.
+        """
+        if kind == LIST:
+            return self.list(account, trapos_id)
+        if kind == TAKE:
+            return self.take(account, trapos_id)
+        snapshot_id = snapshot_of(payload)
+        if kind == CHANGES:
+            return self.changes(account, trapos_id, snapshot_id)
+        if kind == RESTORE:
+            return self.restore(account, trapos_id, snapshot_id)
+        raise BadRequest(f"{wire.cut(kind)} is not a snapshot request")
+
+
+def _not_connected(trapos_id: str) -> GatewayError:
+    """What the registry answers for a computer it does not hold."""
+    return GatewayError(wire.NOT_CONNECTED, f"{wire.cut(trapos_id)} is not connected")
+
+
+def snapshot_of(payload: dict[str, Any]) -> str:
+    """The snapshot a payload names (``{"snapshot": "3"}``); ``BadRequest`` without one."""
+    try:
+        return short_string(payload, "snapshot", limits.MAX_ID_LENGTH)
+    except BadRequest:
+        raise BadRequest(
+            f"payload.snapshot must be a snapshot id, a string of 1 to {limits.MAX_ID_LENGTH} "
+            'characters (as "snapshots" lists them)'
+        ) from None
