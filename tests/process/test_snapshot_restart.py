@@ -57,7 +57,7 @@ class SnapshotRestartTests(TestCase):
         self.pool = HTTPConnectionPool(reactor(), persistent=False)
         state = os.path.abspath(self.mktemp())
         first = self.gateway(self.port, state)
-        await first.wait_for(r"listening on")
+        await first.wait_for(r"listening on", 30)
         c = Computer(self.mktemp(), id=7, label="rs")
         self.addCleanup(c.shutdown)
         for name in ("apis/libsandbox.lua", "servers/sandbox.lua"):
@@ -82,8 +82,8 @@ class SnapshotRestartTests(TestCase):
         c.write_file("/notes.txt", "after\n")
         c.write_file("/new.txt", "made while the gateway was down")
         second = self.gateway(self.port, state)
-        await second.wait_for(r"listening on")
-        await c.wait_for_lua(CONNECTED, timeout=10)
+        await second.wait_for(r"listening on", 30)
+        await c.wait_for_lua(CONNECTED, timeout=40)  # its backoff, and a twistd start on a busy box
 
         status, body = await self.http("GET", base)
         self.assertEqual(status, 200, body)
