@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 
 import orjson
+from twisted.internet import endpoints
 from twisted.internet.defer import Deferred, DeferredList, DeferredSemaphore
 from twisted.trial.unittest import TestCase
 
 from tests.cluster.helpers import Http, computer, ping, start_gateway, until
 from tests.harness.redis import redis_client, start_redis
-from tests.harness.support import connect
+from tests.harness.support import bounded, connect, reactor
+from tests.loopback.test_live import FIRST, Stream, events
 
 
 class ClusterTests(TestCase):
@@ -107,6 +109,43 @@ class ClusterTests(TestCase):
                 {"type": "stdout_delta", "data": "two\n"},
                 {"type": "result", "exitCode": 0, "timedOut": False},
             ],
+        )
+
+    async def test_a_screen_watch_crosses_and_a_caller_leaving_cancels_it(self):
+        """
+        SPEC §13, §14: a watch opened at one process on a computer held by the other streams
+        its frames (expanded) like any partials, and the caller leaving ends the watch on
+        the computer.
+        """
+        redis = await start_redis(self)
+        a = await start_gateway(self, redis.url)
+        b = await start_gateway(self, redis.url)
+        at_a = await connect(self, a.port)
+        await at_a.hello(trapos_id="3:screen")
+        await at_a.request("capabilities", {"capabilities": ["screen"]})
+        endpoint = endpoints.TCP4ClientEndpoint(reactor(), "127.0.0.1", b.port)
+        caller = await bounded(endpoints.connectProtocol(endpoint, Stream()))
+        self.addCleanup(
+            lambda: None if caller.closed.called else caller.transport.abortConnection()
+        )
+        caller.transport.write(
+            b"GET /computers/3%3Ascreen/screen/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        )
+        watch = await at_a.next_message()
+        self.assertEqual(watch["type"], "screen_watch")
+        # (Its status waits for the first frame here: only the holder knows a refusal.)
+        at_a.respond(watch, payload=FIRST, partial=True)
+        self.assertIn(b" 200 ", (await caller.until(b"\r\n\r\n")).split(b"\r\n")[0])
+        (first,) = events(await caller.until(b"}\n\n"))
+        self.assertEqual(first["rows"]["1"]["line"], "> a   ")
+        later = {"type": "screen", "cursorX": 2, "cursorY": 2, "rows": {"2": {"line": "x"}}}
+        at_a.respond(watch, payload=later, partial=True)
+        (second,) = events(await caller.until(b"}\n\n"))
+        self.assertEqual((second["rows"]["2"]["line"], second["cursorY"]), ("xxxxxx", 2))
+        caller.transport.loseConnection()
+        cancel = await at_a.next_message()
+        self.assertEqual(
+            (cancel["type"], cancel["payload"]), ("cancel", {"messageId": watch["messageId"]})
         )
 
     async def test_simultaneous_hellos_one_survives_the_higher_epoch(self):
