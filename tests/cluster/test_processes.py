@@ -133,7 +133,7 @@ class ClusterTests(TestCase):
         )
         watch = await at_a.next_message()
         self.assertEqual(watch["type"], "screen_watch")
-        # (Its status waits for the first frame here: only the holder knows a refusal.)
+        # (Relayed, the response head comes with the first frame.)
         at_a.respond(watch, payload=FIRST, partial=True)
         self.assertIn(b" 200 ", (await caller.until(b"\r\n\r\n")).split(b"\r\n")[0])
         (first,) = events(await caller.until(b"}\n\n"))
