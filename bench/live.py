@@ -58,10 +58,9 @@ from autobahn.twisted.websocket import (
 from twisted.internet import defer, protocol, task
 from twisted.internet.defer import Deferred
 
-from bench import proc
+from bench import harness, proc
 
 REPO = Path(__file__).resolve().parent.parent
-LUA = REPO / "lua"
 TWISTD = str(Path(sys.executable).parent / "twistd")
 PACE = 0.12  # seconds between key presses (> 1 / maxFps 20)
 LINE = 40  # keys typed on one line (it stays within 51 columns), then Enter and again
@@ -254,9 +253,9 @@ def _b64(text: str) -> str:
 
 
 async def bytes_and_latency(reactor, args: argparse.Namespace) -> dict[str, Any]:
-    from tests.harness import craftos
-    from trapsandbox import config
-    from trapsandbox.tap import GatewayService
+    gateway, port = harness.start_gateway(reactor)
+    c = harness.computer(port, "live", "exec,eval,fs.write,screen,input")
+    from tests.harness import craftos  # (on the path once harness.computer put it there)
 
     sent: list[int] = []  # sizes of the screen partials the computer sent
     original = craftos._WebSocket.sendMessage
@@ -267,29 +266,10 @@ async def bytes_and_latency(reactor, args: argparse.Namespace) -> dict[str, Any]
         return original(self, payload, *a, **kw)
 
     craftos._WebSocket.sendMessage = counted
-    settings = config.Settings(
-        ports=("tcp:0:interface=127.0.0.1",),
-        opencode_url="",
-        state_dir=tempfile.mkdtemp(prefix="trapsandbox-bench-state-"),
-    )
-    gateway = GatewayService(settings, reactor)
-    gateway.privilegedStartService()
-    gateway.startService()
-    port = gateway.listeners[0].port.getHost().port
     url = f"http://127.0.0.1:{port}"
-    c = craftos.Computer(tempfile.mkdtemp(prefix="trapsandbox-bench-"), id=1, label="live")
-    for name in ("apis/libsandbox.lua", "servers/sandbox.lua", "programs/sandbox.lua"):
-        c.install(LUA / name, "/" + name)
-    c.set_settings(
-        {
-            "sandbox.url": f"ws://127.0.0.1:{port}/gateway",
-            "sandbox.allow": "exec,eval,fs.write,screen,input",
-        }
-    )
-    c.run("/servers/sandbox.lua")
     results: dict[str, Any] = {}
     try:
-        await c.wait_for_lua("traposSandboxState and traposSandboxState.connected")
+        await harness.connected(c)
         op = await open_operator(reactor, url, None)
         frames: list[tuple[dict, int]] = []
         op.listeners["s"] = lambda payload, size: frames.append((payload, size))
@@ -534,7 +514,6 @@ async def report(reactor, args: argparse.Namespace) -> None:
             )
         }
     else:
-        sys.path.insert(0, str(REPO))
         outcome = await bytes_and_latency(reactor, args)
         if args.computers:
             outcome["cpu"] = await cpu(reactor, args)

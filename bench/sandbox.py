@@ -14,9 +14,9 @@ CraftOS harness (``tests/harness/craftos.py``: real Lua 5.2 running the real
   1 MiB, each as a whole command (process start included), in KiB/s; the file
   read back is compared with the one written.
 
-This is the one benchmark that imports the test harness: the harness is the
-computer it measures.  Its figures are the harness's, not a Minecraft
-server's: a real computer adds the server's tick (50 ms) to a round trip.
+The computer is the test harness's (``bench.harness``).  Its figures are the
+harness's, not a Minecraft server's: a real computer adds the server's tick
+(50 ms) to a round trip.
 """
 
 from __future__ import annotations
@@ -34,15 +34,9 @@ import treq
 from twisted.internet import defer, task, threads
 from twisted.web.client import HTTPConnectionPool
 
-from trapsandbox import config, limits
-from trapsandbox.tap import GatewayService
+from bench import harness
+from trapsandbox import limits
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from tests.harness.craftos import Computer  # noqa: E402
-
-LUA = REPO / "lua"
 CTL = str(Path(sys.executable).parent / "trapsandbox-ctl")
 SIZES = (64 * 1024, 300_000, 1024 * 1024)
 
@@ -56,28 +50,12 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def run(reactor, args: argparse.Namespace) -> dict:
-    settings = config.Settings(
-        ports=("tcp:0:interface=127.0.0.1",),
-        opencode_url="",
-        state_dir=tempfile.mkdtemp(prefix="trapsandbox-bench-state-"),
-    )
-    gateway = GatewayService(settings, reactor)
-    gateway.privilegedStartService()
-    gateway.startService()
-    port = gateway.listeners[0].port.getHost().port
-    root = tempfile.mkdtemp(prefix="trapsandbox-bench-")
-    computer = Computer(root, id=1, label="bench", capacity=4 * limits.MAX_FILE_BYTES)
-    for name in ("apis/libsandbox.lua", "servers/sandbox.lua", "programs/sandbox.lua"):
-        computer.install(LUA / name, "/" + name)
-    computer.set_settings(
-        {
-            "sandbox.url": f"ws://127.0.0.1:{port}/gateway",
-            "sandbox.allow": "exec,eval,fs.read,fs.write,screen",
-        }
+    gateway, port = harness.start_gateway(reactor)
+    computer = harness.computer(
+        port, "bench", "exec,eval,fs.read,fs.write,screen", capacity=4 * limits.MAX_FILE_BYTES
     )
     computer.write_file("/echo.lua", "print(...)")
-    computer.run("/servers/sandbox.lua")
-    await computer.wait_for_lua("traposSandboxState and traposSandboxState.connected")
+    await harness.connected(computer)
     base = f"http://127.0.0.1:{port}/computers/1%3Abench"
     pool = HTTPConnectionPool(reactor, persistent=True)
     results: dict = {}

@@ -250,35 +250,14 @@ async def end_to_end(gateway: Gateway, store_bytes=None) -> dict:
 
 async def on_harness(reactor) -> dict:
     """``end_to_end`` on a gateway in this process and a computer of the CraftOS harness."""
-    import sys
-    from pathlib import Path
-
-    from trapsandbox import config
-    from trapsandbox.tap import GatewayService
-
-    repo = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(repo))
-    from tests.harness.craftos import Computer
+    from bench import harness
 
     state = tempfile.mkdtemp(prefix="bench-snapshots-state-")
-    root = tempfile.mkdtemp(prefix="bench-snapshots-computer-")
-    settings = config.Settings(
-        ports=("tcp:0:interface=127.0.0.1",), opencode_url="", state_dir=state
-    )
-    service = GatewayService(settings, reactor)
-    service.privilegedStartService()
-    service.startService()
-    computer = Computer(root, id=1, label="bench", capacity=8 * 1024 * 1024)
+    service, port = harness.start_gateway(reactor, state)
+    computer = harness.computer(port, "bench", "fs.read,fs.write", capacity=8 * 1024 * 1024)
     try:
         await service.snapshots.ready()
-        port = service.listeners[0].port.getHost().port
-        for name in ("apis/libsandbox.lua", "servers/sandbox.lua", "programs/sandbox.lua"):
-            computer.install(repo / "lua" / name, "/" + name)
-        computer.set_settings(
-            {"sandbox.url": f"ws://127.0.0.1:{port}/gateway", "sandbox.allow": "fs.read,fs.write"}
-        )
-        computer.run("/servers/sandbox.lua")
-        await computer.wait_for_lua("traposSandboxState and traposSandboxState.connected")
+        await harness.connected(computer)
         path = os.path.join(state, limits.SNAPSHOTS_FILE_NAME)
 
         def store_bytes() -> str:
@@ -295,7 +274,7 @@ async def on_harness(reactor) -> dict:
         await computer.shutdown()
         await service.stopService()
         shutil.rmtree(state, ignore_errors=True)
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(computer.root, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:

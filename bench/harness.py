@@ -1,0 +1,56 @@
+"""
+A gateway in the benchmark's own process and a computer of the CraftOS harness
+(real Lua 5.2 running the real ``lua/`` client) connected to it: what
+``bench.sandbox``, ``bench.live`` and ``bench.snapshots --computer`` measure
+against.  The harness lives in ``tests/``: this module puts the tree first on
+``sys.path`` before it imports it.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from trapsandbox import config
+from trapsandbox.tap import GatewayService
+
+REPO = Path(__file__).resolve().parent.parent
+LUA = REPO / "lua"
+CLIENT = ("apis/libsandbox.lua", "servers/sandbox.lua", "programs/sandbox.lua")
+CONNECTED = "traposSandboxState and traposSandboxState.connected"
+
+
+def start_gateway(reactor, state_dir: str | None = None) -> tuple[GatewayService, int]:
+    """A gateway on 127.0.0.1 (no opencode) and its port; ``stopService()`` stops it."""
+    settings = config.Settings(
+        ports=("tcp:0:interface=127.0.0.1",),
+        opencode_url="",
+        state_dir=state_dir or tempfile.mkdtemp(prefix="trapsandbox-bench-state-"),
+    )
+    gateway = GatewayService(settings, reactor)
+    gateway.privilegedStartService()
+    gateway.startService()
+    return gateway, gateway.listeners[0].port.getHost().port
+
+
+def computer(port: int, label: str, allow: str, **options: Any):
+    """
+    A harness computer (id 1) with the client installed, set to reach the gateway on
+    ``port`` with ``allow``, its daemon started: wait on ``connected(c)`` before using it.
+    """
+    sys.path.insert(0, str(REPO))
+    from tests.harness.craftos import Computer
+
+    c = Computer(tempfile.mkdtemp(prefix="trapsandbox-bench-"), id=1, label=label, **options)
+    for name in CLIENT:
+        c.install(LUA / name, "/" + name)
+    c.set_settings({"sandbox.url": f"ws://127.0.0.1:{port}/gateway", "sandbox.allow": allow})
+    return c
+
+
+def connected(c):
+    """Fires once ``c``'s daemon has started and its hello is answered."""
+    c.run("/servers/sandbox.lua")
+    return c.wait_for_lua(CONNECTED)
