@@ -98,7 +98,11 @@ MCP_PROGRESS_HEARTBEAT = 5.0
 # copied from the operator's, whose ``timeout`` may be short (5000 cut calls at 5.5 s: issue
 # 26), and a default may change with opencode's version.  An ask's first change also waits
 # for the snapshot taken before it (ASK_SNAPSHOT_TIMEOUT at most), sending nothing meanwhile.
-ASK_SNAPSHOT_TIMEOUT = 5.0
+# A computer's first snapshot fetches every file: a full 4 MiB disk took about 2 s on the
+# harness and a 1.2 MB one 1-2 s on CraftOS-PC; a Minecraft server's tick slows each read.
+# A snapshot cut at the bound is not kept, so the next ask would start from nothing again:
+# the bound leaves a slow server room to finish the first one.
+ASK_SNAPSHOT_TIMEOUT = 20.0
 ASK_MCP_TIMEOUT_MS = int((MCP_CALL_TIMEOUT + ASK_SNAPSHOT_TIMEOUT + 10) * 1000)
 
 # -- Connections -----------------------------------------------------------------------------

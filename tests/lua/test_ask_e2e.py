@@ -262,7 +262,7 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         own timeoutSeconds: a program that runs twice the ask's MCP block
         timeout (limits.ASK_MCP_TIMEOUT_MS, which opencode applies to the call)
         finishes and the model gets all of its output.  The block's timeout is
-        made 6 s here, so that the test does not take the real one's 65 s.
+        made 6 s here, so that the test does not take the real one's 80 s.
         """
         self.assertLess(limits.MCP_PROGRESS_HEARTBEAT, limits.ASK_MCP_TIMEOUT_MS / 1000)
         self.patch(limits, "ASK_MCP_TIMEOUT_MS", 6000)
