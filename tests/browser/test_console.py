@@ -271,6 +271,23 @@ class ConsoleTests(TestCase):
         self.assertIsNone(c.read_file("/added.txt"))
         await self.thread(self.shows, "changes-summary", "No changes")
         await self.thread(self.shows, "snapshots", "before a restore")
+        # One taken elsewhere (trapsandbox-ctl, an ask) is in the activity: the list follows.
+        pool = HTTPConnectionPool(reactor(), persistent=False)
+        taken = await bounded(
+            treq.post(
+                f"{self.base}/computers/7%3Asi/snapshots?account=alice",
+                json={},
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                pool=pool,
+            )
+        )
+        self.assertEqual(taken.code, 200)
+        await bounded(treq.content(taken))
+        row = (By.CSS_SELECTOR, '#snapshots tr[data-snapshot="3"]')
+        await self.thread(self.wait_until, shown.presence_of_element_located(row))
+        activity = await self.thread(self.text_of, "activity")
+        self.assertIn("snapshot manual · ok", activity)
+        self.assertNotIn("read_file", activity)
         logs = await self.thread(self.driver.get_log, "browser")
         errors = [e for e in logs if e["level"] == "SEVERE" and "favicon.ico" not in e["message"]]
         self.assertEqual(errors, [])

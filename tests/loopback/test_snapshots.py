@@ -175,6 +175,49 @@ class SnapshotRoutesTests(SnapshotGateway):
         self.assertEqual((status, body["snapshots"]), (200, []))
 
 
+class SnapshotActivityTests(SnapshotGateway):
+    async def test_each_operation_is_one_entry_of_the_computers_activity(self):
+        """
+        SPEC §14: a snapshot, a comparison and a restore are each one entry (by whoever asked),
+        not the dozens of file requests they make; the file requests around them still show.
+        """
+        alice = await self.start()
+        watcher = await connect_operator(self, self.gateway.port, "token-alice")
+        watcher.send({"id": "a", "type": "watch_activity", "traposId": "1:a"})
+        base = f"/computers/{quote('1:a', safe='')}/snapshots"
+        status, taken = await self.http("POST", base, "alice", b"{}")
+        self.assertEqual(status, 200, taken)
+        alice.write("/a.txt", b"changed\n")
+        status, _ = await self.http("GET", f"{base}/{taken['id']}/changes", "alice")
+        self.assertEqual(status, 200)
+        status, _ = await self.http("POST", f"{base}/{taken['id']}/restore", "alice", b"{}")
+        self.assertEqual(status, 200)
+        status, _ = await self.http(
+            "POST", "/computers/1%3Aa/delete-file", "alice", b'{"path": "/d/b.bin"}'
+        )
+        self.assertEqual(status, 200)
+        entries = []
+        while len(entries) < 8:
+            message = await watcher.next_message()
+            entry = message["payload"]["activity"]
+            entries.append((entry["type"], entry["detail"], entry["state"], entry["by"]))
+        snap = taken["id"]
+        self.assertEqual(
+            entries,
+            [
+                ("snapshot", "manual", "started", "operator"),
+                ("snapshot", "manual", "ok", "operator"),
+                ("snapshot_changes", snap, "started", "operator"),
+                ("snapshot_changes", snap, "ok", "operator"),
+                ("snapshot_restore", snap, "started", "operator"),
+                ("snapshot_restore", snap, "ok", "operator"),
+                ("delete_file", "/d/b.bin", "started", "operator"),
+                ("delete_file", "/d/b.bin", "ok", "operator"),
+            ],
+        )
+        self.assertIn("read_file", alice.requests)  # they were made, and not shown
+
+
 class SnapshotSocketTests(SnapshotGateway):
     """The same operations as ``/operator`` message types (what the web console uses)."""
 

@@ -289,7 +289,8 @@ def activity_entry(number: int, type: str, payload: dict[str, Any]) -> dict[str,
     """
     One request in a computer's activity (SPEC §14): its number, type and
     what it names (an exec's command line, a file request's path, an eval's
-    code, an ask's prompt), cut to ``wire.ECHO_LIMIT``.  Never a file's
+    code, an ask's prompt, a snapshot's reason, the snapshot compared with or
+    restored), cut to ``wire.ECHO_LIMIT``.  Never a file's
     content or anything else of the payload: only what names the request.
     """
     if type == "exec":
@@ -302,6 +303,10 @@ def activity_entry(number: int, type: str, payload: dict[str, Any]) -> dict[str,
         detail = payload["code"]
     elif type == "ask" and isinstance(payload.get("prompt"), str):
         detail = payload["prompt"]
+    elif type == "snapshot" and isinstance(payload.get("reason"), str):
+        detail = payload["reason"]
+    elif type.startswith("snapshot_") and isinstance(payload.get("snapshot"), str):
+        detail = payload["snapshot"]
     else:
         detail = ""
     return {"n": number, "type": type, "detail": wire.cut(detail)}
@@ -480,7 +485,7 @@ class Registry:
         started = None if d.called else self.clock.seconds()
         d.addBoth(self._count, type, started)
         key = (account_id, trapos_id)
-        if key in self._activity:
+        if key in self._activity and not senders.is_quiet():
             self.track(key, type, payload or {}, d)
         return d
 

@@ -81,6 +81,10 @@ class Sandbox:
     def __init__(self, registry: Registry) -> None:
         self._registry = registry
 
+    @property
+    def registry(self) -> Registry:
+        return self._registry
+
     def _call(
         self,
         account_id: str,

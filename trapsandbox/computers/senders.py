@@ -34,6 +34,9 @@ T = TypeVar("T")
 OPERATOR, AGENT, ASK, PLAYER, GATEWAY = "operator", "agent", "ask", "player", "gateway"
 
 _SENDER: ContextVar[Sender | None] = ContextVar("trapsandbox_sender", default=None)
+# Set while the gateway does one thing through many requests that its activity shows as that
+# one thing (a snapshot reads every changed file): those requests are not shown one by one.
+_QUIET: ContextVar[bool] = ContextVar("trapsandbox_quiet", default=False)
 
 
 def current() -> Sender:
@@ -56,3 +59,17 @@ def sent_by(sender: Sender, call: Callable[..., T], *args: Any, **kwargs: Any) -
         return call(*args, **kwargs)
     finally:
         _SENDER.reset(token)
+
+
+def quietly(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``call(*args, **kwargs)``, the requests it makes (now, or in its coroutines) not in
+    the computer's activity one by one: the caller shows them as one entry (``Registry.track``)."""
+    token = _QUIET.set(True)
+    try:
+        return call(*args, **kwargs)
+    finally:
+        _QUIET.reset(token)
+
+
+def is_quiet() -> bool:
+    return _QUIET.get()

@@ -17,6 +17,7 @@ account's computer or snapshot exactly like a missing one.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
@@ -24,7 +25,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from trapsandbox import limits
-from trapsandbox.computers import wire
+from trapsandbox.computers import senders, wire
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.computers.settingsfile import is_settings_path
 from trapsandbox.computers.wire import GatewayError
@@ -145,7 +146,7 @@ class Snapshots:
             count, size = model.sized(files)
             return {"id": snap_id, "files": count, "bytes": size, "fetched": fetched}
 
-        return Deferred.fromCoroutine(run())
+        return self._shown(account, trapos_id, "snapshot", {"reason": reason}, run)
 
     def changes(self, account: str, trapos_id: str, snapshot_id: str) -> Deferred[dict]:
         """From snapshot ``snapshot_id`` to the computer now: ``{snapshot, added, modified,
@@ -168,7 +169,7 @@ class Snapshots:
                     diffs.append({"path": change.path, "diff": text})
             return {"snapshot": snapshot.id, **found.to_json(), "diffs": diffs}
 
-        return Deferred.fromCoroutine(run())
+        return self._shown(account, trapos_id, "snapshot_changes", {"snapshot": snapshot_id}, run)
 
     def restore(self, account: str, trapos_id: str, snapshot_id: str) -> Deferred[dict]:
         """Bring the computer's files back to ``snapshot_id``: ``{restored, before, deleted,
@@ -193,7 +194,23 @@ class Snapshots:
                 "written": [path for path, _ in plan.write],
             }
 
-        return Deferred.fromCoroutine(run())
+        return self._shown(account, trapos_id, "snapshot_restore", {"snapshot": snapshot_id}, run)
+
+    def _shown(
+        self,
+        account: str,
+        trapos_id: str,
+        type: str,
+        names: dict[str, str],
+        run: Callable[[], Coroutine[Any, Any, dict[str, Any]]],
+    ) -> Deferred[dict]:
+        """
+        ``run()``, in the computer's activity (SPEC §14) as one entry of ``type`` by whoever
+        asked, instead of the many file requests it makes.
+        """
+        d = senders.quietly(Deferred.fromCoroutine, run())
+        self._sandbox.registry.track((account, trapos_id), type, names, d)
+        return d
 
     # -- The steps ---------------------------------------------------------------------------
 

@@ -7,10 +7,12 @@ import os
 
 from twisted.internet import reactor
 from twisted.internet.defer import fail, succeed
+from twisted.internet.task import Clock
 from twisted.trial.unittest import TestCase
 
 from tests.unit.snapshots.programs import Computer
 from trapsandbox.computers import wire
+from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.wire import GatewayError
 from trapsandbox.snapshots.service import Snapshots
 from trapsandbox.snapshots.sqlitestore import SqliteStore
@@ -21,6 +23,7 @@ class FakeSandbox:
 
     def __init__(self, computer: Computer) -> None:
         self.computer = computer
+        self.registry = Registry(Clock())  # where the activity of each operation is told
         self.reads: list[str] = []
         self.vanish: set[str] = set()  # deleted between the listing and the read
 

@@ -218,6 +218,7 @@ function showActivity(entry) {
   item.classList.toggle("failed", ended && entry.state !== "ok");
   item.querySelector(".state").textContent = ended
     ? "· " + entry.state + " · " + entry.durationMs + " ms" : "· running…";
+  if (ended) snapshotsMayHaveChanged(entry);
 }
 
 // How an ask goes: its text grows in one paragraph (the last 4000 characters kept); each tool,
@@ -448,6 +449,14 @@ function busy(flag, text) {
   snaps.busy = flag;
   snapshotStatus(text);
   snapshotsAllowed();
+}
+
+// A snapshot taken or restored elsewhere (before an ask's first change, by trapsandbox-ctl,
+// in another tab) is an entry of the activity shown: list the snapshots again.
+function snapshotsMayHaveChanged(entry) {
+  if (entry.type !== "snapshot" && entry.type !== "snapshot_restore") return;
+  const computer = state.selected;
+  if (computer && stillShown(computer) && !snaps.busy) loadSnapshots(computer);
 }
 
 async function loadSnapshots(computer) {
