@@ -640,6 +640,7 @@ class Computer:
         self._next_timer = 0
         self._sockets: dict[int, _WebSocket] = {}
         self._socket_lost: list[Deferred] = []
+        self._connecting: list[Any] = []  # websockets' connectors (IConnector)
         self._next_socket = 0
         self._processes: dict[int, Process] = {}
         self._pending_http: list[Deferred] = []
@@ -864,6 +865,12 @@ class Computer:
                 if proto.transport is not None:
                     proto.transport.abortConnection()
             self._sockets.clear()
+            # A websocket still connecting would connect to nobody (the gateway would drop it
+            # at its hello timeout, 10 s later): stop it now, which fires its ``lost``.
+            for connector in self._connecting:
+                if connector.state == "connecting":
+                    connector.stopConnecting()
+            self._connecting.clear()
             for pending in self._pending_http:
                 if not pending.called:
                     pending.cancel()
@@ -1047,7 +1054,9 @@ class Computer:
 
         factory.buildProtocol = build
         factory.clientConnectionFailed = failed
-        self.reactor.connectTCP(parts.hostname, parts.port or 80, factory, timeout=5)
+        connector = self.reactor.connectTCP(parts.hostname, parts.port or 80, factory, timeout=5)
+        self._connecting = [c for c in self._connecting if c.state == "connecting"]
+        self._connecting.append(connector)
         return True
 
     def _ws_opened(self, proto: _WebSocket) -> None:
