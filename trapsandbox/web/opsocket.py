@@ -397,7 +397,8 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
             account_id, trapos_id, lambda entry: self._partial(message_id, entry)
         )
         self.in_flight[message_id] = watch
-        watch.addErrback(self._failed, message_id)
+        # (Cluster mode: it may end, with the answer saying why.)
+        watch.addCallbacks(self._done, self._failed, (message_id,), None, (message_id,))
 
     def _start(self, message_id: str | int, trapos_id: str, account: str | None, obj: dict) -> None:
         factory = self.factory
