@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 import orjson
 from twisted.internet import task
-from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -61,7 +61,8 @@ _HEARTBEAT_PREFIX = limits.CLUSTER_PREFIX + "instance:"
 
 
 def _ignore_cancel(failure: Failure) -> None:
-    failure.trap(CancelledError)
+    # (``addTimeout`` turns its cancel into a TimeoutError.)
+    failure.trap(CancelledError, TimeoutError)
 
 
 @attrs.define(eq=False)
