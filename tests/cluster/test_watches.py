@@ -12,6 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from tests.harness.fakes import FakeLink
 from trapsandbox import limits
 from trapsandbox.cluster.presence import Presence
+from trapsandbox.cluster.relay import WATCH_TIMEOUT, Relay
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session, describe_session
 from trapsandbox.computers.wire import GatewayError
@@ -166,3 +167,57 @@ class RenumberedTests(SynchronousTestCase):
             [(e["n"], e["state"]) for e in told],
             [(2, "started"), (2, "running"), (3, "started"), (2, "ok"), (4, "started")],
         )
+
+
+class FixedEpoch:
+    """Ownership holding every computer here at epoch 1."""
+
+    def epoch_of(self, session):
+        return 1
+
+
+class ServedTests(SynchronousTestCase):
+    """The holder's side of a relayed request or watch (``Relay.on_request``)."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.redis = FakeRedis()
+        self.registry = Registry(self.clock)
+        self.session = Session("local", "7:", FakeLink(), self.clock)
+        self.registry.add(self.session)
+        self.relay = Relay(self.registry, self.redis, FixedEpoch(), "here", self.clock)
+        self.entries = []
+
+    def serve(self, relay_id, type="ping", **fields):
+        message = {"t": "req", "id": relay_id, "from": "there", "key": ["local", "7:"]}
+        message.update({"epoch": 1, "type": type, "payload": {}, "timeout": 5, **fields})
+        self.relay.on_request(message)
+
+    def test_a_relayed_request_is_in_the_activity_as_its_sender_sent_it(self):
+        self.registry.watch_activity("local", "7:", self.entries.append)
+        self.serve("r1", by={"by": "operator", "account": "alice"}, quiet=False)
+        self.serve("r2", by={"by": "agent"}, quiet=True)  # one of a snapshot's reads
+        self.serve("r3", by="nonsense")
+        self.assertEqual(
+            [(e["by"], e.get("account")) for e in self.entries],
+            [("operator", "alice"), ("gateway", None)],
+        )
+
+    def test_a_relayed_watch_streams_entries_until_the_computer_leaves(self):
+        self.serve("w", type="watch_activity", watch="activity", timeout=WATCH_TIMEOUT)
+        self.registry.request("7:", "ping", timeout=1).addErrback(lambda _: None)
+        (part,) = [m for _, m in self.redis.published if m["t"] == "partial"]
+        self.assertEqual((part["id"], part["payload"]["state"]), ("w", "started"))
+        self.registry.remove(self.session)
+        _, end = self.redis.published[-1]
+        self.assertEqual((end["t"], end["id"], end["code"]), ("fail", "w", "not_connected"))
+        self.assertEqual((self.registry._activity, self.registry._watchers), ({}, []))
+
+    def test_a_relayed_watch_stops_when_its_requester_cancels_or_at_its_bound(self):
+        self.serve("w", type="watch_activity", watch="activity", timeout=WATCH_TIMEOUT)
+        self.relay.on_cancel({"t": "cancel", "id": "w", "from": "there"})
+        self.assertEqual((self.registry._activity, self.registry._watchers), ({}, []))
+        self.serve("w2", type="watch_activity", watch="activity", timeout=10)
+        self.clock.advance(10)
+        self.assertEqual((self.registry._activity, self.registry._watchers), ({}, []))
+        self.assertEqual([m["t"] for _, m in self.redis.published], [])

@@ -259,7 +259,9 @@ class Relay:
 
         if message.get("watch") == "activity":
             d = self._registry.follow_activity(account_id, trapos_id, partial)
-            d.addTimeout(timeout, self._reactor)  # (the requester's own bound is longer)
+            # At its bound it just stops (cancelled: nothing sent); the requester's own
+            # bound, a margin later, answers there.
+            d.addTimeout(timeout, self._reactor, lambda result, _: result)
         else:
 
             def run() -> Deferred:
