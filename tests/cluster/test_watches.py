@@ -100,6 +100,22 @@ class ElsewhereTests(SynchronousTestCase):
         self.clock.advance(limits.CLUSTER_LIST_TIMEOUT)
         kept = {"computers": [_entry("1:")], "unreachableGateways": ["there"]}
         self.assertEqual((self.told, self.presence.elsewhere), (2, kept))
+        # Moved meanwhile to a process that answers: listed there only.
+        self.presence.instances.append({"id": "third"})
+        self.clock.advance(INTERVAL)
+        (to_third,) = [m for i, m in self.redis.published[-2:] if i == "third"]
+        self.presence.on_listed(
+            {
+                "t": "listed",
+                "id": to_third["id"],
+                "from": "third",
+                "computers": [_entry("1:", "third")],
+            }
+        )
+        self.clock.advance(limits.CLUSTER_LIST_TIMEOUT)
+        moved = {"computers": [_entry("1:", "third")], "unreachableGateways": ["there"]}
+        self.assertEqual(self.presence.elsewhere, moved)
+        self.presence.instances.pop()
         # Answering again, it is reachable again.
         self.clock.advance(INTERVAL)
         self.answer(_entry("1:"))

@@ -65,6 +65,11 @@ def _ignore_cancel(failure: Failure) -> None:
     failure.trap(CancelledError, TimeoutError)
 
 
+def _key(entry: dict[str, Any]) -> tuple[str, str]:
+    """A listed computer's ``(accountId, traposId)``, what a listing is sorted by."""
+    return (entry.get("accountId", ""), entry.get("traposId", ""))
+
+
 @attrs.define(eq=False)
 class _Listing:
     deferred: Deferred
@@ -211,7 +216,7 @@ class Presence:
             listing.waiting | {e["unreachable"] for e in listing.computers if "unreachable" in e}
         )
         computers = [e for e in listing.computers if "unreachable" not in e]
-        computers.sort(key=lambda e: (e.get("accountId", ""), e.get("traposId", "")))
+        computers.sort(key=_key)
         body: dict[str, Any] = {"computers": computers}
         if unreachable:
             body["unreachableGateways"] = unreachable
@@ -288,11 +293,13 @@ class Presence:
         if not self._watchers:
             return  # the last watcher left while this listing went
         unreachable = set(body.get("unreachableGateways", ()))
-        kept = [e for e in self.elsewhere["computers"] if e.get("gateway") in unreachable]
-        computers = sorted(
-            [*body["computers"], *kept],
-            key=lambda e: (e.get("accountId", ""), e.get("traposId", "")),
-        )
+        fresh = {_key(e) for e in body["computers"]}
+        kept = [
+            e
+            for e in self.elsewhere["computers"]
+            if e.get("gateway") in unreachable and _key(e) not in fresh  # (moved since)
+        ]
+        computers = sorted([*body["computers"], *kept], key=_key)
         elsewhere: dict[str, Any] = {"computers": computers}
         if unreachable:
             elsewhere["unreachableGateways"] = sorted(unreachable)
