@@ -396,7 +396,9 @@ class GatewayService(service.MultiService):
 
     def _build_http(self) -> None:
         """The operator socket, the HTTP app and site, and the port's first-bytes router."""
-        requests = OperatorRequests(self.registry, self.admission, self.snapshots)
+        requests = OperatorRequests(
+            self.registry, self.admission, self.snapshots, cluster=self.cluster
+        )
         self.operator_socket = OperatorSocketFactory(
             requests,
             self._reactor,

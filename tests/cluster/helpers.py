@@ -51,8 +51,11 @@ class Http:
     def __init__(self) -> None:
         self.pool = HTTPConnectionPool(reactor(), persistent=False)
 
-    async def get(self, gateway: Gateway, path: str, seconds: float = 10):
-        response = await bounded(treq.get(gateway.url + path, pool=self.pool), seconds)
+    async def get(self, gateway: Gateway, path: str, seconds: float = 10, token: str | None = None):
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+        response = await bounded(
+            treq.get(gateway.url + path, headers=headers, pool=self.pool), seconds
+        )
         body = await bounded(treq.content(response), seconds)
         return response.code, orjson.loads(body)
 

@@ -88,6 +88,7 @@ class Cluster:
             describe,
             int(self.heartbeat_interval * limits.CLUSTER_HEARTBEAT_TTL_FACTOR * 1000),
             reactor,
+            list_interval=refresh_interval,
         )
         self.relay = Relay(registry, self.redis, self.ownership, self.instance_id, reactor)
         self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {
@@ -136,6 +137,23 @@ class Cluster:
 
     def computers(self, local: list[dict[str, Any]]) -> Deferred:
         return self.presence.computers(local)
+
+    # -- What the /operator socket's watches read ---------------------------------------------
+
+    def watch_computers(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """``listener`` after each change to ``elsewhere`` (``Presence.watch``)."""
+        return self.presence.watch(listener)
+
+    @property
+    def elsewhere(self) -> dict[str, Any]:
+        """The other processes' computers while watched (``Presence.elsewhere``)."""
+        return self.presence.elsewhere
+
+    def watch_activity(
+        self, account_id: str, trapos_id: str, listener: PartialListener
+    ) -> Deferred:
+        """The activity of a computer another process holds (``Relay.watch_activity``)."""
+        return self.relay.watch_activity(account_id, trapos_id, listener)
 
     # -- Starting and stopping ---------------------------------------------------------------
 

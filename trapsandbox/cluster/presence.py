@@ -12,6 +12,10 @@ A listing asks every other live process through its inbox and waits at most
 ``CLUSTER_LIST_TIMEOUT``:
 
     {t: list, id, from}   ->   {t: listed, id, from, computers}
+
+While someone watches the computers (``watch``: an ``/operator``
+``watch_computers``), the other processes are listed again every
+``list_interval`` (the refresh interval), and never while nobody does.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from typing import Any
 
 import attrs
 import orjson
-from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet import task
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError, succeed
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from trapsandbox import __version__, limits
@@ -48,12 +54,20 @@ redis.call('SREM', KEYS[1], ARGV[1])
 return redis.call('DEL', KEYS[2])
 """
 
+log = Logger()
+
 _INSTANCES = limits.CLUSTER_PREFIX + "instances"
 _HEARTBEAT_PREFIX = limits.CLUSTER_PREFIX + "instance:"
 
 
 def _ignore_cancel(failure: Failure) -> None:
-    failure.trap(CancelledError)
+    # (``addTimeout`` turns its cancel into a TimeoutError.)
+    failure.trap(CancelledError, TimeoutError)
+
+
+def _key(entry: dict[str, Any]) -> tuple[str, str]:
+    """A listed computer's ``(accountId, traposId)``, what a listing is sorted by."""
+    return (entry.get("accountId", ""), entry.get("traposId", ""))
 
 
 @attrs.define(eq=False)
@@ -77,6 +91,7 @@ class Presence:
         describe: Callable[[Session], dict[str, Any]],
         ttl_ms: int,
         reactor: Any,
+        list_interval: float = limits.CLUSTER_REFRESH_INTERVAL,
     ) -> None:
         self._registry = registry
         self._redis = redis
@@ -87,6 +102,12 @@ class Presence:
         self._listings: dict[str, _Listing] = {}
         # The live processes, from the last heartbeat (empty while Redis is down).
         self.instances: list[dict[str, Any]] = []
+        self._list_interval = list_interval
+        self._watchers: list[Callable[[], None]] = []
+        self._relisting: task.LoopingCall | None = None
+        # While watched: the other processes' computers, as ``computers([])`` answers them
+        # (with ``unreachableGateways``), as of the last listing (``_relist``).
+        self.elsewhere: dict[str, Any] = {"computers": []}
 
     # -- The heartbeat -----------------------------------------------------------------------
 
@@ -195,7 +216,7 @@ class Presence:
             listing.waiting | {e["unreachable"] for e in listing.computers if "unreachable" in e}
         )
         computers = [e for e in listing.computers if "unreachable" not in e]
-        computers.sort(key=lambda e: (e.get("accountId", ""), e.get("traposId", "")))
+        computers.sort(key=_key)
         body: dict[str, Any] = {"computers": computers}
         if unreachable:
             body["unreachableGateways"] = unreachable
@@ -219,3 +240,74 @@ class Presence:
         listing.waiting.discard(sender)
         listing.computers.extend(e for e in message.get("computers", ()) if type(e) is dict)
         self._list_check(listing)
+
+    # -- The other processes' computers, live (``watch``) --------------------------------------
+
+    def watch(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """
+        Call ``listener`` after each change to ``elsewhere``, which is kept
+        up to date (listed again every ``list_interval``) while at least one
+        listener is; answers the function that stops it.
+        """
+        self._watchers.append(listener)
+        if self._relisting is None:
+            self._relisting = loop = task.LoopingCall(self._relist)
+            loop.clock = self._reactor
+            loop.start(self._list_interval, now=True)
+
+        def stop() -> None:
+            if listener in self._watchers:
+                self._watchers.remove(listener)
+            if not self._watchers and self._relisting is not None:
+                loop, self._relisting = self._relisting, None
+                if loop.running:
+                    loop.stop()
+                self.elsewhere = {"computers": []}  # not kept up to date any more
+
+        return stop
+
+    def _relist(self) -> Deferred | None:
+        # Never fails: a LoopingCall stops for good at its first failure.
+        if not self._redis.ok:
+            self._unknown()
+            return None
+        d = self.computers([])
+        d.addCallbacks(self._relisted, self._relist_failed)
+        return d
+
+    def _relist_failed(self, failure: Failure) -> None:
+        log.failure("cluster: listing the other gateways failed", failure)
+        self._unknown()
+
+    def _unknown(self) -> None:
+        """Redis is away: what the others hold is unknown, so each is said unreachable."""
+        kept = self.elsewhere["computers"]
+        self._relisted({"computers": [], "unreachableGateways": [e["gateway"] for e in kept]})
+
+    def _relisted(self, body: dict[str, Any]) -> None:
+        """
+        ``body`` is what ``computers([])`` answered.  A process that did not
+        answer keeps its computers as last listed, said unreachable: they
+        are neither shown gone nor claimed reachable.
+        """
+        if not self._watchers:
+            return  # the last watcher left while this listing went
+        unreachable = set(body.get("unreachableGateways", ()))
+        fresh = {_key(e) for e in body["computers"]}
+        kept = [
+            e
+            for e in self.elsewhere["computers"]
+            if e.get("gateway") in unreachable and _key(e) not in fresh  # (moved since)
+        ]
+        computers = sorted([*body["computers"], *kept], key=_key)
+        elsewhere: dict[str, Any] = {"computers": computers}
+        if unreachable:
+            elsewhere["unreachableGateways"] = sorted(unreachable)
+        if elsewhere == self.elsewhere:
+            return
+        self.elsewhere = elsewhere
+        for listener in list(self._watchers):
+            try:
+                listener()
+            except Exception:
+                log.failure("a watcher of the cluster's computers failed")

@@ -9,9 +9,16 @@ answers ``unavailable`` at once; giving up tells the owner to cancel.
 
 In: a request from another process runs on the computer here only if we
 hold it at the epoch the sender saw, and its partials and answer go back to
-the sender's inbox.
+the sender's inbox.  It runs as its sender's (``by``, ``quiet``:
+``trapsandbox.computers.senders``), so the computer's activity, kept here,
+names who sent it.
 
-    {t: req, id, from, key, epoch, type, payload, timeout}
+A watch of the computer's activity (``watch: "activity"``, from an
+``/operator`` ``watch_activity`` elsewhere) goes the same way: each entry
+comes back as a partial, until the requester cancels it or the computer
+leaves this process (``fail`` with ``not_connected``).
+
+    {t: req, id, from, key, epoch, type, payload, timeout, by, quiet, watch?}
     {t: cancel, id, from}                         the requester gave up
     {t: partial, id, payload}                     ... then one of
     {t: res, id, ok, payload?, error?}  {t: fail, id, code, message}
@@ -30,11 +37,23 @@ from twisted.python.failure import Failure
 from trapsandbox import limits
 from trapsandbox.cluster.ownership import Ownership
 from trapsandbox.cluster.redis import Redis
-from trapsandbox.computers import wire
+from trapsandbox.computers import senders, wire
 from trapsandbox.computers.registry import PartialListener, Registry
 from trapsandbox.computers.wire import GatewayError
 
 log = Logger()
+
+
+# A relayed activity watch ends at the latest after this long, as a screen watch does.
+WATCH_TIMEOUT = limits.SCREEN_WATCH_TIMEOUT
+
+
+def _sender_of(message: dict[str, Any]) -> senders.Sender:
+    """Who sent a relayed request (``senders``), as its message says."""
+    by = message.get("by")
+    if type(by) is dict and all(type(k) is str and type(v) is str for k, v in by.items()):
+        return by
+    return {"by": senders.GATEWAY}
 
 
 def _relay_timed_out(result: object, timeout: float) -> object:
@@ -86,11 +105,41 @@ class Relay:
         on_partial: PartialListener | None,
     ) -> Deferred:
         """Fires like ``Session.request``, for a computer held by another process."""
+        # Read now: the context is lost once Redis has named the holder.
+        sent = {"by": senders.current(), "quiet": senders.is_quiet()}
+        return self._send(account_id, trapos_id, type, payload, timeout, on_partial, sent)
+
+    def watch_activity(
+        self, account_id: str, trapos_id: str, listener: PartialListener
+    ) -> Deferred:
+        """
+        Each activity entry of a computer held by another process to
+        ``listener`` (``Registry.follow_activity`` there); a Deferred that
+        fails with ``not_connected`` when it leaves that process (or is not
+        held anywhere); cancelling it ends the watch.
+        """
+        watch = {"watch": "activity"}
+        return self._send(
+            account_id, trapos_id, "watch_activity", {}, WATCH_TIMEOUT, listener, watch
+        )
+
+    def _send(
+        self,
+        account_id: str,
+        trapos_id: str,
+        type: str,
+        payload: dict[str, Any],
+        timeout: float,
+        on_partial: PartialListener | None,
+        fields: dict[str, Any],
+    ) -> Deferred:
         if not self._redis.subscribed:
             # No answer could reach us.
             return fail(GatewayError(wire.UNAVAILABLE, "the gateway is not connected to Redis"))
         d = self._ownership.holder(account_id, trapos_id)
-        d.addCallback(self._relay, account_id, trapos_id, type, payload, timeout, on_partial)
+        d.addCallback(
+            self._relay, account_id, trapos_id, type, payload, timeout, on_partial, fields
+        )
         return d
 
     def _relay(
@@ -102,6 +151,7 @@ class Relay:
         payload: dict[str, Any],
         timeout: float,
         on_partial: PartialListener | None,
+        fields: dict[str, Any],
     ) -> Deferred:
         instance, epoch = holder
         if not instance or instance == self._instance_id:
@@ -120,6 +170,7 @@ class Relay:
             "type": type,
             "payload": payload,
             "timeout": timeout,
+            **fields,
         }
         sent = self._redis.publish(instance, message)
         sent.addCallbacks(self._relay_sent, self._relay_unsent, (relay_id,), None, (relay_id,))
@@ -206,14 +257,27 @@ class Relay:
             part = {"t": "partial", "id": relay_id, "payload": answer}
             self._redis.publish(sender, part).addErrback(lambda _: None)
 
-        d = self._registry.request(
-            trapos_id,
-            str(message.get("type")),
-            payload if type(payload) is dict else {},
-            timeout,
-            account_id=account_id,
-            on_partial=partial,
-        )
+        if message.get("watch") == "activity":
+            d = self._registry.follow_activity(account_id, trapos_id, partial)
+            # At its bound it just stops (cancelled: nothing sent); the requester's own
+            # bound, a margin later, answers there.
+            d.addTimeout(timeout, self._reactor, lambda result, _: result)
+        else:
+
+            def run() -> Deferred:
+                return self._registry.request(
+                    trapos_id,
+                    str(message.get("type")),
+                    payload if type(payload) is dict else {},
+                    timeout,
+                    account_id=account_id,
+                    on_partial=partial,
+                )
+
+            if message.get("quiet") is True:
+                d = senders.sent_by(_sender_of(message), senders.quietly, run)
+            else:
+                d = senders.sent_by(_sender_of(message), run)
         self._serving[(sender, relay_id)] = d
         d.addBoth(self._served, sender, relay_id)
 

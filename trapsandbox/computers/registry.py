@@ -363,6 +363,33 @@ class Registry:
 
         return stop
 
+    def follow_activity(
+        self, account_id: str, trapos_id: str, listener: PartialListener
+    ) -> Deferred:
+        """
+        ``watch_activity`` while the computer is connected here (another
+        process's watch, ``cluster.relay``): a Deferred that fails with
+        ``not_connected`` when it is not, or once it leaves (or is
+        replaced); cancelling it stops the watch.
+        """
+        session = self.find(trapos_id, account_id)
+        if session is None:
+            return fail(GatewayError(wire.NOT_CONNECTED, f"{wire.cut(trapos_id)} is not connected"))
+        stop_activity = self.watch_activity(account_id, trapos_id, listener)
+
+        def stop() -> None:
+            stop_activity()
+            stop_listing()
+
+        def left() -> None:
+            if self.find(trapos_id, account_id) is not session and not d.called:
+                stop()
+                d.errback(GatewayError(wire.NOT_CONNECTED, f"{wire.cut(trapos_id)} disconnected"))
+
+        d = Deferred(lambda _: stop())
+        stop_listing = self.watch(left)
+        return d
+
     def _tell_activity(self, key: tuple[str, str], entry: dict[str, Any]) -> None:
         for listener in list(self._activity.get(key, ())):
             try:
@@ -485,7 +512,9 @@ class Registry:
         started = None if d.called else self.clock.seconds()
         d.addBoth(self._count, type, started)
         key = (account_id, trapos_id)
-        if key in self._activity and not senders.is_quiet():
+        # A request relayed to the process holding the computer is in its activity there.
+        relayed = session is None and self.peers is not None
+        if key in self._activity and not senders.is_quiet() and not relayed:
             self.track(key, type, payload or {}, d)
         return d
 
@@ -504,14 +533,18 @@ class Registry:
         the function that tells them how it goes meanwhile (``state``
         "running" and what it is given: an ask's text as it arrives).
         """
-        self._next_activity += 1
         entry = {
-            **activity_entry(self._next_activity, type, payload),
+            **activity_entry(self.activity_number(), type, payload),
             **(senders.current() if sender is None else sender),
         }
         self._tell_activity(key, {**entry, "state": "started"})
         d.addBoth(self._activity_ended, key, entry, self.clock.seconds())
         return lambda progress: self._tell_activity(key, {**entry, "state": "running", **progress})
+
+    def activity_number(self) -> int:
+        """The next number of an activity entry here (each process counts its own)."""
+        self._next_activity += 1
+        return self._next_activity
 
     def _activity_ended(
         self, result: object, key: tuple[str, str], entry: dict[str, Any], started: float

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
@@ -37,6 +37,9 @@ from trapsandbox.web.validation import (
     optional_object,
     short_string,
 )
+
+if TYPE_CHECKING:
+    from trapsandbox.cluster.member import Cluster
 
 # The HTTP status for each way a request to a computer can fail.
 STATUS_OF_ERROR = {
@@ -165,6 +168,35 @@ def _frames_to(
     return lambda compact: on_frame(state.apply(compact))
 
 
+def _without_in_flight(entry: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in entry.items() if k != "inFlight"}
+
+
+def _renumbered(
+    registry: Registry, tell: Callable[[dict[str, Any]], None]
+) -> Callable[[dict[str, Any]], None]:
+    """
+    ``tell`` each entry of another process's activity numbered from this
+    registry's count, so that no two entries of one watch share a number.
+    """
+    numbers: dict[Any, int] = {}
+
+    def renumber(entry: dict[str, Any]) -> None:
+        n = numbers.get(entry.get("n")) or registry.activity_number()
+        if entry.get("state") in ("started", "running"):
+            numbers[entry.get("n")] = n
+        else:
+            numbers.pop(entry.get("n"), None)  # ended: its number is not seen again
+        tell({**entry, "n": n})
+
+    return renumber
+
+
+def _after(result: object, stop: Callable[[], None]) -> object:
+    stop()
+    return result
+
+
 def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode("latin-1")
 
@@ -177,14 +209,20 @@ class OperatorRequests:
     """
     ``POST /computers/{traposId}/requests``, however it was read.  ``snapshots``: the
     gateway's (SPEC §15), for the snapshot request types and routes (``snapshotcalls``).
+    ``cluster``: this process's (SPEC §13), whose watches cover every process's computers.
     """
 
     def __init__(
-        self, registry: Registry, admission: auth.Admission, snapshots: Snapshots | None = None
+        self,
+        registry: Registry,
+        admission: auth.Admission,
+        snapshots: Snapshots | None = None,
+        cluster: Cluster | None = None,
     ) -> None:
         self._registry = registry
         self._admission = admission
         self.snapshots = SnapshotCalls(registry, snapshots)
+        self._cluster = cluster
 
     @property
     def loopback_admin(self) -> bool:
@@ -209,23 +247,53 @@ class OperatorRequests:
         on_listing: Callable[[dict[str, Any]], None],
     ) -> Deferred:
         """
-        ``{"computers": listing}`` to ``on_listing`` now and after each change
+        ``visible``'s listing to ``on_listing`` now and after each change
         ``operator`` can see (a computer connecting, leaving, changing what it
-        allows); a Deferred that never fires: cancelling it stops the watch.
+        allows; on another process: seen when the cluster is listed again,
+        ``Presence.watch``); a Deferred that never fires: cancelling it stops
+        the watch.
         """
         last: list[Any] = [None]
 
         def send() -> None:
-            listed = self.listing(operator, asked)
-            shown = [{k: v for k, v in c.items() if k != "inFlight"} for c in listed]
+            body = self.visible(operator, asked)
+            shown = {**body, "computers": [_without_in_flight(c) for c in body["computers"]]}
             if shown != last[0]:  # another account's change is not this watcher's
                 last[0] = shown
-                on_listing({"computers": listed})
+                on_listing(body)
 
-        stop = self._registry.watch(send)
-        d = Deferred(lambda _: stop())
+        stops = [self._registry.watch(send)]
+        if self._cluster is not None:
+            stops.append(self._cluster.watch_computers(send))
+        d = Deferred(lambda _: [stop() for stop in stops])
         send()
         return d
+
+    def visible(self, operator: auth.Operator, asked: str | None) -> dict[str, Any]:
+        """
+        ``{"computers": [...]}``, what ``GET /computers`` lists for ``operator``:
+        this process's computers and, in cluster mode, the other processes'
+        as last listed (``Cluster.elsewhere``; ``unreachableGateways`` names
+        those that did not answer, whose computers are as they last were).
+        """
+        local = self.listing(operator, asked)
+        if self._cluster is None:
+            return {"computers": local}
+        here = {(c["accountId"], c["traposId"]) for c in local}
+        scope = operator.scope(asked)
+        elsewhere = self._cluster.elsewhere
+        computers = [{**c, "gateway": self._cluster.instance_id} for c in local] + [
+            c
+            for c in elsewhere["computers"]
+            if (scope is None or c.get("accountId") == scope)
+            # (Just moved here: listed here, not as it was there.)
+            and (c.get("accountId"), c.get("traposId")) not in here
+        ]
+        computers.sort(key=lambda c: (c.get("accountId", ""), c.get("traposId", "")))
+        body: dict[str, Any] = {"computers": computers}
+        if "unreachableGateways" in elsewhere:
+            body["unreachableGateways"] = elsewhere["unreachableGateways"]
+        return body
 
     def watch_activity(
         self, account_id: str, trapos_id: str, on_entry: Callable[[dict[str, Any]], None]
@@ -233,13 +301,31 @@ class OperatorRequests:
         """
         ``{"activity": entry}`` to ``on_entry`` for each request sent to the
         computer, as it starts and as it ends (``registry.activity_entry``,
-        with ``state``: started, then its outcome and ``durationMs``); a
-        Deferred that never fires: cancelling it stops the watch.
+        with ``state``: started, then its outcome and ``durationMs``);
+        cancelling the Deferred stops the watch.  One process: it never
+        fires.  Cluster mode: the activity is kept where the computer is
+        held, so a computer held by another process is watched there (its
+        entries numbered anew here, beside what this process tracks itself:
+        a snapshot taken here); the Deferred fires with the ``Answer`` that
+        ends the watch: 404 when the computer leaves its process, or is
+        not connected to any.
         """
-        stop = self._registry.watch_activity(
-            account_id, trapos_id, lambda entry: on_entry({"activity": entry})
-        )
-        return Deferred(lambda _: stop())
+
+        def tell(entry: dict[str, Any]) -> None:
+            on_entry({"activity": entry})
+
+        if self._cluster is None:
+            stop = self._registry.watch_activity(account_id, trapos_id, tell)
+            return Deferred(lambda _: stop())
+        if self._registry.find(trapos_id, account_id) is not None:
+            d = self._registry.follow_activity(account_id, trapos_id, tell)
+        else:
+            stop = self._registry.watch_activity(account_id, trapos_id, tell)
+            d = self._cluster.watch_activity(
+                account_id, trapos_id, _renumbered(self._registry, tell)
+            )
+            d.addBoth(_after, stop)
+        return d.addCallbacks(lambda _: Answer(200, {"ok": True}), _failed)
 
     def operator(
         self,

@@ -39,16 +39,18 @@ relayed as it comes, before the final answer, as a message of its own
 computer ends it or this connection closes (``timeoutMs`` bounds it, by
 default ``SCREEN_WATCH_TIMEOUT``).  ``{"id", "type": "watch_computers",
 "account"?}`` (no ``traposId``) is the gateway's own: a partial ``{"computers":
-[...]}`` (``GET /computers``' entries this operator sees, of this process) at
-once and after each connect, disconnect or change of capabilities, until
-the connection closes.  So is ``{"id", "type": "watch_activity", "traposId",
-"account"?}``: a partial ``{"activity": {n, type, detail, by, account?, state,
-durationMs?}}`` as each request to that computer (anyone's: an operator's,
-the agent's, its player's ``ask``; ``by`` and ``account`` as
-``trapsandbox.computers.senders`` says) starts (``state`` "started") and ends
-(its outcome); an ask also as it runs (``state`` "running" with ``text``,
-the agent's next words, or ``tool``/``status``, ``permission``/``detail``,
-``question``).  Every other type has
+[...]}`` (``GET /computers``' entries this operator sees; in cluster mode every
+process's, ``OperatorRequests.visible``) at once and after each connect,
+disconnect or change of capabilities, until the connection closes.  So is
+``{"id", "type": "watch_activity", "traposId", "account"?}``: a partial
+``{"activity": {n, type, detail, by, account?, state, durationMs?}}`` as each
+request to that computer (anyone's: an operator's, the agent's, its player's
+``ask``; ``by`` and ``account`` as ``trapsandbox.computers.senders`` says)
+starts (``state`` "started") and ends (its outcome); an ask also as it runs
+(``state`` "running" with ``text``, the agent's next words, or
+``tool``/``status``, ``permission``/``detail``, ``question``); in cluster mode
+it ends (404) when the computer leaves the process holding it
+(``OperatorRequests.watch_activity``). Every other type has
 its one answer only.  The snapshot types (SPEC §15: ``snapshots``,
 ``snapshot_take``, ``snapshot_changes`` and ``snapshot_restore`` with
 ``payload: {"snapshot": id}``) are the gateway's own too, answered with
@@ -397,7 +399,8 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
             account_id, trapos_id, lambda entry: self._partial(message_id, entry)
         )
         self.in_flight[message_id] = watch
-        watch.addErrback(self._failed, message_id)
+        # (Cluster mode: it may end, with the answer saying why.)
+        watch.addCallbacks(self._done, self._failed, (message_id,), None, (message_id,))
 
     def _start(self, message_id: str | int, trapos_id: str, account: str | None, obj: dict) -> None:
         factory = self.factory
