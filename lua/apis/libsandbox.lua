@@ -2760,7 +2760,7 @@ end
 function Session:stopReason()
   local settingsApi = self.settings
   if settingsApi and settingsApi.get and settingsApi.get('sandbox.stopped') == true then
-    return errorValue('stopped', ('the player stopped the sandbox agent on computer %s: on it, run "sandbox resume"')
+    return errorValue('stopped', ('the player stopped the sandbox agent on computer %s; on it, run "sandbox resume"')
       :format(self.traposId))
   end
   local side = settingsApi and settingsApi.get and settingsApi.get('sandbox.stop_side')

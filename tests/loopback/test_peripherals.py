@@ -156,7 +156,7 @@ class PeripheralHTTPTests(TestCase):
         self.assertIn(b" 400 ", head.split(b"\r\n")[0])
 
 
-STOPPED = 'the player stopped the sandbox agent on computer 7:base: on it, run "sandbox resume"'
+STOPPED = 'the player stopped the sandbox agent on computer 7:base; on it, run "sandbox resume"'
 
 
 class StopStateTests(TestCase):

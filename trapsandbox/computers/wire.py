@@ -497,7 +497,7 @@ def stop_message(trapos_id: str, stopped: object, message: object) -> str | None
     if type(message) is str and message.strip():
         return cut(message)
     return (
-        f"the player stopped the sandbox agent on computer {cut(trapos_id)}: "
+        f"the player stopped the sandbox agent on computer {cut(trapos_id)}; "
         'on it, run "sandbox resume"'
     )
 

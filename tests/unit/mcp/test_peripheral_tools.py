@@ -76,7 +76,7 @@ class PeripheralToolTests(McpTestCase):
     def test_stopped_by_the_player_says_not_to_retry(self):
         c = self.computer(capabilities=PERIPHERALS)
         message = (
-            'the player stopped the sandbox agent on computer 7:base: on it, run "sandbox resume"'
+            'the player stopped the sandbox agent on computer 7:base; on it, run "sandbox resume"'
         )
 
         def stopped(request, payload):
