@@ -5,14 +5,14 @@ from __future__ import annotations
 import time
 
 import orjson
-from twisted.internet import endpoints
 from twisted.internet.defer import Deferred, DeferredList, DeferredSemaphore
 from twisted.trial.unittest import TestCase
 
 from tests.cluster.helpers import Http, computer, ping, start_gateway, until
+from tests.harness.rawhttp import events, raw
 from tests.harness.redis import redis_client, start_redis
-from tests.harness.support import bounded, connect, reactor
-from tests.loopback.test_live import FIRST, Stream, events
+from tests.harness.support import connect
+from tests.loopback.test_live import FIRST
 
 
 class ClusterTests(TestCase):
@@ -123,14 +123,8 @@ class ClusterTests(TestCase):
         at_a = await connect(self, a.port)
         await at_a.hello(trapos_id="3:screen")
         await at_a.request("capabilities", {"capabilities": ["screen"]})
-        endpoint = endpoints.TCP4ClientEndpoint(reactor(), "127.0.0.1", b.port)
-        caller = await bounded(endpoints.connectProtocol(endpoint, Stream()))
-        self.addCleanup(
-            lambda: None if caller.closed.called else caller.transport.abortConnection()
-        )
-        caller.transport.write(
-            b"GET /computers/3%3Ascreen/screen/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-        )
+        watch_head = b"GET /computers/3%3Ascreen/screen/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        caller = await raw(self, b.port, watch_head)
         watch = await at_a.next_message()
         self.assertEqual(watch["type"], "screen_watch")
         # (Relayed, the response head comes with the first frame.)

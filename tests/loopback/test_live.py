@@ -2,11 +2,10 @@
 
 import orjson
 import treq
-from twisted.internet import endpoints, protocol
-from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
+from tests.harness.rawhttp import events, raw
 from tests.harness.support import (
     JSON,
     admitted,
@@ -32,44 +31,6 @@ FIRST = {
 }
 
 
-class Stream(protocol.Protocol):
-    """An HTTP client by hand, reading what arrives as it arrives."""
-
-    def __init__(self) -> None:
-        self.buffer = b""
-        self.closed: Deferred = Deferred()
-        self._waiting: tuple[bytes, Deferred] | None = None
-
-    def dataReceived(self, data: bytes) -> None:
-        self.buffer += data
-        self._wake()
-
-    def connectionLost(self, reason) -> None:
-        self.closed.callback(None)
-
-    def _wake(self) -> None:
-        if self._waiting is not None and self._waiting[0] in self.buffer:
-            (_, d), self._waiting = self._waiting, None
-            d.callback(None)
-
-    async def until(self, marker: bytes) -> bytes:
-        """What arrived up to and including ``marker``, taken from the buffer."""
-        if marker not in self.buffer:
-            self._waiting = (marker, Deferred())
-            await bounded(self._waiting[1])
-        head, _, self.buffer = self.buffer.partition(marker)
-        return head + marker
-
-
-def events(data: bytes) -> list[dict]:
-    """The ``data:`` lines of an event stream's chunks."""
-    return [
-        orjson.loads(line[len(b"data: ") :])
-        for line in data.split(b"\n")
-        if line.startswith(b"data: {")
-    ]
-
-
 class LiveHTTPTests(TestCase):
     def setUp(self):
         self.gateway = start_gateway(self, password="sesame")
@@ -79,18 +40,9 @@ class LiveHTTPTests(TestCase):
     def computer(self, capabilities=("screen", "input")):
         return admitted(self, self.gateway.port, "sesame", capabilities=capabilities)
 
-    async def raw(self, head: bytes) -> Stream:
-        endpoint = endpoints.TCP4ClientEndpoint(reactor(), "127.0.0.1", self.gateway.port)
-        client = await bounded(endpoints.connectProtocol(endpoint, Stream()))
-        self.addCleanup(
-            lambda: None if client.closed.called else client.transport.abortConnection()
-        )
-        client.transport.write(head + b"\r\n")
-        return client
-
     async def test_the_screen_streams_and_a_caller_leaving_cancels_the_watch(self):
         computer = await self.computer()
-        client = await self.raw(WATCH)
+        client = await raw(self, self.gateway.port, WATCH + b"\r\n")
         watch = await computer.next_message()
         self.assertEqual((watch["type"], watch["payload"]), ("screen_watch", {}))
         head = await client.until(b"\r\n\r\n")
@@ -125,13 +77,15 @@ class LiveHTTPTests(TestCase):
 
     async def test_a_watch_the_computer_refuses_is_a_json_error(self):
         await self.computer(capabilities=("input",))
-        client = await self.raw(WATCH)
+        client = await raw(self, self.gateway.port, WATCH + b"\r\n")
         head = await client.until(b"\r\n\r\n")
         self.assertIn(b" 403 ", head.split(b"\r\n")[0])
 
     async def test_a_browser_gets_nothing_from_the_computer(self):
         computer = await self.computer()
-        client = await self.raw(WATCH + b"Origin: http://evil.example\r\n")
+        client = await raw(
+            self, self.gateway.port, WATCH + b"Origin: http://evil.example\r\n" + b"\r\n"
+        )
         head = await client.until(b"\r\n\r\n")
         self.assertIn(b" 403 ", head.split(b"\r\n")[0])
         # Nothing reached the computer: the next frame it gets is the answer to its own probe.

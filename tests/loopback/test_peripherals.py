@@ -2,10 +2,10 @@
 
 import orjson
 import treq
-from twisted.internet import endpoints
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
+from tests.harness.rawhttp import events, raw
 from tests.harness.support import (
     JSON,
     admitted,
@@ -16,7 +16,6 @@ from tests.harness.support import (
     reactor,
     start_gateway,
 )
-from tests.loopback.test_live import Stream, events
 
 EVENTS = (
     b"GET /computers/7%3Abase/peripherals/events?events=monitor_touch,disk&timeoutMs=5000"
@@ -108,18 +107,9 @@ class PeripheralHTTPTests(TestCase):
         code, answer = await self.answered(treq.get(self.base + "/peripherals", pool=self.pool))
         self.assertEqual((code, answer["code"]), (404, "not_connected"))
 
-    async def raw(self, head: bytes) -> Stream:
-        endpoint = endpoints.TCP4ClientEndpoint(reactor(), "127.0.0.1", self.gateway.port)
-        client = await bounded(endpoints.connectProtocol(endpoint, Stream()))
-        self.addCleanup(
-            lambda: None if client.closed.called else client.transport.abortConnection()
-        )
-        client.transport.write(head + b"\r\n")
-        return client
-
     async def test_events_stream_and_a_caller_leaving_cancels_them(self):
         computer = await self.computer()
-        client = await self.raw(EVENTS)
+        client = await raw(self, self.gateway.port, EVENTS + b"\r\n")
         watch = await computer.next_message()
         self.assertEqual(
             (watch["type"], watch["payload"]),
@@ -143,7 +133,7 @@ class PeripheralHTTPTests(TestCase):
 
     async def test_events_end_at_the_computers_timeout(self):
         computer = await self.computer()
-        client = await self.raw(EVENTS)
+        client = await raw(self, self.gateway.port, EVENTS + b"\r\n")
         watch = await computer.next_message()
         computer.respond(watch, payload={"events": 0, "timedOut": True})
         tail = await client.until(b"}\n\n")
@@ -151,7 +141,9 @@ class PeripheralHTTPTests(TestCase):
 
     async def test_a_bad_events_query_is_400(self):
         await self.computer()
-        client = await self.raw(EVENTS.replace(b"timeoutMs=5000", b"timeoutMs=0"))
+        client = await raw(
+            self, self.gateway.port, EVENTS.replace(b"timeoutMs=5000", b"timeoutMs=0" + b"\r\n")
+        )
         head = await client.until(b"\r\n\r\n")
         self.assertIn(b" 400 ", head.split(b"\r\n")[0])
 
