@@ -109,16 +109,6 @@ class Snapshot:
     reason: str
     files: Files
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "account": self.account,
-            "traposId": self.trapos_id,
-            "created": self.created,
-            "reason": self.reason,
-            "files": {path: entry.to_json() for path, entry in sorted(self.files.items())},
-        }
-
 
 @attrs.frozen
 class Pruned:
