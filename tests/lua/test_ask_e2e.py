@@ -299,11 +299,9 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         # opencode 1.18.33's tool result: '... "Which colour should the lamp be?"="blue" ...'
         self.assertIn('="blue"', result)
 
-    async def test_ctrl_t_during_a_run_ends_the_run_on_the_computer(self):
-        """
-        opencode 1.18.33, aborted mid tool call, sends notifications/cancelled
-        for it; the gateway ends that run on the computer (SPEC §17).
-        """
+    async def ticking(self):
+        """A computer, and the model of an ask whose agent runs ``/ticker.lua 300`` there
+        (it marks /started and /ended)."""
         call = {"computer": "7:ask", "command": "/ticker.lua", "args": ["300"]}
         model = await start_fake_model(
             self, "", {}, script=[("trapsandbox_run_command", {**call, "timeoutSeconds": 300})]
@@ -311,6 +309,14 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         await self.opencode(model)
         c = await self.ready()
         c.write_file("/ticker.lua", TICKER.encode())
+        return c, model
+
+    async def test_ctrl_t_during_a_run_ends_the_run_on_the_computer(self):
+        """
+        opencode 1.18.33, aborted mid tool call, sends notifications/cancelled
+        for it; the gateway ends that run on the computer (SPEC §17).
+        """
+        c, _ = await self.ticking()
         logs = LogCapture(self)
         self.ask(c, "/programs/sandbox.lua ask --yes tick")
         await c.wait_for(lambda: c.read_file("/started") is not None, 90, "the run's start")
@@ -332,13 +338,7 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         player's screen with a clear line, aborts the run in opencode, and
         shows the computer stopped; an ask while stopped is refused at once.
         """
-        call = {"computer": "7:ask", "command": "/ticker.lua", "args": ["300"]}
-        model = await start_fake_model(
-            self, "", {}, script=[("trapsandbox_run_command", {**call, "timeoutSeconds": 300})]
-        )
-        await self.opencode(model)
-        c = await self.ready()
-        c.write_file("/ticker.lua", TICKER.encode())
+        c, model = await self.ticking()
         self.ask(c, "/programs/sandbox.lua ask --yes tick")
         await c.wait_for(lambda: c.read_file("/started") is not None, 90, "the run's start")
         await c.run("/programs/sandbox.lua stop").done
