@@ -37,6 +37,18 @@ def event(body: bytes) -> bytes:
     return b"event: message\ndata: " + body + b"\n\n"
 
 
+def open_event_stream(request: IRequest) -> None:
+    """
+    The head of a ``text/event-stream`` answer (also the screen and peripheral streams',
+    ``web.streaming``); it goes out with the first write.
+    """
+    request.setResponseCode(200)
+    request.setHeader(b"content-type", b"text/event-stream")
+    request.setHeader(b"cache-control", b"no-store")
+    # Proxies such as nginx hold a response back otherwise; the events are the point.
+    request.setHeader(b"x-accel-buffering", b"no")
+
+
 class EventStream:
     """One request's answer as SSE, opened by the first ``send``."""
 
@@ -51,12 +63,7 @@ class EventStream:
             return
         if not self.opened:
             self.opened = True
-            request = self._request
-            request.setResponseCode(200)
-            request.setHeader(b"content-type", b"text/event-stream")
-            request.setHeader(b"cache-control", b"no-store")
-            # Proxies such as nginx hold a response back otherwise; the events are the point.
-            request.setHeader(b"x-accel-buffering", b"no")
+            open_event_stream(self._request)
         self._request.write(event(orjson.dumps(message)))
 
     def end(self) -> None:

@@ -13,6 +13,7 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 
 from trapsandbox.computers.wire import GatewayError
+from trapsandbox.mcp.stream import open_event_stream
 from trapsandbox.web.answers import sandbox_failed
 
 
@@ -83,14 +84,9 @@ class ScreenStream:
     def begin(self) -> None:
         if not self._begun:
             self._begun = True
-            request = self._request
-            request.setResponseCode(200)
-            request.setHeader(b"content-type", b"text/event-stream")
-            request.setHeader(b"cache-control", b"no-store")
-            # No proxy should hold frames back.
-            request.setHeader(b"x-accel-buffering", b"no")
+            open_event_stream(self._request)
             # The head goes out with the first write: a comment, so the caller sees it now.
-            request.write(b": watching\n\n")
+            self._request.write(b": watching\n\n")
 
     def frame(self, frame: dict[str, Any]) -> None:
         self.begin()
