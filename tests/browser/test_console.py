@@ -25,8 +25,7 @@ from twisted.web.client import HTTPConnectionPool
 from bench import console
 from tests.harness.craftos import Computer
 from tests.harness.processes import REPO, clean_env, spawn
-from tests.harness.support import bounded, connect, reactor
-from trapsandbox.admission import accounts
+from tests.harness.support import account_table, bounded, connect, reactor
 
 try:
     from selenium import webdriver
@@ -55,14 +54,6 @@ ASKER = (
 WAIT = 20  # seconds, the bound of every wait on the page
 
 
-def _table(name):
-    return (
-        f"[accounts.{name}]\n"
-        f'secret_sha256 = "{accounts.sha256_hex("s-" + name)}"\n'
-        f'token_sha256 = "{accounts.sha256_hex("token-" + name)}"\n'
-    )
-
-
 def _browser():
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
@@ -84,7 +75,7 @@ class ConsoleTests(TestCase):
             raise SkipTest("chromium and chromium-driver are not installed (make chromium)")
         path = os.path.abspath(self.mktemp())
         with open(path, "w") as f:
-            f.write(_table("alice") + _table("bob"))
+            f.write(account_table("alice") + account_table("bob"))
         argv = [TWISTD, "-n", "--pidfile=", "trapsandbox", "--port", "tcp:0:interface=127.0.0.1"]
         env = clean_env(
             SANDBOX_ACCOUNTS_FILE=path, SANDBOX_ADMIN_TOKEN=ADMIN_TOKEN, OPENCODE_URL=""

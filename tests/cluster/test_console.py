@@ -11,18 +11,9 @@ from twisted.trial.unittest import TestCase
 
 from tests.cluster.helpers import Http, Pinged, start_gateway
 from tests.harness.redis import start_redis
-from tests.harness.support import connect, connect_operator
-from trapsandbox.admission import accounts
+from tests.harness.support import account_table, connect, connect_operator
 
 ADMIN = "admin-token-1234"
-
-
-def _table(name: str) -> str:
-    return (
-        f"[accounts.{name}]\n"
-        f'secret_sha256 = "{accounts.sha256_hex("s-" + name)}"\n'
-        f'token_sha256 = "{accounts.sha256_hex("token-" + name)}"\n'
-    )
 
 
 async def _listed_until(watcher, condition):
@@ -66,7 +57,7 @@ class ClusterConsoleTests(TestCase):
     async def gateways(self):
         path = os.path.abspath(self.mktemp())
         with open(path, "w") as f:
-            f.write(_table("alice") + _table("bob"))
+            f.write(account_table("alice") + account_table("bob"))
         redis = await start_redis(self)
         settings = {"SANDBOX_ACCOUNTS_FILE": path, "SANDBOX_ADMIN_TOKEN": ADMIN}
         a = await start_gateway(self, redis.url, **settings)

@@ -11,6 +11,7 @@ from twisted.internet import endpoints, ssl
 from twisted.internet.defer import Deferred, DeferredQueue
 
 from trapsandbox import config
+from trapsandbox.admission import accounts
 from trapsandbox.fast import fixes, paths
 from trapsandbox.tap import GatewayService
 
@@ -271,3 +272,20 @@ async def connect_operator(
     )
     endpoint = endpoints.TCP4ClientEndpoint(reactor(), "127.0.0.1", port)
     return await _opened(testcase, factory, TestOperator, endpoint)
+
+
+def account_table(name: str, secret: str | None = None) -> str:
+    """One account of an accounts file: secret ``secret`` (default "s-NAME"), token "token-NAME"."""
+    return (
+        f"[accounts.{name}]\n"
+        f'secret_sha256 = "{accounts.sha256_hex(secret or "s-" + name)}"\n'
+        f'token_sha256 = "{accounts.sha256_hex("token-" + name)}"\n'
+    )
+
+
+def accounts_file(testcase, *names: str) -> str:
+    """An accounts file of ``names`` (``account_table``'s secrets and tokens); its path."""
+    path = os.path.abspath(testcase.mktemp())
+    with open(path, "w") as f:
+        f.write("".join(account_table(name) for name in names))
+    return path

@@ -9,25 +9,25 @@ from twisted.internet.defer import ensureDeferred
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.harness.support import JSON, both_modes, bounded, connect, reactor, start_gateway
+from tests.harness.support import (
+    JSON,
+    account_table,
+    both_modes,
+    bounded,
+    connect,
+    reactor,
+    start_gateway,
+)
 from trapsandbox.admission import accounts
 
 ADMIN = "admin-token-1"
-
-
-def table(name, secret):
-    return (
-        f"[accounts.{name}]\n"
-        f'secret_sha256 = "{accounts.sha256_hex(secret)}"\n'
-        f'token_sha256 = "{accounts.sha256_hex("token-" + name)}"\n'
-    )
 
 
 class TwoPlayersTests(TestCase):
     async def asyncSetUp(self):
         self.path = os.path.abspath(self.mktemp())
         with open(self.path, "w") as f:
-            f.write(table("alice", "s-alice") + table("bob", "s-bob"))
+            f.write(account_table("alice", "s-alice") + account_table("bob", "s-bob"))
         self.gateway = start_gateway(
             self,
             admin_token=ADMIN,
@@ -98,7 +98,7 @@ class TwoPlayersTests(TestCase):
     async def test_reload_closes_a_removed_accounts_computers_only(self):
         await self.asyncSetUp()
         with open(self.path, "w") as f:
-            f.write(table("alice", "s-alice"))
+            f.write(account_table("alice", "s-alice"))
         self.assertTrue(self.gateway.reload_accounts())
         self.assertEqual(await self.computers["bob"].wait_closed(), (4001, "unauthorized"))
         status, body = await self.http("GET", "/computers", ADMIN)
@@ -124,7 +124,7 @@ class TwoPlayersTests(TestCase):
 
     async def test_max_computers(self):
         with open(self.path_for_limit(), "w") as f:
-            f.write(table("alice", "s-alice") + "max_computers = 1\n")
+            f.write(account_table("alice", "s-alice") + "max_computers = 1\n")
         gateway = start_gateway(self, accounts=accounts.load(self.limit_path))
         first = await connect(self, gateway.port)
         self.assertTrue((await first.hello("s-alice", "1:"))["ok"])

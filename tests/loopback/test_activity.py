@@ -12,6 +12,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.support import (
+    accounts_file,
     admitted,
     both_modes,
     bounded,
@@ -22,17 +23,6 @@ from tests.harness.support import (
 from trapsandbox.admission import accounts
 
 PASSWORD = "sesame"
-
-
-def _accounts_file(testcase) -> str:
-    path = testcase.mktemp()
-    with open(path, "w") as f:
-        f.write(
-            "[accounts.alice]\n"
-            f'secret_sha256 = "{accounts.sha256_hex("s-alice")}"\n'
-            f'token_sha256 = "{accounts.sha256_hex("token-alice")}"\n'
-        )
-    return path
 
 
 class ActivityTests(TestCase):
@@ -99,7 +89,7 @@ class ActivityTests(TestCase):
         self.assertNotIn("account", started)
 
     async def test_an_accounts_token_is_named(self):
-        path = _accounts_file(self)
+        path = accounts_file(self, "alice")
         gateway = start_gateway(self, accounts_file=path, accounts=accounts.load(path))
         computer, watcher = await self.watched(gateway, "s-alice", "3:lab", "token-alice")
         operator = await connect_operator(self, gateway.port, "token-alice")

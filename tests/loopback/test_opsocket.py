@@ -11,6 +11,7 @@ from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.support import (
     Refused,
+    account_table,
     admitted,
     both_modes,
     bounded,
@@ -373,19 +374,11 @@ class OperatorSocketAuthTests(TestCase):
         await connect_operator(self, self.gateway.port, TOKEN)
 
 
-def _table(name, secret):
-    return (
-        f"[accounts.{name}]\n"
-        f'secret_sha256 = "{accounts.sha256_hex(secret)}"\n'
-        f'token_sha256 = "{accounts.sha256_hex("token-" + name)}"\n'
-    )
-
-
 class OperatorSocketAccountTests(TestCase):
     async def test_a_reload_closes_the_sockets_of_tokens_no_longer_admitted(self):
         path = os.path.abspath(self.mktemp())
         with open(path, "w") as f:
-            f.write(_table("alice", "s-alice") + _table("bob", "s-bob"))
+            f.write(account_table("alice", "s-alice") + account_table("bob", "s-bob"))
         gateway = start_gateway(
             self, admin_token=TOKEN, accounts_file=path, accounts=accounts.load(path)
         )
@@ -393,7 +386,7 @@ class OperatorSocketAccountTests(TestCase):
         bob = await connect_operator(self, gateway.port, "token-bob")
         admin = await connect_operator(self, gateway.port, TOKEN)
         with open(path, "w") as f:
-            f.write(_table("alice", "s-alice"))  # bob is gone
+            f.write(account_table("alice", "s-alice"))  # bob is gone
         self.assertTrue(gateway.reload_accounts())
         self.assertEqual((await bounded(bob.closed))[0], 4001)
         for still in (alice, admin):
@@ -403,7 +396,7 @@ class OperatorSocketAccountTests(TestCase):
     async def test_an_account_token_reaches_its_own_computers_only(self):
         path = os.path.abspath(self.mktemp())
         with open(path, "w") as f:
-            f.write(_table("alice", "s-alice") + _table("bob", "s-bob"))
+            f.write(account_table("alice", "s-alice") + account_table("bob", "s-bob"))
         gateway = start_gateway(
             self, admin_token=TOKEN, accounts_file=path, accounts=accounts.load(path)
         )
@@ -432,7 +425,7 @@ class OperatorSocketAccountTests(TestCase):
         # its sockets makes room; other accounts and the admin are not affected.
         path = os.path.abspath(self.mktemp())
         with open(path, "w") as f:
-            f.write(_table("alice", "s-alice") + _table("bob", "s-bob"))
+            f.write(account_table("alice", "s-alice") + account_table("bob", "s-bob"))
         gateway = start_gateway(
             self,
             admin_token=TOKEN,
@@ -530,7 +523,7 @@ class ConsoleLoopbackTests(TestCase):
     async def test_loopback_without_an_admin_token_needs_no_token(self):
         path = os.path.abspath(self.mktemp())
         with open(path, "w") as f:
-            f.write(_table("alice", "s-alice") + _table("bob", "s-bob"))
+            f.write(account_table("alice", "s-alice") + account_table("bob", "s-bob"))
         gateway = start_gateway(self, accounts_file=path, accounts=accounts.load(path))
         origin = f"http://127.0.0.1:{gateway.port}"
         page = await connect_operator(self, gateway.port, origin=origin)
@@ -555,7 +548,7 @@ class WatchComputersTests(TestCase):
     async def test_the_visible_computers_come_live_until_the_socket_closes(self):
         path = os.path.abspath(self.mktemp())
         with open(path, "w") as f:
-            f.write(_table("alice", "s-alice") + _table("bob", "s-bob"))
+            f.write(account_table("alice", "s-alice") + account_table("bob", "s-bob"))
         gateway = start_gateway(
             self, admin_token=TOKEN, accounts_file=path, accounts=accounts.load(path)
         )

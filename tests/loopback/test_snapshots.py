@@ -12,6 +12,7 @@ from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.support import (
     JSON,
+    account_table,
     both_modes,
     bounded,
     connect,
@@ -19,7 +20,6 @@ from tests.harness.support import (
     reactor,
     start_gateway,
 )
-from tests.loopback.test_accounts import table
 from trapsandbox import config
 from trapsandbox.admission import accounts
 
@@ -79,7 +79,7 @@ class SnapshotGateway(TestCase):
     async def start(self, capabilities=("fs.read", "fs.write"), **settings):
         path = os.path.abspath(self.mktemp())
         with open(path, "w") as f:
-            f.write(table("alice", "s-alice") + table("bob", "s-bob"))
+            f.write(account_table("alice", "s-alice") + account_table("bob", "s-bob"))
         self.gateway = start_gateway(
             self, accounts_file=path, accounts=accounts.load(path), **settings
         )

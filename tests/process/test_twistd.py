@@ -11,7 +11,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.processes import Child, clean_env, spawn
-from tests.harness.support import both_modes, bounded, connect, fast_paths, reactor
+from tests.harness.support import account_table, both_modes, bounded, connect, fast_paths, reactor
 
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 
@@ -100,23 +100,13 @@ class TwistdTests(TestCase):
         )
 
 
-def _account(name: str, secret: str) -> str:
-    from trapsandbox.admission.accounts import sha256_hex
-
-    return (
-        f"[accounts.{name}]\n"
-        f'secret_sha256 = "{sha256_hex(secret)}"\n'
-        f'token_sha256 = "{sha256_hex("token-" + name)}"\n'
-    )
-
-
 class AccountsTwistdTests(TestCase):
     twistd = TwistdTests.twistd
 
     async def test_sighup_reloads_a_rewritten_file(self):
         path = os.path.abspath(self.mktemp())
         with open(path, "w") as f:
-            f.write(_account("alice", "s-alice") + _account("bob", "s-bob"))
+            f.write(account_table("alice", "s-alice") + account_table("bob", "s-bob"))
         child = self.twistd(
             "--port", "tcp:0:interface=127.0.0.1", "--accounts-file", path, OPENCODE_URL=""
         )
@@ -132,7 +122,7 @@ class AccountsTwistdTests(TestCase):
         child.signal("HUP")
         await child.wait_for(r"accounts not reloaded, keeping the 2 in use: .*not TOML")
         with open(path, "w") as f:
-            f.write(_account("alice", "s-alice"))
+            f.write(account_table("alice", "s-alice"))
         child.signal("HUP")
         self.assertEqual(await bob.wait_closed(), (4001, "unauthorized"))
         await child.wait_for(r"accounts reloaded from .*: 1 accounts; 1 computers closed")
@@ -143,7 +133,7 @@ class AccountsTwistdTests(TestCase):
     async def test_a_bad_file_at_start_is_one_clear_line(self):
         path = os.path.abspath(self.mktemp())
         with open(path, "w") as f:
-            f.write(_account("alice", "s") + _account("bob", "s"))
+            f.write(account_table("alice", "s") + account_table("bob", "s"))
         child = self.twistd(SANDBOX_ACCOUNTS_FILE=path)
         self.assertEqual(await child.wait_ended(), 1)
         self.assertEqual(
