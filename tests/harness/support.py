@@ -57,12 +57,19 @@ def both_modes(namespace: dict, *names: str, only: tuple[str, ...] | None = None
     for name in names:
         cls = namespace[name]
         body = {"fast_paths": False, "__module__": namespace["__name__"], "__doc__": cls.__doc__}
-        if only is not None:
-            # (A test attribute that is not callable is not collected.)
-            body.update(
-                {test: None for test in dir(cls) if test.startswith("test") and test not in only}
-            )
-        twin = type(f"{name}Plain", (cls,), body)
+        if only is None:
+            twin = type(f"{name}Plain", (cls,), body)
+        else:
+            # A sibling, not a subclass: pytest and trial both collect what a class inherits.
+            inherited = [t for t in dir(cls) if t.startswith("test") and t not in cls.__dict__]
+            assert not inherited, f"{name}: only= cannot leave out inherited tests {inherited}"
+            kept = {
+                key: value
+                for key, value in vars(cls).items()
+                if key not in ("__dict__", "__weakref__")
+                and (not key.startswith("test") or key in only)
+            }
+            twin = type(f"{name}Plain", cls.__bases__, {**kept, **body})
         namespace[twin.__name__] = twin
 
 
