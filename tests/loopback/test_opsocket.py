@@ -12,6 +12,7 @@ from twisted.web.client import HTTPConnectionPool
 from tests.harness.support import (
     Refused,
     account_table,
+    accounts_file,
     admitted,
     both_modes,
     bounded,
@@ -376,9 +377,7 @@ class OperatorSocketAuthTests(TestCase):
 
 class OperatorSocketAccountTests(TestCase):
     async def test_a_reload_closes_the_sockets_of_tokens_no_longer_admitted(self):
-        path = os.path.abspath(self.mktemp())
-        with open(path, "w") as f:
-            f.write(account_table("alice", "s-alice") + account_table("bob", "s-bob"))
+        path = accounts_file(self, "alice", "bob")
         gateway = start_gateway(
             self, admin_token=TOKEN, accounts_file=path, accounts=accounts.load(path)
         )
@@ -394,9 +393,7 @@ class OperatorSocketAccountTests(TestCase):
             self.assertEqual((await still.next_message())["status"], 404)
 
     async def test_an_account_token_reaches_its_own_computers_only(self):
-        path = os.path.abspath(self.mktemp())
-        with open(path, "w") as f:
-            f.write(account_table("alice", "s-alice") + account_table("bob", "s-bob"))
+        path = accounts_file(self, "alice", "bob")
         gateway = start_gateway(
             self, admin_token=TOKEN, accounts_file=path, accounts=accounts.load(path)
         )
@@ -423,9 +420,7 @@ class OperatorSocketAccountTests(TestCase):
     async def test_an_account_holds_at_most_its_bound_of_sockets(self):
         # SPEC §4: per-account bounds.  A full account is refused 429; closing one of
         # its sockets makes room; other accounts and the admin are not affected.
-        path = os.path.abspath(self.mktemp())
-        with open(path, "w") as f:
-            f.write(account_table("alice", "s-alice") + account_table("bob", "s-bob"))
+        path = accounts_file(self, "alice", "bob")
         gateway = start_gateway(
             self,
             admin_token=TOKEN,
@@ -521,17 +516,14 @@ class ConsoleTokenTests(TestCase):
 
 class ConsoleLoopbackTests(TestCase):
     async def test_loopback_without_an_admin_token_needs_no_token(self):
-        path = os.path.abspath(self.mktemp())
-        with open(path, "w") as f:
-            f.write(account_table("alice", "s-alice") + account_table("bob", "s-bob"))
+        path = accounts_file(self, "alice", "bob")
         gateway = start_gateway(self, accounts_file=path, accounts=accounts.load(path))
         origin = f"http://127.0.0.1:{gateway.port}"
         page = await connect_operator(self, gateway.port, origin=origin)
         page.send({"token": ""})
         self.assertEqual(await page.next_message(), {"authenticated": True, "account": None})
         # An account's token narrows the page to that account.
-        bob = await connect(self, gateway.port)
-        await bob.hello("s-bob", "2:")
+        await admitted(self, gateway.port, "s-bob", "2:")
         page = await connect_operator(self, gateway.port, origin=origin)
         page.send({"token": "token-alice"})
         self.assertEqual(await page.next_message(), {"authenticated": True, "account": "alice"})
@@ -546,9 +538,7 @@ class ConsoleLoopbackTests(TestCase):
 
 class WatchComputersTests(TestCase):
     async def test_the_visible_computers_come_live_until_the_socket_closes(self):
-        path = os.path.abspath(self.mktemp())
-        with open(path, "w") as f:
-            f.write(account_table("alice", "s-alice") + account_table("bob", "s-bob"))
+        path = accounts_file(self, "alice", "bob")
         gateway = start_gateway(
             self, admin_token=TOKEN, accounts_file=path, accounts=accounts.load(path)
         )
@@ -559,10 +549,8 @@ class WatchComputersTests(TestCase):
             first, {"id": "w", "status": 200, "partial": True, "payload": {"computers": []}}
         )
         # Bob's computer is not alice's: nothing is sent to her for it.
-        bob = await connect(self, gateway.port)
-        await bob.hello("s-bob", "2:")
-        computer = await connect(self, gateway.port)
-        await computer.hello("s-alice", "5:lab")
+        await admitted(self, gateway.port, "s-bob", "2:")
+        computer = await admitted(self, gateway.port, "s-alice", "5:lab")
         listed = (await alice.next_message())["payload"]["computers"]
         self.assertEqual([(c["traposId"], c["accountId"]) for c in listed], [("5:lab", "alice")])
         self.assertEqual(listed[0]["capabilities"], [])
