@@ -43,6 +43,8 @@ class AutobahnTests(SynchronousTestCase):
         self.assertIn("self.failedByMe = True", source)
         _, protocol = self.protocol()
         self.assertIs(fixes.failed_by_us(protocol), False)
+        protocol.failedByMe = True  # what Autobahn sets when it fails the connection itself
+        self.assertIs(fixes.failed_by_us(protocol), True)
 
     def test_batched_timer(self):
         factory, _ = self.protocol()

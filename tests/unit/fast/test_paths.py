@@ -7,13 +7,11 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from trapsandbox import config
-from trapsandbox.computers.protocol import GatewayProtocol
 from trapsandbox.errors import ConfigError
 from trapsandbox.fast import compat, paths
 from trapsandbox.fast.front import FrontFactory
 from trapsandbox.fast.protocols import FastGatewayProtocol, FastOperatorSocket
 from trapsandbox.web.listener import CountedSite
-from trapsandbox.web.opsocket import OperatorSocket
 
 
 def _library() -> dict:
@@ -68,8 +66,6 @@ class ChoiceTests(SynchronousTestCase):
         self.assertEqual(
             (gateway.protocol, operator.protocol), (FastGatewayProtocol, FastOperatorSocket)
         )
-        self.assertTrue(issubclass(FastGatewayProtocol, GatewayProtocol))
-        self.assertTrue(issubclass(FastOperatorSocket, OperatorSocket))
         listener = fast.listener(object(), gateway, Clock(), object(), operator, None)
         self.assertIsInstance(listener, FrontFactory)
         self.assertIsNot(listener.http, listener.site)  # fasthttp reads first
