@@ -455,11 +455,15 @@ async def cpu(reactor, args: argparse.Namespace) -> dict[str, Any]:
             computers.append(factory.ready)
         await bounded(defer.gatherResults(computers), reactor, 60)
         watchers = [await open_operator(reactor, url, None) for _ in range(args.computers)]
+        running = []
         for i, op in enumerate(watchers):
+            first: Deferred = Deferred()
+            op.listeners["s"] = lambda _, __, d=first: None if d.called else d.callback(None)
+            running.append(first)
             op.sendMessage(
                 orjson.dumps({"id": "s", "traposId": f"{i}:light", "type": "screen_watch"})
             )
-        await task.deferLater(reactor, 2.0, lambda: None)  # every watch running
+        await bounded(defer.gatherResults(running), reactor, 60)  # every watch has its frames
         frames0 = sum(op.frames_in for op in watchers)
         cpu0, wall0 = proc.cpu_seconds(child.pid), time.monotonic()
         await task.deferLater(reactor, args.seconds, lambda: None)

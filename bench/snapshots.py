@@ -147,12 +147,6 @@ async def redis(reactor) -> dict:
     argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
     server = subprocess.Popen(argv + ["--appendonly", "no"], stdout=subprocess.DEVNULL)
     try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.1).close()
-                break
-            except OSError:
-                await task.deferLater(reactor, 0.05)
         store = await RedisStore.connect(f"redis://127.0.0.1:{port}/0", reactor).wait_connected(5)
         base = await _used_memory(store)
 
