@@ -24,10 +24,6 @@ class RedisStoreTests(StoreTests, TestCase):
         self.addCleanup(store.close)
         return await store.wait_connected(5)
 
-    async def reopen(self, store):
-        await store.close()
-        return await self.open_store(**self._settings)
-
     async def test_content_is_stored_as_bytes_not_text(self):
         store = await self.store()
         data = "é\n".encode() + b"\xff"

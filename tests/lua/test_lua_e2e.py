@@ -1,6 +1,8 @@
 """Full boot: the real lua/ files on the CraftOS harness against the real gateway on loopback."""
 
 import base64
+import os
+import sys
 from pathlib import Path
 
 from twisted.internet import defer, reactor
@@ -8,6 +10,7 @@ from twisted.trial.unittest import TestCase
 
 from tests.harness.craftos import Computer
 from tests.harness.opencode import start_opencode
+from tests.harness.processes import clean_env, spawn
 from tests.harness.support import closed_port, start_gateway
 from tests.unit.computers.test_settingsfile import SETTINGS_SPELLINGS
 from trapsandbox.computers import settingsfile
@@ -20,6 +23,7 @@ CLIENT_FILES = {
     "/programs/sandbox.lua": LUA / "programs" / "sandbox.lua",
 }
 PASSWORD = "sesame"
+CTL = os.path.join(os.path.dirname(sys.executable), "trapsandbox-ctl")
 
 
 class GatewayMixin:
@@ -48,6 +52,10 @@ class GatewayMixin:
                 c.install(source, dest)
         c.set_settings({"sandbox.url": url or self.url, "sandbox.password": password})
         return c
+
+    def ctl(self, *args):
+        """``trapsandbox-ctl ARGS`` against this gateway (a real process)."""
+        return spawn(self, [CTL, *args], clean_env(TRAPSANDBOX_URL=f"http://127.0.0.1:{self.port}"))
 
     @defer.inlineCallbacks
     def start_daemon(self, c, wait=True):

@@ -4,9 +4,7 @@ harness's peripherals (modelled on CraftOS-PC's emulated ones) and a turtle in a
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 
-from tests.harness.processes import clean_env, spawn
 from tests.lua.test_lua_e2e import PASSWORD, GatewayMixin
-from tests.lua.test_sandbox_e2e import CTL
 from trapsandbox.computers.wire import GatewayError
 
 
@@ -353,10 +351,6 @@ class CtlTests(GatewayMixin, TestCase):
         self.world[b"attach"](b"left", b"printer")
         await self.start_daemon(c)
         return c
-
-    def ctl(self, *args):
-        env = clean_env(TRAPSANDBOX_URL=f"http://127.0.0.1:{self.port}")
-        return spawn(self, [CTL, *args], env)
 
     async def test_peripherals_lists_names_types_and_methods(self):
         await self.ready()

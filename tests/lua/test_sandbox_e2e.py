@@ -4,15 +4,13 @@ against the real gateway, the real Lua client running on the CraftOS harness.
 """
 
 import os
-import sys
 
 from twisted.trial.unittest import TestCase
 
 from tests.harness.craftos import Computer
 from tests.harness.processes import clean_env, spawn
-from tests.lua.test_lua_e2e import PASSWORD, GatewayMixin
+from tests.lua.test_lua_e2e import CTL, PASSWORD, GatewayMixin
 
-CTL = os.path.join(os.path.dirname(sys.executable), "trapsandbox-ctl")
 ALL = "exec,eval,fs.read,fs.write,screen"
 
 
@@ -22,10 +20,6 @@ class OperatorTests(GatewayMixin, TestCase):
         c.set_settings({"sandbox.allow": allow})
         await self.start_daemon(c)
         return c
-
-    def ctl(self, *args):
-        env = clean_env(TRAPSANDBOX_URL=f"http://127.0.0.1:{self.port}")
-        return spawn(self, [CTL, *args], env)
 
     async def test_exec_streams_a_real_program_and_exits_with_its_code(self):
         c = await self.ready()

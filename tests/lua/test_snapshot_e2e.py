@@ -4,17 +4,14 @@ gateway, and the gateway takes, compares and restores snapshots of them.
 """
 
 import os
-import sys
 
 from twisted.trial.unittest import TestCase
 
-from tests.harness.processes import clean_env, spawn
 from tests.lua.test_lua_e2e import GatewayMixin
 from trapsandbox.computers import wire
 from trapsandbox.computers.wire import GatewayError
 
 ALL = "exec,eval,fs.read,fs.write"
-CTL = os.path.join(os.path.dirname(sys.executable), "trapsandbox-ctl")
 
 
 class SnapshotListTests(GatewayMixin, TestCase):
@@ -183,10 +180,6 @@ class SnapshotServiceTests(GatewayMixin, TestCase):
 
 class CtlTests(GatewayMixin, TestCase):
     """``trapsandbox-ctl snapshots|snapshot|changes|restore`` (real processes) on the harness."""
-
-    def ctl(self, *args):
-        env = clean_env(TRAPSANDBOX_URL=f"http://127.0.0.1:{self.port}")
-        return spawn(self, [CTL, *args], env)
 
     async def run_ctl(self, *args, code=0):
         child = self.ctl(*args)

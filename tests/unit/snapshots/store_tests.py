@@ -36,6 +36,11 @@ class StoreTests:
         settings.setdefault("now", self.clock)
         return await self.open_store(**settings)
 
+    async def reopen(self, store):
+        """``store`` closed and opened again with the settings it had (``open_store``'s)."""
+        await store.close()
+        return await self.open_store(**self._settings)
+
     async def put(self, store, account, *datas: bytes) -> None:
         for data in datas:
             await store.put_content(account, sha(data), data)

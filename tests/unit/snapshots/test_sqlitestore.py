@@ -29,10 +29,6 @@ class SqliteStoreTests(StoreTests, TestCase):
         self.addCleanup(store.close)
         return store
 
-    async def reopen(self, store):
-        await store.close()
-        return await self.open_store(**self._settings)
-
     async def test_the_file_is_private_in_wal_mode_and_versioned(self):
         await self.store()
         path = os.path.join(self.directory, limits.SNAPSHOTS_FILE_NAME)
