@@ -6,7 +6,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 OPENCODE_VERSION ?= 1.18.33
-OPENCODE := .opencode/node_modules/.bin/opencode
+# Not .opencode/: that is opencode's own project folder, where it installs its plugins over
+# whatever is there when it runs in a directory inside this tree.
+OPENCODE_DIR := .tools/opencode
+OPENCODE := $(OPENCODE_DIR)/node_modules/.bin/opencode
 PYTEST_ARGS ?=
 # The Node/Fastify build of the same design, a third side of `make bench` (skipped with a
 # note where it is absent, as in a clone without ../shared).
@@ -52,7 +55,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 
 $(OPENCODE):
 	@command -v npm >/dev/null || $(MAKE) --no-print-directory debian-packages PACKAGES="nodejs npm"
-	npm install --prefix .opencode --no-save --no-audit --no-fund --loglevel=error opencode-ai@$(OPENCODE_VERSION)
+	npm install --prefix $(OPENCODE_DIR) --no-save --no-audit --no-fund --loglevel=error opencode-ai@$(OPENCODE_VERSION)
 	test -x $@
 
 # systemd-analyze (unit checks) and systemd-socket-activate (socket activation
@@ -84,4 +87,4 @@ clean:
 	find . -name __pycache__ -prune -exec rm -rf {} + -o -name dropin.cache -delete
 
 distclean: clean
-	rm -rf $(VENV) .opencode
+	rm -rf $(VENV) .tools .opencode

@@ -11,7 +11,7 @@ from tests.harness.processes import REPO, clean_env, spawn
 from tests.harness.support import bounded, closed_port, reactor
 
 OPENCODE = os.environ.get("OPENCODE_BIN") or os.path.join(
-    REPO, ".opencode", "node_modules", ".bin", "opencode"
+    REPO, ".tools", "opencode", "node_modules", ".bin", "opencode"
 )
 
 
