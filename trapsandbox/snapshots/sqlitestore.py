@@ -79,8 +79,10 @@ class SqliteStore(SnapshotStore):
         """The store in ``directory`` (the state directory, already private), opened."""
         store = cls(os.path.join(directory, limits.SNAPSHOTS_FILE_NAME), reactor, **settings)
         store._pool.start()
-        # Like adbapi's pools: the thread never outlives the reactor, even if no one closes it.
-        store._trigger = reactor.addSystemEventTrigger("during", "shutdown", store.close)
+        # Like adbapi's pools: the thread never outlives the reactor, even if no one closes
+        # it or a close's answer comes after the reactor stopped (a "during" trigger is not
+        # waited for, and a thread's answer is delivered only while the reactor runs).
+        store._trigger = reactor.addSystemEventTrigger("during", "shutdown", store._final)
         d = store._run(store._open)
         d.addCallbacks(lambda _: store, store._failed_open)
         return d
@@ -94,11 +96,24 @@ class SqliteStore(SnapshotStore):
             return succeed(None)
         d = self._run(self._close)
         self._closed = True
+        d.addBoth(lambda result: (self._stop(), result)[1])
+        return d
+
+    def _final(self) -> None:
+        """The reactor is stopping: the queued work (the close among it) runs, then the
+        thread ends, before this returns."""
+        self._trigger = None
+        if not self._closed:
+            self._closed = True
+            self._pool.callInThread(self._close)
+        self._stop()
+
+    def _stop(self) -> None:
         if self._trigger is not None:
             self._reactor.removeSystemEventTrigger(self._trigger)
             self._trigger = None
-        d.addBoth(lambda result: (self._pool.stop(), result)[1])
-        return d
+        if self._pool.started:
+            self._pool.stop()
 
     # -- On the store's thread ---------------------------------------------------------------
 
