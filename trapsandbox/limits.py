@@ -260,6 +260,8 @@ SNAPSHOT_QUOTA_BYTES = 64 * 1024 * 1024
 # listed sizes) is refused, not half-saved; and so many files at most.
 SNAPSHOT_MAX_BYTES = 4 * 1024 * 1024
 SNAPSHOT_MAX_FILES = 4096
+# A snapshot call made while the store still opens (just after start) waits this long for it.
+SNAPSHOT_STORE_OPEN_WAIT = 10.0
 SNAPSHOT_MAX_PATH_CHARS = 1024
 # Content no snapshot uses is removed once nothing touched it for this long, so a snapshot
 # being taken (its content checked and uploaded, not committed yet) keeps what it needs.

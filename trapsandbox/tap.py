@@ -347,7 +347,7 @@ class GatewayService(service.MultiService):
 
     def _build_snapshots(self) -> None:
         """Snapshots (SPEC §15); their store is opened when the service starts."""
-        self.snapshots = Snapshots(self.sandbox)
+        self.snapshots = Snapshots(self.sandbox, clock=self._reactor)
 
     def _open_snapshots(self) -> None:
         """

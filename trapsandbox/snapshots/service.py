@@ -20,7 +20,8 @@ import hashlib
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, TimeoutError, succeed
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -82,12 +83,17 @@ def _listed(answer: dict[str, Any], max_bytes: int) -> dict[str, tuple[int, int]
 class Snapshots:
     """
     ``store`` may come later (``attach``): the embedded store opens on its thread while
-    the gateway starts; until then, or if it failed, every call answers ``unavailable``.
+    the gateway starts.  A call meanwhile waits for it (``SNAPSHOT_STORE_OPEN_WAIT`` at
+    most, on ``clock``); one that finds it failed, or still opening past that, answers
+    ``unavailable`` and why.
     """
 
-    def __init__(self, sandbox: Sandbox, store: SnapshotStore | None = None) -> None:
+    def __init__(
+        self, sandbox: Sandbox, store: SnapshotStore | None = None, *, clock: IReactorTime
+    ) -> None:
         self._sandbox = sandbox
         self._store = store
+        self._clock = clock
         self._broken = OPENING
         self._closed = False
         self._waiting: list[Deferred[None]] = []
@@ -109,7 +115,7 @@ class Snapshots:
         """Fires once the store is open, or failed to open (then every call says why)."""
         if self._store is not None or self._broken != OPENING:
             return succeed(None)
-        d: Deferred[None] = Deferred()
+        d: Deferred[None] = Deferred(self._waiting.remove)
         self._waiting.append(d)
         return d
 
@@ -121,6 +127,7 @@ class Snapshots:
     def close(self) -> Deferred[None]:
         store, self._store, self._closed = self._store, None, True
         self._broken = "the gateway is stopping"
+        self._settled()
         return succeed(None) if store is None else store.close()
 
     def store(self) -> SnapshotStore:
@@ -128,13 +135,22 @@ class Snapshots:
             raise model.unavailable(self._broken)
         return self._store
 
+    async def _opened(self) -> SnapshotStore:
+        """The store, once it is open (a call right after the gateway started waits)."""
+        try:
+            await self.ready().addTimeout(limits.SNAPSHOT_STORE_OPEN_WAIT, self._clock)
+        except TimeoutError:
+            pass  # store() says it is still opening
+        return self.store()
+
     # -- The operations ----------------------------------------------------------------------
 
     def list(self, account: str, trapos_id: str) -> Deferred[list[dict[str, Any]]]:
         """The computer's snapshots, newest first, as JSON."""
 
         async def run() -> list[dict[str, Any]]:
-            return [s.to_json() for s in await self.store().list(account, trapos_id)]
+            store = await self._opened()
+            return [s.to_json() for s in await store.list(account, trapos_id)]
 
         return Deferred.fromCoroutine(run())
 
@@ -153,7 +169,7 @@ class Snapshots:
         deleted, diffs: [{path, diff}]}`` (a bounded diff per modified file)."""
 
         async def run() -> dict[str, Any]:
-            store = self.store()
+            store = await self._opened()
             snapshot = await store.get(account, trapos_id, snapshot_id)
             listing = await self._list(account, trapos_id)
             fetched = await self._fetch(
@@ -176,7 +192,7 @@ class Snapshots:
         written}`` (``before``: the snapshot of the state it replaced, to undo the undo)."""
 
         async def run() -> dict[str, Any]:
-            store = self.store()
+            store = await self._opened()
             target = await store.get(account, trapos_id, snapshot_id)
             before, current, _ = await self._take(account, trapos_id, "restore")
             plan = diff.restore_plan(target.files, current)
@@ -219,7 +235,7 @@ class Snapshots:
     ) -> tuple[str, dict[str, FileEntry], int]:
         """(id, files map, how many files were fetched)."""
         model.check_reason(reason)
-        store = self.store()
+        store = await self._opened()
         latest = await store.latest(account, trapos_id)
         listing = await self._list(account, trapos_id)
         fetched = await self._fetch(account, trapos_id, diff.to_fetch(latest, listing), listing)

@@ -8,9 +8,11 @@ import os
 from twisted.internet import reactor
 from twisted.internet.defer import fail, succeed
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
 from tests.unit.snapshots.programs import Computer
+from trapsandbox import limits
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.wire import GatewayError
@@ -66,7 +68,7 @@ class SnapshotsTests(TestCase):
         self.computer.write("/a.txt", b"hello\n")
         self.computer.write("/d/big.bin", bytes(range(256)) * 2)
         self.sandbox = FakeSandbox(self.computer)
-        self.snapshots = Snapshots(self.sandbox, self.store)
+        self.snapshots = Snapshots(self.sandbox, self.store, clock=reactor)
 
     async def test_only_what_changed_travels(self):
         first = await self.snapshots.take("acc", "7:", "manual")
@@ -112,13 +114,36 @@ class SnapshotsTests(TestCase):
         self.assertIn("/new", self.computer.files)
         self.assertEqual(await self.store.list("acc", "7:"), [])
 
-    async def test_unavailable_until_the_store_is_attached(self):
-        snapshots = Snapshots(self.sandbox)
-        ready = snapshots.ready()
-        self.assertFalse(ready.called)
-        error = await self.assertFailure(snapshots.list("acc", "7:"), GatewayError)
+    async def test_a_call_while_the_store_opens_waits_for_it(self):
+        clock = Clock()
+        snapshots = Snapshots(self.sandbox, clock=clock)
+        listed = snapshots.list("acc", "7:")
+        self.assertNoResult(listed)
+        snapshots.attach(self.store)
+        self.assertEqual(clock.getDelayedCalls(), [])  # its bound is cancelled
+        self.assertEqual(await listed, [])
+
+    async def test_a_store_still_opening_past_the_bound_is_unavailable(self):
+        clock = Clock()
+        snapshots = Snapshots(self.sandbox, clock=clock)
+        listed = snapshots.list("acc", "7:")
+        clock.advance(limits.SNAPSHOT_STORE_OPEN_WAIT)
+        error = self.failureResultOf(listed, GatewayError).value
         self.assertEqual(error.code, wire.UNAVAILABLE)
         self.assertIn("still opening", error.message)
-        snapshots.attach(self.store)
-        self.assertTrue(ready.called)
+        snapshots.attach(self.store)  # the waiter it gave up on is gone
         self.assertEqual(await snapshots.list("acc", "7:"), [])
+
+    async def test_a_store_that_failed_or_a_gateway_stopping_answers_at_once(self):
+        snapshots = Snapshots(self.sandbox, clock=Clock())
+        waiting = snapshots.list("acc", "7:")
+        snapshots.close()
+        error = self.failureResultOf(waiting, GatewayError).value
+        self.assertEqual(
+            (error.code, error.message),
+            (wire.UNAVAILABLE, "the snapshot store: the gateway is stopping"),
+        )
+        failed = Snapshots(self.sandbox, clock=Clock())
+        failed.failed(Failure(OSError("disk full")))
+        error = self.failureResultOf(failed.list("acc", "7:"), GatewayError).value
+        self.assertIn("disk full", error.message)
