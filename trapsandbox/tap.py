@@ -362,7 +362,9 @@ class GatewayService(service.MultiService):
             store = RedisStore.connect(
                 self.settings.redis_url, self._reactor, **self.settings.snapshot_store_settings()
             )
-            self.snapshots.attach(store)
+            # Calls made meanwhile wait; a Redis still away after that is said by each call.
+            connected = store.wait_connected(limits.CLUSTER_CALL_TIMEOUT)
+            connected.addBoth(lambda _: self.snapshots.attach(store))
         else:
             from trapsandbox.snapshots.sqlitestore import SqliteStore
 

@@ -76,6 +76,7 @@ from twisted.web.http_headers import Headers
 
 BIOS = Path(__file__).with_name("craftos_bios.lua")
 WORLD = Path(__file__).with_name("craftos_world.lua")
+LUA = Path(__file__).resolve().parents[2] / "lua"
 KEY_ENTER = 257
 MAX_WEBSOCKETS = 4
 MAX_WEBSOCKET_MESSAGE = 128 * 1024  # CC:Tweaked's default http.websocket_message limit
@@ -783,6 +784,14 @@ class Computer:
 
     def get_setting(self, name: str) -> Any:
         return self.lua.globals()[b"settings"][b"get"](_b(name))
+
+    def start_client(self, settings: dict) -> Process:
+        """The client's library and daemon from ``lua/`` installed, ``settings`` set, the
+        daemon run."""
+        for name in ("apis/libsandbox.lua", "servers/sandbox.lua"):
+            self.install(LUA / name, "/" + name)
+        self.set_settings(settings)
+        return self.run("/servers/sandbox.lua")
 
     def run(self, command: str) -> Process:
         """Run a shell command line in a new top-level process (like a new multishell tab)."""

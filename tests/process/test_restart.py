@@ -9,7 +9,6 @@ back 1.02 s after the kill, within the first step).
 import os
 import re
 import sys
-from pathlib import Path
 
 from twisted.internet.defer import gatherResults
 from twisted.trial.unittest import TestCase
@@ -18,7 +17,6 @@ from tests.harness.craftos import Computer
 from tests.harness.processes import clean_env, spawn
 from tests.harness.support import both_modes, closed_port, reactor
 
-LUA = Path(__file__).resolve().parents[2] / "lua"
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 COMPUTERS = 50
 # The client waits 1 s, then 2 s (each + 20 % jitter) between attempts.
@@ -47,12 +45,9 @@ class RestartTests(TestCase):
         for n in range(COMPUTERS):
             c = Computer(self.mktemp(), id=n, label=f"c{n}")
             self.addCleanup(c.shutdown)
-            for name in ("apis/libsandbox.lua", "servers/sandbox.lua"):
-                c.install(LUA / name, "/" + name)
-            c.set_settings(
+            c.start_client(
                 {"sandbox.url": f"ws://127.0.0.1:{port}/gateway", "sandbox.password": "sesame"}
             )
-            c.run("/servers/sandbox.lua")
             computers.append(c)
         await gatherResults(
             [

@@ -6,7 +6,6 @@ snapshot, and restoring it brings a computer on the Lua harness back to it.
 
 import os
 import sys
-from pathlib import Path
 from urllib.parse import quote
 
 import orjson
@@ -18,7 +17,6 @@ from tests.harness.craftos import Computer
 from tests.harness.processes import clean_env, spawn
 from tests.harness.support import JSON, bounded, closed_port, reactor
 
-LUA = Path(__file__).resolve().parents[2] / "lua"
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 CONNECTED = "traposSandboxState and traposSandboxState.connected"
 
@@ -60,17 +58,14 @@ class SnapshotRestartTests(TestCase):
         await first.wait_for(r"listening on", 30)
         c = Computer(self.mktemp(), id=7, label="rs")
         self.addCleanup(c.shutdown)
-        for name in ("apis/libsandbox.lua", "servers/sandbox.lua"):
-            c.install(LUA / name, "/" + name)
-        c.set_settings(
+        c.write_file("/notes.txt", "before\n")
+        c.start_client(
             {
                 "sandbox.url": f"ws://127.0.0.1:{self.port}/gateway",
                 "sandbox.password": "sesame",
                 "sandbox.allow": "fs.read,fs.write",
             }
         )
-        c.write_file("/notes.txt", "before\n")
-        c.run("/servers/sandbox.lua")
         await c.wait_for_lua(CONNECTED)
         base = f"/computers/{quote('7:rs', safe='')}/snapshots"
         status, taken = await self.http("POST", base, b"{}")
