@@ -13,7 +13,6 @@ the running program (how ``docs/console.png`` was made; relative to the tree);
 import argparse
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import orjson
@@ -24,7 +23,7 @@ from twisted.web.client import HTTPConnectionPool
 
 from bench import console
 from tests.harness.craftos import Computer
-from tests.harness.processes import REPO, clean_env, spawn
+from tests.harness.processes import REPO, spawn_gateway
 from tests.harness.support import account_table, bounded, connect, reactor
 
 try:
@@ -37,7 +36,6 @@ try:
 except ImportError:  # `make test` installs it (the test extras)
     webdriver = None
 
-TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 LUA = Path(__file__).resolve().parents[2] / "lua"
@@ -76,12 +74,10 @@ class ConsoleTests(TestCase):
         path = os.path.abspath(self.mktemp())
         with open(path, "w") as f:
             f.write(account_table("alice") + account_table("bob"))
-        argv = [TWISTD, "-n", "--pidfile=", "trapsandbox", "--port", "tcp:0:interface=127.0.0.1"]
-        env = clean_env(
-            SANDBOX_ACCOUNTS_FILE=path, SANDBOX_ADMIN_TOKEN=ADMIN_TOKEN, OPENCODE_URL=""
+        child = spawn_gateway(
+            self, SANDBOX_ACCOUNTS_FILE=path, SANDBOX_ADMIN_TOKEN=ADMIN_TOKEN, OPENCODE_URL=""
         )
-        child = spawn(self, argv, env)
-        self.port = int((await child.wait_for(r"listening on 127\.0\.0\.1:(\d+)")).group(1))
+        self.port = await child.listening_port()
         self.base = f"http://127.0.0.1:{self.port}"
         if browser:
             self.driver = await self.thread(_browser)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from urllib.parse import quote
 
@@ -12,10 +10,9 @@ import treq
 from twisted.internet import task
 from twisted.web.client import HTTPConnectionPool
 
-from tests.harness.processes import REPO, Child, clean_env, spawn
+from tests.harness.processes import Child, spawn_gateway
 from tests.harness.support import TestComputer, bounded, connect, reactor
 
-TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 # Short enough for tests: owner keys live 1.5 s, heartbeats every 0.5 s.
 REFRESH_MS = "500"
 
@@ -29,17 +26,14 @@ class Gateway:
 
 
 async def start_gateway(testcase, redis_url: str, **env: str) -> Gateway:
-    argv = [TWISTD, "-n", "--pidfile=", "trapsandbox", "--port", "tcp:0:interface=127.0.0.1"]
     settings = {
-        # This tree's code, wherever the shared virtualenv's editable install points.
-        "PYTHONPATH": REPO,
         "OPENCODE_URL": "",
         "SANDBOX_REDIS_URL": redis_url,
         "SANDBOX_REDIS_REFRESH_MS": REFRESH_MS,
         **env,
     }
-    child = spawn(testcase, argv, clean_env(**settings))
-    port = int((await child.wait_for(r"listening on 127\.0\.0\.1:(\d+)")).group(1))
+    child = spawn_gateway(testcase, **settings)  # clean_env: this tree's code on PYTHONPATH
+    port = await child.listening_port()
     instance = (await child.wait_for(r"cluster mode: gateway (\w+)")).group(1)
     await child.wait_for(r"cluster: listening on")
     return Gateway(child, port, instance)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 
 from twisted.internet import protocol
 from twisted.internet.defer import Deferred, succeed
@@ -12,6 +13,7 @@ from twisted.internet.error import ProcessDone, ProcessExitedAlready
 from tests.harness.support import bounded, fast_paths, reactor
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 
 
 class Child(protocol.ProcessProtocol):
@@ -56,6 +58,10 @@ class Child(protocol.ProcessProtocol):
         self._watchers.append((compiled, d))
         return bounded(d, seconds)
 
+    async def listening_port(self, seconds: float = 15) -> int:
+        """The port a gateway said it listens on (127.0.0.1)."""
+        return int((await self.wait_for(r"listening on 127\.0\.0\.1:(\d+)", seconds)).group(1))
+
     def wait_ended(self, seconds: float = 10) -> Deferred:
         """Fires with the exit code."""
         if self.ended:
@@ -96,6 +102,19 @@ def spawn(testcase, argv: list[str], env: dict[str, str], cwd: str | None = None
 
     testcase.addCleanup(lambda: Deferred.fromCoroutine(stop()))
     return child
+
+
+def spawn_gateway(
+    testcase, *options: str, port: int | None = 0, cwd: str | None = None, **env: str
+) -> Child:
+    """
+    ``twistd -n trapsandbox`` with ``options``, on 127.0.0.1:``port`` (0: a free one, see
+    ``listening_port``; None: no ``--port``), its environment ``clean_env(**env)``.
+    """
+    argv = [TWISTD, "-n", "--pidfile=", "trapsandbox", *options]
+    if port is not None:
+        argv += ["--port", f"tcp:{port}:interface=127.0.0.1"]
+    return spawn(testcase, argv, clean_env(**env), cwd)
 
 
 def clean_env(**extra: str) -> dict[str, str]:

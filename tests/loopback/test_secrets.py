@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import os
-import sys
 
 import orjson
 import treq
@@ -24,11 +23,9 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.logcapture import LogCapture, event_text
-from tests.harness.processes import Child, clean_env, spawn
+from tests.harness.processes import TWISTD, Child, clean_env, spawn
 from tests.harness.servers import Opencode, basic, serve
 from tests.harness.support import both_modes, bounded, closed_port, connect, reactor, start_gateway
-
-TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 
 PASSWORD = "pw-Zq8xK3vR9mTa"
 GUESS = "guess-Lk2Vb7QeYu"
@@ -252,7 +249,7 @@ class SecretsTwistdTests(TestCase):
     async def run_daemon(self, logger_args: tuple[str, ...], **env: str) -> str:
         port = "tcp:0:interface=127.0.0.1"
         child = self.twistd(*logger_args, "trapsandbox", "--port", port, **env)
-        port = int((await child.wait_for(r"listening on 127\.0\.0\.1:(\d+)")).group(1))
+        port = await child.listening_port()
         await exercise(self, port)
         child.signal("TERM")
         self.assertEqual(await child.wait_ended(10), 0, child.output)

@@ -6,18 +6,15 @@ however long the new twistd took to start (measured on a quiet machine: all
 back 1.02 s after the kill, within the first step).
 """
 
-import os
 import re
-import sys
 
 from twisted.internet.defer import gatherResults
 from twisted.trial.unittest import TestCase
 
 from tests.harness.craftos import Computer
-from tests.harness.processes import clean_env, spawn
+from tests.harness.processes import spawn_gateway
 from tests.harness.support import both_modes, closed_port, reactor
 
-TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 COMPUTERS = 50
 # The client waits 1 s, then 2 s (each + 20 % jitter) between attempts.
 SECOND_BACKOFF_MAX = 2.4
@@ -27,15 +24,7 @@ class RestartTests(TestCase):
     timeout = 90
 
     def gateway(self, port):
-        argv = [
-            TWISTD,
-            "-n",
-            "--pidfile=",
-            "trapsandbox",
-            "--port",
-            f"tcp:{port}:interface=127.0.0.1",
-        ]
-        return spawn(self, argv, clean_env(SANDBOX_PASSWORD="sesame", OPENCODE_URL=""))
+        return spawn_gateway(self, port=port, SANDBOX_PASSWORD="sesame", OPENCODE_URL="")
 
     async def test_all_computers_return_after_kill_9(self):
         port = closed_port()

@@ -5,7 +5,6 @@ snapshot, and restoring it brings a computer on the Lua harness back to it.
 """
 
 import os
-import sys
 from urllib.parse import quote
 
 import orjson
@@ -14,10 +13,9 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.craftos import Computer
-from tests.harness.processes import clean_env, spawn
+from tests.harness.processes import spawn_gateway
 from tests.harness.support import JSON, bounded, closed_port, reactor
 
-TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 CONNECTED = "traposSandboxState and traposSandboxState.connected"
 
 
@@ -25,16 +23,9 @@ class SnapshotRestartTests(TestCase):
     timeout = 90
 
     def gateway(self, port, state):
-        argv = [
-            TWISTD,
-            "-n",
-            "--pidfile=",
-            "trapsandbox",
-            "--port",
-            f"tcp:{port}:interface=127.0.0.1",
-        ]
-        env = clean_env(SANDBOX_PASSWORD="sesame", OPENCODE_URL="", SANDBOX_STATE_DIR=state)
-        return spawn(self, argv, env)
+        return spawn_gateway(
+            self, port=port, SANDBOX_PASSWORD="sesame", OPENCODE_URL="", SANDBOX_STATE_DIR=state
+        )
 
     async def http(self, method, path, body=None):
         # Loopback without SANDBOX_ADMIN_TOKEN: the operator endpoints answer.

@@ -8,7 +8,6 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 
 import orjson
@@ -20,13 +19,12 @@ from twisted.logger import Logger, LogLevel, formatEvent
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.harness.processes import REPO, clean_env, spawn
+from tests.harness.processes import REPO, TWISTD, clean_env, spawn, spawn_gateway
 from tests.harness.support import bounded, closed_port, connect, reactor
 from trapsandbox.ops import systemd
 from trapsandbox.ops.systemd import Notifier, watchdog_interval
 
 UNITS = os.path.join(REPO, "systemd")
-TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 INSTALLED_TWISTD = "/opt/trapsandbox/venv/bin/twistd"
 MAX_EXPOSURE = 2.0
 
@@ -289,9 +287,7 @@ class DaemonNotifyTests(TestCase):
         port = reactor().listenUNIXDatagram(path, datagrams)
         self.addCleanup(port.stopListening)
 
-        argv = [TWISTD, "-n", "--pidfile=", "trapsandbox", "--port", "tcp:0:interface=127.0.0.1"]
-        env = clean_env(NOTIFY_SOCKET=path, WATCHDOG_USEC="100000", OPENCODE_URL="")
-        child = spawn(self, argv, env)
+        child = spawn_gateway(self, NOTIFY_SOCKET=path, WATCHDOG_USEC="100000", OPENCODE_URL="")
         await datagrams.wait_for("READY=1")
         # Ports are bound before READY=1.
         self.assertIn("listening on 127.0.0.1:", child.output)

@@ -4,7 +4,6 @@ import os
 import signal
 import socket
 import stat
-import sys
 
 import orjson
 import treq
@@ -12,16 +11,13 @@ from twisted.internet.defer import TimeoutError
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.harness.processes import Child, clean_env, spawn
+from tests.harness.processes import Child, spawn_gateway
 from tests.harness.support import account_table, both_modes, bounded, connect, fast_paths, reactor
-
-TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 
 
 class TwistdTests(TestCase):
     def twistd(self, *args: str, **env: str) -> Child:
-        argv = [TWISTD, "-n", "--pidfile=", "trapsandbox", *args]
-        return spawn(self, argv, clean_env(**env))
+        return spawn_gateway(self, *args, port=None, **env)
 
     async def ended(self, child: Child, seconds: float) -> int:
         """
@@ -46,7 +42,7 @@ class TwistdTests(TestCase):
             OPENCODE_URL="",
             PYTHONFAULTHANDLER="1",  # SIGABRT prints every thread's stack (see ``ended``)
         )
-        port = int((await child.wait_for(r"listening on 127\.0\.0\.1:(\d+)")).group(1))
+        port = await child.listening_port()
         await child.wait_for(r"trapsandbox 0\.1\.0 started: auth on")
         await child.wait_for(
             r"mode: fast paths \(front, fasthttp, frames, patches\)"
@@ -99,8 +95,7 @@ class TwistdTests(TestCase):
     async def test_the_state_directory_is_made_private_in_the_working_directory(self):
         cwd = os.path.abspath(self.mktemp())
         os.makedirs(cwd)
-        argv = [TWISTD, "-n", "--pidfile=", "trapsandbox", "--port", "tcp:0:interface=127.0.0.1"]
-        child = spawn(self, argv, clean_env(OPENCODE_URL=""), cwd=cwd)
+        child = spawn_gateway(self, cwd=cwd, OPENCODE_URL="")
         await child.wait_for(r"trapsandbox 0\.1\.0 started")
         for path in ("state", os.path.join("state", "ask")):
             self.assertEqual(stat.S_IMODE(os.stat(os.path.join(cwd, path)).st_mode), 0o700)
@@ -130,7 +125,7 @@ class AccountsTwistdTests(TestCase):
         child = self.twistd(
             "--port", "tcp:0:interface=127.0.0.1", "--accounts-file", path, OPENCODE_URL=""
         )
-        port = int((await child.wait_for(r"listening on 127\.0\.0\.1:(\d+)")).group(1))
+        port = await child.listening_port()
         await child.wait_for(r"accounts: 2 from ")
         alice, bob = await connect(self, port), await connect(self, port)
         self.assertEqual((await alice.hello("s-alice", "1:"))["payload"], {"accountId": "alice"})
