@@ -66,6 +66,13 @@ class SharedSnapshotsTests(TestCase):
         )
         await c.wait_for_lua("traposSandboxState and traposSandboxState.connected")
 
+        # Listed at b before it has any: none, not "not connected" (a holds it), while a
+        # computer nobody holds is.
+        code, listed = await http.get(b, "/computers/5%3Ashared/snapshots")
+        self.assertEqual((code, listed), (200, {"ok": True, "snapshots": []}))
+        code, missing = await http.get(b, "/computers/6%3Anobody/snapshots")
+        self.assertEqual((code, missing["code"]), (404, "not_connected"))
+
         # Taken at b, which asks a's computer for its files through the cluster.
         code, body = await http.request(b, "5:shared", {}, path="snapshots", seconds=30)
         taken = orjson.loads(body)

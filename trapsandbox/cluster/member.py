@@ -122,6 +122,11 @@ class Cluster:
     ) -> Deferred:
         return self.relay.request(account_id, trapos_id, type, payload, timeout, on_partial)
 
+    def holds(self, account_id: str, trapos_id: str) -> Deferred[bool]:
+        d = self.ownership.holder(account_id, trapos_id)
+        d.addCallback(lambda holder: holder[0] not in ("", self.instance_id))
+        return d
+
     # -- What the HTTP surface and the metrics read ------------------------------------------
 
     @property

@@ -155,7 +155,7 @@ class Relay:
     ) -> Deferred:
         instance, epoch = holder
         if not instance or instance == self._instance_id:
-            raise GatewayError(wire.NOT_CONNECTED, f"{trapos_id} is not connected")
+            raise wire.not_connected(trapos_id)
         relay_id = uuid.uuid4().hex
         d = Deferred(lambda _: self._relay_cancelled(relay_id))
         self._relays[relay_id] = _Relayed(d, trapos_id, instance, on_partial)
@@ -244,9 +244,7 @@ class Relay:
         epoch = self._ownership.epoch_of(session) if session is not None else None
         timeout = message.get("timeout")
         if epoch is None or str(epoch) != str(message.get("epoch")):
-            self._answer(
-                sender, relay_id, GatewayError(wire.NOT_CONNECTED, f"{trapos_id} is not connected")
-            )
+            self._answer(sender, relay_id, wire.not_connected(trapos_id))
             return
         if type(timeout) not in (int, float) or not 0 < timeout <= limits.MAX_REQUEST_TIMEOUT:
             self._answer(sender, relay_id, GatewayError(wire.BAD_REQUEST, "bad relayed timeout"))

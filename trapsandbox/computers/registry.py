@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import attrs
-from twisted.internet.defer import CancelledError, Deferred, fail
+from twisted.internet.defer import CancelledError, Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -71,6 +71,9 @@ class Peers(Protocol):
         on_partial: PartialListener | None,
     ) -> Deferred:
         """Fires like ``Session.request``, for a computer held by another process."""
+
+    def holds(self, account_id: str, trapos_id: str) -> Deferred[bool]:
+        """Fires with whether another process holds the computer."""
 
 
 @attrs.define(eq=False)
@@ -374,7 +377,7 @@ class Registry:
         """
         session = self.find(trapos_id, account_id)
         if session is None:
-            return fail(GatewayError(wire.NOT_CONNECTED, f"{wire.cut(trapos_id)} is not connected"))
+            return fail(wire.not_connected(trapos_id))
         stop_activity = self.watch_activity(account_id, trapos_id, listener)
 
         def stop() -> None:
@@ -477,6 +480,14 @@ class Registry:
         """Requests to computers waiting for an answer."""
         return sum(session.in_flight for session in self._sessions.values())
 
+    def connected(self, trapos_id: str, account_id: str = LOCAL_ACCOUNT) -> Deferred[bool]:
+        """Whether the computer is connected, here or (cluster mode) to another process."""
+        if self.find(trapos_id, account_id) is not None:
+            return succeed(True)
+        if self.peers is None:
+            return succeed(False)
+        return self.peers.holds(account_id, trapos_id)
+
     def find(self, trapos_id: str, account_id: str = LOCAL_ACCOUNT) -> Session | None:
         return self._sessions.get((account_id, trapos_id))
 
@@ -501,7 +512,7 @@ class Registry:
                 on_partial,
             )
         elif session is None:
-            d = fail(GatewayError(wire.NOT_CONNECTED, f"{wire.cut(trapos_id)} is not connected"))
+            d = fail(wire.not_connected(trapos_id))
         elif timeout is not None and not timeout > 0:
             d = fail(GatewayError(wire.BAD_REQUEST, "timeout must be positive"))
         else:

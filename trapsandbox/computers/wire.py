@@ -154,6 +154,14 @@ class GatewayError(Exception):
         return Error(self.code, self.message)
 
 
+def not_connected(trapos_id: str) -> GatewayError:
+    """
+    A computer that is not connected, whoever asked: another account's computer answers
+    exactly like this (SPEC §12), so every surface uses this one.
+    """
+    return GatewayError(NOT_CONNECTED, f"{cut(trapos_id)} is not connected")
+
+
 @attrs.frozen
 class ComputerRequest:
     trapos_sender_id: str = _id()

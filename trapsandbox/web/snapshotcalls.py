@@ -54,7 +54,7 @@ class SnapshotCalls:
         if account == auth.NOBODY:
             if snapshot_id is not None:
                 raise not_found(snapshot_id)
-            raise _not_connected(trapos_id)
+            raise wire.not_connected(trapos_id)
         return self._snapshots
 
     def list(self, account: str, trapos_id: str) -> Deferred[dict[str, Any]]:
@@ -62,9 +62,9 @@ class SnapshotCalls:
 
         async def run() -> dict[str, Any]:
             listed = await self._service(account, trapos_id).list(account, trapos_id)
-            if not listed and self._registry.find(trapos_id, account) is None:
+            if not listed and not await self._registry.connected(trapos_id, account):
                 # Whoever's it is, the answer of a missing computer (§12).
-                raise _not_connected(trapos_id)
+                raise wire.not_connected(trapos_id)
             return {"snapshots": listed}
 
         return Deferred.fromCoroutine(run())
@@ -116,11 +116,6 @@ class SnapshotCalls:
         if kind == RESTORE:
             return self.restore(account, trapos_id, snapshot_id)
         raise BadRequest(f"{wire.cut(kind)} is not a snapshot request")
-
-
-def _not_connected(trapos_id: str) -> GatewayError:
-    """What the registry answers for a computer it does not hold."""
-    return GatewayError(wire.NOT_CONNECTED, f"{wire.cut(trapos_id)} is not connected")
 
 
 def snapshot_of(payload: dict[str, Any]) -> str:
