@@ -230,6 +230,8 @@ class Asks:
                 system_note(trapos_id, capabilities),
             )
         except BaseException as error:
+            if placeholder.finished:  # halted meanwhile: that is the answer
+                return await done
             failure = Failure()
             self._finish(placeholder, None, "opencode_error")
             if failure.check(GatewayError):

@@ -361,6 +361,17 @@ class AskHaltTests(AskTestsMixin, SynchronousTestCase):
         self.assertNotIn(f"/session/{SES}/prompt_async", self.http.paths("POST"))
         self.assertEqual(self.asks.runs, {})
 
+    def test_halted_while_set_up_then_opencode_failing_still_ends_it_stopped(self):
+        created = Deferred()
+        self.http.answers[("POST", "/session")] = created
+        done = self.ask(message_id="m1")
+        self.assertTrue(self.asks.halt("local", "1:a", self.STOPPED))
+        created.callback(FakeResponse(500, b"down"))
+        # The player's stop is the answer, not the failure that came after it (and the
+        # ask's own Deferred, already failed with it, is not left unhandled).
+        self.assertIs(self.failureResultOf(done, GatewayError).value, self.STOPPED)
+        self.assertEqual(self.asks.runs, {})
+
 
 class AskQuestionTests(AskTestsMixin, SynchronousTestCase):
     """The agent's questions (opencode's question tool) reach the player (SPEC §17)."""
