@@ -97,13 +97,12 @@ class ComputerRequests:
             allowed = wire.decode_capabilities(frame.payload.get("capabilities", []))
         except TypeError:
             raise GatewayError(wire.BAD_REQUEST, "capabilities must be a list of strings") from None
-        if allowed != session.capabilities:
+        if session.allow(allowed):
             log.info(
                 "{traposId} now allows: {capabilities}",
                 traposId=session.trapos_id,
                 capabilities=", ".join(sorted(allowed)) or "nothing",
             )
-        session.allow(allowed)
         return {"capabilities": sorted(allowed)}
 
     def stopped(self, session: Session, frame: wire.ComputerRequest) -> dict[str, Any]:
@@ -113,13 +112,12 @@ class ComputerRequests:
             )
         except TypeError as error:
             raise GatewayError(wire.BAD_REQUEST, str(error)) from None
-        if stopped != session.stopped:
+        if session.halt(stopped):
             log.info(
                 "{traposId}: the agent is {state} by its player",
                 traposId=session.trapos_id,
                 state="stopped" if stopped is not None else "resumed",
             )
-        session.halt(stopped)
         if stopped is not None and self._asks is not None:
             self._asks.halt(
                 session.account_id, session.trapos_id, GatewayError(wire.STOPPED, stopped)
@@ -139,7 +137,12 @@ class ComputerRequests:
         # The ask is in the computer's activity from before it starts, so that none of its
         # partials is missed there.
         ended: Deferred = Deferred()
-        progress = self._track_ask(session, frame, ended)
+        progress = (
+            self._registry.track(session.key, "ask", frame.payload, ended, {"by": PLAYER})
+            if self._registry is not None
+            else _untold
+        )
+        ended.addErrback(lambda _: None)  # the ask's own Deferred carries its failure on
 
         def emit(payload: dict[str, Any]) -> None:
             session.link.send_partial(frame.message_id, frame.type, payload)
@@ -158,16 +161,6 @@ class ComputerRequests:
             )
         )
         return d.addBoth(_tell, ended)
-
-    def _track_ask(
-        self, session: Session, frame: wire.ComputerRequest, ended: Deferred
-    ) -> Callable[[dict[str, Any]], None]:
-        if self._registry is None:
-            return lambda _: None
-        key = (session.account_id, session.trapos_id)
-        progress = self._registry.track(key, "ask", frame.payload, ended, {"by": PLAYER})
-        ended.addErrback(lambda _: None)  # the ask's own Deferred carries its failure on
-        return progress
 
     def cancel(self, session: Session, frame: wire.ComputerRequest) -> Deferred | dict[str, Any]:
         d = self._need_asks().cancel(
@@ -245,6 +238,10 @@ async def _before_last_ask(snapshots: Snapshots, account: str, trapos_id: str) -
         if each["reason"] == "ask":
             return each["id"]
     raise GatewayError("not_found", "no ask has changed files on this computer yet")
+
+
+def _untold(progress: dict[str, Any]) -> None:
+    """No registry (a test's handler): an ask's progress is told to nobody."""
 
 
 def _tell(result: Any, ended: Deferred) -> Any:

@@ -119,19 +119,24 @@ class Session:
     def in_flight(self) -> int:
         return len(self._pending)
 
-    def allow(self, capabilities: frozenset[str]) -> None:
-        """What its owner now allows (a ``capabilities`` request); watchers are told."""
+    def allow(self, capabilities: frozenset[str]) -> bool:
+        """What its owner now allows (a ``capabilities`` request); whether it changed
+        (then watchers are told)."""
         changed = capabilities != self.capabilities
         self.capabilities = capabilities
-        if changed and self.on_change is not None:
-            self.on_change()
+        return self._told(changed)
 
-    def halt(self, stopped: str | None) -> None:
-        """Its player stopped the agent (why) or resumed it (None); watchers are told."""
+    def halt(self, stopped: str | None) -> bool:
+        """Its player stopped the agent (why) or resumed it (None); whether it changed
+        (then watchers are told)."""
         changed = stopped != self.stopped
         self.stopped = stopped
+        return self._told(changed)
+
+    def _told(self, changed: bool) -> bool:
         if changed and self.on_change is not None:
             self.on_change()
+        return changed
 
     def refusal(self, type: str, payload: dict[str, Any]) -> GatewayError | None:
         """
