@@ -121,6 +121,18 @@ class ElsewhereTests(SynchronousTestCase):
         self.answer(_entry("1:"))
         self.assertEqual(self.presence.elsewhere, {"computers": [_entry("1:")]})
 
+    def test_a_failure_while_relisting_does_not_end_the_listing(self):
+        self.presence.watch(self.listener)
+        self.answer({"traposId": "1:", "accountId": "local"})  # no gateway: _unknown fails
+        self.redis.ok = False
+        self.clock.advance(INTERVAL)
+        self.assertEqual(len(self.flushLoggedErrors(KeyError)), 1)
+        self.redis.ok = True
+        self.clock.advance(INTERVAL)
+        self.assertEqual(len(self.redis.published), 2)  # listed again all the same
+        self.answer(_entry("2:"))
+        self.assertEqual(self.presence.elsewhere, {"computers": [_entry("2:")]})
+
     def test_redis_down_keeps_the_watch_and_says_nothing_false(self):
         stop = self.presence.watch(self.listener)
         self.answer(_entry("1:"))

@@ -32,17 +32,16 @@ from typing import Any
 
 import orjson
 from twisted.internet import task
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 
 from trapsandbox import limits
+from trapsandbox.cluster.loops import never_fails, start_loop
 from trapsandbox.cluster.ownership import Ownership
 from trapsandbox.cluster.presence import Presence
 from trapsandbox.cluster.redis import Redis, RedisAddress, inbox_of
 from trapsandbox.cluster.relay import Relay
 from trapsandbox.computers.registry import PartialListener, Registry, Session
-from trapsandbox.computers.wire import GatewayError
 
 log = Logger()
 
@@ -168,12 +167,9 @@ class Cluster:
             (self.presence.heartbeat, self.heartbeat_interval),
             (self.ownership.refresh, self.refresh_interval),
         ):
-            loop = task.LoopingCall(self._never_fails, what)
-            loop.clock = self._reactor
-            self._loops.append(loop)
-            loop.start(interval, now=False)
+            self._loops.append(start_loop(what, interval, self._reactor, now=False))
         # The first heartbeat as soon as Redis answers, not one interval later.
-        connected.addCallback(lambda _: self._never_fails(self.presence.heartbeat))
+        connected.addCallback(lambda _: never_fails(self.presence.heartbeat))
         address = self.redis.address
         log.info(
             "cluster mode: gateway {instance} on Redis {host}:{port}/{db}",
@@ -195,26 +191,8 @@ class Cluster:
 
     def _subscribed(self) -> None:
         # Back after an outage: write the heartbeat and our ownerships now.
-        self._never_fails(self.presence.heartbeat)
-        self._never_fails(self.ownership.refresh)
-
-    def _never_fails(self, what: Callable[[], Deferred | None]) -> Deferred:
-        # A LoopingCall stops for good at its first failure.
-        try:
-            d = what()
-        except Exception:
-            log.failure("cluster: {what} failed", what=what.__name__)
-            return succeed(None)
-        if d is None:
-            return succeed(None)
-        d.addErrback(self._loop_failed, what.__name__)
-        return d
-
-    def _loop_failed(self, failure: Failure, what: str) -> None:
-        if failure.check(GatewayError):
-            log.warn("cluster: {what}: {message}", what=what, message=failure.value.message)
-        else:
-            log.failure("cluster: {what} failed", failure, what=what)
+        never_fails(self.presence.heartbeat)
+        never_fails(self.ownership.refresh)
 
     # -- The inbox ---------------------------------------------------------------------------
 

@@ -32,8 +32,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from trapsandbox import __version__, limits
+from trapsandbox.cluster.loops import start_loop
 from trapsandbox.cluster.redis import Redis
-from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.registry import Registry, Session, listing_key
 
 # KEYS: instances.  ARGV: instance, heartbeat, TTL (ms), heartbeat key prefix.
 # -> the heartbeats of every live process (this one's included)
@@ -63,11 +64,6 @@ _HEARTBEAT_PREFIX = limits.CLUSTER_PREFIX + "instance:"
 def _ignore_cancel(failure: Failure) -> None:
     # (``addTimeout`` turns its cancel into a TimeoutError.)
     failure.trap(CancelledError, TimeoutError)
-
-
-def _key(entry: dict[str, Any]) -> tuple[str, str]:
-    """A listed computer's ``(accountId, traposId)``, what a listing is sorted by."""
-    return (entry.get("accountId", ""), entry.get("traposId", ""))
 
 
 @attrs.define(eq=False)
@@ -216,7 +212,7 @@ class Presence:
             listing.waiting | {e["unreachable"] for e in listing.computers if "unreachable" in e}
         )
         computers = [e for e in listing.computers if "unreachable" not in e]
-        computers.sort(key=_key)
+        computers.sort(key=listing_key)
         body: dict[str, Any] = {"computers": computers}
         if unreachable:
             body["unreachableGateways"] = unreachable
@@ -251,9 +247,7 @@ class Presence:
         """
         self._watchers.append(listener)
         if self._relisting is None:
-            self._relisting = loop = task.LoopingCall(self._relist)
-            loop.clock = self._reactor
-            loop.start(self._list_interval, now=True)
+            self._relisting = start_loop(self._relist, self._list_interval, self._reactor, now=True)
 
         def stop() -> None:
             if listener in self._watchers:
@@ -267,17 +261,17 @@ class Presence:
         return stop
 
     def _relist(self) -> Deferred | None:
-        # Never fails: a LoopingCall stops for good at its first failure.
         if not self._redis.ok:
             self._unknown()
             return None
         d = self.computers([])
-        d.addCallbacks(self._relisted, self._relist_failed)
+        d.addCallback(self._relisted)
+        d.addErrback(self._relist_failed)
         return d
 
-    def _relist_failed(self, failure: Failure) -> None:
-        log.failure("cluster: listing the other gateways failed", failure)
+    def _relist_failed(self, failure: Failure) -> Failure:
         self._unknown()
+        return failure  # logged by never_fails
 
     def _unknown(self) -> None:
         """Redis is away: what the others hold is unknown, so each is said unreachable."""
@@ -293,13 +287,13 @@ class Presence:
         if not self._watchers:
             return  # the last watcher left while this listing went
         unreachable = set(body.get("unreachableGateways", ()))
-        fresh = {_key(e) for e in body["computers"]}
+        fresh = {listing_key(e) for e in body["computers"]}
         kept = [
             e
             for e in self.elsewhere["computers"]
-            if e.get("gateway") in unreachable and _key(e) not in fresh  # (moved since)
+            if e.get("gateway") in unreachable and listing_key(e) not in fresh  # (moved since)
         ]
-        computers = sorted([*body["computers"], *kept], key=_key)
+        computers = sorted([*body["computers"], *kept], key=listing_key)
         elsewhere: dict[str, Any] = {"computers": computers}
         if unreachable:
             elsewhere["unreachableGateways"] = sorted(unreachable)

@@ -281,6 +281,12 @@ def describe_session(session: Session) -> dict[str, Any]:
     }
 
 
+def listing_key(entry: dict[str, Any]) -> tuple[str, str]:
+    """A listed computer's (``describe_session``) ``(accountId, traposId)``: what a listing
+    is sorted by."""
+    return (entry.get("accountId", ""), entry.get("traposId", ""))
+
+
 def _outcome(result: object) -> str:
     """A request's end as the metrics and the activity name it."""
     if isinstance(result, Failure):

@@ -92,7 +92,7 @@ from werkzeug.routing import PathConverter
 from trapsandbox import __version__, limits
 from trapsandbox.admission import auth
 from trapsandbox.computers import senders, wire
-from trapsandbox.computers.registry import Registry, describe_session
+from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.computers.wire import GatewayError
 from trapsandbox.limits import MAX_REQUEST_TIMEOUT_MS
@@ -116,6 +116,7 @@ from trapsandbox.web.operator import (
     UNSUPPORTED_MEDIA_TYPE,
     Answer,
     OperatorRequests,
+    in_scope,
     json_content,
 )
 from trapsandbox.web.site import ASK, PUBLIC, operator_route
@@ -205,13 +206,6 @@ def on_computer(route):
         )
 
     return operators_only(resolved)
-
-
-def _in_scope(body: dict[str, Any], scope: str | None) -> dict[str, Any]:
-    """A cluster-wide listing cut down to the computers of ``scope`` (None: all)."""
-    if scope is not None:
-        body["computers"] = [c for c in body["computers"] if c.get("accountId") == scope]
-    return body
 
 
 def _encoded(answer: dict[str, Any]) -> dict[str, Any]:
@@ -416,15 +410,16 @@ class GatewayApp:
     @app.route("/computers", methods=["GET"])
     @operators_only
     def computers(self, request: IRequest, operator: auth.Operator) -> bytes:
-        scope = operator.scope(_asked_account(request))
-        sessions = sorted(
-            self._registry.of_account(scope), key=lambda s: (s.account_id, s.trapos_id)
-        )
-        listed = [describe_session(session) for session in sessions]
-        if self._cluster is not None:
-            d = self._cluster.computers(listed)
-            return d.addCallback(lambda body: json_body(request, _in_scope(body, scope)))
-        return json_body(request, {"computers": listed})
+        asked = _asked_account(request)
+        listed = self._requests.listing(operator, asked)
+        if self._cluster is None:
+            return json_body(request, {"computers": listed})
+
+        def scoped(body: dict[str, Any]) -> bytes:
+            body["computers"] = in_scope(body["computers"], operator.scope(asked))
+            return json_body(request, body)
+
+        return self._cluster.computers(listed).addCallback(scoped)
 
     # A label may hold a "/" (sent as %2F, which Twisted decodes): ``segment``.
     @app.route("/computers/<segment:trapos_id>/requests", methods=["POST"], merge_slashes=False)

@@ -23,7 +23,7 @@ from twisted.python.failure import Failure
 from trapsandbox import limits
 from trapsandbox.admission import auth
 from trapsandbox.computers import senders, wire
-from trapsandbox.computers.registry import Registry, describe_session
+from trapsandbox.computers.registry import Registry, describe_session, listing_key
 from trapsandbox.computers.screen import ScreenState
 from trapsandbox.computers.wire import GatewayError
 from trapsandbox.limits import MAX_REQUEST_TIMEOUT_MS
@@ -205,6 +205,13 @@ def _snapshot_answer(body: dict[str, Any]) -> Answer:
     return Answer(200, {"ok": True, "payload": body})
 
 
+def in_scope(computers: list[dict[str, Any]], scope: str | None) -> list[dict[str, Any]]:
+    """The listed ``computers`` (of every process) an operator of ``scope`` sees (None: all)."""
+    if scope is None:
+        return computers
+    return [c for c in computers if c.get("accountId") == scope]
+
+
 class OperatorRequests:
     """
     ``POST /computers/{traposId}/requests``, however it was read.  ``snapshots``: the
@@ -279,17 +286,15 @@ class OperatorRequests:
         local = self.listing(operator, asked)
         if self._cluster is None:
             return {"computers": local}
-        here = {(c["accountId"], c["traposId"]) for c in local}
-        scope = operator.scope(asked)
+        here = {listing_key(c) for c in local}
         elsewhere = self._cluster.elsewhere
         computers = [{**c, "gateway": self._cluster.instance_id} for c in local] + [
             c
-            for c in elsewhere["computers"]
-            if (scope is None or c.get("accountId") == scope)
+            for c in in_scope(elsewhere["computers"], operator.scope(asked))
             # (Just moved here: listed here, not as it was there.)
-            and (c.get("accountId"), c.get("traposId")) not in here
+            if listing_key(c) not in here
         ]
-        computers.sort(key=lambda c: (c.get("accountId", ""), c.get("traposId", "")))
+        computers.sort(key=listing_key)
         body: dict[str, Any] = {"computers": computers}
         if "unreachableGateways" in elsewhere:
             body["unreachableGateways"] = elsewhere["unreachableGateways"]
