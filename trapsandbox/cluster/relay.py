@@ -133,27 +133,28 @@ class Relay:
         on_partial: PartialListener | None,
         fields: dict[str, Any],
     ) -> Deferred:
+        """The request ``{type, payload, timeout, **fields}`` to the computer's holder."""
         if not self._redis.subscribed:
             # No answer could reach us.
             return fail(GatewayError(wire.UNAVAILABLE, "the gateway is not connected to Redis"))
+        message = {
+            "t": "req",
+            "from": self._instance_id,
+            "key": [account_id, trapos_id],
+            "type": type,
+            "payload": payload,
+            "timeout": timeout,
+            **fields,
+        }
         d = self._ownership.holder(account_id, trapos_id)
-        d.addCallback(
-            self._relay, account_id, trapos_id, type, payload, timeout, on_partial, fields
-        )
+        d.addCallback(self._relay, message, on_partial)
         return d
 
     def _relay(
-        self,
-        holder: tuple[str, str],
-        account_id: str,
-        trapos_id: str,
-        type: str,
-        payload: dict[str, Any],
-        timeout: float,
-        on_partial: PartialListener | None,
-        fields: dict[str, Any],
+        self, holder: tuple[str, str], request: dict[str, Any], on_partial: PartialListener | None
     ) -> Deferred:
         instance, epoch = holder
+        trapos_id, timeout = request["key"][1], request["timeout"]
         if not instance or instance == self._instance_id:
             raise wire.not_connected(trapos_id)
         relay_id = uuid.uuid4().hex
@@ -161,17 +162,7 @@ class Relay:
         self._relays[relay_id] = _Relayed(d, trapos_id, instance, on_partial)
         d.addTimeout(timeout + limits.CLUSTER_RELAY_MARGIN, self._reactor, _relay_timed_out)
         d.addBoth(self._relay_done, relay_id)
-        message = {
-            "t": "req",
-            "id": relay_id,
-            "from": self._instance_id,
-            "key": [account_id, trapos_id],
-            "epoch": epoch,
-            "type": type,
-            "payload": payload,
-            "timeout": timeout,
-            **fields,
-        }
+        message = {**request, "id": relay_id, "epoch": epoch}
         sent = self._redis.publish(instance, message)
         sent.addCallbacks(self._relay_sent, self._relay_unsent, (relay_id,), None, (relay_id,))
         return d
