@@ -24,7 +24,9 @@ const KEYS = {
 };
 
 const $ = (id) => document.getElementById(id);
-const state = { computers: [], selected: null, list: null, watch: null, nextId: 1, rows: [] };
+const state = {
+  computers: [], selected: null, list: null, watch: null, screenEnded: false, nextId: 1, rows: [],
+};
 
 function say(text) { $("status").textContent = text; }
 function notice(text) { $("notice").textContent = text || ""; }
@@ -46,7 +48,7 @@ function operatorSocket(onReady, onMessage, onEnd) {
 }
 
 function connect() {
-  if (state.list) { state.list.onclose = null; state.list.close(); }
+  if (state.list) { state.list.onclose = null; state.list.close(); snapshotsSocketEnded(); }
   say("connecting…");
   state.list = operatorSocket(
     (ws, message) => {
@@ -98,12 +100,12 @@ function showComputers(computers) {
     if (!now) {
       disconnected();
     } else {
-      const resumed = state.selected.stopped && !now.stopped;
       state.selected = now;
       $("screen").classList.toggle("halted", Boolean(now.stopped));
       inputNotice();
-      // Stopping ended the screen watch on the computer: after resume, watch again.
-      if (resumed && state.watch) { state.watch.onclose = null; state.watch.close(); state.watch = null; }
+      // A watch the computer ended (a stop, its limit of watches) is tried again on its
+      // next change (a resume, say).
+      if (state.screenEnded && state.watch) { state.watch.onclose = null; state.watch.close(); state.watch = null; }
       watchScreen();
     }
   }
@@ -157,7 +159,8 @@ function select(computer) {
 // none while the computer has not allowed screen (the notice says why).
 function watchScreen() {
   const computer = state.selected;
-  if (state.watch || !computer.capabilities.includes("screen")) return;
+  if (state.watch || computer.stopped || !computer.capabilities.includes("screen")) return;
+  state.screenEnded = false;
   const screen = $("screen");
   state.watch = operatorSocket(
     (ws) => {
@@ -174,8 +177,11 @@ function watchScreen() {
     (message) => {
       if (message.id === "screen" && message.partial) draw(message.payload);
       else if (message.id === "activity" && message.partial) showActivity(message.payload.activity);
-      else if (message.id === "screen" && keyOf(state.selected) === keyOf(computer) && message.status !== 200) {
-        notice("The screen cannot be watched: " + ((message.error && message.error.message) || message.status));
+      else if (message.id === "screen" && keyOf(state.selected) === keyOf(computer)) {
+        state.screenEnded = true;
+        if (message.status !== 200 && !state.selected.stopped) {  // (a stop says so itself)
+          notice("The screen cannot be watched: " + ((message.error && message.error.message) || message.status));
+        }
       } else if (String(message.id).startsWith("input-") && !message.ok) {
         notice("Typing was refused: " + ((message.error && message.error.message) || message.status));
       }
