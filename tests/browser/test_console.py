@@ -24,7 +24,7 @@ from twisted.web.client import HTTPConnectionPool
 from bench import console
 from tests.harness.craftos import Computer
 from tests.harness.processes import REPO, spawn_gateway
-from tests.harness.support import account_table, bounded, connect, reactor
+from tests.harness.support import accounts_file, bounded, connect, reactor
 
 try:
     from selenium import webdriver
@@ -71,9 +71,7 @@ class ConsoleTests(TestCase):
             raise SkipTest("selenium is not installed (pip install -e '.[test]')")
         if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
             raise SkipTest("chromium and chromium-driver are not installed (make chromium)")
-        path = os.path.abspath(self.mktemp())
-        with open(path, "w") as f:
-            f.write(account_table("alice") + account_table("bob"))
+        path = accounts_file(self, "alice", "bob")
         child = spawn_gateway(
             self, SANDBOX_ACCOUNTS_FILE=path, SANDBOX_ADMIN_TOKEN=ADMIN_TOKEN, OPENCODE_URL=""
         )

@@ -5,13 +5,11 @@ The console in cluster mode (SPEC §13, §14): an ``/operator`` socket on one re
 
 from __future__ import annotations
 
-import os
-
 from twisted.trial.unittest import TestCase
 
 from tests.cluster.helpers import Http, Pinged, start_gateway
 from tests.harness.redis import start_redis
-from tests.harness.support import account_table, connect, connect_operator
+from tests.harness.support import accounts_file, connect, connect_operator
 
 ADMIN = "admin-token-1234"
 
@@ -51,15 +49,24 @@ async def _until_watched(testcase, operator, watcher):
     testcase.fail("the watch saw no ping")
 
 
+async def _next(watcher):
+    """
+    ``watcher``'s next message that is not about a ping: the entries of the last pings
+    ``_until_watched`` sent may still be on their way (through Redis) after its answer.
+    """
+    while True:
+        message = await watcher.next_message()
+        if (message.get("payload") or {}).get("activity", {}).get("type") != "ping":
+            return message
+
+
 class ClusterConsoleTests(TestCase):
     timeout = 120
 
     async def gateways(self):
-        path = os.path.abspath(self.mktemp())
-        with open(path, "w") as f:
-            f.write(account_table("alice") + account_table("bob"))
         redis = await start_redis(self)
-        settings = {"SANDBOX_ACCOUNTS_FILE": path, "SANDBOX_ADMIN_TOKEN": ADMIN}
+        settings = {"SANDBOX_ACCOUNTS_FILE": accounts_file(self, "alice", "bob")}
+        settings["SANDBOX_ADMIN_TOKEN"] = ADMIN
         a = await start_gateway(self, redis.url, **settings)
         b = await start_gateway(self, redis.url, **settings)
         return a, b
@@ -126,7 +133,7 @@ class ClusterConsoleTests(TestCase):
                 {"id": n, "traposId": "5:lab", "type": "exec", "payload": {"command": "ls"}}
             )
             request = await computer.next_message()
-            started = (await watcher.next_message())["payload"]["activity"]
+            started = (await _next(watcher))["payload"]["activity"]
             self.assertEqual(
                 {k: started.get(k) for k in ("type", "detail", "by", "account", "state")},
                 {
@@ -138,12 +145,12 @@ class ClusterConsoleTests(TestCase):
                 },
             )
             computer.respond(request, payload={"exitCode": 0})
-            ended = (await watcher.next_message())["payload"]["activity"]
+            ended = (await _next(watcher))["payload"]["activity"]
             self.assertEqual((ended["n"], ended["state"]), (started["n"], "ok"))
             self.assertEqual((await operator.next_message())["status"], 200)
 
         # The computer leaving ends the watch.
         computer.transport.loseConnection()
-        end = await watcher.next_message()
+        end = await _next(watcher)
         self.assertEqual((end["id"], end["status"], end["ok"]), ("act", 404, False))
         self.assertEqual(end["error"]["code"], "not_connected")

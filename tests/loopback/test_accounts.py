@@ -12,6 +12,7 @@ from twisted.web.client import HTTPConnectionPool
 from tests.harness.support import (
     JSON,
     account_table,
+    accounts_file,
     both_modes,
     bounded,
     connect,
@@ -25,9 +26,7 @@ ADMIN = "admin-token-1"
 
 class TwoPlayersTests(TestCase):
     async def asyncSetUp(self):
-        self.path = os.path.abspath(self.mktemp())
-        with open(self.path, "w") as f:
-            f.write(account_table("alice", "s-alice") + account_table("bob", "s-bob"))
+        self.path = accounts_file(self, "alice", "bob")
         self.gateway = start_gateway(
             self,
             admin_token=ADMIN,

@@ -2,7 +2,6 @@
 answer ``snapshot_list``, ``read_file``, ``write_file`` and ``delete_file`` from a dict."""
 
 import base64
-import os
 from urllib.parse import quote
 
 import orjson
@@ -12,7 +11,7 @@ from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.support import (
     JSON,
-    account_table,
+    accounts_file,
     both_modes,
     bounded,
     connect,
@@ -77,9 +76,7 @@ class SnapshotGateway(TestCase):
     timeout = 30
 
     async def start(self, capabilities=("fs.read", "fs.write"), **settings):
-        path = os.path.abspath(self.mktemp())
-        with open(path, "w") as f:
-            f.write(account_table("alice", "s-alice") + account_table("bob", "s-bob"))
+        path = accounts_file(self, "alice", "bob")
         self.gateway = start_gateway(
             self, accounts_file=path, accounts=accounts.load(path), **settings
         )

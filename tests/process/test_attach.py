@@ -9,7 +9,6 @@ as it comes; what the operator types is written to it.
 import os
 import sys
 import termios
-from pathlib import Path
 
 import orjson
 import treq
@@ -23,7 +22,6 @@ from tests.harness.craftos import Computer
 from tests.harness.processes import Child, clean_env
 from tests.harness.support import bounded, reactor, start_gateway
 
-LUA_DIR = Path(__file__).resolve().parents[2] / "lua"
 CTL = os.path.join(os.path.dirname(sys.executable), "trapsandbox-ctl")
 ASKER = (
     "term.setTextColour(colours.lime)\nprint('MARKER-42 name?')\n"
@@ -66,17 +64,14 @@ class AttachInAPtyTests(TestCase):
     async def computer(self, port: int) -> Computer:
         c = Computer(self.mktemp(), id=7, label="si")
         self.addCleanup(c.shutdown)
-        for name in ("apis/libsandbox.lua", "servers/sandbox.lua", "programs/sandbox.lua"):
-            c.install(LUA_DIR / name, "/" + name)
-        c.set_settings(
+        c.write_file("/asker.lua", ASKER)
+        c.start_client(
             {
                 "sandbox.url": f"ws://127.0.0.1:{port}/gateway",
                 "sandbox.password": "sesame",
                 "sandbox.allow": "exec,screen,input",
             }
         )
-        c.write_file("/asker.lua", ASKER)
-        c.run("/servers/sandbox.lua")
         await c.wait_for_lua("traposSandboxState and traposSandboxState.connected")
         return c
 
