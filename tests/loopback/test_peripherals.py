@@ -80,6 +80,13 @@ class PeripheralHTTPTests(TestCase):
         _, (code, body) = await self.exchange(computer, posted, None, ok=False, error=error)
         self.assertEqual((code, body["code"]), (409, "stopped"))
 
+    async def test_an_older_client_that_does_not_know_the_request_is_501(self):
+        computer = await self.computer()
+        got = treq.get(self.base + "/peripherals", pool=self.pool)
+        error = {"code": "unknown_type", "message": "unknown request type list_peripherals"}
+        _, (code, body) = await self.exchange(computer, got, None, ok=False, error=error)
+        self.assertEqual((code, body["code"]), (501, "unknown_type"))
+
     async def test_bad_bodies_are_400_and_not_allowed_is_403(self):
         await self.computer(capabilities=("screen",))
         for path, body, status, code in (
