@@ -2648,7 +2648,7 @@ function Session:onHello(messageId, ok, payload, err)
     self.log('connected as ' .. self.traposId)
     self:queue(M.EVENT_CONNECTED, self.traposId)
     self:announceCapabilities() -- in case they changed since hello was sent
-    self:announceStop()
+    self:announceStop(self:stopReason())
   elseif err and err.code == 'unauthorized' then
     self:stopForGood(err)
   else
@@ -2734,6 +2734,19 @@ function Session:allows(capability)
   return false
 end
 
+-- Sends a computer_request of the client's own (its answer is only logged); whether it went.
+local function sendOwn(self, msgType, payload, what)
+  local messageId = M.newMessageId(self.os)
+  local text = encodeFrame(self, M.computerRequest(self.traposId, messageId, msgType, payload))
+  local sent, err = self:sendOn(self.current.handle, text)
+  if not sent then
+    self.log('could not announce ' .. what .. ': ' .. tostring(err))
+    return false
+  end
+  self.ownRequests[messageId] = true
+  return true
+end
+
 -- Sends computer_request `capabilities` when the allowed list differs from the one last
 -- announced (in hello or here). Called on trapos_sandbox_capabilities and before each check.
 function Session:announceCapabilities(list)
@@ -2741,15 +2754,10 @@ function Session:announceCapabilities(list)
   local key = table.concat(list, ',')
   if self.published then self.published.capabilities = list end
   if self.state ~= 'ready' or key == self.announced then return false end
-  local messageId = M.newMessageId(self.os)
-  local text = encodeFrame(self, M.computerRequest(self.traposId, messageId, 'capabilities', { capabilities = jsonList(list) }))
-  local sent, err = self:sendOn(self.current.handle, text)
-  if not sent then
-    self.log('could not announce capabilities: ' .. tostring(err))
+  if not sendOwn(self, 'capabilities', { capabilities = jsonList(list) }, 'capabilities') then
     return false
   end
   self.announced = key
-  self.ownRequests[messageId] = true
   self.log('capabilities: ' .. (key == '' and 'none' or key))
   return true
 end
@@ -2778,33 +2786,26 @@ end
 -- (programs, Lua, watches, peripheral calls) ends with `stopped`; new ones are refused (dispatch).
 -- The gateway is told (announceStop): it ends the running ask and shows the computer stopped.
 function Session:onStopChange()
-  local stopped = self:stopReason() ~= nil
+  local reason = self:stopReason()
+  local stopped = reason ~= nil
   if stopped and not self.halted then
     stopJobs(self, nil, 'stopped')
     stopWatches(self, nil, 'stopped')
   end
   self.halted = stopped
   self:publish()
-  self:announceStop()
+  self:announceStop(reason)
 end
 
 -- Sends computer_request `stopped {stopped, stopMessage?}` when the stop state differs from the
 -- one last announced (in hello or here), like announceCapabilities. A gateway older than this
--- request answers unknown_type, which is only logged.
-function Session:announceStop()
-  local stopped = self:stopReason()
+-- request answers unknown_type, which is only logged. `stopped`: stopReason()'s answer.
+function Session:announceStop(stopped)
   local key = stopped and stopped.message or ''
   if self.state ~= 'ready' or key == self.announcedStop then return false end
-  local messageId = M.newMessageId(self.os)
-  local text = encodeFrame(self, M.computerRequest(self.traposId, messageId, 'stopped',
-    { stopped = stopped ~= nil, stopMessage = stopped and stopped.message or nil }))
-  local sent, err = self:sendOn(self.current.handle, text)
-  if not sent then
-    self.log('could not announce the stop: ' .. tostring(err))
-    return false
-  end
+  local payload = { stopped = stopped ~= nil, stopMessage = stopped and stopped.message or nil }
+  if not sendOwn(self, 'stopped', payload, 'the stop') then return false end
   self.announcedStop = key
-  self.ownRequests[messageId] = true
   self.log(stopped and 'agent stopped: the gateway is told' or 'agent resumed: the gateway is told')
   return true
 end
