@@ -30,7 +30,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from bench.live import LINE, PACE, READER, percentile
+from bench.harness import percentile
+from bench.live import LINE, PACE, READER
 
 WAIT = 15.0  # seconds, the bound of every wait
 

@@ -50,6 +50,12 @@ def computer(port: int, label: str, allow: str, **options: Any):
     return c
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
 def connected(c):
     """Fires once ``c``'s daemon has started and its hello is answered."""
     c.run("/servers/sandbox.lua")

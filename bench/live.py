@@ -72,11 +72,6 @@ READER = (
 )
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def bounded(d: Deferred, reactor, seconds: float = WAIT) -> Deferred:
     return d.addTimeout(seconds, reactor)
 
@@ -238,8 +233,8 @@ async def latency(
     op.sendClose(1000)
     return {
         "presses": len(times),
-        "p50_ms": round(percentile(times, 0.5) * 1000, 1),
-        "p95_ms": round(percentile(times, 0.95) * 1000, 1),
+        "p50_ms": round(harness.percentile(times, 0.5) * 1000, 1),
+        "p95_ms": round(harness.percentile(times, 0.95) * 1000, 1),
         "max_ms": round(max(times) * 1000, 1),
         "path": "input on /operator -> screen partial on the same socket",
     }

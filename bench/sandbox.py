@@ -44,11 +44,6 @@ SIZES = (64 * 1024, 300_000, 1024 * 1024)
 JSON = {"Content-Type": "application/json"}
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 async def run(reactor, args: argparse.Namespace) -> dict:
     gateway, port = harness.start_gateway(reactor)
     computer = harness.computer(
@@ -71,8 +66,8 @@ async def run(reactor, args: argparse.Namespace) -> dict:
             assert orjson.loads(lines[0]) == {"type": "stdout_delta", "data": "hello\n"}, lines
         results["exec"] = {
             "count": len(times),
-            "p50_ms": round(percentile(times, 0.5) * 1000, 2),
-            "p99_ms": round(percentile(times, 0.99) * 1000, 2),
+            "p50_ms": round(harness.percentile(times, 0.5) * 1000, 2),
+            "p99_ms": round(harness.percentile(times, 0.99) * 1000, 2),
         }
         env = {**os.environ, "TRAPSANDBOX_URL": f"http://127.0.0.1:{port}"}
         work = Path(tempfile.mkdtemp(prefix="trapsandbox-bench-files-"))

@@ -104,11 +104,10 @@ class ActivityTests(TestCase):
     async def test_an_ask_is_shown_with_the_agents_text_as_it_arrives(self):
         gateway = start_gateway(self, password=PASSWORD)
         answer: Deferred = Deferred()
-        asked = []
 
         async def ask(account_id, trapos_id, capabilities, message_id, payload, emit):
-            # opencode stands in here: what matters is what the activity makes of its partials.
-            asked.append(payload)
+            # opencode stands in here: what matters is what the activity makes of its partials
+            # (sent at once, before the coroutine first waits: the ask is tracked before).
             emit({"type": "text_delta", "text": "Hello, "})
             emit({"type": "tool", "name": "trapsandbox_run_command", "status": "running"})
             emit({"type": "question", "id": "q1", "questions": [
