@@ -124,11 +124,14 @@ def open_operator(reactor, url: str, token: str | None) -> Deferred:
 
 
 class RawStream(protocol.Protocol):
-    """``GET .../screen/stream`` by hand: every byte after the head is counted."""
+    """``GET .../screen/stream`` by hand: every byte after the head is counted, and the
+    events (one data line each; a comment is not one); ``on_data`` is called as they come."""
 
-    def __init__(self, head: bytes) -> None:
+    def __init__(self, head: bytes, on_data) -> None:
         self.head = head
         self.bytes_in = 0
+        self.events = 0
+        self.on_data = on_data
         self.started: Deferred = Deferred()
         self._headed = False
 
@@ -144,6 +147,8 @@ class RawStream(protocol.Protocol):
             self.started.callback(head)
             data = rest
         self.bytes_in += len(data)
+        self.events += data.count(b"data: ")
+        self.on_data()
 
 
 # -- Key-to-screen latency (both forms) -------------------------------------------------------
@@ -255,9 +260,12 @@ async def bytes_and_latency(reactor, args: argparse.Namespace) -> dict[str, Any]
     sent: list[int] = []  # sizes of the screen partials the computer sent
     original = craftos._WebSocket.sendMessage
 
+    progress = Progress()
+
     def counted(self, payload, *a, **kw):
         if b'"partial":true' in payload and b'"type":"screen"' in payload:
             sent.append(len(payload))
+            progress.changed()
         return original(self, payload, *a, **kw)
 
     craftos._WebSocket.sendMessage = counted
@@ -267,22 +275,38 @@ async def bytes_and_latency(reactor, args: argparse.Namespace) -> dict[str, Any]
         await harness.connected(c)
         op = await open_operator(reactor, url, None)
         frames: list[tuple[dict, int]] = []
-        op.listeners["s"] = lambda payload, size: frames.append((payload, size))
+        op.listeners["s"] = lambda payload, size: (
+            frames.append((payload, size)),
+            progress.changed(),
+        )
         op.sendMessage(
             orjson.dumps(
                 {"id": "s", "traposId": "1:live", "type": "screen_watch", "payload": {"maxFps": 20}}
             )
         )
         stream = RawStream(
-            b"GET /computers/1%3Alive/screen/stream?maxFps=20 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+            b"GET /computers/1%3Alive/screen/stream?maxFps=20 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+            progress.changed,
         )
         await protocol.ClientCreator(reactor, lambda: stream).connectTCP("127.0.0.1", port)
         await bounded(stream.started, reactor)
-        await _until(reactor, lambda: frames and len(sent) >= 2)
-        await _quiet(reactor, c)
+
+        async def delivered(since: tuple[int, int, int]) -> None:
+            """Until the computer has nothing more coalescing, and each screen partial it
+            sent since ``since`` (its counts of sent, frames, events) reached its watcher:
+            the one on /operator or the SSE stream."""
+            await c.wait_for(lambda: not c._timers, what="no timer armed")
+            await progress.until(
+                lambda: len(frames) - since[1] + stream.events - since[2] >= len(sent) - since[0],
+                reactor,
+            )
+
+        await progress.until(lambda: frames and stream.events and len(sent) >= 2, reactor)
+        await delivered((0, 0, 0))
         # One row changes: row 5 gets a line of text, drawn by the daemon itself (eval: a new
         # program would open a multishell tab and redraw its bar too).
         before = (len(sent), len(frames), stream.bytes_in, op.bytes_in)
+        events_before = stream.events
         changed = op.ask(
             {
                 "id": "e",
@@ -292,8 +316,8 @@ async def bytes_and_latency(reactor, args: argparse.Namespace) -> dict[str, Any]
             }
         )
         await bounded(changed, reactor)
-        await _until(reactor, lambda: len(sent) >= before[0] + 2 and len(frames) > before[1])
-        await _quiet(reactor, c)
+        await progress.until(lambda: len(sent) >= before[0] + 2, reactor)
+        await delivered((before[0], before[1], events_before))
         watch_frames = frames[before[1] :]
         results["one_row_change"] = {
             # Two watches run (the /operator one and the SSE one): one partial each.
@@ -322,18 +346,28 @@ async def bytes_and_latency(reactor, args: argparse.Namespace) -> dict[str, Any]
     return results
 
 
-async def _until(reactor, predicate, seconds: float = WAIT) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("the screen did not change in time")
-        await task.deferLater(reactor, 0.01, lambda: None)
+class Progress:
+    """Something counted changed: wakes whoever waits on a condition over the counts."""
 
+    def __init__(self) -> None:
+        self._waiting: list[tuple[Any, Deferred]] = []
 
-async def _quiet(reactor, c) -> None:
-    """Until the computer has no timer armed: its last frame is out (nothing coalescing)."""
-    await c.wait_for(lambda: not c._timers, what="no timer armed")
-    await task.deferLater(reactor, 0.1, lambda: None)
+    def changed(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for predicate, d in waiting:
+            if d.called:
+                continue
+            if predicate():
+                d.callback(None)
+            else:
+                self._waiting.append((predicate, d))
+
+    def until(self, predicate, reactor, seconds: float = WAIT) -> Deferred:
+        if predicate():
+            return defer.succeed(None)
+        d: Deferred = Deferred()
+        self._waiting.append((predicate, d))
+        return bounded(d, reactor, seconds)
 
 
 # -- CPU with many watched computers (real twistd) -------------------------------------------
