@@ -42,6 +42,11 @@ local STARTUP_SOURCE = [[
 -- the screen readable (_G.traposSandboxScreen) for the gateway's `screen` requests.
 shell.setAlias('sandbox', '/programs/sandbox.lua')
 local function readable(t) return type(t) == 'table' and type(t.getLine) == 'function' end
+local running = rawget(_G, 'traposSandboxSession')
+if type(running) == 'table' and running.status and running.status().running
+  and running.status().state ~= 'stopped' then
+  return -- already started this boot (the installer run from startup.lua, say)
+end
 if multishell and shell.openTab then
   -- The shell's tab is a window (readable); a terminal that is not gets one over it.
   local current = term.current()
@@ -225,7 +230,11 @@ else
   if shell and shell.setAlias then shell.setAlias('sandbox', '/programs/sandbox.lua') end
 end
 
-if not rawget(_G, 'bootEventLoop') and multishell and shell and shell.openTab and fs.exists(STARTUP) then
+local running = rawget(_G, 'traposSandboxSession')
+if type(running) == 'table' and running.status and running.status().running
+  and running.status().state ~= 'stopped' then
+  print('the sandbox daemon already runs: reboot (hold Ctrl+R) for it to use these settings')
+elseif not rawget(_G, 'bootEventLoop') and multishell and shell and shell.openTab and fs.exists(STARTUP) then
   shell.run(STARTUP)
   print('daemon started in a new tab. Try: sandbox health')
 else

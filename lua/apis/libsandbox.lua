@@ -79,6 +79,8 @@ local M = {
   MAX_SEND = 128 * 1024,
   -- Program requests remembered so a dropped connection can answer them (not_connected).
   MAX_IN_FLIGHT = 256,
+  -- Connection attempts whose first event may still come (a late websocket_success is closed).
+  PENDING_URLS = 16,
   CLOSE_REPLACED = 4000,
   CLOSE_UNAUTHORIZED = 4001,
   EVENT_CAPABILITIES = 'trapos_sandbox_capabilities',
@@ -1750,13 +1752,15 @@ local function handleWriteFile(req, ctx)
     return badRequest(req, ('%d bytes in one frame, at most %d: send parts'):format(#data, M.MAX_CONTENT))
   end
   local part = payload.part
-  if part ~= nil and type(part) ~= 'table' then return badRequest(req, 'part must be {offset, final}') end
-  local offset, final = 0, true
+  if part ~= nil and type(part) ~= 'table' then return badRequest(req, 'part must be {offset, final, size?}') end
+  local offset, final, size = 0, true, #data
   if part then
     local err
     offset, err = optionalNumber(part, 'offset', 0, 0)
     if not offset then return badRequest(req, 'part.' .. err) end
     final = part.final == true
+    size, err = optionalNumber(part, 'size', offset + #data, offset + #data)
+    if not size then return badRequest(req, 'part.' .. err) end
   end
   if fsApi.isReadOnly(path) then return fsError(req, shown .. ': Access denied') end
   if fsApi.isDir(path) then return fsError(req, shown .. ': Cannot write to directory') end
@@ -1770,11 +1774,20 @@ local function handleWriteFile(req, ctx)
     if offset ~= have then
       return badRequest(req, ('part.offset is %d but %d bytes of %s were received so far'):format(offset, have, shown))
     end
+  elseif fsApi.exists(temp) then
+    -- What a write abandoned half-way left (the gateway gone, the computer rebooted): ours.
+    pcall(fsApi.delete, temp)
   end
+  -- The space is known before anything is touched: with the first part, for the whole file
+  -- (part.size, from a gateway that sends it), beside the file it replaces, which stays
+  -- until the new one is whole (CC:Tweaked counts a file as at least FILE_OVERHEAD bytes).
   local free, missingDirs = freeSpaceFor(fsApi, path)
-  local need = #data + (offset == 0 and M.FILE_OVERHEAD or 0) + missingDirs * M.FILE_OVERHEAD
+  local need = #data
+  if offset == 0 then need = math.max(size, M.FILE_OVERHEAD) + missingDirs * M.FILE_OVERHEAD end
   if free and need > free then
-    return fsError(req, ('Out of space: writing %s needs %d bytes, %d free'):format(shown, need, free))
+    if offset > 0 then pcall(fsApi.delete, temp) end
+    local kept = fsApi.exists(path) and (shown .. ' is unchanged') or 'nothing was written'
+    return fsError(req, ('Out of space: writing %s needs %d bytes, %d free (%s)'):format(shown, need, free, kept))
   end
   local dir = fsApi.getDir(path)
   if dir ~= '' and not fsApi.exists(dir) then
@@ -1843,7 +1856,8 @@ local function snapshotAttributes(fsApi, path)
   return false, fsApi.getSize(path), 0
 end
 
---[[ snapshot_list {} -> {files: [{path, size, modified}], total}: every file a snapshot holds.
+--[[ snapshot_list {} -> {files: [{path, size, modified}], total, free?}: every file a snapshot
+holds, and the free bytes of the computer's disk.
 The walk looks at M.SNAPSHOT_BATCH paths, then waits for a 0 s timer (the daemon's loop may not
 block, and CraftOS kills code that runs ~7 s without yielding), so a disk of hundreds of files
 never stalls other requests. The answer is one frame: a listing that would not fit is refused
@@ -1878,7 +1892,9 @@ local function handleSnapshotList(req, ctx)
       return req.respond(false, nil, errorValue('too_large', ('this computer has %d files: their list '
         .. 'does not fit in one %d-byte frame, so no snapshot can be taken (delete some files)'):format(#files, M.MAX_SEND)))
     end
-    req.respond(true, { files = jsonList(files), total = total })
+    -- free: what a restore may use (the gateway checks a whole restore fits before it starts).
+    local free = freeSpaceFor(fsApi, 'x')
+    req.respond(true, { files = jsonList(files), total = total, free = free })
   end
   step()
 end
@@ -2592,6 +2608,7 @@ function Session:connect()
     math.floor(self.random() * 1000000))
   local attempt = { url = M.withNonce(self.baseUrl, nonce) }
   self.current = attempt
+  self:expect(attempt.url)
   self.state = 'connecting'
   self:publish()
   attempt.clearConnect = self:deadline(attempt, 'connecting', self.connectTimeout, function()
@@ -2604,12 +2621,34 @@ function Session:connect()
   end
 end
 
--- connecting -> handshaking: the socket is open, send hello.
+-- Remembers that a websocket_success or _failure for `url` will be this session's. Attempts
+-- that never hear back (a connect timeout and then nothing) are forgotten past the last 16.
+function Session:expect(url)
+  self.pendingUrls[url] = true
+  local order = self.pendingOrder
+  order[#order + 1] = url
+  if #order > M.PENDING_URLS then self.pendingUrls[table.remove(order, 1)] = nil end
+end
+
+-- Whether `url` is one of this session's attempts still waiting for its first event (and
+-- forgets it: a URL has one success or failure).
+function Session:claim(url)
+  if not self.pendingUrls[url] then return false end
+  self.pendingUrls[url] = nil
+  for i, pending in ipairs(self.pendingOrder) do
+    if pending == url then table.remove(self.pendingOrder, i); break end
+  end
+  return true
+end
+
+-- connecting -> handshaking: the socket is open, send hello. Only a handle this session asked
+-- for is touched: another program's (another tab's, another daemon's) is none of its business.
 function Session:onOpen(url, handle)
+  if not self:claim(url) then return end
   local attempt = self.current
   if not self:isCurrent(url) or attempt.handle then
-    -- A late success for an abandoned attempt: nobody will use it, free the slot.
-    if type(handle) == 'table' and not (attempt and attempt.handle == handle) then self:closeHandle(handle) end
+    -- A late success for an attempt this session abandoned: nobody will use it, free the slot.
+    if type(handle) == 'table' then self:closeHandle(handle) end
     return
   end
   attempt.handle = handle
@@ -2658,6 +2697,7 @@ end
 
 -- Any state: the socket failed or closed.
 function Session:onFailure(url, err)
+  self:claim(url)
   if not self:isCurrent(url) then return end
   self:fail(errorValue('not_connected', 'connection failed: ' .. tostring(err or 'unknown error')))
 end
@@ -2943,6 +2983,10 @@ function M.startSession(opts)
     attempts = 0,
     failures = 0,
     current = nil, -- the attempt: { url, handle, done, helloId, ctx, clearHello, clearConnect }
+    -- URLs of this session's attempts whose websocket_success or _failure has not come yet:
+    -- websocket events reach every program and tab, and only these handles are ours.
+    pendingUrls = {},
+    pendingOrder = {},
     closedHandles = setmetatable({}, { __mode = 'k' }),
     inFlight = {},
     inFlightCount = 0,

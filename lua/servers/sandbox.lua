@@ -39,6 +39,20 @@ if not (http and http.websocketAsync) then
   return
 end
 
+-- One daemon per computer: a second one (the installer run again from startup.lua beside
+-- /startup/sandbox-daemon.lua, a `bg` by hand) would only fight the first for the gateway,
+-- which keeps the newest connection. One that stopped for good (wrong password, replaced)
+-- is stopped properly, so it no longer answers programs, and a new one starts.
+local running = rawget(_G, 'traposSandboxSession')
+if type(running) == 'table' and type(running.status) == 'function' then
+  local okStatus, status = pcall(running.status)
+  if okStatus and type(status) == 'table' and status.running and status.state ~= 'stopped' then
+    print(('sandbox daemon already running (%s, %s): not starting another'):format(tostring(status.state), tostring(status.url)))
+    return
+  end
+  if type(running.stop) == 'function' then pcall(running.stop) end
+end
+
 local password = settings.get('sandbox.password')
 if type(password) ~= 'string' then password = nil end
 
@@ -52,5 +66,9 @@ local allowed = session.status().capabilities
 print('allowed: ' .. (#allowed > 0 and table.concat(allowed, ', ') or 'nothing (see "sandbox allow")'))
 
 if not bootLoop then
-  loop.run()
+  -- Should the loop ever end (an error in it), the session says it no longer runs, so the
+  -- daemon can be started again.
+  local ok, err = pcall(loop.run)
+  session.stop()
+  if not ok then error(err, 0) end
 end

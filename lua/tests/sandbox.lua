@@ -1860,6 +1860,55 @@ test('a 300 KB file written in parts reads back identical in chunks', function()
   eq(env.craft.fs.opens, env.craft.fs.closes, 'every handle closed once')
 end)
 
+test('a write in parts is refused at its first part when the whole file does not fit', function()
+  local env = sandbox({ capacity = 5000 })
+  env.craft.fs.put('keep.txt', 'kept')
+  local before = env.craft.fs.used()
+  local write = function(offset, size, text)
+    return env.call('write_file', { path = '/keep.txt', content = lib.base64Encode(text), encoding = 'base64',
+      part = { offset = offset, final = false, size = size } })
+  end
+  -- Free: 4500. The first part (1000 bytes) would fit; the whole 4600 does not.
+  local frame = write(0, 4600, ('a'):rep(1000))
+  eq(frame.error, { code = 'fs_error', message = 'Out of space: writing /keep.txt needs 4600 bytes, 4500 free '
+    .. '(/keep.txt is unchanged)' }, 'refused before anything is written')
+  eq(env.craft.fs.list(''), { 'keep.txt', 'rom' }, 'no temporary file')
+  eq(env.craft.fs.used(), before, 'no space used')
+  eq(env.craft.fs.opens, 0, 'nothing opened')
+  eq(errorCode(write(0, 10, ('a'):rep(20))), 'bad_request', 'a size below what the part holds')
+  eq(errorCode(write(0, 'big', 'a')), 'bad_request', 'a size that is no number')
+end)
+
+test('a later part that does not fit takes the temporary file with it', function()
+  local env = sandbox({ capacity = 5000 })
+  env.craft.fs.put('keep.txt', 'kept')
+  local before = env.craft.fs.used()
+  -- An older gateway sends no size: the first part fits, the second does not.
+  okPayload(env.call('write_file', { path = '/keep.txt', content = lib.base64Encode(('a'):rep(3000)), encoding = 'base64',
+    part = { offset = 0, final = false } }))
+  local frame = env.call('write_file', { path = '/keep.txt', content = lib.base64Encode(('b'):rep(3000)),
+    encoding = 'base64', part = { offset = 3000, final = true } })
+  eq(frame.error, { code = 'fs_error', message = 'Out of space: writing /keep.txt needs 3000 bytes, 1500 free '
+    .. '(/keep.txt is unchanged)' }, 'refused')
+  eq(env.craft.fs.files['keep.txt'], 'kept', 'the old file is untouched')
+  eq(env.craft.fs.list(''), { 'keep.txt', 'rom' }, 'no temporary file left')
+  eq(env.craft.fs.used(), before, 'its space given back')
+end)
+
+test('a write abandoned half-way is cleared by the next one', function()
+  local env = sandbox({ capacity = 5000 })
+  env.craft.fs.put('keep.txt', 'kept')
+  -- The gateway went away after the first part: its 3000 bytes are left beside the file.
+  okPayload(env.call('write_file', { path = '/keep.txt', content = lib.base64Encode(('a'):rep(3000)), encoding = 'base64',
+    part = { offset = 0, final = false, size = 4400 } }))
+  -- They would leave too little for this one, which fits once they are gone.
+  local answer = okPayload(env.call('write_file', { path = '/keep.txt', content = lib.base64Encode(('c'):rep(4000)),
+    encoding = 'base64', part = { offset = 0, final = true, size = 4000 } }))
+  eq(answer, { bytesWritten = 4000, sizeBytes = 4000 }, 'written')
+  eq(env.craft.fs.files['keep.txt'], ('c'):rep(4000), 'replaced whole')
+  eq(env.craft.fs.list(''), { 'keep.txt', 'rom' }, 'no temporary file left')
+end)
+
 test('write_file parts must follow on from what was received', function()
   local env = sandbox()
   local part1 = lib.base64Encode('hello ')
@@ -1899,9 +1948,10 @@ test('out of space fails with fs_error before anything is written', function()
   local env = sandbox({ capacity = 3000 })
   env.craft.fs.put('keep.txt', 'kept')
   local before = env.craft.fs.used()
-  local frame = env.call('write_file', { path = '/keep.txt', content = lib.base64Encode(('y'):rep(2500)), encoding = 'base64' })
+  -- 2500 would just fit beside the old file (a file counts max(size, 500), as in CC:Tweaked).
+  local frame = env.call('write_file', { path = '/keep.txt', content = lib.base64Encode(('y'):rep(2501)), encoding = 'base64' })
   eq(errorCode(frame), 'fs_error', 'fs_error')
-  truthy(frame.error.message:find('^Out of space'), frame.error.message)
+  eq(frame.error.message, 'Out of space: writing /keep.txt needs 2501 bytes, 2500 free (/keep.txt is unchanged)', 'message')
   eq(env.craft.fs.files['keep.txt'], 'kept', 'the old file is untouched')
   eq(env.craft.fs.list(''), { 'keep.txt', 'rom' }, 'no temporary file')
   eq(env.craft.fs.used(), before, 'no space used')

@@ -9,7 +9,7 @@ The computer as a sandbox (SPEC §9): run programs and Lua, files, the screen.
     gateway_request list_files {path}        <- {path, entries: [{name, type, size, readOnly}]}
     gateway_request read_file {path, offset?, length?, encoding: base64}
         <- {content, encoding, sizeBytes, offset, bytesRead}
-    gateway_request write_file {path, content, encoding: base64, part?: {offset, final}}
+    gateway_request write_file {path, content, encoding: base64, part?: {offset, final, size}}
         <- {bytesWritten, sizeBytes}
     gateway_request delete_file {path}       <- {deleted}
     gateway_request snapshot_list {}         <- {files: [{path, size, modified}], total}
@@ -339,7 +339,8 @@ class Sandbox:
                     "path": path,
                     "content": base64.b64encode(chunk).decode("ascii"),
                     "encoding": "base64",
-                    "part": {"offset": offset, "final": final},
+                    # size: the computer checks the space for the whole file first.
+                    "part": {"offset": offset, "final": final, "size": len(content)},
                 },
                 limits.FILE_REQUEST_TIMEOUT,
             )

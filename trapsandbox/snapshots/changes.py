@@ -11,7 +11,7 @@ writes and these decide what.
 - ``text_diff``: a bounded unified diff of a modified file, or one line saying it is
   binary or too large.
 - ``restore_plan``: what to delete, then what to write back, so the computer's files equal
-  the snapshot's.
+  the snapshot's; ``restore_space``: the free space it needs, known before anything moves.
 
 ``/.settings`` (any spelling) is never fetched, reported, written or deleted.
 """
@@ -163,3 +163,46 @@ def restore_plan(
             delete -= inside
             delete.add(path)
     return RestorePlan(tuple(sorted(delete)), tuple(sorted(write)))
+
+
+# CC:Tweaked counts every file and folder as at least this many bytes of the computer's disk.
+FILE_COST = 500
+
+
+def _cost(size: int) -> int:
+    return max(size, FILE_COST)
+
+
+def restore_space(
+    plan: RestorePlan, snapshot: Mapping[str, FileEntry], current: Mapping[str, FileEntry]
+) -> int:
+    """
+    The free bytes ``plan`` needs on the computer at its fullest moment.  Deletions come
+    first and free what they held; each file is then written whole beside the one it
+    replaces, which stays until the new one is in place: so at most the growth of every
+    write, plus the largest file written over another, plus a cost per folder to make.
+    """
+    gone = plan.delete
+    freed = sum(
+        _cost(entry.size)
+        for path, entry in current.items()
+        if any(path == d or path.startswith(d + "/") for d in gone)
+    )
+    kept = {path: entry for path, entry in current.items() if path not in gone}
+    folders = {folder for path in kept for folder in _folders(path)}
+    growth = beside = 0
+    new_folders: set[str] = set()
+    for path, _ in plan.write:
+        new = _cost(snapshot[path].size)
+        old = kept.get(path)
+        growth += max(0, new - (_cost(old.size) if old else 0))
+        if old:
+            beside = max(beside, new)
+        new_folders.update(_folders(path))
+    return max(0, growth + beside + FILE_COST * len(new_folders - folders) - freed)
+
+
+def _folders(path: str) -> list[str]:
+    """The folders ``path`` is in, the root left out: /a/b/c -> /a/b, /a."""
+    parts = path.split("/")[1:-1]
+    return ["/" + "/".join(parts[:i]) for i in range(len(parts), 0, -1)]

@@ -158,7 +158,7 @@ class Snapshots:
         """A snapshot now: ``{id, files, bytes, fetched}``."""
 
         async def run() -> dict[str, Any]:
-            snap_id, files, fetched = await self._take(account, trapos_id, reason)
+            snap_id, files, fetched, _ = await self._take(account, trapos_id, reason)
             count, size = model.sized(files)
             return {"id": snap_id, "files": count, "bytes": size, "fetched": fetched}
 
@@ -171,7 +171,7 @@ class Snapshots:
         async def run() -> dict[str, Any]:
             store = await self._opened()
             snapshot = await store.get(account, trapos_id, snapshot_id)
-            listing = await self._list(account, trapos_id)
+            listing, _ = await self._list(account, trapos_id)
             fetched = await self._fetch(
                 account, trapos_id, diff.to_fetch(snapshot.files, listing), listing
             )
@@ -194,8 +194,17 @@ class Snapshots:
         async def run() -> dict[str, Any]:
             store = await self._opened()
             target = await store.get(account, trapos_id, snapshot_id)
-            before, current, _ = await self._take(account, trapos_id, "restore")
+            before, current, _, free = await self._take(account, trapos_id, "restore")
             plan = diff.restore_plan(target.files, current)
+            need = diff.restore_space(plan, target.files, current)
+            if free is not None and need > free:
+                # Known before the first deletion: a restore is whole or not at all.
+                raise GatewayError(
+                    wire.FS_ERROR,
+                    f"Out of space: restoring snapshot {target.id} needs {need} bytes free "
+                    f"on {wire.cut(trapos_id)}, which has {free}: nothing was changed "
+                    "(delete some files there, then restore again)",
+                )
             for path in plan.delete:
                 await self._sandbox.delete_file(trapos_id, path, account_id=account)
             for path, sha256 in plan.write:
@@ -232,12 +241,12 @@ class Snapshots:
 
     async def _take(
         self, account: str, trapos_id: str, reason: str
-    ) -> tuple[str, dict[str, FileEntry], int]:
-        """(id, files map, how many files were fetched)."""
+    ) -> tuple[str, dict[str, FileEntry], int, int | None]:
+        """(id, files map, how many files were fetched, the computer's free bytes or None)."""
         model.check_reason(reason)
         store = await self._opened()
         latest = await store.latest(account, trapos_id)
-        listing = await self._list(account, trapos_id)
+        listing, free = await self._list(account, trapos_id)
         fetched = await self._fetch(account, trapos_id, diff.to_fetch(latest, listing), listing)
         hashes = {path: _sha(data) for path, data in fetched.items()}
         absent = await store.missing(account, hashes.values())
@@ -258,11 +267,17 @@ class Snapshots:
         except GatewayError as error:
             # The snapshot is taken; retention catches up at the next one.
             log.warn("snapshots of {account}: prune failed: {why}", account=account, why=error)
-        return snap_id, files, len(fetched)
+        return snap_id, files, len(fetched), free
 
-    async def _list(self, account: str, trapos_id: str) -> dict[str, tuple[int, int]]:
+    async def _list(
+        self, account: str, trapos_id: str
+    ) -> tuple[dict[str, tuple[int, int]], int | None]:
+        """The computer's files, and its free bytes (None: a client that does not say)."""
         answer = await self._sandbox.snapshot_list(trapos_id, account, LIST_TIMEOUT)
-        return _listed(answer, self.store().max_bytes)
+        free = answer.get("free")
+        if type(free) is float and free.is_integer():
+            free = int(free)
+        return _listed(answer, self.store().max_bytes), free if type(free) is int else None
 
     async def _fetch(
         self,
