@@ -1,6 +1,6 @@
 # trapsandbox: `make run` serves on the defaults, `make test` runs the whole suite.
 # Both install what they need from nothing (virtualenv, Python packages, opencode,
-# and for the tests redis-server, chromium and chromium-driver).
+# and for the tests redis-server, chromium and chromium-driver, and Java for CC:Tweaked).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -20,7 +20,7 @@ BENCH_ARGS ?= --peer fastify=../shared/peers/fastify
 run: $(VENV)/.installed
 	$(BIN)/twistd --nodaemon --pidfile= trapsandbox
 
-test: $(VENV)/.installed $(OPENCODE) systemd-tools redis-server chromium
+test: $(VENV)/.installed $(OPENCODE) systemd-tools redis-server chromium cctweaked
 	$(BIN)/pytest -q $(PYTEST_ARGS) tests
 
 # The load benchmark against the real twistd gateway (see docs/benchmarks.md).
@@ -34,7 +34,7 @@ fuzz: $(VENV)/.installed
 	TRAPSANDBOX_FUZZ_FRAMES=100000 $(BIN)/pytest -q tests/loopback/test_fuzz.py
 
 # The trial-style test classes also run under trial.
-trial: $(VENV)/.installed $(OPENCODE) systemd-tools redis-server chromium
+trial: $(VENV)/.installed $(OPENCODE) systemd-tools redis-server chromium cctweaked
 	$(BIN)/trial tests
 
 lint: $(VENV)/.installed
@@ -75,6 +75,17 @@ redis-server:
 chromium:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null \
 		|| $(MAKE) --no-print-directory debian-packages PACKAGES="chromium chromium-driver"
+
+# tests/cctweaked runs the client on CC:Tweaked's own core, ../shared/cctweaked beside the
+# repository (skipped with a note where it is absent): Java and the jars its README names.
+CCTWEAKED ?= ../shared/cctweaked
+CCTWEAKED_PACKAGES := default-jre-headless libnetty-java libguava-java libfastutil-java libjzlib-java libslf4j-java
+.PHONY: cctweaked
+cctweaked:
+	@[ ! -d "$(CCTWEAKED)" ] || { command -v java >/dev/null && [ -f /usr/share/java/netty-codec-http.jar ] \
+		&& [ -f /usr/share/java/guava.jar ] && [ -f /usr/share/java/fastutil.jar ] && [ -f /usr/share/java/jzlib.jar ] \
+		&& [ -f /usr/share/java/slf4j-simple.jar ] && [ -f /usr/share/java/netty-handler-proxy.jar ]; } \
+		|| $(MAKE) --no-print-directory debian-packages PACKAGES="$(CCTWEAKED_PACKAGES)"
 
 .PHONY: debian-packages
 debian-packages:

@@ -2699,7 +2699,19 @@ end
 function Session:onFailure(url, err)
   self:claim(url)
   if not self:isCurrent(url) then return end
-  self:fail(errorValue('not_connected', 'connection failed: ' .. tostring(err or 'unknown error')))
+  local message = 'connection failed: ' .. tostring(err or 'unknown error')
+  if type(err) == 'string' and err:find('not permitted', 1, true) then message = M.notPermitted(self.baseUrl, err) end
+  self:fail(errorValue('not_connected', message))
+end
+
+--[[ CC:Tweaked's http.rules deny the gateway's host ("Domain not permitted"): by default every
+private and local address is, so a gateway on the server's own machine or its LAN needs an
+allow rule in front of the $private one. Only the server admin can add it: say exactly what. ]]
+function M.notPermitted(url, err)
+  local host = url:match('^%a+://%[([^%]]+)%]') or url:match('^%a+://([^/:?]+)') or url
+  return ('%s: the Minecraft server does not let computers reach %s. The server admin must add, '
+    .. 'before the $private rule in serverconfig/computercraft-server.toml: '
+    .. '[[http.rules]] host = "%s" action = "allow"'):format(tostring(err), host, host)
 end
 
 function Session:onClosed(url, reason, code)

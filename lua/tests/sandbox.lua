@@ -696,6 +696,38 @@ test('a late success of an abandoned attempt is closed', function()
   eq(env.session.state(), 'connecting', 'current attempt untouched')
 end)
 
+test('another program\'s websockets are never touched', function()
+  local env = newSession()
+  -- Another tab's sockets (websocket events reach every program): one to another server, one
+  -- to the gateway's own URL, one succeeding while the daemon's attempt is open.
+  local theirs = { fakeHandle(), fakeHandle(), fakeHandle() }
+  env.loop.emit('websocket_success', 'ws://chat.example/', theirs[1])
+  env.loop.emit('websocket_success', 'ws://127.0.0.1:4444/gateway', theirs[2])
+  local h = open(env)
+  env.loop.emit('websocket_success', 'ws://chat.example/?n=1', theirs[3])
+  env.loop.emit('websocket_failure', 'ws://chat.example/?n=2', 'refused')
+  env.loop.emit('websocket_closed', 'ws://chat.example/', 'bye', 1000)
+  for i, handle in ipairs(theirs) do
+    eq({ handle.closes, #handle.sent }, { 0, 0 }, 'socket ' .. i .. ' untouched')
+  end
+  eq(env.session.state(), 'handshaking', 'the daemon\'s own attempt goes on')
+  eq(#h.sent, 1, 'its hello sent on its own socket')
+end)
+
+test('a second daemon leaves the first one\'s socket alone', function()
+  local env = newSession()
+  local first = open(env)
+  -- Another session on the same computer (another tab) connects: its success reaches the
+  -- first session too, which must not close it, and the other way round.
+  local other = lib.startSession({ url = 'ws://gw.test:4444/gateway', eventLoop = env.loop, http = env.http,
+    os = env.os, encode = encode, decode = decode, random = function() return 0.5 end, state = {} })
+  local second = fakeHandle()
+  env.loop.emit('websocket_success', env.http.lastUrl(), second)
+  eq({ first.closes, second.closes }, { 0, 0 }, 'neither socket closed')
+  eq({ #first.sent, #second.sent }, { 1, 1 }, 'one hello each')
+  other.stop()
+end)
+
 test('send while not connected is answered at once with not_connected', function()
   local env = newSession()
   env.loop.emit('trapos_sandbox_send', 'm-1', 'probe_gateway', {})

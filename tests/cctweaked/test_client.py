@@ -6,12 +6,18 @@ loopback. What CraftOS-PC and the Lua harness cannot show is shown here.
 
 from __future__ import annotations
 
+import re
+
 import orjson
 import treq
+from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from twisted.internet.defer import Deferred
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import SkipTest, TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.harness.cctweaked import CCTComputer, unavailable, wait_connected
+from tests.harness.cctweaked import CCTComputer, unavailable, wait_connected, wait_gone
+from tests.harness.logcapture import LogCapture
 from tests.harness.support import bounded, closed_port, reactor, start_gateway
 from tests.lua.test_lua_e2e import OWN_STARTUP, TRAPOS_BOOT
 from trapsandbox.computers.wire import GatewayError
@@ -230,3 +236,197 @@ class FullDiskTests(CCTGatewayMixin, TestCase):
         self.assertEqual(c.read_file("/new.txt"), b"made after the snapshot")
         self.assertEqual(c.read_file("/a.bin"), b"2" * 400_000)
         self.assertUntouched(c, before, await self.free(c))
+
+
+def logged(testcase, pattern: str, seconds: float = 30):
+    """Fires with the text of the first event the gateway logs that matches ``pattern``."""
+    d = Deferred()
+
+    def observe(event):
+        text = formatEvent(event)
+        if re.search(pattern, text) and not d.called:
+            d.callback(text)
+
+    globalLogPublisher.addObserver(observe)
+    testcase.addCleanup(globalLogPublisher.removeObserver, observe)
+    return bounded(d, seconds)
+
+
+class Echo(WebSocketServerProtocol):
+    def onMessage(self, payload, isBinary):
+        self.sendMessage(payload, isBinary)
+
+
+def echo_server(testcase) -> int:
+    """A websocket echo server on loopback (a player's own chat, remote terminal...)."""
+    factory = WebSocketServerFactory()
+    factory.protocol = Echo
+    port = reactor().listenTCP(0, factory, interface="127.0.0.1")
+    testcase.addCleanup(port.stopListening)
+    return port.getHost().port
+
+
+# A player's program in its own tab with two sockets. (Not to the same URL: CC:Tweaked tells
+# sockets apart by URL only, so each one's receive() would take the other's messages. The
+# daemon's own URL carries a nonce per attempt for that reason.)
+PLAYERS_SOCKETS = """
+local url = ...
+local one = assert(http.websocket(url .. 'one'))
+local two = assert(http.websocket(url .. 'two'))
+for i = 1, 3 do
+  one.send('one ' .. i)
+  two.send('two ' .. i)
+  print('echo ' .. tostring(one.receive(30)) .. ' / ' .. tostring(two.receive(30)))
+end
+os.pullEvent('trapos_sandbox_connected')
+one.send('after')
+print('still open: ' .. tostring(one.receive(30)))
+"""
+
+
+class WebSocketTests(CCTGatewayMixin, TestCase):
+    """The daemon shares the computer's websocket events with every program and tab."""
+
+    async def test_a_players_own_websockets_beside_the_daemon(self):
+        echo = f"ws://127.0.0.1:{echo_server(self)}/"
+        c = self.computer()
+        c.write_file("/chat.lua", PLAYERS_SOCKETS)
+        # The daemon's tab first, then the player's program in another, while it connects.
+        startup = f"shell.openTab('/servers/sandbox.lua')\nshell.run('/chat.lua', '{echo}')\n"
+        await self.started(c, startup)
+        await c.wait_for_screen("echo one 3 / two 3")
+        # The daemon reconnects (a new socket of its own) while the player's stays open.
+        self.gateway.registry.find(c.trapos_id).link.close(1000, "the test closes it")
+        await c.wait_for_screen("still open: after")
+        await wait_connected(self.gateway.registry, c.trapos_id)
+        self.assertNotIn("closed file", c.output)
+
+    async def test_the_installer_kept_in_startup_starts_one_daemon(self):
+        # A player who leaves the install line in startup.lua: from the second boot the
+        # installer and its own /startup/sandbox-daemon.lua both start the daemon.
+        c = CCTComputer(self, label="lab")
+        c.write_file(
+            "/startup.lua",
+            f"shell.run('wget run {self.base}/client/install.lua {PASSWORD} --allow=all')\n",
+        )
+        c.boot()
+        await wait_connected(self.gateway.registry, c.trapos_id)
+        gone = wait_gone(self.gateway.registry, c.trapos_id)
+        await c.shutdown()
+        await gone
+        c.boot()
+        await c.wait_for_screen("daemon started in a new tab")
+        first = await wait_connected(self.gateway.registry, c.trapos_id)
+        c.write_file("/tabs.lua", "print(multishell.getCount() .. ' tabs')")
+        answer = await self.sandbox.execute(c.trapos_id, "tabs")
+        self.assertEqual(answer["stdout"], "2 tabs\n")  # the shell and one daemon
+        # One started by hand says so and leaves the running one alone.
+        answer = await self.sandbox.execute(c.trapos_id, "/servers/sandbox.lua")
+        self.assertIn("sandbox daemon already running (ready", answer["stdout"])
+        answer = await self.eval(c, "return 6 * 7")
+        self.assertEqual(answer["returns"], ["42"])
+        self.assertIs(self.gateway.registry.find(c.trapos_id), first)
+        self.assertNotIn("closed file", c.output)
+
+    async def test_a_socket_closed_without_a_close_frame_is_no_fault(self):
+        # CC:Tweaked's close() sends no close frame: the gateway sees the connection drop.
+        captured = LogCapture(self)
+        c = await self.started(self.computer())
+        c.write_file(
+            "/stopper.lua", "os.queueEvent('go') os.pullEvent('go') traposSandboxSession.stop()"
+        )
+        disconnected = logged(self, f"{c.trapos_id} from .* disconnected")
+        await self.eval(c, "shell.openTab('/stopper.lua')")
+        self.assertIn("disconnected (1006 ", await disconnected)
+        self.assertEqual(captured.errors(), [])
+
+
+class GameRulesTests(CCTGatewayMixin, TestCase):
+    """What CC:Tweaked enforces and CraftOS-PC (as we ran it) does not."""
+
+    async def test_a_host_the_admin_has_not_allowed(self):
+        # CC:Tweaked denies private and local addresses ($private) unless the server allows them.
+        c = self.computer(allow_hosts=())
+        startup = (
+            f"shell.run('wget run {self.base}/client/install.lua')\n"
+            "shell.run('bg /servers/sandbox.lua')\n"
+            "repeat os.pullEvent() until traposSandboxState and traposSandboxState.lastError\n"
+            "shell.run('/programs/sandbox.lua health')\n"
+        )
+        c.write_file("/startup.lua", startup)
+        c.boot()
+        # The installer cannot even be fetched: CraftOS's wget says so.
+        await c.wait_for_screen("Domain not permitted")
+        # A client installed by hand says what the admin must add.
+        await c.wait_for_screen("sandbox health failed: not_connected")
+        await c.wait_for_screen("Domain not permitted")
+        await c.wait_for_screen(
+            "The server admin must add, before the $private rule in "
+            'serverconfig/computercraft-server.toml: [[http.rules]] host = "127.0.0.1" '
+            'action = "allow"'
+        )
+        self.assertIsNone(self.gateway.registry.find(c.trapos_id))
+
+    async def test_a_program_that_never_yields(self):
+        c = await self.started(self.computer())
+        answer = await self.eval(c, "while true do end", timeout_ms=30_000)
+        self.assertFalse(answer["ok"], answer)
+        self.assertIn("Too long without yielding", answer["error"])
+        self.assertFalse(answer["timedOut"])
+        # The daemon lives on.
+        answer = await self.eval(c, "return 'alive'")
+        self.assertEqual(answer["returns"], ['"alive"'])
+
+    async def test_messages_stay_under_128_kib(self):
+        # A larger frame either way closes the socket or fails to send ("Message is too large").
+        c = await self.started(self.computer())
+        c.write_file(
+            "/loud.lua", "for i = 1, 4000 do print(('%04d '):format(i) .. ('y'):rep(95)) end"
+        )
+        answer = await self.sandbox.execute(c.trapos_id, "loud", max_output_bytes=64 * 1024)
+        self.assertEqual(answer["exitCode"], 0)
+        self.assertTrue(answer["stdoutTruncated"])
+        self.assertEqual(len(answer["stdout"].encode()), 64 * 1024)
+        # The largest file a call takes (1 MiB) goes and comes back whole: base64 and JSON in
+        # parts, each under the 7 s the computer may run without yielding.
+        data = bytes((i * 7 + i // 251) % 256 for i in range(1024 * 1024 - 300_000))
+        await self.sandbox.write_file(c.trapos_id, "/data/blob.bin", data)
+        back = await self.sandbox.read_file(c.trapos_id, "/data/blob.bin")
+        self.assertEqual(back["content"], data)
+        self.assertEqual(c.read_file("/data/blob.bin"), data)
+        self.assertIs(self.gateway.registry.find(c.trapos_id) is not None, True)
+
+    async def test_a_snapshot_of_a_disk_full_of_small_files(self):
+        c = self.computer()
+        for i in range(1200):
+            c.write_file(f"/notes/n{i:04d}.txt", f"note {i}\n")
+        await self.started(c)
+        taken = await self.gateway.snapshots.take("local", c.trapos_id)
+        self.assertEqual(taken["files"], 1204)  # and the client's four files
+        answer = await self.eval(c, "return 'alive'")
+        self.assertEqual(answer["returns"], ['"alive"'])
+
+    async def test_a_flood_of_input_loses_none_of_the_daemons_events(self):
+        # CC:Tweaked keeps 256 events and drops the rest: 250 keys typed at once all arrive,
+        # and the daemon's own events (its socket's messages) still do.
+        c = self.computer()
+        c.write_file("/reader.lua", "local line = read() print('got ' .. #line .. ' keys')")
+        await self.started(c, "shell.openTab('/servers/sandbox.lua')")
+        events = [{"paste": "reader"}, {"key": "enter"}]
+        events += [{"char": "abcdefghij"[i % 10]} for i in range(250)] + [{"key": "enter"}]
+        answer = await self.sandbox.input(c.trapos_id, events)
+        self.assertEqual(answer["queued"], len(events))
+        await c.wait_for_screen("got 250 keys")
+        answer = await self.eval(c, "return 'alive'")
+        self.assertEqual(answer["returns"], ['"alive"'])
+
+    async def test_a_reconnect_after_the_gateway_restarts(self):
+        c = await self.started(self.computer())
+        port = self.port
+        gone = wait_gone(self.gateway.registry, c.trapos_id)
+        await self.gateway.stopService()
+        await gone
+        self.start_gateway(port)
+        await wait_connected(self.gateway.registry, c.trapos_id, seconds=45)
+        answer = await self.eval(c, "return 'back'")
+        self.assertEqual(answer["returns"], ['"back"'])

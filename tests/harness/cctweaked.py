@@ -29,6 +29,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from twisted.internet import defer
+
 from tests.harness.processes import Child, spawn
 from tests.harness.support import bounded
 from trapsandbox.computers.registry import Registry
@@ -178,7 +180,14 @@ class CCTComputer:
     def wait_for_screen(self, text: str, seconds: float = 30):
         """Fires with the match once the computer has printed ``text`` (see ``on_screen``)."""
         assert self.child is not None, "boot() first"
-        return self.child.wait_for(on_screen(text), seconds)
+
+        def missing(failure):
+            failure.trap(defer.TimeoutError)
+            raise AssertionError(
+                f"{text!r} not printed in {seconds} s; the computer printed:\n{self.output}"
+            )
+
+        return self.child.wait_for(on_screen(text), seconds).addErrback(missing)
 
     async def shutdown(self) -> None:
         """Stops the computer (as the server stopping) and waits for it."""
@@ -187,21 +196,33 @@ class CCTComputer:
             await self.child.wait_ended(15)
 
 
-def wait_connected(registry: Registry, trapos_id: str, seconds: float = 30):
-    """Fires with the session once ``trapos_id`` is connected to this gateway."""
-    from twisted.internet.defer import Deferred, succeed
-
-    session = registry.find(trapos_id)
-    if session is not None:
-        return succeed(session)
-    d: Deferred = Deferred()
+def _until(registry: Registry, done, seconds: float) -> defer.Deferred:
+    """Fires with ``done()`` once it is not None, looked at on each change of the listing."""
+    found = done()
+    if found is not None:
+        return defer.succeed(found)
+    d: defer.Deferred = defer.Deferred()
 
     def changed() -> None:
-        found = registry.find(trapos_id)
+        found = done()
         if found is not None and not d.called:
-            stop()
             d.callback(found)
 
     stop = registry.watch(changed)
     d.addBoth(lambda result: (stop(), result)[1])
     return bounded(d, seconds)
+
+
+def wait_connected(registry: Registry, trapos_id: str, seconds: float = 30) -> defer.Deferred:
+    """Fires with the session once ``trapos_id`` is connected to this gateway."""
+    return _until(registry, lambda: registry.find(trapos_id), seconds)
+
+
+def wait_gone(registry: Registry, trapos_id: str, seconds: float = 30) -> defer.Deferred:
+    """Fires once the session of ``trapos_id`` connected now (if any) has left this gateway."""
+    session = registry.find(trapos_id)
+    if session is None:
+        return defer.succeed(True)
+    return _until(
+        registry, lambda: True if registry.find(trapos_id) is not session else None, seconds
+    )
