@@ -41,6 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred, fail
+from twisted.logger import Logger
 
 from trapsandbox import limits
 from trapsandbox.computers import wire
@@ -48,6 +49,8 @@ from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.screen import ScreenState
 from trapsandbox.computers.wire import GatewayError
 from trapsandbox.limits import FILE_CHUNK_BYTES, LOCAL_ACCOUNT, MAX_FILE_BYTES
+
+log = Logger()
 
 # Called with (type, data): type "stdout_delta" or "stderr_delta".
 OutputListener = Callable[[str, str], None]
@@ -77,9 +80,23 @@ def _count(payload: dict[str, Any], name: str) -> int:
     return value
 
 
+# Told (account, traposId, path) after a write or delete through the gateway changed a file.
+FileListener = Callable[[str, str, str], None]
+
+
 class Sandbox:
     def __init__(self, registry: Registry) -> None:
         self._registry = registry
+        # Whoever must hear of a file changed through any surface (MCP's file subscribers).
+        self.file_listeners: list[FileListener] = []
+
+    def _changed(self, answer: Any, account_id: str, trapos_id: str, path: str) -> Any:
+        for listener in self.file_listeners:
+            try:
+                listener(account_id, trapos_id, path)
+            except Exception:
+                log.failure("a file listener failed")
+        return answer
 
     @property
     def registry(self) -> Registry:
@@ -166,9 +183,10 @@ class Sandbox:
         )
 
     def delete_file(self, trapos_id: str, path: str, account_id: str = LOCAL_ACCOUNT) -> Deferred:
-        return self._call(
+        d = self._call(
             account_id, trapos_id, "delete_file", {"path": path}, limits.FILE_REQUEST_TIMEOUT
         )
+        return d.addCallback(self._changed, account_id, trapos_id, path)
 
     def snapshot_list(
         self, trapos_id: str, account_id: str = LOCAL_ACCOUNT, timeout: float | None = None
@@ -321,7 +339,8 @@ class Sandbox:
                     wire.TOO_LARGE, f"at most {max_bytes} bytes can be written in one call"
                 )
             )
-        return Deferred.fromCoroutine(self._write_file(account_id, trapos_id, path, content))
+        d = Deferred.fromCoroutine(self._write_file(account_id, trapos_id, path, content))
+        return d.addCallback(self._changed, account_id, trapos_id, path)
 
     async def _write_file(
         self, account_id: str, trapos_id: str, path: str, content: bytes

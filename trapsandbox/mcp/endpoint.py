@@ -39,25 +39,20 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
-from trapsandbox import __version__
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.limits import LOCAL_ACCOUNT
-from trapsandbox.mcp import jsonrpc
-from trapsandbox.mcp.jsonrpc import (
-    INVALID_PARAMS,
-    LATEST,
-    METHOD_NOT_FOUND,
-    PROTOCOL_VERSIONS,
-    Call,
-    Invalid,
-)
+from trapsandbox.mcp import jsonrpc, prompts, revision
+from trapsandbox.mcp.completion import Completions
+from trapsandbox.mcp.errors import INVALID_PARAMS, METHOD_NOT_FOUND, Invalid
+from trapsandbox.mcp.jsonrpc import Call
+from trapsandbox.mcp.logs import LEVELS, Levels
 from trapsandbox.mcp.resolve import computers, pinned, resolve
 from trapsandbox.mcp.resources import TEMPLATES, Resources
 from trapsandbox.mcp.results import OUTCOMES, ToolError, failed
 from trapsandbox.mcp.schemas import TOOL_NAMES, TOOLS
-from trapsandbox.mcp.text import INSTRUCTIONS
+from trapsandbox.mcp.subscriptions import Subscriptions
 from trapsandbox.mcp.tools import Tools, list_computers
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.snapshots.askhook import CHANGING
@@ -87,7 +82,10 @@ class McpEndpoint:
         self._clock = registry.clock if clock is None else clock
         self._tools = Tools(sandbox, self._clock)
         self._resources = Resources(registry, sandbox)
+        self._completions = Completions(registry, sandbox)
+        self.subscriptions = Subscriptions(registry, sandbox, self._clock)
         self.running = jsonrpc.Running()
+        self.levels = Levels()
 
     def post(
         self,
@@ -110,6 +108,7 @@ class McpEndpoint:
             lambda method, params, call: self._method(method, params, call, scope, pin),
             self.running,
             _caller(request),
+            self.levels,
         )
 
     async def _method(
@@ -120,10 +119,17 @@ class McpEndpoint:
         scope: str | None,
         pin: tuple[str, str] | None = None,
     ) -> dict[str, Any]:
+        if not call.revision.allows(method):
+            era = "2026-07-28" if call.revision.modern else call.revision.version
+            raise Invalid(METHOD_NOT_FOUND, f'no method "{wire.cut(method)}" in MCP {era}')
         if method == "initialize":
-            return self._initialize(params)
+            return revision.initialize(params)
+        if method == "server/discover":
+            return revision.discover()
         if method == "ping":
             return {}
+        if method == "logging/setLevel":
+            return self._set_level(params, call)
         if method == "tools/list":
             return {"tools": TOOLS}
         if method == "tools/call":
@@ -133,19 +139,26 @@ class McpEndpoint:
         if method == "resources/templates/list":
             return {"resourceTemplates": TEMPLATES}
         if method == "resources/read":
-            return await self._resources.read(params, scope, pin)
+            return await self._resources.read(params, scope, pin, call.revision)
+        if method in ("resources/subscribe", "resources/unsubscribe"):
+            return await self.subscriptions.legacy(method, params, call, scope, pin)
+        if method == "subscriptions/listen":
+            return await self.subscriptions.listen(params, call, scope, pin)
+        if method == "prompts/list":
+            return {"prompts": prompts.PROMPTS}
+        if method == "prompts/get":
+            return prompts.get(params)
+        if method == "completion/complete":
+            return await self._completions.complete(params, scope, pin)
         raise Invalid(METHOD_NOT_FOUND, f'no method "{wire.cut(method)}"')
 
-    def _initialize(self, params: dict[str, Any]) -> dict[str, Any]:
-        asked = params.get("protocolVersion")
-        if type(asked) is not str:
-            raise Invalid(INVALID_PARAMS, "initialize needs protocolVersion, a string")
-        return {
-            "protocolVersion": asked if asked in PROTOCOL_VERSIONS else LATEST,
-            "capabilities": {"tools": {}, "resources": {}},
-            "serverInfo": {"name": "trapsandbox", "title": "trapsandbox", "version": __version__},
-            "instructions": INSTRUCTIONS,
-        }
+    def _set_level(self, params: dict[str, Any], call: Call) -> dict[str, Any]:
+        """``logging/setLevel`` (legacy): this client connection's log level from now on."""
+        level = params.get("level")
+        if level not in LEVELS:
+            raise Invalid(INVALID_PARAMS, "level must be one of " + ", ".join(LEVELS))
+        self.levels.set(call.connection, level)
+        return {}
 
     async def _tools_call(
         self,
@@ -182,10 +195,15 @@ class McpEndpoint:
                     if name in CHANGING and self._before_change is not None:
                         await self._before_change(session)
                 target = session.trapos_id
-                result, outcome = await self._tools.call(name, session, arguments, call.progress)
+                call.log("info", f"{name} on {target}", "trapsandbox")
+                result, outcome = await self._tools.call(
+                    name, session, arguments, call.progress, call.log
+                )
         except ToolError as error:
             outcome = error.outcome
             result = failed(error)
+            # The refusal and its hint, as the model reads it in the result too.
+            call.log("error", {"tool": name, "computer": target, "message": error.text})
         except CancelledError:
             # The client cancelled it (or went away): the run was cancelled on the computer.
             self._counted(name, target, wire.CANCELLED, started)

@@ -16,12 +16,18 @@ JSON-RPC 2.0 over MCP's Streamable HTTP transport (SPEC §10): one message per
     not a message    -> 400 -32600 (not an object, bad jsonrpc/id/method)
     too large        -> 413 -32600
     an unsupported MCP-Protocol-Version header -> 400 -32600
+    a modern (2026-07-28) request the envelope refuses -> 400 (``revision``)
 
-What a method means is not decided here: ``answer`` hands a request's method
-and params to the caller's ``Methods`` (with the ``Call`` it answers: its id
-and, when the client takes them, where progress goes) and writes what it
-returns, or the ``Invalid`` it raises, as the response.  This module is the
-one place a response is written.
+An error answer carries the request's id whenever it could be read (a
+message that is an object with a string or integer id), else null.
+
+Which revision a request speaks is ``revision``'s to say; what a method
+means is not decided here either: ``answer`` hands a request's method and
+params to the caller's ``Methods`` (with the ``Call`` it answers: its id,
+its revision and, when the client takes them, where progress and log lines
+go) and writes what it returns, dressed by its revision, or the ``Invalid``
+it raises, as the response.  This module is the one place a response is
+written.
 
 Cancellation (SPEC §17).  Request ids are unique per client connection only
 (opencode's two MCP connections both use id 2 at once), so the calls running
@@ -46,19 +52,33 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 
 from trapsandbox.computers.wire import cut
+from trapsandbox.mcp import revision as revisions
+from trapsandbox.mcp.errors import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    Invalid,
+)
+from trapsandbox.mcp.logs import Levels, at_least
+from trapsandbox.mcp.revision import LEGACY_REVISION, Revision
 from trapsandbox.mcp.stream import EventStream, accepts_events, event
+
+__all__ = [
+    "INTERNAL_ERROR",
+    "INVALID_PARAMS",
+    "INVALID_REQUEST",
+    "METHOD_NOT_FOUND",
+    "PARSE_ERROR",
+    "Invalid",
+]
 
 log = Logger()
 
-# Newest last: what ``initialize`` answers a client asking for another.
-PROTOCOL_VERSIONS = ("2025-03-26", "2025-06-18", "2025-11-25")
-LATEST = PROTOCOL_VERSIONS[-1]
-
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
+# The legacy revisions, newest last (``revision.LEGACY``).
+PROTOCOL_VERSIONS = revisions.LEGACY
+LATEST = revisions.LATEST_LEGACY
 
 _MAX_INT_ID = 2**63
 
@@ -69,11 +89,31 @@ Progress = Callable[[float, "float | None", "str | None"], None]
 
 @attrs.define(eq=False)
 class Call:
-    """One request being answered: its id, and where its progress goes (None: nowhere)."""
+    """
+    One request being answered: its id, its revision, where its progress goes
+    (None: nowhere), and from which level its log lines go (None: none do).
+    """
 
     id: Any
     progress: Progress | None = None
     cancelled: bool = False
+    revision: Revision = LEGACY_REVISION
+    log_level: str | None = None
+    stream: EventStream | None = None
+    # Who sent it, as far as its cancels and its connection's log level go.
+    connection: Hashable = None
+
+    def log(self, level: str, data: Any, logger: str = "trapsandbox") -> None:
+        """A ``notifications/message`` on this request's event stream, if it passes the level."""
+        if self.log_level is None or self.stream is None or not at_least(level, self.log_level):
+            return
+        self.stream.send(
+            {
+                "jsonrpc": "2.0",
+                "method": "notifications/message",
+                "params": {"level": level, "logger": logger, "data": data},
+            }
+        )
 
 
 # A request's method, params and Call in, its result out (or ``Invalid``).
@@ -111,16 +151,6 @@ class Running:
         return len(self._calls)
 
 
-class Invalid(Exception):
-    """A JSON-RPC error for one message: code, message, HTTP status."""
-
-    def __init__(self, code: int, message: str, status: int = 200) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.status = status
-
-
 def answer(
     request: IRequest,
     body: bytes | None,
@@ -128,14 +158,18 @@ def answer(
     methods: Methods,
     running: Running | None = None,
     caller: Hashable = None,
+    levels: Levels | None = None,
 ) -> bytes | Deferred:
     """
     The HTTP answer to one POSTed ``body`` (None and ``too_large``: it was
     refused for its size), a request's result coming from ``methods``; the
-    calls of ``caller`` (who sent it) are kept in ``running`` while they run.
+    calls of ``caller`` (who sent it) are kept in ``running`` while they run,
+    and ``levels`` has the log level each legacy connection set.
     """
     if running is None:
         running = Running()
+    if levels is None:
+        levels = Levels()
     if body is None:
         return reply(request, error(None, INVALID_REQUEST, too_large or "too large"), 413)
     try:
@@ -143,13 +177,29 @@ def answer(
     except orjson.JSONDecodeError as failure:
         return reply(request, error(None, PARSE_ERROR, f"the body is not JSON: {failure}"), 400)
     try:
-        return _message(request, message, methods, running, caller)
+        return _message(request, message, methods, running, caller, levels)
     except Invalid as invalid:
-        return reply(request, error(None, invalid.code, invalid.message), invalid.status)
+        answer = error(_readable_id(message), invalid.code, invalid.message, invalid.data)
+        return reply(request, answer, invalid.status)
+
+
+def _readable_id(message: Any) -> Any:
+    """A message's id when it is one a response may carry, else None (JSON null)."""
+    if type(message) is not dict:
+        return None
+    id = message.get("id")
+    if type(id) is str or (type(id) is int and -_MAX_INT_ID <= id < _MAX_INT_ID):
+        return id
+    return None
 
 
 def _message(
-    request: IRequest, message: Any, methods: Methods, running: Running, caller: Hashable
+    request: IRequest,
+    message: Any,
+    methods: Methods,
+    running: Running,
+    caller: Hashable,
+    levels: Levels,
 ) -> bytes | Deferred:
     if type(message) is list:
         raise Invalid(
@@ -179,31 +229,43 @@ def _message(
     id = message["id"]
     if not (type(id) is str or (type(id) is int and -_MAX_INT_ID <= id < _MAX_INT_ID)):
         raise Invalid(INVALID_REQUEST, "id must be a string or an integer", 400)
-    version = request.getHeader(b"mcp-protocol-version")
-    if (
-        method != "initialize"
-        and version is not None
-        and version.decode("latin-1") not in PROTOCOL_VERSIONS
-    ):
-        raise Invalid(
-            INVALID_REQUEST,
-            "unsupported MCP-Protocol-Version; this server speaks " + ", ".join(PROTOCOL_VERSIONS),
-            400,
-        )
     params = message.get("params")
     if params is None:
         params = {}
     elif type(params) is not dict:
         return reply(request, error(id, INVALID_PARAMS, "params must be an object"))
+    revision = revisions.choose(request, method, params)
+    if revision is None:
+        raise Invalid(
+            INVALID_REQUEST,
+            "unsupported MCP-Protocol-Version; this server speaks "
+            + ", ".join(revisions.SUPPORTED),
+            400,
+        )
+    if revision.modern:
+        session = None  # 2026-07-28 has no sessions: an Mcp-Session-Id is ignored
+    connection = (caller, session)
     stream = EventStream(request)
-    call = Call(id, _progress(request, params, stream))
-    if method == "initialize":
+    events = accepts_events(request)
+    call = Call(
+        id,
+        _progress(request, params, stream),
+        revision=revision,
+        log_level=revision.log_level if revision.modern else levels.get(connection),
+        stream=stream if events else None,
+        connection=connection,
+    )
+    if method == "initialize" and not revision.modern:
         # One per client connection: what tells two connections' same ids apart (a cancel's).
         request.setHeader(b"mcp-session-id", uuid.uuid4().hex.encode())
     d = Deferred.fromCoroutine(methods(method, params, call))
     running.add((caller, session, _key_of(id)), call, d)
     d.addCallback(
-        lambda result: _last(request, stream, {"jsonrpc": "2.0", "id": id, "result": result})
+        lambda result: _last(
+            request,
+            stream,
+            {"jsonrpc": "2.0", "id": id, "result": revisions.decorate(revision, method, result)},
+        )
     )
     d.addErrback(_failed, request, stream, call)
     return d
@@ -245,7 +307,10 @@ def _last(
 def _failed(failure: Failure, request: IRequest, stream: EventStream, call: Call) -> Any:
     id = call.id
     if failure.check(Invalid):
-        return _last(request, stream, error(id, failure.value.code, failure.value.message))
+        invalid = failure.value
+        status = invalid.status if invalid.status != 200 else call.revision.status(invalid.code)
+        answer = error(id, invalid.code, invalid.message, invalid.data)
+        return _last(request, stream, answer, status)
     if failure.check(CancelledError):
         stream.end()
         if call.cancelled:
@@ -256,8 +321,11 @@ def _failed(failure: Failure, request: IRequest, stream: EventStream, call: Call
     return _last(request, stream, error(id, INTERNAL_ERROR, "the gateway failed on this request"))
 
 
-def error(id: Any, code: int, message: str) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}
+def error(id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        body["data"] = data
+    return {"jsonrpc": "2.0", "id": id, "error": body}
 
 
 def _accepted(request: IRequest) -> bytes:

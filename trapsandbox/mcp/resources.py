@@ -16,9 +16,11 @@ only, and the computer itself refuses what its player did not allow
 computers that allowed ``screen``; files are read through the template.
 
 A read that cannot be answered is a JSON-RPC error (resources have no
-``isError`` result): -32002 (MCP's "resource not found") for a computer that
-is not there, -32003 for the computer's refusal or failure (not allowed, no
-such file, no answer in time), each with the text a model acts on (``text``).
+``isError`` result): "resource not found" for a URI that is not ours or a
+computer that is not there (-32002 in the legacy revisions, -32602 in
+2026-07-28, SEP-2164), -32003 for the computer's refusal or failure (not
+allowed, no such file, no answer in time), each with the text a model acts
+on (``text``) and the URI in ``data``.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.computers.wire import GatewayError
-from trapsandbox.mcp.jsonrpc import INVALID_PARAMS, Invalid
+from trapsandbox.mcp.errors import INVALID_PARAMS, Invalid
 from trapsandbox.mcp.resolve import computers, resolve
 from trapsandbox.mcp.results import ToolError
+from trapsandbox.mcp.revision import LEGACY_REVISION, Revision
 from trapsandbox.mcp.text import gateway_error_text
 
 SCHEME = "trapsandbox://"
@@ -62,10 +65,21 @@ def uri_of(trapos_id: str, what: str) -> str:
     return SCHEME + quote(trapos_id, safe="") + "/" + what
 
 
+def not_found_code(revision: Revision) -> int:
+    """MCP's "resource not found": -32002 until 2025-11-25, -32602 since (SEP-2164)."""
+    return INVALID_PARAMS if revision.modern else RESOURCE_NOT_FOUND
+
+
 def parse(uri: Any) -> tuple[str, str, str]:
     """A URI's computer (decoded), kind (``screen`` or ``files``) and path (``/…``)."""
-    if type(uri) is not str or not uri.startswith(SCHEME):
+    if type(uri) is not str:
         raise Invalid(INVALID_PARAMS, f"uri must be a {SCHEME} URI; resources/list shows them")
+    if not uri.startswith(SCHEME):
+        raise Invalid(
+            INVALID_PARAMS,
+            f"no resource {wire.cut(uri)}: uri must be a {SCHEME} URI; resources/list shows them",
+            data={"uri": uri},
+        )
     authority, _, rest = uri[len(SCHEME) :].partition("/")
     computer = unquote(authority)
     if rest == "screen" and computer:
@@ -76,6 +90,7 @@ def parse(uri: Any) -> tuple[str, str, str]:
         INVALID_PARAMS,
         f'no resource "{wire.cut(uri)}": the URIs are {SCHEME}{{traposId}}/screen and '
         f"{SCHEME}{{traposId}}/files/{{path}}",
+        data={"uri": uri},
     )
 
 
@@ -103,7 +118,11 @@ class Resources:
         return {"resources": listed}
 
     async def read(
-        self, params: dict[str, Any], scope: str | None, pin: tuple[str, str] | None
+        self,
+        params: dict[str, Any],
+        scope: str | None,
+        pin: tuple[str, str] | None,
+        revision: Revision = LEGACY_REVISION,
     ) -> dict[str, Any]:
         uri = params.get("uri")
         computer, kind, path = parse(uri)
@@ -111,7 +130,7 @@ class Resources:
         try:
             session = resolve(self._registry, computer, scope, found)
         except ToolError as error:
-            raise Invalid(RESOURCE_NOT_FOUND, error.text) from None
+            raise Invalid(not_found_code(revision), error.text, data={"uri": uri}) from None
         try:
             if kind == "screen":
                 answer = await self._sandbox.screen(
@@ -124,10 +143,15 @@ class Resources:
                 session.trapos_id, path, account_id=session.account_id
             )
         except GatewayError as error:
-            code = RESOURCE_NOT_FOUND if error.code == wire.NOT_CONNECTED else RESOURCE_REFUSED
-            raise Invalid(code, gateway_error_text(error, session)) from None
+            if error.code == wire.NOT_CONNECTED:
+                code = not_found_code(revision)
+            else:
+                code = RESOURCE_REFUSED
+            raise Invalid(code, gateway_error_text(error, session), data={"uri": uri}) from None
         except TimeoutError:
-            raise Invalid(RESOURCE_REFUSED, f"{session.trapos_id} did not answer in time") from None
+            raise Invalid(
+                RESOURCE_REFUSED, f"{session.trapos_id} did not answer in time", data={"uri": uri}
+            ) from None
         content: bytes = answer["content"]
         try:
             return {"contents": [{"uri": uri, "mimeType": "text/plain", "text": content.decode()}]}

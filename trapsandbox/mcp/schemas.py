@@ -18,6 +18,9 @@ _COMPUTER = {
         '("base") when that is unique among the connected computers. Omit it when exactly '
         "one computer is connected. list_computers shows them."
     ),
+    # 2026-07-28 clients mirror it as the Mcp-Param-Computer header: a load balancer in
+    # front of a cluster can route a call by the computer it is for without reading the body.
+    "x-mcp-header": "Computer",
 }
 _PATH_HELP = (
     "A CraftOS path, absolute from / (e.g. /startup.lua, /data/notes.txt); /rom is the "

@@ -69,3 +69,8 @@ class EventStream:
     def end(self) -> None:
         """No more notifications: the answer is being written (or dropped)."""
         self.ended = True
+
+    def comment(self) -> None:
+        """An SSE comment: keeps a quiet long-lived stream open through proxies and idle timers."""
+        if not self.ended and self.opened:
+            self._request.write(b": keep-alive\n\n")

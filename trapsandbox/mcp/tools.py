@@ -33,6 +33,12 @@ from trapsandbox.mcp.results import LUA_ERROR, ToolError, result
 from trapsandbox.mcp.text import ADVICE, gateway_error_text, output_text
 
 Answer = tuple[dict[str, Any], str]  # the CallToolResult and the call's outcome
+# A log line for the client (``jsonrpc.Call.log``): level, data, logger.
+Log = Callable[..., None]
+
+
+def _no_log(level: str, data: Any, logger: str = "") -> None:
+    pass
 
 
 def list_computers(sessions: list[Any]) -> dict[str, Any]:
@@ -146,14 +152,16 @@ class Tools:
         session: Session,
         arguments: dict[str, Any],
         progress: Progress | None = None,
+        log: Log = _no_log,
     ) -> Answer:
         """
         Tool ``name`` on ``session``, or a ``ToolError`` for the model;
         ``progress``: where a run reports while it goes on (None: the client
-        takes no progress, so the call keeps within ``MCP_CALL_TIMEOUT``).
+        takes no progress, so the call keeps within ``MCP_CALL_TIMEOUT``);
+        ``log``: where a run's stderr goes as it comes, as log lines.
         """
         if name in ("run_command", "run_lua"):
-            return await self._tools[name](session, arguments, progress)
+            return await self._tools[name](session, arguments, progress, log)
         return await self._tools[name](session, arguments)
 
     async def _answer(
@@ -184,6 +192,7 @@ class Tools:
         start: Callable[[float, Callable[[str, str], None]], Deferred],
         seconds: float,
         progress: Progress | None,
+        log: Log = _no_log,
     ) -> dict[str, Any]:
         """A run's answer; past the call's bound, what it printed so far and ``timedOut``."""
         heard: dict[str, list[str]] = {"stdout_delta": [], "stderr_delta": []}
@@ -193,6 +202,8 @@ class Tools:
             heard[kind].append(data)
             if reporter is not None:
                 reporter.heard(data)
+            if kind == "stderr_delta":
+                log("warning", {"computer": session.trapos_id, "stderr": data}, "computer")
 
         d = start(round(seconds * 1000), listen)
         if reporter is None:
@@ -216,7 +227,11 @@ class Tools:
                 reporter.stop()
 
     async def _run_command(
-        self, session: Session, arguments: dict[str, Any], progress: Progress | None = None
+        self,
+        session: Session,
+        arguments: dict[str, Any],
+        progress: Progress | None = None,
+        log: Log = _no_log,
     ) -> Answer:
         command = check.string(arguments, "command")
         args = check.strings(arguments, "args")
@@ -233,13 +248,18 @@ class Tools:
             ),
             seconds,
             progress,
+            log,
         )
         code = answer.get("exitCode")
         header = f"{command} on {session.trapos_id}: exit code {code if code is not None else '?'}"
         return result(output_text(answer, header, seconds), answer), "ok"
 
     async def _run_lua(
-        self, session: Session, arguments: dict[str, Any], progress: Progress | None = None
+        self,
+        session: Session,
+        arguments: dict[str, Any],
+        progress: Progress | None = None,
+        log: Log = _no_log,
     ) -> Answer:
         code = check.string(arguments, "code")
         seconds = self._seconds(arguments, progress)
@@ -254,6 +274,7 @@ class Tools:
             ),
             seconds,
             progress,
+            log,
         )
         returns = answer.get("returns")
         if answer.get("ok") is False:

@@ -16,6 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from tests.harness.logcapture import LogCapture
 from tests.unit.mcp.helpers import McpTestCase
 from trapsandbox import __version__
+from trapsandbox.mcp import revision
 from trapsandbox.ops import ctl
 
 
@@ -27,7 +28,7 @@ class MethodTests(McpTestCase):
                 {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t"}},
             )
             self.assertEqual(result["protocolVersion"], version)
-            self.assertEqual(result["capabilities"], {"tools": {}, "resources": {}})
+            self.assertEqual(result["capabilities"], revision.CAPABILITIES)
             self.assertEqual(result["serverInfo"]["name"], "trapsandbox")
             self.assertEqual(result["serverInfo"]["version"], __version__)
 
@@ -45,9 +46,9 @@ class MethodTests(McpTestCase):
         self.assertEqual(self.result("ping", {"_meta": {}}), {})
 
     def test_unknown_method(self):
-        error = self.rpc_error("prompts/list")
+        error = self.rpc_error("tools/destroy")
         self.assertEqual(error["code"], -32601)
-        self.assertIn("prompts/list", error["message"])
+        self.assertIn("tools/destroy", error["message"])
 
     def test_tools_call_with_bad_params(self):
         for params in (

@@ -56,12 +56,13 @@ class TransportTests(McpTestCase):
 
 
 class MalformedTests(McpTestCase):
-    def assertHttpError(self, data, status, code, headers=None):
+    def assertHttpError(self, data, status, code, headers=None, id=None):
         response, body = self.successResultOf(self.post_raw(data, headers))
         self.assertEqual(response.code, status, body)
         answer = orjson.loads(body)
         self.assertEqual(answer["jsonrpc"], "2.0")
-        self.assertIsNone(answer["id"])
+        # The request's id whenever it could be read, else null.
+        self.assertEqual(answer["id"], id)
         self.assertEqual(answer["error"]["code"], code, answer)
         return answer["error"]["message"]
 
@@ -92,7 +93,9 @@ class MalformedTests(McpTestCase):
             {"jsonrpc": "2.0", "id": [1], "method": "ping"},
             {"jsonrpc": "2.0", "id": 2**63, "method": "ping"},
         ):
-            self.assertHttpError(orjson.dumps(message), 400, -32600)
+            readable = message.get("id") if isinstance(message, dict) else None
+            readable = readable if type(readable) is int and readable < 2**63 else None
+            self.assertHttpError(orjson.dumps(message), 400, -32600, id=readable)
 
     def test_params_not_an_object(self):
         self.ids += 1
@@ -113,6 +116,7 @@ class MalformedTests(McpTestCase):
             400,
             -32600,
             {"mcp-protocol-version": "1900-01-01"},
+            id=1,
         )
         self.rpc("ping", headers={"mcp-protocol-version": "2025-06-18"})
 

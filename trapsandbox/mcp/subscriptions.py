@@ -1,0 +1,332 @@
+"""
+Resource subscriptions (SPEC §17): a client hears
+``notifications/resources/updated {uri}`` when a resource it subscribed to
+changes, and then reads it again.
+
+    screen   trapsandbox://{traposId}/screen: from §14's screen watch, at most
+             once a second; one watch per computer however many subscribers,
+             started with the first and cancelled when the last goes
+    file     trapsandbox://{traposId}/files/{+path}: when a write or delete
+             through the gateway (any surface: MCP, §9, a restore) changes it,
+             or the folder holding it (``Sandbox.file_listeners``)
+
+How a client subscribes depends on its revision:
+
+    2026-07-28   ``subscriptions/listen {notifications: {resourceSubscriptions:
+                 [uri, ...]}}``: the answer is a stream that stays open; its
+                 first event is ``notifications/subscriptions/acknowledged`` with
+                 the URIs honoured, every event carries the request's id as
+                 ``_meta["io.modelcontextprotocol/subscriptionId"]``; the
+                 subscription ends when the client closes the stream
+    legacy       ``resources/subscribe {uri}`` / ``resources/unsubscribe``, per
+                 client connection (credential and ``Mcp-Session-Id``); the
+                 updates go out on that connection's ``GET /mcp`` stream
+
+Who may subscribe to what is the resources' rule: a URI names one of the
+caller's own computers (``resolve``), else it is not honoured (listen) or is
+"resource not found" (subscribe), exactly as a read of it would be; a screen
+needs the computer's ``screen`` capability.  A stream of the other lists
+(tools, prompts, resources list changes) is acknowledged without them: they
+never change while the gateway runs.
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.sandbox import Sandbox
+from trapsandbox.mcp.errors import INVALID_PARAMS, INVALID_REQUEST, Invalid
+from trapsandbox.mcp.jsonrpc import Call
+from trapsandbox.mcp.resolve import computers, resolve
+from trapsandbox.mcp.resources import not_found_code, parse
+from trapsandbox.mcp.results import ToolError
+from trapsandbox.mcp.revision import SUBSCRIPTION_ID
+
+log = Logger()
+
+# At most one screen update a second per computer (§17).
+SCREEN_UPDATE_INTERVAL = 1.0
+# URIs one listen stream, or one legacy connection, may subscribe to.
+MAX_URIS = 64
+# A comment on a quiet listen stream this often keeps proxies from closing it.
+KEEPALIVE_SECONDS = 15.0
+
+Notify = Callable[[], None]
+
+
+def _normal(path: str) -> str:
+    return posixpath.normpath("/" + path.lstrip("/"))
+
+
+class _ScreenWatch:
+    """One computer's screen watch, shared by its subscribers, throttled to one update a second."""
+
+    def __init__(
+        self, sandbox: Sandbox, clock: IReactorTime, session: Any, ended: Callable[[], None]
+    ) -> None:
+        self._clock = clock
+        self._ended = ended
+        self.listeners: dict[int, Notify] = {}
+        self.stopped = False
+        self._first = True
+        self._last = -math.inf
+        self._pending: IDelayedCall | None = None
+        self._d = sandbox.watch_screen(
+            session.trapos_id, self._frame, max_fps=1, account_id=session.account_id
+        )
+        self._d.addErrback(self._failed, session.trapos_id)
+
+    def _frame(self, frame: Any) -> None:
+        if self._first:
+            self._first = False  # the whole screen as it is: not a change
+            return
+        if self._pending is not None:
+            return
+        wait = self._last + SCREEN_UPDATE_INTERVAL - self._clock.seconds()
+        if wait <= 0:
+            self._fire()
+        else:
+            self._pending = self._clock.callLater(wait, self._fire)
+
+    def _fire(self) -> None:
+        self._pending = None
+        self._last = self._clock.seconds()
+        for notify in list(self.listeners.values()):
+            notify()
+
+    def _failed(self, failure: Failure, trapos_id: str) -> None:
+        if not failure.check(CancelledError):
+            log.info(
+                "MCP screen subscription of {computer} ended: {error}",
+                computer=trapos_id,
+                error=failure.getErrorMessage(),
+            )
+        self.stop()
+
+    def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        if self._pending is not None and self._pending.active():
+            self._pending.cancel()
+        self._pending = None
+        self._ended()
+        self._d.cancel()
+
+
+class Subscriptions:
+    """The resource subscriptions of every client of one gateway process."""
+
+    def __init__(self, registry: Registry, sandbox: Sandbox, clock: IReactorTime) -> None:
+        self._registry = registry
+        self._sandbox = sandbox
+        self._clock = clock
+        self._screens: dict[tuple[str, str], _ScreenWatch] = {}
+        self._files: dict[tuple[str, str, str], dict[int, Notify]] = {}
+        self._next = 0
+        # Legacy connections: their subscriptions (uri -> stop) and their GET stream.
+        self._legacy: dict[Hashable, dict[str, Notify]] = {}
+        self._legacy_streams: dict[Hashable, Callable[[dict[str, Any]], None]] = {}
+        sandbox.file_listeners.append(self.file_changed)
+
+    # -- the watches ---------------------------------------------------------------------
+
+    def _screen(self, session: Any, notify: Notify) -> Notify:
+        key = (session.account_id, session.trapos_id)
+        watch = self._screens.get(key)
+        if watch is None:
+
+            def ended() -> None:
+                current = self._screens.get(key)
+                if current is not None and current is watch:
+                    del self._screens[key]
+
+            watch = _ScreenWatch(self._sandbox, self._clock, session, ended)
+            if not watch.stopped:  # (a computer that is gone ends it at once)
+                self._screens[key] = watch
+        self._next += 1
+        number = self._next
+        watch.listeners[number] = notify
+
+        def stop() -> None:
+            watch.listeners.pop(number, None)
+            if not watch.listeners:
+                watch.stop()
+
+        return stop
+
+    def _file(self, session: Any, path: str, notify: Notify) -> Notify:
+        key = (session.account_id, session.trapos_id, _normal(path))
+        listeners = self._files.setdefault(key, {})
+        self._next += 1
+        number = self._next
+        listeners[number] = notify
+
+        def stop() -> None:
+            listeners.pop(number, None)
+            if not listeners and self._files.get(key) is listeners:
+                del self._files[key]
+
+        return stop
+
+    def file_changed(self, account_id: str, trapos_id: str, path: str) -> None:
+        """A write or delete changed ``path`` (a file, or a folder and all it holds)."""
+        changed = _normal(path)
+        for (account, computer, watched), listeners in list(self._files.items()):
+            if (account, computer) != (account_id, trapos_id):
+                continue
+            if watched == changed or watched.startswith(changed.rstrip("/") + "/"):
+                for notify in list(listeners.values()):
+                    notify()
+
+    def watching(self) -> int:
+        """How many computers' screens are watched for subscribers (tests, metrics)."""
+        return len(self._screens)
+
+    async def _subscribe(
+        self, uri: Any, notify: Notify, scope: str | None, pin: tuple[str, str] | None, call: Call
+    ) -> Notify:
+        """Subscribe ``notify`` to ``uri``, or an ``Invalid`` as a read of it would be."""
+        computer, kind, path = parse(uri)
+        try:
+            session = resolve(
+                self._registry, computer, scope, await computers(self._registry, scope, pin)
+            )
+        except ToolError as error:
+            raise Invalid(not_found_code(call.revision), error.text, data={"uri": uri}) from None
+        if kind == "screen":
+            if "screen" not in session.capabilities:
+                raise Invalid(
+                    INVALID_PARAMS,
+                    f'{session.trapos_id} has not allowed "screen": its player can run '
+                    '"sandbox allow screen"',
+                    data={"uri": uri},
+                )
+            return self._screen(session, notify)
+        return self._file(session, path, notify)
+
+    # -- 2026-07-28: subscriptions/listen ------------------------------------------------
+
+    async def listen(
+        self, params: dict[str, Any], call: Call, scope: str | None, pin: tuple[str, str] | None
+    ) -> dict[str, Any]:
+        """A ``subscriptions/listen`` stream, open until the client closes it."""
+        wanted = params.get("notifications")
+        if type(wanted) is not dict:
+            raise Invalid(INVALID_PARAMS, "subscriptions/listen needs notifications, an object")
+        uris = wanted.get("resourceSubscriptions", [])
+        if type(uris) is not list or not all(type(uri) is str for uri in uris):
+            raise Invalid(INVALID_PARAMS, "resourceSubscriptions must be a list of URIs")
+        if len(uris) > MAX_URIS:
+            raise Invalid(INVALID_PARAMS, f"at most {MAX_URIS} resourceSubscriptions per stream")
+        stream = call.stream
+        if stream is None:
+            raise Invalid(
+                INVALID_REQUEST, "subscriptions/listen answers as text/event-stream: Accept it"
+            )
+        meta = {SUBSCRIPTION_ID: call.id}
+        stops: list[Notify] = []
+        honored: list[str] = []
+        for uri in dict.fromkeys(uris):
+
+            def notify(uri: str = uri) -> None:
+                stream.send(
+                    {
+                        "jsonrpc": "2.0",
+                        "method": "notifications/resources/updated",
+                        "params": {"uri": uri, "_meta": meta},
+                    }
+                )
+
+            try:
+                stops.append(await self._subscribe(uri, notify, scope, pin, call))
+            except Invalid:
+                continue  # not honoured: left out of the acknowledgement
+            honored.append(uri)
+        acknowledged: dict[str, Any] = {}
+        if "resourceSubscriptions" in wanted:
+            acknowledged["resourceSubscriptions"] = honored
+        stream.send(
+            {
+                "jsonrpc": "2.0",
+                "method": "notifications/subscriptions/acknowledged",
+                "params": {"notifications": acknowledged, "_meta": meta},
+            }
+        )
+        keepalive = LoopingCall(stream.comment)
+        keepalive.clock = self._clock
+        keepalive.start(KEEPALIVE_SECONDS, now=False)
+        try:
+            await Deferred()  # until the client closes the stream (the request is cancelled)
+        finally:
+            keepalive.stop()
+            for stop in stops:
+                stop()
+        return {"_meta": meta}  # pragma: no cover (never reached: only a cancel ends it)
+
+    # -- legacy: resources/subscribe, resources/unsubscribe -------------------------------
+
+    async def legacy(
+        self,
+        method: str,
+        params: dict[str, Any],
+        call: Call,
+        scope: str | None,
+        pin: tuple[str, str] | None,
+    ) -> dict[str, Any]:
+        uri = params.get("uri")
+        connection = call.connection
+        subscribed = self._legacy.setdefault(connection, {})
+        if method == "resources/unsubscribe":
+            stop = subscribed.pop(uri, None) if type(uri) is str else None
+            if stop is not None:
+                stop()
+            if not subscribed:
+                self._legacy.pop(connection, None)
+            return {}
+        if uri in subscribed:
+            return {}
+        if len(subscribed) >= MAX_URIS:
+            raise Invalid(INVALID_PARAMS, f"at most {MAX_URIS} subscriptions per connection")
+
+        def notify() -> None:
+            send = self._legacy_streams.get(connection)
+            if send is not None:
+                send(
+                    {
+                        "jsonrpc": "2.0",
+                        "method": "notifications/resources/updated",
+                        "params": {"uri": uri},
+                    }
+                )
+
+        try:
+            subscribed[uri] = await self._subscribe(uri, notify, scope, pin, call)
+        finally:
+            if not subscribed:
+                self._legacy.pop(connection, None)
+        return {}
+
+    def subscribed(self, connection: Hashable) -> bool:
+        """Whether a legacy connection has subscriptions (its GET /mcp opens a stream)."""
+        return bool(self._legacy.get(connection))
+
+    def attach(self, connection: Hashable, send: Callable[[dict[str, Any]], None]) -> Notify:
+        """A legacy connection's GET stream; the returned function detaches it."""
+        self._legacy_streams[connection] = send
+
+        def detach() -> None:
+            if self._legacy_streams.get(connection) is send:
+                del self._legacy_streams[connection]
+
+        return detach
