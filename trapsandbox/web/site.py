@@ -66,13 +66,14 @@ ASK = "ask"
 def operator_route(method: bytes, target: bytes) -> str | None:
     """
     The operator route a request line names: ``computers``, ``metrics``,
-    ``mcp`` (POST only: other methods are a 405 for anyone), or None.  The
+    ``mcp`` (POST, and GET: a client's subscription stream; other methods are a
+    405 for anyone), or None.  The
     first path segment is %-decoded as twisted.web's traversal decodes it.
     """
     if not target.startswith(b"/"):
         return None
     first = unquote_to_bytes(target[1:].split(b"?", 1)[0].split(b"/", 1)[0])
-    if first in (b"computers", b"metrics") or (first == b"mcp" and method == b"POST"):
+    if first in (b"computers", b"metrics") or (first == b"mcp" and method in (b"POST", b"GET")):
         return first.decode("ascii")
     return None
 

@@ -1,0 +1,178 @@
+"""
+Resource subscriptions (SPEC §17, ``trapsandbox.mcp.subscriptions``): a
+screen's subscribers hear of its changes at most once a second from one
+screen watch, stopped with the last of them; a file's when a write through
+the gateway changes it; never another account's computer.
+"""
+
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from tests.harness.fakes import SandboxComputer
+from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.sandbox import Sandbox
+from trapsandbox.mcp.errors import Invalid
+from trapsandbox.mcp.jsonrpc import Call
+from trapsandbox.mcp.revision import Revision
+from trapsandbox.mcp.subscriptions import Subscriptions
+
+SCREEN = "trapsandbox://7%3Abase/screen"
+FILE = "trapsandbox://7%3Abase/files/notes/a.txt"
+
+
+class WatchedComputer(SandboxComputer):
+    """A computer whose screen_watch the test drives: ``frame`` sends one."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.watches = []
+
+    def on_screen_watch(self, request, payload):
+        self.watches.append(request)
+
+    def frame(self, line="x"):
+        for watch in self.watches:
+            self.answer(
+                watch, payload={"type": "screen", "rows": {"1": {"line": line}}}, partial=True
+            )
+
+
+class Stream:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, message):
+        self.sent.append(message)
+
+    def comment(self):
+        self.sent.append(None)
+
+
+class SubscriptionTests(SynchronousTestCase):
+    def setUp(self):
+        self.clock = Clock()
+        self.registry = Registry(self.clock, request_timeout=60)
+        self.sandbox = Sandbox(self.registry)
+        self.subscriptions = Subscriptions(self.registry, self.sandbox, self.clock)
+        self.computer = WatchedComputer.connect(self.registry, "7:base", account_id="alice")
+
+    def listen(self, uris, scope="alice", id=1):
+        stream = Stream()
+        call = Call(id, revision=Revision("2026-07-28", True), stream=stream)
+        params = {"notifications": {"resourceSubscriptions": uris}}
+        d = Deferred.fromCoroutine(self.subscriptions.listen(params, call, scope, None))
+        return stream, d
+
+    def end(self, d):
+        """The client closes its stream: the listen request is cancelled."""
+        d.cancel()
+        self.failureResultOf(d, CancelledError)
+
+    def updates(self, stream):
+        return [m["params"]["uri"] for m in stream.sent if m and m["method"].endswith("updated")]
+
+    def test_listen_acknowledges_first_with_its_subscription_id(self):
+        stream, d = self.listen([SCREEN, FILE, "trapsandbox://9/screen", "test://x"], id="s1")
+        [ack] = stream.sent
+        self.assertEqual(ack["method"], "notifications/subscriptions/acknowledged")
+        self.assertEqual(ack["params"]["notifications"], {"resourceSubscriptions": [SCREEN, FILE]})
+        self.assertEqual(ack["params"]["_meta"], {"io.modelcontextprotocol/subscriptionId": "s1"})
+        self.assertNoResult(d)
+        self.end(d)
+
+    def test_a_screen_updates_at_most_once_a_second_and_its_watch_ends_with_the_last(self):
+        first, d1 = self.listen([SCREEN])
+        second, d2 = self.listen([SCREEN])
+        self.assertEqual(len(self.computer.watches), 1)  # one watch, however many listen
+        self.computer.frame("whole screen")  # the first frame is the screen as it is
+        self.assertEqual(self.updates(first), [])
+        self.computer.frame("a")
+        self.assertEqual(self.updates(first), [SCREEN])
+        self.assertEqual(self.updates(second), [SCREEN])
+        self.computer.frame("b")
+        self.computer.frame("c")
+        self.assertEqual(len(self.updates(first)), 1)
+        self.clock.advance(1)
+        self.assertEqual(len(self.updates(first)), 2)  # b and c, as one
+        self.assertEqual(
+            first.sent[-1]["params"]["_meta"], {"io.modelcontextprotocol/subscriptionId": 1}
+        )
+        self.end(d1)
+        self.assertEqual(self.subscriptions.watching(), 1)
+        self.end(d2)
+        self.assertEqual(self.subscriptions.watching(), 0)
+        cancels = [r for r in self.computer.sent if r["type"] == "cancel"]
+        self.assertEqual(len(cancels), 1)
+        self.clock.advance(60)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_a_write_through_the_gateway_updates_a_file(self):
+        stream, d = self.listen([FILE])
+        self.successResultOf(self.sandbox.write_file("7:base", "/notes/b.txt", b"1", "alice"))
+        self.assertEqual(self.updates(stream), [])
+        self.successResultOf(self.sandbox.write_file("7:base", "notes/a.txt", b"1", "alice"))
+        self.assertEqual(self.updates(stream), [FILE])
+        self.successResultOf(self.sandbox.delete_file("7:base", "/notes", "alice"))
+        self.assertEqual(self.updates(stream), [FILE, FILE])
+        self.end(d)
+        self.successResultOf(self.sandbox.write_file("7:base", "notes/a.txt", b"2", "alice"))
+        self.assertEqual(self.updates(stream), [FILE, FILE])
+
+    def test_another_accounts_computer_is_never_watched(self):
+        WatchedComputer.connect(self.registry, "7:base", account_id="bob")
+        stream, d = self.listen([SCREEN, FILE], scope="mallory")
+        self.assertEqual(stream.sent[0]["params"]["notifications"]["resourceSubscriptions"], [])
+        self.assertEqual(self.computer.watches, [])
+        self.successResultOf(self.sandbox.write_file("7:base", "notes/a.txt", b"1", "alice"))
+        self.assertEqual(self.updates(stream), [])
+        self.end(d)
+
+    def test_a_screen_needs_its_capability(self):
+        WatchedComputer.connect(self.registry, "8:", account_id="alice", capabilities=("exec",))
+        stream, d = self.listen(["trapsandbox://8%3A/screen"])
+        self.assertEqual(stream.sent[0]["params"]["notifications"]["resourceSubscriptions"], [])
+        self.end(d)
+
+    def test_a_quiet_stream_gets_a_keepalive(self):
+        stream, d = self.listen([])
+        self.clock.advance(15)
+        self.assertEqual(stream.sent[-1], None)
+        self.end(d)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_bad_filters_are_invalid_params(self):
+        for notifications in (None, {"resourceSubscriptions": "x"}, {"resourceSubscriptions": [1]}):
+            call = Call(1, revision=Revision("2026-07-28", True), stream=Stream())
+            params = {"notifications": notifications}
+            d = Deferred.fromCoroutine(self.subscriptions.listen(params, call, "alice", None))
+            self.failureResultOf(d, Invalid)
+
+    def test_legacy_subscribe_and_unsubscribe(self):
+        heard = []
+        call = Call(1, connection=("caller", "s1"))
+        detach = self.subscriptions.attach(("caller", "s1"), heard.append)
+        legacy = self.subscriptions.legacy
+        self.successResultOf(
+            Deferred.fromCoroutine(
+                legacy("resources/subscribe", {"uri": FILE}, call, "alice", None)
+            )
+        )
+        self.assertTrue(self.subscriptions.subscribed(("caller", "s1")))
+        self.successResultOf(self.sandbox.write_file("7:base", "notes/a.txt", b"1", "alice"))
+        self.assertEqual([m["params"]["uri"] for m in heard], [FILE])
+        self.successResultOf(
+            Deferred.fromCoroutine(
+                legacy("resources/unsubscribe", {"uri": FILE}, call, "alice", None)
+            )
+        )
+        self.assertFalse(self.subscriptions.subscribed(("caller", "s1")))
+        self.successResultOf(self.sandbox.write_file("7:base", "notes/a.txt", b"1", "alice"))
+        self.assertEqual(len(heard), 1)
+        missing = legacy(
+            "resources/subscribe", {"uri": "trapsandbox://9/screen"}, call, "alice", None
+        )
+        self.assertEqual(
+            self.failureResultOf(Deferred.fromCoroutine(missing), Invalid).value.code, -32002
+        )
+        detach()
