@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+from unittest import SkipTest
 
 import treq
 from twisted.internet.task import deferLater
@@ -18,7 +19,7 @@ from twisted.web.client import HTTPConnectionPool
 from tests.harness.fake_model import start_fake_model, tool_messages
 from tests.harness.opencode import start_opencode
 from tests.harness.processes import REPO, clean_env, spawn
-from tests.harness.support import bounded, reactor
+from tests.harness.support import both_modes, bounded, reactor
 from tests.lua.test_lua_e2e import GatewayMixin
 from trapsandbox.mcp import schemas
 from trapsandbox.ops import ctl
@@ -166,6 +167,67 @@ class SdkDeeperTests(McpMixin, TestCase):
         self.assertIn('No connected computer is "8"', other["error"])
 
 
+MCP2_PYTHON = os.path.join(REPO, ".tools", "mcp2", "bin", "python")
+
+
+class Sdk2026Tests(McpMixin, TestCase):
+    """
+    The official MCP Python SDK 2.3.0 at 2026-07-28 (stateless: no initialize, each
+    request on its own), in a child process on its own virtualenv (``make test``
+    makes it): list, run, read a screen resource, subscribe and see an update.
+    """
+
+    async def sdk(self, steps):
+        if not os.path.exists(MCP2_PYTHON):
+            raise SkipTest("the MCP SDK 2.x is not installed: `make test` installs it")
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(steps, f)
+        client = os.path.join(REPO, "tests", "harness", "mcp2_client.py")
+        argv = [MCP2_PYTHON, client, self.mcp_url, path, "--token", TOKEN]
+        child = spawn(self, argv, clean_env())
+        code = await child.wait_ended(90)
+        lines = [json.loads(line) for line in child.output.splitlines() if line.startswith("{")]
+        self.assertEqual(code, 0, child.output)
+        self.assertTrue(lines and lines[-1].get("done"), child.output)
+        return lines
+
+    async def test_a_2026_client_lists_runs_reads_and_hears_the_screen_change(self):
+        c = await self.ready("mc", "eval,fs.read,fs.write,screen")
+        c.write_file("/notes/plan.txt", b"dig")
+        screen = "trapsandbox://7%3Amc/screen"
+        template = {"type": "ref/resource", "uri": "trapsandbox://{traposId}/files/{+path}"}
+        tools, lua, read, completed, listened, wrote, done = await self.sdk(
+            [
+                ["list_tools"],
+                ["call", "run_lua", {"computer": "7:mc", "code": "return 6*7"}],
+                ["read_resource", screen],
+                ["complete", template, "path", "notes/p", {"traposId": "7:mc"}],
+                ["listen", screen, "run_lua", {"computer": "mc", "code": "print('seen by MCP')"}],
+                [
+                    "listen",
+                    "trapsandbox://7%3Amc/files/notes/plan.txt",
+                    "write_file",
+                    {"computer": "mc", "path": "/notes/plan.txt", "content": "dig deeper"},
+                ],
+            ]
+        )
+        self.assertEqual(done["protocolVersion"], "2026-07-28")
+        self.assertEqual(done["server"], "trapsandbox")
+        self.assertEqual(tools["tools"], [tool["name"] for tool in schemas.TOOLS])
+        self.assertEqual(tools["outputSchemas"], tools["tools"])
+        self.assertFalse(lua["isError"], lua)
+        self.assertEqual(lua["structuredContent"]["returns"], ["42"])
+        self.assertEqual(read["contents"][0]["uri"], screen)
+        self.assertIn("sandbox daemon", read["contents"][0]["text"])
+        self.assertEqual(completed["values"], ["notes/plan.txt"])
+        self.assertEqual(listened["honored"], [screen])
+        self.assertEqual(listened["updated"], screen)
+        self.assertFalse(listened["call"]["isError"], listened)
+        self.assertEqual(wrote["updated"], "trapsandbox://7%3Amc/files/notes/plan.txt")
+        self.assertEqual(c.read_file("/notes/plan.txt"), b"dig deeper")
+
+
 class RealOpencodeTests(McpMixin, TestCase):
     """The real opencode as the MCP client, its agent driven by a scripted model."""
 
@@ -284,3 +346,6 @@ class RealOpencodeTests(McpMixin, TestCase):
         self.assertEqual(cursor, "top.getCursorPos on 7:pm returned: 10, 3")
         self.assertIn("peripheral_error: No such method fly", failed)
         self.assertEqual(world[b"monitorLines"](b"top")[3], b" hi agent      ")
+
+
+both_modes(globals(), "Sdk2026Tests")

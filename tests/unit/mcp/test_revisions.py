@@ -5,8 +5,11 @@ request; errors with the request's id; logging; prompts; completions.
 """
 
 import orjson
+from treq.testing import StubTreq
 
+from tests.harness.apps import gateway_app
 from tests.unit.mcp.helpers import McpTestCase, events
+from trapsandbox.admission import auth
 from trapsandbox.mcp import revision
 from trapsandbox.mcp.schemas import TOOLS
 
@@ -311,3 +314,52 @@ class CompletionTests(ModernMixin, McpTestCase):
         self.assertEqual(
             self.rpc_error("completion/complete", {"ref": self.PROMPT})["code"], -32602
         )
+
+
+class AccountTests(ModernMixin, McpTestCase):
+    """An account's token completes, reads and subscribes to its own computers only."""
+
+    def setUp(self):
+        from tests.unit.admission.test_accounts import some
+
+        super().setUp()
+        admission = auth.Admission(self.clock, admin_token="admin", accounts=some("alice", "bob"))
+        app = gateway_app(self.registry, admission=admission)
+        self.http = StubTreq(app.resource())
+        self.alice = self.computer("5:a", account_id="alice")
+        self.bob = self.computer("6:b", account_id="bob")
+        self.bob.files["secret.txt"] = b"bob's"
+
+    def as_alice(self, method, params, modern=False):
+        headers = {"authorization": "Bearer token-of-alice"}
+        if modern:
+            _, answer = self.modern_raw(method, params, headers=headers)
+            return answer
+        return self.rpc(method, params, headers=headers)
+
+    def test_another_accounts_computer_cannot_be_completed_read_or_subscribed_to(self):
+        template = {"type": "ref/resource", "uri": "trapsandbox://{traposId}/files/{+path}"}
+        for modern in (False, True):
+            completed = self.as_alice(
+                "completion/complete",
+                {"ref": template, "argument": {"name": "traposId", "value": ""}},
+                modern,
+            )
+            self.assertEqual(completed["result"]["completion"]["values"], ["5:a"])
+            completed = self.as_alice(
+                "completion/complete",
+                {
+                    "ref": template,
+                    "argument": {"name": "path", "value": "se"},
+                    "context": {"arguments": {"traposId": "6:b"}},
+                },
+                modern,
+            )
+            self.assertEqual(completed["result"]["completion"]["values"], [])
+            read = self.as_alice(
+                "resources/read", {"uri": "trapsandbox://6%3Ab/files/secret.txt"}, modern
+            )
+            self.assertIn(read["error"]["code"], (-32002, -32602))
+        subscribed = self.as_alice("resources/subscribe", {"uri": "trapsandbox://6%3Ab/screen"})
+        self.assertEqual(subscribed["error"]["code"], -32002)
+        self.assertEqual(self.bob.sent, [])  # nothing ever reached bob's computer
