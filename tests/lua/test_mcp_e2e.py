@@ -19,6 +19,8 @@ from twisted.web.client import HTTPConnectionPool
 from tests.harness.fake_model import start_fake_model, tool_messages
 from tests.harness.opencode import start_opencode
 from tests.harness.processes import REPO, clean_env, spawn
+from tests.harness.rawhttp import events as rawhttp_events
+from tests.harness.rawhttp import raw
 from tests.harness.support import both_modes, bounded, reactor
 from tests.lua.test_lua_e2e import GatewayMixin
 from trapsandbox.mcp import schemas
@@ -228,6 +230,104 @@ class Sdk2026Tests(McpMixin, TestCase):
         self.assertEqual(c.read_file("/notes/plan.txt"), b"dig deeper")
 
 
+class SubscriptionStreamTests(McpMixin, TestCase):
+    """The subscription streams over a real socket: the legacy GET /mcp, and listen's end."""
+
+    async def post(self, message, session=None):
+        """One POST over a socket of its own (no resolver thread, unlike treq's name lookup)."""
+        body = json.dumps(message).encode()
+        head = (
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+            f"Accept: application/json, text/event-stream\r\nContent-Length: {len(body)}\r\n"
+        )
+        if session:
+            head += f"Mcp-Session-Id: {session}\r\n"
+        client = await raw(self, self.port, head.encode() + b"\r\n" + body)
+        return await client.response()
+
+    def get_stream(self, session):
+        head = (
+            "GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nMcp-Session-Id: {session}\r\n"
+            "Accept: text/event-stream\r\n\r\n"
+        )
+        return raw(self, self.port, head.encode())
+
+    async def test_a_legacy_client_hears_a_file_change_on_its_get_stream(self):
+        await self.ready("mc", "fs.read,fs.write")
+        initialize = {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "t"},
+        }
+        _, headers, _ = await self.post(
+            {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": initialize}
+        )
+        session = headers[b"mcp-session-id"].decode()
+        # Without subscriptions, GET is the 405 it always was.
+        idle = await self.get_stream(session)
+        status, _, _ = await idle.response()
+        self.assertEqual(status, 405)
+        uri = "trapsandbox://7%3Amc/files/plan.txt"
+        subscribe = {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "resources/subscribe",
+            "params": {"uri": uri},
+        }
+        _, _, body = await self.post(subscribe, session)
+        self.assertEqual(json.loads(body)["result"], {})
+        stream = await self.get_stream(session)
+        await stream.until(b": subscribed")
+        write = {"computer": "mc", "path": "/plan.txt", "content": "dig"}
+        call = {
+            "jsonrpc": "2.0",
+            "id": 3,
+            "method": "tools/call",
+            "params": {"name": "write_file", "arguments": write},
+        }
+        await self.post(call, session)
+        data = await stream.until(b"\n\n")
+        while b"resources/updated" not in data:
+            data = await stream.until(b"\n\n")
+        [update] = rawhttp_events(data)
+        self.assertEqual(update["params"], {"uri": uri})
+
+    async def test_closing_a_listen_stream_ends_the_screen_watch(self):
+        c = await self.ready("mc", "screen")
+        uri = "trapsandbox://7%3Amc/screen"
+        meta = {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+        }
+        message = json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": "listen-1",
+                "method": "subscriptions/listen",
+                "params": {"_meta": meta, "notifications": {"resourceSubscriptions": [uri]}},
+            }
+        ).encode()
+        head = (
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+            "Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n"
+            f"Mcp-Method: subscriptions/listen\r\nContent-Length: {len(message)}\r\n\r\n"
+        )
+        stream = await raw(self, self.port, head.encode() + message)
+        [ack] = rawhttp_events(
+            await stream.until(b"acknowledged" + b'"') + await stream.until(b"\n\n")
+        )
+        self.assertEqual(ack["params"]["notifications"], {"resourceSubscriptions": [uri]})
+        self.assertEqual(
+            ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "listen-1"
+        )
+        await c.wait_for_lua("traposSandboxSession.status().watches == 1")
+        stream.transport.loseConnection()
+        await c.wait_for_lua("traposSandboxSession.status().watches == 0")
+
+
 class RealOpencodeTests(McpMixin, TestCase):
     """The real opencode as the MCP client, its agent driven by a scripted model."""
 
@@ -348,4 +448,4 @@ class RealOpencodeTests(McpMixin, TestCase):
         self.assertEqual(world[b"monitorLines"](b"top")[3], b" hi agent      ")
 
 
-both_modes(globals(), "Sdk2026Tests")
+both_modes(globals(), "Sdk2026Tests", "SubscriptionStreamTests")

@@ -1,5 +1,5 @@
 """
-MCP on the gateway (SPEC §10): opencode's agent, or any MCP client, drives
+MCP on the gateway (SPEC §10, §17): opencode's agent, or any MCP client, drives
 the connected computers as tools.
 
 A small MCP server over JSON-RPC 2.0 and Streamable HTTP (``jsonrpc``), in the
@@ -7,25 +7,32 @@ gateway's own process and reactor (the ``mcp`` SDK's server would bring a
 second HTTP stack beside twisted.web).  ``GatewayApp`` routes ``POST /mcp``
 here behind the operator rules of §4 (a browser's request, a stranger's, or
 not application/json: refused before it gets here, by
-``OperatorRequests.admit``); ``GET /mcp`` and the rest are 405, Allow: POST
-(no server-to-client stream).
+``OperatorRequests.admit``); ``GET /mcp`` too, which streams a legacy client
+connection's resource updates once it has subscriptions (else 405, Allow:
+POST, as for PUT and the rest).
 
-Methods: ``initialize`` (the client's protocol version when we speak it, else
-our newest), ``ping``, ``tools/list`` (``schemas``), ``tools/call``,
-``resources/list``, ``resources/templates/list``, ``resources/read``
-(``resources``); anything else is -32601.  No session state is kept: the
-``Mcp-Session-Id`` issued at ``initialize`` only tells a client connection's
-request ids from another's, for ``notifications/cancelled`` (``jsonrpc``).
-A call whose client takes progress may run for its own ``timeoutSeconds``
-(``tools``), its progress sent as it goes (``stream``).
+Which revision a request speaks, and which methods it may call, is
+``revision``'s (the legacy ``initialize``, ``ping`` and ``logging/setLevel``;
+2026-07-28's ``server/discover`` and ``subscriptions/listen``); the rest serve
+both: ``tools/list`` (``schemas``), ``tools/call``, ``resources/list``,
+``resources/templates/list``, ``resources/read`` (``resources``),
+``resources/subscribe`` and ``/unsubscribe`` (``subscriptions``),
+``prompts/list`` and ``/get`` (``prompts``), ``completion/complete``
+(``completion``); anything else is -32601.  No session state is needed: the
+``Mcp-Session-Id`` a legacy ``initialize`` gets only tells a client
+connection's request ids from another's (``notifications/cancelled``), its log
+level and its subscriptions.  A call whose client takes progress may run for
+its own ``timeoutSeconds`` (``tools``), its progress and log lines sent as it
+goes (``stream``, ``logs``).
 
 ``tools/call`` errors follow the 2025-11-25 split (SEP-1303): an unknown tool
 or params that are not ``{name, arguments?}`` are -32602; arguments a tool
 cannot use, and every failure on the computer's side (forbidden, not
 connected, timeout, fs_error, an ambiguous ``computer``), are tool results
 with ``isError: true`` whose text tells the model what to do (``results``),
-so it can correct itself.  Each call is counted and logged here, whatever
-its outcome: which computer (``resolve``), then the tool (``tools``).
+so it can correct itself (and a client that set a log level hears it as an
+``error`` line too).  Each call is counted and logged here, whatever its
+outcome: which computer (``resolve``), then the tool (``tools``).
 """
 
 from __future__ import annotations

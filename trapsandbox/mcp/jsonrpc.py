@@ -3,8 +3,8 @@ JSON-RPC 2.0 over MCP's Streamable HTTP transport (SPEC §10): one message per
 ``POST /mcp``, and the HTTP answer it gets.
 
     a request        -> 200 application/json: its response (result or error);
-                        a tools/call with a progressToken from a client that
-                        accepts text/event-stream: 200 SSE, its progress
+                        a request with progress or log lines to send, from a
+                        client that accepts text/event-stream: 200 SSE, those
                         notifications then its response (``stream``)
     a notification   -> 202, no body; notifications/cancelled ends the call it
                         names, if it is still running (opencode sends one
