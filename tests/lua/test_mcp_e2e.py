@@ -43,6 +43,19 @@ class McpMixin(GatewayMixin):
     def mcp_url(self):
         return f"http://127.0.0.1:{self.port}/mcp"
 
+    async def client(self, command, steps, seconds=60):
+        """A client process ``command`` run on ``steps``: the JSON lines it printed."""
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(steps, f)
+        argv = [*command, self.mcp_url, path, "--token", TOKEN]
+        child = spawn(self, argv, clean_env(PYTHONPATH=REPO))
+        code = await child.wait_ended(seconds)
+        lines = [json.loads(line) for line in child.output.splitlines() if line.startswith("{")]
+        self.assertEqual(code, 0, child.output)
+        self.assertTrue(lines and lines[-1].get("done"), child.output)
+        return lines
+
     async def ready(self, label, allow, id=7):
         c = self.computer(id=id, label=label)
         c.set_settings({"sandbox.allow": allow})
@@ -54,16 +67,7 @@ class SdkClientTests(McpMixin, TestCase):
     """The official MCP Python SDK's client, in a child process (it is asyncio)."""
 
     async def sdk(self, steps):
-        path = os.path.abspath(self.mktemp())
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(steps, f)
-        argv = [sys.executable, "-m", "tests.harness.mcp_client", self.mcp_url, path]
-        child = spawn(self, argv + ["--token", TOKEN], clean_env(PYTHONPATH=REPO))
-        code = await child.wait_ended(60)
-        lines = [json.loads(line) for line in child.output.splitlines() if line.startswith("{")]
-        self.assertEqual(code, 0, child.output)
-        self.assertTrue(lines and lines[-1].get("done"), child.output)
-        return lines
+        return await self.client([sys.executable, "-m", "tests.harness.mcp_client"], steps)
 
     async def test_sdk_lists_tools_runs_lua_and_round_trips_a_file(self):
         c = await self.ready("mc", "eval,fs.read,fs.write")
@@ -182,17 +186,8 @@ class Sdk2026Tests(McpMixin, TestCase):
     async def sdk(self, steps):
         if not os.path.exists(MCP2_PYTHON):
             raise SkipTest("the MCP SDK 2.x is not installed: `make test` installs it")
-        path = os.path.abspath(self.mktemp())
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(steps, f)
         client = os.path.join(REPO, "tests", "harness", "mcp2_client.py")
-        argv = [MCP2_PYTHON, client, self.mcp_url, path, "--token", TOKEN]
-        child = spawn(self, argv, clean_env())
-        code = await child.wait_ended(90)
-        lines = [json.loads(line) for line in child.output.splitlines() if line.startswith("{")]
-        self.assertEqual(code, 0, child.output)
-        self.assertTrue(lines and lines[-1].get("done"), child.output)
-        return lines
+        return await self.client([MCP2_PYTHON, client], steps, 90)
 
     async def test_a_2026_client_lists_runs_reads_and_hears_the_screen_change(self):
         c = await self.ready("mc", "eval,fs.read,fs.write,screen")

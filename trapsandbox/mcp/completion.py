@@ -64,25 +64,23 @@ class Completions:
         if kind == "ref/resource":
             if ref.get("uri") != _TEMPLATE:
                 raise Invalid(INVALID_PARAMS, f"the only resource template is {_TEMPLATE}")
-            if name == "traposId":
-                values = await self._computers(value, scope, pin)
-            elif name == "path":
-                values = await self._entries(given.get("traposId"), value, scope, pin)
-            else:
-                values = []
+            # (the template's computer argument, and its path)
+            arguments = ("traposId", "path")
         elif kind == "ref/prompt":
             if ref.get("name") not in PROMPT_NAMES:
                 raise Invalid(
                     INVALID_PARAMS, f"no prompt; the prompts are {', '.join(sorted(PROMPT_NAMES))}"
                 )
-            if name == "computer":
-                values = await self._computers(value, scope, pin)
-            elif name == "program":
-                values = await self._entries(given.get("computer"), value, scope, pin)
-            else:
-                values = []
+            arguments = ("computer", "program")
         else:
             raise Invalid(INVALID_PARAMS, 'ref.type must be "ref/resource" or "ref/prompt"')
+        computer, path = arguments
+        if name == computer:
+            values = await self._computers(value, scope, pin)
+        elif name == path:
+            values = await self._entries(given.get(computer), value, scope, pin)
+        else:
+            values = []
         return {
             "completion": {
                 "values": values[:MAX_VALUES],
