@@ -289,6 +289,15 @@ class SubscriptionStreamTests(McpMixin, TestCase):
         [update] = rawhttp_events(data)
         self.assertEqual(update["params"], {"uri": uri})
 
+    async def test_an_asks_get_is_the_405_it_always_was(self):
+        # opencode GETs /mcp after initialize with the ask's token: anything but 405 (a
+        # 415 for the missing content type, say) fails its connection and the ask's tools.
+        token = self.gateway.asks.tokens.token(("local", "7:mc"))
+        head = f"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\r\n"
+        client = await raw(self, self.port, head.encode())
+        status, headers, _ = await client.response()
+        self.assertEqual((status, headers[b"allow"]), (405, b"POST"))
+
     async def test_closing_a_listen_stream_ends_the_screen_watch(self):
         c = await self.ready("mc", "screen")
         uri = "trapsandbox://7%3Amc/screen"

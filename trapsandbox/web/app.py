@@ -322,7 +322,8 @@ class GatewayApp:
         if route is None:
             return PUBLIC
         if route == "mcp" and self._ask_scope(request) is not None:
-            if not json_content(request.getHeader(b"content-type")):
+            # (A GET has no body: its stream, or its 405, is the route's to answer.)
+            if method == b"POST" and not json_content(request.getHeader(b"content-type")):
                 return UNSUPPORTED_MEDIA_TYPE
             return ASK
         return self._admit(request, method)
