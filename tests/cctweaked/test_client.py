@@ -273,10 +273,12 @@ PLAYERS_SOCKETS = """
 local url = ...
 local one = assert(http.websocket(url .. 'one'))
 local two = assert(http.websocket(url .. 'two'))
+-- One at a time: a receive() discards other sockets' messages that come while it waits.
 for i = 1, 3 do
   one.send('one ' .. i)
+  local first = one.receive(30)
   two.send('two ' .. i)
-  print('echo ' .. tostring(one.receive(30)) .. ' / ' .. tostring(two.receive(30)))
+  print('echo ' .. tostring(first) .. ' / ' .. tostring(two.receive(30)))
 end
 os.pullEvent('trapos_sandbox_connected')
 one.send('after')
