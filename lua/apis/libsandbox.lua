@@ -1578,7 +1578,7 @@ end
 -- stay here, and it lasts for the session (like the Lua prompt, `x = 1` then `return x` works).
 local function evalEnv(session)
   if not session.evalGlobals then
-    session.evalGlobals = setmetatable({ shell = session.shell, multishell = rawget(_G, 'multishell') }, { __index = _G })
+    session.evalGlobals = setmetatable({ shell = session.shell, multishell = session.multishell }, { __index = _G })
   end
   return session.evalGlobals
 end
@@ -2951,6 +2951,7 @@ For the sandbox requests (SPEC §9), the CraftOS APIs they use (default: the glo
   peripheral, turtle (SPEC §16; no turtle API: turtle requests answer unknown_type),
   redstone (the stop side's signal)
   shell       the shell exec runs programs with (the daemon's own; none: a plain loader)
+  multishell  the multishell API eval code sees (the daemon's own; not a global on CC:Tweaked)
   clock       function() -> milliseconds              default os.epoch('utc')
   screen      function() -> the terminal exec and eval draw on   default _G.traposSandboxScreen
                 (the shell's), else the daemon's own
@@ -3020,6 +3021,8 @@ function M.startSession(opts)
     asking = nil,    -- the messageId of this computer's running ask (the turtle budget counts)
     turtleMoves = 0,
     shell = opts.shell,
+    -- Like shell, not a global on CC:Tweaked: each program gets it in its environment.
+    multishell = opts.multishell or rawget(_G, 'multishell'),
     clock = opts.clock or function() return osLike.epoch('utc') end,
     screen = opts.screen or function() return rawget(_G, 'traposSandboxScreen') end,
   }, Session)

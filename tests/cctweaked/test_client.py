@@ -127,6 +127,12 @@ class StartTests(CCTGatewayMixin, TestCase):
         c = await self.started(self.computer(), OWN_STARTUP)
         await self.check_answers(c)
 
+    async def test_eval_sees_the_shell_and_multishell_as_a_program_does(self):
+        # Neither is a global on CC:Tweaked: each program gets them in its environment.
+        c = await self.started(self.computer())
+        answer = await self.eval(c, "return type(shell.run), multishell.getCount()")
+        self.assertEqual(answer["returns"], ['"function"', "2"], answer)
+
     async def test_a_trapos_like_autostart(self):
         c = await self.started(self.computer(), TRAPOS_BOOT)
         answer = await self.eval(c, "return 6 * 7")
