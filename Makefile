@@ -50,7 +50,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# compat: puts this tree on sys.path, so twistd finds twisted/plugins here.
-	$(BIN)/python -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
+	$(BIN)/python -m pip install --quiet -e '.[test,cluster]' --config-settings editable_mode=compat
 	touch $@
 
 $(OPENCODE):

@@ -150,6 +150,13 @@ def _redis_url(value: str, name: str) -> str | None:
     if not valid or port is None:
         # Not echoed: it may hold a password.
         raise ConfigError(f"{name} must be a URL redis://[:PASSWORD@]HOST[:PORT][/DB]")
+    try:
+        import txredisapi  # noqa: F401  (cluster mode's one extra dependency)
+    except ImportError:
+        raise ConfigError(
+            f"{name} asks for cluster mode, which needs txredisapi: "
+            "pip install 'trapsandbox[cluster]'"
+        ) from None
     return value
 
 

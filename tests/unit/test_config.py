@@ -1,6 +1,8 @@
 """Settings from the environment and twistd options, and their errors."""
 
 import ipaddress
+import sys
+from unittest import mock
 
 from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
@@ -115,6 +117,14 @@ class ConfigTests(SynchronousTestCase):
         ):
             self.assertConfigError(environ, names=name)
         self.assertConfigError({}, "--request-timeout-ms", "-5", names="--request-timeout-ms")
+
+    def test_cluster_mode_without_txredisapi_says_what_to_install(self):
+        environ = {"SANDBOX_REDIS_URL": "redis://:secret-pw@127.0.0.1:6379/0"}
+        self.assertEqual(self.load(environ).redis_url, environ["SANDBOX_REDIS_URL"])
+        with mock.patch.dict(sys.modules, {"txredisapi": None}):
+            message = self.assertConfigError(environ, names="SANDBOX_REDIS_URL")
+        self.assertIn("pip install 'trapsandbox[cluster]'", message)
+        self.assertNotIn("secret-pw", message)
 
     def test_trusted_proxies(self):
         self.assertEqual(self.load().trusted_proxies, ())
