@@ -7,7 +7,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autobahn.twisted.resource import WebSocketResource
 from autobahn.websocket import USES_NVX
@@ -25,13 +25,13 @@ from trapsandbox import __version__, config, limits, state
 from trapsandbox.admission import accounts
 from trapsandbox.admission.auth import Admission
 from trapsandbox.admission.strangers import Strangers
+from trapsandbox.compat import fixes
 from trapsandbox.computers import wire
 from trapsandbox.computers.handlers import ComputerRequests
 from trapsandbox.computers.protocol import GatewayFactory
 from trapsandbox.computers.registry import Registry, describe_session
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.errors import ConfigError
-from trapsandbox.fast import fixes, paths
 from trapsandbox.mcp.endpoint import McpEndpoint
 from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.client import OpencodeClient
@@ -45,6 +45,9 @@ from trapsandbox.web.listener import CountedSite
 from trapsandbox.web.operator import OperatorRequests
 from trapsandbox.web.opsocket import OperatorSocketFactory
 from trapsandbox.web.site import GatewaySite
+
+if TYPE_CHECKING:
+    from trapsandbox.fast.paths import FastPaths
 
 log = Logger()
 
@@ -266,7 +269,7 @@ class GatewayService(service.MultiService):
         settings: config.Settings,
         reactor: Any,
         notifier: Notifier | None = None,
-        fast: paths.FastPaths | None = None,
+        fast: FastPaths | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings
@@ -575,6 +578,14 @@ def makeService(options: Options) -> service.IService:
         fast = None
         if config.fast_paths(os.environ, options):
             # On purpose, here: process-wide patches of the libraries (``fast.paths``).
+            # Imported only here: the plain gateway needs nothing of trapsandbox.fast.
+            try:
+                from trapsandbox.fast import paths
+            except ImportError as error:
+                raise ConfigError(
+                    f"the fast paths are not installed ({error}): run with --plain "
+                    "(SANDBOX_FAST_PATHS=0)"
+                ) from None
             fast = paths.install(config.fast_paths_without(os.environ))
         gateway = GatewayService(
             settings, reactor, Notifier.from_environ(reactor, os.environ), fast=fast

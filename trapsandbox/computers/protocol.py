@@ -40,6 +40,7 @@ from twisted.python.failure import Failure
 
 from trapsandbox import limits
 from trapsandbox.admission import auth, proxies
+from trapsandbox.compat import fixes
 from trapsandbox.computers import wire
 from trapsandbox.computers.handlers import Handler
 from trapsandbox.computers.lines import Throttle, computer_lines
@@ -47,7 +48,6 @@ from trapsandbox.computers.outbound import Outbound
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.computers.sending import Sending
 from trapsandbox.computers.wire import GatewayError
-from trapsandbox.fast import fixes
 from trapsandbox.ops.metrics import Metrics
 
 log = Logger()

@@ -20,7 +20,7 @@ from twisted.web.http import datetimeToString
 
 from trapsandbox import limits
 from trapsandbox.admission.strangers import Strangers
-from trapsandbox.fast.fasthttp import ABORT_AFTER, response
+from trapsandbox.compat.rawhttp import ABORT_AFTER, response
 from trapsandbox.web.operator import TOO_MANY_WAITING
 
 

@@ -92,12 +92,12 @@ from twisted.python.failure import Failure
 
 from trapsandbox import limits
 from trapsandbox.admission import auth, proxies
+from trapsandbox.compat import fixes
 from trapsandbox.computers import senders, wire
 from trapsandbox.computers.outbound import Outbound
 from trapsandbox.computers.protocol import server_options
 from trapsandbox.computers.sending import Sending
 from trapsandbox.computers.wire import GatewayError
-from trapsandbox.fast import fixes
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.web.operator import INTERNAL, Answer, OperatorRequests, error_answer, rejected
 from trapsandbox.web.validation import BadRequest, json_object, short_string

@@ -31,8 +31,8 @@ from twisted.web.resource import IResource
 from twisted.web.server import Request, Site
 
 from trapsandbox import limits
-from trapsandbox.fast import fixes
-from trapsandbox.fast.fasthttp import ABORT_AFTER, response
+from trapsandbox.compat import fixes
+from trapsandbox.compat.rawhttp import ABORT_AFTER, response
 from trapsandbox.limits import MAX_BODY_BYTES
 from trapsandbox.web.operator import REQUEST_TIMEOUT, Answer
 
