@@ -20,7 +20,7 @@ from tests.harness.cctweaked import CCTComputer, unavailable, wait_connected, wa
 from tests.harness.logcapture import LogCapture
 from tests.harness.support import bounded, closed_port, reactor, start_gateway
 from tests.lua.test_lua_e2e import OWN_STARTUP, TRAPOS_BOOT
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 
 PASSWORD = "sesame-sesame-sesame"
 ALL = "exec,eval,fs.read,fs.write,screen,input"

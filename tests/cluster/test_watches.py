@@ -10,12 +10,11 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.fakes import FakeLink
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.cluster.presence import Presence
 from trapsandbox.cluster.relay import WATCH_TIMEOUT, Relay
-from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session, describe_session
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.web.operator import _renumbered
 
 INTERVAL = 0.5
@@ -169,7 +168,7 @@ class FollowActivityTests(SynchronousTestCase):
         self.assertEqual([e["state"] for e in self.entries], ["started"])
         self.registry.remove(self.session)
         failure = self.failureResultOf(d, GatewayError)
-        self.assertEqual(failure.value.code, wire.NOT_CONNECTED)
+        self.assertEqual(failure.value.code, errors.NOT_CONNECTED)
         self.failureResultOf(ping, GatewayError)
         self.assertEqual((self.registry._activity, self.registry._watchers), ({}, []))
 

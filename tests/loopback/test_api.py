@@ -16,6 +16,7 @@ from tests.harness.apps import gateway_app
 from tests.harness.fakes import FakeLink
 from tests.harness.logcapture import LogCapture
 from tests.harness.support import JSON, both_modes, bounded, connect, reactor, start_gateway
+from trapsandbox import errors
 from trapsandbox.admission.auth import Admission, is_loopback
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session
@@ -173,7 +174,7 @@ class RequestTests(APITestCase):
                 link.sent[0]["messageId"],
                 "teleport",
                 False,
-                error=wire.Error("unknown_type", "no such type"),
+                error=errors.Error("unknown_type", "no such type"),
             )
         )
         response, body = self.finish(d)

@@ -13,7 +13,7 @@ from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.support import both_modes, bounded, connect, fast_paths, start_gateway
 from trapsandbox.computers.protocol import GatewayProtocol
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.fast import patches
 from trapsandbox.fast.front import FrontFactory
 from trapsandbox.fast.protocols import FastGatewayProtocol

@@ -23,9 +23,8 @@ from twisted.internet.defer import CancelledError, Deferred, DeferredList, fail
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import limits
-from trapsandbox.computers import wire
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox import errors, limits
+from trapsandbox.errors import GatewayError
 
 log = Logger()
 
@@ -160,11 +159,11 @@ class Redis:
         at once while Redis is away, or when it does not answer in time.
         """
         if not self.connected:
-            return fail(GatewayError(wire.UNAVAILABLE, "the gateway is not connected to Redis"))
+            return fail(GatewayError(errors.UNAVAILABLE, "the gateway is not connected to Redis"))
         try:
             d = getattr(self._commands.handler, method)(*args)
         except Exception:
-            return fail(GatewayError(wire.UNAVAILABLE, "the gateway cannot reach Redis"))
+            return fail(GatewayError(errors.UNAVAILABLE, "the gateway cannot reach Redis"))
         d.addTimeout(self.timeout, self._reactor)
         d.addErrback(self._failed)
         return d
@@ -176,7 +175,7 @@ class Redis:
             message = f"Redis did not answer within {self.timeout:g} s"
         else:
             message = f"Redis failed: {failure.getErrorMessage()}"
-        return Failure(GatewayError(wire.UNAVAILABLE, message))
+        return Failure(GatewayError(errors.UNAVAILABLE, message))
 
     def publish(self, instance: str, message: dict[str, Any]) -> Deferred:
         """Send to a process's inbox; fires with the number of receivers (0: it is gone)."""

@@ -34,12 +34,12 @@ from twisted.internet.defer import CancelledError, Deferred, fail
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.cluster.ownership import Ownership
 from trapsandbox.cluster.redis import Redis
 from trapsandbox.computers import senders, wire
 from trapsandbox.computers.registry import PartialListener, Registry
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 
 log = Logger()
 
@@ -59,7 +59,7 @@ def _sender_of(message: dict[str, Any]) -> senders.Sender:
 def _relay_timed_out(result: object, timeout: float) -> object:
     if isinstance(result, Failure) and result.check(CancelledError):
         raise GatewayError(
-            wire.TIMEOUT, f"no answer from the gateway holding the computer within {timeout:g} s"
+            errors.TIMEOUT, f"no answer from the gateway holding the computer within {timeout:g} s"
         )
     return result
 
@@ -136,7 +136,7 @@ class Relay:
         """The request ``{type, payload, timeout, **fields}`` to the computer's holder."""
         if not self._redis.subscribed:
             # No answer could reach us.
-            return fail(GatewayError(wire.UNAVAILABLE, "the gateway is not connected to Redis"))
+            return fail(GatewayError(errors.UNAVAILABLE, "the gateway is not connected to Redis"))
         message = {
             "t": "req",
             "from": self._instance_id,
@@ -172,7 +172,7 @@ class Relay:
         if relay is not None and not receivers:
             relay.deferred.errback(
                 GatewayError(
-                    wire.UNAVAILABLE,
+                    errors.UNAVAILABLE,
                     f"the gateway holding {relay.trapos_id} ({relay.instance}) is not answering",
                 )
             )
@@ -219,7 +219,7 @@ class Relay:
                 str(message.get("type") or "?"),
                 bool(message.get("ok")),
                 message.get("payload"),
-                wire.Error(str(error.get("code")), str(error.get("message")))
+                errors.Error(str(error.get("code")), str(error.get("message")))
                 if type(error) is dict
                 else None,
             )
@@ -238,7 +238,7 @@ class Relay:
             self._answer(sender, relay_id, wire.not_connected(trapos_id))
             return
         if type(timeout) not in (int, float) or not 0 < timeout <= limits.MAX_REQUEST_TIMEOUT:
-            self._answer(sender, relay_id, GatewayError(wire.BAD_REQUEST, "bad relayed timeout"))
+            self._answer(sender, relay_id, GatewayError(errors.BAD_REQUEST, "bad relayed timeout"))
             return
         payload = message.get("payload")
 
@@ -279,7 +279,7 @@ class Relay:
                 self._answer(sender, relay_id, result.value)
             else:
                 log.failure("a relayed request failed", result)
-                self._answer(sender, relay_id, GatewayError(wire.INTERNAL, "the gateway failed"))
+                self._answer(sender, relay_id, GatewayError(errors.INTERNAL, "the gateway failed"))
             return None
         response: wire.ComputerResponse = result
         answer: dict[str, Any] = {

@@ -26,9 +26,9 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.computers import senders, settingsfile, wire
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.limits import LOCAL_ACCOUNT
 from trapsandbox.ops.metrics import Metrics
 
@@ -146,11 +146,11 @@ class Session:
         """
         capability = wire.CAPABILITY_OF.get(type)
         if capability is not None and self.stopped is not None:
-            return GatewayError(wire.STOPPED, self.stopped)
+            return GatewayError(errors.STOPPED, self.stopped)
         if capability is None or capability in self.capabilities:
             return settingsfile.refusal(type, payload)
         return GatewayError(
-            wire.FORBIDDEN,
+            errors.FORBIDDEN,
             f"computer {self.trapos_id} has not allowed {capability}: on it, run "
             f'"sandbox allow {capability}"',
         )
@@ -174,7 +174,7 @@ class Session:
         if len(self._pending) >= self.max_in_flight:
             return fail(
                 GatewayError(
-                    wire.OVERLOADED,
+                    errors.OVERLOADED,
                     f"{self.trapos_id} already has {self.max_in_flight} requests in flight",
                 )
             )
@@ -182,11 +182,11 @@ class Session:
         try:
             data = wire.encode_request(self.trapos_id, message_id, type, payload)
         except (ValueError, TypeError) as error:
-            return fail(GatewayError(wire.BAD_REQUEST, f"cannot send this request: {error}"))
+            return fail(GatewayError(errors.BAD_REQUEST, f"cannot send this request: {error}"))
         if len(data) > limits.MAX_OUTBOUND_BYTES:
             return fail(
                 GatewayError(
-                    wire.TOO_LARGE,
+                    errors.TOO_LARGE,
                     f"request is {len(data)} bytes; a computer accepts at most "
                     f"{limits.MAX_OUTBOUND_BYTES}",
                 )
@@ -224,7 +224,7 @@ class Session:
         if pending is not None:
             self._stop_on_computer(message_id, pending)
             pending.deferred.errback(
-                GatewayError(wire.TIMEOUT, f"no answer from the computer within {timeout:g} s")
+                GatewayError(errors.TIMEOUT, f"no answer from the computer within {timeout:g} s")
             )
 
     def _fail(self, message_id: str, error: GatewayError) -> None:
@@ -294,7 +294,7 @@ def _outcome(result: object) -> str:
             return result.value.code
         if result.check(CancelledError):
             return "cancelled"
-        return wire.INTERNAL
+        return errors.INTERNAL
     # A computer's answer says whether it did it; the gateway's own answer (an ask's) is a payload.
     return "error" if getattr(result, "ok", True) is False else "ok"
 
@@ -398,7 +398,7 @@ class Registry:
         def left() -> None:
             if self.find(trapos_id, account_id) is not session and not d.called:
                 stop()
-                d.errback(GatewayError(wire.NOT_CONNECTED, f"{wire.cut(trapos_id)} disconnected"))
+                d.errback(GatewayError(errors.NOT_CONNECTED, f"{wire.cut(trapos_id)} disconnected"))
 
         d = Deferred(lambda _: stop())
         stop_listing = self.watch(left)
@@ -459,7 +459,9 @@ class Registry:
                 peer=session.peer,
                 oldPeer=old.peer,
             )
-            old.fail_all(GatewayError(wire.NOT_CONNECTED, "the computer connected again elsewhere"))
+            old.fail_all(
+                GatewayError(errors.NOT_CONNECTED, "the computer connected again elsewhere")
+            )
             old.link.close(wire.CLOSE_REPLACED, "replaced")
             old.on_change = None
             self._changed()
@@ -484,7 +486,7 @@ class Registry:
                 self.peers.removed(session)
             session.on_change = None
             self._changed()
-        session.fail_all(GatewayError(wire.NOT_CONNECTED, "the computer disconnected"))
+        session.fail_all(GatewayError(errors.NOT_CONNECTED, "the computer disconnected"))
 
     @property
     def pending(self) -> int:
@@ -525,7 +527,7 @@ class Registry:
         elif session is None:
             d = fail(wire.not_connected(trapos_id))
         elif timeout is not None and not timeout > 0:
-            d = fail(GatewayError(wire.BAD_REQUEST, "timeout must be positive"))
+            d = fail(GatewayError(errors.BAD_REQUEST, "timeout must be positive"))
         else:
             if timeout is None:
                 timeout = self.request_timeout

@@ -39,7 +39,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
-from trapsandbox import __version__
+from trapsandbox import __version__, errors
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.computers.sandbox import Sandbox
@@ -188,7 +188,7 @@ class McpEndpoint:
             result = failed(error)
         except CancelledError:
             # The client cancelled it (or went away): the run was cancelled on the computer.
-            self._counted(name, target, wire.CANCELLED, started)
+            self._counted(name, target, errors.CANCELLED, started)
             raise
         self._counted(name, target, outcome, started)
         return result

@@ -29,10 +29,11 @@ from urllib.parse import quote, unquote
 
 from twisted.internet.defer import TimeoutError
 
+from trapsandbox import errors
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.mcp.jsonrpc import INVALID_PARAMS, Invalid
 from trapsandbox.mcp.resolve import computers, resolve
 from trapsandbox.mcp.results import ToolError
@@ -124,7 +125,7 @@ class Resources:
                 session.trapos_id, path, account_id=session.account_id
             )
         except GatewayError as error:
-            code = RESOURCE_NOT_FOUND if error.code == wire.NOT_CONNECTED else RESOURCE_REFUSED
+            code = RESOURCE_NOT_FOUND if error.code == errors.NOT_CONNECTED else RESOURCE_REFUSED
             raise Invalid(code, gateway_error_text(error, session)) from None
         except TimeoutError:
             raise Invalid(RESOURCE_REFUSED, f"{session.trapos_id} did not answer in time") from None

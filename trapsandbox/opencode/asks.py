@@ -49,9 +49,9 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import limits
-from trapsandbox.computers import wire
-from trapsandbox.computers.wire import GatewayError, cut
+from trapsandbox import errors, limits
+from trapsandbox.computers.wire import cut
+from trapsandbox.errors import GatewayError
 from trapsandbox.opencode.agent import (
     PERMISSION_REPLIES,
     detail_of,
@@ -194,20 +194,20 @@ class Asks:
     ) -> dict[str, Any]:
         prompt = payload.get("prompt")
         if type(prompt) is not str or not prompt.strip():
-            raise GatewayError(wire.BAD_REQUEST, "prompt must be a non-empty string")
+            raise GatewayError(errors.BAD_REQUEST, "prompt must be a non-empty string")
         if len(prompt) > limits.MAX_PROMPT_CHARS:
             raise GatewayError(
-                wire.TOO_LARGE, f"the prompt is over {limits.MAX_PROMPT_CHARS} characters"
+                errors.TOO_LARGE, f"the prompt is over {limits.MAX_PROMPT_CHARS} characters"
             )
         new, yes = payload.get("new", False), payload.get("yes", False)
         if type(new) is not bool or type(yes) is not bool:
-            raise GatewayError(wire.BAD_REQUEST, "new and yes must be true or false")
+            raise GatewayError(errors.BAD_REQUEST, "new and yes must be true or false")
         if not self._client.url:
             raise opencode_error("OPENCODE_URL is not set on the gateway")
         key = (account_id, trapos_id)
         if key in self.runs:
             raise GatewayError(
-                wire.OVERLOADED, "an ask is already running on this computer: wait or cancel it"
+                errors.OVERLOADED, "an ask is already running on this computer: wait or cancel it"
             )
         done: Deferred = Deferred()
         placeholder = Run(key, message_id, Conversation("", "", yes), emit, done)
@@ -487,7 +487,9 @@ class Asks:
             # The computer is gone: nobody is reading this answer any more.
             log.info("{traposId} left during an ask: aborting it", traposId=cut(run.key[1]))
             self._abort(run)
-            self._finish(run, GatewayError(wire.NOT_CONNECTED, "the computer left"), "disconnected")
+            self._finish(
+                run, GatewayError(errors.NOT_CONNECTED, "the computer left"), "disconnected"
+            )
 
     # -- Ending ----------------------------------------------------------------------------
 
@@ -496,7 +498,7 @@ class Asks:
         error = run.error
         if error is not None and (run.aborted or error.get("name") == "MessageAbortedError"):
             self._finish(
-                run, GatewayError(wire.CANCELLED, "cancelled: the agent was stopped"), "cancelled"
+                run, GatewayError(errors.CANCELLED, "cancelled: the agent was stopped"), "cancelled"
             )
             return
         if error is not None:
@@ -547,7 +549,7 @@ class Asks:
         self._finish(
             run,
             GatewayError(
-                wire.TIMEOUT, f"the agent did not finish within {self._timeout / 60:g} minutes"
+                errors.TIMEOUT, f"the agent did not finish within {self._timeout / 60:g} minutes"
             ),
             "timeout",
         )
@@ -607,16 +609,16 @@ class Asks:
 
     def _abort_unheard(self, run: Run) -> None:
         self._finish(
-            run, GatewayError(wire.CANCELLED, "cancelled: the agent was stopped"), "cancelled"
+            run, GatewayError(errors.CANCELLED, "cancelled: the agent was stopped"), "cancelled"
         )
 
     def reply(self, account_id: str, trapos_id: str, permission_id: Any, response: Any) -> Deferred:
         if response not in PERMISSION_REPLIES:
-            raise GatewayError(wire.BAD_REQUEST, "response must be once, always or reject")
+            raise GatewayError(errors.BAD_REQUEST, "response must be once, always or reject")
         run = self._by_permission.get(permission_id) if type(permission_id) is str else None
         if run is None or run.key != (account_id, trapos_id):
             raise GatewayError(
-                wire.BAD_REQUEST, "no permission request of this computer's ask has that id"
+                errors.BAD_REQUEST, "no permission request of this computer's ask has that id"
             )
         run.permissions.discard(permission_id)
         del self._by_permission[permission_id]
@@ -631,7 +633,7 @@ class Asks:
         """
         run = self._by_question.get(question_id) if type(question_id) is str else None
         if run is None or run.key != (account_id, trapos_id):
-            raise GatewayError(wire.BAD_REQUEST, "no question of this computer's ask has that id")
+            raise GatewayError(errors.BAD_REQUEST, "no question of this computer's ask has that id")
         if reject is not True:
             if (
                 type(answers) is not list
@@ -639,7 +641,7 @@ class Asks:
                 or not all(_answer(answer) for answer in answers)
             ):
                 raise GatewayError(
-                    wire.BAD_REQUEST,
+                    errors.BAD_REQUEST,
                     "answers must be a list with one list of strings for each question "
                     "(or reject: true)",
                 )
@@ -653,7 +655,7 @@ class Asks:
     def stop(self) -> None:
         self.stream.stop()
         for run in list(self.runs.values()):
-            self._finish(run, GatewayError(wire.NOT_CONNECTED, "the gateway is shutting down"))
+            self._finish(run, GatewayError(errors.NOT_CONNECTED, "the gateway is shutting down"))
 
 
 def _logged(what: str) -> Callable[[Failure], None]:

@@ -21,7 +21,7 @@ from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 
 from trapsandbox import limits
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.opencode.client import OpencodeClient, explain, opencode_error, unauthorized
 from trapsandbox.opencode.sse import SSEParser
 

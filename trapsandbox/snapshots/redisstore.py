@@ -35,7 +35,7 @@ from twisted.internet.defer import CancelledError, Deferred, DeferredList, fail
 from twisted.python.failure import Failure
 
 from trapsandbox import limits
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.snapshots import model, retention
 from trapsandbox.snapshots.model import FileEntry, MissingContent, NotFound, Snapshot, Summary
 from trapsandbox.snapshots.store import SnapshotStore, not_found

@@ -5,8 +5,8 @@ The HTTP side, on the same port as the WebSocket (SPEC §4, §9).
                    /computers, the section 9 routes, /metrics, /mcp; ``decide``
     ``site``       twisted.web's channel, request and site, bounded for strangers: a
                    request decided at its head, its body capped, a deadline
-    ``validation`` what a request body may hold: ``BadRequest`` (the one error for a
-                   caller's mistake, with its status and code) and the field checks
+    ``validation`` what a request body may hold: the field checks, each raising
+                   ``errors.bad_request`` for a caller's mistake
     ``answers``    JSON answers written onto a request (both body shapes)
     ``streaming``  /execute's NDJSON output stream
     ``operator``   an operator's request to one computer, however it came: who may

@@ -20,18 +20,17 @@ import orjson
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.admission import auth
 from trapsandbox.computers import senders, wire
 from trapsandbox.computers.registry import Registry, describe_session, listing_key
 from trapsandbox.computers.screen import ScreenState
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.limits import MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.snapshots.service import Snapshots
 from trapsandbox.web import snapshotcalls
 from trapsandbox.web.snapshotcalls import SnapshotCalls
 from trapsandbox.web.validation import (
-    BadRequest,
     json_object,
     number,
     optional_object,
@@ -40,27 +39,6 @@ from trapsandbox.web.validation import (
 
 if TYPE_CHECKING:
     from trapsandbox.cluster.member import Cluster
-
-# The HTTP status for each way a request to a computer can fail.
-STATUS_OF_ERROR = {
-    wire.BAD_REQUEST: 400,
-    wire.FORBIDDEN: 403,
-    wire.NOT_CONNECTED: 404,
-    # No such snapshot of this computer for this account (``snapshots.model.NOT_FOUND``).
-    "not_found": 404,
-    # The admin named a traposId that several accounts hold (SPEC §12).
-    auth.AMBIGUOUS: 409,
-    wire.TOO_LARGE: 413,
-    # The player stopped the agent on the computer: only they can resume it.
-    wire.STOPPED: 409,
-    wire.FS_ERROR: 422,
-    wire.PERIPHERAL_ERROR: 422,
-    # The computer runs a client that does not know the request (an older version).
-    wire.UNKNOWN_TYPE: 501,
-    wire.OVERLOADED: 503,
-    wire.UNAVAILABLE: 503,
-    wire.TIMEOUT: 504,
-}
 
 Headers = tuple[tuple[bytes, bytes], ...]
 
@@ -80,31 +58,33 @@ class Answer:
         except orjson.JSONEncodeError as error:
             # orjson reads deeper nesting (1024) than it writes (254).
             failed = error_answer(
-                502, wire.INTERNAL, f"the computer's answer cannot be relayed: {error}"
+                502, errors.INTERNAL, f"the computer's answer cannot be relayed: {error}"
             )
             return failed.status, orjson.dumps(failed.body), ()
 
 
 def error_answer(status: int, code: str, message: str, headers: Headers = ()) -> Answer:
-    return Answer(status, {"ok": False, "error": {"code": code, "message": message}}, headers)
+    return Answer(status, errors.body(code, message), headers)
 
 
 def refused(refusal: auth.Refusal) -> Answer:
     """The answer to a client that is not an operator."""
     if refusal.reason in (auth.NOT_LOOPBACK, auth.BROWSER):
-        return error_answer(403, "forbidden", refusal.message)
+        return error_answer(403, errors.FORBIDDEN, refusal.message)
     if refusal.reason == auth.THROTTLED:
         wait = b"%d" % math.ceil(refusal.wait)
-        return error_answer(429, "too_many_requests", refusal.message, ((b"retry-after", wait),))
+        return error_answer(
+            429, errors.TOO_MANY_REQUESTS, refusal.message, ((b"retry-after", wait),)
+        )
     challenge = ((b"www-authenticate", b'Bearer realm="trapsandbox"'),)
-    return error_answer(401, "unauthorized", refusal.message, challenge)
+    return error_answer(401, errors.UNAUTHORIZED, refusal.message, challenge)
 
 
 INTERNAL = error_answer(500, "internal", "the gateway failed to handle this request")
 UNSUPPORTED_MEDIA_TYPE = error_answer(
     415, "unsupported_media_type", "an operator POST takes Content-Type: application/json"
 )
-NO_SUCH_COMPUTER = error_answer(404, "not_found", "no such computer")
+NO_SUCH_COMPUTER = error_answer(404, errors.NOT_FOUND, "no such computer")
 REQUEST_TIMEOUT = error_answer(
     408,
     "request_timeout",
@@ -133,14 +113,14 @@ _REQUEST = '{"type", "payload"?, "timeoutMs"?}'
 
 
 def parse_request(obj: dict[str, Any]) -> tuple[str, dict[str, Any], float | None]:
-    """``(type, payload, timeout in seconds or None)``; raises ``BadRequest``."""
+    """``(type, payload, timeout in seconds or None)``; raises ``bad_request``."""
     kind = short_string(obj, "type", limits.MAX_TYPE_LENGTH)
     payload = optional_object(obj, "payload")
     timeout = number(obj, "timeoutMs", MAX_REQUEST_TIMEOUT_MS, unit="milliseconds")
     return kind, payload, None if timeout is None else timeout / 1000
 
 
-def rejected(error: BadRequest) -> Answer:
+def rejected(error: GatewayError) -> Answer:
     """The answer to a request the caller got wrong (its status and code are the error's)."""
     return error_answer(error.status, error.code, error.message)
 
@@ -157,7 +137,7 @@ def _answered(response: wire.ComputerResponse) -> Answer:
 def _failed(failure: Failure) -> Answer | Failure:
     if failure.check(GatewayError):
         error = failure.value
-        return error_answer(STATUS_OF_ERROR.get(error.code, 500), error.code, error.message)
+        return error_answer(error.status, error.code, error.message)
     return failure  # cancelled (the client went away), or a bug: the caller's
 
 
@@ -378,9 +358,7 @@ class OperatorRequests:
         try:
             return operator.account_of(self._registry, trapos_id, asked)
         except GatewayError as failure:
-            return error_answer(
-                STATUS_OF_ERROR.get(failure.code, 500), failure.code, failure.message
-            )
+            return error_answer(errors.STATUS.get(failure.code, 500), failure.code, failure.message)
 
     def http(
         self,
@@ -388,7 +366,7 @@ class OperatorRequests:
         authorization: bytes | None,
         trapos_id: str,
         asked: str | None,
-        body: bytes | BadRequest,
+        body: bytes | GatewayError,
         admitted: auth.Operator | None = None,
     ) -> Answer | Deferred:
         """
@@ -404,11 +382,11 @@ class OperatorRequests:
         account_id = self.account(operator, trapos_id, asked)
         if type(account_id) is Answer:
             return account_id
-        if isinstance(body, BadRequest):
+        if isinstance(body, GatewayError):
             return rejected(body)  # not raised again: it would keep this frame too
         try:
             obj = json_object(body, _REQUEST)
-        except BadRequest as error:
+        except GatewayError as error:
             return rejected(error)
         return senders.sent_by(senders.of_operator(operator), self.send, trapos_id, account_id, obj)
 
@@ -434,7 +412,7 @@ class OperatorRequests:
             if kind in snapshotcalls.TYPES:
                 d = self.snapshots.request(kind, account_id, trapos_id, payload)
                 return d.addCallbacks(_snapshot_answer, _failed)
-        except BadRequest as error:
+        except GatewayError as error:
             return rejected(error)
         relay = None
         if kind == "screen_watch":

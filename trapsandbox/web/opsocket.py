@@ -90,17 +90,17 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.admission import auth, proxies
 from trapsandbox.compat import fixes
 from trapsandbox.computers import senders, wire
 from trapsandbox.computers.outbound import Outbound
 from trapsandbox.computers.protocol import server_options
 from trapsandbox.computers.sending import Sending
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.web.operator import INTERNAL, Answer, OperatorRequests, error_answer, rejected
-from trapsandbox.web.validation import BadRequest, json_object, short_string
+from trapsandbox.web.validation import json_object, short_string
 
 log = Logger()
 
@@ -108,7 +108,7 @@ _SHAPE = '{"id", "traposId", "type", "payload"?, "timeoutMs"?, "account"?}'
 # Handled here, not sent to a computer: the visible computers, and one computer's requests, live.
 WATCH_COMPUTERS = "watch_computers"
 WATCH_ACTIVITY = "watch_activity"
-CANCELLED = error_answer(503, wire.UNAVAILABLE, "the request was cancelled")
+CANCELLED = error_answer(503, errors.UNAVAILABLE, "the request was cancelled")
 
 
 def _id_of(obj: dict[str, Any]) -> str | int:
@@ -117,21 +117,23 @@ def _id_of(obj: dict[str, Any]) -> str | int:
     # Not bool (an int in Python) and not float; orjson reads integers past 64 bits as floats.
     if kind is int or (kind is str and 0 < len(message_id) <= limits.MAX_ID_LENGTH):
         return message_id
-    raise BadRequest(f"id must be a string of 1 to {limits.MAX_ID_LENGTH} characters or an integer")
+    raise errors.bad_request(
+        f"id must be a string of 1 to {limits.MAX_ID_LENGTH} characters or an integer"
+    )
 
 
 def read_message(payload: bytes) -> tuple[str | int, dict[str, Any]]:
-    """``(id, the message)``; raises ``BadRequest`` (answered with no id)."""
+    """``(id, the message)``; raises ``bad_request`` (answered with no id)."""
     obj = json_object(payload, _SHAPE, "the message")
     return _id_of(obj), obj
 
 
 def target(obj: dict[str, Any]) -> tuple[str, str | None]:
-    """``(traposId, account or None)``; raises ``BadRequest`` (answered with the id)."""
+    """``(traposId, account or None)``; raises ``bad_request`` (answered with the id)."""
     trapos_id = short_string(obj, "traposId", limits.MAX_ID_LENGTH)
     account = obj.get("account")
     if account is not None and type(account) is not str:
-        raise BadRequest("account must be a string")
+        raise errors.bad_request("account must be a string")
     return trapos_id, account
 
 
@@ -157,7 +159,7 @@ def token_message(obj: dict[str, Any]) -> bytes | None:
         return None
     token = obj["token"]
     if type(token) is not str:
-        raise BadRequest("token must be a string")
+        raise errors.bad_request("token must be a string")
     return b"Bearer " + token.encode("utf-8", "replace") if token else b""
 
 
@@ -252,7 +254,9 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         message_id = None
         try:
             if isBinary:
-                raise BadRequest("binary frames are not read: send each request as JSON text")
+                raise errors.bad_request(
+                    "binary frames are not read: send each request as JSON text"
+                )
             if self.token_first:
                 self.token_first = False
                 if self._authenticate(payload):
@@ -268,7 +272,7 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
                 return
             trapos_id, account = target(obj)
             self._start(message_id, trapos_id, account, obj)
-        except BadRequest as error:
+        except GatewayError as error:
             self._answer(message_id, rejected(error))
         except Exception:
             log.failure("unexpected error handling a message from {peer}", peer=self.peer_address)
@@ -304,7 +308,7 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         """
         try:
             authorization = token_message(json_object(payload, '{"token"}', "the message"))
-        except BadRequest:
+        except GatewayError:
             authorization = None
         if authorization is None:
             if self.operator is None:
@@ -356,16 +360,16 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
     # Requests
 
     def _room(self, message_id: str | int) -> bool:
-        """Whether ``message_id`` may start (else it was answered, or raises ``BadRequest``)."""
+        """Whether ``message_id`` may start (else it was answered, or raises ``bad_request``)."""
         factory = self.factory
         if message_id in self.in_flight:
-            raise BadRequest(f"id {message_id!r} is already in flight on this connection")
+            raise errors.bad_request(f"id {message_id!r} is already in flight on this connection")
         if len(self.in_flight) >= factory.max_in_flight:
             self._answer(
                 message_id,
                 error_answer(
                     503,
-                    wire.OVERLOADED,
+                    errors.OVERLOADED,
                     f"at most {factory.max_in_flight} requests in flight on one connection",
                 ),
             )
@@ -376,7 +380,7 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         """The computers this operator sees, as partials, until the socket closes."""
         account = obj.get("account")
         if account is not None and type(account) is not str:
-            raise BadRequest("account must be a string")
+            raise errors.bad_request("account must be a string")
         if not self._room(message_id):
             return
         self.in_flight[message_id] = Deferred()  # a placeholder while the first listing goes
@@ -408,7 +412,7 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
             return
         if self.outbound.paused and self.dropped:
             # Not reading its answers (some already had no room): start no more work for it.
-            self._answer(message_id, error_answer(503, wire.OVERLOADED, "answers are not read"))
+            self._answer(message_id, error_answer(503, errors.OVERLOADED, "answers are not read"))
             return
         self.dropped = False
         requests = factory.requests

@@ -4,10 +4,10 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.fakes import FakeLink
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 
 
 def response(request, ok=True, payload=None, sender="7:"):
@@ -47,7 +47,7 @@ class RegistryTests(SynchronousTestCase):
         d = self.registry.request("7:", "x")
         session.resolve(
             wire.ComputerResponse(
-                "7:", link.sent[0]["messageId"], "x", False, error=wire.Error("unknown_type", "?")
+                "7:", link.sent[0]["messageId"], "x", False, error=errors.Error("unknown_type", "?")
             )
         )
         self.assertFalse(self.successResultOf(d).ok)
@@ -80,7 +80,7 @@ class RegistryTests(SynchronousTestCase):
         self.clock.advance(4.9)
         self.assertNoResult(d)
         self.clock.advance(0.2)
-        error = self.assertGatewayError(d, wire.TIMEOUT)
+        error = self.assertGatewayError(d, errors.TIMEOUT)
         self.assertIn("5 s", error.message)
         self.assertEqual(session.in_flight, 0)
         self.assertEqual(self.clock.getDelayedCalls(), [])
@@ -91,13 +91,13 @@ class RegistryTests(SynchronousTestCase):
         self.clock.advance(29)
         self.assertNoResult(d)
         self.clock.advance(1)
-        self.assertGatewayError(d, wire.TIMEOUT)
+        self.assertGatewayError(d, errors.TIMEOUT)
 
     def test_late_response_after_timeout_is_ignored(self):
         session, link = self.connect()
         d = self.registry.request("7:", "ping", timeout=1)
         self.clock.advance(1)
-        self.assertGatewayError(d, wire.TIMEOUT)
+        self.assertGatewayError(d, errors.TIMEOUT)
         self.assertFalse(session.resolve(response(link.sent[0])))
 
     def test_answer_cancels_the_timer(self):
@@ -107,25 +107,27 @@ class RegistryTests(SynchronousTestCase):
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def test_not_connected(self):
-        error = self.assertGatewayError(self.registry.request("9:", "ping"), wire.NOT_CONNECTED)
+        error = self.assertGatewayError(self.registry.request("9:", "ping"), errors.NOT_CONNECTED)
         self.assertIn("9:", error.message)
         # An operator's traposId comes from a URL: echoed cut (SPEC §4).
         long_id = "9:" + "x" * 5000
-        error = self.assertGatewayError(self.registry.request(long_id, "ping"), wire.NOT_CONNECTED)
+        error = self.assertGatewayError(
+            self.registry.request(long_id, "ping"), errors.NOT_CONNECTED
+        )
         self.assertLess(len(error.message), wire.ECHO_LIMIT + 30)
 
     def test_bad_timeout(self):
         self.connect()
         for timeout in (0, -1, float("nan")):
             self.assertGatewayError(
-                self.registry.request("7:", "ping", timeout=timeout), wire.BAD_REQUEST
+                self.registry.request("7:", "ping", timeout=timeout), errors.BAD_REQUEST
             )
 
     def test_removal_fails_pending_requests(self):
         session, _ = self.connect()
         d = self.registry.request("7:", "ping")
         self.registry.remove(session)
-        self.assertGatewayError(d, wire.NOT_CONNECTED)
+        self.assertGatewayError(d, errors.NOT_CONNECTED)
         self.assertEqual(len(self.registry), 0)
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
@@ -135,7 +137,7 @@ class RegistryTests(SynchronousTestCase):
         new, new_link = self.connect()
         self.assertIs(self.registry.find("7:"), new)
         self.assertEqual(old_link.closed, [(wire.CLOSE_REPLACED, "replaced")])
-        self.assertGatewayError(d, wire.NOT_CONNECTED)
+        self.assertGatewayError(d, errors.NOT_CONNECTED)
         # The old connection's close must not unregister the new one.
         self.registry.remove(old)
         self.assertIs(self.registry.find("7:"), new)
@@ -146,7 +148,7 @@ class RegistryTests(SynchronousTestCase):
         _, link_b = self.connect("7:", "b")
         self.assertEqual(len(self.registry), 2)
         self.assertEqual(link_b.closed, [])
-        self.assertGatewayError(self.registry.request("7:", "ping"), wire.NOT_CONNECTED)
+        self.assertGatewayError(self.registry.request("7:", "ping"), errors.NOT_CONNECTED)
         self.registry.request("7:", "ping", account_id="b")
         self.assertEqual(len(link_b.sent), 1)
 
@@ -154,7 +156,7 @@ class RegistryTests(SynchronousTestCase):
         session, link = self.connect()
         for _ in range(64):
             self.registry.request("7:", "ping")
-        self.assertGatewayError(self.registry.request("7:", "ping"), wire.OVERLOADED)
+        self.assertGatewayError(self.registry.request("7:", "ping"), errors.OVERLOADED)
         self.assertEqual(len(link.sent), 64)
         session.resolve(response(link.sent[0]))
         self.assertNoResult(self.registry.request("7:", "ping"))
@@ -162,7 +164,7 @@ class RegistryTests(SynchronousTestCase):
     def test_too_large(self):
         _, link = self.connect()
         d = self.registry.request("7:", "big", {"data": "x" * limits.MAX_OUTBOUND_BYTES})
-        self.assertGatewayError(d, wire.TOO_LARGE)
+        self.assertGatewayError(d, errors.TOO_LARGE)
         self.assertEqual(link.sent, [])
 
     def test_just_fits(self):
@@ -174,19 +176,19 @@ class RegistryTests(SynchronousTestCase):
 
     def test_unencodable_payload(self):
         self.connect()
-        self.assertGatewayError(self.registry.request("7:", "x", {"n": 2**70}), wire.BAD_REQUEST)
+        self.assertGatewayError(self.registry.request("7:", "x", {"n": 2**70}), errors.BAD_REQUEST)
 
     def test_send_on_a_closed_link(self):
         session, link = self.connect()
         link.open = False
-        self.assertGatewayError(self.registry.request("7:", "ping"), wire.NOT_CONNECTED)
+        self.assertGatewayError(self.registry.request("7:", "ping"), errors.NOT_CONNECTED)
         self.assertEqual(session.in_flight, 0)
 
     def test_reject_fails_one_request(self):
         session, link = self.connect()
         d1 = self.registry.request("7:", "a")
         d2 = self.registry.request("7:", "b")
-        error = wire.NOT_CONNECTED
+        error = errors.NOT_CONNECTED
         self.assertTrue(session.reject(link.sent[0]["messageId"], GatewayError(error, "x")))
         self.assertGatewayError(d1, error)
         self.assertNoResult(d2)
