@@ -155,6 +155,8 @@ HTTP_IDLE_TIMEOUT = 30.0
 # A request's head and body must arrive whole within this of its first byte
 # (a client dripping a byte now and then is not kept): 408, and the connection closed.
 REQUEST_DEADLINE = 30.0
+# After an idle timeout closes a connection whose client does not read, it is aborted.
+HTTP_ABORT_AFTER = 15.0
 # HTTP connections from one address whose request has not been admitted yet (no
 # operator's token checked, or no head complete); past it, 429 and closed.  Only
 # HTTP: computers (``/gateway``) have MAX_UNAUTHENTICATED_PER_ADDRESS.
@@ -272,3 +274,8 @@ SNAPSHOT_DIFF_MAX_BYTES = 256 * 1024
 SNAPSHOT_DIFF_MAX_LINES = 400
 # The embedded store's file in the state directory.
 SNAPSHOTS_FILE_NAME = "snapshots.sqlite3"
+
+# A snapshot's listing: the computer answers a few hundred files in a few batches of 64.
+SNAPSHOT_LIST_TIMEOUT = 60.0
+# trapsandbox-ctl's snapshot, changes and restore: every changed file fetched or written back.
+CTL_SNAPSHOT_TIMEOUT = 300.0

@@ -57,3 +57,11 @@ class PackagingTests(SynchronousTestCase):
         self.assertEqual(imported - required - cluster, set(), "imported but not declared")
         self.assertEqual(required - imported, set(), "declared but not imported")
         self.assertEqual(cluster, {"txredisapi"})
+
+    def test_each_package_map_names_each_of_its_modules(self):
+        # A package's __init__ is the map of its modules (``name``, one line or more each).
+        for init in (REPO / "trapsandbox").rglob("__init__.py"):
+            doc = init.read_text()
+            modules = {p.stem for p in init.parent.glob("*.py")} - {"__init__"}
+            missing = sorted(m for m in modules if f"``{m}``" not in doc)
+            self.assertEqual(missing, [], f"{init.relative_to(REPO)} does not name them")

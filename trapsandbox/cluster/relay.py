@@ -44,10 +44,6 @@ from trapsandbox.errors import GatewayError
 log = Logger()
 
 
-# A relayed activity watch ends at the latest after this long, as a screen watch does.
-WATCH_TIMEOUT = limits.SCREEN_WATCH_TIMEOUT
-
-
 def _sender_of(message: dict[str, Any]) -> senders.Sender:
     """Who sent a relayed request (``senders``), as its message says."""
     by = message.get("by")
@@ -120,7 +116,13 @@ class Relay:
         """
         watch = {"watch": "activity"}
         return self._send(
-            account_id, trapos_id, "watch_activity", {}, WATCH_TIMEOUT, listener, watch
+            account_id,
+            trapos_id,
+            "watch_activity",
+            {},
+            limits.SCREEN_WATCH_TIMEOUT,
+            listener,
+            watch,
         )
 
     def _send(

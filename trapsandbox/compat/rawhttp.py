@@ -18,10 +18,6 @@ class Answer(Protocol):
     def encoded(self) -> tuple[int, bytes, tuple[tuple[bytes, bytes], ...]]: ...
 
 
-# After an idle timeout closes a connection whose client does not read.
-ABORT_AFTER = 15.0
-
-
 class Dates:
     """The ``Date`` header's value, formatted once a second."""
 

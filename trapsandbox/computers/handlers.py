@@ -198,11 +198,7 @@ class ComputerRequests:
     def _need_snapshots(self, session: Session, *capabilities: str) -> Snapshots:
         for capability in capabilities:
             if capability not in session.capabilities:
-                raise GatewayError(
-                    errors.FORBIDDEN,
-                    f"computer {session.trapos_id} has not allowed {capability}: on it, run "
-                    f'"sandbox allow {capability}"',
-                )
+                raise wire.not_allowed(session.trapos_id, capability)
         if self._snapshots is None:
             raise GatewayError(errors.UNAVAILABLE, "this gateway keeps no snapshots")
         return self._snapshots

@@ -149,11 +149,7 @@ class Session:
             return GatewayError(errors.STOPPED, self.stopped)
         if capability is None or capability in self.capabilities:
             return settingsfile.refusal(type, payload)
-        return GatewayError(
-            errors.FORBIDDEN,
-            f"computer {self.trapos_id} has not allowed {capability}: on it, run "
-            f'"sandbox allow {capability}"',
-        )
+        return wire.not_allowed(self.trapos_id, capability)
 
     def request(
         self,

@@ -29,7 +29,7 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 from cattrs.preconf.orjson import make_converter
 from cattrs.v import format_exception
 
-from trapsandbox.errors import NOT_CONNECTED, Error, GatewayError
+from trapsandbox.errors import FORBIDDEN, NOT_CONNECTED, Error, GatewayError
 from trapsandbox.limits import MAX_ID_LENGTH, MAX_LABEL_LENGTH, MAX_TYPE_LENGTH
 
 # What a computer's owner can allow (the Lua setting sandbox.allow), and the
@@ -111,6 +111,15 @@ def _id():
 
 def _type():
     return attrs.field(validator=_bounded(MAX_TYPE_LENGTH))
+
+
+def not_allowed(trapos_id: str, capability: str) -> GatewayError:
+    """A request its computer's owner has not allowed, and the command that allows it."""
+    return GatewayError(
+        FORBIDDEN,
+        f"computer {trapos_id} has not allowed {capability}: on it, run "
+        f'"sandbox allow {capability}"',
+    )
 
 
 def not_connected(trapos_id: str) -> GatewayError:

@@ -37,7 +37,7 @@ from twisted.python.failure import Failure
 
 from trapsandbox import limits
 from trapsandbox.admission import auth
-from trapsandbox.compat.rawhttp import ABORT_AFTER, Dates, response
+from trapsandbox.compat.rawhttp import Dates, response
 from trapsandbox.computers import wire
 from trapsandbox.web.operator import (
     INTERNAL,
@@ -414,7 +414,7 @@ class FastHTTP(protocol.Protocol):
         self.transport.write(data)
         self.transport.loseConnection()
         # A client that does not read its answer is not waited for.
-        self._timer = self._clock.callLater(ABORT_AFTER, self.transport.abortConnection)
+        self._timer = self._clock.callLater(limits.HTTP_ABORT_AFTER, self.transport.abortConnection)
 
     def _answer(self, plain: _Plain, body: bytes, operator: auth.Operator) -> None:
         trapos_id = _trapos_id(plain.segment)
@@ -486,7 +486,7 @@ class FastHTTP(protocol.Protocol):
             )
             return
         self.transport.loseConnection()
-        self._timer = self._clock.callLater(ABORT_AFTER, self.transport.abortConnection)
+        self._timer = self._clock.callLater(limits.HTTP_ABORT_AFTER, self.transport.abortConnection)
 
     def connectionLost(self, reason: Any) -> None:
         self._gone = True

@@ -12,4 +12,6 @@ MCP (SPEC §10): opencode's agent, or any MCP client, uses the computers as tool
     ``results``    what a call ends as: a CallToolResult, its outcome, ``ToolError``
     ``text``       what a model reads besides a tool's answer: instructions, advice,
                    the computer's refusals and failures
+    ``resources``  a computer's screen and files as resources read by URI (SPEC §17)
+    ``stream``     a response as server-sent events (a call's progress)
 """

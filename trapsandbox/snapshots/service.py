@@ -38,8 +38,6 @@ from trapsandbox.snapshots.store import SnapshotStore
 log = Logger()
 
 OPENING = "it is still opening"
-# The computer answers a listing of a few hundred files in a few batches of 64.
-LIST_TIMEOUT = 60.0
 
 
 def _listed(answer: dict[str, Any], max_bytes: int) -> dict[str, tuple[int, int]]:
@@ -273,7 +271,7 @@ class Snapshots:
         self, account: str, trapos_id: str
     ) -> tuple[dict[str, tuple[int, int]], int | None]:
         """The computer's files, and its free bytes (None: a client that does not say)."""
-        answer = await self._sandbox.snapshot_list(trapos_id, account, LIST_TIMEOUT)
+        answer = await self._sandbox.snapshot_list(trapos_id, account, limits.SNAPSHOT_LIST_TIMEOUT)
         free = answer.get("free")
         if type(free) is float and free.is_integer():
             free = int(free)

@@ -12,7 +12,7 @@ The one home of what they answer, so that every surface answers alike::
 
 Each fires with the answer's fields (``{snapshots}``; ``{id, files, bytes, fetched}``;
 ``{snapshot, added, modified, deleted, diffs}``; ``{restored, before, deleted, written}``)
-or fails with a ``GatewayError`` whose code is the status (``operator.errors.STATUS``).
+or fails with a ``GatewayError`` whose code is the status (``errors.STATUS``).
 The account is already resolved (``auth.Operator.account_of``): the store and the registry
 answer another account's computer or snapshot exactly like a missing one (§12).
 """
