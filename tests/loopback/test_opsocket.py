@@ -564,6 +564,21 @@ class WatchComputersTests(TestCase):
         # The watch holds its id; other requests go on beside it.
         alice.send({"id": "w", "type": "watch_computers"})
         self.assertEqual((await alice.next_message())["status"], 400)
+        # One watch of the computers per socket (issue 35): another is refused, saying why.
+        alice.send({"id": "w2", "type": "watch_computers"})
+        self.assertEqual(
+            await alice.next_message(),
+            {
+                "id": "w2",
+                "status": 429,
+                "ok": False,
+                "error": {
+                    "code": "too_many_watches",
+                    "message": "this socket already watches the computers (id 'w'): one "
+                    "watch_computers per socket",
+                },
+            },
+        )
         alice.send({"id": 2, "traposId": "9:", "type": "ping"})
         self.assertEqual((await alice.next_message())["status"], 404)
         # Closing the socket stops the watch.
