@@ -27,8 +27,8 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.harness.processes import spawn_gateway
 from tests.harness import support
+from tests.harness.processes import spawn_gateway
 from tests.harness.support import (
     accounts_file,
     admitted,
