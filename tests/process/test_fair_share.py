@@ -17,7 +17,6 @@ them is then its own work, not the test process's (which shares the box).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -27,6 +26,7 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
+from bench.proc import cpu_seconds
 from tests.harness import support
 from tests.harness.processes import spawn_gateway
 from tests.harness.support import (
@@ -49,13 +49,6 @@ COMPUTERS = 30
 CYCLES = 3
 FRAMES = 1500
 SIDE = 512  # what the hostile computer claims: far beyond CraftOS's 164x81
-
-
-def cpu_seconds(pid: int) -> float:
-    """The user and system CPU time process ``pid`` used so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class PingingComputer(support.TestComputer):
