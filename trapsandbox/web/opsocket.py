@@ -35,8 +35,11 @@ relayed as it comes, before the final answer, as a message of its own
                                                           rows: {"<y>": {line, text, background}},
                                                           palette?}}
 
-(full-width rows, ``trapsandbox.computers.screen``); it runs until the
-computer ends it or this connection closes (``timeoutMs`` bounds it, by
+(full-width rows, ``trapsandbox.computers.screen``), at most ``maxFps`` a
+second whatever the computer sends, and none expanded while this connection
+has no room for it (``ScreenGate``: merged until it has); it runs until the
+computer ends it, a frame claims a screen too large to relay (413
+``too_large``) or this connection closes (``timeoutMs`` bounds it, by
 default ``SCREEN_WATCH_TIMEOUT``).  ``{"id", "type": "watch_computers",
 "account"?}`` (no ``traposId``) is the gateway's own: a partial ``{"computers":
 [...]}`` (``GET /computers``' entries this operator sees; in cluster mode every
