@@ -35,11 +35,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -47,12 +44,10 @@ from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientPr
 from twisted.internet import defer, task
 from twisted.internet.defer import Deferred
 
-from bench import proc
-from bench.live import Operator, _listening, bounded
+from bench import harness, proc
+from bench.live import Operator, _listening, bounded, encode_frame
 from trapsandbox.admission import accounts
 
-REPO = Path(__file__).resolve().parent.parent
-TWISTD = str(Path(sys.executable).parent / "twistd")
 SOCKETS = 16  # limits.MAX_OPERATOR_SOCKETS_PER_ACCOUNT
 PER_SOCKET = 256  # limits.MAX_OPERATOR_IN_FLIGHT
 WAIT = 60.0
@@ -79,15 +74,7 @@ class Computer(WebSocketClientProtocol):
         self.sendMessage(self.encode(event, message_id, type, payload, **more))
 
     def encode(self, event: str, message_id: str, type: str, payload: dict, **more) -> bytes:
-        frame = {
-            "event": event,
-            "traposSenderId": self.factory.trapos_id,
-            "messageId": message_id,
-            "type": type,
-            "payload": payload,
-            **more,
-        }
-        return orjson.dumps(frame)
+        return encode_frame(self.factory.trapos_id, event, message_id, type, payload, **more)
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
         frame = orjson.loads(payload)
@@ -284,23 +271,12 @@ async def idle_cpu(reactor, pid: int, seconds: float) -> float:
 async def run(reactor, args: argparse.Namespace) -> dict[str, Any]:
     state = tempfile.mkdtemp(prefix="trapsandbox-bench-fairshare-")
     accounts_path = os.path.join(state, "accounts.toml")
-    with open(accounts_path, "w") as f:
-        for name in ("alice", "bob"):
-            f.write(
-                f"[accounts.{name}]\n"
-                f'secret_sha256 = "{accounts.sha256_hex("s-" + name)}"\n'
-                f'token_sha256 = "{accounts.sha256_hex("token-" + name)}"\n'
-            )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SANDBOX_", "OPENCODE_"))}
-    env.update(OPENCODE_URL="", PYTHONPATH=str(REPO), SANDBOX_STATE_DIR=state)
-    child = subprocess.Popen(
-        [TWISTD, "-n", "--pidfile=", "trapsandbox", "--port", "tcp:0:interface=127.0.0.1"]
-        + ["--accounts-file", accounts_path],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        cwd=state,
-    )
+    text = ""
+    for name in ("alice", "bob"):
+        hashed = (accounts.sha256_hex("s-" + name), accounts.sha256_hex("token-" + name))
+        text = accounts.with_account(text, accounts.Account(name, *hashed))
+    accounts.write_text(accounts_path, text)
+    child = harness.spawn_twistd(state, "--accounts-file", accounts_path)
     try:
         port = await _listening(reactor, child)
         reactor.gateway_pid = child.pid
@@ -330,14 +306,6 @@ async def run(reactor, args: argparse.Namespace) -> dict[str, Any]:
         child.wait(15)
 
 
-async def report(reactor, args: argparse.Namespace) -> None:
-    outcome = await run(reactor, args)
-    text = orjson.dumps(outcome, option=orjson.OPT_INDENT_2).decode()
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.fairshare",
@@ -352,7 +320,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--output", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
-    task.react(lambda reactor: defer.ensureDeferred(report(reactor, args)))
+    task.react(
+        lambda reactor: defer.ensureDeferred(run(reactor, args)).addCallback(
+            harness.show, args.output
+        )
+    )
 
 
 if __name__ == "__main__":

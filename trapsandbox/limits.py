@@ -41,10 +41,11 @@ MAX_BUSY = 16
 MAX_OPERATOR_IN_FLIGHT = 256
 # Operator WebSockets one account's token may hold open at once (SPEC §4).
 MAX_OPERATOR_SOCKETS_PER_ACCOUNT = 16
-# Watches of one account's computers open at once in this process, of each kind: screen
+# Watches one account's token holds open at once in this process, of each kind: screen
 # and peripheral-event watches (whichever surface: /operator, SSE, a relay from another
 # process) and activity watches.  Each is a stream the gateway relays: the bound keeps what
 # one account's watchers cost the gateway (and so the other accounts' latency) bounded.
+# The admin's are not counted (as its /operator sockets are not).
 # (``watch_computers``: one per /operator socket, so MAX_OPERATOR_SOCKETS_PER_ACCOUNT.)
 MAX_WATCHES_PER_ACCOUNT = 64
 # A burst of changes to the computers (connects, disconnects, capabilities) is listed

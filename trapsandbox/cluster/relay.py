@@ -118,7 +118,8 @@ class Relay:
         fails with ``not_connected`` when it leaves that process (or is not
         held anywhere); cancelling it ends the watch.
         """
-        watch = {"watch": "activity"}
+        # Its sender goes along: the holder counts an account's watches against its bound.
+        watch = {"watch": "activity", "by": senders.current()}
         return self._send(
             account_id, trapos_id, "watch_activity", {}, WATCH_TIMEOUT, listener, watch
         )
@@ -247,7 +248,9 @@ class Relay:
             self._redis.publish(sender, part).addErrback(lambda _: None)
 
         if message.get("watch") == "activity":
-            d = self._registry.follow_activity(account_id, trapos_id, partial)
+            d = senders.sent_by(
+                _sender_of(message), self._registry.follow_activity, account_id, trapos_id, partial
+            )
             # At its bound it just stops (cancelled: nothing sent); the requester's own
             # bound, a margin later, answers there.
             d.addTimeout(timeout, self._reactor, lambda result, _: result)

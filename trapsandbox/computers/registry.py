@@ -17,10 +17,12 @@ computer): a ``screen_watch``'s frames pass through a ``screen.ScreenGate``,
 which does so for a frame too large to relay, and paces them to the watch's
 ``maxFps``.
 
-The watches of one account's computers open at once (``WATCHES``, and
-``watch_activity``) are bounded per account (``limits.MAX_WATCHES_PER_ACCOUNT``):
-past it a new one fails with ``too_many_watches``, so what one account's
-watchers cost does not grow without bound.
+The watches an account's token holds open at once (``WATCHES``, and
+``watch_activity``; the account is the sender's, ``senders.current``) are
+bounded per account (``limits.MAX_WATCHES_PER_ACCOUNT``): past it a new one
+fails with ``too_many_watches``, so what one account's watchers cost does not
+grow without bound.  The admin's are not counted, as its ``/operator``
+sockets are not.
 """
 
 from __future__ import annotations
@@ -348,25 +350,36 @@ def _ignore(failure: Failure) -> None:
     return None
 
 
-def _counted(held: dict[str, int], account_id: str, most: int, kind: str) -> GatewayError | None:
-    """Count one more watch of ``account_id`` in ``held``; why not, when it has ``most``."""
-    count = held.get(account_id, 0)
+def _counted(held: dict[str, int], most: int, kind: str) -> tuple[str | None, GatewayError | None]:
+    """
+    Count one more watch of the account whose token asks for it now
+    (``senders.current``) in ``held``: ``(that account, None)``, or ``(None,
+    why not)`` when it already has ``most``.  ``(None, None)``: the admin, the
+    gateway or a computer's player asks, which are not counted (as the admin's
+    ``/operator`` sockets are not).
+    """
+    account = senders.current().get("account")
+    if account is None:
+        return None, None
+    count = held.get(account, 0)
     if count >= most:
-        return GatewayError(
+        return None, GatewayError(
             wire.TOO_MANY_WATCHES,
-            f"account {wire.cut(account_id)} already has {most} {kind} watches open here; "
+            f"account {wire.cut(account)} already has {most} {kind} watches open here; "
             "end one first",
         )
-    held[account_id] = count + 1
-    return None
+    held[account] = count + 1
+    return account, None
 
 
-def _uncounted(held: dict[str, int], account_id: str) -> None:
-    left = held.get(account_id, 0) - 1
+def _uncounted(held: dict[str, int], account: str | None) -> None:
+    if account is None:
+        return
+    left = held.get(account, 0) - 1
     if left > 0:
-        held[account_id] = left
+        held[account] = left
     else:
-        held.pop(account_id, None)
+        held.pop(account, None)
 
 
 def _passed(result: object, call: Callable[..., None], *args: Any) -> object:
@@ -383,7 +396,7 @@ class Registry:
     metrics: Metrics = attrs.field(factory=Metrics, repr=False)
     # Cluster mode: the other processes; None (one process) changes nothing.
     peers: Peers | None = attrs.field(default=None, repr=False)
-    # Watches of one account's computers open at once, of each kind (``WATCHES``; activity).
+    # Watches one account's token holds open at once, of each kind (``WATCHES``; activity).
     max_watches: int = limits.MAX_WATCHES_PER_ACCOUNT
     _sessions: dict[tuple[str, str], Session] = attrs.field(factory=dict, init=False)
     # traposId -> the accounts holding it, and account -> how many computers it has.
@@ -414,9 +427,10 @@ class Registry:
         Call ``listener`` with each request sent to the computer, when it
         starts and when it ends (``activity_entry``); answers the function
         that stops it.  Raises ``GatewayError(too_many_watches)`` when the
-        account already has ``max_watches`` of them.
+        account whose token asks (``senders.current``) already has
+        ``max_watches`` of them.
         """
-        refusal = _counted(self._activity_watching, account_id, self.max_watches, "activity")
+        counted, refusal = _counted(self._activity_watching, self.max_watches, "activity")
         if refusal is not None:
             raise refusal
         listeners = self._activity.setdefault((account_id, trapos_id), [])
@@ -425,7 +439,7 @@ class Registry:
         def stop() -> None:
             if listener in listeners:
                 listeners.remove(listener)
-                _uncounted(self._activity_watching, account_id)
+                _uncounted(self._activity_watching, counted)
             if not listeners:
                 self._activity.pop((account_id, trapos_id), None)
 
@@ -576,7 +590,7 @@ class Registry:
         next), wherever the computer is held.
         """
         if type in WATCHES:
-            refusal = _counted(self._watching, account_id, self.max_watches, "screen and event")
+            counted, refusal = _counted(self._watching, self.max_watches, "screen and event")
             if refusal is not None:
                 return fail(refusal)
         gate = None
@@ -605,7 +619,7 @@ class Registry:
         started = None if d.called else self.clock.seconds()
         d.addBoth(self._count, type, started)
         if type in WATCHES:
-            d.addBoth(_passed, _uncounted, self._watching, account_id)
+            d.addBoth(_passed, _uncounted, self._watching, counted)
         if gate is not None:
             d.addBoth(_passed, gate.stop)
         key = (account_id, trapos_id)

@@ -415,8 +415,13 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         if type(account_id) is Answer:
             self._answer(message_id, account_id)
             return
-        watch = self.factory.requests.watch_activity(
-            account_id, trapos_id, lambda entry: self._partial(message_id, entry)
+        # Sent by this operator: an account's token is counted against its bound of watches.
+        watch = senders.sent_by(
+            senders.of_operator(self.operator),
+            self.factory.requests.watch_activity,
+            account_id,
+            trapos_id,
+            lambda entry: self._partial(message_id, entry),
         )
         self.in_flight[message_id] = watch
         # (Cluster mode: it may end, with the answer saying why.)

@@ -5,7 +5,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.fakes import FakeLink
 from trapsandbox import limits
-from trapsandbox.computers import wire
+from trapsandbox.computers import senders, wire
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.computers.wire import GatewayError
 
@@ -205,8 +205,13 @@ def partial(request, payload, sender="7:"):
     )
 
 
+def as_account(account, call, *args, **kwargs):
+    """``call`` as a request sent with ``account``'s token (``senders``)."""
+    return senders.sent_by({"by": "operator", "account": account}, call, *args, **kwargs)
+
+
 class WatchBoundTests(SynchronousTestCase):
-    """Issue 35: what one account's watches cost the gateway is bounded."""
+    """Issue 35: what one account's token can make the gateway watch is bounded."""
 
     def setUp(self):
         self.clock = Clock()
@@ -224,43 +229,51 @@ class WatchBoundTests(SynchronousTestCase):
         self.connect("1:")
         self.connect("2:")
         self.connect("1:", account_id="bob")
+        request = self.registry.request
         held = [
-            self.registry.request("1:", "screen_watch", account_id="alice"),
-            self.registry.request("2:", "peripheral_events", account_id="alice"),
-            self.registry.request("2:", "screen_watch", account_id="alice"),
+            as_account("alice", request, "1:", "screen_watch", account_id="alice"),
+            as_account("alice", request, "2:", "peripheral_events", account_id="alice"),
+            as_account("alice", request, "2:", "screen_watch", account_id="alice"),
         ]
-        refused = self.registry.request("1:", "screen_watch", account_id="alice")
+        refused = as_account("alice", request, "1:", "screen_watch", account_id="alice")
         error = self.failureResultOf(refused, GatewayError).value
         self.assertEqual(error.code, wire.TOO_MANY_WATCHES)
         self.assertEqual(
             error.message,
             "account alice already has 3 screen and event watches open here; end one first",
         )
-        # Another account's are its own; other requests are not watches.
-        self.assertNoResult(self.registry.request("1:", "screen_watch", account_id="bob"))
-        self.assertNoResult(self.registry.request("1:", "ping", account_id="alice"))
+        # Another account's are its own; other requests are not watches; the admin is not bound.
+        self.assertNoResult(as_account("bob", request, "1:", "screen_watch", account_id="bob"))
+        self.assertNoResult(as_account("alice", request, "1:", "ping", account_id="alice"))
+        self.assertNoResult(request("1:", "screen_watch", account_id="alice"))
         # One ends: one more may start.
         held[0].cancel()
         self.failureResultOf(held[0])
-        self.assertNoResult(self.registry.request("1:", "screen_watch", account_id="alice"))
+        self.assertNoResult(as_account("alice", request, "1:", "screen_watch", account_id="alice"))
 
     def test_activity_watches_are_bounded_per_account(self):
-        stops = [self.registry.watch_activity("alice", f"{n}:", lambda e: None) for n in range(3)]
+        def watch(account, trapos_id):
+            return as_account(
+                account, self.registry.watch_activity, account, trapos_id, lambda e: None
+            )
+
+        stops = [watch("alice", f"{n}:") for n in range(3)]
         with self.assertRaises(GatewayError) as raised:
-            self.registry.watch_activity("alice", "9:", lambda e: None)
+            watch("alice", "9:")
         self.assertEqual(raised.exception.code, wire.TOO_MANY_WATCHES)
-        self.registry.watch_activity("bob", "9:", lambda e: None)
+        watch("bob", "9:")
+        self.registry.watch_activity("alice", "9:", lambda e: None)  # the admin's
         stops[0]()
         stops[0]()  # twice is once
-        self.registry.watch_activity("alice", "9:", lambda e: None)
+        watch("alice", "9:")
         with self.assertRaises(GatewayError):
-            self.registry.watch_activity("alice", "9:", lambda e: None)
+            watch("alice", "9:")
 
     def test_a_relayed_activity_watch_past_the_bound_fails(self):
         self.connect("1:")
         for n in range(3):
-            self.registry.watch_activity("alice", f"{n}:", lambda e: None)
-        d = self.registry.follow_activity("alice", "1:", lambda e: None)
+            as_account("alice", self.registry.watch_activity, "alice", f"{n}:", lambda e: None)
+        d = as_account("alice", self.registry.follow_activity, "alice", "1:", lambda e: None)
         self.assertEqual(self.failureResultOf(d, GatewayError).value.code, wire.TOO_MANY_WATCHES)
 
     def test_screen_frames_are_paced_to_max_fps(self):
@@ -284,8 +297,14 @@ class WatchBoundTests(SynchronousTestCase):
     def test_a_frame_too_large_ends_the_watch_here_and_on_the_computer(self):
         session, link = self.connect("1:")
         frames = []
-        d = self.registry.request(
-            "1:", "screen_watch", {}, account_id="alice", on_partial=frames.append
+        d = as_account(
+            "alice",
+            self.registry.request,
+            "1:",
+            "screen_watch",
+            {},
+            account_id="alice",
+            on_partial=frames.append,
         )
         [watch] = link.sent
         session.resolve(partial(watch, {"width": 4000, "height": 3, "rows": {}}, "1:"))
