@@ -28,6 +28,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python -m bench $(BENCH_ARGS)
 	$(BIN)/python -m bench.sandbox
 	$(BIN)/python -m bench.live
+	$(BIN)/python -m bench.fairshare
 
 # Generated hostile frames over real sockets: 100,000 of them (make test sends a few thousand).
 fuzz: $(VENV)/.installed

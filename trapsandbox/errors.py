@@ -32,6 +32,8 @@ FS_ERROR = "fs_error"  # CraftOS refused a file operation; the message is its ow
 PERIPHERAL_ERROR = "peripheral_error"
 # The computer's player stopped the agent there (``sandbox stop``, or the stop side's redstone).
 STOPPED = "stopped"
+# One account already holds as many watches of that kind as it may (``limits``).
+TOO_MANY_WATCHES = "too_many_watches"
 OPENCODE_ERROR = "opencode_error"
 # Cluster mode: the process holding the computer, or Redis, cannot be reached.
 UNAVAILABLE = "unavailable"
@@ -55,6 +57,8 @@ STATUS = {
     FS_ERROR: 422,
     PERIPHERAL_ERROR: 422,
     TOO_MANY_REQUESTS: 429,
+    # One account already holds as many watches of that kind as it may.
+    TOO_MANY_WATCHES: 429,
     # The computer runs a client that does not know the request (an older version).
     UNKNOWN_TYPE: 501,
     OVERLOADED: 503,

@@ -41,6 +41,16 @@ MAX_BUSY = 16
 MAX_OPERATOR_IN_FLIGHT = 256
 # Operator WebSockets one account's token may hold open at once (SPEC §4).
 MAX_OPERATOR_SOCKETS_PER_ACCOUNT = 16
+# Watches one account's token holds open at once in this process, of each kind: screen
+# and peripheral-event watches (whichever surface: /operator, SSE, a relay from another
+# process) and activity watches.  Each is a stream the gateway relays: the bound keeps what
+# one account's watchers cost the gateway (and so the other accounts' latency) bounded.
+# The admin's are not counted (as its /operator sockets are not).
+# (``watch_computers``: one per /operator socket, so MAX_OPERATOR_SOCKETS_PER_ACCOUNT.)
+MAX_WATCHES_PER_ACCOUNT = 64
+# A burst of changes to the computers (connects, disconnects, capabilities) is listed
+# once to ``watch_computers``, this long after its first change.
+LISTING_DEBOUNCE = 0.05
 # How long a computer may take to acknowledge a ``cancel``.
 CANCEL_TIMEOUT = 10.0
 
@@ -58,9 +68,15 @@ FILE_CHUNK_BYTES = 64 * 1024
 MAX_FILE_BYTES = 1024 * 1024
 # One file, list or screen frame's round trip.
 FILE_REQUEST_TIMEOUT = 30.0
-# A screen's size as the gateway keeps it (``computers.screen``): a computer
-# claiming more is cut to this; CraftOS's largest monitor is 164x81.
-MAX_SCREEN_SIDE = 512
+# A screen's size as the gateway relays it (``computers.screen``): CraftOS's largest
+# monitor is 164x81 (CraftOS-PC may be set larger): a screen_watch frame claiming more
+# than twice that is refused and the watch ended (``too_large``).
+MAX_SCREEN_WIDTH = 328
+MAX_SCREEN_HEIGHT = 162
+# A screen_watch's frames reach its watcher at most this often a second unless its
+# maxFps says (SPEC §14: 1..20, default 10), whatever the computer sends.
+DEFAULT_SCREEN_FPS = 10
+MAX_SCREEN_FPS = 20
 # A screen_watch runs until its caller leaves; this bounds a forgotten one.
 SCREEN_WATCH_TIMEOUT = 24 * 3600.0
 # peripheral_events (SPEC §16): the computer's default and largest timeoutMs; the gateway

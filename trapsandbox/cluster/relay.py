@@ -114,7 +114,8 @@ class Relay:
         fails with ``not_connected`` when it leaves that process (or is not
         held anywhere); cancelling it ends the watch.
         """
-        watch = {"watch": "activity"}
+        # Its sender goes along: the holder counts an account's watches against its bound.
+        watch = {"watch": "activity", "by": senders.current()}
         return self._send(
             account_id,
             trapos_id,
@@ -249,7 +250,9 @@ class Relay:
             self._redis.publish(sender, part).addErrback(lambda _: None)
 
         if message.get("watch") == "activity":
-            d = self._registry.follow_activity(account_id, trapos_id, partial)
+            d = senders.sent_by(
+                _sender_of(message), self._registry.follow_activity, account_id, trapos_id, partial
+            )
             # At its bound it just stops (cancelled: nothing sent); the requester's own
             # bound, a margin later, answers there.
             d.addTimeout(timeout, self._reactor, lambda result, _: result)

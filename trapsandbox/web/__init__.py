@@ -13,6 +13,8 @@ The HTTP side, on the same port as the WebSocket (SPEC §4, §9).
     ``operator``   an operator's request to one computer, however it came: who may
                    ask, which account is meant, each outcome's status (an ``Answer``)
     ``opsocket``   ``GET /operator``: one WebSocket carrying many operator requests
+    ``listings``   ``watch_computers``' listings, built once per scope per change (debounced)
+                   and shared by every watcher of that scope
     ``snapshotcalls`` the snapshot operations, alike on every surface (SPEC §15)
     ``client``     the Lua files served for the one-line install
     ``console``    the web console's files (``console/``), ``GET /``, with their CSP

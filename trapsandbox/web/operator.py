@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
 from trapsandbox import errors, limits
@@ -29,6 +29,7 @@ from trapsandbox.errors import GatewayError
 from trapsandbox.limits import MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.snapshots.service import Snapshots
 from trapsandbox.web import snapshotcalls
+from trapsandbox.web.listings import Listing, Listings
 from trapsandbox.web.snapshotcalls import SnapshotCalls
 from trapsandbox.web.validation import (
     json_object,
@@ -142,14 +143,22 @@ def _failed(failure: Failure) -> Answer | Failure:
 
 
 def _frames_to(
-    on_frame: Callable[[dict[str, Any]], None],
-) -> Callable[[dict[str, Any]], None]:
+    on_frame: Callable[[dict[str, Any]], None], room: Callable[[], bool] | None
+) -> Callable[[dict[str, Any]], bool]:
+    """
+    A screen watch's compact frames to ``on_frame``, expanded (``ScreenState``)
+    only when ``room()`` says the watcher can take one: else False, and the
+    registry's ``ScreenGate`` keeps the frame (merged with the next) for later.
+    """
     state = ScreenState()
-    return lambda compact: on_frame(state.apply(compact))
 
+    def relay(compact: dict[str, Any]) -> bool:
+        if room is not None and not room():
+            return False
+        on_frame(state.apply(compact))
+        return True
 
-def _without_in_flight(entry: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in entry.items() if k != "inFlight"}
+    return relay
 
 
 def _renumbered(
@@ -210,6 +219,10 @@ class OperatorRequests:
         self._admission = admission
         self.snapshots = SnapshotCalls(registry, snapshots)
         self._cluster = cluster
+        sources = [registry.watch]
+        if cluster is not None:
+            sources.append(cluster.watch_computers)
+        self.listings = Listings(self._visible, sources, registry.clock)
 
     @property
     def loopback_admin(self) -> bool:
@@ -224,37 +237,28 @@ class OperatorRequests:
 
     def listing(self, operator: auth.Operator, asked: str | None = None) -> list[dict[str, Any]]:
         """The computers ``operator`` sees (``GET /computers``' entries, this process's)."""
-        sessions = self._registry.of_account(operator.scope(asked))
+        return self._listing(operator.scope(asked))
+
+    def _listing(self, scope: str | None) -> list[dict[str, Any]]:
+        sessions = self._registry.of_account(scope)
         return [describe_session(s) for s in sorted(sessions, key=lambda s: s.key)]
 
     def watch_computers(
         self,
         operator: auth.Operator,
         asked: str | None,
-        on_listing: Callable[[dict[str, Any]], None],
+        on_listing: Callable[[Listing], None],
     ) -> Deferred:
         """
         ``visible``'s listing to ``on_listing`` now and after each change
         ``operator`` can see (a computer connecting, leaving, changing what it
         allows; on another process: seen when the cluster is listed again,
-        ``Presence.watch``); a Deferred that never fires: cancelling it stops
-        the watch.
+        ``Presence.watch``), shared with every watcher of the same scope and
+        debounced (``Listings``); a Deferred that never fires: cancelling it
+        stops the watch.
         """
-        last: list[Any] = [None]
-
-        def send() -> None:
-            body = self.visible(operator, asked)
-            shown = {**body, "computers": [_without_in_flight(c) for c in body["computers"]]}
-            if shown != last[0]:  # another account's change is not this watcher's
-                last[0] = shown
-                on_listing(body)
-
-        stops = [self._registry.watch(send)]
-        if self._cluster is not None:
-            stops.append(self._cluster.watch_computers(send))
-        d = Deferred(lambda _: [stop() for stop in stops])
-        send()
-        return d
+        stop = self.listings.watch(operator.scope(asked), on_listing)
+        return Deferred(lambda _: stop())
 
     def visible(self, operator: auth.Operator, asked: str | None) -> dict[str, Any]:
         """
@@ -263,14 +267,17 @@ class OperatorRequests:
         as last listed (``Cluster.elsewhere``; ``unreachableGateways`` names
         those that did not answer, whose computers are as they last were).
         """
-        local = self.listing(operator, asked)
+        return self._visible(operator.scope(asked))
+
+    def _visible(self, scope: str | None) -> dict[str, Any]:
+        local = self._listing(scope)
         if self._cluster is None:
             return {"computers": local}
         here = {listing_key(c) for c in local}
         elsewhere = self._cluster.elsewhere
         computers = [{**c, "gateway": self._cluster.instance_id} for c in local] + [
             c
-            for c in in_scope(elsewhere["computers"], operator.scope(asked))
+            for c in in_scope(elsewhere["computers"], scope)
             # (Just moved here: listed here, not as it was there.)
             if listing_key(c) not in here
         ]
@@ -299,17 +306,17 @@ class OperatorRequests:
         def tell(entry: dict[str, Any]) -> None:
             on_entry({"activity": entry})
 
-        if self._cluster is None:
-            stop = self._registry.watch_activity(account_id, trapos_id, tell)
-            return Deferred(lambda _: stop())
-        if self._registry.find(trapos_id, account_id) is not None:
+        if self._cluster is not None and self._registry.find(trapos_id, account_id) is not None:
             d = self._registry.follow_activity(account_id, trapos_id, tell)
-        else:
+            return d.addCallbacks(lambda _: Answer(200, {"ok": True}), _failed)
+        try:
             stop = self._registry.watch_activity(account_id, trapos_id, tell)
-            d = self._cluster.watch_activity(
-                account_id, trapos_id, _renumbered(self._registry, tell)
-            )
-            d.addBoth(_after, stop)
+        except GatewayError as error:  # the account's bound
+            return succeed(_failed(Failure(error)))
+        if self._cluster is None:
+            return Deferred(lambda _: stop())
+        d = self._cluster.watch_activity(account_id, trapos_id, _renumbered(self._registry, tell))
+        d.addBoth(_after, stop)
         return d.addCallbacks(lambda _: Answer(200, {"ok": True}), _failed)
 
     def operator(
@@ -396,12 +403,14 @@ class OperatorRequests:
         account_id: str,
         obj: dict[str, Any],
         on_partial: Callable[[dict[str, Any]], None] | None = None,
+        room: Callable[[], bool] | None = None,
     ) -> Answer | Deferred:
         """
         ``obj`` (``{type, payload?, timeoutMs?}``) to the computer of the
         account ``account`` resolved; the answer, or a Deferred of it, as ``http``.
         ``on_partial`` hears a ``screen_watch``'s frames (``ScreenState``'s
-        shape) before it; no other type's partials are relayed.  A
+        shape) before it, expanded only when ``room()`` (None: always) says
+        there is room for one; no other type's partials are relayed.  A
         ``screen_watch`` runs up to ``SCREEN_WATCH_TIMEOUT`` unless ``timeoutMs`` says.
         The snapshot types (``snapshotcalls.TYPES``) are the gateway's own, not
         sent as they are: ``{ok, payload}`` holds what their HTTP route answers
@@ -419,7 +428,7 @@ class OperatorRequests:
             if timeout is None:
                 timeout = limits.SCREEN_WATCH_TIMEOUT
             if on_partial is not None:
-                relay = _frames_to(on_partial)
+                relay = _frames_to(on_partial, room)
         d = self._registry.request(
             trapos_id, kind, payload, timeout, account_id=account_id, on_partial=relay
         )

@@ -35,13 +35,18 @@ relayed as it comes, before the final answer, as a message of its own
                                                           rows: {"<y>": {line, text, background}},
                                                           palette?}}
 
-(full-width rows, ``trapsandbox.computers.screen``); it runs until the
-computer ends it or this connection closes (``timeoutMs`` bounds it, by
+(full-width rows, ``trapsandbox.computers.screen``), at most ``maxFps`` a
+second whatever the computer sends, and none expanded while this connection
+has no room for it (``ScreenGate``: merged until it has); it runs until the
+computer ends it, a frame claims a screen too large to relay (413
+``too_large``) or this connection closes (``timeoutMs`` bounds it, by
 default ``SCREEN_WATCH_TIMEOUT``).  ``{"id", "type": "watch_computers",
 "account"?}`` (no ``traposId``) is the gateway's own: a partial ``{"computers":
 [...]}`` (``GET /computers``' entries this operator sees; in cluster mode every
 process's, ``OperatorRequests.visible``) at once and after each connect,
-disconnect or change of capabilities, until the connection closes.  So is
+disconnect or change of capabilities (a burst of them listed once,
+``web.listings``), until the connection closes; one per connection (another
+is answered 429 ``too_many_watches``).  So is
 ``{"id", "type": "watch_activity", "traposId", "account"?}``: a partial
 ``{"activity": {n, type, detail, by, account?, state, durationMs?}}`` as each
 request to that computer (anyone's: an operator's, the agent's, its player's
@@ -99,6 +104,7 @@ from trapsandbox.computers.protocol import server_options
 from trapsandbox.computers.sending import Sending
 from trapsandbox.errors import GatewayError
 from trapsandbox.ops.metrics import Metrics
+from trapsandbox.web.listings import Listing
 from trapsandbox.web.operator import INTERNAL, Answer, OperatorRequests, error_answer, rejected
 from trapsandbox.web.validation import json_object, short_string
 
@@ -177,6 +183,8 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         self.peer_address = "?"
         self.outbound: Outbound | None = None
         self.in_flight: dict[str | int, Deferred] = {}
+        # The id of this socket's ``watch_computers`` (one per socket), while it runs.
+        self.watching: str | int | None = None
         # An answer found no room while the transport was paused (``Outbound``).
         self.dropped = False
         # A console page's upgrade: its first message may be {"token"} (``_authenticate``).
@@ -383,9 +391,21 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
             raise errors.bad_request("account must be a string")
         if not self._room(message_id):
             return
+        if self.watching in self.in_flight:
+            self._answer(
+                message_id,
+                error_answer(
+                    429,
+                    errors.TOO_MANY_WATCHES,
+                    f"this socket already watches the computers (id {self.watching!r}): "
+                    "one watch_computers per socket",
+                ),
+            )
+            return
         self.in_flight[message_id] = Deferred()  # a placeholder while the first listing goes
+        self.watching = message_id
         watch = self.factory.requests.watch_computers(
-            self.operator, account, lambda listing: self._partial(message_id, listing)
+            self.operator, account, lambda listing: self._listing(message_id, listing)
         )
         self.in_flight[message_id] = watch
         watch.addErrback(self._failed, message_id)
@@ -399,8 +419,13 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         if type(account_id) is Answer:
             self._answer(message_id, account_id)
             return
-        watch = self.factory.requests.watch_activity(
-            account_id, trapos_id, lambda entry: self._partial(message_id, entry)
+        # Sent by this operator: an account's token is counted against its bound of watches.
+        watch = senders.sent_by(
+            senders.of_operator(self.operator),
+            self.factory.requests.watch_activity,
+            account_id,
+            trapos_id,
+            lambda entry: self._partial(message_id, entry),
         )
         self.in_flight[message_id] = watch
         # (Cluster mode: it may end, with the answer saying why.)
@@ -427,6 +452,7 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
             account_id,
             obj,
             lambda frame: self._partial(message_id, frame),
+            self._room_for_frames,
         )
         if type(result) is Answer:
             self._answer(message_id, result)
@@ -456,6 +482,28 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         except GatewayError:
             self.dropped = True
             log.debug("a frame to {peer} dropped: it is not reading", peer=self.peer_address)
+
+    def _listing(self, message_id: str | int, listing: Listing) -> None:
+        """A ``watch_computers`` partial: the listing's JSON, shared by its watchers, spliced in."""
+        if self.state != WebSocketProtocol.STATE_OPEN or message_id not in self.in_flight:
+            return
+        message = b'{"id":%b,"status":200,"partial":true,"payload":%b}' % (
+            orjson.dumps(message_id),
+            listing.encoded,
+        )
+        try:
+            self.outbound.send(message)
+        except GatewayError:
+            self.dropped = True
+            log.debug("a listing to {peer} dropped: it is not reading", peer=self.peer_address)
+
+    def _room_for_frames(self) -> bool:
+        """Whether a screen frame would be sent now (not queued behind a full transport)."""
+        return (
+            self.state == WebSocketProtocol.STATE_OPEN
+            and self.outbound is not None
+            and not self.outbound.paused
+        )
 
     def _answer(self, message_id: str | int | None, answer: Answer) -> None:
         self.factory.metrics.operator_socket_request(answer.status)

@@ -5,7 +5,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.fakes import FakeLink
 from trapsandbox import errors, limits
-from trapsandbox.computers import wire
+from trapsandbox.computers import senders, wire
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.errors import GatewayError
 
@@ -199,3 +199,126 @@ class RegistryTests(SynchronousTestCase):
         d.cancel()
         self.failureResultOf(d)
         self.assertEqual(session.in_flight, 0)
+
+
+def partial(request, payload, sender="7:"):
+    return wire.ComputerResponse(
+        sender, request["messageId"], request["type"], True, payload, partial=True
+    )
+
+
+def as_account(account, call, *args, **kwargs):
+    """``call`` as a request sent with ``account``'s token (``senders``)."""
+    return senders.sent_by({"by": "operator", "account": account}, call, *args, **kwargs)
+
+
+class WatchBoundTests(SynchronousTestCase):
+    """Issue 35: what one account's token can make the gateway watch is bounded."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.registry = Registry(self.clock, request_timeout=30, max_watches=3)
+
+    def connect(self, trapos_id="7:", account_id="alice", capabilities=("screen", "peripheral")):
+        link = FakeLink()
+        session = Session(
+            account_id, trapos_id, link, self.clock, capabilities=frozenset(capabilities)
+        )
+        self.registry.add(session)
+        return session, link
+
+    def test_screen_and_event_watches_are_bounded_per_account(self):
+        self.connect("1:")
+        self.connect("2:")
+        self.connect("1:", account_id="bob")
+        request = self.registry.request
+        held = [
+            as_account("alice", request, "1:", "screen_watch", account_id="alice"),
+            as_account("alice", request, "2:", "peripheral_events", account_id="alice"),
+            as_account("alice", request, "2:", "screen_watch", account_id="alice"),
+        ]
+        refused = as_account("alice", request, "1:", "screen_watch", account_id="alice")
+        error = self.failureResultOf(refused, GatewayError).value
+        self.assertEqual(error.code, errors.TOO_MANY_WATCHES)
+        self.assertEqual(
+            error.message,
+            "account alice already has 3 screen and event watches open here; end one first",
+        )
+        # Another account's are its own; other requests are not watches; the admin is not bound.
+        self.assertNoResult(as_account("bob", request, "1:", "screen_watch", account_id="bob"))
+        self.assertNoResult(as_account("alice", request, "1:", "ping", account_id="alice"))
+        self.assertNoResult(request("1:", "screen_watch", account_id="alice"))
+        # One ends: one more may start.
+        held[0].cancel()
+        self.failureResultOf(held[0])
+        self.assertNoResult(as_account("alice", request, "1:", "screen_watch", account_id="alice"))
+
+    def test_activity_watches_are_bounded_per_account(self):
+        def watch(account, trapos_id):
+            return as_account(
+                account, self.registry.watch_activity, account, trapos_id, lambda e: None
+            )
+
+        stops = [watch("alice", f"{n}:") for n in range(3)]
+        with self.assertRaises(GatewayError) as raised:
+            watch("alice", "9:")
+        self.assertEqual(raised.exception.code, errors.TOO_MANY_WATCHES)
+        watch("bob", "9:")
+        self.registry.watch_activity("alice", "9:", lambda e: None)  # the admin's
+        stops[0]()
+        stops[0]()  # twice is once
+        watch("alice", "9:")
+        with self.assertRaises(GatewayError):
+            watch("alice", "9:")
+
+    def test_a_relayed_activity_watch_past_the_bound_fails(self):
+        self.connect("1:")
+        for n in range(3):
+            as_account("alice", self.registry.watch_activity, "alice", f"{n}:", lambda e: None)
+        d = as_account("alice", self.registry.follow_activity, "alice", "1:", lambda e: None)
+        self.assertEqual(self.failureResultOf(d, GatewayError).value.code, errors.TOO_MANY_WATCHES)
+
+    def test_screen_frames_are_paced_to_max_fps(self):
+        session, link = self.connect("1:")
+        frames = []
+        d = self.registry.request(
+            "1:", "screen_watch", {"maxFps": 5}, account_id="alice", on_partial=frames.append
+        )
+        [watch] = link.sent
+        for n in range(100):
+            session.resolve(partial(watch, {"cursorX": n, "rows": {"1": {"line": str(n)}}}, "1:"))
+        self.assertEqual([f["cursorX"] for f in frames], [0])
+        self.clock.advance(0.2)
+        self.assertEqual([f["cursorX"] for f in frames], [0, 99])
+        d.cancel()
+        self.failureResultOf(d)
+        # Only the cancel sent to the computer waits: no frame is held for a watch that ended.
+        waiting = [c.func.__name__ for c in self.clock.getDelayedCalls() if c.active()]
+        self.assertEqual(waiting, ["_timed_out"])
+
+    def test_a_frame_too_large_ends_the_watch_here_and_on_the_computer(self):
+        session, link = self.connect("1:")
+        frames = []
+        d = as_account(
+            "alice",
+            self.registry.request,
+            "1:",
+            "screen_watch",
+            {},
+            account_id="alice",
+            on_partial=frames.append,
+        )
+        [watch] = link.sent
+        session.resolve(partial(watch, {"width": 4000, "height": 3, "rows": {}}, "1:"))
+        error = self.failureResultOf(d, GatewayError).value
+        self.assertEqual(error.code, errors.TOO_LARGE)
+        self.assertEqual(frames, [])
+        cancel = link.sent[-1]
+        self.assertEqual(
+            (cancel["type"], cancel["payload"]), ("cancel", {"messageId": watch["messageId"]})
+        )
+        self.assertEqual(session.in_flight, 1)  # the cancel, nothing else
+        # What the computer still sends for it is ignored.
+        self.assertFalse(session.resolve(partial(watch, {"rows": {}}, "1:")))
+        # And the account's watch is counted no more.
+        self.assertEqual(self.registry._watching, {})
