@@ -55,6 +55,13 @@ class Settings:
     ask_directory: str | None = None
     # Ask conversations remembered per account (SPEC §4), the least recently used dropped.
     max_ask_conversations: int = limits.MAX_ASK_CONVERSATIONS
+    # opencode instances given back after this long unused, and at most this many live per
+    # opencode server (``opencode.instances``).
+    ask_instance_idle: float = limits.ASK_INSTANCE_IDLE
+    ask_max_instances: int = limits.ASK_MAX_INSTANCES
+    # Asks running at once per opencode server and per account; more wait (``opencode.queue``).
+    ask_max_running: int = limits.ASK_MAX_RUNNING
+    ask_max_running_per_account: int = limits.ASK_MAX_RUNNING_PER_ACCOUNT
     # SANDBOX_TRUSTED_PROXIES (SPEC §4): networks (and perhaps ``unix``) whose
     # X-Forwarded-For/Forwarded are believed; none by default.
     trusted_proxies: tuple[Any, ...] = ()
@@ -241,6 +248,20 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
             raise ConfigError(f"{name} is empty: unset it to have no accounts file")
         accounts = accounts_module.load(accounts_file, name)
 
+    ask_max_instances = setting(
+        "ask-max-instances", "SANDBOX_ASK_MAX_INSTANCES", _count, limits.ASK_MAX_INSTANCES
+    )
+    ask_max_running = setting(
+        "ask-max-running", "SANDBOX_ASK_MAX_RUNNING", _count, limits.ASK_MAX_RUNNING
+    )
+    if ask_max_running > ask_max_instances:
+        # Every running ask holds an instance: more running than live would break the bound.
+        raise ConfigError(
+            f"SANDBOX_ASK_MAX_RUNNING ({ask_max_running}) must not exceed "
+            f"SANDBOX_ASK_MAX_INSTANCES ({ask_max_instances}): each running ask keeps an "
+            "opencode instance"
+        )
+
     return Settings(
         ports=ports,
         accounts_file=accounts_file,
@@ -287,6 +308,20 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
             "SANDBOX_MAX_ASK_CONVERSATIONS",
             _count,
             limits.MAX_ASK_CONVERSATIONS,
+        ),
+        ask_instance_idle=setting(
+            "ask-instance-idle-ms",
+            "SANDBOX_ASK_INSTANCE_IDLE_MS",
+            _timeout_ms,
+            limits.ASK_INSTANCE_IDLE,
+        ),
+        ask_max_instances=ask_max_instances,
+        ask_max_running=ask_max_running,
+        ask_max_running_per_account=setting(
+            "ask-max-running-per-account",
+            "SANDBOX_ASK_MAX_RUNNING_PER_ACCOUNT",
+            _count,
+            limits.ASK_MAX_RUNNING_PER_ACCOUNT,
         ),
         trusted_proxies=setting("trusted-proxies", "SANDBOX_TRUSTED_PROXIES", _trusted_proxies, ()),
         snapshots_keep=setting(

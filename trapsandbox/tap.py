@@ -126,6 +126,34 @@ class Options(usage.Options):
             f"({limits.MAX_ASK_CONVERSATIONS}).",
         ],
         [
+            "ask-instance-idle-ms",
+            None,
+            None,
+            "An opencode instance of an asking computer is given back after this long unused "
+            f"({limits.ASK_INSTANCE_IDLE * 1000:g}).",
+        ],
+        [
+            "ask-max-instances",
+            None,
+            None,
+            "opencode instances kept live per opencode server, the least recently used given "
+            f"back first ({limits.ASK_MAX_INSTANCES}).",
+        ],
+        [
+            "ask-max-running",
+            None,
+            None,
+            "Asks running at once per opencode server; more wait in order "
+            f"({limits.ASK_MAX_RUNNING}).",
+        ],
+        [
+            "ask-max-running-per-account",
+            None,
+            None,
+            "Asks running at once per account; more wait in order "
+            f"({limits.ASK_MAX_RUNNING_PER_ACCOUNT}).",
+        ],
+        [
             "trusted-proxies",
             None,
             None,
@@ -334,6 +362,8 @@ class GatewayService(service.MultiService):
             self.metrics,
             directory=ask_directory,
             max_conversations=settings.max_ask_conversations,
+            instance_idle=settings.ask_instance_idle,
+            max_instances=settings.ask_max_instances,
             snapshots=AskSnapshots(self.snapshots, reactor),
         )
         self.probe = OpencodeProbe(

@@ -40,6 +40,7 @@ the gap are lost) and ends if not.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -60,8 +61,9 @@ from trapsandbox.opencode.agent import (
     system_note,
 )
 from trapsandbox.opencode.client import OpencodeClient, opencode_error
-from trapsandbox.opencode.directories import AskDirectories
+from trapsandbox.opencode.directories import AskDirectories, directory_name
 from trapsandbox.opencode.events import EventStream
+from trapsandbox.opencode.instances import Instances
 from trapsandbox.opencode.tokens import AskTokens
 from trapsandbox.ops.metrics import Metrics
 
@@ -132,6 +134,8 @@ class Asks:
         timeout: float = limits.ASK_TIMEOUT,
         max_conversations: int = limits.MAX_ASK_CONVERSATIONS,
         snapshots: AskSnapshots | None = None,
+        instance_idle: float = limits.ASK_INSTANCE_IDLE,
+        max_instances: int = limits.ASK_MAX_INSTANCES,
     ) -> None:
         self._client = client
         self._snapshots = snapshots
@@ -143,6 +147,7 @@ class Asks:
         # ``/mcp`` looks an ask's token up here (``tokens.scope_of``).
         self.tokens = AskTokens() if tokens is None else tokens
         self.directories = AskDirectories(directory, client, self.tokens)
+        self.instances = Instances(clock, self._dispose, instance_idle, max_instances)
         self._timeout = timeout
         self._max_conversations = max_conversations
         # account -> its computers' traposIds, the least recently asked first.
@@ -173,6 +178,7 @@ class Asks:
         self.conversations.pop(key, None)
         self.tokens.revoke(key)
         self.directories.forget(key)
+        self.instances.give_back(key)
         log.info(
             "forgot the ask conversation of {traposId} (account {account}): the account's "
             "{bound} most recently asked computers are kept",
@@ -180,6 +186,10 @@ class Asks:
             account=cut(key[0]),
             bound=self._max_conversations,
         )
+
+    def _dispose(self, key: tuple[str, str]) -> Deferred:
+        """Give ``key``'s opencode instance back; its ``opencode.json`` brings it back as it was."""
+        return self._client.dispose(os.path.join(self.directories.root, directory_name(*key)))
 
     # -- ask ---------------------------------------------------------------------------
 
@@ -214,6 +224,9 @@ class Asks:
         self.runs[key] = placeholder  # claims the computer while the session is set up
         try:
             await self.stream.ready().addTimeout(limits.ASK_STREAM_READY_TIMEOUT, self._clock)
+            if placeholder.finished:  # halted meanwhile: its instance is not to be kept
+                return await done
+            await self.instances.use(key)
             conversation = await self._conversation(key, new, yes)
             if placeholder.finished:  # halted meanwhile: the prompt must not go out
                 return await done
@@ -511,6 +524,7 @@ class Asks:
         run.finished = True
         if self.runs.get(run.key) is run:
             del self.runs[run.key]
+            self.instances.done(run.key)
         for permission in run.permissions:
             self._by_permission.pop(permission, None)
         for question in run.questions:
@@ -652,6 +666,7 @@ class Asks:
 
     def stop(self) -> None:
         self.stream.stop()
+        self.instances.stop()
         for run in list(self.runs.values()):
             self._finish(run, GatewayError(wire.NOT_CONNECTED, "the gateway is shutting down"))
 
