@@ -82,7 +82,8 @@ class AskInstancesEndToEndTests(GatewayMixin, TestCase):
         await self.on_screen(c, "Wrote one.", 90)
         (conversation,) = self.gateway.asks.conversations.values()
         # opencode's own word that the directory's instance is gone.
-        disposed = f'"server.instance.disposed","properties":{{"directory":"{conversation.directory}"'
+        where = conversation.directory
+        disposed = f'"server.instance.disposed","properties":{{"directory":"{where}"'
         await events.seen(disposed, 30)
         self.assertEqual(self.gateway.asks.instances.live, {})
 
