@@ -36,6 +36,7 @@ from trapsandbox.mcp.endpoint import McpEndpoint
 from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.client import OpencodeClient
 from trapsandbox.opencode.probe import OpencodeProbe, redact
+from trapsandbox.opencode.queue import AskQueue
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.ops.systemd import Notifier
 from trapsandbox.snapshots.askhook import AskSnapshots
@@ -364,6 +365,7 @@ class GatewayService(service.MultiService):
             max_conversations=settings.max_ask_conversations,
             instance_idle=settings.ask_instance_idle,
             max_instances=settings.ask_max_instances,
+            queue=AskQueue(reactor, settings.ask_max_running, settings.ask_max_running_per_account),
             snapshots=AskSnapshots(self.snapshots, reactor),
         )
         self.probe = OpencodeProbe(

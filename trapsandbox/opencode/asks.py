@@ -64,6 +64,7 @@ from trapsandbox.opencode.client import OpencodeClient, opencode_error
 from trapsandbox.opencode.directories import AskDirectories, directory_name
 from trapsandbox.opencode.events import EventStream
 from trapsandbox.opencode.instances import Instances
+from trapsandbox.opencode.queue import AskQueue, Ticket
 from trapsandbox.opencode.tokens import AskTokens
 from trapsandbox.ops.metrics import Metrics
 
@@ -116,6 +117,8 @@ class Run:
     finished: bool = False
     # The snapshot before its first change (``snapshots.askhook``): None until then.
     snapshot: Deferred | None = None
+    # Its place in the queue (``queue``): None until it enters.
+    ticket: Ticket | None = None
 
 
 class Asks:
@@ -136,6 +139,7 @@ class Asks:
         snapshots: AskSnapshots | None = None,
         instance_idle: float = limits.ASK_INSTANCE_IDLE,
         max_instances: int = limits.ASK_MAX_INSTANCES,
+        queue: AskQueue | None = None,
     ) -> None:
         self._client = client
         self._snapshots = snapshots
@@ -148,6 +152,7 @@ class Asks:
         self.tokens = AskTokens() if tokens is None else tokens
         self.directories = AskDirectories(directory, client, self.tokens)
         self.instances = Instances(clock, self._dispose, instance_idle, max_instances)
+        self.queue = AskQueue(clock) if queue is None else queue
         self._timeout = timeout
         self._max_conversations = max_conversations
         # account -> its computers' traposIds, the least recently asked first.
@@ -223,6 +228,10 @@ class Asks:
         placeholder = Run(key, message_id, Conversation("", "", yes), emit, done)
         self.runs[key] = placeholder  # claims the computer while the session is set up
         try:
+            placeholder.ticket = Ticket(
+                self._client.url, account_id, lambda ahead: self._waiting(placeholder, ahead)
+            )
+            await self.queue.enter(placeholder.ticket).granted
             await self.stream.ready().addTimeout(limits.ASK_STREAM_READY_TIMEOUT, self._clock)
             if placeholder.finished:  # halted meanwhile: its instance is not to be kept
                 return await done
@@ -487,6 +496,10 @@ class Asks:
             )
             self._emit(run, {"type": "text_delta", "text": chunk})
 
+    def _waiting(self, run: Run, ahead: int) -> None:
+        """The ask waits its turn (``queue``): the player sees how many are ahead."""
+        self._emit(run, {"type": "waiting", "ahead": ahead})
+
     def _send(self, run: Run, message: dict[str, Any]) -> None:
         self._flush(run)
         self._emit(run, message)
@@ -499,7 +512,8 @@ class Asks:
         except GatewayError:
             # The computer is gone: nobody is reading this answer any more.
             log.info("{traposId} left during an ask: aborting it", traposId=cut(run.key[1]))
-            self._abort(run)
+            if run.conversation.session_id:  # else it never reached opencode
+                self._abort(run)
             self._finish(run, GatewayError(wire.NOT_CONNECTED, "the computer left"), "disconnected")
 
     # -- Ending ----------------------------------------------------------------------------
@@ -525,6 +539,8 @@ class Asks:
         if self.runs.get(run.key) is run:
             del self.runs[run.key]
             self.instances.done(run.key)
+        if run.ticket is not None:
+            self.queue.leave(run.ticket)
         for permission in run.permissions:
             self._by_permission.pop(permission, None)
         for question in run.questions:
@@ -596,6 +612,14 @@ class Asks:
         run = self.runs.get((account_id, trapos_id))
         if run is None or run.message_id != message_id or run.finished:
             return None
+        if run.ticket is not None and not run.ticket.admitted:
+            # Waiting its turn: nothing reached opencode, it just leaves the queue.
+            self._finish(
+                run,
+                GatewayError(wire.CANCELLED, "cancelled while waiting for the agent"),
+                "cancelled",
+            )
+            return succeed(None)
         if not run.conversation.session_id:
             # Still setting up: end it now; the prompt never goes out... or is aborted at once.
             return None
