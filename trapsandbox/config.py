@@ -35,6 +35,7 @@ class Settings:
     # None: operator endpoints answer loopback clients only.
     admin_token: str | None = attrs.field(default=None, repr=False)
     request_timeout: float = limits.DEFAULT_REQUEST_TIMEOUT
+    # OPENCODE_URL: one opencode server's URL, or several separated by commas (``servers``).
     opencode_url: str = DEFAULT_OPENCODE_URL
     opencode_username: str = DEFAULT_OPENCODE_USERNAME
     opencode_password: str | None = attrs.field(default=None, repr=False)
@@ -70,6 +71,11 @@ class Settings:
     snapshots_keep: int = limits.SNAPSHOTS_KEEP
     snapshot_quota_bytes: int = limits.SNAPSHOT_QUOTA_BYTES
     snapshot_max_bytes: int = limits.SNAPSHOT_MAX_BYTES
+
+    @property
+    def opencode_urls(self) -> tuple[str, ...]:
+        """Each opencode server's URL, in the order given (none when OPENCODE_URL is empty)."""
+        return _urls(self.opencode_url)
 
     def snapshot_store_settings(self) -> dict[str, int]:
         """What a snapshot store is opened with (``SnapshotStore``'s keyword arguments)."""
@@ -124,6 +130,22 @@ def _megabytes(value: str, name: str) -> int:
     if not (math.isfinite(size) and size * 1024 * 1024 >= 1):
         raise ConfigError(f"{name} must be a positive number of MiB (e.g. 4 or 0.5), not {value!r}")
     return int(size * 1024 * 1024)
+
+
+def _urls(value: str) -> tuple[str, ...]:
+    return tuple(url for url in value.replace(",", " ").split() if url)
+
+
+def _opencode_urls(value: str, name: str) -> str:
+    """One URL or several (comma- or space-separated), each checked; kept comma-separated."""
+    urls = _urls(value)
+    if not urls:
+        return ""  # probes then answer "OPENCODE_URL not set"
+    for url in urls:
+        _opencode_url(url, name)
+    if len(set(urls)) != len(urls):
+        raise ConfigError(f"{name} names the same opencode server twice")
+    return ",".join(urls)
 
 
 def _opencode_url(value: str, name: str) -> str:
@@ -274,7 +296,7 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
             _timeout_ms,
             limits.DEFAULT_REQUEST_TIMEOUT,
         ),
-        opencode_url=setting("opencode-url", "OPENCODE_URL", _opencode_url, DEFAULT_OPENCODE_URL),
+        opencode_url=setting("opencode-url", "OPENCODE_URL", _opencode_urls, DEFAULT_OPENCODE_URL),
         opencode_username=username,
         opencode_password=setting(
             "opencode-password", "OPENCODE_SERVER_PASSWORD", lambda value, _: value or None, None

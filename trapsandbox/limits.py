@@ -237,6 +237,9 @@ ASK_TIMEOUT = 600.0
 ASK_CALL_TIMEOUT = 30.0
 # How long an ask waits for the shared event stream to connect.
 ASK_STREAM_READY_TIMEOUT = 10.0
+# An opencode server whose event stream has been lost this long and still cannot be opened is
+# gone: its running asks end (the stream's retries come 1, 3, 7, 15 s after the loss).
+ASK_SERVER_GONE = 10.0
 # After an abort, how long the gateway waits for opencode to say the session is idle.
 ASK_ABORT_GRACE = 10.0
 # The shared /event stream: reconnected after a drop, 1 s doubling to 30 s; opencode sends

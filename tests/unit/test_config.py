@@ -164,6 +164,16 @@ class ConfigTests(SynchronousTestCase):
     def test_admin_token_stays_out_of_repr(self):
         self.assertNotIn("t0k3n", repr(self.load({"SANDBOX_ADMIN_TOKEN": "t0k3n"})))
 
+    def test_several_opencode_servers(self):
+        settings = self.load({"OPENCODE_URL": " http://a:1, http://b:2 "})
+        self.assertEqual(settings.opencode_urls, ("http://a:1", "http://b:2"))
+        self.assertEqual(settings.opencode_url, "http://a:1,http://b:2")
+        self.assertEqual(self.load({"OPENCODE_URL": "http://a:1"}).opencode_urls, ("http://a:1",))
+        self.assertEqual(self.load({"OPENCODE_URL": ""}).opencode_urls, ())
+        error = self.assertConfigError({"OPENCODE_URL": "http://a:1,ftp://b"}, names="OPENCODE_URL")
+        self.assertIn("'ftp://b'", error)
+        self.assertConfigError({}, "--opencode-url", "http://a:1,http://a:1", names="twice")
+
     def test_empty_opencode_url_is_allowed(self):
         self.assertEqual(self.load({"OPENCODE_URL": ""}).opencode_url, "")
 

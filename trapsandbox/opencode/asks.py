@@ -41,7 +41,7 @@ the gap are lost) and ends if not.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -60,11 +60,12 @@ from trapsandbox.opencode.agent import (
     session_rules,
     system_note,
 )
-from trapsandbox.opencode.client import OpencodeClient, opencode_error
+from trapsandbox.opencode.client import OpencodeClient, explain, opencode_error
 from trapsandbox.opencode.directories import AskDirectories, directory_name
 from trapsandbox.opencode.events import EventStream
 from trapsandbox.opencode.instances import Instances
 from trapsandbox.opencode.queue import AskQueue, Ticket
+from trapsandbox.opencode.servers import Server, ranked
 from trapsandbox.opencode.tokens import AskTokens
 from trapsandbox.ops.metrics import Metrics
 
@@ -87,6 +88,8 @@ class Conversation:
     session_id: str
     directory: str
     yes: bool
+    # The opencode server that keeps it (None: not set up yet).
+    server: Server | None = None
 
 
 @attrs.define(eq=False)
@@ -127,7 +130,7 @@ class Asks:
 
     def __init__(
         self,
-        client: OpencodeClient,
+        client: OpencodeClient | Sequence[OpencodeClient],
         clock: IReactorTime,
         metrics: Metrics | None = None,
         *,
@@ -141,17 +144,31 @@ class Asks:
         max_instances: int = limits.ASK_MAX_INSTANCES,
         queue: AskQueue | None = None,
     ) -> None:
-        self._client = client
+        clients = [client] if isinstance(client, OpencodeClient) else list(client)
+        self._client = clients[0]
         self._snapshots = snapshots
         self._clock = clock
         self._metrics = Metrics() if metrics is None else metrics
         self._metrics.ask_labels(ASK_OUTCOMES)
-        self.stream = EventStream(client, clock) if stream is None else stream
-        self.stream.on_reconnect.append(self._reconnected)
         # ``/mcp`` looks an ask's token up here (``tokens.scope_of``).
         self.tokens = AskTokens() if tokens is None else tokens
-        self.directories = AskDirectories(directory, client, self.tokens)
-        self.instances = Instances(clock, self._dispose, instance_idle, max_instances)
+        # One per opencode server (``servers``), in OPENCODE_URL's order.
+        self.servers: list[Server] = []
+        for each in clients:
+            server = Server(
+                each,
+                stream if stream is not None and not self.servers else EventStream(each, clock),
+                AskDirectories(directory, each, self.tokens),
+                Instances(clock, lambda key: None, instance_idle, max_instances),  # type: ignore[arg-type, return-value]
+            )
+            server.instances._dispose = lambda key, server=server: self._dispose(server, key)
+            server.stream.on_reconnect.append(lambda server=server: self._reconnected(server))
+            server.stream.on_down.append(lambda error, server=server: self._down(server, error))
+            self.servers.append(server)
+        # The first server's: what a gateway with one opencode server has.
+        self.stream = self.servers[0].stream
+        self.directories = self.servers[0].directories
+        self.instances = self.servers[0].instances
         self.queue = AskQueue(clock) if queue is None else queue
         self._timeout = timeout
         self._max_conversations = max_conversations
@@ -182,8 +199,9 @@ class Asks:
         """Drop what is kept for ``key``: its session id, its token (revoked), its block's mark."""
         self.conversations.pop(key, None)
         self.tokens.revoke(key)
-        self.directories.forget(key)
-        self.instances.give_back(key)
+        for server in self.servers:
+            server.directories.forget(key)
+            server.instances.give_back(key)
         log.info(
             "forgot the ask conversation of {traposId} (account {account}): the account's "
             "{bound} most recently asked computers are kept",
@@ -192,9 +210,9 @@ class Asks:
             bound=self._max_conversations,
         )
 
-    def _dispose(self, key: tuple[str, str]) -> Deferred:
+    def _dispose(self, server: Server, key: tuple[str, str]) -> Deferred:
         """Give ``key``'s opencode instance back; its ``opencode.json`` brings it back as it was."""
-        return self._client.dispose(os.path.join(self.directories.root, directory_name(*key)))
+        return server.client.dispose(os.path.join(self.directories.root, directory_name(*key)))
 
     # -- ask ---------------------------------------------------------------------------
 
@@ -227,25 +245,30 @@ class Asks:
         done: Deferred = Deferred()
         placeholder = Run(key, message_id, Conversation("", "", yes), emit, done)
         self.runs[key] = placeholder  # claims the computer while the session is set up
+        server: Server | None = None
         try:
+            server = await self._server(placeholder, new)
+            if placeholder.finished:  # halted meanwhile
+                return await done
             placeholder.ticket = Ticket(
-                self._client.url, account_id, lambda ahead: self._waiting(placeholder, ahead)
+                server.url, account_id, lambda ahead: self._waiting(placeholder, ahead)
             )
             await self.queue.enter(placeholder.ticket).granted
-            await self.stream.ready().addTimeout(limits.ASK_STREAM_READY_TIMEOUT, self._clock)
+            await server.stream.ready().addTimeout(limits.ASK_STREAM_READY_TIMEOUT, self._clock)
             if placeholder.finished:  # halted meanwhile: its instance is not to be kept
                 return await done
-            await self.instances.use(key)
-            conversation = await self._conversation(key, new, yes)
+            placeholder.conversation.server = server
+            await server.instances.use(key)
+            conversation = await self._conversation(server, key, new, yes)
             if placeholder.finished:  # halted meanwhile: the prompt must not go out
                 return await done
             run = placeholder
             run.conversation = conversation
-            run.unsubscribe = self.stream.subscribe(
+            run.unsubscribe = server.stream.subscribe(
                 conversation.session_id, lambda event: self._event(run, event)
             )
             run.bound = self._clock.callLater(self._timeout, self._timed_out, run)
-            await self._client.prompt_async(
+            await server.client.prompt_async(
                 conversation.directory,
                 conversation.session_id,
                 prompt,
@@ -259,8 +282,9 @@ class Asks:
             if failure.check(GatewayError):
                 raise
             if failure.check(TimeoutError):
+                where = self._client.where if server is None else server.client.where
                 raise opencode_error(
-                    f"opencode at {self._client.where}: its event stream did not open"
+                    f"opencode at {where}: its event stream did not open"
                 ) from None
             raise error
         result = await done
@@ -278,18 +302,61 @@ class Asks:
             return succeed(None)
         return self._snapshots.before_change(run, session.capabilities)
 
-    async def _conversation(self, key: tuple[str, str], new: bool, yes: bool) -> Conversation:
+    async def _server(self, run: Run, new: bool) -> Server:
+        """
+        The opencode server for this ask (``servers``): the one keeping the
+        computer's conversation, else the first of its ranking; one whose event
+        stream does not open is passed over for the next, and the player is told
+        when the conversation starts afresh there.
+        """
+        if len(self.servers) == 1:
+            return self.servers[0]
+        kept = self.conversations.get(run.key)
+        order = ranked(self.servers, *run.key)
+        if kept is not None and kept.server in order:
+            order.remove(kept.server)
+            order.insert(0, kept.server)
+        failed: GatewayError | None = None
+        for server in order:
+            try:
+                await server.stream.ready().addTimeout(limits.ASK_STREAM_READY_TIMEOUT, self._clock)
+            except Exception as error:
+                failed = explain(Failure(error), server.client.where)
+                log.info("passing over {why}", why=failed.message)
+                continue
+            if kept is not None and kept.server is not server and not new:
+                self.conversations.pop(run.key, None)
+                self._emit(
+                    run,
+                    {
+                        "type": "text_delta",
+                        "text": f"(opencode at {kept.server.client.where} is not answering: "
+                        "this conversation starts afresh on another opencode server)\n",
+                    },
+                )
+            return server
+        assert failed is not None
+        raise failed
+
+    async def _conversation(
+        self, server: Server, key: tuple[str, str], new: bool, yes: bool
+    ) -> Conversation:
         self._remember(key)
         conversation = self.conversations.get(key)
-        if conversation is not None and not new and conversation.yes == yes:
+        if (
+            conversation is not None
+            and not new
+            and conversation.yes == yes
+            and conversation.server is server
+        ):
             return conversation
-        directory = self.directories.directory(key)
-        await self.directories.scope(key, directory)
+        directory = server.directories.directory(key)
+        await server.directories.scope(key, directory)
         rules = session_rules(yes)
-        session = await self._client.create_session(directory, key[1], rules)
+        session = await server.client.create_session(directory, key[1], rules)
         if not isinstance(session, dict) or type(session.get("id")) is not str:
             raise opencode_error("opencode answered POST /session without a session id")
-        conversation = Conversation(session["id"], directory, yes)
+        conversation = Conversation(session["id"], directory, yes, server)
         self.conversations[key] = conversation
         log.info(
             "{traposId} talks to opencode session {session}",
@@ -409,7 +476,7 @@ class Asks:
         run.pending[permission_id] = (props, timer)
         if type(message_id) is str:
             conversation = run.conversation
-            d = self._client.message(conversation.directory, conversation.session_id, message_id)
+            d = _client_of(run).message(conversation.directory, conversation.session_id, message_id)
             d.addCallback(self._fetched_message, run, call)
             d.addErrback(_logged("fetching a tool's input"))
 
@@ -538,7 +605,8 @@ class Asks:
         run.finished = True
         if self.runs.get(run.key) is run:
             del self.runs[run.key]
-            self.instances.done(run.key)
+            if run.conversation.server is not None:
+                run.conversation.server.instances.done(run.key)
         if run.ticket is not None:
             self.queue.leave(run.ticket)
         for permission in run.permissions:
@@ -585,18 +653,52 @@ class Asks:
     def _abort(self, run: Run) -> Deferred:
         run.aborted = True
         conversation = run.conversation
-        d = self._client.abort(conversation.directory, conversation.session_id)
+        d = _client_of(run).abort(conversation.directory, conversation.session_id)
         d.addErrback(_logged("abort"))
         return d
 
-    def _reconnected(self) -> None:
+    def _reconnected(self, server: Server) -> None:
         """Events were lost while the stream was down: end the asks whose session is idle."""
         for run in list(self.runs.values()):
             if run.finished or not run.conversation.session_id:
                 continue
-            d = self._client.statuses(run.conversation.directory)
+            if run.conversation.server is not server:
+                continue
+            d = server.client.statuses(run.conversation.directory)
             d.addCallback(self._check_status, run)
             d.addErrback(_logged("status check"))
+
+    def _down(self, server: Server, error: GatewayError) -> None:
+        """
+        The server's event stream dropped and could not be opened again for
+        ``ASK_SERVER_GONE`` seconds: its running asks would hear nothing more,
+        so they end now, saying why and what the next ask does.  (A shorter gap,
+        an opencode restarting, is bridged: ``_reconnected``.)
+        """
+        lost_at = server.stream.lost_at
+        if lost_at is None or self._clock.seconds() - lost_at < limits.ASK_SERVER_GONE:
+            return
+        then = (
+            "ask again: the next ask goes to another opencode server and starts afresh"
+            if len(self.servers) > 1
+            else "ask again once it is back"
+        )
+        for run in list(self.runs.values()):
+            if run.finished or run.conversation.server is not server:
+                continue
+            if not run.conversation.session_id:
+                continue  # still setting up: its own calls fail and say so
+            log.info(
+                "an ask on {traposId} lost its opencode server: {why}",
+                traposId=cut(run.key[1]),
+                why=error.message,
+            )
+            self._flush(run)
+            self._finish(
+                run,
+                opencode_error(f"the agent's run was cut off: {error.message}; {then}"),
+                "opencode_error",
+            )
 
     def _check_status(self, statuses: Any, run: Run) -> None:
         status = statuses.get(run.conversation.session_id) if isinstance(statuses, dict) else None
@@ -658,7 +760,7 @@ class Asks:
             )
         run.permissions.discard(permission_id)
         del self._by_permission[permission_id]
-        return self._client.reply_permission(run.conversation.directory, permission_id, response)
+        return _client_of(run).reply_permission(run.conversation.directory, permission_id, response)
 
     def answer(
         self, account_id: str, trapos_id: str, question_id: Any, answers: Any, reject: Any
@@ -685,14 +787,22 @@ class Asks:
         del self._by_question[question_id]
         directory = run.conversation.directory
         if reject is True:
-            return self._client.reject_question(directory, question_id)
-        return self._client.reply_question(directory, question_id, answers)
+            return _client_of(run).reject_question(directory, question_id)
+        return _client_of(run).reply_question(directory, question_id, answers)
 
     def stop(self) -> None:
-        self.stream.stop()
-        self.instances.stop()
+        for server in self.servers:
+            server.stream.stop()
+            server.instances.stop()
         for run in list(self.runs.values()):
             self._finish(run, GatewayError(wire.NOT_CONNECTED, "the gateway is shutting down"))
+
+
+def _client_of(run: Run) -> OpencodeClient:
+    """The client of the opencode server that keeps ``run``'s conversation."""
+    server = run.conversation.server
+    assert server is not None, "an ask reaches opencode only once its server is chosen"
+    return server.client
 
 
 def _logged(what: str) -> Callable[[Failure], None]:
