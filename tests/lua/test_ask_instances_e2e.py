@@ -12,7 +12,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.fake_model import start_fake_model
-from tests.harness.support import both_modes, bounded, reactor
+from tests.harness.support import bounded, reactor
 from tests.lua import test_ask_e2e as ask_e2e
 from tests.lua.test_lua_e2e import GatewayMixin
 
@@ -95,6 +95,3 @@ class AskInstancesEndToEndTests(GatewayMixin, TestCase):
         (again,) = self.gateway.asks.conversations.values()
         self.assertEqual(again.session_id, conversation.session_id)
         self.assertEqual(self.gateway.metrics._asks.labels("ok").value, 2)
-
-
-both_modes(globals(), "AskInstancesEndToEndTests")

@@ -9,7 +9,7 @@ from twisted.trial.unittest import TestCase
 
 from tests.harness.fake_model import start_fake_model
 from tests.harness.opencode import start_opencode
-from tests.harness.support import both_modes, closed_port
+from tests.harness.support import closed_port
 from tests.lua import test_ask_e2e as ask_e2e
 from tests.lua.test_lua_e2e import GatewayMixin
 from trapsandbox.ops import ctl
@@ -86,6 +86,3 @@ class AskServersEndToEndTests(GatewayMixin, TestCase):
         await health.done
         self.assertIn("opencodeOk: true", c.output)
         self.assertIn("1 of 2 opencode servers up; down: " + home, c.output)
-
-
-both_modes(globals(), "AskServersEndToEndTests")
