@@ -40,6 +40,7 @@ the gap are lost) and ends if not.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -159,9 +160,10 @@ class Asks:
                 each,
                 stream if stream is not None and not self.servers else EventStream(each, clock),
                 AskDirectories(directory, each, self.tokens),
-                Instances(clock, lambda key: None, instance_idle, max_instances),  # type: ignore[arg-type, return-value]
             )
-            server.instances._dispose = lambda key, server=server: self._dispose(server, key)
+            server.instances = Instances(
+                clock, functools.partial(self._dispose, server), instance_idle, max_instances
+            )
             server.stream.on_reconnect.append(lambda server=server: self._reconnected(server))
             server.stream.on_down.append(lambda error, server=server: self._down(server, error))
             self.servers.append(server)

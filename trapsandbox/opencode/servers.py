@@ -42,7 +42,8 @@ class Server:
     client: OpencodeClient
     stream: EventStream
     directories: AskDirectories
-    instances: Instances
+    # Set once the server exists: its instances are given back through its own client.
+    instances: Instances = attrs.field(init=False)
 
     @property
     def url(self) -> str:

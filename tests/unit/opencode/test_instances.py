@@ -9,7 +9,6 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.unit.opencode.helpers import SES, AskTestsMixin
-from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.directories import directory_name
 from trapsandbox.opencode.instances import Instances
 
@@ -93,11 +92,7 @@ class AskInstancesTests(AskTestsMixin, SynchronousTestCase):
 
     def setUp(self):
         super().setUp()
-        self.asks = Asks(
-            self.client,
-            self.clock,
-            self.metrics,
-            directory=self.root,
+        self.asks_with(
             instance_idle=300,
             max_instances=1,
             max_conversations=1,

@@ -13,7 +13,6 @@ from tests.unit.opencode.helpers import AskTestsMixin
 from trapsandbox import limits
 from trapsandbox.computers import wire
 from trapsandbox.computers.wire import GatewayError
-from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.queue import AskQueue, Ticket
 
 
@@ -90,13 +89,7 @@ class QueueTests(SynchronousTestCase):
 class AskQueueTests(AskTestsMixin, SynchronousTestCase):
     def setUp(self):
         super().setUp()
-        self.asks = Asks(
-            self.client,
-            self.clock,
-            self.metrics,
-            directory=self.root,
-            queue=AskQueue(self.clock, per_server=1, per_account=1),
-        )
+        self.asks_with(queue=AskQueue(self.clock, per_server=1, per_account=1))
 
     def test_an_ask_waits_told_its_place_and_no_timeout_runs_meanwhile(self):
         first = self.ask()
