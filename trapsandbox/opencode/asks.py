@@ -33,9 +33,18 @@ directory's instance has the block) is bounded per account: past
 ``max_conversations`` the least recently used computer's is forgotten (its
 token stops working; its next ask starts a new session).
 
-Events come from the gateway's one stream (``events``).  After a reconnect,
-every running ask asks opencode whether its session is still busy (events in
-the gap are lost) and ends if not.
+Scale (issue 33).  An ask waits its turn in the ``queue`` (a bound per opencode
+server and per account; the player sees "waiting for the agent: N asks ahead";
+no timeout runs meanwhile).  Each computer's instance is given back when it is
+idle, past a bound, or forgotten (``instances``).  With several opencode servers
+(``servers``) each computer's asks go to one, the next of its ranking when that
+one does not answer (the conversation then starts afresh, and the player is
+told).
+
+Events come from one stream per opencode server (``events``).  After a
+reconnect, every running ask there asks opencode whether its session is still
+busy (events in the gap are lost) and ends if not; when the stream cannot be
+opened again for ``ASK_SERVER_GONE`` seconds, its running asks end saying so.
 """
 
 from __future__ import annotations

@@ -193,3 +193,21 @@ class ServerProbesTests(SynchronousTestCase):
         result = self.successResultOf(probes.check())
         self.assertFalse(result.ok)
         self.assertIn("0 of 2", result.payload["opencodeDetail"])
+
+
+class OneServerGoneTests(SynchronousTestCase):
+    def test_a_running_ask_whose_only_server_is_gone_ends_saying_to_ask_again_later(self):
+        clock = Clock()
+        http = Refusing()
+        root = os.path.abspath(self.mktemp())
+        os.mkdir(root, 0o700)
+        asks = Asks(OpencodeClient(http, clock, URLS[0]), clock, Metrics(), directory=root)
+        d = Deferred.fromCoroutine(
+            asks.ask("local", "1:a", frozenset(), "m1", {"prompt": "hi"}, lambda _: None)
+        )
+        http.down = True
+        http.drop()
+        clock.advance(limits.ASK_SERVER_GONE + 8)
+        error = self.failureResultOf(d, GatewayError).value
+        self.assertIn("ask again once it is back", error.message)
+        self.assertEqual(asks.runs, {})
