@@ -4,7 +4,9 @@ its answer streamed back as partials, its permission requests put to the
 player.
 
     computer                      gateway                          opencode
-    ask {prompt, new?, yes?}  ->  (first ask of a computer)
+    ask {prompt, new?, yes?}  ->  (past the bound: waits its turn, ``queue``)
+          <- partial {type: waiting, ahead}                        (on a change, each minute)
+                                  (first ask of a computer)
                                   POST /mcp?directory=D            the computer's own MCP block
                                   POST /session?directory=D        rules: ask before changes
                                   POST /session/S/prompt_async ->  204
