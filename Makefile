@@ -24,11 +24,12 @@ test: $(VENV)/.installed $(OPENCODE) systemd-tools redis-server chromium cctweak
 	$(BIN)/pytest -q $(PYTEST_ARGS) tests
 
 # The load benchmark against the real twistd gateway (see docs/benchmarks.md).
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed $(OPENCODE)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 	$(BIN)/python -m bench.sandbox
 	$(BIN)/python -m bench.live
 	$(BIN)/python -m bench.fairshare
+	$(BIN)/python -m bench.ask $(BENCH_ASK_ARGS)
 
 # Generated hostile frames over real sockets: 100,000 of them (make test sends a few thousand).
 fuzz: $(VENV)/.installed

@@ -235,6 +235,19 @@ ASK_DIRECTORY_NAME = "ask"
 # Ask conversations remembered per account (an opencode session, a scoped MCP token and
 # its directory's state per computer); past it the least recently used is forgotten.
 MAX_ASK_CONVERSATIONS = 256
+# opencode instances (one per asking computer's directory, 2.5-8 MiB each) are given back
+# after this long unused (SANDBOX_ASK_INSTANCE_IDLE_MS) ...
+ASK_INSTANCE_IDLE = 600.0
+# ... and at most this many live at once per opencode server, the least recently used given
+# back first (SANDBOX_ASK_MAX_INSTANCES).
+ASK_MAX_INSTANCES = 32
+# Asks running at once per opencode server and per account (SANDBOX_ASK_MAX_RUNNING,
+# SANDBOX_ASK_MAX_RUNNING_PER_ACCOUNT); more wait in order, told how many are ahead.
+ASK_MAX_RUNNING = 16
+ASK_MAX_RUNNING_PER_ACCOUNT = 4
+# A waiting ask is told its place again at least this often, so the computer's idle timer
+# (ASK_IDLE_TIMEOUT in libsandbox, 660 s) never ends an ask that is only waiting.
+ASK_WAITING_REPEAT = 60.0
 
 # A whole ask, from the prompt to the answer; past it the run is aborted.
 ASK_TIMEOUT = 600.0
@@ -242,6 +255,9 @@ ASK_TIMEOUT = 600.0
 ASK_CALL_TIMEOUT = 30.0
 # How long an ask waits for the shared event stream to connect.
 ASK_STREAM_READY_TIMEOUT = 10.0
+# An opencode server whose event stream has been lost this long and still cannot be opened is
+# gone: its running asks end (the stream's retries come 1, 3, 7, 15 s after the loss).
+ASK_SERVER_GONE = 10.0
 # After an abort, how long the gateway waits for opencode to say the session is idle.
 ASK_ABORT_GRACE = 10.0
 # The shared /event stream: reconnected after a drop, 1 s doubling to 30 s; opencode sends

@@ -36,6 +36,8 @@ from trapsandbox.mcp.endpoint import McpEndpoint
 from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.client import OpencodeClient
 from trapsandbox.opencode.probe import OpencodeProbe, redact
+from trapsandbox.opencode.queue import AskQueue
+from trapsandbox.opencode.servers import ServerProbes
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.ops.systemd import Notifier
 from trapsandbox.snapshots.askhook import AskSnapshots
@@ -97,7 +99,12 @@ class Options(usage.Options):
             "Most /operator WebSockets one account's token holds open at once "
             f"({limits.MAX_OPERATOR_SOCKETS_PER_ACCOUNT}).",
         ],
-        ["opencode-url", None, None, "The opencode server (empty: not probed)."],
+        [
+            "opencode-url",
+            None,
+            None,
+            "The opencode server, or several separated by commas (empty: not probed).",
+        ],
         ["opencode-username", None, None, "opencode's Basic-auth user."],
         ["opencode-password", None, None, "opencode's Basic-auth password."],
         [
@@ -127,6 +134,34 @@ class Options(usage.Options):
             None,
             "Ask conversations remembered per account, the least recently used dropped "
             f"({limits.MAX_ASK_CONVERSATIONS}).",
+        ],
+        [
+            "ask-instance-idle-ms",
+            None,
+            None,
+            "An opencode instance of an asking computer is given back after this long unused "
+            f"({limits.ASK_INSTANCE_IDLE * 1000:g}).",
+        ],
+        [
+            "ask-max-instances",
+            None,
+            None,
+            "opencode instances kept live per opencode server, the least recently used given "
+            f"back first ({limits.ASK_MAX_INSTANCES}).",
+        ],
+        [
+            "ask-max-running",
+            None,
+            None,
+            "Asks running at once per opencode server; more wait in order "
+            f"({limits.ASK_MAX_RUNNING}).",
+        ],
+        [
+            "ask-max-running-per-account",
+            None,
+            None,
+            "Asks running at once per account; more wait in order "
+            f"({limits.ASK_MAX_RUNNING_PER_ACCOUNT}).",
         ],
         [
             "trusted-proxies",
@@ -325,28 +360,36 @@ class GatewayService(service.MultiService):
         http = HTTPClient(
             Agent(reactor, pool=self._pool, connectTimeout=limits.OPENCODE_CONNECT_TIMEOUT)
         )
+        urls = settings.opencode_urls or ("",)
         self.asks = Asks(
-            OpencodeClient(
-                http,
-                reactor,
-                settings.opencode_url,
-                settings.opencode_username,
-                settings.opencode_password,
-            ),
+            [
+                OpencodeClient(
+                    http, reactor, url, settings.opencode_username, settings.opencode_password
+                )
+                for url in urls
+            ],
             reactor,
             self.metrics,
             directory=ask_directory,
             max_conversations=settings.max_ask_conversations,
+            instance_idle=settings.ask_instance_idle,
+            max_instances=settings.ask_max_instances,
+            queue=AskQueue(reactor, settings.ask_max_running, settings.ask_max_running_per_account),
             snapshots=AskSnapshots(self.snapshots, reactor),
         )
-        self.probe = OpencodeProbe(
-            http,
-            reactor,
-            settings.opencode_url,
-            settings.opencode_username,
-            settings.opencode_password,
-            metrics=self.metrics,
-        )
+        probes = [
+            OpencodeProbe(
+                http,
+                reactor,
+                url,
+                settings.opencode_username,
+                settings.opencode_password,
+                metrics=self.metrics,
+            )
+            for url in urls
+        ]
+        # Several opencode servers (OPENCODE_URL a list): each probed on its own, told as one.
+        self.probe = probes[0] if len(probes) == 1 else ServerProbes(probes)
 
     def _build_snapshots(self) -> None:
         """Snapshots (SPEC §15); their store is opened when the service starts."""
@@ -497,7 +540,7 @@ class GatewayService(service.MultiService):
             "trapsandbox {version} started: auth {auth}, opencode at {opencode}, NVX {nvx}",
             version=__version__,
             auth="on" if self.admission.enabled else "off",
-            opencode=redact(self.settings.opencode_url) or "(not set)",
+            opencode=", ".join(map(redact, self.settings.opencode_urls)) or "(not set)",
             nvx="in use" if USES_NVX else "not available",
         )
         log.info(

@@ -3210,10 +3210,16 @@ local function newQuestion(p, line, echo)
   return q
 end
 
+-- What a waiting ask shows: how many asks are ahead of it in the gateway's queue.
+local function waitingLine(ahead)
+  if ahead < 1 then return 'waiting for the agent: next in line' end
+  return ('waiting for the agent: %d ask%s ahead'):format(ahead, ahead == 1 and '' or 's')
+end
+
 --[[ ask(prompt, opts) -> ok, payloadOrError
 `sandbox ask`: sends computer_request ask {prompt, new?, yes?} through the daemon and prints
 its partials as they arrive: text word-wrapped through opts.out (a newWrapper), one line per
-tool the agent uses, a y/a/n question per permission request (answered with ask_permission),
+tool the agent uses, a line while it waits its turn (and again when its place changes), a y/a/n question per permission request (answered with ask_permission),
 the agent's questions with numbered options (newQuestion, answered with ask_answer).
 `terminate` (Ctrl+T) sends cancel {messageId} and waits for the final answer a while; a second
 one gives up at once. Every partial restarts the idle timer, so a long answer never times out.
@@ -3241,7 +3247,7 @@ function M.ask(prompt, opts)
     if out then out.line(text) else say(text) end
   end
   queueEvent(M.EVENT_SEND, messageId, 'ask', { prompt = prompt, new = opts.new == true, yes = opts.yes == true })
-  local asking, cancelled, printed, question = nil, false, false, nil
+  local asking, cancelled, printed, question, waited = nil, false, false, nil, nil
   local function echo(typed)
     if typed then
       write(typed) -- as typed, not through the word-wrapper, which holds back a word's start
@@ -3268,6 +3274,12 @@ function M.ask(prompt, opts)
         line('Allow ' .. shortTool(p.tool) .. ': ' .. tostring(p.detail or '') .. '?')
         line('[y] once  [a] always  [n] no')
         asking = p.id
+      elseif p.type == 'waiting' and type(p.ahead) == 'number' then
+        -- Its turn has not come (the gateway's queue); told again unchanged now and then.
+        if p.ahead ~= waited then
+          waited = p.ahead
+          line(waitingLine(p.ahead))
+        end
       elseif p.type == 'question' and type(p.id) == 'string' and type(p.questions) == 'table'
           and p.questions[1] then
         if out then out.flush() end

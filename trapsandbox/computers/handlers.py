@@ -8,7 +8,7 @@ What the gateway answers when a computer asks: one handler per request type.
         the player stopped the agent there (``sandbox stop``, the stop side's redstone) or
         resumed it (SPEC §16): a running ask ends with ``stopped``, requests are refused
     computer_request ask {prompt, new?, yes?}  ->  partials {type: text_delta | tool |
-        permission | question, ..}, then {sessionId, text}
+        permission | question | waiting, ..}, then {sessionId, text}
         (SPEC §11, ``trapsandbox.opencode.asks``)
     computer_request cancel {messageId}  ->  {cancelled: bool}: abort that ask
     computer_request ask_permission {permissionId, response: once|always|reject}  ->  {}

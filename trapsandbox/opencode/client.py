@@ -154,6 +154,10 @@ class OpencodeClient:
         """``{info, parts}`` of one message of a session."""
         return self.call("GET", f"/session/{session_id}/message/{message_id}", None, directory)
 
+    def dispose(self, directory: str) -> Deferred:
+        """Give ``directory``'s instance back (``instances``): opencode re-creates it on demand."""
+        return self.call("POST", "/instance/dispose", None, directory)
+
     def statuses(self, directory: str) -> Deferred:
         """``{sessionID: {type: busy|idle|retry}}`` of the busy sessions."""
         return self.call("GET", "/session/status", None, directory)
