@@ -130,7 +130,11 @@ async function listRoot(computer) {
 }
 
 // Lists `folder` into `list` (a <ul>), folders first; a failure is said in the panel.
+// The folders open in it stay open (listed again).
 async function listInto(list, computer, folder) {
+  const wasOpen = [...list.children]
+    .filter((item) => item.getAttribute("aria-expanded") === "true")
+    .map((item) => item.firstChild.dataset.path);
   let got;
   try {
     got = await fileRequest(computer, "list_files", { path: folder });
@@ -142,6 +146,19 @@ async function listInto(list, computer, folder) {
   const entries = [...got.entries].sort((a, b) =>
     (a.type === b.type ? 0 : a.type === "dir" ? -1 : 1) || a.name.localeCompare(b.name));
   list.replaceChildren(...entries.map((entry) => treeItem(computer, folder, entry)));
+  const chosen = files.selected && treeButton(files.selected.path);
+  if (chosen) chosen.setAttribute("aria-current", "true");
+  await Promise.all(wasOpen.map((path) => {
+    const button = treeButton(path);
+    return button ? expand(button.parentElement, computer, path) : null;
+  }));
+}
+
+function expand(item, computer, path) {
+  item.setAttribute("aria-expanded", "true");
+  const group = item.querySelector("ul");
+  group.hidden = false;
+  return listInto(group, computer, path);
 }
 
 function mark(text, kind, title) {
@@ -180,10 +197,12 @@ function treeItem(computer, folder, entry) {
     item.append(group);
     button.addEventListener("click", () => {
       choose(chosen);
-      const open = item.getAttribute("aria-expanded") !== "true";
-      item.setAttribute("aria-expanded", String(open));
-      group.hidden = !open;
-      if (open) listInto(group, computer, path);
+      if (item.getAttribute("aria-expanded") === "true") {
+        item.setAttribute("aria-expanded", "false");
+        group.hidden = true;
+      } else {
+        expand(item, computer, path);
+      }
     });
   } else {
     item.className = "file";
