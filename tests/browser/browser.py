@@ -9,15 +9,15 @@ runs the harness computer; every wait is Selenium's bounded
 
 import os
 import shutil
-from pathlib import Path
 
 import treq
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SkipTest, TestCase
 from twisted.web.client import HTTPConnectionPool
 
+from tests.harness.cctweaked import CLIENT_FILES
 from tests.harness.craftos import Computer
-from tests.harness.processes import spawn_gateway
+from tests.harness.processes import REPO, spawn_gateway
 from tests.harness.support import accounts_file, bounded, connect, reactor
 
 try:
@@ -36,12 +36,6 @@ __all__ = ["ADMIN_TOKEN", "ActionChains", "BrowserCase", "By", "Keys", "shown"]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-LUA = Path(__file__).resolve().parents[2] / "lua"
-CLIENT_FILES = {
-    "/apis/libsandbox.lua": LUA / "apis" / "libsandbox.lua",
-    "/servers/sandbox.lua": LUA / "servers" / "sandbox.lua",
-    "/programs/sandbox.lua": LUA / "programs" / "sandbox.lua",
-}
 ADMIN_TOKEN = "admin-token-5678"
 ASKER = (
     "term.setTextColour(colours.lime)\nprint('MARKER-42 name?')\n"
@@ -152,3 +146,15 @@ class BrowserCase(TestCase):
         """The browser's errors (a CSP violation is one), but for the missing favicon."""
         logs = self.driver.get_log("browser")
         return [e for e in logs if e["level"] == "SEVERE" and "favicon.ico" not in e["message"]]
+
+    async def screenshot(self, variable, element_id=None):
+        """Save the page where the environment ``variable`` says (relative to the tree), if it
+        is set, scrolled to ``element_id`` first when given: how the pictures in docs/ are made."""
+        shot = os.environ.get(variable)
+        if not shot:
+            return
+        if element_id:
+            script = f"document.getElementById('{element_id}').scrollIntoView()"
+            await self.thread(self.driver.execute_script, script)
+        saved = await self.thread(self.driver.save_screenshot, os.path.join(REPO, shot))
+        self.assertTrue(saved, shot)

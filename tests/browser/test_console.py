@@ -11,7 +11,6 @@ the running program (how ``docs/console.png`` was made; relative to the tree);
 """
 
 import argparse
-import os
 
 import orjson
 import treq
@@ -20,7 +19,6 @@ from twisted.web.client import HTTPConnectionPool
 
 from bench import console
 from tests.browser.browser import ADMIN_TOKEN, BrowserCase, By, Keys, shown
-from tests.harness.processes import REPO
 from tests.harness.support import bounded, reactor
 
 
@@ -57,10 +55,7 @@ class ConsoleTests(BrowserCase):
         # ... and who sent it: the admin's token (an account's would be named).
         activity = await self.thread(lambda: self.driver.find_element(By.ID, "activity").text)
         self.assertRegex(activity, r"exec asker · ok · \d+ ms — operator")
-        shot = os.environ.get("TRAPSANDBOX_CONSOLE_SCREENSHOT")
-        if shot:
-            saved = await self.thread(self.driver.save_screenshot, os.path.join(REPO, shot))
-            self.assertTrue(saved, shot)
+        await self.screenshot("TRAPSANDBOX_CONSOLE_SCREENSHOT")
         # The screen is text: its label, no live region, and colours from the palette.
         attributes = await self.thread(
             lambda: (screen.get_attribute("aria-label"), screen.get_attribute("aria-live"))
@@ -104,12 +99,7 @@ class ConsoleTests(BrowserCase):
         self.assertIn("-two\n+<b>TWO</b>", diff)
         bold = await self.thread(self.driver.find_elements, By.CSS_SELECTOR, "#diffs b")
         self.assertEqual(bold, [])
-        shot = os.environ.get("TRAPSANDBOX_SNAPSHOTS_SCREENSHOT")
-        if shot:
-            script = "document.getElementById('snapshots-area').scrollIntoView()"
-            await self.thread(self.driver.execute_script, script)
-            saved = await self.thread(self.driver.save_screenshot, os.path.join(REPO, shot))
-            self.assertTrue(saved, shot)
+        await self.screenshot("TRAPSANDBOX_SNAPSHOTS_SCREENSHOT", "snapshots-area")
         # Restore asks first, inline: the safe choice has the focus and Escape backs out.
         await self.thread(self.click, "#restore")
         await self.thread(self.shows, "restore-question", "files created since are deleted")

@@ -8,11 +8,9 @@ byte for byte, and what another account's token reaches.
 file open (how ``docs/console-files.png`` was made; relative to the tree).
 """
 
-import os
 from pathlib import Path
 
 from tests.browser.browser import ActionChains, BrowserCase, By, Keys, shown
-from tests.harness.processes import REPO
 from tests.harness.support import bounded
 
 # A binary file of every byte value, over several 64 KiB parts (the upload's progress shows).
@@ -81,12 +79,7 @@ class FilesTests(BrowserCase):
         await self.thread(self.screen_shows, "EDITED-77")
         await bounded(run, 30)
         await self.thread(self.shows, "activity", "write_file /hello.lua · ok")
-        shot = os.environ.get("TRAPSANDBOX_FILES_SCREENSHOT")
-        if shot:
-            script = "document.getElementById('files-area').scrollIntoView()"
-            await self.thread(self.driver.execute_script, script)
-            saved = await self.thread(self.driver.save_screenshot, os.path.join(REPO, shot))
-            self.assertTrue(saved, shot)
+        await self.screenshot("TRAPSANDBOX_FILES_SCREENSHOT", "files-area")
         # New folder, new file in it, rename it, delete it (asked first).
         await self.thread(self.click, "#folder-new")
         await self.thread(self.answer_path, "/work")
