@@ -162,7 +162,17 @@ class FilesTests(BrowserCase):
         upload = await self.thread(self.driver.find_element, By.ID, "file-upload")
         await self.thread(upload.send_keys, str(source.resolve()))
         await self.thread(self.shows, "files-status", f"Uploaded /{source.name}")
-        self.assertEqual(c.read_file("/" + source.name), BINARY)
+        self.assertTrue(c.read_file("/" + source.name) == BINARY, "not the same bytes")
+        # In parts, with progress: the bar went to the whole size.
+        bar = await self.thread(self.driver.find_element, By.ID, "files-progress")
+        seen = await self.thread(lambda: (bar.get_attribute("value"), bar.get_attribute("max")))
+        self.assertEqual(seen, (str(len(BINARY)), str(len(BINARY))))
+        # Past the request limit: refused in the page, with why, and nothing sent.
+        big = source.with_name("big.bin")
+        big.write_bytes(b"\0" * (1024 * 1024 + 1))
+        await self.thread(upload.send_keys, str(big.resolve()))
+        await self.thread(self.shows, "files-error", "the console uploads files up to 1.00 MiB")
+        self.assertFalse((c.root / "big.bin").exists())
         # Download it back: the page's bytes, byte for byte.
         c.write_file("/blob.bin", BINARY[::-1])
         await self.thread(self.click, "#files-refresh")
@@ -173,7 +183,7 @@ class FilesTests(BrowserCase):
         await self.thread(
             self.wait_until, lambda _: target.exists() and target.stat().st_size == len(BINARY)
         )
-        self.assertEqual(target.read_bytes(), BINARY[::-1])
+        self.assertTrue(target.read_bytes() == BINARY[::-1], "not the same bytes")
         await self.thread(self.shows, "files-status", "Downloaded /blob.bin")
         self.assertEqual(await self.thread(self.no_errors_in_the_page), [])
 

@@ -36,6 +36,9 @@ function cleanPath(text) {
 }
 
 function setUpFiles() {
+  window.addEventListener("beforeunload", (event) => {
+    if (files.open && files.open.dirty) event.preventDefault();  // the browser asks to leave
+  });
   $("file-new").addEventListener("click", newFile);
   $("folder-new").addEventListener("click", newFolder);
   $("file-rename").addEventListener("click", renameFile);
