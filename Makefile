@@ -58,10 +58,12 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test,cluster]' --config-settings editable_mode=compat
 	touch $@
 
-# The same two commands setup.py runs when a wheel is built (build_console_editor there).
+# The same two commands setup.py runs when a wheel is built (build_console_editor there);
+# the esbuild command line is package.json's "build" script.
 $(EDITOR_JS): $(EDITOR_DIR)/main.js $(EDITOR_DIR)/package.json $(EDITOR_DIR)/package-lock.json
 	@command -v npm >/dev/null || $(MAKE) --no-print-directory debian-packages PACKAGES="nodejs npm"
-	$(PYTHON) setup.py --quiet build_console_editor
+	cd $(EDITOR_DIR) && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build
+	test -s $@
 
 $(OPENCODE):
 	@command -v npm >/dev/null || $(MAKE) --no-print-directory debian-packages PACKAGES="nodejs npm"

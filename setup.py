@@ -2,8 +2,9 @@
 Everything is in setup.cfg but one build step: the web console's code editor
 (CodeMirror 6, ``trapsandbox/web/console/editor/``) is bundled from npm
 packages into ``trapsandbox/web/console/editor.js`` by esbuild, so the wheel
-ships one file and the page loads nothing from elsewhere.  ``make`` runs it
-too (``setup.py build_console_editor``); it needs ``npm`` (Node 18 or later).
+ships one file and the page loads nothing from elsewhere.  ``make`` runs the
+same two commands (``npm ci``, ``npm run build``); both need ``npm`` (Node 18
+or later).
 """
 
 import shutil
@@ -33,22 +34,8 @@ class build_console_editor(Command):
             raise SystemExit("building the console's editor needs npm (Debian: apt install npm)")
         quiet = ["--no-audit", "--no-fund", "--loglevel=error"]
         subprocess.run([npm, "ci", *quiet], cwd=EDITOR, check=True)
-        esbuild = EDITOR / "node_modules" / ".bin" / "esbuild"
-        subprocess.run(
-            [
-                str(esbuild),
-                "main.js",
-                "--bundle",
-                "--format=iife",
-                "--minify",
-                "--target=es2020",
-                "--legal-comments=none",
-                "--log-level=warning",
-                f"--outfile={BUNDLE}",
-            ],
-            cwd=EDITOR,
-            check=True,
-        )
+        # The esbuild command line is package.json's "build" script.
+        subprocess.run([npm, "run", "--silent", "build"], cwd=EDITOR, check=True)
 
 
 class build_py_with_editor(build_py):

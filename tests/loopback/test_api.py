@@ -483,7 +483,7 @@ class ConsoleFilesTests(TestCase):
             ("/console/console.css", b"text/css; charset=utf-8"),
             ("/console/files.js", b"text/javascript; charset=utf-8"),
             ("/console/transfer.js", b"text/javascript; charset=utf-8"),
-            # The code editor, bundled by `make` (setup.py build_console_editor).
+            # The code editor, bundled by `make` (npm run build in console/editor/).
             ("/console/editor.js", b"text/javascript; charset=utf-8"),
         ):
             response = await bounded(treq.get(base + path, pool=pool))

@@ -1,6 +1,6 @@
 // The console's code editor: CodeMirror 6 with Lua, bundled by esbuild into ../editor.js
-// (`make console-editor`, and setup.py when a wheel is built). The page uses only
-// window.TrapEditor.create(parent, options) below; everything else stays inside the bundle.
+// (`npm ci && npm run build` here: make runs it, and setup.py when a wheel is built).
+// The page uses only window.TrapEditor.create(host, options) below; the rest stays inside.
 import { EditorState, Compartment } from "@codemirror/state";
 import {
   EditorView, keymap, lineNumbers, highlightActiveLine, highlightActiveLineGutter,
