@@ -29,7 +29,7 @@ ALL = "exec,eval,fs.read,fs.write,screen,input"
 class CCTGatewayMixin:
     """A gateway on loopback (opencode down) and CC:Tweaked computers that reach it."""
 
-    timeout = 120
+    timeout = 180
 
     def setUp(self):
         reason = unavailable()
@@ -244,7 +244,7 @@ class FullDiskTests(CCTGatewayMixin, TestCase):
         self.assertUntouched(c, before, await self.free(c))
 
 
-def logged(testcase, pattern: str, seconds: float = 30):
+def logged(testcase, pattern: str, seconds: float = 60):
     """Fires with the text of the first event the gateway logs that matches ``pattern``."""
     d = Deferred()
 
