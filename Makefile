@@ -1,6 +1,7 @@
 # trapsandbox: `make run` serves on the defaults, `make test` runs the whole suite.
-# Both install what they need from nothing (virtualenv, Python packages, opencode,
-# and for the tests redis-server, chromium and chromium-driver, and Java for CC:Tweaked).
+# Both install what they need from nothing (virtualenv, Python packages, opencode, the
+# console's editor bundle, and for the tests redis-server, chromium and chromium-driver, and
+# Java for CC:Tweaked).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -19,6 +20,10 @@ CONFORMANCE := .tools/conformance/node_modules/@modelcontextprotocol/conformance
 # virtualenv, as the project's test extras pin the 1.x client (one package name, two majors).
 MCP2_VERSION ?= 2.3.0
 MCP2_DIR := .tools/mcp2
+# The web console's code editor: CodeMirror 6 from npm (versions pinned by its
+# package-lock.json), bundled by esbuild into one file the package ships (SPEC §14).
+EDITOR_DIR := trapsandbox/web/console/editor
+EDITOR_JS := trapsandbox/web/console/editor.js
 PYTEST_ARGS ?=
 # The Node/Fastify build of the same design, a third side of `make bench` (skipped with a
 # note where it is absent, as in a clone without ../shared).
@@ -26,24 +31,26 @@ BENCH_ARGS ?= --peer fastify=../shared/peers/fastify
 
 .PHONY: run test trial lint format bench fuzz clean distclean
 
-run: $(VENV)/.installed
+run: $(VENV)/.installed $(EDITOR_JS)
 	$(BIN)/twistd --nodaemon --pidfile= trapsandbox
 
-test: $(VENV)/.installed $(OPENCODE) $(NODE22) $(CONFORMANCE) $(MCP2_DIR)/.installed systemd-tools redis-server chromium cctweaked
+test: $(VENV)/.installed $(EDITOR_JS) $(OPENCODE) $(NODE22) $(CONFORMANCE) $(MCP2_DIR)/.installed systemd-tools redis-server chromium cctweaked
 	$(BIN)/pytest -q $(PYTEST_ARGS) tests
 
 # The load benchmark against the real twistd gateway (see docs/benchmarks.md).
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed $(OPENCODE)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 	$(BIN)/python -m bench.sandbox
 	$(BIN)/python -m bench.live
+	$(BIN)/python -m bench.fairshare
+	$(BIN)/python -m bench.ask $(BENCH_ASK_ARGS)
 
 # Generated hostile frames over real sockets: 100,000 of them (make test sends a few thousand).
 fuzz: $(VENV)/.installed
 	TRAPSANDBOX_FUZZ_FRAMES=100000 $(BIN)/pytest -q tests/loopback/test_fuzz.py
 
 # The trial-style test classes also run under trial.
-trial: $(VENV)/.installed $(OPENCODE) $(NODE22) $(CONFORMANCE) $(MCP2_DIR)/.installed systemd-tools redis-server chromium cctweaked
+trial: $(VENV)/.installed $(EDITOR_JS) $(OPENCODE) $(NODE22) $(CONFORMANCE) $(MCP2_DIR)/.installed systemd-tools redis-server chromium cctweaked
 	$(BIN)/trial tests
 
 lint: $(VENV)/.installed
@@ -59,8 +66,15 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# compat: puts this tree on sys.path, so twistd finds twisted/plugins here.
-	$(BIN)/python -m pip install --quiet -e '.[test]' --config-settings editable_mode=compat
+	$(BIN)/python -m pip install --quiet -e '.[test,cluster]' --config-settings editable_mode=compat
 	touch $@
+
+# The same two commands setup.py runs when a wheel is built (build_console_editor there);
+# the esbuild command line is package.json's "build" script.
+$(EDITOR_JS): $(EDITOR_DIR)/main.js $(EDITOR_DIR)/package.json $(EDITOR_DIR)/package-lock.json
+	@command -v npm >/dev/null || $(MAKE) --no-print-directory debian-packages PACKAGES="nodejs npm"
+	cd $(EDITOR_DIR) && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build
+	test -s $@
 
 $(OPENCODE):
 	@command -v npm >/dev/null || $(MAKE) --no-print-directory debian-packages PACKAGES="nodejs npm"
@@ -122,4 +136,4 @@ clean:
 	find . -name __pycache__ -prune -exec rm -rf {} + -o -name dropin.cache -delete
 
 distclean: clean
-	rm -rf $(VENV) .tools .opencode
+	rm -rf $(VENV) .tools .opencode $(EDITOR_DIR)/node_modules $(EDITOR_JS)

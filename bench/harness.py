@@ -8,10 +8,14 @@ against.  The harness lives in ``tests/``: this module puts the tree first on
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from trapsandbox import config
 from trapsandbox.tap import GatewayService
@@ -48,6 +52,33 @@ def computer(port: int, label: str, allow: str, **options: Any):
         c.install(LUA / name, "/" + name)
     c.set_settings({"sandbox.url": f"ws://127.0.0.1:{port}/gateway", "sandbox.allow": allow})
     return c
+
+
+def spawn_twistd(state: str, *options: str) -> subprocess.Popen:
+    """
+    ``twistd -n trapsandbox`` on 127.0.0.1:0 with ``options``, its state (and working)
+    directory ``state``, no opencode, none of this environment's settings; its output on
+    a pipe (``bench.live._listening`` reads where it listens).
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SANDBOX_", "OPENCODE_"))}
+    env.update(OPENCODE_URL="", PYTHONPATH=str(REPO), SANDBOX_STATE_DIR=state)
+    twistd = str(Path(sys.executable).parent / "twistd")
+    return subprocess.Popen(
+        [twistd, "-n", "--pidfile=", "trapsandbox", "--port", "tcp:0:interface=127.0.0.1"]
+        + list(options),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=state,
+    )
+
+
+def show(outcome: dict[str, Any], output: str | None) -> None:
+    """Print a benchmark's figures as indented JSON and, given ``output``, write them there too."""
+    text = orjson.dumps(outcome, option=orjson.OPT_INDENT_2).decode()
+    print(text)
+    if output:
+        Path(output).write_text(text)
 
 
 def percentile(values: list[float], q: float) -> float:

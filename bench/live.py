@@ -43,10 +43,8 @@ import os
 import random
 import string
 import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -60,8 +58,6 @@ from twisted.internet.defer import Deferred
 
 from bench import harness, proc
 
-REPO = Path(__file__).resolve().parent.parent
-TWISTD = str(Path(sys.executable).parent / "twistd")
 PACE = 0.12  # seconds between key presses (> 1 / maxFps 20)
 LINE = 40  # keys typed on one line (it stays within 51 columns), then Enter and again
 WAIT = 15.0  # seconds, the bound of every wait
@@ -375,6 +371,21 @@ class Progress:
 BLANK = {"line": " ", "text": "0", "background": "f"}
 
 
+def encode_frame(
+    trapos_id: str, event: str, message_id: str, type: str, payload: dict, **more: Any
+) -> bytes:
+    """One frame a computer sends (SPEC §2): a ``computer_request`` or ``computer_response``."""
+    frame = {
+        "event": event,
+        "traposSenderId": trapos_id,
+        "messageId": message_id,
+        "type": type,
+        "payload": payload,
+        **more,
+    }
+    return orjson.dumps(frame)
+
+
 class LightComputer(WebSocketClientProtocol):
     """A computer past hello that answers ``screen_watch`` as the Lua does, one row a tick."""
 
@@ -390,15 +401,9 @@ class LightComputer(WebSocketClientProtocol):
         )
 
     def send_frame(self, event: str, message_id: str, type: str, payload: dict, **more) -> None:
-        frame = {
-            "event": event,
-            "traposSenderId": self.factory.trapos_id,
-            "messageId": message_id,
-            "type": type,
-            "payload": payload,
-            **more,
-        }
-        self.sendMessage(orjson.dumps(frame))
+        self.sendMessage(
+            encode_frame(self.factory.trapos_id, event, message_id, type, payload, **more)
+        )
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
         frame = orjson.loads(payload)
@@ -458,17 +463,7 @@ class LightComputer(WebSocketClientProtocol):
 
 
 async def cpu(reactor, args: argparse.Namespace) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SANDBOX_", "OPENCODE_"))}
-    env["OPENCODE_URL"] = ""
-    env["PYTHONPATH"] = str(REPO)
-    state = tempfile.mkdtemp(prefix="trapsandbox-bench-state-")
-    child = subprocess.Popen(
-        [TWISTD, "-n", "--pidfile=", "trapsandbox", "--port", "tcp:0:interface=127.0.0.1"],
-        env={**env, "SANDBOX_STATE_DIR": state},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        cwd=state,
-    )
+    child = harness.spawn_twistd(tempfile.mkdtemp(prefix="trapsandbox-bench-state-"))
     try:
         port = await _listening(reactor, child)
         url = f"http://127.0.0.1:{port}"
@@ -550,10 +545,7 @@ async def report(reactor, args: argparse.Namespace) -> None:
         outcome = await bytes_and_latency(reactor, args)
         if args.computers:
             outcome["cpu"] = await cpu(reactor, args)
-    text = orjson.dumps(outcome, option=orjson.OPT_INDENT_2).decode()
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text)
+    harness.show(outcome, args.output)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -107,10 +107,7 @@ async def _timed(reactor, argv: list[str], env: dict) -> float:
 
 async def report(reactor, args: argparse.Namespace) -> None:
     outcome = await run(reactor, args)
-    text = orjson.dumps(outcome, option=orjson.OPT_INDENT_2).decode()
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text)
+    harness.show(outcome, args.output)
     biggest = [f for f in outcome["files"] if f["bytes"] == SIZES[-1]][0]
     print(
         f"exec p50 {outcome['exec']['p50_ms']} ms (target <= 20), "

@@ -42,9 +42,8 @@ local STARTUP_SOURCE = [[
 -- the screen readable (_G.traposSandboxScreen) for the gateway's `screen` requests.
 shell.setAlias('sandbox', '/programs/sandbox.lua')
 local function readable(t) return type(t) == 'table' and type(t.getLine) == 'function' end
-local running = rawget(_G, 'traposSandboxSession')
-if type(running) == 'table' and running.status and running.status().running
-  and running.status().state ~= 'stopped' then
+local daemon = rawget(_G, 'traposSandboxState')
+if daemon and daemon.running and daemon.state ~= 'stopped' then
   return -- already started this boot (the installer run from startup.lua, say)
 end
 if multishell and shell.openTab then
@@ -230,9 +229,8 @@ else
   if shell and shell.setAlias then shell.setAlias('sandbox', '/programs/sandbox.lua') end
 end
 
-local running = rawget(_G, 'traposSandboxSession')
-if type(running) == 'table' and running.status and running.status().running
-  and running.status().state ~= 'stopped' then
+local daemon = rawget(_G, 'traposSandboxState')
+if daemon and daemon.running and daemon.state ~= 'stopped' then
   print('the sandbox daemon already runs: reboot (hold Ctrl+R) for it to use these settings')
 elseif not rawget(_G, 'bootEventLoop') and multishell and shell and shell.openTab and fs.exists(STARTUP) then
   shell.run(STARTUP)

@@ -6,7 +6,10 @@ Read the list as the architecture (arrows are "uses"; a package uses only the
 ones above it, ``tap`` excepted, which builds everything):
 
     ``limits``      every limit and default; imports nothing
-    ``errors``      ``ConfigError``, a bad setting wherever it is read; imports nothing
+    ``errors``      the one family of errors: codes, HTTP statuses, ``GatewayError``,
+                    the failure bodies, ``ConfigError``; imports nothing
+    ``compat``      what both modes need of the libraries' internals (fixes, a raw
+                    HTTP response); imports nothing of ours
     ``config``      settings from the environment and twistd's options
     ``state``       the state directory (SANDBOX_STATE_DIR) and private files in it
     ``computers``   the computer side: the wire, the registry of connected computers,
@@ -22,8 +25,9 @@ ones above it, ``tap`` excepted, which builds everything):
     ``cluster``     several gateway processes sharing computers through Redis
     ``snapshots``   snapshots and undo: the stores (SQLite, or the cluster's Redis),
                     retention, changes and restore plans
-    ``fast``        the measured fast paths and every patch of a library, installed
-                    on purpose by ``tap`` (never on import)
+    ``fast``        the measured fast paths and every speed patch of a library,
+                    installed on purpose by ``tap`` (never on import); nothing imports
+                    it but ``tap``, and the plain gateway runs without it
     ``tap``         ``twistd trapsandbox``: options, and the one place objects are built
 """
 

@@ -35,6 +35,7 @@ class Settings:
     # None: operator endpoints answer loopback clients only.
     admin_token: str | None = attrs.field(default=None, repr=False)
     request_timeout: float = limits.DEFAULT_REQUEST_TIMEOUT
+    # OPENCODE_URL: one opencode server's URL, or several separated by commas (``servers``).
     opencode_url: str = DEFAULT_OPENCODE_URL
     opencode_username: str = DEFAULT_OPENCODE_USERNAME
     opencode_password: str | None = attrs.field(default=None, repr=False)
@@ -55,6 +56,13 @@ class Settings:
     ask_directory: str | None = None
     # Ask conversations remembered per account (SPEC §4), the least recently used dropped.
     max_ask_conversations: int = limits.MAX_ASK_CONVERSATIONS
+    # opencode instances given back after this long unused, and at most this many live per
+    # opencode server (``opencode.instances``).
+    ask_instance_idle: float = limits.ASK_INSTANCE_IDLE
+    ask_max_instances: int = limits.ASK_MAX_INSTANCES
+    # Asks running at once per opencode server and per account; more wait (``opencode.queue``).
+    ask_max_running: int = limits.ASK_MAX_RUNNING
+    ask_max_running_per_account: int = limits.ASK_MAX_RUNNING_PER_ACCOUNT
     # SANDBOX_TRUSTED_PROXIES (SPEC §4): networks (and perhaps ``unix``) whose
     # X-Forwarded-For/Forwarded are believed; none by default.
     trusted_proxies: tuple[Any, ...] = ()
@@ -63,6 +71,11 @@ class Settings:
     snapshots_keep: int = limits.SNAPSHOTS_KEEP
     snapshot_quota_bytes: int = limits.SNAPSHOT_QUOTA_BYTES
     snapshot_max_bytes: int = limits.SNAPSHOT_MAX_BYTES
+
+    @property
+    def opencode_urls(self) -> tuple[str, ...]:
+        """Each opencode server's URL, in the order given (none when OPENCODE_URL is empty)."""
+        return _urls(self.opencode_url)
 
     def snapshot_store_settings(self) -> dict[str, int]:
         """What a snapshot store is opened with (``SnapshotStore``'s keyword arguments)."""
@@ -119,6 +132,22 @@ def _megabytes(value: str, name: str) -> int:
     return int(size * 1024 * 1024)
 
 
+def _urls(value: str) -> tuple[str, ...]:
+    return tuple(url for url in value.replace(",", " ").split() if url)
+
+
+def _opencode_urls(value: str, name: str) -> str:
+    """One URL or several (comma- or space-separated), each checked; kept comma-separated."""
+    urls = _urls(value)
+    if not urls:
+        return ""  # probes then answer "OPENCODE_URL not set"
+    for url in urls:
+        _opencode_url(url, name)
+    if len(set(urls)) != len(urls):
+        raise ConfigError(f"{name} names the same opencode server twice")
+    return ",".join(urls)
+
+
 def _opencode_url(value: str, name: str) -> str:
     if value == "":
         return value  # probes then answer "OPENCODE_URL not set"
@@ -150,6 +179,13 @@ def _redis_url(value: str, name: str) -> str | None:
     if not valid or port is None:
         # Not echoed: it may hold a password.
         raise ConfigError(f"{name} must be a URL redis://[:PASSWORD@]HOST[:PORT][/DB]")
+    try:
+        import txredisapi  # noqa: F401  (cluster mode's one extra dependency)
+    except ImportError:
+        raise ConfigError(
+            f"{name} asks for cluster mode, which needs txredisapi: "
+            "pip install 'trapsandbox[cluster]'"
+        ) from None
     return value
 
 
@@ -241,6 +277,20 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
             raise ConfigError(f"{name} is empty: unset it to have no accounts file")
         accounts = accounts_module.load(accounts_file, name)
 
+    ask_max_instances = setting(
+        "ask-max-instances", "SANDBOX_ASK_MAX_INSTANCES", _count, limits.ASK_MAX_INSTANCES
+    )
+    ask_max_running = setting(
+        "ask-max-running", "SANDBOX_ASK_MAX_RUNNING", _count, limits.ASK_MAX_RUNNING
+    )
+    if ask_max_running > ask_max_instances:
+        # Every running ask holds an instance: more running than live would break the bound.
+        raise ConfigError(
+            f"SANDBOX_ASK_MAX_RUNNING ({ask_max_running}) must not exceed "
+            f"SANDBOX_ASK_MAX_INSTANCES ({ask_max_instances}): each running ask keeps an "
+            "opencode instance"
+        )
+
     return Settings(
         ports=ports,
         accounts_file=accounts_file,
@@ -253,7 +303,7 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
             _timeout_ms,
             limits.DEFAULT_REQUEST_TIMEOUT,
         ),
-        opencode_url=setting("opencode-url", "OPENCODE_URL", _opencode_url, DEFAULT_OPENCODE_URL),
+        opencode_url=setting("opencode-url", "OPENCODE_URL", _opencode_urls, DEFAULT_OPENCODE_URL),
         opencode_username=username,
         opencode_password=setting(
             "opencode-password", "OPENCODE_SERVER_PASSWORD", lambda value, _: value or None, None
@@ -287,6 +337,20 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
             "SANDBOX_MAX_ASK_CONVERSATIONS",
             _count,
             limits.MAX_ASK_CONVERSATIONS,
+        ),
+        ask_instance_idle=setting(
+            "ask-instance-idle-ms",
+            "SANDBOX_ASK_INSTANCE_IDLE_MS",
+            _timeout_ms,
+            limits.ASK_INSTANCE_IDLE,
+        ),
+        ask_max_instances=ask_max_instances,
+        ask_max_running=ask_max_running,
+        ask_max_running_per_account=setting(
+            "ask-max-running-per-account",
+            "SANDBOX_ASK_MAX_RUNNING_PER_ACCOUNT",
+            _count,
+            limits.ASK_MAX_RUNNING_PER_ACCOUNT,
         ),
         trusted_proxies=setting("trusted-proxies", "SANDBOX_TRUSTED_PROXIES", _trusted_proxies, ()),
         snapshots_keep=setting(

@@ -41,6 +41,16 @@ MAX_BUSY = 16
 MAX_OPERATOR_IN_FLIGHT = 256
 # Operator WebSockets one account's token may hold open at once (SPEC §4).
 MAX_OPERATOR_SOCKETS_PER_ACCOUNT = 16
+# Watches one account's token holds open at once in this process, of each kind: screen
+# and peripheral-event watches (whichever surface: /operator, SSE, a relay from another
+# process) and activity watches.  Each is a stream the gateway relays: the bound keeps what
+# one account's watchers cost the gateway (and so the other accounts' latency) bounded.
+# The admin's are not counted (as its /operator sockets are not).
+# (``watch_computers``: one per /operator socket, so MAX_OPERATOR_SOCKETS_PER_ACCOUNT.)
+MAX_WATCHES_PER_ACCOUNT = 64
+# A burst of changes to the computers (connects, disconnects, capabilities) is listed
+# once to ``watch_computers``, this long after its first change.
+LISTING_DEBOUNCE = 0.05
 # How long a computer may take to acknowledge a ``cancel``.
 CANCEL_TIMEOUT = 10.0
 
@@ -58,9 +68,15 @@ FILE_CHUNK_BYTES = 64 * 1024
 MAX_FILE_BYTES = 1024 * 1024
 # One file, list or screen frame's round trip.
 FILE_REQUEST_TIMEOUT = 30.0
-# A screen's size as the gateway keeps it (``computers.screen``): a computer
-# claiming more is cut to this; CraftOS's largest monitor is 164x81.
-MAX_SCREEN_SIDE = 512
+# A screen's size as the gateway relays it (``computers.screen``): CraftOS's largest
+# monitor is 164x81 (CraftOS-PC may be set larger): a screen_watch frame claiming more
+# than twice that is refused and the watch ended (``too_large``).
+MAX_SCREEN_WIDTH = 328
+MAX_SCREEN_HEIGHT = 162
+# A screen_watch's frames reach its watcher at most this often a second unless its
+# maxFps says (SPEC §14: 1..20, default 10), whatever the computer sends.
+DEFAULT_SCREEN_FPS = 10
+MAX_SCREEN_FPS = 20
 # A screen_watch runs until its caller leaves; this bounds a forgotten one.
 SCREEN_WATCH_TIMEOUT = 24 * 3600.0
 # peripheral_events (SPEC §16): the computer's default and largest timeoutMs; the gateway
@@ -155,6 +171,8 @@ HTTP_IDLE_TIMEOUT = 30.0
 # A request's head and body must arrive whole within this of its first byte
 # (a client dripping a byte now and then is not kept): 408, and the connection closed.
 REQUEST_DEADLINE = 30.0
+# After an idle timeout closes a connection whose client does not read, it is aborted.
+HTTP_ABORT_AFTER = 15.0
 # HTTP connections from one address whose request has not been admitted yet (no
 # operator's token checked, or no head complete); past it, 429 and closed.  Only
 # HTTP: computers (``/gateway``) have MAX_UNAUTHENTICATED_PER_ADDRESS.
@@ -217,6 +235,19 @@ ASK_DIRECTORY_NAME = "ask"
 # Ask conversations remembered per account (an opencode session, a scoped MCP token and
 # its directory's state per computer); past it the least recently used is forgotten.
 MAX_ASK_CONVERSATIONS = 256
+# opencode instances (one per asking computer's directory, 2.5-8 MiB each) are given back
+# after this long unused (SANDBOX_ASK_INSTANCE_IDLE_MS) ...
+ASK_INSTANCE_IDLE = 600.0
+# ... and at most this many live at once per opencode server, the least recently used given
+# back first (SANDBOX_ASK_MAX_INSTANCES).
+ASK_MAX_INSTANCES = 32
+# Asks running at once per opencode server and per account (SANDBOX_ASK_MAX_RUNNING,
+# SANDBOX_ASK_MAX_RUNNING_PER_ACCOUNT); more wait in order, told how many are ahead.
+ASK_MAX_RUNNING = 16
+ASK_MAX_RUNNING_PER_ACCOUNT = 4
+# A waiting ask is told its place again at least this often, so the computer's idle timer
+# (ASK_IDLE_TIMEOUT in libsandbox, 660 s) never ends an ask that is only waiting.
+ASK_WAITING_REPEAT = 60.0
 
 # A whole ask, from the prompt to the answer; past it the run is aborted.
 ASK_TIMEOUT = 600.0
@@ -224,6 +255,9 @@ ASK_TIMEOUT = 600.0
 ASK_CALL_TIMEOUT = 30.0
 # How long an ask waits for the shared event stream to connect.
 ASK_STREAM_READY_TIMEOUT = 10.0
+# An opencode server whose event stream has been lost this long and still cannot be opened is
+# gone: its running asks end (the stream's retries come 1, 3, 7, 15 s after the loss).
+ASK_SERVER_GONE = 10.0
 # After an abort, how long the gateway waits for opencode to say the session is idle.
 ASK_ABORT_GRACE = 10.0
 # The shared /event stream: reconnected after a drop, 1 s doubling to 30 s; opencode sends
@@ -272,3 +306,8 @@ SNAPSHOT_DIFF_MAX_BYTES = 256 * 1024
 SNAPSHOT_DIFF_MAX_LINES = 400
 # The embedded store's file in the state directory.
 SNAPSHOTS_FILE_NAME = "snapshots.sqlite3"
+
+# A snapshot's listing: the computer answers a few hundred files in a few batches of 64.
+SNAPSHOT_LIST_TIMEOUT = 60.0
+# trapsandbox-ctl's snapshot, changes and restore: every changed file fetched or written back.
+CTL_SNAPSHOT_TIMEOUT = 300.0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autobahn.twisted.resource import WebSocketResource
 from autobahn.websocket import USES_NVX
@@ -25,17 +25,19 @@ from trapsandbox import __version__, config, limits, state
 from trapsandbox.admission import accounts
 from trapsandbox.admission.auth import Admission
 from trapsandbox.admission.strangers import Strangers
+from trapsandbox.compat import fixes
 from trapsandbox.computers import wire
 from trapsandbox.computers.handlers import ComputerRequests
 from trapsandbox.computers.protocol import GatewayFactory
 from trapsandbox.computers.registry import Registry, describe_session
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.errors import ConfigError
-from trapsandbox.fast import fixes, paths
 from trapsandbox.mcp.endpoint import McpEndpoint
 from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.client import OpencodeClient
 from trapsandbox.opencode.probe import OpencodeProbe, redact
+from trapsandbox.opencode.queue import AskQueue
+from trapsandbox.opencode.servers import ServerProbes
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.ops.systemd import Notifier
 from trapsandbox.snapshots.askhook import AskSnapshots
@@ -45,6 +47,9 @@ from trapsandbox.web.listener import CountedSite
 from trapsandbox.web.operator import OperatorRequests
 from trapsandbox.web.opsocket import OperatorSocketFactory
 from trapsandbox.web.site import GatewaySite
+
+if TYPE_CHECKING:
+    from trapsandbox.fast.paths import FastPaths
 
 log = Logger()
 
@@ -94,7 +99,12 @@ class Options(usage.Options):
             "Most /operator WebSockets one account's token holds open at once "
             f"({limits.MAX_OPERATOR_SOCKETS_PER_ACCOUNT}).",
         ],
-        ["opencode-url", None, None, "The opencode server (empty: not probed)."],
+        [
+            "opencode-url",
+            None,
+            None,
+            "The opencode server, or several separated by commas (empty: not probed).",
+        ],
         ["opencode-username", None, None, "opencode's Basic-auth user."],
         ["opencode-password", None, None, "opencode's Basic-auth password."],
         [
@@ -124,6 +134,34 @@ class Options(usage.Options):
             None,
             "Ask conversations remembered per account, the least recently used dropped "
             f"({limits.MAX_ASK_CONVERSATIONS}).",
+        ],
+        [
+            "ask-instance-idle-ms",
+            None,
+            None,
+            "An opencode instance of an asking computer is given back after this long unused "
+            f"({limits.ASK_INSTANCE_IDLE * 1000:g}).",
+        ],
+        [
+            "ask-max-instances",
+            None,
+            None,
+            "opencode instances kept live per opencode server, the least recently used given "
+            f"back first ({limits.ASK_MAX_INSTANCES}).",
+        ],
+        [
+            "ask-max-running",
+            None,
+            None,
+            "Asks running at once per opencode server; more wait in order "
+            f"({limits.ASK_MAX_RUNNING}).",
+        ],
+        [
+            "ask-max-running-per-account",
+            None,
+            None,
+            "Asks running at once per account; more wait in order "
+            f"({limits.ASK_MAX_RUNNING_PER_ACCOUNT}).",
         ],
         [
             "trusted-proxies",
@@ -266,7 +304,7 @@ class GatewayService(service.MultiService):
         settings: config.Settings,
         reactor: Any,
         notifier: Notifier | None = None,
-        fast: paths.FastPaths | None = None,
+        fast: FastPaths | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings
@@ -322,28 +360,36 @@ class GatewayService(service.MultiService):
         http = HTTPClient(
             Agent(reactor, pool=self._pool, connectTimeout=limits.OPENCODE_CONNECT_TIMEOUT)
         )
+        urls = settings.opencode_urls or ("",)
         self.asks = Asks(
-            OpencodeClient(
-                http,
-                reactor,
-                settings.opencode_url,
-                settings.opencode_username,
-                settings.opencode_password,
-            ),
+            [
+                OpencodeClient(
+                    http, reactor, url, settings.opencode_username, settings.opencode_password
+                )
+                for url in urls
+            ],
             reactor,
             self.metrics,
             directory=ask_directory,
             max_conversations=settings.max_ask_conversations,
+            instance_idle=settings.ask_instance_idle,
+            max_instances=settings.ask_max_instances,
+            queue=AskQueue(reactor, settings.ask_max_running, settings.ask_max_running_per_account),
             snapshots=AskSnapshots(self.snapshots, reactor),
         )
-        self.probe = OpencodeProbe(
-            http,
-            reactor,
-            settings.opencode_url,
-            settings.opencode_username,
-            settings.opencode_password,
-            metrics=self.metrics,
-        )
+        probes = [
+            OpencodeProbe(
+                http,
+                reactor,
+                url,
+                settings.opencode_username,
+                settings.opencode_password,
+                metrics=self.metrics,
+            )
+            for url in urls
+        ]
+        # Several opencode servers (OPENCODE_URL a list): each probed on its own, told as one.
+        self.probe = probes[0] if len(probes) == 1 else ServerProbes(probes)
 
     def _build_snapshots(self) -> None:
         """Snapshots (SPEC §15); their store is opened when the service starts."""
@@ -494,7 +540,7 @@ class GatewayService(service.MultiService):
             "trapsandbox {version} started: auth {auth}, opencode at {opencode}, NVX {nvx}",
             version=__version__,
             auth="on" if self.admission.enabled else "off",
-            opencode=redact(self.settings.opencode_url) or "(not set)",
+            opencode=", ".join(map(redact, self.settings.opencode_urls)) or "(not set)",
             nvx="in use" if USES_NVX else "not available",
         )
         log.info(
@@ -575,6 +621,14 @@ def makeService(options: Options) -> service.IService:
         fast = None
         if config.fast_paths(os.environ, options):
             # On purpose, here: process-wide patches of the libraries (``fast.paths``).
+            # Imported only here: the plain gateway needs nothing of trapsandbox.fast.
+            try:
+                from trapsandbox.fast import paths
+            except ImportError as error:
+                raise ConfigError(
+                    f"the fast paths are not installed ({error}): run with --plain "
+                    "(SANDBOX_FAST_PATHS=0)"
+                ) from None
             fast = paths.install(config.fast_paths_without(os.environ))
         gateway = GatewayService(
             settings, reactor, Notifier.from_environ(reactor, os.environ), fast=fast

@@ -1578,7 +1578,7 @@ end
 -- stay here, and it lasts for the session (like the Lua prompt, `x = 1` then `return x` works).
 local function evalEnv(session)
   if not session.evalGlobals then
-    session.evalGlobals = setmetatable({ shell = session.shell, multishell = rawget(_G, 'multishell') }, { __index = _G })
+    session.evalGlobals = setmetatable({ shell = session.shell, multishell = session.multishell }, { __index = _G })
   end
   return session.evalGlobals
 end
@@ -2951,6 +2951,7 @@ For the sandbox requests (SPEC §9), the CraftOS APIs they use (default: the glo
   peripheral, turtle (SPEC §16; no turtle API: turtle requests answer unknown_type),
   redstone (the stop side's signal)
   shell       the shell exec runs programs with (the daemon's own; none: a plain loader)
+  multishell  the multishell API eval code sees (the daemon's own; not a global on CC:Tweaked)
   clock       function() -> milliseconds              default os.epoch('utc')
   screen      function() -> the terminal exec and eval draw on   default _G.traposSandboxScreen
                 (the shell's), else the daemon's own
@@ -3020,6 +3021,8 @@ function M.startSession(opts)
     asking = nil,    -- the messageId of this computer's running ask (the turtle budget counts)
     turtleMoves = 0,
     shell = opts.shell,
+    -- Like shell, not a global on CC:Tweaked: each program gets it in its environment.
+    multishell = opts.multishell or rawget(_G, 'multishell'),
     clock = opts.clock or function() return osLike.epoch('utc') end,
     screen = opts.screen or function() return rawget(_G, 'traposSandboxScreen') end,
   }, Session)
@@ -3207,10 +3210,16 @@ local function newQuestion(p, line, echo)
   return q
 end
 
+-- What a waiting ask shows: how many asks are ahead of it in the gateway's queue.
+local function waitingLine(ahead)
+  if ahead < 1 then return 'waiting for the agent: next in line' end
+  return ('waiting for the agent: %d ask%s ahead'):format(ahead, ahead == 1 and '' or 's')
+end
+
 --[[ ask(prompt, opts) -> ok, payloadOrError
 `sandbox ask`: sends computer_request ask {prompt, new?, yes?} through the daemon and prints
 its partials as they arrive: text word-wrapped through opts.out (a newWrapper), one line per
-tool the agent uses, a y/a/n question per permission request (answered with ask_permission),
+tool the agent uses, a line while it waits its turn (and again when its place changes), a y/a/n question per permission request (answered with ask_permission),
 the agent's questions with numbered options (newQuestion, answered with ask_answer).
 `terminate` (Ctrl+T) sends cancel {messageId} and waits for the final answer a while; a second
 one gives up at once. Every partial restarts the idle timer, so a long answer never times out.
@@ -3238,7 +3247,7 @@ function M.ask(prompt, opts)
     if out then out.line(text) else say(text) end
   end
   queueEvent(M.EVENT_SEND, messageId, 'ask', { prompt = prompt, new = opts.new == true, yes = opts.yes == true })
-  local asking, cancelled, printed, question = nil, false, false, nil
+  local asking, cancelled, printed, question, waited = nil, false, false, nil, nil
   local function echo(typed)
     if typed then
       write(typed) -- as typed, not through the word-wrapper, which holds back a word's start
@@ -3265,6 +3274,12 @@ function M.ask(prompt, opts)
         line('Allow ' .. shortTool(p.tool) .. ': ' .. tostring(p.detail or '') .. '?')
         line('[y] once  [a] always  [n] no')
         asking = p.id
+      elseif p.type == 'waiting' and type(p.ahead) == 'number' then
+        -- Its turn has not come (the gateway's queue); told again unchanged now and then.
+        if p.ahead ~= waited then
+          waited = p.ahead
+          line(waitingLine(p.ahead))
+        end
       elseif p.type == 'question' and type(p.id) == 'string' and type(p.questions) == 'table'
           and p.questions[1] then
         if out then out.flush() end

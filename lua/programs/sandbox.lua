@@ -106,7 +106,8 @@ local function health(lib)
   end
   print('sandboxOk: ' .. tostring(result.sandboxOk == true))
   print('opencodeOk: ' .. tostring(result.opencodeOk == true))
-  if result.opencodeOk ~= true then
+  -- With several opencode servers the detail names those down even while one is up.
+  if result.opencodeOk ~= true or type(result.opencodeDetail) == 'string' then
     print('opencode: ' .. tostring(result.opencodeDetail or 'no detail'))
   end
   return true

@@ -59,7 +59,9 @@ if type(password) ~= 'string' then password = nil end
 local bootLoop = rawget(_G, 'bootEventLoop')
 local loop = bootLoop or lib.createEventLoop(os)
 -- `shell` is this program's own (the shell API is not a global): exec runs programs with it.
-local session = lib.startSession({ url = url, secret = password, eventLoop = loop, shell = shell })
+local session = lib.startSession({
+  url = url, secret = password, eventLoop = loop, shell = shell, multishell = multishell,
+})
 _G.traposSandboxSession = session
 print(('sandbox daemon %s: connecting to %s as %s'):format(_VERSION, url, session.traposId))
 local allowed = session.status().capabilities

@@ -2296,6 +2296,25 @@ test('ask: a second Ctrl+T gives up at once; silence times out', function()
   eq({ ok2, err2.code }, { false, 'timeout' }, 'timed out')
 end)
 
+test('ask: a waiting ask says how many are ahead, once per change, and can be cancelled', function()
+  local p = askScript({
+    partial({ type = 'waiting', ahead = 2 }),
+    partial({ type = 'waiting', ahead = 2 }),
+    partial({ type = 'waiting', ahead = 1 }),
+    partial({ type = 'waiting', ahead = 0 }),
+    { 'terminate' },
+    function(s) return { 'trapos_sandbox_reply', s.queued[1][2], false, nil, { code = 'cancelled', message = 'cancelled while waiting for the agent' }, n = 5 } end,
+  })
+  local ok, err = lib.ask('x', p)
+  eq({ ok, err.code }, { false, 'cancelled' }, 'cancelled')
+  eq({ p.queued[2][3], p.queued[2][4] }, { 'cancel', { messageId = p.queued[1][2] } }, 'cancel names the ask')
+  local shown = table.concat(p.screen(), ' ')
+  eq(select(2, shown:gsub('2 asks ahead', '')), 1, 'unchanged: shown once: ' .. shown)
+  truthy(shown:find('waiting for the agent: 1 ask ahead', 1, true), shown)
+  truthy(shown:find('next in line', 1, true), shown)
+  eq(#p.timers, 6, 'every partial restarts the idle timer, the cancel waits')
+end)
+
 test('ask prints the final text when no delta arrived', function()
   local p = askScript({
     function(s) return { 'trapos_sandbox_reply', s.queued[1][2], true, { sessionId = 's', text = 'All done here.' }, n = 5 } end,

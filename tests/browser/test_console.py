@@ -11,130 +11,18 @@ the running program (how ``docs/console.png`` was made; relative to the tree);
 """
 
 import argparse
-import os
-import shutil
-from pathlib import Path
 
 import orjson
 import treq
 from twisted.internet.threads import deferToThread
-from twisted.trial.unittest import SkipTest, TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from bench import console
-from tests.harness.craftos import Computer
-from tests.harness.processes import REPO, spawn_gateway
-from tests.harness.support import accounts_file, bounded, connect, reactor
-
-try:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
-    from selenium.webdriver.support import expected_conditions as shown
-    from selenium.webdriver.support.ui import WebDriverWait
-except ImportError:  # `make test` installs it (the test extras)
-    webdriver = None
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-LUA = Path(__file__).resolve().parents[2] / "lua"
-CLIENT_FILES = {
-    "/apis/libsandbox.lua": LUA / "apis" / "libsandbox.lua",
-    "/servers/sandbox.lua": LUA / "servers" / "sandbox.lua",
-    "/programs/sandbox.lua": LUA / "programs" / "sandbox.lua",
-}
-ADMIN_TOKEN = "admin-token-5678"
-ASKER = (
-    "term.setTextColour(colours.lime)\nprint('MARKER-42 name?')\n"
-    "term.setTextColour(colours.white)\nlocal name = read()\nprint('hello ' .. name)\n"
-)
-WAIT = 20  # seconds, the bound of every wait on the page
+from tests.browser.browser import ADMIN_TOKEN, BrowserCase, By, Keys, shown
+from tests.harness.support import bounded, reactor
 
 
-def _browser():
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--window-size=1100,720", "--disable-gpu"):
-        options.add_argument(argument)
-    if os.geteuid() == 0:
-        options.add_argument("--no-sandbox")
-    return webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-
-
-class ConsoleTests(TestCase):
-    timeout = 120
-
-    async def start(self, browser=True):
-        """The gateway (a real twistd: accounts alice and bob, an admin token) and a browser."""
-        if webdriver is None:
-            raise SkipTest("selenium is not installed (pip install -e '.[test]')")
-        if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-            raise SkipTest("chromium and chromium-driver are not installed (make chromium)")
-        path = accounts_file(self, "alice", "bob")
-        child = spawn_gateway(
-            self, SANDBOX_ACCOUNTS_FILE=path, SANDBOX_ADMIN_TOKEN=ADMIN_TOKEN, OPENCODE_URL=""
-        )
-        self.port = await child.listening_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        if browser:
-            self.driver = await self.thread(_browser)
-            self.addCleanup(lambda: deferToThread(self.driver.quit))
-
-    def thread(self, f, *args):
-        return bounded(deferToThread(f, *args), WAIT + 10)
-
-    async def alice_computer(self, allow="exec,screen,input"):
-        c = Computer(self.mktemp(), id=7, label="si")
-        self.addCleanup(c.shutdown)
-        for dest, source in CLIENT_FILES.items():
-            c.install(source, dest)
-        url = f"ws://127.0.0.1:{self.port}/gateway"
-        c.set_settings(
-            {
-                "sandbox.url": url,
-                "sandbox.password": "s-alice",
-                "sandbox.allow": allow,
-            }
-        )
-        c.write_file("/asker.lua", ASKER)
-        c.run("/servers/sandbox.lua")
-        await c.wait_for_lua("traposSandboxState and traposSandboxState.connected")
-        return c
-
-    async def bob_computer(self):
-        bob = await connect(self, self.port)
-        self.assertEqual((await bob.hello("s-bob", "2:bob"))["payload"], {"accountId": "bob"})
-        return bob
-
-    def log_in(self, token):
-        """Open the console and give ``token`` (blocking: in a thread)."""
-        self.driver.get(self.base + "/")
-        field = self.driver.find_element(By.ID, "token")
-        label = self.driver.find_element(By.CSS_SELECTOR, "label[for=token]")
-        assert (label.text, field.get_attribute("type")) == ("Token", "password")
-        field.send_keys(token)
-        self.driver.find_element(By.CSS_SELECTOR, "#login button").click()
-
-    def wait_until(self, condition):
-        return WebDriverWait(self.driver, WAIT).until(condition)
-
-    def computer_button(self, trapos_id):
-        locator = (By.CSS_SELECTOR, f'#computers button[data-trapos="{trapos_id}"]')
-        return self.wait_until(shown.element_to_be_clickable(locator))
-
-    def screen_shows(self, text):
-        return self.wait_until(shown.text_to_be_present_in_element((By.ID, "screen"), text))
-
-    def execute(self, command):
-        pool = HTTPConnectionPool(reactor(), persistent=False)
-        return treq.post(
-            f"{self.base}/computers/7%3Asi/execute?account=alice",
-            json={"command": command, "timeoutMs": 30000},
-            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-            pool=pool,
-        )
-
+class ConsoleTests(BrowserCase):
     async def test_log_in_watch_a_computer_type_into_read_and_see_it_leave(self):
         await self.start()
         c = await self.alice_computer()
@@ -167,10 +55,7 @@ class ConsoleTests(TestCase):
         # ... and who sent it: the admin's token (an account's would be named).
         activity = await self.thread(lambda: self.driver.find_element(By.ID, "activity").text)
         self.assertRegex(activity, r"exec asker · ok · \d+ ms — operator")
-        shot = os.environ.get("TRAPSANDBOX_CONSOLE_SCREENSHOT")
-        if shot:
-            saved = await self.thread(self.driver.save_screenshot, os.path.join(REPO, shot))
-            self.assertTrue(saved, shot)
+        await self.screenshot("TRAPSANDBOX_CONSOLE_SCREENSHOT")
         # The screen is text: its label, no live region, and colours from the palette.
         attributes = await self.thread(
             lambda: (screen.get_attribute("aria-label"), screen.get_attribute("aria-live"))
@@ -187,22 +72,7 @@ class ConsoleTests(TestCase):
             self.wait_until,
             shown.text_to_be_present_in_element((By.ID, "notice"), "7:si disconnected"),
         )
-        logs = await self.thread(self.driver.get_log, "browser")
-        errors = [e for e in logs if e["level"] == "SEVERE" and "favicon.ico" not in e["message"]]
-        self.assertEqual(errors, [])
-
-    def text_of(self, element_id):
-        return self.driver.find_element(By.ID, element_id).text
-
-    def shows(self, element_id, text):
-        """Wait until the element's text holds ``text`` (blocking: in a thread)."""
-        return self.wait_until(shown.text_to_be_present_in_element((By.ID, element_id), text))
-
-    def click(self, css):
-        self.wait_until(shown.element_to_be_clickable((By.CSS_SELECTOR, css))).click()
-
-    def active_id(self):
-        return self.driver.switch_to.active_element.get_attribute("id")
+        self.assertEqual(await self.thread(self.no_errors_in_the_page), [])
 
     async def test_take_a_snapshot_see_a_change_and_its_diff_and_restore_it(self):
         """SPEC §15 in the console: take, change a file on the computer, compare, restore."""
@@ -229,12 +99,7 @@ class ConsoleTests(TestCase):
         self.assertIn("-two\n+<b>TWO</b>", diff)
         bold = await self.thread(self.driver.find_elements, By.CSS_SELECTOR, "#diffs b")
         self.assertEqual(bold, [])
-        shot = os.environ.get("TRAPSANDBOX_SNAPSHOTS_SCREENSHOT")
-        if shot:
-            script = "document.getElementById('snapshots-area').scrollIntoView()"
-            await self.thread(self.driver.execute_script, script)
-            saved = await self.thread(self.driver.save_screenshot, os.path.join(REPO, shot))
-            self.assertTrue(saved, shot)
+        await self.screenshot("TRAPSANDBOX_SNAPSHOTS_SCREENSHOT", "snapshots-area")
         # Restore asks first, inline: the safe choice has the focus and Escape backs out.
         await self.thread(self.click, "#restore")
         await self.thread(self.shows, "restore-question", "files created since are deleted")
@@ -273,9 +138,7 @@ class ConsoleTests(TestCase):
         activity = await self.thread(self.text_of, "activity")
         self.assertIn("snapshot manual · ok", activity)
         self.assertNotIn("read_file", activity)
-        logs = await self.thread(self.driver.get_log, "browser")
-        errors = [e for e in logs if e["level"] == "SEVERE" and "favicon.ico" not in e["message"]]
-        self.assertEqual(errors, [])
+        self.assertEqual(await self.thread(self.no_errors_in_the_page), [])
 
     async def test_another_account_sees_its_own_computer_read_only(self):
         await self.start()

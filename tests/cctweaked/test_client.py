@@ -20,7 +20,7 @@ from tests.harness.cctweaked import CCTComputer, unavailable, wait_connected, wa
 from tests.harness.logcapture import LogCapture
 from tests.harness.support import bounded, closed_port, reactor, start_gateway
 from tests.lua.test_lua_e2e import OWN_STARTUP, TRAPOS_BOOT
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 
 PASSWORD = "sesame-sesame-sesame"
 ALL = "exec,eval,fs.read,fs.write,screen,input"
@@ -29,7 +29,7 @@ ALL = "exec,eval,fs.read,fs.write,screen,input"
 class CCTGatewayMixin:
     """A gateway on loopback (opencode down) and CC:Tweaked computers that reach it."""
 
-    timeout = 120
+    timeout = 180
 
     def setUp(self):
         reason = unavailable()
@@ -126,6 +126,12 @@ class StartTests(CCTGatewayMixin, TestCase):
     async def test_the_players_own_startup_beside_a_shell(self):
         c = await self.started(self.computer(), OWN_STARTUP)
         await self.check_answers(c)
+
+    async def test_eval_sees_the_shell_and_multishell_as_a_program_does(self):
+        # Neither is a global on CC:Tweaked: each program gets them in its environment.
+        c = await self.started(self.computer())
+        answer = await self.eval(c, "return type(shell.run), multishell.getCount()")
+        self.assertEqual(answer["returns"], ['"function"', "2"], answer)
 
     async def test_a_trapos_like_autostart(self):
         c = await self.started(self.computer(), TRAPOS_BOOT)
@@ -238,7 +244,7 @@ class FullDiskTests(CCTGatewayMixin, TestCase):
         self.assertUntouched(c, before, await self.free(c))
 
 
-def logged(testcase, pattern: str, seconds: float = 30):
+def logged(testcase, pattern: str, seconds: float = 60):
     """Fires with the text of the first event the gateway logs that matches ``pattern``."""
     d = Deferred()
 
@@ -273,10 +279,12 @@ PLAYERS_SOCKETS = """
 local url = ...
 local one = assert(http.websocket(url .. 'one'))
 local two = assert(http.websocket(url .. 'two'))
+-- One at a time: a receive() discards other sockets' messages that come while it waits.
 for i = 1, 3 do
   one.send('one ' .. i)
+  local first = one.receive(30)
   two.send('two ' .. i)
-  print('echo ' .. tostring(one.receive(30)) .. ' / ' .. tostring(two.receive(30)))
+  print('echo ' .. tostring(first) .. ' / ' .. tostring(two.receive(30)))
 end
 os.pullEvent('trapos_sandbox_connected')
 one.send('after')

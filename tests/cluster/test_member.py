@@ -10,10 +10,9 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from tests.harness.processes import REPO
 from tests.harness.support import closed_port
-from trapsandbox import config
+from trapsandbox import config, errors
 from trapsandbox.cluster import member as cluster
 from trapsandbox.cluster.redis import RedisAddress
-from trapsandbox.computers import wire
 from trapsandbox.errors import ConfigError
 
 
@@ -35,9 +34,9 @@ class WithoutRedisTests(TestCase):
         failure = None
         try:
             await registry.request("1:far", "ping")
-        except wire.GatewayError as error:
+        except errors.GatewayError as error:
             failure = error
-        self.assertEqual(failure.code, wire.UNAVAILABLE)
+        self.assertEqual(failure.code, errors.UNAVAILABLE)
         self.assertEqual(member.health(0), {"computers": 0, "gateways": 1, "redisOk": False})
         self.assertEqual(member.size, 1)
 

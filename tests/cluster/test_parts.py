@@ -7,6 +7,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.fakes import FakeLink
+from trapsandbox import errors
 from trapsandbox.cluster.ownership import CLAIM, Ownership
 from trapsandbox.cluster.relay import Relay
 from trapsandbox.computers import wire
@@ -92,7 +93,7 @@ class FencingTests(SynchronousTestCase):
         self.relay.on_request(self.request("2"))
         self.assertEqual(link.sent, [])
         [(to, answer)] = self.redis.published
-        self.assertEqual((to, answer["t"], answer["code"]), ("there", "fail", wire.NOT_CONNECTED))
+        self.assertEqual((to, answer["t"], answer["code"]), ("there", "fail", errors.NOT_CONNECTED))
         self.relay.on_request(self.request("3"))
         [sent] = link.sent
         self.assertEqual((sent["event"], sent["type"]), ("gateway_request", "ping"))

@@ -10,8 +10,8 @@ from tests.cluster.helpers import Http, start_gateway
 from tests.harness.craftos import Computer
 from tests.harness.redis import start_redis
 from tests.unit.snapshots.store_tests import A, StoreTests, entry, sha
-from trapsandbox.computers import wire
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox import errors
+from trapsandbox.errors import GatewayError
 from trapsandbox.snapshots.redisstore import RedisStore
 
 
@@ -43,7 +43,7 @@ class RedisStoreTests(StoreTests, TestCase):
             try:
                 await d
             except GatewayError as error:
-                self.assertEqual(error.code, wire.UNAVAILABLE)
+                self.assertEqual(error.code, errors.UNAVAILABLE)
             else:
                 raise AssertionError("answered without Redis")
 

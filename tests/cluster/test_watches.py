@@ -10,12 +10,11 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.fakes import FakeLink
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.cluster.presence import Presence
-from trapsandbox.cluster.relay import WATCH_TIMEOUT, Relay
-from trapsandbox.computers import wire
+from trapsandbox.cluster.relay import Relay
 from trapsandbox.computers.registry import Registry, Session, describe_session
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.web.operator import _renumbered
 
 INTERVAL = 0.5
@@ -169,7 +168,7 @@ class FollowActivityTests(SynchronousTestCase):
         self.assertEqual([e["state"] for e in self.entries], ["started"])
         self.registry.remove(self.session)
         failure = self.failureResultOf(d, GatewayError)
-        self.assertEqual(failure.value.code, wire.NOT_CONNECTED)
+        self.assertEqual(failure.value.code, errors.NOT_CONNECTED)
         self.failureResultOf(ping, GatewayError)
         self.assertEqual((self.registry._activity, self.registry._watchers), ({}, []))
 
@@ -232,7 +231,9 @@ class ServedTests(SynchronousTestCase):
         )
 
     def test_a_relayed_watch_streams_entries_until_the_computer_leaves(self):
-        self.serve("w", type="watch_activity", watch="activity", timeout=WATCH_TIMEOUT)
+        self.serve(
+            "w", type="watch_activity", watch="activity", timeout=limits.SCREEN_WATCH_TIMEOUT
+        )
         self.registry.request("7:", "ping", timeout=1).addErrback(lambda _: None)
         (part,) = [m for _, m in self.redis.published if m["t"] == "partial"]
         self.assertEqual((part["id"], part["payload"]["state"]), ("w", "started"))
@@ -242,7 +243,9 @@ class ServedTests(SynchronousTestCase):
         self.assertEqual((self.registry._activity, self.registry._watchers), ({}, []))
 
     def test_a_relayed_watch_stops_when_its_requester_cancels_or_at_its_bound(self):
-        self.serve("w", type="watch_activity", watch="activity", timeout=WATCH_TIMEOUT)
+        self.serve(
+            "w", type="watch_activity", watch="activity", timeout=limits.SCREEN_WATCH_TIMEOUT
+        )
         self.relay.on_cancel({"t": "cancel", "id": "w", "from": "there"})
         self.assertEqual((self.registry._activity, self.registry._watchers), ({}, []))
         self.serve("w2", type="watch_activity", watch="activity", timeout=10)

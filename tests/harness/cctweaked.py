@@ -177,7 +177,7 @@ class CCTComputer:
     def output(self) -> str:
         return self.child.output if self.child else ""
 
-    def wait_for_screen(self, text: str, seconds: float = 30):
+    def wait_for_screen(self, text: str, seconds: float = 60):
         """Fires with the match once the computer has printed ``text`` (see ``on_screen``)."""
         assert self.child is not None, "boot() first"
 
@@ -213,12 +213,12 @@ def _until(registry: Registry, done, seconds: float) -> defer.Deferred:
     return bounded(d, seconds)
 
 
-def wait_connected(registry: Registry, trapos_id: str, seconds: float = 30) -> defer.Deferred:
+def wait_connected(registry: Registry, trapos_id: str, seconds: float = 60) -> defer.Deferred:
     """Fires with the session once ``trapos_id`` is connected to this gateway."""
     return _until(registry, lambda: registry.find(trapos_id), seconds)
 
 
-def wait_gone(registry: Registry, trapos_id: str, seconds: float = 30) -> defer.Deferred:
+def wait_gone(registry: Registry, trapos_id: str, seconds: float = 60) -> defer.Deferred:
     """Fires once the session of ``trapos_id`` connected now (if any) has left this gateway."""
     session = registry.find(trapos_id)
     if session is None:

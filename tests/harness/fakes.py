@@ -9,9 +9,10 @@ from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.defer import succeed
 
 from tests.harness.support import response_frame
+from trapsandbox import errors
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Session
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 
 
 @attrs.define
@@ -24,7 +25,7 @@ class FakeLink:
 
     def send_frame(self, data: bytes) -> None:
         if not self.open:
-            raise GatewayError(wire.NOT_CONNECTED, "closed")
+            raise GatewayError(errors.NOT_CONNECTED, "closed")
         self.sent.append(orjson.loads(data))
 
     def close(self, code: int, reason: str) -> None:

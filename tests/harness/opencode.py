@@ -37,13 +37,15 @@ async def start_opencode(
     env: dict[str, str] | None = None,
     global_config: bool = False,
     port: int | None = None,
+    children: list | None = None,
 ) -> str:
     """
     ``opencode serve`` on a loopback port with a throwaway HOME; returns its URL.
     ``config`` is written as ``opencode.json`` in its working directory, or with
     ``global_config`` as its user config (``$XDG_CONFIG_HOME/opencode``), which
     every directory's instance reads; ``env`` is added to its environment;
-    ``port`` (a free one) is where it listens, when its URL must be known first.
+    ``port`` (a free one) is where it listens, when its URL must be known first;
+    ``children`` gets its process (to stop it mid-test).
     """
     if not os.path.exists(OPENCODE):
         testcase.fail(f"{OPENCODE} is missing: 'make test' installs it")
@@ -67,6 +69,8 @@ async def start_opencode(
     port = port or closed_port()
     argv = [OPENCODE, "serve", "--port", str(port), "--hostname", "127.0.0.1"]
     child = spawn(testcase, argv, env, cwd=home)
+    if children is not None:
+        children.append(child)
     await child.wait_for(r"listening on", 30)
     url = f"http://127.0.0.1:{port}"
     await _answering(url + "/config")

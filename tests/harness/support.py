@@ -12,7 +12,8 @@ from twisted.internet.defer import Deferred, DeferredQueue
 
 from trapsandbox import config
 from trapsandbox.admission import accounts
-from trapsandbox.fast import fixes, paths
+from trapsandbox.compat import fixes
+from trapsandbox.fast import paths
 from trapsandbox.tap import GatewayService
 
 WAIT = 10.0  # the bound on any single wait in a loopback test

@@ -16,6 +16,7 @@ from tests.harness.apps import gateway_app
 from tests.harness.fakes import FakeLink
 from tests.harness.logcapture import LogCapture
 from tests.harness.support import JSON, both_modes, bounded, connect, reactor, start_gateway
+from trapsandbox import errors
 from trapsandbox.admission.auth import Admission, is_loopback
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session
@@ -173,7 +174,7 @@ class RequestTests(APITestCase):
                 link.sent[0]["messageId"],
                 "teleport",
                 False,
-                error=wire.Error("unknown_type", "no such type"),
+                error=errors.Error("unknown_type", "no such type"),
             )
         )
         response, body = self.finish(d)
@@ -480,6 +481,10 @@ class ConsoleFilesTests(TestCase):
             ("/", b"text/html; charset=utf-8"),
             ("/console/console.js", b"text/javascript; charset=utf-8"),
             ("/console/console.css", b"text/css; charset=utf-8"),
+            ("/console/files.js", b"text/javascript; charset=utf-8"),
+            ("/console/transfer.js", b"text/javascript; charset=utf-8"),
+            # The code editor, bundled by `make` (npm run build in console/editor/).
+            ("/console/editor.js", b"text/javascript; charset=utf-8"),
         ):
             response = await bounded(treq.get(base + path, pool=pool))
             body = await bounded(treq.content(response))
@@ -487,6 +492,8 @@ class ConsoleFilesTests(TestCase):
             self.assertEqual(response.headers.getRawHeaders(b"content-type"), [kind])
             policy = response.headers.getRawHeaders(b"content-security-policy")[0]
             self.assertIn(b"default-src 'none'; script-src 'self'; style-src 'self'", policy)
+            # (An SVG's namespace, in the editor's style for tabs, names no place to fetch.)
+            body = body.replace(b'xmlns="http://www.w3.org/2000/svg"', b"")
             self.assertNotIn(b"://", body, "nothing is fetched from elsewhere")
         response = await bounded(treq.get(base + "/console/../setup.cfg", pool=pool))
         self.assertEqual(response.code, 404)

@@ -13,8 +13,8 @@ from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.support import both_modes, bounded, connect, fast_paths, start_gateway
 from trapsandbox.computers.protocol import GatewayProtocol
-from trapsandbox.computers.wire import GatewayError
-from trapsandbox.fast import compat
+from trapsandbox.errors import GatewayError
+from trapsandbox.fast import patches
 from trapsandbox.fast.front import FrontFactory
 from trapsandbox.fast.protocols import FastGatewayProtocol
 
@@ -54,7 +54,7 @@ class HTTPTests(LoopbackTestCase):
         if fast_paths(self):
             self.assertIsInstance(listening, FrontFactory)
             self.assertIs(self.gateway.factory.protocol, FastGatewayProtocol)
-            self.assertIs(tcp.Server.write, compat._write_through)
+            self.assertIs(tcp.Server.write, patches._write_through)
         else:
             # Twisted, Klein and Autobahn as they ship: the site routes every path.
             self.assertIs(listening.site, self.gateway.site)

@@ -7,7 +7,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.client import HTTPConnectionPool, ResponseNeverReceived
 
 from tests.harness.support import both_modes, bounded, connect, reactor, start_gateway
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.ops.metrics import Metrics
 
 PASSWORD = "sesame"

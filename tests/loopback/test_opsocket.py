@@ -564,6 +564,21 @@ class WatchComputersTests(TestCase):
         # The watch holds its id; other requests go on beside it.
         alice.send({"id": "w", "type": "watch_computers"})
         self.assertEqual((await alice.next_message())["status"], 400)
+        # One watch of the computers per socket (issue 35): another is refused, saying why.
+        alice.send({"id": "w2", "type": "watch_computers"})
+        self.assertEqual(
+            await alice.next_message(),
+            {
+                "id": "w2",
+                "status": 429,
+                "ok": False,
+                "error": {
+                    "code": "too_many_watches",
+                    "message": "this socket already watches the computers (id 'w'): one "
+                    "watch_computers per socket",
+                },
+            },
+        )
         alice.send({"id": 2, "traposId": "9:", "type": "ping"})
         self.assertEqual((await alice.next_message())["status"], 404)
         # Closing the socket stops the watch.
@@ -620,6 +635,51 @@ class WatchActivityTests(TestCase):
         watcher.sendClose(1000)
         await watcher.wait_closed()
         self.assertEqual(gateway.registry._activity, {})
+
+    async def test_an_account_s_watches_are_bounded_across_its_sockets(self):
+        path = accounts_file(self, "alice")
+        gateway = start_gateway(self, accounts_file=path, accounts=accounts.load(path))
+        gateway.registry.max_watches = 2
+        await admitted(self, gateway.port, "s-alice", "1:", capabilities=("screen",))
+        sockets = [await connect_operator(self, gateway.port, "token-alice") for _ in range(2)]
+        sockets[0].send({"id": "a", "traposId": "1:", "type": "watch_activity"})
+        sockets[0].send({"id": 0, "traposId": "9:", "type": "ping"})
+        self.assertEqual((await sockets[0].next_message())["id"], 0)  # "a" is held
+        sockets[1].send({"id": "b", "traposId": "1:", "type": "watch_activity"})
+        sockets[1].send({"id": "c", "traposId": "1:", "type": "watch_activity"})
+        self.assertEqual(
+            await sockets[1].next_message(),
+            {
+                "id": "c",
+                "status": 429,
+                "ok": False,
+                "error": {
+                    "code": "too_many_watches",
+                    "message": "account alice already has 2 activity watches open here; end "
+                    "one first",
+                },
+            },
+        )
+        # The loopback admin (no admin token here) is not counted.
+        admin = await connect_operator(self, gateway.port)
+        admin.send({"id": "d", "traposId": "1:", "type": "watch_activity"})
+        admin.send({"id": 1, "traposId": "9:", "type": "ping"})
+        self.assertEqual((await admin.next_message())["id"], 1)  # not a refusal of "d"
+        # A screen watch is bounded the same way, apart from the activity ones.
+        for n in range(10, 13):
+            sockets[0].send({"id": n, "traposId": "1:", "type": "screen_watch"})
+        while (refused := await sockets[0].next_message())["id"] == "a":
+            pass  # (the activity watch sees the screen watches sent to the computer)
+        self.assertEqual((refused["id"], refused["status"]), (12, 429))
+        self.assertIn("2 screen and event watches", refused["error"]["message"])
+        # A socket closing gives its watches back.
+        sockets[1].sendClose(1000)
+        await sockets[1].wait_closed()
+        sockets[0].send({"id": "e", "traposId": "1:", "type": "watch_activity"})
+        sockets[0].send({"id": 4, "traposId": "9:", "type": "ping"})
+        while (answer := await sockets[0].next_message())["id"] == "a":
+            pass
+        self.assertEqual(answer["id"], 4)
 
 
 both_modes(

@@ -1,6 +1,6 @@
 """
 Writes to a connection the gateway accepted go out at once when nothing is
-queued (``compat.write_through_accepted_connections``), else queue as in Twisted.
+queued (``patches.write_through_accepted_connections``), else queue as in Twisted.
 """
 
 from twisted.internet import protocol
@@ -8,13 +8,13 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 
 from tests.harness.support import reactor
-from trapsandbox.fast import compat
+from trapsandbox.fast import patches
 
 
 class WriteThroughTests(TestCase):
     async def test_every_byte_arrives_in_order_past_the_socket_buffer(self):
-        self.addCleanup(compat.undo)
-        compat.write_through_accepted_connections()
+        self.addCleanup(patches.undo)
+        patches.write_through_accepted_connections()
         the_reactor = reactor()
         # Writes of every size, some far past what the socket takes at once.
         chunks = [bytes([n % 251]) * (1 + (n * 7919) % 300_000) for n in range(60)]

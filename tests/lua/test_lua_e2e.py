@@ -14,7 +14,7 @@ from tests.harness.processes import clean_env, spawn
 from tests.harness.support import closed_port, start_gateway
 from tests.unit.computers.test_settingsfile import SETTINGS_SPELLINGS
 from trapsandbox.computers import settingsfile
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 
 LUA = Path(__file__).resolve().parents[2] / "lua"
 CLIENT_FILES = {

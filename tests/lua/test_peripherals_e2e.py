@@ -5,7 +5,7 @@ from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 
 from tests.lua.test_lua_e2e import PASSWORD, GatewayMixin
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 
 
 class PeripheralTests(GatewayMixin, TestCase):

@@ -9,7 +9,7 @@ from twisted.trial.unittest import TestCase
 
 from tests.lua.test_lua_e2e import GatewayMixin
 from trapsandbox.computers import wire
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 
 ALL = "exec,eval,fs.read,fs.write"
 

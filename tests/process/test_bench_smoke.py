@@ -127,3 +127,22 @@ class BenchSmokeTests(TestCase):
         self.assertEqual(figures["latency_harness"]["presses"], 3)
         self.assertEqual(figures["cpu"]["computers"], 3)
         self.assertGreater(figures["cpu"]["frames_delivered_per_second"], 0)
+
+
+class FairShareBenchSmokeTests(TestCase):
+    async def test_the_fair_share_benchmark_runs_tiny(self):
+        out = os.path.abspath(self.mktemp())
+        os.makedirs(out)
+        output = os.path.join(out, "fairshare.json")
+        argv = [sys.executable, "-m", "bench.fairshare", "--computers", "3", "--changes", "2"]
+        argv += ["--frames", "30", "--idle", "0.2", "--output", output]
+        child = spawn(self, argv, clean_env(), cwd=REPO)
+        self.assertEqual(await child.wait_ended(90), 0, child.output)
+        with open(output, "rb") as f:
+            document = orjson.loads(f.read())
+        one, many = document["changes"]
+        self.assertEqual((one["watches_asked"], many["watches_asked"]), (1, 4096))
+        self.assertEqual(one["changes"], 4)
+        huge, largest = document["hostile_frames"]
+        self.assertEqual(huge["watch"], "ended 413 too_large")
+        self.assertGreaterEqual(largest["frames_delivered"], 1)

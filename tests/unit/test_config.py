@@ -1,6 +1,8 @@
 """Settings from the environment and twistd options, and their errors."""
 
 import ipaddress
+import sys
+from unittest import mock
 
 from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
@@ -116,6 +118,14 @@ class ConfigTests(SynchronousTestCase):
             self.assertConfigError(environ, names=name)
         self.assertConfigError({}, "--request-timeout-ms", "-5", names="--request-timeout-ms")
 
+    def test_cluster_mode_without_txredisapi_says_what_to_install(self):
+        environ = {"SANDBOX_REDIS_URL": "redis://:secret-pw@127.0.0.1:6379/0"}
+        self.assertEqual(self.load(environ).redis_url, environ["SANDBOX_REDIS_URL"])
+        with mock.patch.dict(sys.modules, {"txredisapi": None}):
+            message = self.assertConfigError(environ, names="SANDBOX_REDIS_URL")
+        self.assertIn("pip install 'trapsandbox[cluster]'", message)
+        self.assertNotIn("secret-pw", message)
+
     def test_trusted_proxies(self):
         self.assertEqual(self.load().trusted_proxies, ())
         settings = self.load({"SANDBOX_TRUSTED_PROXIES": "127.0.0.1, 10.0.0.0/8"})
@@ -163,6 +173,16 @@ class ConfigTests(SynchronousTestCase):
 
     def test_admin_token_stays_out_of_repr(self):
         self.assertNotIn("t0k3n", repr(self.load({"SANDBOX_ADMIN_TOKEN": "t0k3n"})))
+
+    def test_several_opencode_servers(self):
+        settings = self.load({"OPENCODE_URL": " http://a:1, http://b:2 "})
+        self.assertEqual(settings.opencode_urls, ("http://a:1", "http://b:2"))
+        self.assertEqual(settings.opencode_url, "http://a:1,http://b:2")
+        self.assertEqual(self.load({"OPENCODE_URL": "http://a:1"}).opencode_urls, ("http://a:1",))
+        self.assertEqual(self.load({"OPENCODE_URL": ""}).opencode_urls, ())
+        error = self.assertConfigError({"OPENCODE_URL": "http://a:1,ftp://b"}, names="OPENCODE_URL")
+        self.assertIn("'ftp://b'", error)
+        self.assertConfigError({}, "--opencode-url", "http://a:1,http://a:1", names="twice")
 
     def test_empty_opencode_url_is_allowed(self):
         self.assertEqual(self.load({"OPENCODE_URL": ""}).opencode_url, "")
@@ -214,6 +234,39 @@ class ConfigTests(SynchronousTestCase):
             self.assertConfigError(
                 {"SANDBOX_MAX_ASK_CONVERSATIONS": value}, names="SANDBOX_MAX_ASK_CONVERSATIONS"
             )
+
+    def test_ask_instances_and_queue(self):
+        """opencode instances given back and asks queued (``opencode.instances``, ``queue``)."""
+        settings = self.load()
+        self.assertEqual(settings.ask_instance_idle, 600.0)
+        self.assertEqual(
+            (settings.ask_max_instances, settings.ask_max_running),
+            (32, 16),
+        )
+        self.assertEqual(settings.ask_max_running_per_account, 4)
+        settings = self.load(
+            {"SANDBOX_ASK_INSTANCE_IDLE_MS": "1500", "SANDBOX_ASK_MAX_INSTANCES": "8"},
+            "--ask-max-running",
+            "8",
+            "--ask-max-running-per-account",
+            "2",
+        )
+        self.assertEqual(settings.ask_instance_idle, 1.5)
+        self.assertEqual(settings.ask_max_instances, 8)
+        self.assertEqual(settings.ask_max_running, 8)
+        self.assertEqual(settings.ask_max_running_per_account, 2)
+        for name in (
+            "SANDBOX_ASK_INSTANCE_IDLE_MS",
+            "SANDBOX_ASK_MAX_INSTANCES",
+            "SANDBOX_ASK_MAX_RUNNING",
+            "SANDBOX_ASK_MAX_RUNNING_PER_ACCOUNT",
+        ):
+            for value in ("0", "lots"):
+                self.assertConfigError({name: value}, names=name)
+        error = self.assertConfigError(
+            {"SANDBOX_ASK_MAX_INSTANCES": "4"}, names="SANDBOX_ASK_MAX_RUNNING (16)"
+        )
+        self.assertIn("must not exceed SANDBOX_ASK_MAX_INSTANCES (4)", error)
 
     def test_snapshot_settings(self):
         """SPEC §15: kept per computer, MiB per account, MiB of one snapshot."""

@@ -11,4 +11,6 @@ Who gets in (SPEC §2 hello, §4, §12).
                   ``trapsandbox-ctl accounts`` makes
     ``throttle``  the per-address back-off of wrong secrets and tokens
     ``proxies``   the client's address behind a listed reverse proxy
+    ``strangers`` HTTP connections of each address with no request admitted yet (429
+                  past the bound), counted by what listens
 """

@@ -55,11 +55,11 @@ from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
+from trapsandbox import errors
 from trapsandbox.admission.accounts import Accounts, sha256_hex
 from trapsandbox.admission.proxies import Network, TrustedProxies
 from trapsandbox.admission.throttle import FailureThrottle
-from trapsandbox.computers.wire import GatewayError
-from trapsandbox.errors import ConfigError
+from trapsandbox.errors import ConfigError, GatewayError
 from trapsandbox.limits import LOCAL_ACCOUNT
 
 log = Logger()
@@ -94,7 +94,6 @@ class Refusal:
 
 
 # An HTTP-only error code: a traposId held by several accounts, for the admin (409).
-AMBIGUOUS = "ambiguous"
 # The scope of an account token that asked for another account: nobody's computers.
 NOBODY = ""
 
@@ -144,7 +143,7 @@ class Operator:
             # another account's there), or missing.
             return LOCAL_ACCOUNT
         raise GatewayError(
-            AMBIGUOUS,
+            errors.AMBIGUOUS,
             f"{trapos_id} is connected in {len(holders)} accounts: {', '.join(holders)}; "
             "say which with ?account=NAME",
         )

@@ -10,4 +10,6 @@ Cluster mode (SPEC §13): several gateway processes share computers through Redi
                     ``/computers``' cluster-wide view
     ``relay``       requests to a computer another process holds, and serving
                     theirs here, partial responses included
+    ``loops``       the periodic work (heartbeat, refresh, the console's listing): a
+                    failure logged, never the end of the loop
 """

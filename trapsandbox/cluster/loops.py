@@ -10,7 +10,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 
 log = Logger()
 

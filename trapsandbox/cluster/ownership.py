@@ -28,11 +28,11 @@ from twisted.internet.defer import Deferred, DeferredList
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.cluster.redis import Redis
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 
 log = Logger()
 
@@ -212,7 +212,9 @@ class Ownership:
             ours=ours,
         )
         self._registry.remove(session)
-        session.fail_all(GatewayError(wire.NOT_CONNECTED, "the computer connected again elsewhere"))
+        session.fail_all(
+            GatewayError(errors.NOT_CONNECTED, "the computer connected again elsewhere")
+        )
         session.link.close(wire.CLOSE_REPLACED, "replaced")
 
     # -- The refresh -------------------------------------------------------------------------

@@ -23,9 +23,8 @@ from twisted.internet.defer import CancelledError, Deferred, DeferredList, fail
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import limits
-from trapsandbox.computers import wire
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox import errors, limits
+from trapsandbox.errors import GatewayError
 
 log = Logger()
 
@@ -82,6 +81,38 @@ class _InboxFactory(txredisapi.SubscriberFactory):
         self.on_lost = on_lost
 
 
+def reconnecting(factory: Any) -> None:
+    """txredisapi backs off to 10 s by default; Redis restarting is short."""
+    factory.initialDelay = limits.CLUSTER_RECONNECT_INITIAL_DELAY
+    factory.maxDelay = limits.CLUSTER_RECONNECT_MAX_DELAY
+
+
+def command_connection(
+    address: RedisAddress, reactor: Any, timeout: float, charset: str | None = "utf-8"
+) -> txredisapi.RedisFactory:
+    """
+    The one way the gateway opens Redis for commands (the cluster's, the snapshot store's):
+    txredisapi's public factory, one lazy connection that reconnects by itself, every reply
+    bounded by ``timeout``; its ``deferred`` fires once it is first up. ``charset=None``:
+    values stay bytes.
+    """
+    factory = txredisapi.RedisFactory(
+        f"{address.host}:{address.port}",
+        address.db,
+        1,
+        isLazy=True,
+        charset=charset,
+        password=address.password,
+        replyTimeout=timeout,
+        convertNumbers=False,
+    )
+    reconnecting(factory)
+    factory.startConnecting(
+        endpoints.HostnameEndpoint(reactor, address.host, address.port, timeout=timeout)
+    )
+    return factory
+
+
 class Redis:
     """
     This process's two connections to Redis.  ``on_message`` is called with
@@ -111,26 +142,15 @@ class Redis:
     def start(self) -> Deferred:
         """Start connecting both; fires once the commands connection is first up."""
         address = self.address
-        commands = txredisapi.RedisFactory(
-            f"{address.host}:{address.port}",
-            address.db,
-            1,
-            isLazy=True,
-            password=address.password,
-            replyTimeout=self.timeout,
-            convertNumbers=False,
-        )
+        commands = command_connection(address, self._reactor, self.timeout)
         inbox = _InboxFactory(self._inbox_connected, self._on_message, self._inbox_lost)
         inbox.password = address.password
-        for factory in (commands, inbox):
-            # txredisapi backs off to 10 s by default; Redis restarting is short.
-            factory.initialDelay = limits.CLUSTER_RECONNECT_INITIAL_DELAY
-            factory.maxDelay = limits.CLUSTER_RECONNECT_MAX_DELAY
-            factory.startConnecting(
-                endpoints.HostnameEndpoint(
-                    self._reactor, address.host, address.port, timeout=self.timeout
-                )
+        reconnecting(inbox)
+        inbox.startConnecting(
+            endpoints.HostnameEndpoint(
+                self._reactor, address.host, address.port, timeout=self.timeout
             )
+        )
         self._commands, self._inbox = commands, inbox
         return commands.deferred
 
@@ -160,11 +180,11 @@ class Redis:
         at once while Redis is away, or when it does not answer in time.
         """
         if not self.connected:
-            return fail(GatewayError(wire.UNAVAILABLE, "the gateway is not connected to Redis"))
+            return fail(GatewayError(errors.UNAVAILABLE, "the gateway is not connected to Redis"))
         try:
             d = getattr(self._commands.handler, method)(*args)
         except Exception:
-            return fail(GatewayError(wire.UNAVAILABLE, "the gateway cannot reach Redis"))
+            return fail(GatewayError(errors.UNAVAILABLE, "the gateway cannot reach Redis"))
         d.addTimeout(self.timeout, self._reactor)
         d.addErrback(self._failed)
         return d
@@ -176,7 +196,7 @@ class Redis:
             message = f"Redis did not answer within {self.timeout:g} s"
         else:
             message = f"Redis failed: {failure.getErrorMessage()}"
-        return Failure(GatewayError(wire.UNAVAILABLE, message))
+        return Failure(GatewayError(errors.UNAVAILABLE, message))
 
     def publish(self, instance: str, message: dict[str, Any]) -> Deferred:
         """Send to a process's inbox; fires with the number of receivers (0: it is gone)."""

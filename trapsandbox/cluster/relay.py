@@ -34,18 +34,14 @@ from twisted.internet.defer import CancelledError, Deferred, fail
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.cluster.ownership import Ownership
 from trapsandbox.cluster.redis import Redis
 from trapsandbox.computers import senders, wire
 from trapsandbox.computers.registry import PartialListener, Registry
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 
 log = Logger()
-
-
-# A relayed activity watch ends at the latest after this long, as a screen watch does.
-WATCH_TIMEOUT = limits.SCREEN_WATCH_TIMEOUT
 
 
 def _sender_of(message: dict[str, Any]) -> senders.Sender:
@@ -59,7 +55,7 @@ def _sender_of(message: dict[str, Any]) -> senders.Sender:
 def _relay_timed_out(result: object, timeout: float) -> object:
     if isinstance(result, Failure) and result.check(CancelledError):
         raise GatewayError(
-            wire.TIMEOUT, f"no answer from the gateway holding the computer within {timeout:g} s"
+            errors.TIMEOUT, f"no answer from the gateway holding the computer within {timeout:g} s"
         )
     return result
 
@@ -118,9 +114,16 @@ class Relay:
         fails with ``not_connected`` when it leaves that process (or is not
         held anywhere); cancelling it ends the watch.
         """
-        watch = {"watch": "activity"}
+        # Its sender goes along: the holder counts an account's watches against its bound.
+        watch = {"watch": "activity", "by": senders.current()}
         return self._send(
-            account_id, trapos_id, "watch_activity", {}, WATCH_TIMEOUT, listener, watch
+            account_id,
+            trapos_id,
+            "watch_activity",
+            {},
+            limits.SCREEN_WATCH_TIMEOUT,
+            listener,
+            watch,
         )
 
     def _send(
@@ -136,7 +139,7 @@ class Relay:
         """The request ``{type, payload, timeout, **fields}`` to the computer's holder."""
         if not self._redis.subscribed:
             # No answer could reach us.
-            return fail(GatewayError(wire.UNAVAILABLE, "the gateway is not connected to Redis"))
+            return fail(GatewayError(errors.UNAVAILABLE, "the gateway is not connected to Redis"))
         message = {
             "t": "req",
             "from": self._instance_id,
@@ -172,7 +175,7 @@ class Relay:
         if relay is not None and not receivers:
             relay.deferred.errback(
                 GatewayError(
-                    wire.UNAVAILABLE,
+                    errors.UNAVAILABLE,
                     f"the gateway holding {relay.trapos_id} ({relay.instance}) is not answering",
                 )
             )
@@ -219,7 +222,7 @@ class Relay:
                 str(message.get("type") or "?"),
                 bool(message.get("ok")),
                 message.get("payload"),
-                wire.Error(str(error.get("code")), str(error.get("message")))
+                errors.Error(str(error.get("code")), str(error.get("message")))
                 if type(error) is dict
                 else None,
             )
@@ -238,7 +241,7 @@ class Relay:
             self._answer(sender, relay_id, wire.not_connected(trapos_id))
             return
         if type(timeout) not in (int, float) or not 0 < timeout <= limits.MAX_REQUEST_TIMEOUT:
-            self._answer(sender, relay_id, GatewayError(wire.BAD_REQUEST, "bad relayed timeout"))
+            self._answer(sender, relay_id, GatewayError(errors.BAD_REQUEST, "bad relayed timeout"))
             return
         payload = message.get("payload")
 
@@ -247,7 +250,9 @@ class Relay:
             self._redis.publish(sender, part).addErrback(lambda _: None)
 
         if message.get("watch") == "activity":
-            d = self._registry.follow_activity(account_id, trapos_id, partial)
+            d = senders.sent_by(
+                _sender_of(message), self._registry.follow_activity, account_id, trapos_id, partial
+            )
             # At its bound it just stops (cancelled: nothing sent); the requester's own
             # bound, a margin later, answers there.
             d.addTimeout(timeout, self._reactor, lambda result, _: result)
@@ -279,7 +284,7 @@ class Relay:
                 self._answer(sender, relay_id, result.value)
             else:
                 log.failure("a relayed request failed", result)
-                self._answer(sender, relay_id, GatewayError(wire.INTERNAL, "the gateway failed"))
+                self._answer(sender, relay_id, GatewayError(errors.INTERNAL, "the gateway failed"))
             return None
         response: wire.ComputerResponse = result
         answer: dict[str, Any] = {

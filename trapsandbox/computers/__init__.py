@@ -1,7 +1,8 @@
 """
 The computer side: one WebSocket per computer, and requests both ways (SPEC §2, §9).
 
-    ``wire``          the four frames, error and close codes, ``GatewayError``, ``cut``
+    ``wire``          the four frames, close codes, capabilities, ``cut``, and the
+                      errors every surface gives (``not_connected``, ``not_allowed``)
     ``registry``      connected computers (newest wins) and requests to them
                       (Deferreds correlated by messageId, partial responses)
     ``protocol``      the Autobahn protocol and factory: hello, dispatch, limits,
@@ -14,6 +15,7 @@ The computer side: one WebSocket per computer, and requests both ways (SPEC §2,
     ``sandbox``       the section 9 operations on a computer (exec, eval, files, screen,
                       input, screen_watch)
     ``screen``        a screen_watch's compact frames as operators get them (SPEC §14)
+    ``senders``       who sent a request, for the computer's activity (SPEC §14)
     ``settingsfile``  no file request reaches a computer's /.settings (its credential);
                       the twin of the Lua client's rule
 """

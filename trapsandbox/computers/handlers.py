@@ -8,7 +8,7 @@ What the gateway answers when a computer asks: one handler per request type.
         the player stopped the agent there (``sandbox stop``, the stop side's redstone) or
         resumed it (SPEC §16): a running ask ends with ``stopped``, requests are refused
     computer_request ask {prompt, new?, yes?}  ->  partials {type: text_delta | tool |
-        permission | question, ..}, then {sessionId, text}
+        permission | question | waiting, ..}, then {sessionId, text}
         (SPEC §11, ``trapsandbox.opencode.asks``)
     computer_request cancel {messageId}  ->  {cancelled: bool}: abort that ask
     computer_request ask_permission {permissionId, response: once|always|reject}  ->  {}
@@ -39,9 +39,11 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from trapsandbox import errors
 from trapsandbox.computers import wire
 from trapsandbox.computers.senders import PLAYER
-from trapsandbox.computers.wire import GatewayError, cut
+from trapsandbox.computers.wire import cut
+from trapsandbox.errors import GatewayError
 
 if TYPE_CHECKING:
     from trapsandbox.computers.registry import Registry, Session
@@ -96,7 +98,9 @@ class ComputerRequests:
         try:
             allowed = wire.decode_capabilities(frame.payload.get("capabilities", []))
         except TypeError:
-            raise GatewayError(wire.BAD_REQUEST, "capabilities must be a list of strings") from None
+            raise GatewayError(
+                errors.BAD_REQUEST, "capabilities must be a list of strings"
+            ) from None
         if session.allow(allowed):
             log.info(
                 "{traposId} now allows: {capabilities}",
@@ -111,7 +115,7 @@ class ComputerRequests:
                 session.trapos_id, frame.payload.get("stopped"), frame.payload.get("stopMessage")
             )
         except TypeError as error:
-            raise GatewayError(wire.BAD_REQUEST, str(error)) from None
+            raise GatewayError(errors.BAD_REQUEST, str(error)) from None
         if session.halt(stopped):
             log.info(
                 "{traposId}: the agent is {state} by its player",
@@ -120,20 +124,20 @@ class ComputerRequests:
             )
         if stopped is not None and self._asks is not None:
             self._asks.halt(
-                session.account_id, session.trapos_id, GatewayError(wire.STOPPED, stopped)
+                session.account_id, session.trapos_id, GatewayError(errors.STOPPED, stopped)
             )
         return {"stopped": stopped is not None}
 
     def _need_asks(self) -> Asks:
         if self._asks is None:
-            raise GatewayError(wire.OPENCODE_ERROR, "this gateway does not talk to opencode")
+            raise GatewayError(errors.OPENCODE_ERROR, "this gateway does not talk to opencode")
         return self._asks
 
     def ask(self, session: Session, frame: wire.ComputerRequest) -> Deferred:
         asks = self._need_asks()
         if session.stopped is not None:
             # Its tools would all be refused: say so before opencode spends anything.
-            raise GatewayError(wire.STOPPED, session.stopped)
+            raise GatewayError(errors.STOPPED, session.stopped)
         # The ask is in the computer's activity from before it starts, so that none of its
         # partials is missed there.
         ended: Deferred = Deferred()
@@ -194,13 +198,9 @@ class ComputerRequests:
     def _need_snapshots(self, session: Session, *capabilities: str) -> Snapshots:
         for capability in capabilities:
             if capability not in session.capabilities:
-                raise GatewayError(
-                    wire.FORBIDDEN,
-                    f"computer {session.trapos_id} has not allowed {capability}: on it, run "
-                    f'"sandbox allow {capability}"',
-                )
+                raise wire.not_allowed(session.trapos_id, capability)
         if self._snapshots is None:
-            raise GatewayError(wire.UNAVAILABLE, "this gateway keeps no snapshots")
+            raise GatewayError(errors.UNAVAILABLE, "this gateway keeps no snapshots")
         return self._snapshots
 
     def snapshots(self, session: Session, frame: wire.ComputerRequest) -> Deferred:
@@ -228,7 +228,7 @@ class ComputerRequests:
 
 def _snapshot_id(value: object) -> str:
     if type(value) is not str or not value:
-        raise GatewayError(wire.BAD_REQUEST, "snapshot must be a snapshot's id (a string)")
+        raise GatewayError(errors.BAD_REQUEST, "snapshot must be a snapshot's id (a string)")
     return value
 
 
@@ -237,7 +237,7 @@ async def _before_last_ask(snapshots: Snapshots, account: str, trapos_id: str) -
     for each in await snapshots.list(account, trapos_id):
         if each["reason"] == "ask":
             return each["id"]
-    raise GatewayError("not_found", "no ask has changed files on this computer yet")
+    raise GatewayError(errors.NOT_FOUND, "no ask has changed files on this computer yet")
 
 
 def _untold(progress: dict[str, Any]) -> None:

@@ -17,9 +17,8 @@ from collections.abc import Callable
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from zope.interface import implementer
 
-from trapsandbox import limits
-from trapsandbox.computers import wire
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox import errors, limits
+from trapsandbox.errors import GatewayError
 
 
 @implementer(IPushProducer)
@@ -62,7 +61,7 @@ class Outbound:
             return
         if self.queued_bytes + len(data) > self._max_queued:
             raise GatewayError(
-                wire.OVERLOADED,
+                errors.OVERLOADED,
                 f"the computer is not reading: {self.queued_bytes} bytes are waiting for it",
             )
         if self._queue is None:

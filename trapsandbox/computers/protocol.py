@@ -38,16 +38,16 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.admission import auth, proxies
+from trapsandbox.compat import fixes
 from trapsandbox.computers import wire
 from trapsandbox.computers.handlers import Handler
 from trapsandbox.computers.lines import Throttle, computer_lines
 from trapsandbox.computers.outbound import Outbound
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.computers.sending import Sending
-from trapsandbox.computers.wire import GatewayError
-from trapsandbox.fast import fixes
+from trapsandbox.errors import GatewayError
 from trapsandbox.ops.metrics import Metrics
 
 log = Logger()
@@ -162,13 +162,15 @@ class GatewayProtocol(Sending, WebSocketServerProtocol):
         receiver = self.session.trapos_id if self.session else "?"
         data = wire.encode_response(receiver, message_id, type, payload, partial=True)
         if len(data) > limits.MAX_OUTBOUND_BYTES:
-            raise GatewayError(wire.TOO_LARGE, "a partial answer is larger than a computer accepts")
+            raise GatewayError(
+                errors.TOO_LARGE, "a partial answer is larger than a computer accepts"
+            )
         self._send(data)
         self.factory.metrics.gateway_response_sent()
 
     def _send(self, data: bytes) -> None:
         if self.state != WebSocketProtocol.STATE_OPEN:
-            raise GatewayError(wire.NOT_CONNECTED, "the connection is closing")
+            raise GatewayError(errors.NOT_CONNECTED, "the connection is closing")
         self.outbound.send(data)
 
     # Messages
@@ -193,12 +195,12 @@ class GatewayProtocol(Sending, WebSocketServerProtocol):
 
     def _on_invalid(self, frame: wire.Invalid) -> None:
         if frame.event == "computer_request" and frame.answerable:
-            self._reply_error(frame, wire.BAD_REQUEST, frame.reason)
+            self._reply_error(frame, errors.BAD_REQUEST, frame.reason)
         elif frame.event == "computer_response" and frame.message_id and self.session:
             # Its requester learns now rather than at its timeout.
             self.session.reject(
                 frame.message_id,
-                GatewayError(wire.BAD_REQUEST, f"the computer's answer was {frame.reason}"),
+                GatewayError(errors.BAD_REQUEST, f"the computer's answer was {frame.reason}"),
             )
         else:
             self._ignore(frame.reason)
@@ -212,15 +214,15 @@ class GatewayProtocol(Sending, WebSocketServerProtocol):
             self._on_hello(frame)
             return
         if self.session is None:
-            self._reply_error(frame, wire.NOT_AUTHENTICATED, "send hello first")
+            self._reply_error(frame, errors.NOT_AUTHENTICATED, "send hello first")
             return
         handler = self.factory.handlers.get(frame.type)
         if handler is None:
-            self._reply_error(frame, wire.UNKNOWN_TYPE, f"unknown request type {frame.type!r}")
+            self._reply_error(frame, errors.UNKNOWN_TYPE, f"unknown request type {frame.type!r}")
             return
         if self._busy >= self.factory.max_busy:
             self._reply_error(
-                frame, wire.OVERLOADED, f"at most {self.factory.max_busy} requests at once"
+                frame, errors.OVERLOADED, f"at most {self.factory.max_busy} requests at once"
             )
             return
         self._busy += 1
@@ -243,19 +245,19 @@ class GatewayProtocol(Sending, WebSocketServerProtocol):
             log.failure(
                 "{type} request from {peer} failed", result, type=frame.type, peer=self.peer_address
             )
-            self._reply_error(frame, wire.INTERNAL, "the gateway failed to handle this request")
+            self._reply_error(frame, errors.INTERNAL, "the gateway failed to handle this request")
 
     def _on_hello(self, frame: wire.ComputerRequest) -> None:
         if self.session is not None:
             self._reply_error(
-                frame, wire.BAD_REQUEST, "hello was already completed on this connection"
+                frame, errors.BAD_REQUEST, "hello was already completed on this connection"
             )
             return
         try:
             hello = wire.decode_hello(frame.payload)
         except ValueError as error:
-            self.factory.metrics.hello(wire.BAD_REQUEST)
-            self._reply_error(frame, wire.BAD_REQUEST, str(error))
+            self.factory.metrics.hello(errors.BAD_REQUEST)
+            self._reply_error(frame, errors.BAD_REQUEST, str(error))
             return
         admission = self.factory.admission
         admitted = admission.computer(
@@ -333,16 +335,16 @@ class GatewayProtocol(Sending, WebSocketServerProtocol):
             data = wire.encode_response(receiver, message_id, type, payload, wire_error)
         except wire.EncodeError:
             log.failure("cannot encode the answer to {type}", type=type)
-            data, outcome, reason = None, wire.INTERNAL, "the answer could not be encoded"
+            data, outcome, reason = None, errors.INTERNAL, "the answer could not be encoded"
         if data is not None and len(data) > limits.MAX_OUTBOUND_BYTES:
             data, outcome, reason = (
                 None,
-                wire.TOO_LARGE,
+                errors.TOO_LARGE,
                 "the answer is larger than a computer accepts",
             )
         if data is None:
             data = wire.encode_response(
-                receiver, message_id, type, error=wire.Error(outcome, reason)
+                receiver, message_id, type, error=errors.Error(outcome, reason)
             )
         metrics = self.factory.metrics
         metrics.computer_request(type, outcome)
@@ -395,19 +397,19 @@ def _hello_refusal(refusal: auth.Refusal) -> tuple[str, str, int, str]:
     """How a refused hello is told: its error code and message, the close code and reason."""
     if refusal.reason == auth.THROTTLED:
         return (
-            wire.OVERLOADED,
+            errors.OVERLOADED,
             f"too many failed hellos from your address: try again in {refusal.wait:.0f} s",
             wire.CLOSE_THROTTLED,
             "too many failed hellos",
         )
     if refusal.reason == auth.FULL:
         return (
-            wire.OVERLOADED,
+            errors.OVERLOADED,
             refusal.message,
             wire.CLOSE_TOO_MANY_COMPUTERS,
             "too many computers",
         )
-    return wire.UNAUTHORIZED, refusal.message, wire.CLOSE_UNAUTHORIZED, "unauthorized"
+    return errors.UNAUTHORIZED, refusal.message, wire.CLOSE_UNAUTHORIZED, "unauthorized"
 
 
 def server_options(
@@ -486,7 +488,7 @@ class GatewayFactory(WebSocketServerFactory):
         are then dropped).
         """
         for session in self.registry:
-            session.fail_all(GatewayError(wire.NOT_CONNECTED, "the gateway is shutting down"))
+            session.fail_all(GatewayError(errors.NOT_CONNECTED, "the gateway is shutting down"))
         for connection in list(self.connections):
             connection.close(wire.CLOSE_NORMAL, "server shutting down")
         if not self.connections:

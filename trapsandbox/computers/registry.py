@@ -11,7 +11,18 @@ its connection closes, ``overloaded``, ``too_large``, ``bad_request``,
 capability, or a file request names its settings file).  Partial responses
 before the final one go to a listener the caller gives, in order; one for a
 finished request is ignored.  Only a response arriving on the connection the
-request went out on resolves it.
+request went out on resolves it.  A listener may end its request by raising
+``GatewayError`` (the request then fails with it, and is cancelled on the
+computer): a ``screen_watch``'s frames pass through a ``screen.ScreenGate``,
+which does so for a frame too large to relay, and paces them to the watch's
+``maxFps``.
+
+The watches an account's token holds open at once (``WATCHES``, and
+``watch_activity``; the account is the sender's, ``senders.current``) are
+bounded per account (``limits.MAX_WATCHES_PER_ACCOUNT``): past it a new one
+fails with ``too_many_watches``, so what one account's watchers cost does not
+grow without bound.  The admin's are not counted, as its ``/operator``
+sockets are not.
 """
 
 from __future__ import annotations
@@ -26,9 +37,10 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.computers import senders, settingsfile, wire
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.computers.screen import ScreenGate, max_fps
+from trapsandbox.errors import GatewayError
 from trapsandbox.limits import LOCAL_ACCOUNT
 from trapsandbox.ops.metrics import Metrics
 
@@ -49,6 +61,8 @@ class Link(Protocol):
 
 
 PartialListener = Callable[[dict[str, Any]], None]
+# The streams a computer runs until cancelled, counted per account (``Registry.request``).
+WATCHES = frozenset({"screen_watch", "peripheral_events"})
 
 
 class Peers(Protocol):
@@ -146,14 +160,10 @@ class Session:
         """
         capability = wire.CAPABILITY_OF.get(type)
         if capability is not None and self.stopped is not None:
-            return GatewayError(wire.STOPPED, self.stopped)
+            return GatewayError(errors.STOPPED, self.stopped)
         if capability is None or capability in self.capabilities:
             return settingsfile.refusal(type, payload)
-        return GatewayError(
-            wire.FORBIDDEN,
-            f"computer {self.trapos_id} has not allowed {capability}: on it, run "
-            f'"sandbox allow {capability}"',
-        )
+        return wire.not_allowed(self.trapos_id, capability)
 
     def request(
         self,
@@ -165,8 +175,9 @@ class Session:
         """
         Send a ``gateway_request``.  The Deferred fires with the final
         ``ComputerResponse``; ``on_partial`` is called with the payload of each
-        partial response before it.  Cancelling the Deferred forgets the
-        request and, for a type that runs on the computer, cancels it there.
+        partial response before it (raising ``GatewayError`` ends the
+        request with it).  Cancelling the Deferred forgets the request and, for a type that
+        runs on the computer, cancels it there.
         """
         refusal = self.refusal(type, payload)
         if refusal is not None:
@@ -174,7 +185,7 @@ class Session:
         if len(self._pending) >= self.max_in_flight:
             return fail(
                 GatewayError(
-                    wire.OVERLOADED,
+                    errors.OVERLOADED,
                     f"{self.trapos_id} already has {self.max_in_flight} requests in flight",
                 )
             )
@@ -182,11 +193,11 @@ class Session:
         try:
             data = wire.encode_request(self.trapos_id, message_id, type, payload)
         except (ValueError, TypeError) as error:
-            return fail(GatewayError(wire.BAD_REQUEST, f"cannot send this request: {error}"))
+            return fail(GatewayError(errors.BAD_REQUEST, f"cannot send this request: {error}"))
         if len(data) > limits.MAX_OUTBOUND_BYTES:
             return fail(
                 GatewayError(
-                    wire.TOO_LARGE,
+                    errors.TOO_LARGE,
                     f"request is {len(data)} bytes; a computer accepts at most "
                     f"{limits.MAX_OUTBOUND_BYTES}",
                 )
@@ -220,11 +231,11 @@ class Session:
             self._stop_on_computer(message_id, pending)
 
     def _timed_out(self, message_id: str, timeout: float) -> None:
-        pending = self._pending.pop(message_id, None)
+        pending = self._end(message_id)
         if pending is not None:
             self._stop_on_computer(message_id, pending)
             pending.deferred.errback(
-                GatewayError(wire.TIMEOUT, f"no answer from the computer within {timeout:g} s")
+                GatewayError(errors.TIMEOUT, f"no answer from the computer within {timeout:g} s")
             )
 
     def _fail(self, message_id: str, error: GatewayError) -> None:
@@ -241,6 +252,11 @@ class Session:
             if pending.on_partial is not None and frame.ok and frame.payload is not None:
                 try:
                     pending.on_partial(frame.payload)
+                except GatewayError as error:
+                    # The listener ends it (a frame too large to relay): here and on the computer.
+                    self._end(frame.message_id)
+                    self._stop_on_computer(frame.message_id, pending)
+                    pending.deferred.errback(Failure(error))
                 except Exception:
                     log.failure("a listener of {type} output failed", type=pending.type)
             return True
@@ -294,7 +310,7 @@ def _outcome(result: object) -> str:
             return result.value.code
         if result.check(CancelledError):
             return "cancelled"
-        return wire.INTERNAL
+        return errors.INTERNAL
     # A computer's answer says whether it did it; the gateway's own answer (an ask's) is a payload.
     return "error" if getattr(result, "ok", True) is False else "ok"
 
@@ -330,6 +346,43 @@ def _ignore(failure: Failure) -> None:
     return None
 
 
+def _counted(held: dict[str, int], most: int, kind: str) -> tuple[str | None, GatewayError | None]:
+    """
+    Count one more watch of the account whose token asks for it now
+    (``senders.current``) in ``held``: ``(that account, None)``, or ``(None,
+    why not)`` when it already has ``most``.  ``(None, None)``: the admin, the
+    gateway or a computer's player asks, which are not counted (as the admin's
+    ``/operator`` sockets are not).
+    """
+    account = senders.current().get("account")
+    if account is None:
+        return None, None
+    count = held.get(account, 0)
+    if count >= most:
+        return None, GatewayError(
+            errors.TOO_MANY_WATCHES,
+            f"account {wire.cut(account)} already has {most} {kind} watches open here; "
+            "end one first",
+        )
+    held[account] = count + 1
+    return account, None
+
+
+def _uncounted(held: dict[str, int], account: str | None) -> None:
+    if account is None:
+        return
+    left = held.get(account, 0) - 1
+    if left > 0:
+        held[account] = left
+    else:
+        held.pop(account, None)
+
+
+def _passed(result: object, call: Callable[..., None], *args: Any) -> object:
+    call(*args)
+    return result
+
+
 @attrs.define
 class Registry:
     """Connected computers by ``(accountId, traposId)``: newest wins."""
@@ -339,6 +392,8 @@ class Registry:
     metrics: Metrics = attrs.field(factory=Metrics, repr=False)
     # Cluster mode: the other processes; None (one process) changes nothing.
     peers: Peers | None = attrs.field(default=None, repr=False)
+    # Watches one account's token holds open at once, of each kind (``WATCHES``; activity).
+    max_watches: int = limits.MAX_WATCHES_PER_ACCOUNT
     _sessions: dict[tuple[str, str], Session] = attrs.field(factory=dict, init=False)
     # traposId -> the accounts holding it, and account -> how many computers it has.
     _holders: dict[str, set[str]] = attrs.field(factory=dict, init=False)
@@ -348,6 +403,9 @@ class Registry:
     # (accountId, traposId) -> listeners of its requests (``watch_activity``).
     _activity: dict[tuple[str, str], list[PartialListener]] = attrs.field(factory=dict, init=False)
     _next_activity: int = attrs.field(default=0, init=False)
+    # account -> its watches open (``WATCHES``), and its activity listeners.
+    _watching: dict[str, int] = attrs.field(factory=dict, init=False)
+    _activity_watching: dict[str, int] = attrs.field(factory=dict, init=False)
 
     def watch(self, listener: Callable[[], None]) -> Callable[[], None]:
         """
@@ -364,14 +422,20 @@ class Registry:
         """
         Call ``listener`` with each request sent to the computer, when it
         starts and when it ends (``activity_entry``); answers the function
-        that stops it.
+        that stops it.  Raises ``GatewayError(too_many_watches)`` when the
+        account whose token asks (``senders.current``) already has
+        ``max_watches`` of them.
         """
+        counted, refusal = _counted(self._activity_watching, self.max_watches, "activity")
+        if refusal is not None:
+            raise refusal
         listeners = self._activity.setdefault((account_id, trapos_id), [])
         listeners.append(listener)
 
         def stop() -> None:
             if listener in listeners:
                 listeners.remove(listener)
+                _uncounted(self._activity_watching, counted)
             if not listeners:
                 self._activity.pop((account_id, trapos_id), None)
 
@@ -389,7 +453,10 @@ class Registry:
         session = self.find(trapos_id, account_id)
         if session is None:
             return fail(wire.not_connected(trapos_id))
-        stop_activity = self.watch_activity(account_id, trapos_id, listener)
+        try:
+            stop_activity = self.watch_activity(account_id, trapos_id, listener)
+        except GatewayError as error:
+            return fail(error)
 
         def stop() -> None:
             stop_activity()
@@ -398,7 +465,7 @@ class Registry:
         def left() -> None:
             if self.find(trapos_id, account_id) is not session and not d.called:
                 stop()
-                d.errback(GatewayError(wire.NOT_CONNECTED, f"{wire.cut(trapos_id)} disconnected"))
+                d.errback(GatewayError(errors.NOT_CONNECTED, f"{wire.cut(trapos_id)} disconnected"))
 
         d = Deferred(lambda _: stop())
         stop_listing = self.watch(left)
@@ -459,7 +526,9 @@ class Registry:
                 peer=session.peer,
                 oldPeer=old.peer,
             )
-            old.fail_all(GatewayError(wire.NOT_CONNECTED, "the computer connected again elsewhere"))
+            old.fail_all(
+                GatewayError(errors.NOT_CONNECTED, "the computer connected again elsewhere")
+            )
             old.link.close(wire.CLOSE_REPLACED, "replaced")
             old.on_change = None
             self._changed()
@@ -484,7 +553,7 @@ class Registry:
                 self.peers.removed(session)
             session.on_change = None
             self._changed()
-        session.fail_all(GatewayError(wire.NOT_CONNECTED, "the computer disconnected"))
+        session.fail_all(GatewayError(errors.NOT_CONNECTED, "the computer disconnected"))
 
     @property
     def pending(self) -> int:
@@ -511,7 +580,21 @@ class Registry:
         account_id: str = LOCAL_ACCOUNT,
         on_partial: PartialListener | None = None,
     ) -> Deferred:
-        """Send a ``gateway_request``; fires with the final ``ComputerResponse``."""
+        """
+        Send a ``gateway_request``; fires with the final ``ComputerResponse``.
+        A ``screen_watch``'s frames reach ``on_partial`` through a
+        ``ScreenGate`` (paced to its ``maxFps``; ``on_partial`` answering
+        False means "no room now": the frame is kept and merged with the
+        next), wherever the computer is held.
+        """
+        if type in WATCHES:
+            counted, refusal = _counted(self._watching, self.max_watches, "screen and event")
+            if refusal is not None:
+                return fail(refusal)
+        gate = None
+        if type == "screen_watch" and on_partial is not None:
+            gate = ScreenGate(self.clock, max_fps(payload or {}), on_partial)
+            on_partial = gate.take
         session = self.find(trapos_id, account_id)
         if session is None and self.peers is not None and (timeout is None or timeout > 0):
             d = self.peers.request(
@@ -525,7 +608,7 @@ class Registry:
         elif session is None:
             d = fail(wire.not_connected(trapos_id))
         elif timeout is not None and not timeout > 0:
-            d = fail(GatewayError(wire.BAD_REQUEST, "timeout must be positive"))
+            d = fail(GatewayError(errors.BAD_REQUEST, "timeout must be positive"))
         else:
             if timeout is None:
                 timeout = self.request_timeout
@@ -533,6 +616,10 @@ class Registry:
         # A request refused before it went out has no latency worth recording.
         started = None if d.called else self.clock.seconds()
         d.addBoth(self._count, type, started)
+        if type in WATCHES:
+            d.addBoth(_passed, _uncounted, self._watching, counted)
+        if gate is not None:
+            d.addBoth(_passed, gate.stop)
         key = (account_id, trapos_id)
         # A request relayed to the process holding the computer is in its activity there.
         relayed = session is None and self.peers is not None

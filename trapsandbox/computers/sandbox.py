@@ -43,11 +43,11 @@ from typing import Any
 from twisted.internet.defer import Deferred, fail
 from twisted.logger import Logger
 
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.screen import ScreenState
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.limits import FILE_CHUNK_BYTES, LOCAL_ACCOUNT, MAX_FILE_BYTES
 
 log = Logger()
@@ -60,23 +60,23 @@ def _answer(response: wire.ComputerResponse) -> dict[str, Any]:
     """The payload of a computer's answer; its ``ok: false`` as a ``GatewayError``."""
     if response.ok:
         return response.payload or {}
-    error = response.error or wire.Error(wire.INTERNAL, "the computer gave no reason")
+    error = response.error or errors.Error(errors.INTERNAL, "the computer gave no reason")
     raise GatewayError(error.code, error.message)
 
 
 def _decode(content: object) -> bytes:
     if not isinstance(content, str):
-        raise GatewayError(wire.INTERNAL, "the computer's answer has no file content")
+        raise GatewayError(errors.INTERNAL, "the computer's answer has no file content")
     try:
         return base64.b64decode(content, validate=True)
     except (binascii.Error, ValueError):
-        raise GatewayError(wire.INTERNAL, "the computer sent file content that is not base64")
+        raise GatewayError(errors.INTERNAL, "the computer sent file content that is not base64")
 
 
 def _count(payload: dict[str, Any], name: str) -> int:
     value = payload.get(name)
     if type(value) is not int or value < 0:
-        raise GatewayError(wire.INTERNAL, f"the computer's answer has no valid {name}")
+        raise GatewayError(errors.INTERNAL, f"the computer's answer has no valid {name}")
     return value
 
 
@@ -313,7 +313,7 @@ class Sandbox:
             chunk = _decode(answer.get("content"))
             size = _count(answer, "sizeBytes")
             if len(chunk) > asked:
-                raise GatewayError(wire.INTERNAL, "the computer sent more than was asked")
+                raise GatewayError(errors.INTERNAL, "the computer sent more than was asked")
             chunks.append(chunk)
             got += len(chunk)
             if len(chunk) < asked or got >= wanted or offset + got >= size:
@@ -336,7 +336,7 @@ class Sandbox:
         if len(content) > max_bytes:
             return fail(
                 GatewayError(
-                    wire.TOO_LARGE, f"at most {max_bytes} bytes can be written in one call"
+                    errors.TOO_LARGE, f"at most {max_bytes} bytes can be written in one call"
                 )
             )
         d = Deferred.fromCoroutine(self._write_file(account_id, trapos_id, path, content))

@@ -16,13 +16,38 @@ Operators get whole rows and the whole state in every frame instead: a
 terminal draws a frame without knowing the computer's encoding.  Everything
 the gateway hands to operators (HTTP's stream, ``/operator``, ``ctl attach``)
 goes through it.
+
+What a computer sends is not trusted to be small or slow: a ``ScreenGate``
+stands between the computer and each watch (``Registry.request``).  It
+refuses a frame claiming a screen far beyond CraftOS's (``MAX_SCREEN_WIDTH``
+x ``MAX_SCREEN_HEIGHT``: the watch is ended with ``too_large``), and passes
+frames on at most ``maxFps`` times a second, the compact frames arriving
+meanwhile merged into one (the latest state of each row): a computer sending
+faster costs the gateway a dict merge per frame, and the expansion to whole
+rows (``ScreenState``) happens once per frame passed on, only when the
+watcher has room for it.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
-from trapsandbox.limits import MAX_SCREEN_SIDE
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+
+from trapsandbox import errors
+from trapsandbox.computers import wire
+from trapsandbox.errors import GatewayError
+from trapsandbox.limits import (
+    DEFAULT_SCREEN_FPS,
+    MAX_SCREEN_FPS,
+    MAX_SCREEN_HEIGHT,
+    MAX_SCREEN_WIDTH,
+)
+
+log = Logger()
 
 # What a missing or empty part of a row stands for: a blank in white on black.
 _BLANK = {"line": " ", "text": "0", "background": "f"}
@@ -46,9 +71,9 @@ def compact(s: str) -> str:
     return s[:stop]
 
 
-def _side(value: object, fallback: int) -> int:
+def _side(value: object, fallback: int, most: int) -> int:
     if type(value) is int and value >= 0:
-        return min(value, MAX_SCREEN_SIDE)
+        return min(value, most)
     return fallback
 
 
@@ -74,8 +99,8 @@ class ScreenState:
 
     def apply(self, compact_frame: dict[str, Any]) -> dict[str, Any]:
         """The operators' frame for the computer's next ``compact_frame``."""
-        width = _side(compact_frame.get("width"), self.width)
-        height = _side(compact_frame.get("height"), self.height)
+        width = _side(compact_frame.get("width"), self.width, MAX_SCREEN_WIDTH)
+        height = _side(compact_frame.get("height"), self.height, MAX_SCREEN_HEIGHT)
         if width != self.width or height != self.height:
             self._resize(width, height)
         self.cursor_x = _whole(compact_frame.get("cursorX"), self.cursor_x)
@@ -124,3 +149,111 @@ def _row_number(key: object) -> int | None:
     if isinstance(key, str) and key.isdigit() and len(key) < 6:
         return int(key)
     return None
+
+
+def too_large(compact_frame: dict[str, Any]) -> GatewayError | None:
+    """Why ``compact_frame`` is refused: a screen far larger than CraftOS's (None: it is not)."""
+    width, height = compact_frame.get("width"), compact_frame.get("height")
+    wide = type(width) is int and width > MAX_SCREEN_WIDTH
+    tall = type(height) is int and height > MAX_SCREEN_HEIGHT
+    if not (wide or tall):
+        return None
+    return GatewayError(
+        errors.TOO_LARGE,
+        f"the computer sent a screen of {wire.cut(repr(width))}x{wire.cut(repr(height))}; "
+        f"at most {MAX_SCREEN_WIDTH}x{MAX_SCREEN_HEIGHT} is relayed (CraftOS's largest "
+        "monitor is 164x81): the watch is ended",
+    )
+
+
+def merge(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
+    """
+    One compact frame saying what ``earlier`` then ``later`` said: ``later``'s
+    fields win, and the rows are both frames' (``later``'s row where both
+    have it).  Rows that no screen could have are left out, so a merge never
+    holds more than ``MAX_SCREEN_HEIGHT`` rows however many keys were sent.
+    """
+    merged = {**earlier, **later}
+    rows = earlier.get("rows")
+    kept = dict(rows) if isinstance(rows, dict) else {}
+    sent = later.get("rows")
+    for key, row in sent.items() if isinstance(sent, dict) else ():
+        y = _row_number(key)
+        if y is not None and 1 <= y <= MAX_SCREEN_HEIGHT:
+            kept[key] = row
+    merged["rows"] = kept
+    return merged
+
+
+def max_fps(payload: dict[str, Any]) -> float:
+    """A ``screen_watch`` payload's ``maxFps`` (SPEC §14: 1..20, default 10)."""
+    fps = payload.get("maxFps")
+    if type(fps) in (int, float) and 1 <= fps <= MAX_SCREEN_FPS:
+        return float(fps)
+    # (Out of range: the computer refuses the watch; until it does, the default.)
+    return float(DEFAULT_SCREEN_FPS)
+
+
+class ScreenGate:
+    """
+    Between a computer and one screen watch: ``take`` each compact frame the
+    computer sends (raises ``GatewayError(too_large)`` for one that must end
+    the watch); ``deliver`` hears at most ``fps`` frames a second, each the
+    merge of those that came since the last.  ``deliver`` may answer False
+    (its watcher has no room now): the frame is kept, merged with what comes
+    next, and offered again one interval later.  ``stop`` when the watch ends.
+    """
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        fps: float,
+        deliver: Callable[[dict[str, Any]], bool | None],
+    ) -> None:
+        self._clock = clock
+        self._interval = 1.0 / fps
+        self._deliver = deliver
+        self._pending: dict[str, Any] | None = None
+        self._last = -math.inf
+        self._timer: IDelayedCall | None = None
+
+    def take(self, compact_frame: dict[str, Any]) -> None:
+        refusal = too_large(compact_frame)
+        if refusal is not None:
+            self.stop()
+            raise refusal
+        if self._pending is None:
+            self._pending = merge({}, compact_frame)
+        else:
+            self._pending = merge(self._pending, compact_frame)
+        if self._timer is not None:
+            return  # it goes when the timer fires
+        wait = self._last + self._interval - self._clock.seconds()
+        if wait <= 0:
+            self._offer()
+        else:
+            self._timer = self._clock.callLater(wait, self._offer)
+
+    def _offer(self) -> None:
+        self._timer = None
+        frame = self._pending
+        if frame is None:
+            return
+        try:
+            taken = self._deliver(frame)
+        except Exception:
+            log.failure("a watcher of a screen failed")
+            taken = True
+        if taken is False:
+            self._timer = self._clock.callLater(self._interval, self._offer)
+            return
+        self._pending = None
+        self._last = self._clock.seconds()
+
+    def stop(self) -> None:
+        """The watch ended: nothing more is delivered."""
+        self._pending = None
+        if self._timer is not None:
+            if self._timer.active():
+                self._timer.cancel()
+            self._timer = None

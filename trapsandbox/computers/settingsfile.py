@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from trapsandbox.computers import wire
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox import errors
+from trapsandbox.errors import GatewayError
 
 SETTINGS_FILE = b".settings"
 FILE_REQUESTS = frozenset({"list_files", "read_file", "write_file", "delete_file"})
@@ -68,7 +68,7 @@ def refusal(type: str, payload: dict[str, Any]) -> GatewayError | None:
     if not is_settings_path(path, cwd):
         return None
     return GatewayError(
-        wire.FORBIDDEN,
+        errors.FORBIDDEN,
         f"{path} is the computer's settings file and holds its sandbox password: "
         "file requests may not read, list, write or delete it",
     )

@@ -29,28 +29,8 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 from cattrs.preconf.orjson import make_converter
 from cattrs.v import format_exception
 
+from trapsandbox.errors import FORBIDDEN, NOT_CONNECTED, Error, GatewayError
 from trapsandbox.limits import MAX_ID_LENGTH, MAX_LABEL_LENGTH, MAX_TYPE_LENGTH
-
-# Error codes (``error.code``).
-UNAUTHORIZED = "unauthorized"
-NOT_AUTHENTICATED = "not_authenticated"
-UNKNOWN_TYPE = "unknown_type"
-NOT_CONNECTED = "not_connected"
-INTERNAL = "internal"
-TIMEOUT = "timeout"
-BAD_REQUEST = "bad_request"
-TOO_LARGE = "too_large"
-OVERLOADED = "overloaded"
-FORBIDDEN = "forbidden"  # the computer's owner has not allowed that capability
-CANCELLED = "cancelled"  # the requester gave up and said so
-FS_ERROR = "fs_error"  # CraftOS refused a file operation; the message is its own
-# A peripheral call or turtle action failed; the message is CraftOS's own.
-PERIPHERAL_ERROR = "peripheral_error"
-# The computer's player stopped the agent there (``sandbox stop``, or the stop side's redstone).
-STOPPED = "stopped"
-OPENCODE_ERROR = "opencode_error"
-# Cluster mode: the process holding the computer, or Redis, cannot be reached.
-UNAVAILABLE = "unavailable"
 
 # What a computer's owner can allow (the Lua setting sandbox.allow), and the
 # capability each gateway -> computer request type needs.  ping and cancel need none.
@@ -133,25 +113,13 @@ def _type():
     return attrs.field(validator=_bounded(MAX_TYPE_LENGTH))
 
 
-@attrs.frozen
-class Error:
-    code: str
-    message: str
-
-
-class GatewayError(Exception):
-    """A request failed on the gateway's side; ``code`` is a wire error code."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(code, message)
-        self.code = code
-        self.message = message
-
-    def __str__(self) -> str:
-        return f"{self.code}: {self.message}"
-
-    def to_wire(self) -> Error:
-        return Error(self.code, self.message)
+def not_allowed(trapos_id: str, capability: str) -> GatewayError:
+    """A request its computer's owner has not allowed, and the command that allows it."""
+    return GatewayError(
+        FORBIDDEN,
+        f"computer {trapos_id} has not allowed {capability}: on it, run "
+        f'"sandbox allow {capability}"',
+    )
 
 
 def not_connected(trapos_id: str) -> GatewayError:

@@ -34,10 +34,10 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime, ITCPTransport
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http import RESPONSES, datetimeToString
 
 from trapsandbox import limits
 from trapsandbox.admission import auth
+from trapsandbox.compat.rawhttp import Dates, response
 from trapsandbox.computers import wire
 from trapsandbox.web.operator import (
     INTERNAL,
@@ -56,51 +56,6 @@ MAX_HEADERS = 500
 # Bytes of later requests kept while one is answered before reading stops
 # (twisted.web's ``_optimisticEagerReadSize``).
 MAX_BUFFERED = 0x4000
-# After an idle timeout closes a connection whose client does not read.
-ABORT_AFTER = 15.0
-
-
-class _Dates:
-    """The ``Date`` header's value, formatted once a second."""
-
-    def __init__(self, clock: IReactorTime) -> None:
-        self._clock = clock
-        self._second = -1
-        self._value = b""
-
-    def now(self) -> bytes:
-        second = int(self._clock.seconds())
-        if second != self._second:
-            self._second = second
-            self._value = datetimeToString(second)
-        return self._value
-
-
-def _head(status: int) -> bytes:
-    return b"HTTP/1.1 %d %s\r\n" % (status, RESPONSES.get(status, b"Unknown"))
-
-
-_STATUS_LINES = {status: _head(status) for status in RESPONSES}
-
-
-_RESPONSE = (
-    b"%sContent-Type: application/json\r\nCache-Control: no-store\r\n%s"
-    b"Date: %s\r\nContent-Length: %d\r\n\r\n%s"
-)
-_CLOSE = (b"connection", b"close")
-
-
-def response(answer: Answer, date: bytes, close: bool = False) -> bytes:
-    """
-    The whole HTTP/1.1 response to send for ``answer`` (with ``close``, the
-    last on its connection); twisted.web's side sends a refusal with it too.
-    """
-    status, body, headers = answer.encoded()
-    if close:
-        headers = (*headers, _CLOSE)
-    extra = b"".join(b"%s: %s\r\n" % header for header in headers)
-    status_line = _STATUS_LINES.get(status) or _head(status)
-    return _RESPONSE % (status_line, extra, date, len(body), body)
 
 
 class _Plain:
@@ -283,7 +238,7 @@ class FastHTTP(protocol.Protocol):
         hand_over: Any,
         address: Any,
         clock: IReactorTime,
-        dates: _Dates,
+        dates: Dates,
     ) -> None:
         self._requests = requests
         self._site = site
@@ -459,7 +414,7 @@ class FastHTTP(protocol.Protocol):
         self.transport.write(data)
         self.transport.loseConnection()
         # A client that does not read its answer is not waited for.
-        self._timer = self._clock.callLater(ABORT_AFTER, self.transport.abortConnection)
+        self._timer = self._clock.callLater(limits.HTTP_ABORT_AFTER, self.transport.abortConnection)
 
     def _answer(self, plain: _Plain, body: bytes, operator: auth.Operator) -> None:
         trapos_id = _trapos_id(plain.segment)
@@ -531,7 +486,7 @@ class FastHTTP(protocol.Protocol):
             )
             return
         self.transport.loseConnection()
-        self._timer = self._clock.callLater(ABORT_AFTER, self.transport.abortConnection)
+        self._timer = self._clock.callLater(limits.HTTP_ABORT_AFTER, self.transport.abortConnection)
 
     def connectionLost(self, reason: Any) -> None:
         self._gone = True
@@ -570,7 +525,7 @@ class FastHTTPFactory:
         self._site = site
         self._hand_over = hand_over
         self._clock = clock
-        self._dates = _Dates(clock)
+        self._dates = Dates(clock)
 
     def buildProtocol(self, address: Any) -> FastHTTP:
         return FastHTTP(

@@ -11,9 +11,9 @@ What fast mode is, each measured against the plain mode in
     what listens   ``front``: one look at a connection's first bytes, computers
                    and operator sockets straight to Autobahn (no twisted.web parse)
     ``fasthttp``   ``POST /computers/{id}/requests`` read off the socket
-    frames         ``compat.WholeFrames`` and slots on both WebSocket protocols
+    frames         ``patches.WholeFrames`` and slots on both WebSocket protocols
                    (``fast.protocols``)
-    patches        of the libraries, process-wide (``compat``): lazy Autobahn debug
+    patches        of the libraries, process-wide (``patches``): lazy Autobahn debug
                    formatting, small-frame masks, UTF-8 validation, the
                    write-through of accepted connections, direct reactor dispatch,
                    shared transport dict keys
@@ -31,7 +31,7 @@ from twisted.internet.interfaces import IReactorTime
 
 from trapsandbox.admission.strangers import Strangers
 from trapsandbox.errors import ConfigError
-from trapsandbox.fast import compat
+from trapsandbox.fast import patches
 from trapsandbox.fast.front import FrontFactory
 from trapsandbox.fast.protocols import FastGatewayProtocol, FastOperatorSocket
 from trapsandbox.web.listener import CountedSite
@@ -84,17 +84,17 @@ def install(without: Iterable[str] = ()) -> FastPaths:
     return what fast mode serves with.
     """
     paths = FastPaths(without)
-    compat.undo()  # (exactly these, if installed before with others)
+    patches.undo()  # (exactly these, if installed before with others)
     if "patches" in paths.parts:
-        compat.lazy_autobahn_debug_formatting()
-        compat.fast_small_frame_masks()
-        compat.python_utf8_validation()
-        compat.write_through_accepted_connections()
-        compat.direct_reactor_dispatch()
-        compat.share_transport_dict_keys()
+        patches.lazy_autobahn_debug_formatting()
+        patches.fast_small_frame_masks()
+        patches.python_utf8_validation()
+        patches.write_through_accepted_connections()
+        patches.direct_reactor_dispatch()
+        patches.share_transport_dict_keys()
     return paths
 
 
 def uninstall() -> None:
     """The libraries as they ship again (for the plain mode of the tests, in one process)."""
-    compat.undo()
+    patches.undo()

@@ -1,8 +1,8 @@
 """
 The port's two WebSocket protocols as fast mode serves them: the frame fast
-path (``compat.WholeFrames``), Autobahn's per-connection attributes as slots
-(``compat.protocol_slots``), and, for computers, the opening handshake let go
-once it is over (``compat.release_handshake``).  Same behaviour as the plain
+path (``patches.WholeFrames``), Autobahn's per-connection attributes as slots
+(``patches.protocol_slots``), and, for computers, the opening handshake let go
+once it is over (``patches.release_handshake``).  Same behaviour as the plain
 classes they extend (``computers.protocol.GatewayProtocol``,
 ``web.opsocket.OperatorSocket``), held to it by the suite running both modes.
 """
@@ -12,15 +12,15 @@ from __future__ import annotations
 from autobahn.twisted.websocket import WebSocketServerProtocol
 
 from trapsandbox.computers.protocol import GatewayProtocol
-from trapsandbox.fast import compat
+from trapsandbox.fast import patches
 from trapsandbox.web.opsocket import OperatorSocket
 
 
-class FastGatewayProtocol(compat.WholeFrames, GatewayProtocol):
+class FastGatewayProtocol(patches.WholeFrames, GatewayProtocol):
     # Autobahn's attributes and ours as slots: 8 bytes each rather than a
-    # 3.3 kB dict per computer (compat.protocol_slots).  A name missing here
+    # 3.3 kB dict per computer (patches.protocol_slots).  A name missing here
     # (one GatewayProtocol adds later) only costs its dict entry.
-    __slots__ = compat.protocol_slots(
+    __slots__ = patches.protocol_slots(
         WebSocketServerProtocol,
         (
             "session",
@@ -35,9 +35,9 @@ class FastGatewayProtocol(compat.WholeFrames, GatewayProtocol):
     )
 
     def onOpen(self) -> None:
-        compat.release_handshake(self)
+        patches.release_handshake(self)
         super().onOpen()
 
 
-class FastOperatorSocket(compat.WholeFrames, OperatorSocket):
+class FastOperatorSocket(patches.WholeFrames, OperatorSocket):
     pass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.computers import wire
 from trapsandbox.mcp.results import INVALID_ARGUMENTS, ToolError
 
@@ -56,7 +56,7 @@ def file_content(arguments: dict[str, Any]) -> bytes:
     data = string(arguments, "content", empty=True).encode("utf-8", "surrogatepass")
     if len(data) > limits.MAX_FILE_BYTES:
         raise ToolError(
-            wire.TOO_LARGE,
+            errors.TOO_LARGE,
             f"content is {len(data)} bytes; at most {limits.MAX_FILE_BYTES} can be written "
             "in one call (and the disk holds about 1 MB)",
         )

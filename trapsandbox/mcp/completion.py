@@ -27,7 +27,7 @@ from twisted.internet.defer import TimeoutError
 
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.mcp.errors import INVALID_PARAMS, Invalid
 from trapsandbox.mcp.prompts import PROMPT_NAMES
 from trapsandbox.mcp.resolve import computers, resolve, split

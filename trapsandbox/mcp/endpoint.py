@@ -47,6 +47,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
+from trapsandbox import errors
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.computers.sandbox import Sandbox
@@ -241,7 +242,7 @@ class McpEndpoint:
             call.log("error", {"tool": name, "computer": target, "message": error.text})
         except CancelledError:
             # The client cancelled it (or went away): the run was cancelled on the computer.
-            self._counted(name, target, wire.CANCELLED, started)
+            self._counted(name, target, errors.CANCELLED, started)
             raise
         self._counted(name, target, outcome, started)
         return result

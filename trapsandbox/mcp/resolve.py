@@ -17,10 +17,11 @@ from typing import Any
 
 import attrs
 
+from trapsandbox import errors
 from trapsandbox.admission import auth
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.limits import LOCAL_ACCOUNT
 from trapsandbox.mcp.results import AMBIGUOUS, INVALID_ARGUMENTS, ToolError
 
@@ -120,7 +121,7 @@ def resolve(
             return sessions[0]
         if not sessions:
             raise ToolError(
-                wire.NOT_CONNECTED,
+                errors.NOT_CONNECTED,
                 "No computer is connected to the gateway. A computer connects once the "
                 "trapsandbox client is installed and running on it.",
             )
@@ -140,7 +141,7 @@ def resolve(
         return matches[0]
     if not matches:
         raise ToolError(
-            wire.NOT_CONNECTED,
+            errors.NOT_CONNECTED,
             f'No connected computer is "{wire.cut(computer)}". Connected: {known}. '
             "Call list_computers to see them.",
         )
@@ -179,6 +180,6 @@ def pinned(registry: Registry, scope: tuple[str, str]) -> Session:
         if session.trapos_id == trapos_id:
             return session
     raise ToolError(
-        wire.NOT_CONNECTED,
+        errors.NOT_CONNECTED,
         f"{trapos_id}, the computer you are working for, is not connected any more.",
     )

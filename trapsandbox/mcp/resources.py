@@ -31,10 +31,11 @@ from urllib.parse import quote, unquote
 
 from twisted.internet.defer import TimeoutError
 
+from trapsandbox import errors
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.mcp.errors import INVALID_PARAMS, Invalid
 from trapsandbox.mcp.resolve import computers, resolve
 from trapsandbox.mcp.results import ToolError
@@ -143,7 +144,7 @@ class Resources:
                 session.trapos_id, path, account_id=session.account_id
             )
         except GatewayError as error:
-            if error.code == wire.NOT_CONNECTED:
+            if error.code == errors.NOT_CONNECTED:
                 code = not_found_code(revision)
             else:
                 code = RESOURCE_REFUSED

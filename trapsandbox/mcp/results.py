@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from trapsandbox.computers import wire
+from trapsandbox import errors
 
 # Outcomes of a tool call besides ok and the computer's error codes (bounded labels).
-AMBIGUOUS = "ambiguous"
+AMBIGUOUS = errors.AMBIGUOUS
 INVALID_ARGUMENTS = "invalid_arguments"
 LUA_ERROR = "lua_error"
 # Every outcome a call can have: a computer's error code is counted only if it is one of ours.
@@ -23,18 +23,18 @@ OUTCOMES = frozenset(
         AMBIGUOUS,
         INVALID_ARGUMENTS,
         LUA_ERROR,
-        wire.FORBIDDEN,
-        wire.NOT_CONNECTED,
-        wire.TIMEOUT,
-        wire.FS_ERROR,
-        wire.PERIPHERAL_ERROR,
-        wire.STOPPED,
-        wire.TOO_LARGE,
-        wire.OVERLOADED,
-        wire.BAD_REQUEST,
-        wire.UNKNOWN_TYPE,
-        wire.CANCELLED,
-        wire.INTERNAL,
+        errors.FORBIDDEN,
+        errors.NOT_CONNECTED,
+        errors.TIMEOUT,
+        errors.FS_ERROR,
+        errors.PERIPHERAL_ERROR,
+        errors.STOPPED,
+        errors.TOO_LARGE,
+        errors.OVERLOADED,
+        errors.BAD_REQUEST,
+        errors.UNKNOWN_TYPE,
+        errors.CANCELLED,
+        errors.INTERNAL,
     }
 )
 

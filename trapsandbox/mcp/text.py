@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from trapsandbox.computers import wire
+from trapsandbox import errors
 from trapsandbox.computers.registry import Session
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 
 INSTRUCTIONS = (
     "These tools act on ComputerCraft (CraftOS) computers in a Minecraft world, connected "
@@ -21,35 +21,35 @@ INSTRUCTIONS = (
 )
 
 ADVICE = {
-    wire.NOT_CONNECTED: "Call list_computers to see which computers are connected now.",
-    wire.TIMEOUT: (
+    errors.NOT_CONNECTED: "Call list_computers to see which computers are connected now.",
+    errors.TIMEOUT: (
         "The computer may be busy, unloaded or lagging; try again, or with a shorter task."
     ),
-    wire.FS_ERROR: (
+    errors.FS_ERROR: (
         "CraftOS refused it. Paths are absolute from /; /rom is read-only; the disk holds "
         "about 1 MB; list_files shows what is there."
     ),
-    wire.PERIPHERAL_ERROR: (
+    errors.PERIPHERAL_ERROR: (
         "The peripheral or turtle refused it (CraftOS's message above); list_peripherals shows "
         "each peripheral's methods."
     ),
-    wire.STOPPED: (
+    errors.STOPPED: (
         "The player stopped you on this computer; do not retry. Tell them what you were "
         "doing; only they can let you continue (the command is in the message)."
     ),
-    wire.UNKNOWN_TYPE: (
+    errors.UNKNOWN_TYPE: (
         "The computer runs an older trapsandbox client without this; the player can reinstall "
         "it with the gateway's installer."
     ),
-    wire.OVERLOADED: "The computer has too much to do; wait for its other requests and retry.",
-    wire.TOO_LARGE: "Send less at once: at most 1 MiB of file content in one call.",
+    errors.OVERLOADED: "The computer has too much to do; wait for its other requests and retry.",
+    errors.TOO_LARGE: "Send less at once: at most 1 MiB of file content in one call.",
 }
 
 
 def gateway_error_text(error: GatewayError, session: Session | None) -> str:
     """A computer's (or the gateway's) refusal of a call, and what to do about it."""
     name = session.trapos_id if session is not None else "the computer"
-    if error.code == wire.FORBIDDEN and "sandbox allow" in error.message:
+    if error.code == errors.FORBIDDEN and "sandbox allow" in error.message:
         # The message names the capability and the command: "computer 7:base has not
         # allowed exec: on it, run "sandbox allow exec"".  (A refusal no command lifts,
         # such as the settings file's, is told as it is, below.)

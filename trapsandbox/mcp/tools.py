@@ -21,11 +21,11 @@ from twisted.internet.defer import Deferred, TimeoutError
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall, deferLater
 
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Session
 from trapsandbox.computers.sandbox import Sandbox
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.mcp import arguments as check
 from trapsandbox.mcp.jsonrpc import Progress
 from trapsandbox.mcp.resolve import several_accounts, split
@@ -175,9 +175,9 @@ class Tools:
             raise ToolError(error.code, gateway_error_text(error, session)) from None
         except TimeoutError:
             raise ToolError(
-                wire.TIMEOUT,
+                errors.TIMEOUT,
                 f"{session.trapos_id} did not finish within {bound:g} s; "
-                "the request was cancelled on it. " + ADVICE[wire.TIMEOUT],
+                "the request was cancelled on it. " + ADVICE[errors.TIMEOUT],
             ) from None
 
     def _seconds(self, arguments: dict[str, Any], progress: Progress | None) -> float:
@@ -214,7 +214,7 @@ class Tools:
         try:
             return await self._answer(session, d, bound)
         except ToolError as error:
-            if error.outcome != wire.TIMEOUT or not any(heard.values()):
+            if error.outcome != errors.TIMEOUT or not any(heard.values()):
                 raise
             return {
                 "timedOut": True,

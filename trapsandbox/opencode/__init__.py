@@ -12,6 +12,12 @@ The opencode side (SPEC §3, §11).
     ``tokens``       ask tokens: minted per computer, looked up by ``/mcp``, revoked
     ``directories``  each asking computer's private opencode directory and its
                      MCP block (``opencode.json`` and the instance's server)
+    ``instances``    each computer's opencode instance, given back when idle, past
+                     a bound (least recently used first) or when forgotten
+    ``queue``        asks wait their turn: a bound per opencode server and per
+                     account, in order, each told how many are ahead
+    ``servers``      several opencode servers: which one a computer's asks go
+                     to (a stable ranking), and the health of them all
     ``asks``         ``sandbox ask``'s runs: sessions, prompts, partials,
                      permissions, cancel, what is remembered per computer
 """

@@ -4,7 +4,9 @@ its answer streamed back as partials, its permission requests put to the
 player.
 
     computer                      gateway                          opencode
-    ask {prompt, new?, yes?}  ->  (first ask of a computer)
+    ask {prompt, new?, yes?}  ->  (past the bound: waits its turn, ``queue``)
+          <- partial {type: waiting, ahead}                        (on a change, each minute)
+                                  (first ask of a computer)
                                   POST /mcp?directory=D            the computer's own MCP block
                                   POST /session?directory=D        rules: ask before changes
                                   POST /session/S/prompt_async ->  204
@@ -33,14 +35,25 @@ directory's instance has the block) is bounded per account: past
 ``max_conversations`` the least recently used computer's is forgotten (its
 token stops working; its next ask starts a new session).
 
-Events come from the gateway's one stream (``events``).  After a reconnect,
-every running ask asks opencode whether its session is still busy (events in
-the gap are lost) and ends if not.
+Scale (issue 33).  An ask waits its turn in the ``queue`` (a bound per opencode
+server and per account; the player sees "waiting for the agent: N asks ahead";
+no timeout runs meanwhile).  Each computer's instance is given back when it is
+idle, past a bound, or forgotten (``instances``).  With several opencode servers
+(``servers``) each computer's asks go to one, the next of its ranking when that
+one does not answer (the conversation then starts afresh, and the player is
+told).
+
+Events come from one stream per opencode server (``events``).  After a
+reconnect, every running ask there asks opencode whether its session is still
+busy (events in the gap are lost) and ends if not; when the stream cannot be
+opened again for ``ASK_SERVER_GONE`` seconds, its running asks end saying so.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import os
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -49,9 +62,9 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import limits
-from trapsandbox.computers import wire
-from trapsandbox.computers.wire import GatewayError, cut
+from trapsandbox import errors, limits
+from trapsandbox.computers.wire import cut
+from trapsandbox.errors import GatewayError
 from trapsandbox.opencode.agent import (
     PERMISSION_REPLIES,
     detail_of,
@@ -59,9 +72,12 @@ from trapsandbox.opencode.agent import (
     session_rules,
     system_note,
 )
-from trapsandbox.opencode.client import OpencodeClient, opencode_error
-from trapsandbox.opencode.directories import AskDirectories
+from trapsandbox.opencode.client import OpencodeClient, explain, opencode_error
+from trapsandbox.opencode.directories import AskDirectories, directory_name
 from trapsandbox.opencode.events import EventStream
+from trapsandbox.opencode.instances import Instances
+from trapsandbox.opencode.queue import AskQueue, Ticket
+from trapsandbox.opencode.servers import Server, ranked
 from trapsandbox.opencode.tokens import AskTokens
 from trapsandbox.ops.metrics import Metrics
 
@@ -84,6 +100,8 @@ class Conversation:
     session_id: str
     directory: str
     yes: bool
+    # The opencode server that keeps it (None: not set up yet).
+    server: Server | None = None
 
 
 @attrs.define(eq=False)
@@ -114,6 +132,8 @@ class Run:
     finished: bool = False
     # The snapshot before its first change (``snapshots.askhook``): None until then.
     snapshot: Deferred | None = None
+    # Its place in the queue (``queue``): None until it enters.
+    ticket: Ticket | None = None
 
 
 class Asks:
@@ -122,7 +142,7 @@ class Asks:
 
     def __init__(
         self,
-        client: OpencodeClient,
+        client: OpencodeClient | Sequence[OpencodeClient],
         clock: IReactorTime,
         metrics: Metrics | None = None,
         *,
@@ -132,17 +152,37 @@ class Asks:
         timeout: float = limits.ASK_TIMEOUT,
         max_conversations: int = limits.MAX_ASK_CONVERSATIONS,
         snapshots: AskSnapshots | None = None,
+        instance_idle: float = limits.ASK_INSTANCE_IDLE,
+        max_instances: int = limits.ASK_MAX_INSTANCES,
+        queue: AskQueue | None = None,
     ) -> None:
-        self._client = client
+        clients = [client] if isinstance(client, OpencodeClient) else list(client)
+        self._client = clients[0]
         self._snapshots = snapshots
         self._clock = clock
         self._metrics = Metrics() if metrics is None else metrics
         self._metrics.ask_labels(ASK_OUTCOMES)
-        self.stream = EventStream(client, clock) if stream is None else stream
-        self.stream.on_reconnect.append(self._reconnected)
         # ``/mcp`` looks an ask's token up here (``tokens.scope_of``).
         self.tokens = AskTokens() if tokens is None else tokens
-        self.directories = AskDirectories(directory, client, self.tokens)
+        # One per opencode server (``servers``), in OPENCODE_URL's order.
+        self.servers: list[Server] = []
+        for each in clients:
+            server = Server(
+                each,
+                stream if stream is not None and not self.servers else EventStream(each, clock),
+                AskDirectories(directory, each, self.tokens),
+            )
+            server.instances = Instances(
+                clock, functools.partial(self._dispose, server), instance_idle, max_instances
+            )
+            server.stream.on_reconnect.append(lambda server=server: self._reconnected(server))
+            server.stream.on_down.append(lambda error, server=server: self._down(server, error))
+            self.servers.append(server)
+        # The first server's: what a gateway with one opencode server has.
+        self.stream = self.servers[0].stream
+        self.directories = self.servers[0].directories
+        self.instances = self.servers[0].instances
+        self.queue = AskQueue(clock) if queue is None else queue
         self._timeout = timeout
         self._max_conversations = max_conversations
         # account -> its computers' traposIds, the least recently asked first.
@@ -172,7 +212,9 @@ class Asks:
         """Drop what is kept for ``key``: its session id, its token (revoked), its block's mark."""
         self.conversations.pop(key, None)
         self.tokens.revoke(key)
-        self.directories.forget(key)
+        for server in self.servers:
+            server.directories.forget(key)
+            server.instances.give_back(key)
         log.info(
             "forgot the ask conversation of {traposId} (account {account}): the account's "
             "{bound} most recently asked computers are kept",
@@ -180,6 +222,10 @@ class Asks:
             account=cut(key[0]),
             bound=self._max_conversations,
         )
+
+    def _dispose(self, server: Server, key: tuple[str, str]) -> Deferred:
+        """Give ``key``'s opencode instance back; its ``opencode.json`` brings it back as it was."""
+        return server.client.dispose(os.path.join(self.directories.root, directory_name(*key)))
 
     # -- ask ---------------------------------------------------------------------------
 
@@ -194,36 +240,48 @@ class Asks:
     ) -> dict[str, Any]:
         prompt = payload.get("prompt")
         if type(prompt) is not str or not prompt.strip():
-            raise GatewayError(wire.BAD_REQUEST, "prompt must be a non-empty string")
+            raise GatewayError(errors.BAD_REQUEST, "prompt must be a non-empty string")
         if len(prompt) > limits.MAX_PROMPT_CHARS:
             raise GatewayError(
-                wire.TOO_LARGE, f"the prompt is over {limits.MAX_PROMPT_CHARS} characters"
+                errors.TOO_LARGE, f"the prompt is over {limits.MAX_PROMPT_CHARS} characters"
             )
         new, yes = payload.get("new", False), payload.get("yes", False)
         if type(new) is not bool or type(yes) is not bool:
-            raise GatewayError(wire.BAD_REQUEST, "new and yes must be true or false")
+            raise GatewayError(errors.BAD_REQUEST, "new and yes must be true or false")
         if not self._client.url:
             raise opencode_error("OPENCODE_URL is not set on the gateway")
         key = (account_id, trapos_id)
         if key in self.runs:
             raise GatewayError(
-                wire.OVERLOADED, "an ask is already running on this computer: wait or cancel it"
+                errors.OVERLOADED, "an ask is already running on this computer: wait or cancel it"
             )
         done: Deferred = Deferred()
         placeholder = Run(key, message_id, Conversation("", "", yes), emit, done)
         self.runs[key] = placeholder  # claims the computer while the session is set up
+        server: Server | None = None
         try:
-            await self.stream.ready().addTimeout(limits.ASK_STREAM_READY_TIMEOUT, self._clock)
-            conversation = await self._conversation(key, new, yes)
+            server = await self._server(placeholder, new)
+            if placeholder.finished:  # halted meanwhile
+                return await done
+            placeholder.ticket = Ticket(
+                server.url, account_id, lambda ahead: self._waiting(placeholder, ahead)
+            )
+            await self.queue.enter(placeholder.ticket).granted
+            await server.stream.ready().addTimeout(limits.ASK_STREAM_READY_TIMEOUT, self._clock)
+            if placeholder.finished:  # halted meanwhile: its instance is not to be kept
+                return await done
+            placeholder.conversation.server = server
+            await server.instances.use(key)
+            conversation = await self._conversation(server, key, new, yes)
             if placeholder.finished:  # halted meanwhile: the prompt must not go out
                 return await done
             run = placeholder
             run.conversation = conversation
-            run.unsubscribe = self.stream.subscribe(
+            run.unsubscribe = server.stream.subscribe(
                 conversation.session_id, lambda event: self._event(run, event)
             )
             run.bound = self._clock.callLater(self._timeout, self._timed_out, run)
-            await self._client.prompt_async(
+            await server.client.prompt_async(
                 conversation.directory,
                 conversation.session_id,
                 prompt,
@@ -237,8 +295,9 @@ class Asks:
             if failure.check(GatewayError):
                 raise
             if failure.check(TimeoutError):
+                where = self._client.where if server is None else server.client.where
                 raise opencode_error(
-                    f"opencode at {self._client.where}: its event stream did not open"
+                    f"opencode at {where}: its event stream did not open"
                 ) from None
             raise error
         result = await done
@@ -256,18 +315,61 @@ class Asks:
             return succeed(None)
         return self._snapshots.before_change(run, session.capabilities)
 
-    async def _conversation(self, key: tuple[str, str], new: bool, yes: bool) -> Conversation:
+    async def _server(self, run: Run, new: bool) -> Server:
+        """
+        The opencode server for this ask (``servers``): the one keeping the
+        computer's conversation, else the first of its ranking; one whose event
+        stream does not open is passed over for the next, and the player is told
+        when the conversation starts afresh there.
+        """
+        if len(self.servers) == 1:
+            return self.servers[0]
+        kept = self.conversations.get(run.key)
+        order = ranked(self.servers, *run.key)
+        if kept is not None and kept.server in order:
+            order.remove(kept.server)
+            order.insert(0, kept.server)
+        failed: GatewayError | None = None
+        for server in order:
+            try:
+                await server.stream.ready().addTimeout(limits.ASK_STREAM_READY_TIMEOUT, self._clock)
+            except Exception as error:
+                failed = explain(Failure(error), server.client.where)
+                log.info("passing over {why}", why=failed.message)
+                continue
+            if kept is not None and kept.server is not server and not new:
+                self.conversations.pop(run.key, None)
+                self._emit(
+                    run,
+                    {
+                        "type": "text_delta",
+                        "text": f"(opencode at {kept.server.client.where} is not answering: "
+                        "this conversation starts afresh on another opencode server)\n",
+                    },
+                )
+            return server
+        assert failed is not None
+        raise failed
+
+    async def _conversation(
+        self, server: Server, key: tuple[str, str], new: bool, yes: bool
+    ) -> Conversation:
         self._remember(key)
         conversation = self.conversations.get(key)
-        if conversation is not None and not new and conversation.yes == yes:
+        if (
+            conversation is not None
+            and not new
+            and conversation.yes == yes
+            and conversation.server is server
+        ):
             return conversation
-        directory = self.directories.directory(key)
-        await self.directories.scope(key, directory)
+        directory = server.directories.directory(key)
+        await server.directories.scope(key, directory)
         rules = session_rules(yes)
-        session = await self._client.create_session(directory, key[1], rules)
+        session = await server.client.create_session(directory, key[1], rules)
         if not isinstance(session, dict) or type(session.get("id")) is not str:
             raise opencode_error("opencode answered POST /session without a session id")
-        conversation = Conversation(session["id"], directory, yes)
+        conversation = Conversation(session["id"], directory, yes, server)
         self.conversations[key] = conversation
         log.info(
             "{traposId} talks to opencode session {session}",
@@ -387,7 +489,7 @@ class Asks:
         run.pending[permission_id] = (props, timer)
         if type(message_id) is str:
             conversation = run.conversation
-            d = self._client.message(conversation.directory, conversation.session_id, message_id)
+            d = _client_of(run).message(conversation.directory, conversation.session_id, message_id)
             d.addCallback(self._fetched_message, run, call)
             d.addErrback(_logged("fetching a tool's input"))
 
@@ -474,6 +576,10 @@ class Asks:
             )
             self._emit(run, {"type": "text_delta", "text": chunk})
 
+    def _waiting(self, run: Run, ahead: int) -> None:
+        """The ask waits its turn (``queue``): the player sees how many are ahead."""
+        self._emit(run, {"type": "waiting", "ahead": ahead})
+
     def _send(self, run: Run, message: dict[str, Any]) -> None:
         self._flush(run)
         self._emit(run, message)
@@ -486,8 +592,11 @@ class Asks:
         except GatewayError:
             # The computer is gone: nobody is reading this answer any more.
             log.info("{traposId} left during an ask: aborting it", traposId=cut(run.key[1]))
-            self._abort(run)
-            self._finish(run, GatewayError(wire.NOT_CONNECTED, "the computer left"), "disconnected")
+            if run.conversation.session_id:  # else it never reached opencode
+                self._abort(run)
+            self._finish(
+                run, GatewayError(errors.NOT_CONNECTED, "the computer left"), "disconnected"
+            )
 
     # -- Ending ----------------------------------------------------------------------------
 
@@ -496,7 +605,7 @@ class Asks:
         error = run.error
         if error is not None and (run.aborted or error.get("name") == "MessageAbortedError"):
             self._finish(
-                run, GatewayError(wire.CANCELLED, "cancelled: the agent was stopped"), "cancelled"
+                run, GatewayError(errors.CANCELLED, "cancelled: the agent was stopped"), "cancelled"
             )
             return
         if error is not None:
@@ -511,6 +620,10 @@ class Asks:
         run.finished = True
         if self.runs.get(run.key) is run:
             del self.runs[run.key]
+            if run.conversation.server is not None:
+                run.conversation.server.instances.done(run.key)
+        if run.ticket is not None:
+            self.queue.leave(run.ticket)
         for permission in run.permissions:
             self._by_permission.pop(permission, None)
         for question in run.questions:
@@ -547,7 +660,7 @@ class Asks:
         self._finish(
             run,
             GatewayError(
-                wire.TIMEOUT, f"the agent did not finish within {self._timeout / 60:g} minutes"
+                errors.TIMEOUT, f"the agent did not finish within {self._timeout / 60:g} minutes"
             ),
             "timeout",
         )
@@ -555,18 +668,52 @@ class Asks:
     def _abort(self, run: Run) -> Deferred:
         run.aborted = True
         conversation = run.conversation
-        d = self._client.abort(conversation.directory, conversation.session_id)
+        d = _client_of(run).abort(conversation.directory, conversation.session_id)
         d.addErrback(_logged("abort"))
         return d
 
-    def _reconnected(self) -> None:
+    def _reconnected(self, server: Server) -> None:
         """Events were lost while the stream was down: end the asks whose session is idle."""
         for run in list(self.runs.values()):
             if run.finished or not run.conversation.session_id:
                 continue
-            d = self._client.statuses(run.conversation.directory)
+            if run.conversation.server is not server:
+                continue
+            d = server.client.statuses(run.conversation.directory)
             d.addCallback(self._check_status, run)
             d.addErrback(_logged("status check"))
+
+    def _down(self, server: Server, error: GatewayError) -> None:
+        """
+        The server's event stream dropped and could not be opened again for
+        ``ASK_SERVER_GONE`` seconds: its running asks would hear nothing more,
+        so they end now, saying why and what the next ask does.  (A shorter gap,
+        an opencode restarting, is bridged: ``_reconnected``.)
+        """
+        lost_at = server.stream.lost_at
+        if lost_at is None or self._clock.seconds() - lost_at < limits.ASK_SERVER_GONE:
+            return
+        then = (
+            "ask again: the next ask goes to another opencode server and starts afresh"
+            if len(self.servers) > 1
+            else "ask again once it is back"
+        )
+        for run in list(self.runs.values()):
+            if run.finished or run.conversation.server is not server:
+                continue
+            if not run.conversation.session_id:
+                continue  # still setting up: its own calls fail and say so
+            log.info(
+                "an ask on {traposId} lost its opencode server: {why}",
+                traposId=cut(run.key[1]),
+                why=error.message,
+            )
+            self._flush(run)
+            self._finish(
+                run,
+                opencode_error(f"the agent's run was cut off: {error.message}; {then}"),
+                "opencode_error",
+            )
 
     def _check_status(self, statuses: Any, run: Run) -> None:
         status = statuses.get(run.conversation.session_id) if isinstance(statuses, dict) else None
@@ -582,6 +729,14 @@ class Asks:
         run = self.runs.get((account_id, trapos_id))
         if run is None or run.message_id != message_id or run.finished:
             return None
+        if run.ticket is not None and not run.ticket.admitted:
+            # Waiting its turn: nothing reached opencode, it just leaves the queue.
+            self._finish(
+                run,
+                GatewayError(errors.CANCELLED, "cancelled while waiting for the agent"),
+                "cancelled",
+            )
+            return succeed(None)
         if not run.conversation.session_id:
             # Still setting up: end it now; the prompt never goes out... or is aborted at once.
             return None
@@ -607,20 +762,20 @@ class Asks:
 
     def _abort_unheard(self, run: Run) -> None:
         self._finish(
-            run, GatewayError(wire.CANCELLED, "cancelled: the agent was stopped"), "cancelled"
+            run, GatewayError(errors.CANCELLED, "cancelled: the agent was stopped"), "cancelled"
         )
 
     def reply(self, account_id: str, trapos_id: str, permission_id: Any, response: Any) -> Deferred:
         if response not in PERMISSION_REPLIES:
-            raise GatewayError(wire.BAD_REQUEST, "response must be once, always or reject")
+            raise GatewayError(errors.BAD_REQUEST, "response must be once, always or reject")
         run = self._by_permission.get(permission_id) if type(permission_id) is str else None
         if run is None or run.key != (account_id, trapos_id):
             raise GatewayError(
-                wire.BAD_REQUEST, "no permission request of this computer's ask has that id"
+                errors.BAD_REQUEST, "no permission request of this computer's ask has that id"
             )
         run.permissions.discard(permission_id)
         del self._by_permission[permission_id]
-        return self._client.reply_permission(run.conversation.directory, permission_id, response)
+        return _client_of(run).reply_permission(run.conversation.directory, permission_id, response)
 
     def answer(
         self, account_id: str, trapos_id: str, question_id: Any, answers: Any, reject: Any
@@ -631,7 +786,7 @@ class Asks:
         """
         run = self._by_question.get(question_id) if type(question_id) is str else None
         if run is None or run.key != (account_id, trapos_id):
-            raise GatewayError(wire.BAD_REQUEST, "no question of this computer's ask has that id")
+            raise GatewayError(errors.BAD_REQUEST, "no question of this computer's ask has that id")
         if reject is not True:
             if (
                 type(answers) is not list
@@ -639,7 +794,7 @@ class Asks:
                 or not all(_answer(answer) for answer in answers)
             ):
                 raise GatewayError(
-                    wire.BAD_REQUEST,
+                    errors.BAD_REQUEST,
                     "answers must be a list with one list of strings for each question "
                     "(or reject: true)",
                 )
@@ -647,13 +802,22 @@ class Asks:
         del self._by_question[question_id]
         directory = run.conversation.directory
         if reject is True:
-            return self._client.reject_question(directory, question_id)
-        return self._client.reply_question(directory, question_id, answers)
+            return _client_of(run).reject_question(directory, question_id)
+        return _client_of(run).reply_question(directory, question_id, answers)
 
     def stop(self) -> None:
-        self.stream.stop()
+        for server in self.servers:
+            server.stream.stop()
+            server.instances.stop()
         for run in list(self.runs.values()):
-            self._finish(run, GatewayError(wire.NOT_CONNECTED, "the gateway is shutting down"))
+            self._finish(run, GatewayError(errors.NOT_CONNECTED, "the gateway is shutting down"))
+
+
+def _client_of(run: Run) -> OpencodeClient:
+    """The client of the opencode server that keeps ``run``'s conversation."""
+    server = run.conversation.server
+    assert server is not None, "an ask reaches opencode only once its server is chosen"
+    return server.client
 
 
 def _logged(what: str) -> Callable[[Failure], None]:

@@ -19,15 +19,15 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseFailed
 
-from trapsandbox import limits
-from trapsandbox.computers import wire
-from trapsandbox.computers.wire import GatewayError, cut
+from trapsandbox import errors, limits
+from trapsandbox.computers.wire import cut
+from trapsandbox.errors import GatewayError
 from trapsandbox.opencode.probe import redact
 
 
 def opencode_error(message: str) -> GatewayError:
     """An ``opencode_error``: opencode, or the gateway's side of talking to it, failed."""
-    return GatewayError(wire.OPENCODE_ERROR, message)
+    return GatewayError(errors.OPENCODE_ERROR, message)
 
 
 def unauthorized(where: str) -> GatewayError:
@@ -153,6 +153,10 @@ class OpencodeClient:
     def message(self, directory: str, session_id: str, message_id: str) -> Deferred:
         """``{info, parts}`` of one message of a session."""
         return self.call("GET", f"/session/{session_id}/message/{message_id}", None, directory)
+
+    def dispose(self, directory: str) -> Deferred:
+        """Give ``directory``'s instance back (``instances``): opencode re-creates it on demand."""
+        return self.call("POST", "/instance/dispose", None, directory)
 
     def statuses(self, directory: str) -> Deferred:
         """``{sessionID: {type: busy|idle|retry}}`` of the busy sessions."""

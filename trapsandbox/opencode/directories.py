@@ -21,7 +21,8 @@ import orjson
 from twisted.logger import Logger
 
 from trapsandbox import limits
-from trapsandbox.computers.wire import GatewayError, cut
+from trapsandbox.computers.wire import cut
+from trapsandbox.errors import GatewayError
 from trapsandbox.opencode.agent import MCP_NAME
 from trapsandbox.opencode.client import OpencodeClient, opencode_error
 from trapsandbox.opencode.tokens import AskTokens, Key

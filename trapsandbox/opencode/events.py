@@ -21,7 +21,7 @@ from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 
 from trapsandbox import limits
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.opencode.client import OpencodeClient, explain, opencode_error, unauthorized
 from trapsandbox.opencode.sse import SSEParser
 
@@ -63,6 +63,10 @@ class EventStream:
         self._silence = silence
         self._listeners: dict[str, Callable[[dict[str, Any]], None]] = {}
         self.on_reconnect: list[Callable[[], None]] = []
+        # Run when the stream could not be opened (again): opencode is down or refusing.
+        self.on_down: list[Callable[[GatewayError], None]] = []
+        # When the open stream was lost (None while it is open, or before it first opens).
+        self.lost_at: float | None = None
         self.connected = False
         self.connects = 0
         self._connecting: Deferred | None = None
@@ -135,6 +139,7 @@ class EventStream:
         response.deliverBody(body)
         body.ended.addCallback(self._ended, body)
         self.connected = True
+        self.lost_at = None
         self.connects += 1
         self._backoff = limits.EVENT_RECONNECT_MIN
         self._arm_watchdog()
@@ -159,12 +164,18 @@ class EventStream:
         waiters, self._waiters = self._waiters, []
         for d in waiters:
             d.errback(error)
+        for listener in list(self.on_down):
+            try:
+                listener(error)
+            except Exception:
+                log.failure("an event stream down listener failed")
         self._schedule()
 
     def _ended(self, _: None, body: _StreamBody) -> None:
         if self._body is body:
             self._body = None
         self.connected = False
+        self.lost_at = self._clock.seconds()
         self._cancel_watchdog()
         if not self._stopped:
             log.info("the opencode event stream ended; reconnecting")

@@ -39,14 +39,19 @@ class ProbeResult:
     # Why, as a metrics label (trapsandbox.ops.metrics.PROBE_OUTCOMES).
     outcome: str = attrs.field(default="", eq=False, repr=False)
 
+    # Several opencode servers (``servers.ServerProbes``): each one's {url, ok, detail?}.
+    servers: tuple[dict[str, Any], ...] = attrs.field(default=(), eq=False, repr=False)
+
     # The answer to probe_gateway, built once and shared: never modify it.
     payload: dict[str, Any] = attrs.field(init=False, eq=False, repr=False)
 
     @payload.default
     def _payload(self) -> dict[str, Any]:
         payload: dict[str, Any] = {"sandboxOk": True, "opencodeOk": self.ok}
-        if not self.ok:
-            payload["opencodeDetail"] = self.detail
+        if self.detail is not None and (not self.ok or self.servers):
+            payload["opencodeDetail"] = self.detail  # with several servers: those down
+        if self.servers:
+            payload["opencodeServers"] = [dict(server) for server in self.servers]
         return payload
 
     def to_payload(self) -> dict[str, Any]:

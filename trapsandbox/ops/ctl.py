@@ -403,9 +403,6 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 # -- Snapshots (SPEC §15) ----------------------------------------------------------------------
 
-# A snapshot fetches every changed file of a computer, a restore writes them back.
-SNAPSHOT_TIMEOUT = 300.0
-
 
 def _snapshot_path(args: argparse.Namespace, tail: str = "") -> str:
     action = "snapshots" + (f"/{urllib.parse.quote(args.snapshot, safe='')}{tail}" if tail else "")
@@ -434,7 +431,7 @@ def cmd_snapshots(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    answer = call(args, "POST", _snapshot_path(args), {}, SNAPSHOT_TIMEOUT)
+    answer = call(args, "POST", _snapshot_path(args), {}, limits.CTL_SNAPSHOT_TIMEOUT)
     print(
         f"snapshot {answer.get('id')} of {args.trapos_id}: {answer.get('files')} files, "
         f"{answer.get('bytes')} bytes ({answer.get('fetched')} fetched)"
@@ -452,7 +449,7 @@ def _size(change: dict[str, Any]) -> str:
 
 
 def cmd_changes(args: argparse.Namespace) -> int:
-    answer = call(args, "GET", _snapshot_path(args, "/changes"), None, SNAPSHOT_TIMEOUT)
+    answer = call(args, "GET", _snapshot_path(args, "/changes"), None, limits.CTL_SNAPSHOT_TIMEOUT)
     rows = [
         (kind, change)
         for kind in ("added", "modified", "deleted")
@@ -471,7 +468,7 @@ def cmd_changes(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    answer = call(args, "POST", _snapshot_path(args, "/restore"), {}, SNAPSHOT_TIMEOUT)
+    answer = call(args, "POST", _snapshot_path(args, "/restore"), {}, limits.CTL_SNAPSHOT_TIMEOUT)
     deleted, written = answer.get("deleted") or [], answer.get("written") or []
     print(
         f"restored {args.trapos_id} to snapshot {answer.get('restored')}: "

@@ -25,25 +25,25 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.computers import wire
 
 PREFIX = "trapsandbox"
 
-HELLO_OUTCOMES = ("ok", wire.UNAUTHORIZED, wire.BAD_REQUEST, wire.OVERLOADED)
+HELLO_OUTCOMES = ("ok", errors.UNAUTHORIZED, errors.BAD_REQUEST, errors.OVERLOADED)
 # ``ok`` and ``error`` are answers from the computer (ok true or false); the
 # rest are failures on the gateway's side, by error code.
 GATEWAY_OUTCOMES = (
     "ok",
     "error",
-    wire.TIMEOUT,
-    wire.NOT_CONNECTED,
-    wire.OVERLOADED,
-    wire.TOO_LARGE,
-    wire.BAD_REQUEST,
-    wire.INTERNAL,
+    errors.TIMEOUT,
+    errors.NOT_CONNECTED,
+    errors.OVERLOADED,
+    errors.TOO_LARGE,
+    errors.BAD_REQUEST,
+    errors.INTERNAL,
     "cancelled",
-    wire.FORBIDDEN,
+    errors.FORBIDDEN,
 )
 # Requests to computers with a label of their own (operators may send any type).
 GATEWAY_REQUEST_TYPES = frozenset({"ping", "cancel", *wire.CAPABILITY_OF})

@@ -1,6 +1,6 @@
 """
-Snapshots and undo (SPEC §15): the storage layer.  What takes, lists and restores
-snapshots on a computer (routes, the ask hook) uses these; nothing here talks to a computer.
+Snapshots and undo (SPEC §15): taking, comparing and restoring a computer's files
+(``service``, the one module here that talks to a computer), and the storage under it.
 
     ``model``        a snapshot, its files map, its errors, and the checks at the boundary
                      (``/.settings`` refused there: never stored)
@@ -13,4 +13,8 @@ snapshots on a computer (routes, the ask hook) uses these; nothing here talks to
     ``sqlitestore``  the embedded store: one SQLite file in the state directory, on a
                      thread of its own
     ``redisstore``   the cluster's store: the same Redis, Lua scripts for every change
+    ``service``      ``Snapshots``: take, list, changes and restore on a computer, in the
+                     order the store expects (what routes, ``trapsandbox-ctl`` and the
+                     game's ``sandbox`` commands call)
+    ``askhook``      the snapshot before an ask's first change, and what the ask changed
 """

@@ -22,15 +22,12 @@ from typing import Any
 
 import attrs
 
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.computers import wire
 from trapsandbox.computers.settingsfile import is_settings_path
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 
 REASONS = ("ask", "manual", "restore")
-# The code the HTTP side answers 404 with (web.app's "not_found").
-NOT_FOUND = "not_found"
-
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 
 
@@ -38,7 +35,7 @@ class NotFound(GatewayError):
     """No such snapshot or content for this account: another account's answers the same."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(NOT_FOUND, message)
+        super().__init__(errors.NOT_FOUND, message)
 
 
 class MissingContent(GatewayError):
@@ -49,18 +46,18 @@ class MissingContent(GatewayError):
         shown = ", ".join(h[:12] for h in self.hashes[:5])
         more = f" and {len(self.hashes) - 5} more" if len(self.hashes) > 5 else ""
         super().__init__(
-            wire.BAD_REQUEST,
+            errors.BAD_REQUEST,
             f"the snapshot's content is not all stored ({shown}{more}): nothing was committed",
         )
 
 
 def unavailable(message: str) -> GatewayError:
     """The store cannot be reached or failed; the message says why (never a secret)."""
-    return GatewayError(wire.UNAVAILABLE, f"the snapshot store: {message}")
+    return GatewayError(errors.UNAVAILABLE, f"the snapshot store: {message}")
 
 
 def bad(message: str) -> GatewayError:
-    return GatewayError(wire.BAD_REQUEST, message)
+    return GatewayError(errors.BAD_REQUEST, message)
 
 
 @attrs.frozen
@@ -161,7 +158,7 @@ def check_path(path: object) -> str:
         )
     if is_settings_path(path):
         raise GatewayError(
-            wire.FORBIDDEN,
+            errors.FORBIDDEN,
             f"{wire.cut(path)} is the computer's settings file: a snapshot never holds it",
         )
     return path
@@ -192,7 +189,7 @@ def check_files(files: object, max_bytes: int) -> dict[str, FileEntry]:
         raise bad("a snapshot's files must be a map of path -> {size, modified, sha256}")
     if len(files) > limits.SNAPSHOT_MAX_FILES:
         raise GatewayError(
-            wire.TOO_LARGE,
+            errors.TOO_LARGE,
             f"{len(files)} files: a snapshot holds at most {limits.SNAPSHOT_MAX_FILES}",
         )
     checked = {check_path(path): entry(value) for path, value in files.items()}
@@ -207,7 +204,7 @@ def check_total(size: int, max_bytes: int) -> None:
     """
     if size > max_bytes:
         raise GatewayError(
-            wire.TOO_LARGE,
+            errors.TOO_LARGE,
             f"the computer's files take {size} bytes: a snapshot holds at most "
             f"{max_bytes} bytes (SANDBOX_SNAPSHOT_MAX_MB)",
         )

@@ -35,7 +35,7 @@ from twisted.internet.defer import CancelledError, Deferred, DeferredList, fail
 from twisted.python.failure import Failure
 
 from trapsandbox import limits
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.snapshots import model, retention
 from trapsandbox.snapshots.model import FileEntry, MissingContent, NotFound, Snapshot, Summary
 from trapsandbox.snapshots.store import SnapshotStore, not_found
@@ -106,41 +106,29 @@ return {count, bytes}
 
 
 class RedisStore(SnapshotStore):
-    """On a txredisapi client with ``charset=None``; ``connect`` makes one from a URL."""
+    """On a txredisapi ``RedisFactory`` with ``charset=None``; ``connect`` makes one from a
+    URL (``cluster.redis.command_connection``, as the cluster's own)."""
 
     def __init__(
         self,
-        client: Any,
+        commands: txredisapi.RedisFactory,
         reactor: Any,
         call_timeout: float = limits.CLUSTER_CALL_TIMEOUT,
         **settings: Any,
     ) -> None:
         super().__init__(**settings)
-        self._client = client
+        self._commands = commands
         self._reactor = reactor
         self._call_timeout = call_timeout
 
     @classmethod
     def connect(cls, url: str, reactor: Any, **settings: Any) -> RedisStore:
         """A store on its own lazy connection to ``url`` (it reconnects by itself)."""
-        from trapsandbox.cluster.redis import RedisAddress
+        from trapsandbox.cluster.redis import RedisAddress, command_connection
 
-        address = RedisAddress.from_url(url)
         timeout = settings.get("call_timeout", limits.CLUSTER_CALL_TIMEOUT)
-        client = txredisapi.lazyConnectionPool(
-            address.host,
-            address.port,
-            dbid=address.db,
-            poolsize=1,
-            password=address.password,
-            connectTimeout=timeout,
-            replyTimeout=timeout,
-            charset=None,
-            convertNumbers=False,
-        )
-        client._factory.initialDelay = limits.CLUSTER_RECONNECT_INITIAL_DELAY
-        client._factory.maxDelay = limits.CLUSTER_RECONNECT_MAX_DELAY
-        return cls(client, reactor, **settings)
+        commands = command_connection(RedisAddress.from_url(url), reactor, timeout, charset=None)
+        return cls(commands, reactor, **settings)
 
     def wait_connected(self, timeout: float) -> Deferred[RedisStore]:
         """Fires once connected (for a start-up that wants to know; calls never wait)."""
@@ -151,12 +139,12 @@ class RedisStore(SnapshotStore):
                 d.callback(self)
             return result  # the factory's own waiters see what they would have
 
-        self._client._factory.deferred.addBoth(fired)
+        self._commands.deferred.addBoth(fired)
         d.addTimeout(timeout, self._reactor)
         return d
 
     def close(self) -> Deferred[None]:
-        d = self._client.disconnect()
+        d = self._commands.disconnect()
         d.addTimeout(self._call_timeout, self._reactor)
         d.addErrback(lambda _: None)
         return d
@@ -166,14 +154,13 @@ class RedisStore(SnapshotStore):
     @property
     def connected(self) -> bool:
         # txredisapi would queue a command until Redis is back: refuse at once instead.
-        factory = getattr(self._client, "_factory", None)
-        return factory is None or factory.size > 0
+        return self._commands.size > 0
 
     def _call(self, method: str, *args: Any) -> Deferred:
         if not self.connected:
             return fail(model.unavailable("not connected to Redis"))
         try:
-            d = getattr(self._client, method)(*args)
+            d = getattr(self._commands.handler, method)(*args)
         except Exception as error:
             return fail(model.unavailable(f"cannot call Redis: {error}"))
         d.addTimeout(self._call_timeout, self._reactor)

@@ -25,11 +25,11 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.computers import senders, wire
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.computers.settingsfile import is_settings_path
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.snapshots import changes as diff
 from trapsandbox.snapshots import model
 from trapsandbox.snapshots.model import FileEntry
@@ -38,8 +38,6 @@ from trapsandbox.snapshots.store import SnapshotStore
 log = Logger()
 
 OPENING = "it is still opening"
-# The computer answers a listing of a few hundred files in a few batches of 64.
-LIST_TIMEOUT = 60.0
 
 
 def _listed(answer: dict[str, Any], max_bytes: int) -> dict[str, tuple[int, int]]:
@@ -49,11 +47,11 @@ def _listed(answer: dict[str, Any], max_bytes: int) -> dict[str, tuple[int, int]
     if isinstance(files, dict) and not files:  # an empty list as CraftOS may encode it
         files = []
     if not isinstance(files, list):
-        raise GatewayError(wire.INTERNAL, "the computer's file list has no files")
+        raise GatewayError(errors.INTERNAL, "the computer's file list has no files")
     listing: dict[str, tuple[int, int]] = {}
     for item in files:
         if not isinstance(item, dict):
-            raise GatewayError(wire.INTERNAL, "the computer's file list is malformed")
+            raise GatewayError(errors.INTERNAL, "the computer's file list is malformed")
         path, size, modified = item.get("path"), item.get("size"), item.get("modified")
         if isinstance(modified, float) and modified.is_integer():
             modified = int(modified)
@@ -67,12 +65,12 @@ def _listed(answer: dict[str, Any], max_bytes: int) -> dict[str, tuple[int, int]
             or size < 0
             or modified < 0
         ):
-            raise GatewayError(wire.INTERNAL, "the computer's file list is malformed")
+            raise GatewayError(errors.INTERNAL, "the computer's file list is malformed")
         if not is_settings_path(path):
             listing[path] = (size, modified)
     if len(listing) > limits.SNAPSHOT_MAX_FILES:
         raise GatewayError(
-            wire.TOO_LARGE,
+            errors.TOO_LARGE,
             f"the computer has {len(listing)} files: a snapshot holds at most "
             f"{limits.SNAPSHOT_MAX_FILES}",
         )
@@ -200,7 +198,7 @@ class Snapshots:
             if free is not None and need > free:
                 # Known before the first deletion: a restore is whole or not at all.
                 raise GatewayError(
-                    wire.FS_ERROR,
+                    errors.FS_ERROR,
                     f"Out of space: restoring snapshot {target.id} needs {need} bytes free "
                     f"on {wire.cut(trapos_id)}, which has {free}: nothing was changed "
                     "(delete some files there, then restore again)",
@@ -273,7 +271,7 @@ class Snapshots:
         self, account: str, trapos_id: str
     ) -> tuple[dict[str, tuple[int, int]], int | None]:
         """The computer's files, and its free bytes (None: a client that does not say)."""
-        answer = await self._sandbox.snapshot_list(trapos_id, account, LIST_TIMEOUT)
+        answer = await self._sandbox.snapshot_list(trapos_id, account, limits.SNAPSHOT_LIST_TIMEOUT)
         free = answer.get("free")
         if type(free) is float and free.is_integer():
             free = int(free)
@@ -292,7 +290,7 @@ class Snapshots:
             try:
                 fetched[path] = await self._read(account, trapos_id, path)
             except GatewayError as error:
-                if error.code != wire.FS_ERROR:
+                if error.code != errors.FS_ERROR:
                     raise
                 del listing[path]
         model.check_total(sum(len(data) for data in fetched.values()), self.store().max_bytes)

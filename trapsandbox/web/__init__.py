@@ -5,13 +5,17 @@ The HTTP side, on the same port as the WebSocket (SPEC §4, §9).
                    /computers, the section 9 routes, /metrics, /mcp; ``decide``
     ``site``       twisted.web's channel, request and site, bounded for strangers: a
                    request decided at its head, its body capped, a deadline
-    ``validation`` what a request body may hold: ``BadRequest`` (the one error for a
-                   caller's mistake, with its status and code) and the field checks
+    ``listener``   what listens in plain mode: the site, with strangers counted
+    ``validation`` what a request body may hold: the field checks, each raising
+                   ``errors.bad_request`` for a caller's mistake
     ``answers``    JSON answers written onto a request (both body shapes)
     ``streaming``  /execute's NDJSON output stream
     ``operator``   an operator's request to one computer, however it came: who may
                    ask, which account is meant, each outcome's status (an ``Answer``)
     ``opsocket``   ``GET /operator``: one WebSocket carrying many operator requests
+    ``listings``   ``watch_computers``' listings, built once per scope per change (debounced)
+                   and shared by every watcher of that scope
+    ``snapshotcalls`` the snapshot operations, alike on every surface (SPEC §15)
     ``client``     the Lua files served for the one-line install
     ``console``    the web console's files (``console/``), ``GET /``, with their CSP
 """

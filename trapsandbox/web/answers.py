@@ -15,9 +15,9 @@ import orjson
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 
-from trapsandbox.computers import wire
-from trapsandbox.computers.wire import GatewayError
-from trapsandbox.web.operator import STATUS_OF_ERROR, Answer
+from trapsandbox import errors
+from trapsandbox.errors import GatewayError
+from trapsandbox.web.operator import Answer
 
 
 def json_body(request: IRequest, body: Any, code: int = 200) -> bytes:
@@ -28,7 +28,7 @@ def json_body(request: IRequest, body: Any, code: int = 200) -> bytes:
 
 
 def json_error(request: IRequest, code: int, error: str, message: str) -> bytes:
-    return json_body(request, {"ok": False, "error": {"code": error, "message": message}}, code)
+    return json_body(request, errors.body(error, message), code)
 
 
 def write_answer(request: IRequest, answer: Answer) -> bytes:
@@ -44,16 +44,14 @@ def write_answer(request: IRequest, answer: Answer) -> bytes:
 
 def sandbox_error(request: IRequest, status: int, code: str, message: str) -> bytes:
     """A failure of a §9 endpoint: ``{ok: false, error: "<message>", code}``."""
-    return json_body(request, {"ok": False, "error": message, "code": code}, status)
+    return json_body(request, errors.body(code, message, sandbox=True), status)
 
 
 def sandbox_failed(failure: Failure, request: IRequest) -> bytes | Failure:
     """A §9 call's failure, answered; what is not a ``GatewayError`` is passed on."""
     if failure.check(GatewayError):
         error = failure.value
-        return sandbox_error(
-            request, STATUS_OF_ERROR.get(error.code, 500), error.code, error.message
-        )
+        return sandbox_error(request, error.status, error.code, error.message)
     return failure  # cancelled (the client went away), or a bug for internal_error
 
 
@@ -63,7 +61,7 @@ def _relayable(request: IRequest, body: dict[str, Any]) -> bytes:
     except orjson.JSONEncodeError as error:
         # orjson reads deeper nesting (1024) than it writes (254).
         return sandbox_error(
-            request, 502, wire.INTERNAL, f"the computer's answer cannot be relayed: {error}"
+            request, 502, errors.INTERNAL, f"the computer's answer cannot be relayed: {error}"
         )
 
 

@@ -48,7 +48,7 @@ The HTTP side, on the same port as the WebSocket: a Klein app.
     POST /computers/<traposId>/snapshots/<id>/restore    {} -> {ok, restored, before,
                                                             deleted, written}
   Their failures are {ok: false, error: "<message>", code} with the status of
-  ``STATUS_OF_ERROR``; a caller leaving /execute cancels the run, and one
+  ``errors.STATUS``; a caller leaving /execute cancels the run, and one
 leaving /screen/stream the watch on the computer.
 
 Operators present ``Authorization: Bearer <SANDBOX_ADMIN_TOKEN>`` (the
@@ -89,12 +89,12 @@ from twisted.web.resource import IResource, Resource
 from werkzeug.exceptions import HTTPException, NotFound
 from werkzeug.routing import PathConverter
 
-from trapsandbox import __version__, limits
+from trapsandbox import __version__, errors, limits
 from trapsandbox.admission import auth
 from trapsandbox.computers import senders, wire
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.limits import MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.mcp.endpoint import McpEndpoint
 from trapsandbox.opencode.asks import Asks
@@ -112,7 +112,6 @@ from trapsandbox.web.answers import (
 )
 from trapsandbox.web.operator import (
     NO_SUCH_COMPUTER,
-    STATUS_OF_ERROR,
     UNSUPPORTED_MEDIA_TYPE,
     Answer,
     OperatorRequests,
@@ -122,7 +121,7 @@ from trapsandbox.web.operator import (
 from trapsandbox.web.site import ASK, PUBLIC, operator_route
 from trapsandbox.web.snapshotcalls import SnapshotCalls
 from trapsandbox.web.streaming import EventStream, OutputStream, ScreenStream
-from trapsandbox.web.validation import BadRequest, read_body
+from trapsandbox.web.validation import read_body
 
 log = Logger()
 
@@ -137,7 +136,7 @@ def _console(request: IRequest, name: str) -> bytes:
     """A console file with its policy headers (``web.console``), or a 404."""
     found = console.read(name)
     if found is None:
-        return json_error(request, 404, "not_found", f'no console file "{wire.cut(name)}"')
+        return json_error(request, 404, errors.NOT_FOUND, f'no console file "{wire.cut(name)}"')
     kind, body = found
     request.setHeader(b"content-type", kind)
     for header, value in console.HEADERS:
@@ -197,7 +196,7 @@ def on_computer(route):
             account_id = operator.account_of(self._registry, trapos_id, _asked_account(request))
         except GatewayError as failure:
             return sandbox_error(
-                request, STATUS_OF_ERROR.get(failure.code, 500), failure.code, failure.message
+                request, errors.STATUS.get(failure.code, 500), failure.code, failure.message
             )
         # What the route sends the computer is this operator's, in its activity.
         sender = senders.of_operator(operator)
@@ -253,7 +252,7 @@ class _TextOnly(Resource):
         except UnicodeDecodeError:
             if request.postpath[0] == b"computers":
                 return write_answer(request, NO_SUCH_COMPUTER)
-            return json_error(request, 404, "not_found", NotFound.description)
+            return json_error(request, 404, errors.NOT_FOUND, NotFound.description)
         try:
             request.getRequestHostname().decode("utf-8")
         except UnicodeDecodeError:
@@ -403,7 +402,7 @@ class GatewayApp:
     def client_file(self, request: IRequest, name: str) -> bytes:
         body = client.read(name)
         if body is None:
-            return json_error(request, 404, "not_found", f'no client file "{wire.cut(name)}"')
+            return json_error(request, 404, errors.NOT_FOUND, f'no client file "{wire.cut(name)}"')
         return _lua(request, body)
 
     # -- Operators ---------------------------------------------------------------------------
@@ -426,8 +425,8 @@ class GatewayApp:
     @app.route("/computers/<segment:trapos_id>/requests", methods=["POST"], merge_slashes=False)
     def computer_request(self, request: IRequest, trapos_id: str):
         try:
-            body: bytes | BadRequest = read_body(request)
-        except BadRequest as error:
+            body: bytes | GatewayError = read_body(request)
+        except GatewayError as error:
             body = error
         operator = self._operator(request)
         if not isinstance(operator, auth.Operator):
@@ -458,7 +457,7 @@ class GatewayApp:
             max_output = validation.number(
                 body, "maxOutputBytes", limits.MAX_OUTPUT_BYTES, integer=True
             )
-        except BadRequest as error:
+        except GatewayError as error:
             return sandbox_error(request, error.status, error.code, error.message)
         stream = OutputStream(request)
         d = self._sandbox.execute(
@@ -556,7 +555,7 @@ class GatewayApp:
     def screen_stream(self, request: IRequest, trapos_id: str, account_id: str):
         try:
             max_fps = validation.query_number(request, b"maxFps", 1, 20)
-        except BadRequest as error:
+        except GatewayError as error:
             return sandbox_error(request, error.status, error.code, error.message)
         stream = ScreenStream(request)
         d = self._sandbox.watch_screen(trapos_id, stream.frame, max_fps, account_id=account_id)
@@ -607,7 +606,7 @@ class GatewayApp:
                 raw = read_body(request)
                 if raw.strip():
                     validation.json_object(raw, "{}")
-        except BadRequest as error:
+        except GatewayError as error:
             return sandbox_error(request, error.status, error.code, error.message)
         d = call(self._requests.snapshots)
         d.addCallbacks(ok_body, sandbox_failed, (request,), None, (request,))
@@ -644,7 +643,7 @@ class GatewayApp:
             timeout_ms = validation.query_number(
                 request, b"timeoutMs", 1, limits.MAX_PERIPHERAL_EVENTS_TIMEOUT_MS
             )
-        except BadRequest as error:
+        except GatewayError as error:
             return sandbox_error(request, error.status, error.code, error.message)
         stream = EventStream(request)
         d = self._sandbox.watch_peripheral_events(
@@ -678,10 +677,8 @@ class GatewayApp:
     ):
         try:
             d = call(validation.json_object(read_body(request), shape))
-        except BadRequest as error:
+        except GatewayError as error:
             return sandbox_error(request, error.status, error.code, error.message)
-        except GatewayError:
-            return sandbox_failed(Failure(), request)
         d.addCallbacks(ok_body if ok else plain_body, sandbox_failed, (request,), None, (request,))
         return d
 
@@ -707,7 +704,7 @@ class GatewayApp:
             sender = senders.of_operator(operator, senders.AGENT)
         try:
             body = read_body(request)
-        except BadRequest as error:
+        except GatewayError as error:
             return senders.sent_by(
                 sender, self._mcp.post, request, None, error.message, scope=scope, pin=pin
             )

@@ -1,9 +1,12 @@
 """
 The web console's files (SPEC §14), ``GET /`` and ``/console/<name>``.
 
-Plain HTML, CSS and JavaScript shipped in the package (``console/``; no build
-step, nothing fetched from elsewhere at run time), read at each request as
-``client`` reads the Lua files.  Every answer carries a strict
+Plain HTML, CSS and JavaScript shipped in the package (``console/``; nothing
+fetched from elsewhere at run time), read at each request as ``client`` reads
+the Lua files.  One file is built: ``editor.js``, the files panel's code
+editor (CodeMirror 6), bundled from npm packages by esbuild when the package
+is built (``setup.py``, ``make``); without it the files panel opens files
+read-only in a plain text area and says why.  Every answer carries a strict
 ``Content-Security-Policy``: the page runs only its own script and style and
 connects only to its own origin (``/operator``), so nothing injected into a
 computer's screen or label can run.  The token never travels in a URL: the
@@ -18,6 +21,9 @@ FILES = {
     "index.html": b"text/html; charset=utf-8",
     "console.css": b"text/css; charset=utf-8",
     "console.js": b"text/javascript; charset=utf-8",
+    "files.js": b"text/javascript; charset=utf-8",
+    "transfer.js": b"text/javascript; charset=utf-8",
+    "editor.js": b"text/javascript; charset=utf-8",
 }
 INDEX = "index.html"
 
@@ -36,8 +42,11 @@ HEADERS = (
 
 
 def read(name: str) -> tuple[bytes, bytes] | None:
-    """``(content type, body)`` of one of ``FILES``, or None for any other name."""
+    """``(content type, body)`` of one of ``FILES``; None for any other name, or one not built."""
     kind = FILES.get(name)
     if kind is None:
         return None
-    return kind, (Path(__file__).with_name("console") / name).read_bytes()
+    try:
+        return kind, (Path(__file__).with_name("console") / name).read_bytes()
+    except FileNotFoundError:
+        return None

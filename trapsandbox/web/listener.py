@@ -20,7 +20,7 @@ from twisted.web.http import datetimeToString
 
 from trapsandbox import limits
 from trapsandbox.admission.strangers import Strangers
-from trapsandbox.fast.fasthttp import ABORT_AFTER, response
+from trapsandbox.compat.rawhttp import response
 from trapsandbox.web.operator import TOO_MANY_WAITING
 
 
@@ -37,7 +37,7 @@ class _TooMany(protocol.Protocol):
         )
         self.transport.loseConnection()
         # A client that does not read its answer is not waited for.
-        self._abort = self._clock.callLater(ABORT_AFTER, self.transport.abortConnection)
+        self._abort = self._clock.callLater(limits.HTTP_ABORT_AFTER, self.transport.abortConnection)
 
     def connectionLost(self, reason: Any) -> None:
         if self._abort is not None and self._abort.active():

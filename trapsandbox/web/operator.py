@@ -17,21 +17,21 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.admission import auth
 from trapsandbox.computers import senders, wire
 from trapsandbox.computers.registry import Registry, describe_session, listing_key
 from trapsandbox.computers.screen import ScreenState
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.limits import MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.snapshots.service import Snapshots
 from trapsandbox.web import snapshotcalls
+from trapsandbox.web.listings import Listing, Listings
 from trapsandbox.web.snapshotcalls import SnapshotCalls
 from trapsandbox.web.validation import (
-    BadRequest,
     json_object,
     number,
     optional_object,
@@ -40,27 +40,6 @@ from trapsandbox.web.validation import (
 
 if TYPE_CHECKING:
     from trapsandbox.cluster.member import Cluster
-
-# The HTTP status for each way a request to a computer can fail.
-STATUS_OF_ERROR = {
-    wire.BAD_REQUEST: 400,
-    wire.FORBIDDEN: 403,
-    wire.NOT_CONNECTED: 404,
-    # No such snapshot of this computer for this account (``snapshots.model.NOT_FOUND``).
-    "not_found": 404,
-    # The admin named a traposId that several accounts hold (SPEC §12).
-    auth.AMBIGUOUS: 409,
-    wire.TOO_LARGE: 413,
-    # The player stopped the agent on the computer: only they can resume it.
-    wire.STOPPED: 409,
-    wire.FS_ERROR: 422,
-    wire.PERIPHERAL_ERROR: 422,
-    # The computer runs a client that does not know the request (an older version).
-    wire.UNKNOWN_TYPE: 501,
-    wire.OVERLOADED: 503,
-    wire.UNAVAILABLE: 503,
-    wire.TIMEOUT: 504,
-}
 
 Headers = tuple[tuple[bytes, bytes], ...]
 
@@ -80,31 +59,33 @@ class Answer:
         except orjson.JSONEncodeError as error:
             # orjson reads deeper nesting (1024) than it writes (254).
             failed = error_answer(
-                502, wire.INTERNAL, f"the computer's answer cannot be relayed: {error}"
+                502, errors.INTERNAL, f"the computer's answer cannot be relayed: {error}"
             )
             return failed.status, orjson.dumps(failed.body), ()
 
 
 def error_answer(status: int, code: str, message: str, headers: Headers = ()) -> Answer:
-    return Answer(status, {"ok": False, "error": {"code": code, "message": message}}, headers)
+    return Answer(status, errors.body(code, message), headers)
 
 
 def refused(refusal: auth.Refusal) -> Answer:
     """The answer to a client that is not an operator."""
     if refusal.reason in (auth.NOT_LOOPBACK, auth.BROWSER):
-        return error_answer(403, "forbidden", refusal.message)
+        return error_answer(403, errors.FORBIDDEN, refusal.message)
     if refusal.reason == auth.THROTTLED:
         wait = b"%d" % math.ceil(refusal.wait)
-        return error_answer(429, "too_many_requests", refusal.message, ((b"retry-after", wait),))
+        return error_answer(
+            429, errors.TOO_MANY_REQUESTS, refusal.message, ((b"retry-after", wait),)
+        )
     challenge = ((b"www-authenticate", b'Bearer realm="trapsandbox"'),)
-    return error_answer(401, "unauthorized", refusal.message, challenge)
+    return error_answer(401, errors.UNAUTHORIZED, refusal.message, challenge)
 
 
 INTERNAL = error_answer(500, "internal", "the gateway failed to handle this request")
 UNSUPPORTED_MEDIA_TYPE = error_answer(
     415, "unsupported_media_type", "an operator POST takes Content-Type: application/json"
 )
-NO_SUCH_COMPUTER = error_answer(404, "not_found", "no such computer")
+NO_SUCH_COMPUTER = error_answer(404, errors.NOT_FOUND, "no such computer")
 REQUEST_TIMEOUT = error_answer(
     408,
     "request_timeout",
@@ -133,14 +114,14 @@ _REQUEST = '{"type", "payload"?, "timeoutMs"?}'
 
 
 def parse_request(obj: dict[str, Any]) -> tuple[str, dict[str, Any], float | None]:
-    """``(type, payload, timeout in seconds or None)``; raises ``BadRequest``."""
+    """``(type, payload, timeout in seconds or None)``; raises ``bad_request``."""
     kind = short_string(obj, "type", limits.MAX_TYPE_LENGTH)
     payload = optional_object(obj, "payload")
     timeout = number(obj, "timeoutMs", MAX_REQUEST_TIMEOUT_MS, unit="milliseconds")
     return kind, payload, None if timeout is None else timeout / 1000
 
 
-def rejected(error: BadRequest) -> Answer:
+def rejected(error: GatewayError) -> Answer:
     """The answer to a request the caller got wrong (its status and code are the error's)."""
     return error_answer(error.status, error.code, error.message)
 
@@ -157,19 +138,27 @@ def _answered(response: wire.ComputerResponse) -> Answer:
 def _failed(failure: Failure) -> Answer | Failure:
     if failure.check(GatewayError):
         error = failure.value
-        return error_answer(STATUS_OF_ERROR.get(error.code, 500), error.code, error.message)
+        return error_answer(error.status, error.code, error.message)
     return failure  # cancelled (the client went away), or a bug: the caller's
 
 
 def _frames_to(
-    on_frame: Callable[[dict[str, Any]], None],
-) -> Callable[[dict[str, Any]], None]:
+    on_frame: Callable[[dict[str, Any]], None], room: Callable[[], bool] | None
+) -> Callable[[dict[str, Any]], bool]:
+    """
+    A screen watch's compact frames to ``on_frame``, expanded (``ScreenState``)
+    only when ``room()`` says the watcher can take one: else False, and the
+    registry's ``ScreenGate`` keeps the frame (merged with the next) for later.
+    """
     state = ScreenState()
-    return lambda compact: on_frame(state.apply(compact))
 
+    def relay(compact: dict[str, Any]) -> bool:
+        if room is not None and not room():
+            return False
+        on_frame(state.apply(compact))
+        return True
 
-def _without_in_flight(entry: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in entry.items() if k != "inFlight"}
+    return relay
 
 
 def _renumbered(
@@ -230,6 +219,10 @@ class OperatorRequests:
         self._admission = admission
         self.snapshots = SnapshotCalls(registry, snapshots)
         self._cluster = cluster
+        sources = [registry.watch]
+        if cluster is not None:
+            sources.append(cluster.watch_computers)
+        self.listings = Listings(self._visible, sources, registry.clock)
 
     @property
     def loopback_admin(self) -> bool:
@@ -244,37 +237,28 @@ class OperatorRequests:
 
     def listing(self, operator: auth.Operator, asked: str | None = None) -> list[dict[str, Any]]:
         """The computers ``operator`` sees (``GET /computers``' entries, this process's)."""
-        sessions = self._registry.of_account(operator.scope(asked))
+        return self._listing(operator.scope(asked))
+
+    def _listing(self, scope: str | None) -> list[dict[str, Any]]:
+        sessions = self._registry.of_account(scope)
         return [describe_session(s) for s in sorted(sessions, key=lambda s: s.key)]
 
     def watch_computers(
         self,
         operator: auth.Operator,
         asked: str | None,
-        on_listing: Callable[[dict[str, Any]], None],
+        on_listing: Callable[[Listing], None],
     ) -> Deferred:
         """
         ``visible``'s listing to ``on_listing`` now and after each change
         ``operator`` can see (a computer connecting, leaving, changing what it
         allows; on another process: seen when the cluster is listed again,
-        ``Presence.watch``); a Deferred that never fires: cancelling it stops
-        the watch.
+        ``Presence.watch``), shared with every watcher of the same scope and
+        debounced (``Listings``); a Deferred that never fires: cancelling it
+        stops the watch.
         """
-        last: list[Any] = [None]
-
-        def send() -> None:
-            body = self.visible(operator, asked)
-            shown = {**body, "computers": [_without_in_flight(c) for c in body["computers"]]}
-            if shown != last[0]:  # another account's change is not this watcher's
-                last[0] = shown
-                on_listing(body)
-
-        stops = [self._registry.watch(send)]
-        if self._cluster is not None:
-            stops.append(self._cluster.watch_computers(send))
-        d = Deferred(lambda _: [stop() for stop in stops])
-        send()
-        return d
+        stop = self.listings.watch(operator.scope(asked), on_listing)
+        return Deferred(lambda _: stop())
 
     def visible(self, operator: auth.Operator, asked: str | None) -> dict[str, Any]:
         """
@@ -283,14 +267,17 @@ class OperatorRequests:
         as last listed (``Cluster.elsewhere``; ``unreachableGateways`` names
         those that did not answer, whose computers are as they last were).
         """
-        local = self.listing(operator, asked)
+        return self._visible(operator.scope(asked))
+
+    def _visible(self, scope: str | None) -> dict[str, Any]:
+        local = self._listing(scope)
         if self._cluster is None:
             return {"computers": local}
         here = {listing_key(c) for c in local}
         elsewhere = self._cluster.elsewhere
         computers = [{**c, "gateway": self._cluster.instance_id} for c in local] + [
             c
-            for c in in_scope(elsewhere["computers"], operator.scope(asked))
+            for c in in_scope(elsewhere["computers"], scope)
             # (Just moved here: listed here, not as it was there.)
             if listing_key(c) not in here
         ]
@@ -319,17 +306,17 @@ class OperatorRequests:
         def tell(entry: dict[str, Any]) -> None:
             on_entry({"activity": entry})
 
-        if self._cluster is None:
-            stop = self._registry.watch_activity(account_id, trapos_id, tell)
-            return Deferred(lambda _: stop())
-        if self._registry.find(trapos_id, account_id) is not None:
+        if self._cluster is not None and self._registry.find(trapos_id, account_id) is not None:
             d = self._registry.follow_activity(account_id, trapos_id, tell)
-        else:
+            return d.addCallbacks(lambda _: Answer(200, {"ok": True}), _failed)
+        try:
             stop = self._registry.watch_activity(account_id, trapos_id, tell)
-            d = self._cluster.watch_activity(
-                account_id, trapos_id, _renumbered(self._registry, tell)
-            )
-            d.addBoth(_after, stop)
+        except GatewayError as error:  # the account's bound
+            return succeed(_failed(Failure(error)))
+        if self._cluster is None:
+            return Deferred(lambda _: stop())
+        d = self._cluster.watch_activity(account_id, trapos_id, _renumbered(self._registry, tell))
+        d.addBoth(_after, stop)
         return d.addCallbacks(lambda _: Answer(200, {"ok": True}), _failed)
 
     def operator(
@@ -378,9 +365,7 @@ class OperatorRequests:
         try:
             return operator.account_of(self._registry, trapos_id, asked)
         except GatewayError as failure:
-            return error_answer(
-                STATUS_OF_ERROR.get(failure.code, 500), failure.code, failure.message
-            )
+            return error_answer(errors.STATUS.get(failure.code, 500), failure.code, failure.message)
 
     def http(
         self,
@@ -388,7 +373,7 @@ class OperatorRequests:
         authorization: bytes | None,
         trapos_id: str,
         asked: str | None,
-        body: bytes | BadRequest,
+        body: bytes | GatewayError,
         admitted: auth.Operator | None = None,
     ) -> Answer | Deferred:
         """
@@ -404,11 +389,11 @@ class OperatorRequests:
         account_id = self.account(operator, trapos_id, asked)
         if type(account_id) is Answer:
             return account_id
-        if isinstance(body, BadRequest):
+        if isinstance(body, GatewayError):
             return rejected(body)  # not raised again: it would keep this frame too
         try:
             obj = json_object(body, _REQUEST)
-        except BadRequest as error:
+        except GatewayError as error:
             return rejected(error)
         return senders.sent_by(senders.of_operator(operator), self.send, trapos_id, account_id, obj)
 
@@ -418,12 +403,14 @@ class OperatorRequests:
         account_id: str,
         obj: dict[str, Any],
         on_partial: Callable[[dict[str, Any]], None] | None = None,
+        room: Callable[[], bool] | None = None,
     ) -> Answer | Deferred:
         """
         ``obj`` (``{type, payload?, timeoutMs?}``) to the computer of the
         account ``account`` resolved; the answer, or a Deferred of it, as ``http``.
         ``on_partial`` hears a ``screen_watch``'s frames (``ScreenState``'s
-        shape) before it; no other type's partials are relayed.  A
+        shape) before it, expanded only when ``room()`` (None: always) says
+        there is room for one; no other type's partials are relayed.  A
         ``screen_watch`` runs up to ``SCREEN_WATCH_TIMEOUT`` unless ``timeoutMs`` says.
         The snapshot types (``snapshotcalls.TYPES``) are the gateway's own, not
         sent as they are: ``{ok, payload}`` holds what their HTTP route answers
@@ -434,14 +421,14 @@ class OperatorRequests:
             if kind in snapshotcalls.TYPES:
                 d = self.snapshots.request(kind, account_id, trapos_id, payload)
                 return d.addCallbacks(_snapshot_answer, _failed)
-        except BadRequest as error:
+        except GatewayError as error:
             return rejected(error)
         relay = None
         if kind == "screen_watch":
             if timeout is None:
                 timeout = limits.SCREEN_WATCH_TIMEOUT
             if on_partial is not None:
-                relay = _frames_to(on_partial)
+                relay = _frames_to(on_partial, room)
         d = self._registry.request(
             trapos_id, kind, payload, timeout, account_id=account_id, on_partial=relay
         )

@@ -35,13 +35,18 @@ relayed as it comes, before the final answer, as a message of its own
                                                           rows: {"<y>": {line, text, background}},
                                                           palette?}}
 
-(full-width rows, ``trapsandbox.computers.screen``); it runs until the
-computer ends it or this connection closes (``timeoutMs`` bounds it, by
+(full-width rows, ``trapsandbox.computers.screen``), at most ``maxFps`` a
+second whatever the computer sends, and none expanded while this connection
+has no room for it (``ScreenGate``: merged until it has); it runs until the
+computer ends it, a frame claims a screen too large to relay (413
+``too_large``) or this connection closes (``timeoutMs`` bounds it, by
 default ``SCREEN_WATCH_TIMEOUT``).  ``{"id", "type": "watch_computers",
 "account"?}`` (no ``traposId``) is the gateway's own: a partial ``{"computers":
 [...]}`` (``GET /computers``' entries this operator sees; in cluster mode every
 process's, ``OperatorRequests.visible``) at once and after each connect,
-disconnect or change of capabilities, until the connection closes.  So is
+disconnect or change of capabilities (a burst of them listed once,
+``web.listings``), until the connection closes; one per connection (another
+is answered 429 ``too_many_watches``).  So is
 ``{"id", "type": "watch_activity", "traposId", "account"?}``: a partial
 ``{"activity": {n, type, detail, by, account?, state, durationMs?}}`` as each
 request to that computer (anyone's: an operator's, the agent's, its player's
@@ -90,17 +95,18 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.admission import auth, proxies
+from trapsandbox.compat import fixes
 from trapsandbox.computers import senders, wire
 from trapsandbox.computers.outbound import Outbound
 from trapsandbox.computers.protocol import server_options
 from trapsandbox.computers.sending import Sending
-from trapsandbox.computers.wire import GatewayError
-from trapsandbox.fast import fixes
+from trapsandbox.errors import GatewayError
 from trapsandbox.ops.metrics import Metrics
+from trapsandbox.web.listings import Listing
 from trapsandbox.web.operator import INTERNAL, Answer, OperatorRequests, error_answer, rejected
-from trapsandbox.web.validation import BadRequest, json_object, short_string
+from trapsandbox.web.validation import json_object, short_string
 
 log = Logger()
 
@@ -108,7 +114,7 @@ _SHAPE = '{"id", "traposId", "type", "payload"?, "timeoutMs"?, "account"?}'
 # Handled here, not sent to a computer: the visible computers, and one computer's requests, live.
 WATCH_COMPUTERS = "watch_computers"
 WATCH_ACTIVITY = "watch_activity"
-CANCELLED = error_answer(503, wire.UNAVAILABLE, "the request was cancelled")
+CANCELLED = error_answer(503, errors.UNAVAILABLE, "the request was cancelled")
 
 
 def _id_of(obj: dict[str, Any]) -> str | int:
@@ -117,21 +123,23 @@ def _id_of(obj: dict[str, Any]) -> str | int:
     # Not bool (an int in Python) and not float; orjson reads integers past 64 bits as floats.
     if kind is int or (kind is str and 0 < len(message_id) <= limits.MAX_ID_LENGTH):
         return message_id
-    raise BadRequest(f"id must be a string of 1 to {limits.MAX_ID_LENGTH} characters or an integer")
+    raise errors.bad_request(
+        f"id must be a string of 1 to {limits.MAX_ID_LENGTH} characters or an integer"
+    )
 
 
 def read_message(payload: bytes) -> tuple[str | int, dict[str, Any]]:
-    """``(id, the message)``; raises ``BadRequest`` (answered with no id)."""
+    """``(id, the message)``; raises ``bad_request`` (answered with no id)."""
     obj = json_object(payload, _SHAPE, "the message")
     return _id_of(obj), obj
 
 
 def target(obj: dict[str, Any]) -> tuple[str, str | None]:
-    """``(traposId, account or None)``; raises ``BadRequest`` (answered with the id)."""
+    """``(traposId, account or None)``; raises ``bad_request`` (answered with the id)."""
     trapos_id = short_string(obj, "traposId", limits.MAX_ID_LENGTH)
     account = obj.get("account")
     if account is not None and type(account) is not str:
-        raise BadRequest("account must be a string")
+        raise errors.bad_request("account must be a string")
     return trapos_id, account
 
 
@@ -157,7 +165,7 @@ def token_message(obj: dict[str, Any]) -> bytes | None:
         return None
     token = obj["token"]
     if type(token) is not str:
-        raise BadRequest("token must be a string")
+        raise errors.bad_request("token must be a string")
     return b"Bearer " + token.encode("utf-8", "replace") if token else b""
 
 
@@ -175,6 +183,8 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         self.peer_address = "?"
         self.outbound: Outbound | None = None
         self.in_flight: dict[str | int, Deferred] = {}
+        # The id of this socket's ``watch_computers`` (one per socket), while it runs.
+        self.watching: str | int | None = None
         # An answer found no room while the transport was paused (``Outbound``).
         self.dropped = False
         # A console page's upgrade: its first message may be {"token"} (``_authenticate``).
@@ -252,7 +262,9 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         message_id = None
         try:
             if isBinary:
-                raise BadRequest("binary frames are not read: send each request as JSON text")
+                raise errors.bad_request(
+                    "binary frames are not read: send each request as JSON text"
+                )
             if self.token_first:
                 self.token_first = False
                 if self._authenticate(payload):
@@ -268,7 +280,7 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
                 return
             trapos_id, account = target(obj)
             self._start(message_id, trapos_id, account, obj)
-        except BadRequest as error:
+        except GatewayError as error:
             self._answer(message_id, rejected(error))
         except Exception:
             log.failure("unexpected error handling a message from {peer}", peer=self.peer_address)
@@ -304,7 +316,7 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         """
         try:
             authorization = token_message(json_object(payload, '{"token"}', "the message"))
-        except BadRequest:
+        except GatewayError:
             authorization = None
         if authorization is None:
             if self.operator is None:
@@ -356,16 +368,16 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
     # Requests
 
     def _room(self, message_id: str | int) -> bool:
-        """Whether ``message_id`` may start (else it was answered, or raises ``BadRequest``)."""
+        """Whether ``message_id`` may start (else it was answered, or raises ``bad_request``)."""
         factory = self.factory
         if message_id in self.in_flight:
-            raise BadRequest(f"id {message_id!r} is already in flight on this connection")
+            raise errors.bad_request(f"id {message_id!r} is already in flight on this connection")
         if len(self.in_flight) >= factory.max_in_flight:
             self._answer(
                 message_id,
                 error_answer(
                     503,
-                    wire.OVERLOADED,
+                    errors.OVERLOADED,
                     f"at most {factory.max_in_flight} requests in flight on one connection",
                 ),
             )
@@ -376,12 +388,24 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         """The computers this operator sees, as partials, until the socket closes."""
         account = obj.get("account")
         if account is not None and type(account) is not str:
-            raise BadRequest("account must be a string")
+            raise errors.bad_request("account must be a string")
         if not self._room(message_id):
             return
+        if self.watching in self.in_flight:
+            self._answer(
+                message_id,
+                error_answer(
+                    429,
+                    errors.TOO_MANY_WATCHES,
+                    f"this socket already watches the computers (id {self.watching!r}): "
+                    "one watch_computers per socket",
+                ),
+            )
+            return
         self.in_flight[message_id] = Deferred()  # a placeholder while the first listing goes
+        self.watching = message_id
         watch = self.factory.requests.watch_computers(
-            self.operator, account, lambda listing: self._partial(message_id, listing)
+            self.operator, account, lambda listing: self._listing(message_id, listing)
         )
         self.in_flight[message_id] = watch
         watch.addErrback(self._failed, message_id)
@@ -395,8 +419,13 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         if type(account_id) is Answer:
             self._answer(message_id, account_id)
             return
-        watch = self.factory.requests.watch_activity(
-            account_id, trapos_id, lambda entry: self._partial(message_id, entry)
+        # Sent by this operator: an account's token is counted against its bound of watches.
+        watch = senders.sent_by(
+            senders.of_operator(self.operator),
+            self.factory.requests.watch_activity,
+            account_id,
+            trapos_id,
+            lambda entry: self._partial(message_id, entry),
         )
         self.in_flight[message_id] = watch
         # (Cluster mode: it may end, with the answer saying why.)
@@ -408,7 +437,7 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
             return
         if self.outbound.paused and self.dropped:
             # Not reading its answers (some already had no room): start no more work for it.
-            self._answer(message_id, error_answer(503, wire.OVERLOADED, "answers are not read"))
+            self._answer(message_id, error_answer(503, errors.OVERLOADED, "answers are not read"))
             return
         self.dropped = False
         requests = factory.requests
@@ -423,6 +452,7 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
             account_id,
             obj,
             lambda frame: self._partial(message_id, frame),
+            self._room_for_frames,
         )
         if type(result) is Answer:
             self._answer(message_id, result)
@@ -452,6 +482,28 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         except GatewayError:
             self.dropped = True
             log.debug("a frame to {peer} dropped: it is not reading", peer=self.peer_address)
+
+    def _listing(self, message_id: str | int, listing: Listing) -> None:
+        """A ``watch_computers`` partial: the listing's JSON, shared by its watchers, spliced in."""
+        if self.state != WebSocketProtocol.STATE_OPEN or message_id not in self.in_flight:
+            return
+        message = b'{"id":%b,"status":200,"partial":true,"payload":%b}' % (
+            orjson.dumps(message_id),
+            listing.encoded,
+        )
+        try:
+            self.outbound.send(message)
+        except GatewayError:
+            self.dropped = True
+            log.debug("a listing to {peer} dropped: it is not reading", peer=self.peer_address)
+
+    def _room_for_frames(self) -> bool:
+        """Whether a screen frame would be sent now (not queued behind a full transport)."""
+        return (
+            self.state == WebSocketProtocol.STATE_OPEN
+            and self.outbound is not None
+            and not self.outbound.paused
+        )
 
     def _answer(self, message_id: str | int | None, answer: Answer) -> None:
         self.factory.metrics.operator_socket_request(answer.status)

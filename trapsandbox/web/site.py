@@ -31,8 +31,8 @@ from twisted.web.resource import IResource
 from twisted.web.server import Request, Site
 
 from trapsandbox import limits
-from trapsandbox.fast import fixes
-from trapsandbox.fast.fasthttp import ABORT_AFTER, response
+from trapsandbox.compat import fixes
+from trapsandbox.compat.rawhttp import response
 from trapsandbox.limits import MAX_BODY_BYTES
 from trapsandbox.web.operator import REQUEST_TIMEOUT, Answer
 
@@ -126,7 +126,7 @@ class GatewayChannel(fixes.BoundedContentLength):
         self.loseConnection()
         # A client that does not read its answer is not waited for (as fasthttp).
         self.setTimeout(None)
-        self._abort = self.callLater(ABORT_AFTER, self.transport.abortConnection)
+        self._abort = self.callLater(limits.HTTP_ABORT_AFTER, self.transport.abortConnection)
 
     def _too_slow(self) -> None:
         self._deadline = None

@@ -12,7 +12,7 @@ The one home of what they answer, so that every surface answers alike::
 
 Each fires with the answer's fields (``{snapshots}``; ``{id, files, bytes, fetched}``;
 ``{snapshot, added, modified, deleted, diffs}``; ``{restored, before, deleted, written}``)
-or fails with a ``GatewayError`` whose code is the status (``operator.STATUS_OF_ERROR``).
+or fails with a ``GatewayError`` whose code is the status (``errors.STATUS``).
 The account is already resolved (``auth.Operator.account_of``): the store and the registry
 answer another account's computer or snapshot exactly like a missing one (§12).
 """
@@ -23,14 +23,14 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.admission import auth
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.snapshots.service import Snapshots
 from trapsandbox.snapshots.store import not_found
-from trapsandbox.web.validation import BadRequest, short_string
+from trapsandbox.web.validation import short_string
 
 LIST, TAKE, CHANGES, RESTORE = "snapshots", "snapshot_take", "snapshot_changes", "snapshot_restore"
 TYPES = frozenset({LIST, TAKE, CHANGES, RESTORE})
@@ -50,7 +50,7 @@ class SnapshotCalls:
         refuses as a name): answered as a missing computer, or snapshot, is.
         """
         if self._snapshots is None:
-            raise GatewayError(wire.UNAVAILABLE, "snapshots are not set up")
+            raise GatewayError(errors.UNAVAILABLE, "snapshots are not set up")
         if account == auth.NOBODY:
             if snapshot_id is not None:
                 raise not_found(snapshot_id)
@@ -103,7 +103,7 @@ class SnapshotCalls:
         self, kind: str, account: str, trapos_id: str, payload: dict[str, Any]
     ) -> Deferred[dict[str, Any]]:
         """
-        One of ``TYPES`` as a request ``{type, payload}``; raises ``BadRequest`` when the
+        One of ``TYPES`` as a request ``{type, payload}``; raises ``bad_request`` when the
         payload does not name a snapshot where one is needed.
         """
         if kind == LIST:
@@ -115,15 +115,15 @@ class SnapshotCalls:
             return self.changes(account, trapos_id, snapshot_id)
         if kind == RESTORE:
             return self.restore(account, trapos_id, snapshot_id)
-        raise BadRequest(f"{wire.cut(kind)} is not a snapshot request")
+        raise errors.bad_request(f"{wire.cut(kind)} is not a snapshot request")
 
 
 def snapshot_of(payload: dict[str, Any]) -> str:
-    """The snapshot a payload names (``{"snapshot": "3"}``); ``BadRequest`` without one."""
+    """The snapshot a payload names (``{"snapshot": "3"}``); ``bad_request`` without one."""
     try:
         return short_string(payload, "snapshot", limits.MAX_ID_LENGTH)
-    except BadRequest:
-        raise BadRequest(
+    except GatewayError:
+        raise errors.bad_request(
             f"payload.snapshot must be a snapshot id, a string of 1 to {limits.MAX_ID_LENGTH} "
             'characters (as "snapshots" lists them)'
         ) from None

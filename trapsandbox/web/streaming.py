@@ -12,7 +12,7 @@ import orjson
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.mcp.stream import open_event_stream
 from trapsandbox.web.answers import sandbox_failed
 

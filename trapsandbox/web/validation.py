@@ -2,7 +2,7 @@
 What an operator's request may hold: the one validator of request bodies
 and their fields, and the one error for a request the caller got wrong.
 
-``BadRequest`` is that error, on every operator surface (``POST
+``bad_request`` is that error, on every operator surface (``POST
 /computers/{id}/requests``, the §9 sandbox routes, the ``/operator``
 socket's messages): it carries the HTTP status and the error code its
 answer has, and its message says what was wrong.  Each surface writes it in
@@ -12,7 +12,7 @@ the code are decided here, once.
 
 The field checks take the decoded JSON object and a field's name, return
 the field's value (or the default for an absent optional field), and raise
-``BadRequest`` naming the field and what it must be.
+``bad_request`` naming the field and what it must be.
 """
 
 from __future__ import annotations
@@ -26,26 +26,15 @@ from typing import Any
 import orjson
 from twisted.web.iweb import IRequest
 
+from trapsandbox import errors
 from trapsandbox.computers import wire
+from trapsandbox.errors import GatewayError
 from trapsandbox.limits import MAX_BODY_BYTES
 
 
-class BadRequest(ValueError):
-    """The caller sent something wrong: answered ``status`` and ``code``; the message says why."""
-
-    def __init__(self, message: str, status: int = 400, code: str = wire.BAD_REQUEST) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-
-    @property
-    def message(self) -> str:
-        return str(self)
-
-
-def too_large() -> BadRequest:
+def too_large() -> GatewayError:
     # A new one each time: a raised exception keeps the frames it went through.
-    return BadRequest(f"the body is over {MAX_BODY_BYTES} bytes", 413, wire.TOO_LARGE)
+    return GatewayError(errors.TOO_LARGE, f"the body is over {MAX_BODY_BYTES} bytes")
 
 
 def read_body(request: IRequest) -> bytes:
@@ -66,15 +55,15 @@ def read_body(request: IRequest) -> bytes:
 
 def json_object(body: bytes, shape: str, what: str = "the body") -> dict[str, Any]:
     """
-    The JSON object ``body`` holds; else ``BadRequest`` naming ``shape`` (its
+    The JSON object ``body`` holds; else ``bad_request`` naming ``shape`` (its
     fields) and calling it ``what``.
     """
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError as error:
-        raise BadRequest(f"{what} is not JSON: {error}") from None
+        raise errors.bad_request(f"{what} is not JSON: {error}") from None
     if type(obj) is not dict:
-        raise BadRequest(f"{what} must be a JSON object: {shape}")
+        raise errors.bad_request(f"{what} must be a JSON object: {shape}")
     return obj
 
 
@@ -84,7 +73,7 @@ def string(obj: dict[str, Any], name: str, required: bool = True) -> str | None:
     if value is None and not required:
         return None
     if type(value) is not str or (required and not value):
-        raise BadRequest(f"{name} must be a non-empty string")
+        raise errors.bad_request(f"{name} must be a non-empty string")
     return value
 
 
@@ -92,7 +81,7 @@ def short_string(obj: dict[str, Any], name: str, most: int) -> str:
     """A string of 1 to ``most`` characters (a request's type, a traposId)."""
     value = obj.get(name)
     if type(value) is not str or not 0 < len(value) <= most:
-        raise BadRequest(f"{name} must be a string of 1 to {most} characters")
+        raise errors.bad_request(f"{name} must be a string of 1 to {most} characters")
     return value
 
 
@@ -108,8 +97,8 @@ def number(
     if type(value) not in kinds or not math.isfinite(value) or not 0 < value <= high:
         kind = "whole number" if integer else "number"
         if unit is not None:
-            raise BadRequest(f"{name} must be a {kind} of {unit}, 1 to {high}")
-        raise BadRequest(f"{name} must be a {kind} from 1 to {high}")
+            raise errors.bad_request(f"{name} must be a {kind} of {unit}, 1 to {high}")
+        raise errors.bad_request(f"{name} must be a {kind} from 1 to {high}")
     return value
 
 
@@ -117,7 +106,7 @@ def offset(obj: dict[str, Any], name: str) -> int:
     """A whole number of bytes, 0 or more; 0 if absent."""
     value = obj.get(name, 0)
     if type(value) is not int or value < 0:
-        raise BadRequest(f"{name} must be a whole number of bytes, 0 or more")
+        raise errors.bad_request(f"{name} must be a whole number of bytes, 0 or more")
     return value
 
 
@@ -127,7 +116,7 @@ def strings(obj: dict[str, Any], name: str) -> list[str]:
         value = obj.get(name)
         return [] if value is None else wire.string_list(value)
     except TypeError:
-        raise BadRequest(f"{name} must be a list of strings") from None
+        raise errors.bad_request(f"{name} must be a list of strings") from None
 
 
 def values(obj: dict[str, Any], name: str) -> list[Any]:
@@ -136,7 +125,7 @@ def values(obj: dict[str, Any], name: str) -> list[Any]:
     if value is None:
         return []
     if type(value) is not list:
-        raise BadRequest(f"{name} must be a list")
+        raise errors.bad_request(f"{name} must be a list")
     return value
 
 
@@ -158,7 +147,7 @@ def query_number(request: IRequest, name: bytes, low: int, high: int) -> int | N
     except ValueError:
         value = None
     if value is None or not low <= value <= high:
-        raise BadRequest(f"{name.decode()} must be a whole number from {low} to {high}")
+        raise errors.bad_request(f"{name.decode()} must be a whole number from {low} to {high}")
     return value
 
 
@@ -166,9 +155,9 @@ def objects(obj: dict[str, Any], name: str, most: int) -> list[dict[str, Any]]:
     """A list of at most ``most`` JSON objects (what each holds is the computer's to check)."""
     value = obj.get(name)
     if type(value) is not list or not all(type(item) is dict for item in value):
-        raise BadRequest(f"{name} must be a list of objects")
+        raise errors.bad_request(f"{name} must be a list of objects")
     if len(value) > most:
-        raise BadRequest(f"{len(value)} {name}, at most {most} in one request")
+        raise errors.bad_request(f"{len(value)} {name}, at most {most} in one request")
     return value
 
 
@@ -178,14 +167,14 @@ def optional_object(obj: dict[str, Any], name: str) -> dict[str, Any]:
     if value is None:
         return {}
     if type(value) is not dict:
-        raise BadRequest(f"{name} must be a JSON object")
+        raise errors.bad_request(f"{name} must be a JSON object")
     return value
 
 
 def base64_encoding(obj: dict[str, Any]) -> None:
     """File content travels as base64: ``encoding``, if given, must say so."""
     if obj.get("encoding", "base64") != "base64":
-        raise BadRequest('encoding must be "base64"')
+        raise errors.bad_request('encoding must be "base64"')
 
 
 def base64_bytes(obj: dict[str, Any], name: str) -> bytes:
@@ -196,4 +185,4 @@ def base64_bytes(obj: dict[str, Any], name: str) -> bytes:
             raise ValueError
         return base64.b64decode(value, validate=True)
     except (ValueError, binascii.Error):
-        raise BadRequest(f"{name} must be the file's bytes in base64") from None
+        raise errors.bad_request(f"{name} must be the file's bytes in base64") from None

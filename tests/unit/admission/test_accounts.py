@@ -15,12 +15,10 @@ from twisted.trial.unittest import SynchronousTestCase
 from tests.harness.apps import gateway_app
 from tests.harness.fakes import SandboxComputer
 from tests.harness.support import JSON
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.admission import accounts, auth
-from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry
-from trapsandbox.computers.wire import GatewayError
-from trapsandbox.errors import ConfigError
+from trapsandbox.errors import ConfigError, GatewayError
 from trapsandbox.limits import LOCAL_ACCOUNT
 
 THERE = IPv4Address("TCP", "203.0.113.9", 5000)
@@ -262,7 +260,7 @@ class ScopeTests(SynchronousTestCase):
         self.assertEqual(self.account_of(alice, "2:", "bob"), auth.NOBODY)
         self.assertEqual(self.account_of(alice, "1:", "bob"), auth.NOBODY)
         d = self.registry.request("2:", "ping", account_id=self.account_of(alice, "2:"))
-        self.assertEqual(self.failureResultOf(d, GatewayError).value.code, wire.NOT_CONNECTED)
+        self.assertEqual(self.failureResultOf(d, GatewayError).value.code, errors.NOT_CONNECTED)
 
     def test_the_admin(self):
         self.assertEqual(self.account_of(auth.ADMIN, "2:"), "bob")
@@ -270,7 +268,7 @@ class ScopeTests(SynchronousTestCase):
         self.assertEqual(
             self.account_of(auth.ADMIN, "1:"),
             (
-                auth.AMBIGUOUS,
+                errors.AMBIGUOUS,
                 "1: is connected in 2 accounts: alice, bob; say which with ?account=NAME",
             ),
         )

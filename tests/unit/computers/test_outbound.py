@@ -3,9 +3,9 @@
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from trapsandbox.computers import wire
+from trapsandbox import errors
 from trapsandbox.computers.outbound import Outbound
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 
 
 class OutboundTests(SynchronousTestCase):
@@ -67,7 +67,7 @@ class OutboundTests(SynchronousTestCase):
         self.outbound.send(b"123456")
         with self.assertRaises(GatewayError) as caught:
             self.outbound.send(b"12345")
-        self.assertEqual(caught.exception.code, wire.OVERLOADED)
+        self.assertEqual(caught.exception.code, errors.OVERLOADED)
         self.assertEqual(self.outbound.queued_bytes, 6)
         self.outbound.send(b"1234")  # still fits
 

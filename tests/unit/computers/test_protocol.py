@@ -13,12 +13,12 @@ from twisted.trial.unittest import SynchronousTestCase
 from tests.harness.fakes import Computer
 from tests.harness.logcapture import LogCapture
 from tests.harness.support import response_frame
+from trapsandbox import errors
 from trapsandbox.admission.auth import Admission, host_of
-from trapsandbox.computers import wire
 from trapsandbox.computers.handlers import ComputerRequests
 from trapsandbox.computers.protocol import GatewayFactory
 from trapsandbox.computers.registry import Registry
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.limits import CONNECT_LINES_PER_SECOND
 
 
@@ -85,7 +85,7 @@ class HelloTests(GatewayTestCase):
     def test_wrong_secret(self):
         computer = self.connect()
         reply = computer.hello(secret="guess")
-        self.assertError(reply, wire.UNAUTHORIZED)
+        self.assertError(reply, errors.UNAUTHORIZED)
         self.assertNotIn("guess", reply["error"]["message"])
         self.assertEqual(computer.closes, [(4001, "unauthorized")])
         self.assertEqual(len(self.registry), 0)
@@ -93,7 +93,7 @@ class HelloTests(GatewayTestCase):
     def test_missing_secret(self):
         computer = self.connect()
         computer.request("hello", {"traposId": "7:"})
-        self.assertError(computer.last(), wire.UNAUTHORIZED)
+        self.assertError(computer.last(), errors.UNAUTHORIZED)
 
     def test_no_password_means_any_secret(self):
         self.factory.admission = Admission(self.clock, None)
@@ -104,7 +104,7 @@ class HelloTests(GatewayTestCase):
     def test_bad_hello_payload(self):
         computer = self.connect()
         computer.request("hello", {"traposId": "seven", "secret": "sesame"})
-        self.assertError(computer.last(), wire.BAD_REQUEST)
+        self.assertError(computer.last(), errors.BAD_REQUEST)
         self.assertIn("traposId", computer.last()["error"]["message"])
         self.assertEqual(computer.closes, [])
         # Still open for a good hello.
@@ -112,12 +112,12 @@ class HelloTests(GatewayTestCase):
 
     def test_second_hello(self):
         computer = self.ready()
-        self.assertError(computer.hello(), wire.BAD_REQUEST)
+        self.assertError(computer.hello(), errors.BAD_REQUEST)
 
     def test_requests_before_hello(self):
         computer = self.connect()
         computer.request("probe_gateway")
-        self.assertError(computer.last(), wire.NOT_AUTHENTICATED)
+        self.assertError(computer.last(), errors.NOT_AUTHENTICATED)
         self.assertEqual(computer.last()["messageId"], "1700000000000-1")
         self.assertEqual(computer.closes, [])
         self.assertEqual(self.probes, [])
@@ -185,13 +185,13 @@ class RequestTests(GatewayTestCase):
     def test_unknown_type(self):
         computer = self.ready()
         computer.request("launch_missiles")
-        self.assertError(computer.last(), wire.UNKNOWN_TYPE)
+        self.assertError(computer.last(), errors.UNKNOWN_TYPE)
         self.assertIn("launch_missiles", computer.last()["error"]["message"])
 
     def test_handler_error_is_internal(self):
         computer = self.ready()
         computer.request("explode")
-        self.assertError(computer.last(), wire.INTERNAL)
+        self.assertError(computer.last(), errors.INTERNAL)
         self.assertNotIn("ZeroDivision", computer.last()["error"]["message"])
         self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
 
@@ -199,25 +199,25 @@ class RequestTests(GatewayTestCase):
         self.factory.handlers["big"] = lambda session, frame: {"pad": "x" * 200_000}
         computer = self.ready()
         computer.request("big")
-        self.assertError(computer.last(), wire.TOO_LARGE)
+        self.assertError(computer.last(), errors.TOO_LARGE)
 
     def test_an_answer_that_cannot_be_encoded(self):
         self.factory.handlers["odd"] = lambda session, frame: {"n": 2**70}
         computer = self.ready()
         computer.request("odd")
-        self.assertError(computer.last(), wire.INTERNAL)
+        self.assertError(computer.last(), errors.INTERNAL)
         self.flushLoggedErrors()
 
     def test_handler_gateway_error(self):
         computer = self.ready()
         computer.request("probe_gateway")
-        self.probes[0].errback(GatewayError(wire.TIMEOUT, "slow"))
-        self.assertError(computer.last(), wire.TIMEOUT)
+        self.probes[0].errback(GatewayError(errors.TIMEOUT, "slow"))
+        self.assertError(computer.last(), errors.TIMEOUT)
 
     def test_bad_request(self):
         computer = self.ready()
         message_id = computer.request("probe_gateway", traposSenderId=5)
-        self.assertError(computer.last(), wire.BAD_REQUEST)
+        self.assertError(computer.last(), errors.BAD_REQUEST)
         self.assertEqual(computer.last()["messageId"], message_id)
         self.assertIn("traposSenderId", computer.last()["error"]["message"])
 
@@ -227,7 +227,7 @@ class RequestTests(GatewayTestCase):
             computer.request("probe_gateway")
         sent = len(computer.sent)
         computer.request("probe_gateway")
-        self.assertError(computer.last(), wire.OVERLOADED)
+        self.assertError(computer.last(), errors.OVERLOADED)
         self.assertEqual(len(computer.sent), sent + 1)
         self.probes[0].callback({"sandboxOk": True, "opencodeOk": True})
         computer.request("probe_gateway")
@@ -313,7 +313,7 @@ class GatewayRequestTests(GatewayTestCase):
         computer = self.ready()
         d = self.registry.request("7:", "ping")
         computer.respond(computer.last(), ok="yes")
-        self.assertEqual(self.failureResultOf(d, GatewayError).value.code, wire.BAD_REQUEST)
+        self.assertEqual(self.failureResultOf(d, GatewayError).value.code, errors.BAD_REQUEST)
 
     def test_answer_on_another_connection_is_ignored(self):
         seven = self.ready("7:")
@@ -326,7 +326,7 @@ class GatewayRequestTests(GatewayTestCase):
         computer = self.ready()
         d = self.registry.request("7:", "ping")
         computer.lost(1006)
-        self.assertEqual(self.failureResultOf(d, GatewayError).value.code, wire.NOT_CONNECTED)
+        self.assertEqual(self.failureResultOf(d, GatewayError).value.code, errors.NOT_CONNECTED)
         self.assertEqual(len(self.registry), 0)
 
 
@@ -385,7 +385,7 @@ class LimitTests(GatewayTestCase):
         failed = [d for d in results if d.called]
         self.assertEqual(len(failed), 20 - 17)  # 17 of 60 kB fit in 1 MiB
         for d in failed:
-            self.assertEqual(self.failureResultOf(d, GatewayError).value.code, wire.OVERLOADED)
+            self.assertEqual(self.failureResultOf(d, GatewayError).value.code, errors.OVERLOADED)
 
     def test_unauthenticated_connections_per_address_are_capped(self):
         self.factory.max_unauthenticated_per_address = 2
@@ -405,12 +405,12 @@ class LimitTests(GatewayTestCase):
 
     def test_repeated_wrong_secrets_block_the_address(self):
         for _ in range(5):
-            self.assertError(self.connect().hello(secret="guess"), wire.UNAUTHORIZED)
-        self.assertError(self.connect().hello(secret="guess"), wire.UNAUTHORIZED)
+            self.assertError(self.connect().hello(secret="guess"), errors.UNAUTHORIZED)
+        self.assertError(self.connect().hello(secret="guess"), errors.UNAUTHORIZED)
         # Now blocked: its wrong secrets are refused with "try again".
         blocked = self.connect()
         reply = blocked.hello(secret="guess")
-        self.assertError(reply, wire.OVERLOADED)
+        self.assertError(reply, errors.OVERLOADED)
         self.assertIn("try again in 2 s", reply["error"]["message"])
         self.assertEqual(blocked.closes, [(4003, "too many failed hellos")])
         self.assertEqual(len(self.registry), 0)
@@ -418,11 +418,11 @@ class LimitTests(GatewayTestCase):
         self.assertTrue(self.connect().hello()["ok"])
         # Other addresses are not slowed.
         self.assertError(
-            self.connect("8:", peer="tcp4:10.0.0.9:1").hello(secret="guess"), wire.UNAUTHORIZED
+            self.connect("8:", peer="tcp4:10.0.0.9:1").hello(secret="guess"), errors.UNAUTHORIZED
         )
         # After the block, a wrong secret is simply wrong again.
         self.clock.advance(2)
-        self.assertError(self.connect("9:").hello(secret="guess"), wire.UNAUTHORIZED)
+        self.assertError(self.connect("9:").hello(secret="guess"), errors.UNAUTHORIZED)
 
     def test_host_of(self):
         self.assertEqual(host_of(IPv4Address("TCP", "1.2.3.4", 5678)), "1.2.3.4")

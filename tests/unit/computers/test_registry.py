@@ -4,10 +4,10 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.fakes import FakeLink
-from trapsandbox import limits
-from trapsandbox.computers import wire
+from trapsandbox import errors, limits
+from trapsandbox.computers import senders, wire
 from trapsandbox.computers.registry import Registry, Session
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 
 
 def response(request, ok=True, payload=None, sender="7:"):
@@ -47,7 +47,7 @@ class RegistryTests(SynchronousTestCase):
         d = self.registry.request("7:", "x")
         session.resolve(
             wire.ComputerResponse(
-                "7:", link.sent[0]["messageId"], "x", False, error=wire.Error("unknown_type", "?")
+                "7:", link.sent[0]["messageId"], "x", False, error=errors.Error("unknown_type", "?")
             )
         )
         self.assertFalse(self.successResultOf(d).ok)
@@ -80,7 +80,7 @@ class RegistryTests(SynchronousTestCase):
         self.clock.advance(4.9)
         self.assertNoResult(d)
         self.clock.advance(0.2)
-        error = self.assertGatewayError(d, wire.TIMEOUT)
+        error = self.assertGatewayError(d, errors.TIMEOUT)
         self.assertIn("5 s", error.message)
         self.assertEqual(session.in_flight, 0)
         self.assertEqual(self.clock.getDelayedCalls(), [])
@@ -91,13 +91,13 @@ class RegistryTests(SynchronousTestCase):
         self.clock.advance(29)
         self.assertNoResult(d)
         self.clock.advance(1)
-        self.assertGatewayError(d, wire.TIMEOUT)
+        self.assertGatewayError(d, errors.TIMEOUT)
 
     def test_late_response_after_timeout_is_ignored(self):
         session, link = self.connect()
         d = self.registry.request("7:", "ping", timeout=1)
         self.clock.advance(1)
-        self.assertGatewayError(d, wire.TIMEOUT)
+        self.assertGatewayError(d, errors.TIMEOUT)
         self.assertFalse(session.resolve(response(link.sent[0])))
 
     def test_answer_cancels_the_timer(self):
@@ -107,25 +107,27 @@ class RegistryTests(SynchronousTestCase):
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def test_not_connected(self):
-        error = self.assertGatewayError(self.registry.request("9:", "ping"), wire.NOT_CONNECTED)
+        error = self.assertGatewayError(self.registry.request("9:", "ping"), errors.NOT_CONNECTED)
         self.assertIn("9:", error.message)
         # An operator's traposId comes from a URL: echoed cut (SPEC §4).
         long_id = "9:" + "x" * 5000
-        error = self.assertGatewayError(self.registry.request(long_id, "ping"), wire.NOT_CONNECTED)
+        error = self.assertGatewayError(
+            self.registry.request(long_id, "ping"), errors.NOT_CONNECTED
+        )
         self.assertLess(len(error.message), wire.ECHO_LIMIT + 30)
 
     def test_bad_timeout(self):
         self.connect()
         for timeout in (0, -1, float("nan")):
             self.assertGatewayError(
-                self.registry.request("7:", "ping", timeout=timeout), wire.BAD_REQUEST
+                self.registry.request("7:", "ping", timeout=timeout), errors.BAD_REQUEST
             )
 
     def test_removal_fails_pending_requests(self):
         session, _ = self.connect()
         d = self.registry.request("7:", "ping")
         self.registry.remove(session)
-        self.assertGatewayError(d, wire.NOT_CONNECTED)
+        self.assertGatewayError(d, errors.NOT_CONNECTED)
         self.assertEqual(len(self.registry), 0)
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
@@ -135,7 +137,7 @@ class RegistryTests(SynchronousTestCase):
         new, new_link = self.connect()
         self.assertIs(self.registry.find("7:"), new)
         self.assertEqual(old_link.closed, [(wire.CLOSE_REPLACED, "replaced")])
-        self.assertGatewayError(d, wire.NOT_CONNECTED)
+        self.assertGatewayError(d, errors.NOT_CONNECTED)
         # The old connection's close must not unregister the new one.
         self.registry.remove(old)
         self.assertIs(self.registry.find("7:"), new)
@@ -146,7 +148,7 @@ class RegistryTests(SynchronousTestCase):
         _, link_b = self.connect("7:", "b")
         self.assertEqual(len(self.registry), 2)
         self.assertEqual(link_b.closed, [])
-        self.assertGatewayError(self.registry.request("7:", "ping"), wire.NOT_CONNECTED)
+        self.assertGatewayError(self.registry.request("7:", "ping"), errors.NOT_CONNECTED)
         self.registry.request("7:", "ping", account_id="b")
         self.assertEqual(len(link_b.sent), 1)
 
@@ -154,7 +156,7 @@ class RegistryTests(SynchronousTestCase):
         session, link = self.connect()
         for _ in range(64):
             self.registry.request("7:", "ping")
-        self.assertGatewayError(self.registry.request("7:", "ping"), wire.OVERLOADED)
+        self.assertGatewayError(self.registry.request("7:", "ping"), errors.OVERLOADED)
         self.assertEqual(len(link.sent), 64)
         session.resolve(response(link.sent[0]))
         self.assertNoResult(self.registry.request("7:", "ping"))
@@ -162,7 +164,7 @@ class RegistryTests(SynchronousTestCase):
     def test_too_large(self):
         _, link = self.connect()
         d = self.registry.request("7:", "big", {"data": "x" * limits.MAX_OUTBOUND_BYTES})
-        self.assertGatewayError(d, wire.TOO_LARGE)
+        self.assertGatewayError(d, errors.TOO_LARGE)
         self.assertEqual(link.sent, [])
 
     def test_just_fits(self):
@@ -174,19 +176,19 @@ class RegistryTests(SynchronousTestCase):
 
     def test_unencodable_payload(self):
         self.connect()
-        self.assertGatewayError(self.registry.request("7:", "x", {"n": 2**70}), wire.BAD_REQUEST)
+        self.assertGatewayError(self.registry.request("7:", "x", {"n": 2**70}), errors.BAD_REQUEST)
 
     def test_send_on_a_closed_link(self):
         session, link = self.connect()
         link.open = False
-        self.assertGatewayError(self.registry.request("7:", "ping"), wire.NOT_CONNECTED)
+        self.assertGatewayError(self.registry.request("7:", "ping"), errors.NOT_CONNECTED)
         self.assertEqual(session.in_flight, 0)
 
     def test_reject_fails_one_request(self):
         session, link = self.connect()
         d1 = self.registry.request("7:", "a")
         d2 = self.registry.request("7:", "b")
-        error = wire.NOT_CONNECTED
+        error = errors.NOT_CONNECTED
         self.assertTrue(session.reject(link.sent[0]["messageId"], GatewayError(error, "x")))
         self.assertGatewayError(d1, error)
         self.assertNoResult(d2)
@@ -197,3 +199,126 @@ class RegistryTests(SynchronousTestCase):
         d.cancel()
         self.failureResultOf(d)
         self.assertEqual(session.in_flight, 0)
+
+
+def partial(request, payload, sender="7:"):
+    return wire.ComputerResponse(
+        sender, request["messageId"], request["type"], True, payload, partial=True
+    )
+
+
+def as_account(account, call, *args, **kwargs):
+    """``call`` as a request sent with ``account``'s token (``senders``)."""
+    return senders.sent_by({"by": "operator", "account": account}, call, *args, **kwargs)
+
+
+class WatchBoundTests(SynchronousTestCase):
+    """Issue 35: what one account's token can make the gateway watch is bounded."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.registry = Registry(self.clock, request_timeout=30, max_watches=3)
+
+    def connect(self, trapos_id="7:", account_id="alice", capabilities=("screen", "peripheral")):
+        link = FakeLink()
+        session = Session(
+            account_id, trapos_id, link, self.clock, capabilities=frozenset(capabilities)
+        )
+        self.registry.add(session)
+        return session, link
+
+    def test_screen_and_event_watches_are_bounded_per_account(self):
+        self.connect("1:")
+        self.connect("2:")
+        self.connect("1:", account_id="bob")
+        request = self.registry.request
+        held = [
+            as_account("alice", request, "1:", "screen_watch", account_id="alice"),
+            as_account("alice", request, "2:", "peripheral_events", account_id="alice"),
+            as_account("alice", request, "2:", "screen_watch", account_id="alice"),
+        ]
+        refused = as_account("alice", request, "1:", "screen_watch", account_id="alice")
+        error = self.failureResultOf(refused, GatewayError).value
+        self.assertEqual(error.code, errors.TOO_MANY_WATCHES)
+        self.assertEqual(
+            error.message,
+            "account alice already has 3 screen and event watches open here; end one first",
+        )
+        # Another account's are its own; other requests are not watches; the admin is not bound.
+        self.assertNoResult(as_account("bob", request, "1:", "screen_watch", account_id="bob"))
+        self.assertNoResult(as_account("alice", request, "1:", "ping", account_id="alice"))
+        self.assertNoResult(request("1:", "screen_watch", account_id="alice"))
+        # One ends: one more may start.
+        held[0].cancel()
+        self.failureResultOf(held[0])
+        self.assertNoResult(as_account("alice", request, "1:", "screen_watch", account_id="alice"))
+
+    def test_activity_watches_are_bounded_per_account(self):
+        def watch(account, trapos_id):
+            return as_account(
+                account, self.registry.watch_activity, account, trapos_id, lambda e: None
+            )
+
+        stops = [watch("alice", f"{n}:") for n in range(3)]
+        with self.assertRaises(GatewayError) as raised:
+            watch("alice", "9:")
+        self.assertEqual(raised.exception.code, errors.TOO_MANY_WATCHES)
+        watch("bob", "9:")
+        self.registry.watch_activity("alice", "9:", lambda e: None)  # the admin's
+        stops[0]()
+        stops[0]()  # twice is once
+        watch("alice", "9:")
+        with self.assertRaises(GatewayError):
+            watch("alice", "9:")
+
+    def test_a_relayed_activity_watch_past_the_bound_fails(self):
+        self.connect("1:")
+        for n in range(3):
+            as_account("alice", self.registry.watch_activity, "alice", f"{n}:", lambda e: None)
+        d = as_account("alice", self.registry.follow_activity, "alice", "1:", lambda e: None)
+        self.assertEqual(self.failureResultOf(d, GatewayError).value.code, errors.TOO_MANY_WATCHES)
+
+    def test_screen_frames_are_paced_to_max_fps(self):
+        session, link = self.connect("1:")
+        frames = []
+        d = self.registry.request(
+            "1:", "screen_watch", {"maxFps": 5}, account_id="alice", on_partial=frames.append
+        )
+        [watch] = link.sent
+        for n in range(100):
+            session.resolve(partial(watch, {"cursorX": n, "rows": {"1": {"line": str(n)}}}, "1:"))
+        self.assertEqual([f["cursorX"] for f in frames], [0])
+        self.clock.advance(0.2)
+        self.assertEqual([f["cursorX"] for f in frames], [0, 99])
+        d.cancel()
+        self.failureResultOf(d)
+        # Only the cancel sent to the computer waits: no frame is held for a watch that ended.
+        waiting = [c.func.__name__ for c in self.clock.getDelayedCalls() if c.active()]
+        self.assertEqual(waiting, ["_timed_out"])
+
+    def test_a_frame_too_large_ends_the_watch_here_and_on_the_computer(self):
+        session, link = self.connect("1:")
+        frames = []
+        d = as_account(
+            "alice",
+            self.registry.request,
+            "1:",
+            "screen_watch",
+            {},
+            account_id="alice",
+            on_partial=frames.append,
+        )
+        [watch] = link.sent
+        session.resolve(partial(watch, {"width": 4000, "height": 3, "rows": {}}, "1:"))
+        error = self.failureResultOf(d, GatewayError).value
+        self.assertEqual(error.code, errors.TOO_LARGE)
+        self.assertEqual(frames, [])
+        cancel = link.sent[-1]
+        self.assertEqual(
+            (cancel["type"], cancel["payload"]), ("cancel", {"messageId": watch["messageId"]})
+        )
+        self.assertEqual(session.in_flight, 1)  # the cancel, nothing else
+        # What the computer still sends for it is ignored.
+        self.assertFalse(session.resolve(partial(watch, {"rows": {}}, "1:")))
+        # And the account's watch is counted no more.
+        self.assertEqual(self.registry._watching, {})

@@ -21,7 +21,7 @@ from trapsandbox import limits
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.computers.sandbox import Sandbox
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 
 BASE = "http://127.0.0.1:4444"
 

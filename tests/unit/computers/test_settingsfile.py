@@ -18,9 +18,10 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.apps import gateway_app
 from tests.harness.fakes import FakeLink, SandboxComputer
-from trapsandbox.computers import settingsfile, wire
+from trapsandbox import errors
+from trapsandbox.computers import settingsfile
 from trapsandbox.computers.registry import Registry, Session
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 
 LIB = Path(__file__).resolve().parents[3] / "lua" / "apis" / "libsandbox.lua"
 
@@ -142,7 +143,7 @@ class RefusalTests(SynchronousTestCase):
             for payload in ({"path": "/.settings"}, {"path": ".SETTINGS", "cwd": "rom/.."}):
                 d = self.registry.request("7:base", kind, payload)
                 error = self.failureResultOf(d, GatewayError).value
-                self.assertEqual(error.code, wire.FORBIDDEN)
+                self.assertEqual(error.code, errors.FORBIDDEN)
                 self.assertIn("settings file", error.message)
                 self.assertIn("sandbox password", error.message)
         self.assertEqual(self.link.sent, [])

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from trapsandbox import limits
+from trapsandbox import errors, limits
 from trapsandbox.computers import wire
 
 json_values = st.recursive(
@@ -24,14 +24,14 @@ json_values = st.recursive(
 ids = st.text(min_size=1, max_size=limits.MAX_ID_LENGTH)
 types = st.text(min_size=1, max_size=limits.MAX_TYPE_LENGTH)
 payloads = st.dictionaries(st.text(max_size=8), json_values, max_size=4)
-errors = st.builds(wire.Error, st.text(), st.text())
+wire_errors = st.builds(errors.Error, st.text(), st.text())
 frames = st.one_of(
     st.builds(wire.ComputerRequest, ids, ids, types, payloads),
     st.builds(wire.GatewayRequest, ids, ids, types, payloads),
     st.builds(wire.ComputerResponse, ids, ids, types, st.just(True), payloads | st.none()),
     st.builds(wire.GatewayResponse, ids, ids, types, st.just(True), payloads | st.none()),
-    st.builds(wire.ComputerResponse, ids, ids, types, st.just(False), st.none(), errors),
-    st.builds(wire.GatewayResponse, ids, ids, types, st.just(False), st.none(), errors),
+    st.builds(wire.ComputerResponse, ids, ids, types, st.just(False), st.none(), wire_errors),
+    st.builds(wire.GatewayResponse, ids, ids, types, st.just(False), st.none(), wire_errors),
 )
 # Objects shaped like frames, with any values in their fields.
 frame_like = st.fixed_dictionaries(
@@ -109,7 +109,7 @@ class DecodeTests(SynchronousTestCase):
             b'{"event":"computer_response","traposSenderId":"7:","messageId":"m",'
             b'"type":"ping","ok":false,"error":{"code":"x","message":"y"}}'
         )
-        self.assertEqual(frame.error, wire.Error("x", "y"))
+        self.assertEqual(frame.error, errors.Error("x", "y"))
         self.assertFalse(frame.ok)
 
     def test_not_json(self):
@@ -182,7 +182,7 @@ class EncodeTests(SynchronousTestCase):
     def test_round_trip(self, frame):
         self.assertEqual(wire.decode(wire.encode(frame)), frame)
 
-    @given(ids, ids, types, payloads | st.none(), errors | st.none())
+    @given(ids, ids, types, payloads | st.none(), wire_errors | st.none())
     def test_encode_response_is_encode_of_the_frame(
         self, receiver, message_id, type, payload, error
     ):

@@ -23,7 +23,6 @@ from trapsandbox import limits
 from trapsandbox.admission.auth import Admission
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session
-from trapsandbox.fast import fasthttp
 from trapsandbox.fast.fasthttp import MAX_BUFFERED, FastHTTP, read_head
 from trapsandbox.fast.front import FrontFactory
 from trapsandbox.web.site import GatewaySite
@@ -330,7 +329,7 @@ class SameAnswersTests(SynchronousTestCase):
                     port.clock.advance(1.5)  # REQUEST_DEADLINE after the first byte
                     self.assertTrue(transport.disconnecting)
                     answers.append(comparable(responses(transport.value())))
-                    port.clock.advance(fasthttp.ABORT_AFTER)  # nothing read: aborted
+                    port.clock.advance(limits.HTTP_ABORT_AFTER)  # nothing read: aborted
                     self.assertEqual(port.clock.getDelayedCalls(), [])
                 self.assertEqual(answers[0], answers[1])
                 [(status, _, body)] = answers[0]

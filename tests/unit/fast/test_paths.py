@@ -8,7 +8,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from trapsandbox import config
 from trapsandbox.errors import ConfigError
-from trapsandbox.fast import compat, paths
+from trapsandbox.fast import patches, paths
 from trapsandbox.fast.front import FrontFactory
 from trapsandbox.fast.protocols import FastGatewayProtocol, FastOperatorSocket
 from trapsandbox.web.listener import CountedSite
@@ -35,7 +35,7 @@ class InstallTests(SynchronousTestCase):
         self.assertIsNone(self.shipped["write"])  # Twisted's own is inherited
         paths.install()
         patched = _library()
-        self.assertIs(patched["write"], compat._write_through)
+        self.assertIs(patched["write"], patches._write_through)
         for name, value in patched.items():
             self.assertIsNot(value, self.shipped[name], name)
         paths.install()  # twice: still undone in one step

@@ -86,18 +86,24 @@ class SubscriptionTests(SynchronousTestCase):
         second, d2 = self.listen([SCREEN])
         self.assertEqual(len(self.computer.watches), 1)  # one watch, however many listen
         self.computer.frame("whole screen")  # the first frame is the screen as it is
+        self.clock.advance(1)  # (the registry paces a watch's frames)
         self.assertEqual(self.updates(first), [])
         self.computer.frame("a")
+        self.clock.advance(1)
         self.assertEqual(self.updates(first), [SCREEN])
         self.assertEqual(self.updates(second), [SCREEN])
-        self.computer.frame("b")
-        self.computer.frame("c")
-        self.assertEqual(len(self.updates(first)), 1)
-        self.clock.advance(1)
-        self.assertEqual(len(self.updates(first)), 2)  # b and c, as one
-        self.assertEqual(
-            first.sent[-1]["params"]["_meta"], {"io.modelcontextprotocol/subscriptionId": 1}
-        )
+        # A frame every 0.1 s for 3 s: updates come at least a second apart.
+        times = []
+        for n in range(30):
+            self.computer.frame(str(n))
+            before = len(self.updates(first))
+            self.clock.advance(0.1)
+            if len(self.updates(first)) > before:
+                times.append(self.clock.seconds())
+        self.assertTrue(2 <= len(times) <= 3, times)
+        self.assertTrue(all(b - a > 0.999 for a, b in zip(times, times[1:], strict=False)), times)
+        meta = {"io.modelcontextprotocol/subscriptionId": 1}
+        self.assertEqual(first.sent[-1]["params"]["_meta"], meta)
         self.end(d1)
         self.assertEqual(self.subscriptions.watching(), 1)
         self.end(d2)

@@ -139,6 +139,10 @@ class AskTestsMixin:
         self.asks = Asks(self.client, self.clock, self.metrics, directory=self.root)
         self.partials = []
 
+    def asks_with(self, **options):
+        """``self.asks`` again, built with ``options`` (``Asks``' keyword arguments)."""
+        self.asks = Asks(self.client, self.clock, self.metrics, directory=self.root, **options)
+
     def ask(self, prompt="hi", trapos="1:a", account="local", message_id="m1", **payload):
         emit = self.partials.append
         return Deferred.fromCoroutine(

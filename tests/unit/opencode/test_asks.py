@@ -12,9 +12,8 @@ from twisted.internet.error import ConnectionRefusedError
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.unit.opencode.helpers import SES, AskTestsMixin, FakeResponse
-from trapsandbox import limits
-from trapsandbox.computers import wire
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox import errors, limits
+from trapsandbox.errors import GatewayError
 from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.client import OpencodeClient
 from trapsandbox.opencode.directories import directory_name
@@ -88,7 +87,7 @@ class AskSessionTests(AskTestsMixin, SynchronousTestCase):
         first = self.ask()
         second = self.ask(message_id="m2")
         error = self.failureResultOf(second, GatewayError).value
-        self.assertEqual(error.code, wire.OVERLOADED)
+        self.assertEqual(error.code, errors.OVERLOADED)
         self.assertNoResult(first)
         self.assertEqual(self.http.sessions, 1)
         self.assertEqual(self.http.paths("POST").count(f"/session/{SES}/prompt_async"), 1)
@@ -100,7 +99,7 @@ class AskSessionTests(AskTestsMixin, SynchronousTestCase):
             d = Deferred.fromCoroutine(
                 self.asks.ask("local", "1:a", frozenset(), "m", payload, self.partials.append)
             )
-            self.assertEqual(self.failureResultOf(d, GatewayError).value.code, wire.BAD_REQUEST)
+            self.assertEqual(self.failureResultOf(d, GatewayError).value.code, errors.BAD_REQUEST)
         self.assertEqual(self.http.calls, [])
 
 
@@ -260,7 +259,7 @@ class AskStreamingTests(AskTestsMixin, SynchronousTestCase):
         )
         self.idle()
         error = self.failureResultOf(self.done, GatewayError).value
-        self.assertEqual(error.code, wire.OPENCODE_ERROR)
+        self.assertEqual(error.code, errors.OPENCODE_ERROR)
         self.assertIn("ProviderModelNotFoundError", error.message)
         self.assertIn("is a model configured", error.message)
         self.assertEqual(self.outcome("run_failed"), 1)
@@ -286,7 +285,7 @@ class AskStreamingTests(AskTestsMixin, SynchronousTestCase):
         self.assertNoResult(self.done)
         self.clock.advance(1)
         error = self.failureResultOf(self.done, GatewayError).value
-        self.assertEqual(error.code, wire.TIMEOUT)
+        self.assertEqual(error.code, errors.TIMEOUT)
         self.assertIn("10 minutes", error.message)
         self.assertIn(f"/session/{SES}/abort", self.http.paths("POST"))
         self.assertEqual(self.outcome("timeout"), 1)
@@ -294,13 +293,13 @@ class AskStreamingTests(AskTestsMixin, SynchronousTestCase):
 
     def test_the_computer_leaving_aborts_the_run(self):
         def gone(message):
-            raise GatewayError(wire.NOT_CONNECTED, "gone")
+            raise GatewayError(errors.NOT_CONNECTED, "gone")
 
         self.asks.runs[("local", "1:a")].emit = gone
         self.delta("x" * limits.ASK_PARTIAL_MAX_CHARS)
         self.assertIn(f"/session/{SES}/abort", self.http.paths("POST"))
         self.assertEqual(
-            self.failureResultOf(self.done, GatewayError).value.code, wire.NOT_CONNECTED
+            self.failureResultOf(self.done, GatewayError).value.code, errors.NOT_CONNECTED
         )
         self.assertEqual(self.outcome("disconnected"), 1)
 
@@ -323,7 +322,7 @@ class AskCancelTests(AskTestsMixin, SynchronousTestCase):
         self.http.event("session.error", sessionID=SES, error={"name": "MessageAbortedError"})
         self.idle()
         error = self.failureResultOf(self.done, GatewayError).value
-        self.assertEqual(error.code, wire.CANCELLED)
+        self.assertEqual(error.code, errors.CANCELLED)
         self.assertEqual(self.outcome("cancelled"), 1)
         # The computer can ask again, in the same session.
         self.ask(message_id="m2")
@@ -332,13 +331,13 @@ class AskCancelTests(AskTestsMixin, SynchronousTestCase):
     def test_cancel_ends_the_ask_even_if_opencode_never_says_idle(self):
         self.asks.cancel("local", "1:a", "m1")
         self.clock.advance(limits.ASK_ABORT_GRACE)
-        self.assertEqual(self.failureResultOf(self.done, GatewayError).value.code, wire.CANCELLED)
+        self.assertEqual(self.failureResultOf(self.done, GatewayError).value.code, errors.CANCELLED)
 
 
 class AskHaltTests(AskTestsMixin, SynchronousTestCase):
     """``sandbox stop`` ends the computer's running ask at once (SPEC §16)."""
 
-    STOPPED = GatewayError(wire.STOPPED, 'the player stopped it: on it, run "sandbox resume"')
+    STOPPED = GatewayError(errors.STOPPED, 'the player stopped it: on it, run "sandbox resume"')
 
     def test_halt_aborts_in_opencode_and_ends_the_ask_stopped(self):
         done = self.ask(message_id="m1")
@@ -444,7 +443,7 @@ class AskQuestionTests(AskTestsMixin, SynchronousTestCase):
         for answers in (None, [], [["a"], ["b"]], [[]] * 0, [[1]], [[""]], ["red"], [["x" * 2000]]):
             with self.assertRaises(GatewayError) as caught:
                 self.asks.answer("local", "1:a", "que_1", answers, None)
-            self.assertEqual(caught.exception.code, wire.BAD_REQUEST, answers)
+            self.assertEqual(caught.exception.code, errors.BAD_REQUEST, answers)
         # Another computer cannot answer this one's question; an unknown id is refused.
         self.assertRaises(GatewayError, self.asks.answer, "local", "2:b", "que_1", [["red"]], None)
         self.assertRaises(GatewayError, self.asks.answer, "local", "1:a", "que_x", [["red"]], None)
@@ -498,7 +497,7 @@ class AskPermissionTests(AskTestsMixin, SynchronousTestCase):
         self.assertEqual(self.permissions()[0]["detail"], "ls")
         with self.assertRaises(GatewayError) as caught:
             self.asks.reply("local", "1:a", "per_1", "maybe")
-        self.assertEqual(caught.exception.code, wire.BAD_REQUEST)
+        self.assertEqual(caught.exception.code, errors.BAD_REQUEST)
         # Another computer cannot answer this one's request.
         self.assertRaises(GatewayError, self.asks.reply, "local", "2:b", "per_1", "once")
         self.assertRaises(GatewayError, self.asks.reply, "local", "1:a", "per_x", "once")

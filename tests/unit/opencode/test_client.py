@@ -9,7 +9,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.unit.opencode.helpers import AskTestsMixin
 from trapsandbox import limits
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 
 
 class ClientFaultTests(AskTestsMixin, SynchronousTestCase):

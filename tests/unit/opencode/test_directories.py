@@ -11,9 +11,8 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.logcapture import LogCapture
 from tests.unit.opencode.helpers import AskTestsMixin
-from trapsandbox import limits
-from trapsandbox.computers import wire
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox import errors, limits
+from trapsandbox.errors import GatewayError
 from trapsandbox.opencode.directories import directory_name
 
 
@@ -27,7 +26,7 @@ class AskDirectoryTests(AskTestsMixin, SynchronousTestCase):
         captured = LogCapture(self)
         d = self.ask()
         error = self.failureResultOf(d, GatewayError).value
-        self.assertEqual(error.code, wire.OPENCODE_ERROR)
+        self.assertEqual(error.code, errors.OPENCODE_ERROR)
         self.assertIn("ask directory for this computer is not usable", error.message)
         self.assertIn(reason, error.message)
         self.assertEqual(self.outcome("opencode_error"), 1)

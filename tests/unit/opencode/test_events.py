@@ -9,9 +9,8 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.unit.opencode.helpers import SES, URL, AskTestsMixin, FakeHTTP
-from trapsandbox import limits
-from trapsandbox.computers import wire
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox import errors, limits
+from trapsandbox.errors import GatewayError
 from trapsandbox.opencode.client import OpencodeClient
 from trapsandbox.opencode.events import EventStream
 
@@ -104,7 +103,7 @@ class StreamFaultTests(AskTestsMixin, SynchronousTestCase):
         d = self.ask()
         self.http.stream_gets[-1].errback(ConnectionRefusedError())
         error = self.failureResultOf(d, GatewayError).value
-        self.assertEqual(error.code, wire.OPENCODE_ERROR)
+        self.assertEqual(error.code, errors.OPENCODE_ERROR)
         self.assertIn("connection refused: is opencode running?", error.message)
         self.assertIn(URL, error.message)
         self.assertNotIn(("local", "1:a"), self.asks.runs)  # the computer may ask again
@@ -115,5 +114,5 @@ class StreamFaultTests(AskTestsMixin, SynchronousTestCase):
         d = self.ask()
         self.http.open(401)
         error = self.failureResultOf(d, GatewayError).value
-        self.assertEqual(error.code, wire.OPENCODE_ERROR)
+        self.assertEqual(error.code, errors.OPENCODE_ERROR)
         self.assertIn("401 Unauthorized: check OPENCODE_SERVER_PASSWORD", error.message)

@@ -6,11 +6,10 @@ that provides ``open_store(**settings)`` and ``reopen(store)``.
 from __future__ import annotations
 
 from tests.unit.snapshots.programs import Computer, generate, programs, restore, sha, take
-from trapsandbox import limits
-from trapsandbox.computers import wire
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox import errors, limits
+from trapsandbox.errors import GatewayError
 from trapsandbox.snapshots import changes
-from trapsandbox.snapshots.model import NOT_FOUND, MissingContent, NotFound
+from trapsandbox.snapshots.model import MissingContent, NotFound
 
 A, B = "alice", "bob"
 
@@ -98,7 +97,7 @@ class StoreTests:
     async def test_content_under_the_wrong_hash_is_refused(self):
         store = await self.store()
         error = await self.failure(store.put_content(A, sha(b"one"), b"two"))
-        self.assertEqual(error.code, wire.BAD_REQUEST)
+        self.assertEqual(error.code, errors.BAD_REQUEST)
         self.assertEqual(
             await store.missing(A, [sha(b"one"), sha(b"two")]), {sha(b"one"), sha(b"two")}
         )
@@ -121,7 +120,7 @@ class StoreTests:
         for path in ("/.settings", "/.SETTINGS", "//.settings", "/.settings.", "/x/../.settings"):
             files = {"/ok": entry(b"pw"), path: entry(b"pw")}
             error = await self.failure(store.commit(A, "1:", files, "manual"))
-            self.assertEqual(error.code, wire.FORBIDDEN, path)
+            self.assertEqual(error.code, errors.FORBIDDEN, path)
         self.assertEqual(await store.list(A, "1:"), [])
 
     async def test_bad_arguments_are_clear_errors(self):
@@ -137,10 +136,10 @@ class StoreTests:
             store.content(A, "nothex"),
         ]
         for d in calls:
-            self.assertEqual((await self.failure(d)).code, wire.BAD_REQUEST)
+            self.assertEqual((await self.failure(d)).code, errors.BAD_REQUEST)
         big = {"/big": {"size": limits.SNAPSHOT_MAX_BYTES + 1, "modified": 0, "sha256": sha(b"")}}
         self.assertEqual(
-            (await self.failure(store.commit(A, "1:", big, "ask"))).code, wire.TOO_LARGE
+            (await self.failure(store.commit(A, "1:", big, "ask"))).code, errors.TOO_LARGE
         )
 
     async def test_unknown_and_malformed_ids_answer_not_found(self):
@@ -149,7 +148,7 @@ class StoreTests:
         await store.commit(A, "1:", {"/x": entry(b"x")}, "manual")
         for snapshot_id in ("2", "0", "01", "abc", "", "1 ", "-1", "١"):
             error = await self.failure(store.get(A, "1:", snapshot_id), NotFound)
-            self.assertEqual(error.code, NOT_FOUND)
+            self.assertEqual(error.code, errors.NOT_FOUND)
         await self.failure(store.get(A, "2:", "1"), NotFound)
 
     # -- Accounts ------------------------------------------------------------------------

@@ -14,11 +14,10 @@ from twisted.trial.unittest import SynchronousTestCase
 from tests.harness.fakes import SandboxComputer
 from tests.harness.logcapture import LogCapture
 from tests.unit.opencode.helpers import SES, AskTestsMixin
-from trapsandbox import limits
-from trapsandbox.computers import wire
+from trapsandbox import errors, limits
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.mcp.endpoint import McpEndpoint
 from trapsandbox.mcp.jsonrpc import Call
 from trapsandbox.opencode.asks import Asks
@@ -114,7 +113,7 @@ class BeforeChangeTests(SynchronousTestCase):
         first = self.hook.before_change(run, READ)
         second = self.hook.before_change(run, READ)
         self.snapshots.taking[0].errback(
-            GatewayError(wire.TOO_LARGE, "the computer's files take 5000000 bytes: ...")
+            GatewayError(errors.TOO_LARGE, "the computer's files take 5000000 bytes: ...")
         )
         self.assertIsNone(self.successResultOf(first))
         self.assertIsNone(self.successResultOf(second))
@@ -167,7 +166,7 @@ class ClosingTests(SynchronousTestCase):
         self.assertEqual(result, {"text": "t"})
 
     def test_a_failed_count_ends_the_ask_without_the_line(self):
-        self.snapshots.found = GatewayError(wire.NOT_CONNECTED, "the computer left")
+        self.snapshots.found = GatewayError(errors.NOT_CONNECTED, "the computer left")
         logs = LogCapture(self)
         result = self.successResultOf(self.hook.closing(self.run, {"text": "t"}))
         self.assertEqual(result, {"text": "t"})

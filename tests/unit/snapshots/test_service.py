@@ -12,10 +12,9 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
 from tests.unit.snapshots.programs import Computer
-from trapsandbox import limits
-from trapsandbox.computers import wire
+from trapsandbox import errors, limits
 from trapsandbox.computers.registry import Registry
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox.errors import GatewayError
 from trapsandbox.snapshots.service import Snapshots
 from trapsandbox.snapshots.sqlitestore import SqliteStore
 
@@ -40,7 +39,7 @@ class FakeSandbox:
     def read_file(self, trapos_id, path, offset=0, length=None, account_id=None):
         self.reads.append(path)
         if path not in self.computer.files:
-            return fail(GatewayError(wire.FS_ERROR, f"{path}: No such file"))
+            return fail(GatewayError(errors.FS_ERROR, f"{path}: No such file"))
         data = self.computer.files[path]
         chunk = data[offset : offset + 100]  # small reads: files span several
         return succeed(
@@ -89,7 +88,7 @@ class SnapshotsTests(TestCase):
     async def test_over_the_bound_is_refused_before_any_read(self):
         self.store.max_bytes = 100
         error = await self.assertFailure(self.snapshots.take("acc", "7:", "manual"), GatewayError)
-        self.assertEqual(error.code, wire.TOO_LARGE)
+        self.assertEqual(error.code, errors.TOO_LARGE)
         self.assertEqual(self.sandbox.reads, [])
         self.assertEqual(await self.store.list("acc", "7:"), [])
 
@@ -129,7 +128,7 @@ class SnapshotsTests(TestCase):
         listed = snapshots.list("acc", "7:")
         clock.advance(limits.SNAPSHOT_STORE_OPEN_WAIT)
         error = self.failureResultOf(listed, GatewayError).value
-        self.assertEqual(error.code, wire.UNAVAILABLE)
+        self.assertEqual(error.code, errors.UNAVAILABLE)
         self.assertIn("still opening", error.message)
         snapshots.attach(self.store)  # the waiter it gave up on is gone
         self.assertEqual(await snapshots.list("acc", "7:"), [])
@@ -141,7 +140,7 @@ class SnapshotsTests(TestCase):
         error = self.failureResultOf(waiting, GatewayError).value
         self.assertEqual(
             (error.code, error.message),
-            (wire.UNAVAILABLE, "the snapshot store: the gateway is stopping"),
+            (errors.UNAVAILABLE, "the snapshot store: the gateway is stopping"),
         )
         failed = Snapshots(self.sandbox, clock=Clock())
         failed.failed(Failure(OSError("disk full")))

@@ -10,9 +10,8 @@ from twisted.internet import reactor
 from twisted.trial.unittest import TestCase
 
 from tests.unit.snapshots.store_tests import StoreTests
-from trapsandbox import limits
-from trapsandbox.computers import wire
-from trapsandbox.computers.wire import GatewayError
+from trapsandbox import errors, limits
+from trapsandbox.errors import GatewayError
 from trapsandbox.snapshots.sqlitestore import SCHEMA_VERSION, SqliteStore
 
 
@@ -46,7 +45,7 @@ class SqliteStoreTests(StoreTests, TestCase):
         try:
             await SqliteStore.open(self.directory, reactor)
         except GatewayError as error:
-            self.assertEqual(error.code, wire.UNAVAILABLE)
+            self.assertEqual(error.code, errors.UNAVAILABLE)
             self.assertIn("schema version 2", error.message)
         else:
             raise AssertionError("opened")

@@ -12,6 +12,7 @@ from tests.harness.logcapture import LogCapture
 from trapsandbox.admission.auth import Admission
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.screen import ScreenState
 from trapsandbox.limits import STALL_TIMEOUT
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.web.operator import Answer, OperatorRequests
@@ -265,3 +266,56 @@ class AuthTests(OperatorSocketTestCase):
         with self.assertRaises(ConnectionDeny) as caught:
             protocol.onConnect(Upgrade("tcp4:203.0.113.9:1", {}))
         self.assertEqual(caught.exception.code, 403)
+
+
+class ScreenFramesTests(OperatorSocketTestCase):
+    """Issue 35: a screen watch costs the gateway what its watcher can take, no more."""
+
+    def watch(self, operator, max_fps=None):
+        session, link = self.computer()
+        session.capabilities = frozenset({"screen"})
+        payload = {} if max_fps is None else {"maxFps": max_fps}
+        operator.send({"id": "s", "traposId": "7:", "type": "screen_watch", "payload": payload})
+        [watch] = link.sent
+        return session, watch
+
+    def frame(self, session, watch, n, **fields):
+        session.resolve(
+            wire.ComputerResponse(
+                "7:",
+                watch["messageId"],
+                "screen_watch",
+                True,
+                {"cursorX": n, "rows": {"1": {"line": str(n)}}, **fields},
+                partial=True,
+            )
+        )
+
+    def test_frames_are_not_expanded_while_the_watcher_has_no_room(self):
+        operator = Operator(self.factory)
+        session, watch = self.watch(operator, max_fps=20)
+        self.frame(session, watch, 0, width=3, height=1)
+        self.assertEqual(len(operator.sent), 1)
+        operator.protocol.outbound.pauseProducing()
+        expanded = []
+        real_apply = ScreenState.apply
+        self.patch(ScreenState, "apply", lambda s, f: expanded.append(f) or real_apply(s, f))
+        for n in range(1, 50):
+            self.frame(session, watch, n)
+            self.clock.advance(0.05)
+        self.assertEqual(expanded, [])
+        operator.protocol.outbound.resumeProducing()
+        self.clock.advance(0.05)
+        # The latest state, in one frame, once there is room.
+        self.assertEqual(len(expanded), 1)
+        self.assertEqual(operator.sent[-1]["payload"]["cursorX"], 49)
+        self.assertEqual(operator.sent[-1]["payload"]["rows"]["1"]["line"], "499")
+
+    def test_a_screen_far_beyond_craftos_ends_the_watch_with_413(self):
+        operator = Operator(self.factory)
+        session, watch = self.watch(operator)
+        self.frame(session, watch, 0, width=512, height=512)
+        [answer] = operator.sent
+        self.assertEqual((answer["id"], answer["status"]), ("s", 413))
+        self.assertEqual(answer["error"]["code"], "too_large")
+        self.assertEqual(operator.protocol.in_flight, {})

@@ -5,7 +5,8 @@
 // other the selected computer's screen (screen_watch) and carries its input;
 // choosing another computer closes the second, which ends its watch.
 // The first also carries the selected computer's snapshot requests (SPEC §15; the
-// "Snapshots" section at the end of this file).
+// "Snapshots" section at the end of this file) and its files panel's (files.js, transfer.js),
+// each an operatorRequest answered by its id.
 "use strict";
 
 const TOKEN_KEY = "trapsandbox.token";
@@ -28,6 +29,40 @@ const state = {
   computers: [], selected: null, list: null, watch: null, screenEnded: false, nextId: 1, rows: [],
 };
 
+// -- Requests over the computers' socket (snapshots, files) ------------------------------------
+const REQUEST_ID = "req-";
+const requests = { pending: new Map(), next: 1 };
+
+// One /operator request about `computer`; resolves with the answer (an error answer if the
+// socket is not open or closes first).
+function operatorRequest(computer, type, payload) {
+  return new Promise((resolve) => {
+    const ws = state.list;
+    if (!ws || ws.readyState !== WebSocket.OPEN) {
+      resolve({ ok: false, error: { message: "not connected to the gateway" } });
+      return;
+    }
+    const id = REQUEST_ID + requests.next++;
+    requests.pending.set(id, resolve);
+    const message = { id, traposId: computer.traposId, account: computer.accountId, type };
+    if (payload) message.payload = payload;
+    ws.send(JSON.stringify(message));
+  });
+}
+
+function requestAnswered(message) {
+  const resolve = requests.pending.get(message.id);
+  if (!resolve) return;
+  requests.pending.delete(message.id);
+  resolve(message);
+}
+
+function requestsSocketEnded() {
+  const pending = [...requests.pending.values()];
+  requests.pending.clear();
+  for (const resolve of pending) resolve({ ok: false, error: { message: "the connection to the gateway closed" } });
+}
+
 function say(text) { $("status").textContent = text; }
 function notice(text) { $("notice").textContent = text || ""; }
 function keyOf(c) { return c.accountId + "\u0000" + c.traposId; }
@@ -48,7 +83,7 @@ function operatorSocket(onReady, onMessage, onEnd) {
 }
 
 function connect() {
-  if (state.list) { state.list.onclose = null; state.list.close(); snapshotsSocketEnded(); }
+  if (state.list) { state.list.onclose = null; state.list.close(); requestsSocketEnded(); }
   say("connecting…");
   state.list = operatorSocket(
     (ws, message) => {
@@ -57,11 +92,11 @@ function connect() {
     },
     (message) => {
       if (message.id === "computers" && message.partial) showComputers(message.payload.computers);
-      else if (String(message.id).startsWith(SNAPSHOT_ID)) snapshotAnswered(message);
+      else if (String(message.id).startsWith(REQUEST_ID)) requestAnswered(message);
     },
     (event, ready) => {
       say(ready ? "disconnected from the gateway" : "refused: " + (event.reason || "cannot connect"));
-      snapshotsSocketEnded();
+      requestsSocketEnded();
       showComputers([]);
     },
   );
@@ -110,6 +145,7 @@ function showComputers(computers) {
     }
   }
   snapshotsAllowed();
+  filesAllowed();
 }
 
 function disconnected() {
@@ -150,6 +186,7 @@ function select(computer) {
   screen.setAttribute("aria-label", "Terminal of computer " + computer.traposId);
   $("terminal-title").textContent = "Computer " + computer.traposId;
   showSnapshots(computer);
+  showFiles(computer);
   showComputers(state.computers);
   inputNotice();
   watchScreen();
@@ -326,6 +363,7 @@ function onPaste(event) {
 document.addEventListener("DOMContentLoaded", () => {
   setPalette(DEFAULT_PALETTE);
   setUpSnapshots();
+  setUpFiles();
   const saved = sessionStorage.getItem(TOKEN_KEY);
   $("login").addEventListener("submit", (event) => {
     event.preventDefault();
@@ -345,44 +383,14 @@ document.addEventListener("DOMContentLoaded", () => {
 // (state.list) as the /operator types snapshots, snapshot_take, snapshot_changes and
 // snapshot_restore.  Everything the computer wrote (paths, diffs) is set as text, never as HTML.
 
-const SNAPSHOT_ID = "snap-";
 const SHOWN_CHANGES = 500;  // paths listed per kind; the rest are counted
 const REASONS = {
   ask: "before the agent's ask",
   manual: "taken by an operator",
   restore: "before a restore",
 };
-const snaps = { key: null, list: [], selected: null, pending: new Map(), next: 1, busy: false };
-
-// One snapshot request about `computer`; resolves with the answer (an error answer if the
-// socket is not open or closes first).
-function snapshotRequest(computer, type, payload) {
-  return new Promise((resolve) => {
-    const ws = state.list;
-    if (!ws || ws.readyState !== WebSocket.OPEN) {
-      resolve({ ok: false, error: { message: "not connected to the gateway" } });
-      return;
-    }
-    const id = SNAPSHOT_ID + snaps.next++;
-    snaps.pending.set(id, resolve);
-    const message = { id, traposId: computer.traposId, account: computer.accountId, type };
-    if (payload) message.payload = payload;
-    ws.send(JSON.stringify(message));
-  });
-}
-
-function snapshotAnswered(message) {
-  const resolve = snaps.pending.get(message.id);
-  if (!resolve) return;
-  snaps.pending.delete(message.id);
-  resolve(message);
-}
-
-function snapshotsSocketEnded() {
-  const pending = [...snaps.pending.values()];
-  snaps.pending.clear();
-  for (const resolve of pending) resolve({ ok: false, error: { message: "the connection to the gateway closed" } });
-}
+const snaps = { key: null, list: [], selected: null, busy: false };
+const snapshotRequest = operatorRequest;
 
 // Whether the answer is still about the computer shown (another may have been selected since).
 function stillShown(computer) { return snaps.key === keyOf(computer); }

@@ -1,5 +1,5 @@
 """
-The library internals ``trapsandbox.fast.fixes`` relies on (in both modes) are still there,
+The library internals ``trapsandbox.compat.fixes`` relies on (in both modes) are still there,
 and each fix does what it says.
 """
 
@@ -12,7 +12,7 @@ from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 
-from trapsandbox.fast import fixes
+from trapsandbox.compat import fixes
 from trapsandbox.web.operator import error_answer
 from trapsandbox.web.site import GatewaySite
 

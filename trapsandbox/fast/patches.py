@@ -7,10 +7,10 @@ applies them in fast mode, never an import; the plain mode
 name replaced here goes through ``_replace``, so that ``undo`` puts the
 library back (the test suite runs both modes in one process).  What the
 gateway needs of those internals to be correct, in both modes, is
-``trapsandbox.fast.fixes``.
+``trapsandbox.compat.fixes``.
 
 Everything here relies on a name those libraries do not promise to keep; the
-test ``tests/unit/fast/test_compat.py`` fails loudly when an upgrade moves one, so
+test ``tests/unit/fast/test_patches.py`` fails loudly when an upgrade moves one, so
 the workaround is mended instead of silently doing nothing.
 """
 
@@ -432,7 +432,7 @@ def protocol_slots(base: type, own: tuple[str, ...] = ()) -> tuple[str, ...]:
     too.  Names the classes of ``base`` define (a class attribute as a
     default, e.g. Twisted's ``transport = None``) are left to the dict: a
     slot would hide the default.  A name missing here only costs its dict
-    entry (``tests/unit/fast/test_compat.py`` lists what a connection still keeps
+    entry (``tests/unit/fast/test_patches.py`` lists what a connection still keeps
     there).
     """
     defined = {name for cls in base.__mro__ for name in vars(cls)}

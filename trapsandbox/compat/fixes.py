@@ -2,11 +2,11 @@
 Where the gateway reaches into Autobahn's and Twisted's internals to be
 correct, in both modes (the plain one too: ``SANDBOX_FAST_PATHS=0``).
 
-None of these is for speed (those are ``compat``'s, installed by
+None of these is for speed (those are ``trapsandbox.fast.patches``, installed by
 ``trapsandbox.fast.paths.install`` in fast mode only) and none replaces a
 library name for the whole process: each is a mixin the gateway's own classes
 inherit, or a call they make.  Each relies on a name the libraries do not
-promise to keep; ``tests/unit/fast/test_fixes.py`` fails loudly when an upgrade
+promise to keep; ``tests/unit/compat/test_fixes.py`` fails loudly when an upgrade
 moves one.
 """
 

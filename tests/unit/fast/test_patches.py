@@ -1,5 +1,5 @@
 """
-The library internals ``trapsandbox.fast.compat`` relies on are still there.
+The library internals ``trapsandbox.fast.patches`` relies on are still there.
 
 Each test names what an upgrade of Autobahn or Twisted would silently break
 if the attribute moved: the workaround would do nothing, and nothing else
@@ -25,17 +25,18 @@ from twisted.python import log as legacy_log
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from trapsandbox.fast import compat, fixes
+from trapsandbox.compat import fixes
+from trapsandbox.fast import patches
 
 
 class AutobahnTests(SynchronousTestCase):
     def test_debug_formatting_is_lazy_and_still_renders(self):
         # The connect path's cost: Autobahn calls its module's ``pformat``.
-        self.addCleanup(compat.undo)
-        compat.lazy_autobahn_debug_formatting()
+        self.addCleanup(patches.undo)
+        patches.lazy_autobahn_debug_formatting()
         value = [("maxFramePayloadSize", 1048576, "GatewayFactory")]
         lazy = autobahn.websocket.protocol.pformat(value)
-        self.assertIsInstance(lazy, compat._LazyFormat)
+        self.assertIsInstance(lazy, patches._LazyFormat)
         self.assertEqual(f"\n{lazy}", "\n" + pformat(value))
         source = open(autobahn.websocket.protocol.__file__).read()
         self.assertIn("pformat(configAttrLog)", source, "Autobahn no longer pformats its options")
@@ -43,17 +44,17 @@ class AutobahnTests(SynchronousTestCase):
     @settings(max_examples=200, deadline=None)
     @given(
         st.binary(min_size=4, max_size=4),
-        st.binary(max_size=2 * compat.SMALL_FRAME),
+        st.binary(max_size=2 * patches.SMALL_FRAME),
         st.lists(st.integers(min_value=1, max_value=600), max_size=5),
     )
     def test_small_frame_masks_unmask_as_autobahns_do(self, mask, payload, cuts):
         # Autobahn unmasks a frame's payload in the pieces it arrives in.
-        self.addCleanup(compat.undo)
-        compat.fast_small_frame_masks()
+        self.addCleanup(patches.undo)
+        patches.fast_small_frame_masks()
         ours = autobahn.websocket.protocol.create_xor_masker(mask, len(payload))
-        theirs = compat._autobahn_masker(mask, len(payload))
-        if len(payload) <= compat.SMALL_FRAME:
-            self.assertIsInstance(ours, compat._IntMasker)
+        theirs = patches._autobahn_masker(mask, len(payload))
+        if len(payload) <= patches.SMALL_FRAME:
+            self.assertIsInstance(ours, patches._IntMasker)
         points = sorted({c for c in cuts if c < len(payload)})
         for a, b in zip([0, *points], [*points, len(payload)], strict=True):
             self.assertEqual(ours.process(payload[a:b]), theirs.process(payload[a:b]))
@@ -62,14 +63,14 @@ class AutobahnTests(SynchronousTestCase):
         self.assertIn("self.current_frame_masker = create_xor_masker(", source)
 
     def test_highlighted_debug_values_are_lazy_and_still_render(self):
-        self.addCleanup(compat.undo)
-        compat.lazy_autobahn_debug_formatting()
-        for module in compat._HIGHLIGHTING:
+        self.addCleanup(patches.undo)
+        patches.lazy_autobahn_debug_formatting()
+        for module in patches._HIGHLIGHTING:
             source = open(module.__file__).read()
             for name in ("hltype", "hlval"):
                 self.assertIn(f"={name}(self.", source, f"{module.__name__} no longer uses {name}")
                 lazy = getattr(module, name)(self.setUp)
-                self.assertIsInstance(lazy, compat._LazyCall)
+                self.assertIsInstance(lazy, patches._LazyCall)
                 self.assertEqual(f"{lazy}", getattr(autobahn.util, name)(self.setUp))
 
     @settings(max_examples=500, deadline=None)
@@ -81,7 +82,7 @@ class AutobahnTests(SynchronousTestCase):
         )
     )
     def test_utf8_validation_agrees_with_autobahns(self, pieces):
-        ours = compat._Utf8Validator()
+        ours = patches._Utf8Validator()
         theirs = autobahn.websocket.utf8validator.Utf8Validator()
         for piece in pieces:
             mine, nvx = ours.validate(piece), theirs.validate(piece)
@@ -99,17 +100,17 @@ def _client_frame(opcode: int, payload: bytes) -> bytes:
 
 
 class SlotsTests(SynchronousTestCase):
-    """compat.protocol_slots: Autobahn's per-connection attributes by name."""
+    """patches.protocol_slots: Autobahn's per-connection attributes by name."""
 
     def lifetime(self):
         """A connection through upgrade, a message, auto-ping, a ping and a close."""
 
         class Slotted(WebSocketServerProtocol):
-            __slots__ = compat.protocol_slots(WebSocketServerProtocol, ("echoed", "at_open"))
+            __slots__ = patches.protocol_slots(WebSocketServerProtocol, ("echoed", "at_open"))
 
             def onOpen(self):
-                self.at_open = {n for n in compat.HANDSHAKE_LEFTOVERS if hasattr(self, n)}
-                compat.release_handshake(self)
+                self.at_open = {n for n in patches.HANDSHAKE_LEFTOVERS if hasattr(self, n)}
+                patches.release_handshake(self)
 
             def onMessage(self, payload, isBinary):
                 self.echoed = payload
@@ -155,8 +156,8 @@ class SlotsTests(SynchronousTestCase):
     def test_the_handshake_is_let_go_and_the_connection_carries_on(self):
         # lifetime() echoes a message, answers a ping and closes after the release.
         _, protocol = self.lifetime()
-        self.assertEqual(protocol.at_open, set(compat.HANDSHAKE_LEFTOVERS))
-        for name in compat.HANDSHAKE_LEFTOVERS:
+        self.assertEqual(protocol.at_open, set(patches.HANDSHAKE_LEFTOVERS))
+        for name in patches.HANDSHAKE_LEFTOVERS:
             self.assertIsNone(getattr(protocol, name))
         source = open(autobahn.websocket.protocol.__file__).read()
         server = source[source.index("class WebSocketServerProtocol") :]
@@ -166,7 +167,7 @@ class SlotsTests(SynchronousTestCase):
             source.index("class WebSocketProtocol(") : source.index("class PreparedMessage")
         ]
         after_handshake = base + server[server.index("self._onOpen()") :]
-        for name in compat.HANDSHAKE_LEFTOVERS:
+        for name in patches.HANDSHAKE_LEFTOVERS:
             # Read again past the handshake: releasing it would break that.
             self.assertNotIn(f"self.{name}", after_handshake.replace(f"self.{name} =", ""))
 
@@ -179,7 +180,7 @@ class SlotsTests(SynchronousTestCase):
 
 
 class TransportKeysTests(SynchronousTestCase):
-    """compat.share_transport_dict_keys: what a transport is given later, named early."""
+    """patches.share_transport_dict_keys: what a transport is given later, named early."""
 
     def server(self, port):
         ours, theirs = socket.socketpair()
@@ -190,7 +191,7 @@ class TransportKeysTests(SynchronousTestCase):
     def test_a_late_producer_keeps_the_shared_dict(self):
         # Not the real reactor: these transports' sockets must never reach its epoll.
         reactor = self.reactor = MemoryReactor()
-        compat.share_transport_dict_keys()
+        patches.share_transport_dict_keys()
         port = tcp.Port(0, protocol.Factory(), reactor=reactor)
         fresh = self.server(port)
         # Enough instances that the shared table takes no new names.
@@ -200,7 +201,7 @@ class TransportKeysTests(SynchronousTestCase):
         last.producerPaused = True
         last.dataBuffer, last.offset = b"queued", 1
         later = set(vars(last)) - set(vars(fresh))
-        self.assertEqual(later, set(compat._LATER_TRANSPORT_ATTRIBUTES))
+        self.assertEqual(later, set(patches._LATER_TRANSPORT_ATTRIBUTES))
 
         class Unseeded:
             pass
@@ -212,15 +213,15 @@ class TransportKeysTests(SynchronousTestCase):
             setattr(others[-1], name, None)
         # Without the seed, the last one has a dict of its own (3.11: ~0.8 kB).
         self.assertLess(sys.getsizeof(vars(last)), sys.getsizeof(vars(others[-1])))
-        for name in compat._LATER_TRANSPORT_ATTRIBUTES:
+        for name in patches._LATER_TRANSPORT_ATTRIBUTES:
             defaults = [cls for cls in tcp.Server.__mro__ if name in vars(cls)]
             self.assertTrue(defaults, f"Twisted renamed {name}")
 
 
 class DirectDispatchTests(SynchronousTestCase):
     def test_the_reactor_still_calls_through_log_and_errors_are_logged(self):
-        self.addCleanup(compat.undo)
-        compat.direct_reactor_dispatch()
+        self.addCleanup(patches.undo)
+        patches.direct_reactor_dispatch()
         source = open(epollreactor.__file__).read()
         self.assertIn("log.callWithLogger(selectable, _drdw, selectable, fd, event)", source)
         self.assertIs(epollreactor.log.msg, legacy_log.msg)
@@ -230,12 +231,12 @@ class DirectDispatchTests(SynchronousTestCase):
 
 
 class WriteThroughTests(SynchronousTestCase):
-    """The Twisted internals of compat.write_through_accepted_connections."""
+    """The Twisted internals of patches.write_through_accepted_connections."""
 
     def test_the_internals_it_reads_are_there(self):
-        self.addCleanup(compat.undo)
-        compat.write_through_accepted_connections()
-        self.assertIs(tcp.Server.write, compat._write_through)
+        self.addCleanup(patches.undo)
+        patches.write_through_accepted_connections()
+        self.assertIs(tcp.Server.write, patches._write_through)
         source = open(abstract.__file__).read()
         for name in ("self._tempDataLen", "self.offset", "self.dataBuffer", "_writeDisconnected"):
             self.assertIn(name, source)
@@ -287,7 +288,7 @@ class _Transport(StringTransport):
 
 
 class WholeFramesTests(SynchronousTestCase):
-    """A protocol with ``compat.WholeFrames`` reads and sends as Autobahn alone does."""
+    """A protocol with ``patches.WholeFrames`` reads and sends as Autobahn alone does."""
 
     def open(self, bases, seen):
         """A server protocol of ``bases`` in memory, past its opening handshake."""
@@ -332,7 +333,7 @@ class WholeFramesTests(SynchronousTestCase):
     @given(st.lists(_frames, max_size=8), st.lists(st.integers(min_value=1, max_value=3000)))
     def test_any_bytes_are_read_as_autobahn_reads_them(self, frames, cuts):
         data = b"".join(frames)
-        ours = self.read((compat.WholeFrames, WebSocketServerProtocol), data, cuts)
+        ours = self.read((patches.WholeFrames, WebSocketServerProtocol), data, cuts)
         theirs = self.read((WebSocketServerProtocol,), data, cuts)
         self.assertEqual(ours, theirs)
 
@@ -350,7 +351,7 @@ class WholeFramesTests(SynchronousTestCase):
     )
     def test_messages_are_sent_as_autobahn_sends_them(self, messages):
         sent = []
-        for bases in ((compat.WholeFrames, WebSocketServerProtocol), (WebSocketServerProtocol,)):
+        for bases in ((patches.WholeFrames, WebSocketServerProtocol), (WebSocketServerProtocol,)):
             protocol, transport = self.open(bases, [])
             protocol.maxMessagePayloadSize = 0  # here: no limit on what is sent
             start = len(transport.value())

@@ -1,0 +1,101 @@
+"""
+Several opencode servers (``OPENCODE_URL`` a list): which one a computer's
+asks go to, and the health of them all.
+
+Each computer's asks go to one server, so its conversation stays where
+opencode keeps it: the first of the servers ranked for it by rendezvous
+hashing (``ranked``: a digest of the server's URL, the account and the
+traposId, highest first).  Every gateway process ranks the same way with the
+same list, so in cluster mode a computer gets the same server whichever
+process holds it; and a server added or removed moves only the computers
+that ranked it first.  A server whose event stream cannot be opened is passed
+over for the next in the computer's ranking (``asks``); its computers'
+conversations start afresh there, and the player is told so.
+
+Each server is probed on its own; ``ServerProbes`` answers ``/health`` and
+``probe_gateway`` for them all: opencode is ok while one of them is, and the
+detail says which are down.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from twisted.internet.defer import Deferred, gatherResults
+
+from trapsandbox.opencode.probe import OpencodeProbe, ProbeResult, redact
+
+if TYPE_CHECKING:
+    from trapsandbox.opencode.client import OpencodeClient
+    from trapsandbox.opencode.directories import AskDirectories
+    from trapsandbox.opencode.events import EventStream
+    from trapsandbox.opencode.instances import Instances
+
+
+@attrs.define(eq=False)
+class Server:
+    """One opencode server and what the gateway keeps of it for asks."""
+
+    client: OpencodeClient
+    stream: EventStream
+    directories: AskDirectories
+    # Set once the server exists: its instances are given back through its own client.
+    instances: Instances = attrs.field(init=False)
+
+    @property
+    def url(self) -> str:
+        return self.client.url
+
+
+def ranked(servers: Sequence[Server], account_id: str, trapos_id: str) -> list[Server]:
+    """``servers`` in the order a computer's asks try them (rendezvous hashing)."""
+    if len(servers) < 2:
+        return list(servers)
+
+    def weight(server: Server) -> bytes:
+        return hashlib.sha256(f"{server.url}\0{account_id}\0{trapos_id}".encode()).digest()
+
+    return sorted(servers, key=weight, reverse=True)
+
+
+class ServerProbes:
+    """
+    The probes of several opencode servers as one (``OpencodeProbe``'s
+    ``fresh`` and ``check``): ok while any server is, with
+    ``opencodeServers`` listing each and ``opencodeDetail`` naming those down.
+    """
+
+    def __init__(self, probes: Sequence[OpencodeProbe]) -> None:
+        self.probes = list(probes)
+        self.url = ",".join(probe.url for probe in self.probes)
+
+    def fresh(self) -> ProbeResult | None:
+        results = [probe.fresh() for probe in self.probes]
+        if any(result is None for result in results):
+            return None
+        return self._combined(results)  # type: ignore[arg-type]
+
+    def check(self) -> Deferred:
+        d = gatherResults([probe.check() for probe in self.probes])
+        d.addCallback(self._combined)
+        return d
+
+    def _combined(self, results: list[ProbeResult]) -> ProbeResult:
+        servers: list[dict[str, Any]] = []
+        down = []
+        for probe, result in zip(self.probes, results, strict=True):
+            entry: dict[str, Any] = {"url": redact(probe.url), "ok": result.ok}
+            if not result.ok:
+                entry["detail"] = result.detail
+                down.append(result.detail or redact(probe.url))
+            servers.append(entry)
+        up = len(servers) - len(down)
+        detail = None
+        if down:
+            detail = f"{up} of {len(servers)} opencode servers up; down: " + "; ".join(
+                str(why) for why in down
+            )
+        return ProbeResult(up > 0, detail, outcome="ok" if up else "error", servers=tuple(servers))
