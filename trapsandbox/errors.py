@@ -78,19 +78,18 @@ class Error:
 class GatewayError(Exception):
     """
     A request failed; ``code`` says how (one of the codes above, or a computer's own),
-    ``message`` why, for a person. ``status``: the HTTP status to answer with, when not the
-    code's own (a body over the limit is 413 ``too_large`` like any other too large thing).
+    ``message`` why, for a person.
     """
 
-    def __init__(self, code: str, message: str, status: int | None = None) -> None:
+    def __init__(self, code: str, message: str) -> None:
         super().__init__(code, message)
         self.code = code
         self.message = message
-        self._status = status
 
     @property
     def status(self) -> int:
-        return self._status or STATUS.get(self.code, 500)
+        """The HTTP status to answer with: the code's own."""
+        return STATUS.get(self.code, 500)
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"

@@ -2624,21 +2624,21 @@ end
 -- Remembers that a websocket_success or _failure for `url` will be this session's. Attempts
 -- that never hear back (a connect timeout and then nothing) are forgotten past the last 16.
 function Session:expect(url)
-  self.pendingUrls[url] = true
-  local order = self.pendingOrder
-  order[#order + 1] = url
-  if #order > M.PENDING_URLS then self.pendingUrls[table.remove(order, 1)] = nil end
+  local pending = self.pendingUrls
+  pending[#pending + 1] = url
+  if #pending > M.PENDING_URLS then table.remove(pending, 1) end
 end
 
 -- Whether `url` is one of this session's attempts still waiting for its first event (and
 -- forgets it: a URL has one success or failure).
 function Session:claim(url)
-  if not self.pendingUrls[url] then return false end
-  self.pendingUrls[url] = nil
-  for i, pending in ipairs(self.pendingOrder) do
-    if pending == url then table.remove(self.pendingOrder, i); break end
+  for i, pending in ipairs(self.pendingUrls) do
+    if pending == url then
+      table.remove(self.pendingUrls, i)
+      return true
+    end
   end
-  return true
+  return false
 end
 
 -- connecting -> handshaking: the socket is open, send hello. Only a handle this session asked
@@ -2996,10 +2996,9 @@ function M.startSession(opts)
     attempts = 0,
     failures = 0,
     current = nil, -- the attempt: { url, handle, done, helloId, ctx, clearHello, clearConnect }
-    -- URLs of this session's attempts whose websocket_success or _failure has not come yet:
-    -- websocket events reach every program and tab, and only these handles are ours.
+    -- URLs of this session's attempts whose websocket_success or _failure has not come yet
+    -- (oldest first): websocket events reach every program and tab, and only these are ours.
     pendingUrls = {},
-    pendingOrder = {},
     closedHandles = setmetatable({}, { __mode = 'k' }),
     inFlight = {},
     inFlightCount = 0,

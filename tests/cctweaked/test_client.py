@@ -72,9 +72,8 @@ class CCTGatewayMixin:
         await wait_connected(self.gateway.registry, c.trapos_id)
         return c
 
-    async def eval(self, c: CCTComputer, code: str, timeout_ms: int = 10_000):
-        answer = await self.sandbox.eval(c.trapos_id, code, timeout_ms=timeout_ms)
-        return answer
+    def eval(self, c: CCTComputer, code: str, timeout_ms: int = 10_000):
+        return self.sandbox.eval(c.trapos_id, code, timeout_ms=timeout_ms)
 
 
 async def mcp_call(testcase, port: int, tool: str, arguments: dict) -> dict:
@@ -402,7 +401,7 @@ class GameRulesTests(CCTGatewayMixin, TestCase):
         back = await self.sandbox.read_file(c.trapos_id, "/data/blob.bin")
         self.assertEqual(back["content"], data)
         self.assertEqual(c.read_file("/data/blob.bin"), data)
-        self.assertIs(self.gateway.registry.find(c.trapos_id) is not None, True)
+        self.assertIsNotNone(self.gateway.registry.find(c.trapos_id))
 
     async def test_a_snapshot_of_a_disk_full_of_small_files(self):
         c = self.computer()
