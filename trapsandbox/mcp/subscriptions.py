@@ -32,14 +32,13 @@ never change while the gateway runs.
 
 from __future__ import annotations
 
-import math
 import posixpath
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -55,8 +54,8 @@ from trapsandbox.mcp.revision import SUBSCRIPTION_ID
 
 log = Logger()
 
-# At most one screen update a second per computer (§17).
-SCREEN_UPDATE_INTERVAL = 1.0
+# At most one screen update a second per computer (§17): the screen watch's maxFps.
+SCREEN_UPDATES_PER_SECOND = 1
 # URIs one listen stream, or one legacy connection, may subscribe to.
 MAX_URIS = 64
 # Legacy connections with subscriptions kept at once: a legacy client that goes
@@ -73,20 +72,21 @@ def _normal(path: str) -> str:
 
 
 class _ScreenWatch:
-    """One computer's screen watch, shared by its subscribers, throttled to one update a second."""
+    """
+    One computer's screen watch, shared by its subscribers: a watch at ``maxFps`` 1, which
+    the registry paces (``computers.screen.ScreenGate``), so an update at most once a second.
+    """
 
-    def __init__(
-        self, sandbox: Sandbox, clock: IReactorTime, session: Any, ended: Callable[[], None]
-    ) -> None:
-        self._clock = clock
+    def __init__(self, sandbox: Sandbox, session: Any, ended: Callable[[], None]) -> None:
         self._ended = ended
         self.listeners: dict[int, Notify] = {}
         self.stopped = False
         self._first = True
-        self._last = -math.inf
-        self._pending: IDelayedCall | None = None
         self._d = sandbox.watch_screen(
-            session.trapos_id, self._frame, max_fps=1, account_id=session.account_id
+            session.trapos_id,
+            self._frame,
+            max_fps=SCREEN_UPDATES_PER_SECOND,
+            account_id=session.account_id,
         )
         self._d.addErrback(self._failed, session.trapos_id)
 
@@ -94,17 +94,6 @@ class _ScreenWatch:
         if self._first:
             self._first = False  # the whole screen as it is: not a change
             return
-        if self._pending is not None:
-            return
-        wait = self._last + SCREEN_UPDATE_INTERVAL - self._clock.seconds()
-        if wait <= 0:
-            self._fire()
-        else:
-            self._pending = self._clock.callLater(wait, self._fire)
-
-    def _fire(self) -> None:
-        self._pending = None
-        self._last = self._clock.seconds()
         for notify in list(self.listeners.values()):
             notify()
 
@@ -121,9 +110,6 @@ class _ScreenWatch:
         if self.stopped:
             return
         self.stopped = True
-        if self._pending is not None and self._pending.active():
-            self._pending.cancel()
-        self._pending = None
         self._ended()
         self._d.cancel()
 
@@ -155,7 +141,7 @@ class Subscriptions:
                 if current is not None and current is watch:
                     del self._screens[key]
 
-            watch = _ScreenWatch(self._sandbox, self._clock, session, ended)
+            watch = _ScreenWatch(self._sandbox, session, ended)
             if not watch.stopped:  # (a computer that is gone ends it at once)
                 self._screens[key] = watch
         self._next += 1
