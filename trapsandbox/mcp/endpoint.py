@@ -43,7 +43,6 @@ from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
@@ -61,7 +60,7 @@ from trapsandbox.mcp.resolve import computers, pinned, resolve
 from trapsandbox.mcp.resources import TEMPLATES, Resources
 from trapsandbox.mcp.results import OUTCOMES, ToolError, failed
 from trapsandbox.mcp.schemas import TOOL_NAMES, TOOLS
-from trapsandbox.mcp.stream import EventStream, open_event_stream
+from trapsandbox.mcp.stream import EventStream
 from trapsandbox.mcp.subscriptions import KEEPALIVE_SECONDS, Subscriptions
 from trapsandbox.mcp.tools import Tools, list_computers
 from trapsandbox.ops.metrics import Metrics
@@ -132,15 +131,11 @@ class McpEndpoint:
             return None
         stream = EventStream(request)
         detach = self.subscriptions.attach(connection, stream.send)
-        keepalive = LoopingCall(stream.comment)
-        keepalive.clock = self._clock
-        keepalive.start(KEEPALIVE_SECONDS, now=False)
-        open_event_stream(request)
-        request.write(b": subscribed\n\n")  # the head goes out now, not with the first update
-        stream.opened = True
+        stream.open(b": subscribed\n\n")  # the head goes out now, not with the first update
+        stop_keepalive = stream.keep_alive(self._clock, KEEPALIVE_SECONDS)
 
         def closed(reason: Any) -> None:
-            keepalive.stop()
+            stop_keepalive()
             detach()
             stream.end()
 

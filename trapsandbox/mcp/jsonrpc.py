@@ -226,8 +226,8 @@ def _message(
             if type(params) is dict and "requestId" in params:
                 running.cancel((caller, session, _key_of(params["requestId"])))
         return _accepted(request)  # notifications/initialized, …: nothing to say
-    id = message["id"]
-    if not (type(id) is str or (type(id) is int and -_MAX_INT_ID <= id < _MAX_INT_ID)):
+    id = _readable_id(message)
+    if id is None:
         raise Invalid(INVALID_REQUEST, "id must be a string or an integer", 400)
     params = message.get("params")
     if params is None:
@@ -249,7 +249,7 @@ def _message(
     events = accepts_events(request)
     call = Call(
         id,
-        _progress(request, params, stream),
+        _progress(params, stream) if events else None,
         revision=revision,
         log_level=revision.log_level if revision.modern else levels.get(connection),
         stream=stream if events else None,
@@ -276,11 +276,11 @@ def _key_of(id: Any) -> Any:
     return ("bool", id) if type(id) is bool else id
 
 
-def _progress(request: IRequest, params: dict[str, Any], stream: EventStream) -> Progress | None:
-    """Where a request's progress goes: SSE notifications, if it asked and takes them."""
+def _progress(params: dict[str, Any], stream: EventStream) -> Progress | None:
+    """Where a request's progress goes (it takes events): SSE notifications, if it asked."""
     meta = params.get("_meta")
     token = meta.get("progressToken") if type(meta) is dict else None
-    if not (type(token) is str or type(token) is int) or not accepts_events(request):
+    if not (type(token) is str or type(token) is int):
         return None
 
     def progress(value: float, total: float | None, message: str | None) -> None:

@@ -95,6 +95,21 @@ def parse(uri: Any) -> tuple[str, str, str]:
     )
 
 
+def locate(
+    registry: Registry, uri: Any, scope: str | None, found: list, revision: Revision
+) -> tuple[Any, str, str]:
+    """
+    ``(session, kind, path)`` of a resource URI among the caller's computers ``found``
+    (``resolve.computers``): how a read and a subscription find what they mean; a computer
+    the caller cannot see is the revision's "not found", with the ``uri`` in its data.
+    """
+    computer, kind, path = parse(uri)
+    try:
+        return resolve(registry, computer, scope, found), kind, path
+    except ToolError as error:
+        raise Invalid(not_found_code(revision), error.text, data={"uri": uri}) from None
+
+
 class Resources:
     """``resources/list`` and ``resources/read`` for one caller's computers."""
 
@@ -126,12 +141,8 @@ class Resources:
         revision: Revision = LEGACY_REVISION,
     ) -> dict[str, Any]:
         uri = params.get("uri")
-        computer, kind, path = parse(uri)
         found = await computers(self._registry, scope, pin)
-        try:
-            session = resolve(self._registry, computer, scope, found)
-        except ToolError as error:
-            raise Invalid(not_found_code(revision), error.text, data={"uri": uri}) from None
+        session, kind, path = locate(self._registry, uri, scope, found, revision)
         try:
             if kind == "screen":
                 answer = await self._sandbox.screen(

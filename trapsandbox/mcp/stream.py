@@ -17,9 +17,12 @@ stream that breaks ends its call, as a closed connection does today).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import LoopingCall
 from twisted.web.iweb import IRequest
 
 
@@ -57,13 +60,19 @@ class EventStream:
         self.opened = False
         self.ended = False
 
+    def open(self, first: bytes = b"") -> None:
+        """The head now (with ``first``, an SSE comment say), if not yet sent."""
+        if not self.opened:
+            self.opened = True
+            open_event_stream(self._request)
+            if first:
+                self._request.write(first)
+
     def send(self, message: dict[str, Any]) -> None:
         """``message`` (a notification) now; nothing once the answer has ended."""
         if self.ended:
             return
-        if not self.opened:
-            self.opened = True
-            open_event_stream(self._request)
+        self.open()
         self._request.write(event(orjson.dumps(message)))
 
     def end(self) -> None:
@@ -74,3 +83,10 @@ class EventStream:
         """An SSE comment: keeps a quiet long-lived stream open through proxies and idle timers."""
         if not self.ended and self.opened:
             self._request.write(b": keep-alive\n\n")
+
+    def keep_alive(self, clock: IReactorTime, seconds: float) -> Callable[[], None]:
+        """A ``comment`` every ``seconds`` on ``clock``; answers the function that stops it."""
+        loop = LoopingCall(self.comment)
+        loop.clock = clock
+        loop.start(seconds, now=False)
+        return loop.stop

@@ -39,7 +39,6 @@ from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -47,9 +46,8 @@ from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.mcp.errors import INVALID_PARAMS, INVALID_REQUEST, Invalid
 from trapsandbox.mcp.jsonrpc import Call
-from trapsandbox.mcp.resolve import computers, resolve
-from trapsandbox.mcp.resources import not_found_code, parse
-from trapsandbox.mcp.results import ToolError
+from trapsandbox.mcp.resolve import computers
+from trapsandbox.mcp.resources import locate
 from trapsandbox.mcp.revision import SUBSCRIPTION_ID
 
 log = Logger()
@@ -122,7 +120,8 @@ class Subscriptions:
         self._sandbox = sandbox
         self._clock = clock
         self._screens: dict[tuple[str, str], _ScreenWatch] = {}
-        self._files: dict[tuple[str, str, str], dict[int, Notify]] = {}
+        # (account, traposId) -> watched path -> listeners: a write looks at its computer's only.
+        self._files: dict[tuple[str, str], dict[str, dict[int, Notify]]] = {}
         self._next = 0
         # Legacy connections: their subscriptions (uri -> stop) and their GET stream.
         self._legacy: OrderedDict[Hashable, dict[str, Notify]] = OrderedDict()
@@ -156,15 +155,18 @@ class Subscriptions:
         return stop
 
     def _file(self, session: Any, path: str, notify: Notify) -> Notify:
-        key = (session.account_id, session.trapos_id, _normal(path))
-        listeners = self._files.setdefault(key, {})
+        key, watched = (session.account_id, session.trapos_id), _normal(path)
+        paths = self._files.setdefault(key, {})
+        listeners = paths.setdefault(watched, {})
         self._next += 1
         number = self._next
         listeners[number] = notify
 
         def stop() -> None:
             listeners.pop(number, None)
-            if not listeners and self._files.get(key) is listeners:
+            if not listeners and paths.get(watched) is listeners:
+                del paths[watched]
+            if not paths and self._files.get(key) is paths:
                 del self._files[key]
 
         return stop
@@ -172,9 +174,7 @@ class Subscriptions:
     def file_changed(self, account_id: str, trapos_id: str, path: str) -> None:
         """A write or delete changed ``path`` (a file, or a folder and all it holds)."""
         changed = _normal(path)
-        for (account, computer, watched), listeners in list(self._files.items()):
-            if (account, computer) != (account_id, trapos_id):
-                continue
+        for watched, listeners in list(self._files.get((account_id, trapos_id), {}).items()):
             if watched == changed or watched.startswith(changed.rstrip("/") + "/"):
                 for notify in list(listeners.values()):
                     notify()
@@ -183,17 +183,15 @@ class Subscriptions:
         """How many computers' screens are watched for subscribers (tests, metrics)."""
         return len(self._screens)
 
-    async def _subscribe(
-        self, uri: Any, notify: Notify, scope: str | None, pin: tuple[str, str] | None, call: Call
+    def _subscribe(
+        self, uri: Any, notify: Notify, scope: str | None, found: list, call: Call
     ) -> Notify:
-        """Subscribe ``notify`` to ``uri``, or an ``Invalid`` as a read of it would be."""
-        computer, kind, path = parse(uri)
-        try:
-            session = resolve(
-                self._registry, computer, scope, await computers(self._registry, scope, pin)
-            )
-        except ToolError as error:
-            raise Invalid(not_found_code(call.revision), error.text, data={"uri": uri}) from None
+        """
+        Subscribe ``notify`` to ``uri`` among the caller's computers ``found``, or an
+        ``Invalid`` as a read of it would be. Synchronous: nothing registered can be left
+        behind by a caller that goes away while it runs.
+        """
+        session, kind, path = locate(self._registry, uri, scope, found, call.revision)
         if kind == "screen":
             if "screen" not in session.capabilities:
                 raise Invalid(
@@ -225,6 +223,7 @@ class Subscriptions:
                 INVALID_REQUEST, "subscriptions/listen answers as text/event-stream: Accept it"
             )
         meta = {SUBSCRIPTION_ID: call.id}
+        found = await computers(self._registry, scope, pin)
         stops: list[Notify] = []
         honored: list[str] = []
         for uri in dict.fromkeys(uris):
@@ -239,7 +238,7 @@ class Subscriptions:
                 )
 
             try:
-                stops.append(await self._subscribe(uri, notify, scope, pin, call))
+                stops.append(self._subscribe(uri, notify, scope, found, call))
             except Invalid:
                 continue  # not honoured: left out of the acknowledgement
             honored.append(uri)
@@ -253,13 +252,11 @@ class Subscriptions:
                 "params": {"notifications": acknowledged, "_meta": meta},
             }
         )
-        keepalive = LoopingCall(stream.comment)
-        keepalive.clock = self._clock
-        keepalive.start(KEEPALIVE_SECONDS, now=False)
+        stop_keepalive = stream.keep_alive(self._clock, KEEPALIVE_SECONDS)
         try:
             await Deferred()  # until the client closes the stream (the request is cancelled)
         finally:
-            keepalive.stop()
+            stop_keepalive()
             for stop in stops:
                 stop()
         return {"_meta": meta}  # pragma: no cover (never reached: only a cancel ends it)
@@ -276,6 +273,11 @@ class Subscriptions:
     ) -> dict[str, Any]:
         uri = params.get("uri")
         connection = call.connection
+        # Looked up before any bookkeeping: from here to the end nothing waits, so two
+        # subscribes at once, or an eviction meanwhile, cannot lose a subscription's stop.
+        found = (
+            await computers(self._registry, scope, pin) if method == "resources/subscribe" else []
+        )
         if connection not in self._legacy and method == "resources/subscribe":
             while len(self._legacy) >= MAX_LEGACY_CONNECTIONS:
                 _, oldest = self._legacy.popitem(last=False)
@@ -307,7 +309,7 @@ class Subscriptions:
                 )
 
         try:
-            subscribed[uri] = await self._subscribe(uri, notify, scope, pin, call)
+            subscribed[uri] = self._subscribe(uri, notify, scope, found, call)
         finally:
             if not subscribed:
                 self._legacy.pop(connection, None)

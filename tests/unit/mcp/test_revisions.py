@@ -359,7 +359,7 @@ class AccountTests(ModernMixin, McpTestCase):
             read = self.as_alice(
                 "resources/read", {"uri": "trapsandbox://6%3Ab/files/secret.txt"}, modern
             )
-            self.assertIn(read["error"]["code"], (-32002, -32602))
+            self.assertEqual(read["error"]["code"], -32602 if modern else -32002)
         subscribed = self.as_alice("resources/subscribe", {"uri": "trapsandbox://6%3Ab/screen"})
         self.assertEqual(subscribed["error"]["code"], -32002)
         self.assertEqual(self.bob.sent, [])  # nothing ever reached bob's computer

@@ -15,6 +15,7 @@ from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.mcp.errors import Invalid
 from trapsandbox.mcp.jsonrpc import Call
 from trapsandbox.mcp.revision import Revision
+from trapsandbox.mcp.stream import EventStream
 from trapsandbox.mcp.subscriptions import Subscriptions
 
 SCREEN = "trapsandbox://7%3Abase/screen"
@@ -47,6 +48,8 @@ class Stream:
 
     def comment(self):
         self.sent.append(None)
+
+    keep_alive = EventStream.keep_alive  # the real one, on this fake's comment
 
 
 class SubscriptionTests(SynchronousTestCase):
