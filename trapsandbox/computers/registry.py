@@ -63,6 +63,19 @@ class Link(Protocol):
 PartialListener = Callable[[dict[str, Any]], None]
 # The streams a computer runs until cancelled, counted per account (``Registry.request``).
 WATCHES = frozenset({"screen_watch", "peripheral_events"})
+# Told (account, traposId, path) after a write or delete through the gateway changed a file.
+FileListener = Callable[[str, str, str], None]
+
+
+def _changed_path(kind: str, payload: dict[str, Any]) -> str | None:
+    """The path a request changes once it succeeds: a delete, or a write's last part."""
+    path = payload.get("path")
+    if kind not in ("write_file", "delete_file") or type(path) is not str:
+        return None
+    part = payload.get("part")
+    if kind == "write_file" and isinstance(part, dict) and part.get("final") is not True:
+        return None
+    return path
 
 
 class Peers(Protocol):
@@ -405,6 +418,8 @@ class Registry:
     _next_activity: int = attrs.field(default=0, init=False)
     # account -> its watches open (``WATCHES``), and its activity listeners.
     _watching: dict[str, int] = attrs.field(factory=dict, init=False)
+    # Whoever must hear of a file changed through any surface (MCP's file subscribers).
+    file_listeners: list[FileListener] = attrs.field(factory=list, init=False)
     _activity_watching: dict[str, int] = attrs.field(factory=dict, init=False)
 
     def watch(self, listener: Callable[[], None]) -> Callable[[], None]:
@@ -620,12 +635,24 @@ class Registry:
             d.addBoth(_passed, _uncounted, self._watching, counted)
         if gate is not None:
             d.addBoth(_passed, gate.stop)
+        changed = _changed_path(type, payload or {}) if self.file_listeners else None
+        if changed is not None:
+            d.addCallback(self._file_changed, account_id, trapos_id, changed)
         key = (account_id, trapos_id)
         # A request relayed to the process holding the computer is in its activity there.
         relayed = session is None and self.peers is not None
         if key in self._activity and not senders.is_quiet() and not relayed:
             self.track(key, type, payload or {}, d)
         return d
+
+    def _file_changed(self, response: Any, account_id: str, trapos_id: str, path: str) -> Any:
+        if getattr(response, "ok", False):
+            for listener in list(self.file_listeners):
+                try:
+                    listener(account_id, trapos_id, path)
+                except Exception:
+                    log.failure("a file listener failed")
+        return response
 
     def track(
         self,

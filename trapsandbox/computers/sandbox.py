@@ -80,23 +80,9 @@ def _count(payload: dict[str, Any], name: str) -> int:
     return value
 
 
-# Told (account, traposId, path) after a write or delete through the gateway changed a file.
-FileListener = Callable[[str, str, str], None]
-
-
 class Sandbox:
     def __init__(self, registry: Registry) -> None:
         self._registry = registry
-        # Whoever must hear of a file changed through any surface (MCP's file subscribers).
-        self.file_listeners: list[FileListener] = []
-
-    def _changed(self, answer: Any, account_id: str, trapos_id: str, path: str) -> Any:
-        for listener in self.file_listeners:
-            try:
-                listener(account_id, trapos_id, path)
-            except Exception:
-                log.failure("a file listener failed")
-        return answer
 
     @property
     def registry(self) -> Registry:
@@ -183,10 +169,9 @@ class Sandbox:
         )
 
     def delete_file(self, trapos_id: str, path: str, account_id: str = LOCAL_ACCOUNT) -> Deferred:
-        d = self._call(
+        return self._call(
             account_id, trapos_id, "delete_file", {"path": path}, limits.FILE_REQUEST_TIMEOUT
         )
-        return d.addCallback(self._changed, account_id, trapos_id, path)
 
     def snapshot_list(
         self, trapos_id: str, account_id: str = LOCAL_ACCOUNT, timeout: float | None = None
@@ -339,8 +324,7 @@ class Sandbox:
                     errors.TOO_LARGE, f"at most {max_bytes} bytes can be written in one call"
                 )
             )
-        d = Deferred.fromCoroutine(self._write_file(account_id, trapos_id, path, content))
-        return d.addCallback(self._changed, account_id, trapos_id, path)
+        return Deferred.fromCoroutine(self._write_file(account_id, trapos_id, path, content))
 
     async def _write_file(
         self, account_id: str, trapos_id: str, path: str, content: bytes

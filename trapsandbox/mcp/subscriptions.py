@@ -8,7 +8,7 @@ changes, and then reads it again.
              started with the first and cancelled when the last goes
     file     trapsandbox://{traposId}/files/{+path}: when a write or delete
              through the gateway (any surface: MCP, §9, a restore) changes it,
-             or the folder holding it (``Sandbox.file_listeners``)
+             or the folder holding it (``Registry.file_listeners``: every surface's writes)
 
 How a client subscribes depends on its revision:
 
@@ -126,7 +126,7 @@ class Subscriptions:
         # Legacy connections: their subscriptions (uri -> stop) and their GET stream.
         self._legacy: OrderedDict[Hashable, dict[str, Notify]] = OrderedDict()
         self._legacy_streams: dict[Hashable, Callable[[dict[str, Any]], None]] = {}
-        sandbox.file_listeners.append(self.file_changed)
+        registry.file_listeners.append(self.file_changed)
 
     # -- the watches ---------------------------------------------------------------------
 

@@ -128,6 +128,19 @@ class SubscriptionTests(SynchronousTestCase):
         self.successResultOf(self.sandbox.write_file("7:base", "notes/a.txt", b"2", "alice"))
         self.assertEqual(self.updates(stream), [FILE, FILE])
 
+    def test_a_write_from_any_surface_updates_a_file_once_whole(self):
+        # /operator and POST /computers/{id}/requests (the console's files panel) send the
+        # computer's own request types straight through the registry, in parts.
+        stream, d = self.listen([FILE])
+        first = {"path": "notes/a.txt", "content": "", "encoding": "base64"}
+        first["part"] = {"offset": 0, "final": False, "size": 1}
+        self.successResultOf(self.registry.request("7:base", "write_file", first, 5, "alice"))
+        self.assertEqual(self.updates(stream), [])  # not whole yet
+        last = {**first, "content": "MQ==", "part": {"offset": 0, "final": True, "size": 1}}
+        self.successResultOf(self.registry.request("7:base", "write_file", last, 5, "alice"))
+        self.assertEqual(self.updates(stream), [FILE])
+        self.end(d)
+
     def test_another_accounts_computer_is_never_watched(self):
         WatchedComputer.connect(self.registry, "7:base", account_id="bob")
         stream, d = self.listen([SCREEN, FILE], scope="mallory")
