@@ -47,11 +47,15 @@ def sandbox_error(request: IRequest, status: int, code: str, message: str) -> by
     return json_body(request, errors.body(code, message, sandbox=True), status)
 
 
+def gateway_error(request: IRequest, error: GatewayError) -> bytes:
+    """A §9 endpoint's ``error``, answered with its status."""
+    return sandbox_error(request, error.status, error.code, error.message)
+
+
 def sandbox_failed(failure: Failure, request: IRequest) -> bytes | Failure:
     """A §9 call's failure, answered; what is not a ``GatewayError`` is passed on."""
     if failure.check(GatewayError):
-        error = failure.value
-        return sandbox_error(request, error.status, error.code, error.message)
+        return gateway_error(request, failure.value)
     return failure  # cancelled (the client went away), or a bug for internal_error
 
 

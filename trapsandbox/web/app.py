@@ -102,11 +102,11 @@ from trapsandbox.opencode.probe import OpencodeProbe, ProbeResult
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.web import client, console, validation
 from trapsandbox.web.answers import (
+    gateway_error,
     json_body,
     json_error,
     ok_body,
     plain_body,
-    sandbox_error,
     sandbox_failed,
     write_answer,
 )
@@ -195,9 +195,7 @@ def on_computer(route):
         try:
             account_id = operator.account_of(self._registry, trapos_id, _asked_account(request))
         except GatewayError as failure:
-            return sandbox_error(
-                request, errors.STATUS.get(failure.code, 500), failure.code, failure.message
-            )
+            return gateway_error(request, failure)
         # What the route sends the computer is this operator's, in its activity.
         sender = senders.of_operator(operator)
         return senders.sent_by(
@@ -458,7 +456,7 @@ class GatewayApp:
                 body, "maxOutputBytes", limits.MAX_OUTPUT_BYTES, integer=True
             )
         except GatewayError as error:
-            return sandbox_error(request, error.status, error.code, error.message)
+            return gateway_error(request, error)
         stream = OutputStream(request)
         d = self._sandbox.execute(
             trapos_id,
@@ -556,7 +554,7 @@ class GatewayApp:
         try:
             max_fps = validation.query_number(request, b"maxFps", 1, 20)
         except GatewayError as error:
-            return sandbox_error(request, error.status, error.code, error.message)
+            return gateway_error(request, error)
         stream = ScreenStream(request)
         d = self._sandbox.watch_screen(trapos_id, stream.frame, max_fps, account_id=account_id)
         if not d.called:
@@ -607,7 +605,7 @@ class GatewayApp:
                 if raw.strip():
                     validation.json_object(raw, "{}")
         except GatewayError as error:
-            return sandbox_error(request, error.status, error.code, error.message)
+            return gateway_error(request, error)
         d = call(self._requests.snapshots)
         d.addCallbacks(ok_body, sandbox_failed, (request,), None, (request,))
         return d
@@ -644,7 +642,7 @@ class GatewayApp:
                 request, b"timeoutMs", 1, limits.MAX_PERIPHERAL_EVENTS_TIMEOUT_MS
             )
         except GatewayError as error:
-            return sandbox_error(request, error.status, error.code, error.message)
+            return gateway_error(request, error)
         stream = EventStream(request)
         d = self._sandbox.watch_peripheral_events(
             trapos_id, stream.frame, events, timeout_ms, account_id=account_id
@@ -678,7 +676,7 @@ class GatewayApp:
         try:
             d = call(validation.json_object(read_body(request), shape))
         except GatewayError as error:
-            return sandbox_error(request, error.status, error.code, error.message)
+            return gateway_error(request, error)
         d.addCallbacks(ok_body if ok else plain_body, sandbox_failed, (request,), None, (request,))
         return d
 

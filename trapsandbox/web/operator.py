@@ -122,7 +122,7 @@ def parse_request(obj: dict[str, Any]) -> tuple[str, dict[str, Any], float | Non
 
 
 def rejected(error: GatewayError) -> Answer:
-    """The answer to a request the caller got wrong (its status and code are the error's)."""
+    """The answer to a request that failed, with the error's status and code."""
     return error_answer(error.status, error.code, error.message)
 
 
@@ -137,8 +137,7 @@ def _answered(response: wire.ComputerResponse) -> Answer:
 
 def _failed(failure: Failure) -> Answer | Failure:
     if failure.check(GatewayError):
-        error = failure.value
-        return error_answer(error.status, error.code, error.message)
+        return rejected(failure.value)
     return failure  # cancelled (the client went away), or a bug: the caller's
 
 
@@ -365,7 +364,7 @@ class OperatorRequests:
         try:
             return operator.account_of(self._registry, trapos_id, asked)
         except GatewayError as failure:
-            return error_answer(errors.STATUS.get(failure.code, 500), failure.code, failure.message)
+            return rejected(failure)
 
     def http(
         self,
