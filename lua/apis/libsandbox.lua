@@ -79,8 +79,6 @@ local M = {
   MAX_SEND = 128 * 1024,
   -- Program requests remembered so a dropped connection can answer them (not_connected).
   MAX_IN_FLIGHT = 256,
-  -- Connection attempts whose first event may still come (a late websocket_success is closed).
-  PENDING_URLS = 16,
   CLOSE_REPLACED = 4000,
   CLOSE_UNAUTHORIZED = 4001,
   EVENT_CAPABILITIES = 'trapos_sandbox_capabilities',
@@ -2604,11 +2602,8 @@ end
 function Session:connect()
   if self.terminal or self.stopped then return end
   self.attempts = self.attempts + 1
-  local nonce = ('%.0f-%d-%d'):format(self.os.epoch and self.os.epoch('utc') or 0, self.attempts,
-    math.floor(self.random() * 1000000))
-  local attempt = { url = M.withNonce(self.baseUrl, nonce) }
+  local attempt = { url = M.withNonce(self.baseUrl, ('%s-%d'):format(self.tag, self.attempts)) }
   self.current = attempt
-  self:expect(attempt.url)
   self.state = 'connecting'
   self:publish()
   attempt.clearConnect = self:deadline(attempt, 'connecting', self.connectTimeout, function()
@@ -2621,34 +2616,20 @@ function Session:connect()
   end
 end
 
--- Remembers that a websocket_success or _failure for `url` will be this session's. Attempts
--- that never hear back (a connect timeout and then nothing) are forgotten past the last 16.
-function Session:expect(url)
-  local pending = self.pendingUrls
-  pending[#pending + 1] = url
-  if #pending > M.PENDING_URLS then table.remove(pending, 1) end
-end
-
--- Whether `url` is one of this session's attempts still waiting for its first event (and
--- forgets it: a URL has one success or failure).
-function Session:claim(url)
-  for i, pending in ipairs(self.pendingUrls) do
-    if pending == url then
-      table.remove(self.pendingUrls, i)
-      return true
-    end
-  end
-  return false
+-- Whether `url` is one of this session's attempts: their nonces start with its tag.
+-- Websocket events reach every program and tab; only these are the daemon's business.
+function Session:owns(url)
+  return type(url) == 'string' and url:find('n=' .. self.tag .. '-', 1, true) ~= nil
 end
 
 -- connecting -> handshaking: the socket is open, send hello. Only a handle this session asked
 -- for is touched: another program's (another tab's, another daemon's) is none of its business.
 function Session:onOpen(url, handle)
-  if not self:claim(url) then return end
+  if not self:owns(url) then return end
   local attempt = self.current
   if not self:isCurrent(url) or attempt.handle then
     -- A late success for an attempt this session abandoned: nobody will use it, free the slot.
-    if type(handle) == 'table' then self:closeHandle(handle) end
+    if type(handle) == 'table' and handle ~= attempt.handle then self:closeHandle(handle) end
     return
   end
   attempt.handle = handle
@@ -2697,7 +2678,6 @@ end
 
 -- Any state: the socket failed or closed.
 function Session:onFailure(url, err)
-  self:claim(url)
   if not self:isCurrent(url) then return end
   local message = 'connection failed: ' .. tostring(err or 'unknown error')
   if type(err) == 'string' and err:find('not permitted', 1, true) then message = M.notPermitted(self.baseUrl, err) end
@@ -2990,15 +2970,15 @@ function M.startSession(opts)
     backoffJitter = opts.backoffJitter or M.BACKOFF_JITTER,
     published = published,
     traposId = M.traposId(osLike),
+    -- Starts every attempt's nonce: which websocket events are this session's (`owns`).
+    tag = ('%.0f-%d'):format(osLike.epoch and osLike.epoch('utc') or 0,
+      math.floor((opts.random or math.random)() * 1000000)),
     state = 'connecting',
     terminal = false,
     stopped = false,
     attempts = 0,
     failures = 0,
     current = nil, -- the attempt: { url, handle, done, helloId, ctx, clearHello, clearConnect }
-    -- URLs of this session's attempts whose websocket_success or _failure has not come yet
-    -- (oldest first): websocket events reach every program and tab, and only these are ours.
-    pendingUrls = {},
     closedHandles = setmetatable({}, { __mode = 'k' }),
     inFlight = {},
     inFlightCount = 0,

@@ -728,6 +728,16 @@ test('a second daemon leaves the first one\'s socket alone', function()
   other.stop()
 end)
 
+test('a late success of any abandoned attempt is closed, however many came since', function()
+  local env = newSession({ connectTimeout = 1, backoffMax = 1 })
+  local first = env.http.lastUrl()
+  for _ = 1, 40 do env.loop.advance(1) end
+  truthy(#env.http.urls > 20, 'many attempts: ' .. #env.http.urls)
+  local late = fakeHandle()
+  env.loop.emit('websocket_success', first, late)
+  eq(late.closes, 1, 'closed')
+end)
+
 test('send while not connected is answered at once with not_connected', function()
   local env = newSession()
   env.loop.emit('trapos_sandbox_send', 'm-1', 'probe_gateway', {})
