@@ -295,9 +295,8 @@ class Asks:
             if failure.check(GatewayError):
                 raise
             if failure.check(TimeoutError):
-                where = self._client.where if server is None else server.client.where
                 raise opencode_error(
-                    f"opencode at {where}: its event stream did not open"
+                    f"opencode at {server.client.where}: its event stream did not open"
                 ) from None
             raise error
         result = await done
@@ -729,17 +728,13 @@ class Asks:
         run = self.runs.get((account_id, trapos_id))
         if run is None or run.message_id != message_id or run.finished:
             return None
-        if run.ticket is not None and not run.ticket.admitted:
-            # Waiting its turn: nothing reached opencode, it just leaves the queue.
-            self._finish(
-                run,
-                GatewayError(errors.CANCELLED, "cancelled while waiting for the agent"),
-                "cancelled",
-            )
-            return succeed(None)
         if not run.conversation.session_id:
-            # Still setting up: end it now; the prompt never goes out... or is aborted at once.
-            return None
+            # Waiting its turn or still setting up: nothing reached opencode. It ends now, and
+            # the set-up, which looks after each step whether its ask has ended, goes no further.
+            waiting = run.ticket is not None and not run.ticket.admitted
+            why = "while waiting for the agent" if waiting else "before the agent started"
+            self._finish(run, GatewayError(errors.CANCELLED, f"cancelled {why}"), "cancelled")
+            return succeed(None)
         grace = self._clock.callLater(limits.ASK_ABORT_GRACE, self._abort_unheard, run)
         run.done.addBoth(lambda result: (grace.active() and grace.cancel(), result)[1])
         return self._abort(run)

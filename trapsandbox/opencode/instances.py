@@ -60,7 +60,6 @@ class Instances:
         self.live: dict[Key, IDelayedCall | None] = {}
         # key -> its dispose in flight.
         self.disposing: dict[Key, Deferred] = {}
-        self.given_back = 0
 
     def use(self, key: Key) -> Deferred[None]:
         """
@@ -124,7 +123,6 @@ class Instances:
             account=cut(key[0]),
             why=why,
         )
-        self.given_back += 1
         d = self._dispose(key)
         d.addErrback(
             lambda failure: log.info(

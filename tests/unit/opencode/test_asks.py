@@ -328,6 +328,20 @@ class AskCancelTests(AskTestsMixin, SynchronousTestCase):
         self.ask(message_id="m2")
         self.assertEqual(self.http.sessions, 1)
 
+    def test_cancel_while_its_session_is_set_up_ends_it_and_the_prompt_never_goes_out(self):
+        created = Deferred()
+        self.http.answers[("POST", "/session")] = created
+        done = self.ask(trapos="2:b", message_id="m9")
+        self.assertIsNotNone(self.asks.cancel("local", "2:b", "m9"))
+        # (The step in flight ends first, as for a halt; then the set-up goes no further.)
+        created.callback(FakeResponse(200, orjson.dumps({"id": "ses_other"})))
+        error = self.failureResultOf(done, GatewayError).value
+        self.assertEqual(
+            (error.code, error.message), (errors.CANCELLED, "cancelled before the agent started")
+        )
+        self.assertNotIn("/session/ses_other/prompt_async", self.http.paths("POST"))
+        self.assertNotIn(("local", "2:b"), self.asks.runs)
+
     def test_cancel_ends_the_ask_even_if_opencode_never_says_idle(self):
         self.asks.cancel("local", "1:a", "m1")
         self.clock.advance(limits.ASK_ABORT_GRACE)
