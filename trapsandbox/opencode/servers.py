@@ -71,12 +71,17 @@ class ServerProbes:
     def __init__(self, probes: Sequence[OpencodeProbe]) -> None:
         self.probes = list(probes)
         self.url = ",".join(probe.url for probe in self.probes)
+        # The last combination and what it was made of: every probe_gateway asks ``fresh``.
+        self._last: tuple[tuple[ProbeResult, ...], ProbeResult] | None = None
 
     def fresh(self) -> ProbeResult | None:
-        results = [probe.fresh() for probe in self.probes]
+        results = tuple(probe.fresh() for probe in self.probes)
         if any(result is None for result in results):
             return None
-        return self._combined(results)  # type: ignore[arg-type]
+        last = self._last
+        if last is None or any(a is not b for a, b in zip(last[0], results, strict=True)):
+            last = self._last = (results, self._combined(list(results)))  # type: ignore[arg-type]
+        return last[1]
 
     def check(self) -> Deferred:
         d = gatherResults([probe.check() for probe in self.probes])

@@ -181,6 +181,27 @@ class ServerProbesTests(SynchronousTestCase):
         )
         self.assertIsNone(probes.fresh())  # a failure is never reused
 
+    def test_a_fresh_answer_is_combined_once_until_a_probe_has_a_new_one(self):
+        clock = Clock()
+
+        class Up:
+            def get(self, url, **kwargs):
+                response = FakeResponse(200, b"{}")
+                response.headers.setRawHeaders(b"content-type", [b"application/json"])
+                return succeed(response)
+
+        probes = ServerProbes([OpencodeProbe(Up(), clock, url) for url in URLS])
+        self.successResultOf(probes.check())
+        first = probes.fresh()
+        self.assertIsNotNone(first)
+        self.assertIs(probes.fresh(), first)  # every probe_gateway: no new dicts
+        clock.advance(3600)  # both stale: probed anew, each a new answer
+        self.assertIsNone(probes.fresh())
+        self.successResultOf(probes.check())
+        again = probes.fresh()
+        self.assertIsNot(again, first)
+        self.assertEqual(again.payload, first.payload)
+
     def test_all_down_is_not_ok(self):
         clock = Clock()
 
