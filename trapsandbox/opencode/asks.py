@@ -176,7 +176,7 @@ class Asks:
                 clock, functools.partial(self._dispose, server), instance_idle, max_instances
             )
             server.stream.on_reconnect.append(lambda server=server: self._reconnected(server))
-            server.stream.on_down.append(lambda error, server=server: self._down(server, error))
+            server.stream.on_gone.append(lambda error, server=server: self._gone(server, error))
             self.servers.append(server)
         # The first server's: what a gateway with one opencode server has.
         self.stream = self.servers[0].stream
@@ -682,16 +682,13 @@ class Asks:
             d.addCallback(self._check_status, run)
             d.addErrback(_logged("status check"))
 
-    def _down(self, server: Server, error: GatewayError) -> None:
+    def _gone(self, server: Server, error: GatewayError) -> None:
         """
         The server's event stream dropped and could not be opened again for
         ``ASK_SERVER_GONE`` seconds: its running asks would hear nothing more,
         so they end now, saying why and what the next ask does.  (A shorter gap,
         an opencode restarting, is bridged: ``_reconnected``.)
         """
-        lost_at = server.stream.lost_at
-        if lost_at is None or self._clock.seconds() - lost_at < limits.ASK_SERVER_GONE:
-            return
         then = (
             "ask again: the next ask goes to another opencode server and starts afresh"
             if len(self.servers) > 1

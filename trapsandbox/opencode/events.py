@@ -14,7 +14,7 @@ from typing import Any
 
 import treq
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -63,10 +63,11 @@ class EventStream:
         self._silence = silence
         self._listeners: dict[str, Callable[[dict[str, Any]], None]] = {}
         self.on_reconnect: list[Callable[[], None]] = []
-        # Run when the stream could not be opened (again): opencode is down or refusing.
-        self.on_down: list[Callable[[GatewayError], None]] = []
-        # When the open stream was lost (None while it is open, or before it first opens).
-        self.lost_at: float | None = None
+        # Run when the open stream was lost and stayed lost ``ASK_SERVER_GONE`` seconds: the
+        # server is gone, not restarting (told why the last attempt to open it failed).
+        self.on_gone: list[Callable[[GatewayError], None]] = []
+        self._gone: IDelayedCall | None = None
+        self._last_error: GatewayError | None = None
         self.connected = False
         self.connects = 0
         self._connecting: Deferred | None = None
@@ -101,6 +102,7 @@ class EventStream:
 
     def stop(self) -> None:
         self._stopped = True
+        self._cancel_gone()
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
         self._cancel_watchdog()
@@ -139,7 +141,7 @@ class EventStream:
         response.deliverBody(body)
         body.ended.addCallback(self._ended, body)
         self.connected = True
-        self.lost_at = None
+        self._cancel_gone()
         self.connects += 1
         self._backoff = limits.EVENT_RECONNECT_MIN
         self._arm_watchdog()
@@ -161,23 +163,36 @@ class EventStream:
         self._down(explain(failure, self._client.where))
 
     def _down(self, error: GatewayError) -> None:
+        self._last_error = error
         waiters, self._waiters = self._waiters, []
         for d in waiters:
             d.errback(error)
-        for listener in list(self.on_down):
+        self._schedule()
+
+    def _cancel_gone(self) -> None:
+        if self._gone is not None and self._gone.active():
+            self._gone.cancel()
+        self._gone = None
+
+    def _fire_gone(self) -> None:
+        self._gone = None
+        error = self._last_error or opencode_error(
+            f"opencode at {self._client.where}: its event stream did not open again"
+        )
+        for listener in list(self.on_gone):
             try:
                 listener(error)
             except Exception:
-                log.failure("an event stream down listener failed")
-        self._schedule()
+                log.failure("an event stream gone listener failed")
 
     def _ended(self, _: None, body: _StreamBody) -> None:
         if self._body is body:
             self._body = None
         self.connected = False
-        self.lost_at = self._clock.seconds()
         self._cancel_watchdog()
         if not self._stopped:
+            self._cancel_gone()
+            self._gone = self._clock.callLater(limits.ASK_SERVER_GONE, self._fire_gone)
             log.info("the opencode event stream ended; reconnecting")
             self._schedule()
 
