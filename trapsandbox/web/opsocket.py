@@ -474,28 +474,25 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         self._answer(message_id, INTERNAL)
 
     def _partial(self, message_id: str | int, payload: dict[str, Any]) -> None:
-        if self.state != WebSocketProtocol.STATE_OPEN or message_id not in self.in_flight:
-            return
-        message = {"id": message_id, "status": 200, "partial": True, "payload": payload}
-        try:
-            self.outbound.send(orjson.dumps(message))
-        except GatewayError:
-            self.dropped = True
-            log.debug("a frame to {peer} dropped: it is not reading", peer=self.peer_address)
+        self._send_partial(message_id, orjson.dumps(payload))
 
     def _listing(self, message_id: str | int, listing: Listing) -> None:
-        """A ``watch_computers`` partial: the listing's JSON, shared by its watchers, spliced in."""
+        """A ``watch_computers`` partial: the listing's JSON, shared by its watchers."""
+        self._send_partial(message_id, listing.encoded)
+
+    def _send_partial(self, message_id: str | int, payload: bytes) -> None:
+        """A partial answer to ``message_id`` with ``payload``, JSON already encoded (spliced)."""
         if self.state != WebSocketProtocol.STATE_OPEN or message_id not in self.in_flight:
             return
         message = b'{"id":%b,"status":200,"partial":true,"payload":%b}' % (
             orjson.dumps(message_id),
-            listing.encoded,
+            payload,
         )
         try:
             self.outbound.send(message)
         except GatewayError:
             self.dropped = True
-            log.debug("a listing to {peer} dropped: it is not reading", peer=self.peer_address)
+            log.debug("a partial to {peer} dropped: it is not reading", peer=self.peer_address)
 
     def _room_for_frames(self) -> bool:
         """Whether a screen frame would be sent now (not queued behind a full transport)."""
