@@ -12,6 +12,7 @@ from trapsandbox.cluster.ownership import CLAIM, Ownership
 from trapsandbox.cluster.relay import Relay
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.errors import GatewayError
 
 
 class FakeRedis:
@@ -97,3 +98,22 @@ class FencingTests(SynchronousTestCase):
         self.relay.on_request(self.request("3"))
         [sent] = link.sent
         self.assertEqual((sent["event"], sent["type"]), ("gateway_request", "ping"))
+
+
+class RelayedListenerTests(SynchronousTestCase):
+    def test_a_listener_that_ends_a_relayed_request_ends_it_there_too(self):
+        redis = FakeRedis()
+        registry = Registry(Clock())
+        relay = Relay(registry, redis, Ownership(registry, redis, "here", 15000), "here", Clock())
+
+        def too_large(payload):
+            raise GatewayError(errors.TOO_LARGE, "a screen of 512x512")
+
+        request = {"t": "req", "key": ("local", "7:"), "type": "screen_watch", "timeout": 60}
+        d = relay._relay(("there", 2), request, too_large)
+        ((_, sent),) = redis.published
+        relay.on_partial({"t": "partial", "id": sent["id"], "payload": {"rows": {}}})
+        self.assertEqual(self.failureResultOf(d, GatewayError).value.code, errors.TOO_LARGE)
+        self.assertEqual(
+            redis.published[-1], ("there", {"t": "cancel", "id": sent["id"], "from": "here"})
+        )

@@ -202,6 +202,10 @@ class Relay:
         if relay is not None and relay.on_partial is not None and type(payload) is dict:
             try:
                 relay.on_partial(payload)
+            except GatewayError as error:
+                # The listener ends it (as Registry.request's do): there, and for its caller.
+                self._relay_cancelled(message["id"])
+                relay.deferred.errback(error)
             except Exception:
                 log.failure("a listener of relayed output failed")
 

@@ -243,13 +243,18 @@ class Session:
         if pending is not None:
             self._stop_on_computer(message_id, pending)
 
-    def _timed_out(self, message_id: str, timeout: float) -> None:
+    def _abort(self, message_id: str, error: GatewayError) -> None:
+        """End a request the gateway gives up on: here, on the computer, and for its caller."""
         pending = self._end(message_id)
         if pending is not None:
             self._stop_on_computer(message_id, pending)
-            pending.deferred.errback(
-                GatewayError(errors.TIMEOUT, f"no answer from the computer within {timeout:g} s")
-            )
+            pending.deferred.errback(Failure(error))
+
+    def _timed_out(self, message_id: str, timeout: float) -> None:
+        self._abort(
+            message_id,
+            GatewayError(errors.TIMEOUT, f"no answer from the computer within {timeout:g} s"),
+        )
 
     def _fail(self, message_id: str, error: GatewayError) -> None:
         pending = self._end(message_id)
@@ -266,10 +271,8 @@ class Session:
                 try:
                     pending.on_partial(frame.payload)
                 except GatewayError as error:
-                    # The listener ends it (a frame too large to relay): here and on the computer.
-                    self._end(frame.message_id)
-                    self._stop_on_computer(frame.message_id, pending)
-                    pending.deferred.errback(Failure(error))
+                    # The listener ends it (a frame too large to relay).
+                    self._abort(frame.message_id, error)
                 except Exception:
                     log.failure("a listener of {type} output failed", type=pending.type)
             return True
