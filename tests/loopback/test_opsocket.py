@@ -442,7 +442,7 @@ class OperatorSocketAccountTests(TestCase):
         first.sendClose(1000)
         await bounded(first.closed)
         await connect_operator(self, gateway.port, "token-alice")
-        self.assertEqual(gateway.operator_socket.per_account, {"alice": 2, "bob": 1})
+        self.assertEqual(gateway.operator_socket.per_account.held, {"alice": 2, "bob": 1})
 
 
 class ConsoleTokenTests(TestCase):
@@ -529,7 +529,7 @@ class ConsoleLoopbackTests(TestCase):
         self.assertEqual(await page.next_message(), {"authenticated": True, "account": "alice"})
         page.send({"id": 1, "traposId": "2:", "type": "ping"})
         self.assertEqual((await page.next_message())["status"], 404)
-        self.assertEqual(gateway.operator_socket.per_account, {"alice": 1})
+        self.assertEqual(gateway.operator_socket.per_account.held, {"alice": 1})
         # The browser rule still holds: a foreign Host is not the loopback admin.
         with self.assertRaises(Refused) as caught:
             await connect_operator(self, gateway.port, origin="http://evil.example")

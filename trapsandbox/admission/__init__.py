@@ -11,6 +11,7 @@ Who gets in (SPEC §2 hello, §4, §12).
                   ``trapsandbox-ctl accounts`` makes
     ``throttle``  the per-address back-off of wrong secrets and tokens
     ``proxies``   the client's address behind a listed reverse proxy
+    ``tally``     how many of one thing (computers, sockets, watches) each account holds
     ``strangers`` HTTP connections of each address with no request admitted yet (429
                   past the bound), counted by what listens
 """

@@ -38,6 +38,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from trapsandbox import errors, limits
+from trapsandbox.admission.tally import Tally
 from trapsandbox.computers import senders, settingsfile, wire
 from trapsandbox.computers.screen import ScreenGate, max_fps
 from trapsandbox.errors import GatewayError
@@ -362,7 +363,7 @@ def _ignore(failure: Failure) -> None:
     return None
 
 
-def _counted(held: dict[str, int], most: int, kind: str) -> tuple[str | None, GatewayError | None]:
+def _counted(held: Tally, most: int, kind: str) -> tuple[str | None, GatewayError | None]:
     """
     Count one more watch of the account whose token asks for it now
     (``senders.current``) in ``held``: ``(that account, None)``, or ``(None,
@@ -373,25 +374,19 @@ def _counted(held: dict[str, int], most: int, kind: str) -> tuple[str | None, Ga
     account = senders.current().get("account")
     if account is None:
         return None, None
-    count = held.get(account, 0)
-    if count >= most:
+    if held.full(account, most):
         return None, GatewayError(
             errors.TOO_MANY_WATCHES,
             f"account {wire.cut(account)} already has {most} {kind} watches open here; "
             "end one first",
         )
-    held[account] = count + 1
+    held.take(account)
     return account, None
 
 
-def _uncounted(held: dict[str, int], account: str | None) -> None:
-    if account is None:
-        return
-    left = held.get(account, 0) - 1
-    if left > 0:
-        held[account] = left
-    else:
-        held.pop(account, None)
+def _uncounted(held: Tally, account: str | None) -> None:
+    if account is not None:
+        held.give_back(account)
 
 
 def _passed(result: object, call: Callable[..., None], *args: Any) -> object:
@@ -413,17 +408,17 @@ class Registry:
     _sessions: dict[tuple[str, str], Session] = attrs.field(factory=dict, init=False)
     # traposId -> the accounts holding it, and account -> how many computers it has.
     _holders: dict[str, set[str]] = attrs.field(factory=dict, init=False)
-    _per_account: dict[str, int] = attrs.field(factory=dict, init=False)
+    _per_account: Tally = attrs.field(factory=Tally, init=False)
     # Called after a computer connects, disconnects or changes its capabilities.
     _watchers: list[Callable[[], None]] = attrs.field(factory=list, init=False)
     # (accountId, traposId) -> listeners of its requests (``watch_activity``).
     _activity: dict[tuple[str, str], list[PartialListener]] = attrs.field(factory=dict, init=False)
     _next_activity: int = attrs.field(default=0, init=False)
     # account -> its watches open (``WATCHES``), and its activity listeners.
-    _watching: dict[str, int] = attrs.field(factory=dict, init=False)
+    _watching: Tally = attrs.field(factory=Tally, init=False)
     # Whoever must hear of a file changed through any surface (MCP's file subscribers).
     file_listeners: list[FileListener] = attrs.field(factory=list, init=False)
-    _activity_watching: dict[str, int] = attrs.field(factory=dict, init=False)
+    _activity_watching: Tally = attrs.field(factory=Tally, init=False)
 
     def watch(self, listener: Callable[[], None]) -> Callable[[], None]:
         """
@@ -515,11 +510,11 @@ class Registry:
 
     def count(self, account_id: str) -> int:
         """How many computers ``account_id`` has connected."""
-        return self._per_account.get(account_id, 0)
+        return self._per_account[account_id]
 
     def counts(self) -> dict[str, int]:
         """Connected computers by account (accounts with none left out)."""
-        return dict(self._per_account)
+        return dict(self._per_account.held)
 
     def of_account(self, account_id: str | None) -> list[Session]:
         """The computers of ``account_id`` (None: every account's)."""
@@ -534,7 +529,7 @@ class Registry:
         session.on_change = self._changed
         if old is None:
             self._holders.setdefault(session.trapos_id, set()).add(session.account_id)
-            self._per_account[session.account_id] = self.count(session.account_id) + 1
+            self._per_account.take(session.account_id)
         if self.peers is not None:
             self.peers.added(session)
         if old is not None and old is not session:
@@ -562,11 +557,7 @@ class Registry:
             holders.discard(session.account_id)
             if not holders:
                 del self._holders[session.trapos_id]
-            left = self._per_account[session.account_id] - 1
-            if left:
-                self._per_account[session.account_id] = left
-            else:
-                del self._per_account[session.account_id]
+            self._per_account.give_back(session.account_id)
             if self.peers is not None:
                 self.peers.removed(session)
             session.on_change = None

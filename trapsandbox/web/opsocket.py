@@ -97,6 +97,7 @@ from twisted.python.failure import Failure
 
 from trapsandbox import errors, limits
 from trapsandbox.admission import auth, proxies
+from trapsandbox.admission.tally import Tally
 from trapsandbox.compat import fixes
 from trapsandbox.computers import senders, wire
 from trapsandbox.computers.outbound import Outbound
@@ -235,12 +236,12 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         if who.account is None:
             return None
         held = self.factory.per_account
-        if held.get(who.account, 0) >= self.factory.max_per_account:
+        if held.full(who.account, self.factory.max_per_account):
             return (
                 f"account {who.account} already has {self.factory.max_per_account} "
                 "operator sockets open; close one first"
             )
-        held[who.account] = held.get(who.account, 0) + 1
+        held.take(who.account)
         self.counted = who.account
         return None
 
@@ -358,12 +359,7 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         account, self.counted = self.counted, None
         if account is None:
             return
-        held = self.factory.per_account
-        left = held.get(account, 0) - 1
-        if left > 0:
-            held[account] = left
-        else:
-            held.pop(account, None)
+        self.factory.per_account.give_back(account)
 
     # Requests
 
@@ -543,7 +539,7 @@ class OperatorSocketFactory(WebSocketServerFactory):
         self.connections: set[OperatorSocket] = set()
         self.max_per_account = max_per_account
         # Sockets accepted and not yet closed, by account (account tokens only).
-        self.per_account: dict[str, int] = {}
+        self.per_account = Tally()
         self.setProtocolOptions(
             **server_options(limits.MAX_BODY_BYTES, auto_ping_interval, auto_ping_timeout)
         )

@@ -321,4 +321,4 @@ class WatchBoundTests(SynchronousTestCase):
         # What the computer still sends for it is ignored.
         self.assertFalse(session.resolve(partial(watch, {"rows": {}}, "1:")))
         # And the account's watch is counted no more.
-        self.assertEqual(self.registry._watching, {})
+        self.assertEqual(self.registry._watching.held, {})
