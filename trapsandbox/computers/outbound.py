@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from zope.interface import implementer
 
@@ -33,6 +34,7 @@ class Outbound:
         "_stall_timeout",
         "_queue",
         "_stall_timer",
+        "_resumed",
         "paused",
         "queued_bytes",
     )
@@ -52,6 +54,8 @@ class Outbound:
         self._stall_timeout = stall_timeout
         self._queue: deque[bytes] | None = None
         self._stall_timer: IDelayedCall | None = None
+        # Who waits for room (``when_resumed``): None until someone does.
+        self._resumed: list[Deferred[None]] | None = None
         self.paused = False
         self.queued_bytes = 0
 
@@ -86,6 +90,19 @@ class Outbound:
             self._write(data)
         if not self._queue:
             self._queue = None
+        if self._resumed and not self.paused:
+            waiting, self._resumed = self._resumed, None
+            for d in waiting:
+                if not d.called:  # (cancelled: its watch ended meanwhile)
+                    d.callback(None)
+
+    def when_resumed(self) -> Deferred[None]:
+        """Fires once the transport takes writes again (after ``pauseProducing``)."""
+        d: Deferred[None] = Deferred()
+        if self._resumed is None:
+            self._resumed = []
+        self._resumed.append(d)
+        return d
 
     def stopProducing(self) -> None:
         self._cancel_stall_timer()

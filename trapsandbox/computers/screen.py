@@ -34,6 +34,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
@@ -199,16 +200,17 @@ class ScreenGate:
     Between a computer and one screen watch: ``take`` each compact frame the
     computer sends (raises ``GatewayError(too_large)`` for one that must end
     the watch); ``deliver`` hears at most ``fps`` frames a second, each the
-    merge of those that came since the last.  ``deliver`` may answer False
-    (its watcher has no room now): the frame is kept, merged with what comes
-    next, and offered again one interval later.  ``stop`` when the watch ends.
+    merge of those that came since the last.  ``deliver`` may answer a
+    Deferred (its watcher has no room now, and that fires when it has): the
+    frame is kept, merged with what comes next, and offered again then.
+    ``stop`` when the watch ends.
     """
 
     def __init__(
         self,
         clock: IReactorTime,
         fps: float,
-        deliver: Callable[[dict[str, Any]], bool | None],
+        deliver: Callable[[dict[str, Any]], Deferred[None] | None],
     ) -> None:
         self._clock = clock
         self._interval = 1.0 / fps
@@ -216,6 +218,7 @@ class ScreenGate:
         self._pending: dict[str, Any] | None = None
         self._last = -math.inf
         self._timer: IDelayedCall | None = None
+        self._room: Deferred[None] | None = None
 
     def take(self, compact_frame: dict[str, Any]) -> None:
         refusal = too_large(compact_frame)
@@ -226,8 +229,8 @@ class ScreenGate:
             self._pending = merge({}, compact_frame)
         else:
             self._pending = merge(self._pending, compact_frame)
-        if self._timer is not None:
-            return  # it goes when the timer fires
+        if self._timer is not None or self._room is not None:
+            return  # it goes when the timer fires, or the watcher has room
         wait = self._last + self._interval - self._clock.seconds()
         if wait <= 0:
             self._offer()
@@ -240,19 +243,27 @@ class ScreenGate:
         if frame is None:
             return
         try:
-            taken = self._deliver(frame)
+            room = self._deliver(frame)
         except Exception:
             log.failure("a watcher of a screen failed")
-            taken = True
-        if taken is False:
-            self._timer = self._clock.callLater(self._interval, self._offer)
+            room = None
+        if room is not None:
+            self._room = room
+            room.addCallbacks(self._has_room, lambda failure: failure.trap(CancelledError))
             return
         self._pending = None
         self._last = self._clock.seconds()
 
+    def _has_room(self, _: object) -> None:
+        self._room = None
+        self._offer()
+
     def stop(self) -> None:
         """The watch ended: nothing more is delivered."""
         self._pending = None
+        room, self._room = self._room, None
+        if room is not None:
+            room.cancel()
         if self._timer is not None:
             if self._timer.active():
                 self._timer.cancel()

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from trapsandbox.cluster.member import Cluster
 
 Headers = tuple[tuple[bytes, bytes], ...]
+# Whether a watcher has room for a screen frame now: None, or the Deferred of when it will.
+Room = Callable[[], "Deferred[None] | None"]
 
 
 @attrs.frozen
@@ -142,20 +144,22 @@ def _failed(failure: Failure) -> Answer | Failure:
 
 
 def _frames_to(
-    on_frame: Callable[[dict[str, Any]], None], room: Callable[[], bool] | None
-) -> Callable[[dict[str, Any]], bool]:
+    on_frame: Callable[[dict[str, Any]], None], room: Room | None
+) -> Callable[[dict[str, Any]], Deferred[None] | None]:
     """
     A screen watch's compact frames to ``on_frame``, expanded (``ScreenState``)
-    only when ``room()`` says the watcher can take one: else False, and the
-    registry's ``ScreenGate`` keeps the frame (merged with the next) for later.
+    only when the watcher has room for one (``room()`` answers None): else the
+    Deferred of its room, and the registry's ``ScreenGate`` keeps the frame
+    (merged with the next) until then.
     """
     state = ScreenState()
 
-    def relay(compact: dict[str, Any]) -> bool:
-        if room is not None and not room():
-            return False
+    def relay(compact: dict[str, Any]) -> Deferred[None] | None:
+        wait = None if room is None else room()
+        if wait is not None:
+            return wait
         on_frame(state.apply(compact))
-        return True
+        return None
 
     return relay
 
@@ -402,7 +406,7 @@ class OperatorRequests:
         account_id: str,
         obj: dict[str, Any],
         on_partial: Callable[[dict[str, Any]], None] | None = None,
-        room: Callable[[], bool] | None = None,
+        room: Room | None = None,
     ) -> Answer | Deferred:
         """
         ``obj`` (``{type, payload?, timeoutMs?}``) to the computer of the

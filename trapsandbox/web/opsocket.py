@@ -490,13 +490,12 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
             self.dropped = True
             log.debug("a partial to {peer} dropped: it is not reading", peer=self.peer_address)
 
-    def _room_for_frames(self) -> bool:
-        """Whether a screen frame would be sent now (not queued behind a full transport)."""
-        return (
-            self.state == WebSocketProtocol.STATE_OPEN
-            and self.outbound is not None
-            and not self.outbound.paused
-        )
+    def _room_for_frames(self) -> Deferred[None] | None:
+        """None when a screen frame would be sent now, else a Deferred of when it would be
+        (not queued behind a full transport)."""
+        if self.outbound is not None and self.outbound.paused:
+            return self.outbound.when_resumed()
+        return None
 
     def _answer(self, message_id: str | int | None, answer: Answer) -> None:
         self.factory.metrics.operator_socket_request(answer.status)

@@ -2,6 +2,7 @@
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -160,13 +161,13 @@ class ScreenGateTests(SynchronousTestCase):
     def setUp(self):
         self.clock = Clock()
         self.delivered = []
-        self.room = True
+        self.room = None  # a Deferred of the watcher's room while it has none
 
     def deliver(self, compact_frame):
-        if not self.room:
-            return False
+        if self.room is not None:
+            return self.room
         self.delivered.append(compact_frame)
-        return True
+        return None
 
     def gate(self, fps=10):
         return ScreenGate(self.clock, fps, self.deliver)
@@ -200,16 +201,25 @@ class ScreenGateTests(SynchronousTestCase):
 
     def test_no_room_keeps_the_frame_merged_until_there_is(self):
         gate = self.gate(fps=10)
-        self.room = False
+        room = self.room = Deferred()
         gate.take(frame(**{"1": {"line": "a"}}))
         gate.take(frame(**{"2": {"line": "b"}}))
         self.clock.advance(0.3)
         self.assertEqual(self.delivered, [])
-        self.room = True
-        self.clock.advance(0.1)
+        self.assertEqual(self.clock.getDelayedCalls(), [])  # waits for room: no polling
+        self.room = None
+        room.callback(None)  # at once, not at the next interval
         self.assertEqual(
             [f["rows"] for f in self.delivered], [{"1": {"line": "a"}, "2": {"line": "b"}}]
         )
+
+    def test_a_watch_ended_while_waiting_for_room_stops_waiting(self):
+        gate = self.gate()
+        room = self.room = Deferred()
+        gate.take(frame(**{"1": {"line": "a"}}))
+        gate.stop()
+        self.assertTrue(room.called)  # cancelled (and its CancelledError handled)
+        self.assertEqual(self.delivered, [])
 
     def test_a_screen_far_beyond_craftos_ends_the_watch_with_a_reason(self):
         gate = self.gate()

@@ -305,8 +305,7 @@ class ScreenFramesTests(OperatorSocketTestCase):
             self.clock.advance(0.05)
         self.assertEqual(expanded, [])
         operator.protocol.outbound.resumeProducing()
-        self.clock.advance(0.05)
-        # The latest state, in one frame, once there is room.
+        # The latest state, in one frame, as soon as there is room.
         self.assertEqual(len(expanded), 1)
         self.assertEqual(operator.sent[-1]["payload"]["cursorX"], 49)
         self.assertEqual(operator.sent[-1]["payload"]["rows"]["1"]["line"], "499")
