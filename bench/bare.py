@@ -32,9 +32,9 @@ def main(argv: list[str] | None = None) -> None:
     from twisted.internet import endpoints, reactor
 
     from trapsandbox import config
-    from trapsandbox.tap import GatewayService
+    from trapsandbox.tap import build
 
-    service = GatewayService(config.Settings(ports=(args.port,), opencode_url=""), reactor)
+    service = build(config.Settings(ports=(args.port,), opencode_url=""), reactor)
     factory = service.factory
     factory.protocol = Echo
 

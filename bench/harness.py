@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from trapsandbox import config
-from trapsandbox.tap import GatewayService
+from trapsandbox.tap import GatewayService, build
 
 REPO = Path(__file__).resolve().parent.parent
 LUA = REPO / "lua"
@@ -33,7 +33,7 @@ def start_gateway(reactor, state_dir: str | None = None) -> tuple[GatewayService
         opencode_url="",
         state_dir=state_dir or tempfile.mkdtemp(prefix="trapsandbox-bench-state-"),
     )
-    gateway = GatewayService(settings, reactor)
+    gateway = build(settings, reactor)
     gateway.privilegedStartService()
     gateway.startService()
     return gateway, gateway.listeners[0].port.getHost().port

@@ -62,7 +62,7 @@ def _server(args: argparse.Namespace) -> None:
 
     from bench import proc
     from trapsandbox import config
-    from trapsandbox.tap import GatewayService
+    from trapsandbox.tap import build
 
     proc.raise_fd_limit()
     if args.daemon_gc:
@@ -74,9 +74,7 @@ def _server(args: argparse.Namespace) -> None:
     if args.trace:
         tracemalloc.start(args.frames)
     port_text = "tcp:0:interface=127.0.0.1:backlog=1024"
-    service = GatewayService(
-        config.Settings(ports=(port_text,), opencode_url="", password=SECRET), reactor
-    )
+    service = build(config.Settings(ports=(port_text,), opencode_url="", password=SECRET), reactor)
     marks: list = []
 
     if args.garbage:

@@ -1,5 +1,7 @@
 """
-``twistd trapsandbox``: options and service assembly.
+``twistd trapsandbox``: its options, the composition root (``build``: every
+part of the gateway made from the settings and handed to what uses it) and
+the service that starts and stops them.
 """
 
 from __future__ import annotations
@@ -259,6 +261,149 @@ def _describe(address: Any) -> str:
     return str(getattr(address, "name", address))
 
 
+def build(
+    settings: config.Settings,
+    reactor: Any,
+    notifier: Notifier | None = None,
+    fast: FastPaths | None = None,
+) -> GatewayService:
+    """
+    The composition root: every part of the gateway built here, from
+    ``settings``, and handed to what uses it; ``GatewayService`` only starts
+    and stops them.  ``fast``: what ``fast.paths.install`` returned, or None
+    for the plain mode (the libraries as they ship).  ``makeService`` calls it
+    for twistd; the tests and benchmarks call it for a gateway of their own.
+    """
+    # Made private here, at start: a bad one stops the daemon with one line.
+    state_dir = state.prepare(settings.state_dir, "SANDBOX_STATE_DIR")
+    metrics = Metrics()
+    registry = Registry(reactor, request_timeout=settings.request_timeout, metrics=metrics)
+    admission = Admission(
+        reactor,
+        settings.password,
+        settings.admin_token,
+        accounts=settings.accounts,
+        trusted_proxies=settings.trusted_proxies,
+    )
+    sandbox = Sandbox(registry)
+    # Snapshots (SPEC §15); their store is opened when the service starts.
+    snapshots = Snapshots(sandbox, clock=reactor)
+    pool, asks, probe = _opencode(settings, reactor, state_dir, metrics, snapshots)
+    factory = GatewayFactory(
+        registry,
+        admission,
+        ComputerRequests(probe, asks, snapshots, registry).table(),
+        reactor,
+        metrics=metrics,
+        max_connections=settings.max_connections,
+        max_unauthenticated_per_address=settings.max_unauthenticated_per_address,
+    )
+    cluster = None
+    if settings.redis_url is not None:
+        # Imported only here: one process needs neither txredisapi nor Redis.
+        from trapsandbox.cluster.member import Cluster
+
+        cluster = Cluster(
+            registry,
+            settings.redis_url,
+            reactor,
+            describe_session,
+            refresh_interval=settings.cluster_refresh_interval,
+        )
+        registry.peers = cluster
+        metrics.watch_cluster(lambda: cluster.size, lambda: int(cluster.redis_ok))
+    requests = OperatorRequests(registry, admission, snapshots, cluster=cluster)
+    operator_socket = OperatorSocketFactory(
+        requests, reactor, metrics, max_per_account=settings.max_operator_sockets_per_account
+    )
+    app = web_app(
+        registry,
+        probe,
+        WebSocketResource(factory),
+        requests,
+        metrics,
+        cluster=cluster,
+        asks=asks,
+        operator_socket=WebSocketResource(operator_socket),
+        sandbox=sandbox,
+    )
+    site = GatewaySite(app.resource(), decide=app.decide)
+    strangers = Strangers(limits.MAX_UNADMITTED_HTTP_PER_ADDRESS)
+    if fast is None:
+        listening: Any = CountedSite(site, reactor, strangers)
+    else:
+        fast.protocols(factory, operator_socket)
+        listening = fast.listener(site, factory, reactor, requests, operator_socket, strangers)
+    return GatewayService(
+        settings,
+        reactor,
+        notifier=Notifier(reactor) if notifier is None else notifier,
+        fast=fast,
+        state_dir=state_dir,
+        metrics=metrics,
+        registry=registry,
+        admission=admission,
+        sandbox=sandbox,
+        snapshots=snapshots,
+        asks=asks,
+        probe=probe,
+        http_pool=pool,
+        factory=factory,
+        cluster=cluster,
+        operator_socket=operator_socket,
+        site=site,
+        strangers=strangers,
+        listeners=[_Listener(reactor, port, listening) for port in settings.ports],
+    )
+
+
+def _opencode(
+    settings: config.Settings,
+    reactor: Any,
+    state_dir: str,
+    metrics: Metrics,
+    snapshots: Snapshots,
+) -> tuple[HTTPConnectionPool, Asks, Any]:
+    """The HTTP client to opencode, its probes (one per server), and sandbox ask."""
+    ask_directory = state.prepare(
+        settings.ask_directory or os.path.join(state_dir, limits.ASK_DIRECTORY_NAME),
+        "SANDBOX_ASK_DIR",
+    )
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    pool.maxPersistentPerHost = limits.OPENCODE_PERSISTENT_CONNECTIONS
+    http = HTTPClient(Agent(reactor, pool=pool, connectTimeout=limits.OPENCODE_CONNECT_TIMEOUT))
+    urls = settings.opencode_urls or ("",)
+    asks = Asks(
+        [
+            OpencodeClient(
+                http, reactor, url, settings.opencode_username, settings.opencode_password
+            )
+            for url in urls
+        ],
+        reactor,
+        metrics,
+        directory=ask_directory,
+        max_conversations=settings.max_ask_conversations,
+        instance_idle=settings.ask_instance_idle,
+        max_instances=settings.ask_max_instances,
+        queue=AskQueue(reactor, settings.ask_max_running, settings.ask_max_running_per_account),
+        snapshots=AskSnapshots(snapshots, reactor),
+    )
+    probes = [
+        OpencodeProbe(
+            http,
+            reactor,
+            url,
+            settings.opencode_username,
+            settings.opencode_password,
+            metrics=metrics,
+        )
+        for url in urls
+    ]
+    # Several opencode servers (OPENCODE_URL a list): each probed on its own, told as one.
+    return pool, asks, probes[0] if len(probes) == 1 else ServerProbes(probes)
+
+
 def web_app(
     registry: Registry,
     probe: Any,
@@ -294,106 +439,65 @@ def web_app(
 
 class GatewayService(service.MultiService):
     """
-    The gateway: its listeners, systemd notifications, and a graceful close
-    of every computer on stop.  ``fast``: what ``fast.paths.install`` returned,
-    or None for the plain mode (the libraries as they ship).
+    The gateway's life: its listeners started, systemd told, the snapshots'
+    store opened, the accounts reloaded on SIGHUP, and on stop every computer
+    closed gracefully.  Its parts are built by ``build`` and given to it.
     """
 
     def __init__(
         self,
         settings: config.Settings,
         reactor: Any,
-        notifier: Notifier | None = None,
-        fast: FastPaths | None = None,
+        *,
+        notifier: Notifier,
+        fast: FastPaths | None,
+        state_dir: str,
+        metrics: Metrics,
+        registry: Registry,
+        admission: Admission,
+        sandbox: Sandbox,
+        snapshots: Snapshots,
+        asks: Asks,
+        probe: Any,
+        http_pool: HTTPConnectionPool,
+        factory: GatewayFactory,
+        cluster: Any,
+        operator_socket: OperatorSocketFactory,
+        site: GatewaySite,
+        strangers: Strangers,
+        listeners: list[_Listener],
     ) -> None:
         super().__init__()
         self.settings = settings
-        self.fast = fast
         self._reactor = reactor
-        self.notifier = Notifier(reactor) if notifier is None else notifier
-        # Made private here, at start: a bad one stops the daemon with one line.
-        self.state_dir = state.prepare(settings.state_dir, "SANDBOX_STATE_DIR")
-        self.metrics = Metrics()
-        self.registry = Registry(
-            reactor, request_timeout=settings.request_timeout, metrics=self.metrics
-        )
-        self.admission = Admission(
-            reactor,
-            settings.password,
-            settings.admin_token,
-            accounts=settings.accounts,
-            trusted_proxies=settings.trusted_proxies,
-        )
+        self.notifier = notifier
+        self.fast = fast
+        self.state_dir = state_dir
+        self.metrics = metrics
+        self.registry = registry
+        self.admission = admission
+        self.sandbox = sandbox
+        self.snapshots = snapshots
+        self.asks = asks
+        self.probe = probe
+        self._pool = http_pool
+        self.factory = factory
+        self.cluster = cluster
+        self.operator_socket = operator_socket
+        self.site = site
+        self.strangers = strangers
+        self.listeners = listeners
         # Set by makeService: the real daemon reloads the accounts on SIGHUP.
         self.reload_on_sighup = False
         self._previous_sighup: Any = None
-        self.sandbox = Sandbox(self.registry)
-        self._build_snapshots()
-        self._build_opencode()
-        self.factory = GatewayFactory(
-            self.registry,
-            self.admission,
-            ComputerRequests(self.probe, self.asks, self.snapshots, self.registry).table(),
-            reactor,
-            metrics=self.metrics,
-            max_connections=settings.max_connections,
-            max_unauthenticated_per_address=settings.max_unauthenticated_per_address,
+        metrics.watch(
+            computers=lambda: len(registry),
+            connections=lambda: len(factory.connections),
+            pending=lambda: registry.pending,
         )
-        self.cluster = None
-        if settings.redis_url is not None:
-            self._build_cluster()
-        self._watch()
-        self._build_http()
-        self.listeners = [_Listener(reactor, port, self.listening) for port in settings.ports]
-        for listener in self.listeners:
+        metrics.watch_accounts(self._account_counts)
+        for listener in listeners:
             listener.setServiceParent(self)
-
-    def _build_opencode(self) -> None:
-        """The HTTP client to opencode, its probe, and sandbox ask."""
-        settings, reactor = self.settings, self._reactor
-        ask_directory = state.prepare(
-            settings.ask_directory or os.path.join(self.state_dir, limits.ASK_DIRECTORY_NAME),
-            "SANDBOX_ASK_DIR",
-        )
-        self._pool = HTTPConnectionPool(reactor, persistent=True)
-        self._pool.maxPersistentPerHost = limits.OPENCODE_PERSISTENT_CONNECTIONS
-        http = HTTPClient(
-            Agent(reactor, pool=self._pool, connectTimeout=limits.OPENCODE_CONNECT_TIMEOUT)
-        )
-        urls = settings.opencode_urls or ("",)
-        self.asks = Asks(
-            [
-                OpencodeClient(
-                    http, reactor, url, settings.opencode_username, settings.opencode_password
-                )
-                for url in urls
-            ],
-            reactor,
-            self.metrics,
-            directory=ask_directory,
-            max_conversations=settings.max_ask_conversations,
-            instance_idle=settings.ask_instance_idle,
-            max_instances=settings.ask_max_instances,
-            queue=AskQueue(reactor, settings.ask_max_running, settings.ask_max_running_per_account),
-            snapshots=AskSnapshots(self.snapshots, reactor),
-        )
-        probes = [
-            OpencodeProbe(
-                http,
-                reactor,
-                url,
-                settings.opencode_username,
-                settings.opencode_password,
-                metrics=self.metrics,
-            )
-            for url in urls
-        ]
-        # Several opencode servers (OPENCODE_URL a list): each probed on its own, told as one.
-        self.probe = probes[0] if len(probes) == 1 else ServerProbes(probes)
-
-    def _build_snapshots(self) -> None:
-        """Snapshots (SPEC §15); their store is opened when the service starts."""
-        self.snapshots = Snapshots(self.sandbox, clock=self._reactor)
 
     def _open_snapshots(self) -> None:
         """
@@ -418,66 +522,6 @@ class GatewayService(service.MultiService):
                 self.state_dir, self._reactor, **self.settings.snapshot_store_settings()
             )
             opening.addCallbacks(self.snapshots.attach, self.snapshots.failed)
-
-    def _build_cluster(self) -> None:
-        """Cluster mode: this process's membership, the registry's peers."""
-        # Imported only here: one process needs neither txredisapi nor Redis.
-        from trapsandbox.cluster.member import Cluster
-
-        self.cluster = cluster = Cluster(
-            self.registry,
-            self.settings.redis_url,
-            self._reactor,
-            describe_session,
-            refresh_interval=self.settings.cluster_refresh_interval,
-        )
-        self.registry.peers = cluster
-        self.metrics.watch_cluster(lambda: cluster.size, lambda: int(cluster.redis_ok))
-
-    def _watch(self) -> None:
-        self.metrics.watch(
-            computers=lambda: len(self.registry),
-            connections=lambda: len(self.factory.connections),
-            pending=lambda: self.registry.pending,
-        )
-        self.metrics.watch_accounts(self._account_counts)
-
-    def _build_http(self) -> None:
-        """The operator socket, the HTTP app and site, and the port's first-bytes router."""
-        requests = OperatorRequests(
-            self.registry, self.admission, self.snapshots, cluster=self.cluster
-        )
-        self.operator_socket = OperatorSocketFactory(
-            requests,
-            self._reactor,
-            self.metrics,
-            max_per_account=self.settings.max_operator_sockets_per_account,
-        )
-        app = web_app(
-            self.registry,
-            self.probe,
-            WebSocketResource(self.factory),
-            requests,
-            self.metrics,
-            cluster=self.cluster,
-            asks=self.asks,
-            operator_socket=WebSocketResource(self.operator_socket),
-            sandbox=self.sandbox,
-        )
-        self.site = GatewaySite(app.resource(), decide=app.decide)
-        self.strangers = Strangers()
-        if self.fast is None:
-            self.listening = CountedSite(self.site, self._reactor, self.strangers)
-        else:
-            self.fast.protocols(self.factory, self.operator_socket)
-            self.listening = self.fast.listener(
-                self.site,
-                self.factory,
-                self._reactor,
-                requests,
-                self.operator_socket,
-                self.strangers,
-            )
 
     def _account_counts(self) -> dict[str, int]:
         counts = dict.fromkeys(self.admission.account_names(), 0)
@@ -630,9 +674,7 @@ def makeService(options: Options) -> service.IService:
                     "(SANDBOX_FAST_PATHS=0)"
                 ) from None
             fast = paths.install(config.fast_paths_without(os.environ))
-        gateway = GatewayService(
-            settings, reactor, Notifier.from_environ(reactor, os.environ), fast=fast
-        )
+        gateway = build(settings, reactor, Notifier.from_environ(reactor, os.environ), fast)
         gateway.reload_on_sighup = True
     except ConfigError as error:
         raise SystemExit(f"trapsandbox: {error}") from None

@@ -69,7 +69,7 @@ class SettingsTests(SynchronousTestCase):
             "import sys, trapsandbox.tap\n"
             "from twisted.internet import reactor\n"
             "from trapsandbox import config\n"
-            f"g = trapsandbox.tap.GatewayService(config.Settings(state_dir={state!r}), reactor)\n"
+            f"g = trapsandbox.tap.build(config.Settings(state_dir={state!r}), reactor)\n"
             "assert g.cluster is None and g.registry.peers is None\n"
             "assert 'txredisapi' not in sys.modules\n"
             "assert 'trapsandbox.cluster.member' not in sys.modules\n"

@@ -14,7 +14,7 @@ from trapsandbox import config
 from trapsandbox.admission import accounts
 from trapsandbox.compat import fixes
 from trapsandbox.fast import paths
-from trapsandbox.tap import GatewayService
+from trapsandbox.tap import GatewayService, build
 
 WAIT = 10.0  # the bound on any single wait in a loopback test
 # What every operator POST says it sends (SPEC §4: 415 otherwise).
@@ -89,7 +89,7 @@ def start_gateway(testcase, **settings) -> GatewayService:
         fast = paths.install()
     else:
         paths.uninstall()
-    service = GatewayService(config.Settings(**settings), reactor(), fast=fast)
+    service = build(config.Settings(**settings), reactor(), fast=fast)
     unbatch_timers(service.factory)
     unbatch_timers(service.operator_socket)
     service.privilegedStartService()

@@ -115,14 +115,12 @@ class FrontFactory(protocol.Factory):
         site: Any,
         websocket: Any,
         clock: IReactorTime,
+        strangers: Strangers,
         requests: Any = None,
         operator: Any = None,
-        strangers: Strangers | None = None,
     ) -> None:
         self.site = site
-        self.strangers = (
-            Strangers(limits.MAX_UNADMITTED_HTTP_PER_ADDRESS) if strangers is None else strangers
-        )
+        self.strangers = strangers
         self.websocket = websocket
         self.clock = clock
         # HTTP: read by ``fasthttp`` for the operator's hot route (given ``requests``,

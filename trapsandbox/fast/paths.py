@@ -75,7 +75,7 @@ class FastPaths:
         if "front" not in self.parts:
             return CountedSite(site, clock, strangers)
         fast_requests = requests if "fasthttp" in self.parts else None
-        return FrontFactory(site, websocket, clock, fast_requests, operator, strangers)
+        return FrontFactory(site, websocket, clock, strangers, fast_requests, operator)
 
 
 def install(without: Iterable[str] = ()) -> FastPaths:

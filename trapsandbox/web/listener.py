@@ -53,13 +53,11 @@ class CountedSite(protocol.Factory):
         self,
         site: Any,
         clock: IReactorTime,
-        strangers: Strangers | None = None,
+        strangers: Strangers,
     ) -> None:
         self.site = site
         self.clock = clock
-        self.strangers = (
-            Strangers(limits.MAX_UNADMITTED_HTTP_PER_ADDRESS) if strangers is None else strangers
-        )
+        self.strangers = strangers
 
     def startFactory(self) -> None:
         self.site.doStart()

@@ -21,6 +21,7 @@ from tests.harness.logcapture import LogCapture
 from tests.harness.support import response_frame
 from trapsandbox import limits
 from trapsandbox.admission.auth import Admission
+from trapsandbox.admission.strangers import Strangers
 from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.fast.fasthttp import MAX_BUFFERED, FastHTTP, read_head
@@ -105,7 +106,9 @@ class Port:
         )
         self.site = GatewaySite(self.app.resource(), decide=self.app.decide)
         self.site.reactor = self.clock  # twisted.web's channels time out on our clock
-        self.front = FrontFactory(self.site, None, self.clock, self.app.requests if fast else None)
+        self.front = FrontFactory(
+            self.site, None, self.clock, Strangers(), self.app.requests if fast else None
+        )
         self.links = {}
 
     def computer(self, trapos_id="7:"):

@@ -6,6 +6,7 @@ from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
 from trapsandbox import limits
+from trapsandbox.admission.strangers import Strangers
 from trapsandbox.fast.front import FrontFactory
 
 
@@ -50,7 +51,9 @@ class FrontTests(SynchronousTestCase):
         self.clock = Clock()
         self.site, self.websocket = Side("site"), Side("websocket")
         self.operator = Side("operator")
-        self.front = FrontFactory(self.site, self.websocket, self.clock, operator=self.operator)
+        self.front = FrontFactory(
+            self.site, self.websocket, self.clock, Strangers(), operator=self.operator
+        )
 
     def connect(self, *chunks):
         router = self.front.buildProtocol(None)
