@@ -16,11 +16,13 @@ from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial.unittest import SkipTest, TestCase
 from twisted.web.client import HTTPConnectionPool
 
+from tests.harness.callers import asking
 from tests.harness.cctweaked import CCTComputer, unavailable, wait_connected, wait_gone
 from tests.harness.logcapture import LogCapture
 from tests.harness.support import bounded, closed_port, reactor, start_gateway
 from tests.lua.test_lua_e2e import OWN_STARTUP, TRAPOS_BOOT
 from trapsandbox.errors import GatewayError
+from trapsandbox.limits import LOCAL_ACCOUNT
 
 PASSWORD = "sesame-sesame-sesame"
 ALL = "exec,eval,fs.read,fs.write,screen,input"
@@ -73,7 +75,7 @@ class CCTGatewayMixin:
         return c
 
     def eval(self, c: CCTComputer, code: str, timeout_ms: int = 10_000):
-        return self.sandbox.eval(c.trapos_id, code, timeout_ms=timeout_ms)
+        return self.sandbox.eval(asking(c.trapos_id), code, timeout_ms=timeout_ms)
 
 
 async def mcp_call(testcase, port: int, tool: str, arguments: dict) -> dict:
@@ -115,9 +117,9 @@ class StartTests(CCTGatewayMixin, TestCase):
 
     async def check_answers(self, c: CCTComputer, banner=True):
         c.write_file("/hello.lua", "print('hello ' .. ...)")
-        answer = await self.sandbox.execute(c.trapos_id, "hello", ["world"])
+        answer = await self.sandbox.execute(asking(c.trapos_id), "hello", ["world"])
         self.assertEqual((answer["exitCode"], answer["stdout"]), (0, "hello world\n"), answer)
-        screen = await self.sandbox.screen(c.trapos_id)
+        screen = await self.sandbox.screen(asking(c.trapos_id))
         self.assertEqual((screen["width"], screen["height"]), (51, 19))
         if banner:
             self.assertIn("CraftOS 1.9", "\n".join(screen["lines"]))
@@ -188,14 +190,14 @@ class FullDiskTests(CCTGatewayMixin, TestCase):
         before = await self.free(c)
         # 200 KB: the first 64 KiB part would fit, the whole file does not.
         with self.assertRaises(GatewayError) as caught:
-            await self.sandbox.write_file(c.trapos_id, "/keep.txt", b"n" * 200_000)
+            await self.sandbox.write_file(asking(c.trapos_id), "/keep.txt", b"n" * 200_000)
         self.assertEqual(caught.exception.code, "fs_error")
         message = caught.exception.message
         self.assertIn("Out of space: writing /keep.txt needs 200000 bytes", message)
         self.assertIn("/keep.txt is unchanged", message)
         self.assertUntouched(c, before, await self.free(c))
         # What fits is still written, whole, over the old file.
-        await self.sandbox.write_file(c.trapos_id, "/keep.txt", b"m" * 90_000)
+        await self.sandbox.write_file(asking(c.trapos_id), "/keep.txt", b"m" * 90_000)
         self.assertEqual(c.read_file("/keep.txt"), b"m" * 90_000)
 
     async def test_the_agents_write_through_mcp_is_refused_with_the_reason(self):
@@ -222,7 +224,7 @@ class FullDiskTests(CCTGatewayMixin, TestCase):
         )
         self.assertTrue(written["ok"], written)
         snapshots = self.gateway.snapshots
-        taken = await snapshots.take("local", c.trapos_id)
+        taken = await snapshots.take(asking(c.trapos_id, "local"))
         written = await self.eval(
             c, "local h = fs.open('/a.bin', 'wb') h.write(('2'):rep(400000)) h.close()"
         )
@@ -230,7 +232,7 @@ class FullDiskTests(CCTGatewayMixin, TestCase):
         c.write_file("/new.txt", "made after the snapshot")
         before = await self.free(c)
         with self.assertRaises(GatewayError) as caught:
-            await snapshots.restore("local", c.trapos_id, taken["id"])
+            await snapshots.restore(asking(c.trapos_id, "local"), taken["id"])
         self.assertEqual(caught.exception.code, "fs_error")
         self.assertRegex(
             caught.exception.message,
@@ -303,7 +305,9 @@ class WebSocketTests(CCTGatewayMixin, TestCase):
         await self.started(c, startup)
         await c.wait_for_screen("echo one 3 / two 3")
         # The daemon reconnects (a new socket of its own) while the player's stays open.
-        self.gateway.registry.find(c.trapos_id).link.close(1000, "the test closes it")
+        self.gateway.registry.find(LOCAL_ACCOUNT, c.trapos_id).link.close(
+            1000, "the test closes it"
+        )
         await c.wait_for_screen("still open: after")
         await wait_connected(self.gateway.registry, c.trapos_id)
         self.assertNotIn("closed file", c.output)
@@ -325,14 +329,14 @@ class WebSocketTests(CCTGatewayMixin, TestCase):
         await c.wait_for_screen("daemon started in a new tab")
         first = await wait_connected(self.gateway.registry, c.trapos_id)
         c.write_file("/tabs.lua", "print(multishell.getCount() .. ' tabs')")
-        answer = await self.sandbox.execute(c.trapos_id, "tabs")
+        answer = await self.sandbox.execute(asking(c.trapos_id), "tabs")
         self.assertEqual(answer["stdout"], "2 tabs\n")  # the shell and one daemon
         # One started by hand says so and leaves the running one alone.
-        answer = await self.sandbox.execute(c.trapos_id, "/servers/sandbox.lua")
+        answer = await self.sandbox.execute(asking(c.trapos_id), "/servers/sandbox.lua")
         self.assertIn("sandbox daemon already running (ready", answer["stdout"])
         answer = await self.eval(c, "return 6 * 7")
         self.assertEqual(answer["returns"], ["42"])
-        self.assertIs(self.gateway.registry.find(c.trapos_id), first)
+        self.assertIs(self.gateway.registry.find(LOCAL_ACCOUNT, c.trapos_id), first)
         self.assertNotIn("closed file", c.output)
 
     async def test_a_socket_closed_without_a_close_frame_is_no_fault(self):
@@ -372,7 +376,7 @@ class GameRulesTests(CCTGatewayMixin, TestCase):
             'serverconfig/computercraft-server.toml: [[http.rules]] host = "127.0.0.1" '
             'action = "allow"'
         )
-        self.assertIsNone(self.gateway.registry.find(c.trapos_id))
+        self.assertIsNone(self.gateway.registry.find(LOCAL_ACCOUNT, c.trapos_id))
 
     async def test_a_program_that_never_yields(self):
         c = await self.started(self.computer())
@@ -390,25 +394,25 @@ class GameRulesTests(CCTGatewayMixin, TestCase):
         c.write_file(
             "/loud.lua", "for i = 1, 4000 do print(('%04d '):format(i) .. ('y'):rep(95)) end"
         )
-        answer = await self.sandbox.execute(c.trapos_id, "loud", max_output_bytes=64 * 1024)
+        answer = await self.sandbox.execute(asking(c.trapos_id), "loud", max_output_bytes=64 * 1024)
         self.assertEqual(answer["exitCode"], 0)
         self.assertTrue(answer["stdoutTruncated"])
         self.assertEqual(len(answer["stdout"].encode()), 64 * 1024)
         # The largest file a call takes (1 MiB) goes and comes back whole: base64 and JSON in
         # parts, each under the 7 s the computer may run without yielding.
         data = bytes((i * 7 + i // 251) % 256 for i in range(1024 * 1024 - 300_000))
-        await self.sandbox.write_file(c.trapos_id, "/data/blob.bin", data)
-        back = await self.sandbox.read_file(c.trapos_id, "/data/blob.bin")
+        await self.sandbox.write_file(asking(c.trapos_id), "/data/blob.bin", data)
+        back = await self.sandbox.read_file(asking(c.trapos_id), "/data/blob.bin")
         self.assertEqual(back["content"], data)
         self.assertEqual(c.read_file("/data/blob.bin"), data)
-        self.assertIsNotNone(self.gateway.registry.find(c.trapos_id))
+        self.assertIsNotNone(self.gateway.registry.find(LOCAL_ACCOUNT, c.trapos_id))
 
     async def test_a_snapshot_of_a_disk_full_of_small_files(self):
         c = self.computer()
         for i in range(1200):
             c.write_file(f"/notes/n{i:04d}.txt", f"note {i}\n")
         await self.started(c)
-        taken = await self.gateway.snapshots.take("local", c.trapos_id)
+        taken = await self.gateway.snapshots.take(asking(c.trapos_id, "local"))
         self.assertEqual(taken["files"], 1204)  # and the client's four files
         answer = await self.eval(c, "return 'alive'")
         self.assertEqual(answer["returns"], ['"alive"'])
@@ -421,7 +425,7 @@ class GameRulesTests(CCTGatewayMixin, TestCase):
         await self.started(c, "shell.openTab('/servers/sandbox.lua')")
         events = [{"paste": "reader"}, {"key": "enter"}]
         events += [{"char": "abcdefghij"[i % 10]} for i in range(250)] + [{"key": "enter"}]
-        answer = await self.sandbox.input(c.trapos_id, events)
+        answer = await self.sandbox.input(asking(c.trapos_id), events)
         self.assertEqual(answer["queued"], len(events))
         await c.wait_for_screen("got 250 keys")
         answer = await self.eval(c, "return 'alive'")

@@ -8,6 +8,7 @@ import sys
 
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from tests.harness.callers import asking
 from tests.harness.processes import REPO
 from tests.harness.support import closed_port
 from trapsandbox import config, errors
@@ -33,7 +34,7 @@ class WithoutRedisTests(TestCase):
         self.addCleanup(member.stop)
         failure = None
         try:
-            await registry.request("1:far", "ping")
+            await registry.request(asking("1:far"), "ping")
         except errors.GatewayError as error:
             failure = error
         self.assertEqual(failure.code, errors.UNAVAILABLE)

@@ -9,6 +9,7 @@ from twisted.internet.defer import CancelledError, succeed
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.harness.callers import asking
 from tests.harness.fakes import FakeLink
 from trapsandbox import errors, limits
 from trapsandbox.cluster.presence import Presence
@@ -159,12 +160,12 @@ class FollowActivityTests(SynchronousTestCase):
         self.entries = []
 
     def test_not_here_fails_at_once(self):
-        d = self.registry.follow_activity("other", "7:", self.entries.append)
+        d = self.registry.follow_activity(asking("7:", "other"), self.entries.append)
         self.failureResultOf(d, GatewayError)
 
     def test_it_ends_when_the_computer_leaves_and_stops_when_cancelled(self):
-        d = self.registry.follow_activity("local", "7:", self.entries.append)
-        ping = self.registry.request("7:", "ping", timeout=1)
+        d = self.registry.follow_activity(asking("7:", "local"), self.entries.append)
+        ping = self.registry.request(asking("7:"), "ping", timeout=1)
         self.assertEqual([e["state"] for e in self.entries], ["started"])
         self.registry.remove(self.session)
         failure = self.failureResultOf(d, GatewayError)
@@ -173,7 +174,7 @@ class FollowActivityTests(SynchronousTestCase):
         self.assertEqual((self.registry._activity, self.registry._watchers), ({}, []))
 
         self.registry.add(self.session)
-        d = self.registry.follow_activity("local", "7:", self.entries.append)
+        d = self.registry.follow_activity(asking("7:", "local"), self.entries.append)
         d.cancel()
         self.failureResultOf(d, CancelledError)
         self.assertEqual((self.registry._activity, self.registry._watchers), ({}, []))
@@ -221,7 +222,7 @@ class ServedTests(SynchronousTestCase):
         self.relay.on_request(message)
 
     def test_a_relayed_request_is_in_the_activity_as_its_sender_sent_it(self):
-        self.registry.watch_activity("local", "7:", self.entries.append)
+        self.registry.watch_activity(asking("7:", "local"), self.entries.append)
         self.serve("r1", by={"by": "operator", "account": "alice"}, quiet=False)
         self.serve("r2", by={"by": "agent"}, quiet=True)  # one of a snapshot's reads
         self.serve("r3", by="nonsense")
@@ -234,7 +235,7 @@ class ServedTests(SynchronousTestCase):
         self.serve(
             "w", type="watch_activity", watch="activity", timeout=limits.SCREEN_WATCH_TIMEOUT
         )
-        self.registry.request("7:", "ping", timeout=1).addErrback(lambda _: None)
+        self.registry.request(asking("7:"), "ping", timeout=1).addErrback(lambda _: None)
         (part,) = [m for _, m in self.redis.published if m["t"] == "partial"]
         self.assertEqual((part["id"], part["payload"]["state"]), ("w", "started"))
         self.registry.remove(self.session)

@@ -34,6 +34,7 @@ from twisted.internet import defer
 from tests.harness.processes import Child, spawn
 from tests.harness.support import bounded
 from trapsandbox.computers.registry import Registry
+from trapsandbox.limits import LOCAL_ACCOUNT
 
 REPO = Path(__file__).resolve().parents[2]
 LUA = REPO / "lua"
@@ -215,14 +216,16 @@ def _until(registry: Registry, done, seconds: float) -> defer.Deferred:
 
 def wait_connected(registry: Registry, trapos_id: str, seconds: float = 60) -> defer.Deferred:
     """Fires with the session once ``trapos_id`` is connected to this gateway."""
-    return _until(registry, lambda: registry.find(trapos_id), seconds)
+    return _until(registry, lambda: registry.find(LOCAL_ACCOUNT, trapos_id), seconds)
 
 
 def wait_gone(registry: Registry, trapos_id: str, seconds: float = 60) -> defer.Deferred:
     """Fires once the session of ``trapos_id`` connected now (if any) has left this gateway."""
-    session = registry.find(trapos_id)
+    session = registry.find(LOCAL_ACCOUNT, trapos_id)
     if session is None:
         return defer.succeed(True)
     return _until(
-        registry, lambda: True if registry.find(trapos_id) is not session else None, seconds
+        registry,
+        lambda: True if registry.find(LOCAL_ACCOUNT, trapos_id) is not session else None,
+        seconds,
     )

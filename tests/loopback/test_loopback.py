@@ -11,12 +11,14 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
+from tests.harness.callers import asking
 from tests.harness.support import both_modes, bounded, connect, fast_paths, start_gateway
 from trapsandbox.computers.protocol import GatewayProtocol
 from trapsandbox.errors import GatewayError
 from trapsandbox.fast import patches
 from trapsandbox.fast.front import FrontFactory
 from trapsandbox.fast.protocols import FastGatewayProtocol
+from trapsandbox.limits import LOCAL_ACCOUNT
 
 
 class LoopbackTestCase(TestCase):
@@ -86,7 +88,7 @@ class HTTPTests(LoopbackTestCase):
 class HandshakeTests(LoopbackTestCase):
     async def test_hello_and_probe(self):
         computer = await self.ready("7:base")
-        self.assertEqual(self.gateway.registry.find("7:base").version, "test")
+        self.assertEqual(self.gateway.registry.find(LOCAL_ACCOUNT, "7:base").version, "test")
         reply = await computer.request("probe_gateway")
         self.assertEqual(reply["event"], "gateway_response")
         self.assertEqual(reply["traposReceiverId"], "7:base")
@@ -124,7 +126,7 @@ class HandshakeTests(LoopbackTestCase):
 
     async def test_newest_wins(self):
         old = await self.ready()
-        pending = self.gateway.registry.request("7:", "ping")
+        pending = self.gateway.registry.request(asking("7:"), "ping")
         await old.next_message()  # the gateway_request
         new = await self.ready()
         code, reason = await old.wait_closed()
@@ -190,7 +192,7 @@ class FrameTests(LoopbackTestCase):
 class GatewayRequestTests(LoopbackTestCase):
     async def test_request_answered_by_the_computer(self):
         computer = await self.ready()
-        d = self.gateway.registry.request("7:", "ping", {"n": 1})
+        d = self.gateway.registry.request(asking("7:"), "ping", {"n": 1})
         request = await computer.next_message()
         self.assertEqual(request["event"], "gateway_request")
         self.assertEqual(request["traposReceiverId"], "7:")
@@ -201,13 +203,13 @@ class GatewayRequestTests(LoopbackTestCase):
 
     async def test_too_large_is_refused_locally(self):
         await self.ready()
-        d = self.gateway.registry.request("7:", "x", {"data": "x" * 200_000})
+        d = self.gateway.registry.request(asking("7:"), "x", {"data": "x" * 200_000})
         failure = await self.assertFailure(bounded(d), GatewayError)
         self.assertEqual(failure.code, "too_large")
 
     async def test_disconnect_fails_pending(self):
         computer = await self.ready()
-        d = self.gateway.registry.request("7:", "ping")
+        d = self.gateway.registry.request(asking("7:"), "ping")
         await computer.next_message()
         computer.dropConnection(abort=True)
         failure = await self.assertFailure(bounded(d), GatewayError)
@@ -218,7 +220,7 @@ class ShutdownTests(LoopbackTestCase):
     async def test_stop_closes_computers_with_1000(self):
         ready = await self.ready()
         waiting = await self.connect()
-        pending = self.gateway.registry.request("7:", "ping")
+        pending = self.gateway.registry.request(asking("7:"), "ping")
         await ready.next_message()
         stopped = self.gateway.stopService()
         self.assertEqual(await ready.wait_closed(), (1000, "server shutting down"))
@@ -241,7 +243,7 @@ class LimitTests(LoopbackTestCase):
         computer.transport.pauseProducing()  # stop reading from the socket
         # Small kernel buffers on both ends, or loopback's autotuning soaks up
         # tens of megabytes before the gateway notices anything.
-        protocol = self.gateway.registry.find("7:").link
+        protocol = self.gateway.registry.find(LOCAL_ACCOUNT, "7:").link
         for sock, option in (
             (computer.transport.getHandle(), socket.SO_RCVBUF),
             (protocol.transport.getHandle(), socket.SO_SNDBUF),
@@ -249,7 +251,7 @@ class LimitTests(LoopbackTestCase):
             sock.setsockopt(socket.SOL_SOCKET, option, 16384)
         pending = []
         for _ in range(1000):  # up to 64 MB: far more than the kernel buffers hold
-            d = self.gateway.registry.request("7:", "big", {"pad": "x" * 65_000})
+            d = self.gateway.registry.request(asking("7:"), "big", {"pad": "x" * 65_000})
             if d.called:
                 break
             pending.append(d)
@@ -263,7 +265,7 @@ class LimitTests(LoopbackTestCase):
         for d in pending:
             failure = await self.assertFailure(bounded(d), GatewayError)
             self.assertEqual(failure.code, "not_connected")
-        self.assertIsNone(self.gateway.registry.find("7:"))
+        self.assertIsNone(self.gateway.registry.find(LOCAL_ACCOUNT, "7:"))
         computer.transport.resumeProducing()
         code, _ = await computer.wait_closed()
         self.assertIn(code, (4004, 1006))  # the close frame may be lost with the unread data
@@ -318,7 +320,7 @@ class LimitTests(LoopbackTestCase):
             autoPingInterval=0.2, autoPingTimeout=0.2, allowNullOrigin=True
         )
         computer = await self.ready()
-        d = self.gateway.registry.request("7:", "ping")
+        d = self.gateway.registry.request(asking("7:"), "ping")
         await computer.next_message()
         computer.transport.pauseProducing()  # it reads nothing more, answers no ping
         error = await self.assertFailure(bounded(d), GatewayError)

@@ -6,6 +6,7 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.client import HTTPConnectionPool, ResponseNeverReceived
 
+from tests.harness.callers import asking
 from tests.harness.support import both_modes, bounded, connect, reactor, start_gateway
 from trapsandbox.errors import GatewayError
 from trapsandbox.ops.metrics import Metrics
@@ -83,17 +84,17 @@ class MetricsTests(TestCase):
         self.assertEqual(self.value(m, "trapsandbox_opencode_probe_seconds_count"), 2)
 
         # A request to the computer, in flight and then answered.
-        d = self.gateway.registry.request("7:", "ping")
+        d = self.gateway.registry.request(asking("7:"), "ping")
         sent = await computer.next_message()
         m = await self.scrape()
         self.assertEqual(self.value(m, "trapsandbox_gateway_requests_pending"), 1)
         computer.respond(sent, payload={"traposId": "7:"})
         await bounded(d)
         # One that times out, and one to nobody.
-        late = self.gateway.registry.request("7:", "ping", timeout=0.05)
+        late = self.gateway.registry.request(asking("7:"), "ping", timeout=0.05)
         await computer.next_message()
         await self.assertFailure(bounded(late), GatewayError)
-        await self.assertFailure(self.gateway.registry.request("9:", "ping"), GatewayError)
+        await self.assertFailure(self.gateway.registry.request(asking("9:"), "ping"), GatewayError)
         m = await self.scrape()
         self.assertEqual(self.value(m, "trapsandbox_gateway_requests_pending"), 0)
         gateway = "trapsandbox_gateway_requests_total"

@@ -24,6 +24,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 from twisted.web.server import Site
 
+from tests.harness.callers import asking
 from tests.harness.logcapture import LogCapture
 from tests.harness.servers import Fixed, Opencode, Silent, StallsAfterHeaders, listen, serve
 from tests.harness.support import both_modes, bounded, closed_port, connect, reactor, start_gateway
@@ -90,7 +91,7 @@ class OpencodeFaultTests(TestCase):
         times = []
         for n in range(ROUND_TRIPS):
             t = reactor().seconds()
-            asked = gateway.registry.request("2:other", "ping", {"n": n})
+            asked = gateway.registry.request(asking("2:other"), "ping", {"n": n})
             request = await other.next_message()
             other.respond(request, payload={"traposId": "2:other"})
             response = await bounded(asked)

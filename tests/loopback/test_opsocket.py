@@ -22,6 +22,7 @@ from tests.harness.support import (
     start_gateway,
 )
 from trapsandbox.admission import accounts
+from trapsandbox.limits import LOCAL_ACCOUNT
 
 PASSWORD = "sesame"
 TOKEN = "op-token-1234"
@@ -257,7 +258,7 @@ class OperatorSocketTests(TestCase):
         client.send_text(orjson.dumps(hello))
         answer = orjson.loads(await client.text())
         self.assertEqual((answer["messageId"], answer["ok"]), ("m1", True))
-        self.assertIsNotNone(self.gateway.registry.find("7:base"))
+        self.assertIsNotNone(self.gateway.registry.find(LOCAL_ACCOUNT, "7:base"))
 
 
 class _RawClient(protocol.Protocol):

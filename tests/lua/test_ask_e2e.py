@@ -11,6 +11,7 @@ from twisted.logger import formatEvent
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
+from tests.harness.callers import asking
 from tests.harness.fake_model import start_fake_model, tool_messages
 from tests.harness.logcapture import LogCapture
 from tests.harness.opencode import start_opencode
@@ -18,6 +19,7 @@ from tests.harness.support import bounded, closed_port, reactor
 from tests.lua.test_lua_e2e import GatewayMixin
 from trapsandbox import limits
 from trapsandbox.computers.registry import describe_session
+from trapsandbox.limits import LOCAL_ACCOUNT
 from trapsandbox.ops import ctl
 
 TOKEN = "ask-test-admin-token"
@@ -160,7 +162,7 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         self.ask(c, "/programs/sandbox.lua ask --yes write made.lua")
         await self.on_screen(c, "changed 1 file: sandbox changes / sandbox undo", 90)
         self.assertEqual(c.read_file("/made.lua"), PROGRAM.encode())
-        (snapshot,) = await self.gateway.snapshots.list("local", "7:ask")
+        (snapshot,) = await self.gateway.snapshots.list(asking("7:ask", "local"))
         self.assertEqual(snapshot["reason"], "ask")  # the client's files and /mine.txt
 
         undo = c.run("/programs/sandbox.lua undo")
@@ -346,7 +348,7 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         self.assertEqual(c.read_file("/ended"), b"Terminated")
         await self.on_screen(c, "sandbox ask: stopped: the player stopped the sandbox agent", 30)
         await self.on_screen(c, 'on it, run "sandbox resume"', 5)
-        session = self.gateway.registry.find("7:ask")
+        session = self.gateway.registry.find(LOCAL_ACCOUNT, "7:ask")
         self.assertEqual(describe_session(session)["stopped"], True)
         self.assertEqual(self.gateway.metrics._asks.labels("cancelled").value, 1)
         (conversation,) = self.gateway.asks.conversations.values()
@@ -362,5 +364,7 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         self.assertIn("agent: stopped (the player stopped the sandbox agent", c.output)
         await c.run("/programs/sandbox.lua resume").done
         await c.wait_for(
-            lambda: self.gateway.registry.find("7:ask").stopped is None, 10, "the gateway told"
+            lambda: self.gateway.registry.find(LOCAL_ACCOUNT, "7:ask").stopped is None,
+            10,
+            "the gateway told",
         )

@@ -8,6 +8,7 @@ from pathlib import Path
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 
+from tests.harness.callers import asking
 from tests.harness.craftos import Computer
 from tests.harness.opencode import start_opencode
 from tests.harness.processes import clean_env, spawn
@@ -15,6 +16,7 @@ from tests.harness.support import closed_port, start_gateway
 from tests.unit.computers.test_settingsfile import SETTINGS_SPELLINGS
 from trapsandbox.computers import settingsfile
 from trapsandbox.errors import GatewayError
+from trapsandbox.limits import LOCAL_ACCOUNT
 
 LUA = Path(__file__).resolve().parents[2] / "lua"
 CLIENT_FILES = {
@@ -125,10 +127,10 @@ class EndToEndTests(GatewayMixin, TestCase):
     def test_gateway_ping_is_answered(self):
         c = self.computer(label="pinged")
         yield self.start_daemon(c)
-        response = yield self.gateway.registry.request("7:pinged", "ping", {}, timeout=5)
+        response = yield self.gateway.registry.request(asking("7:pinged"), "ping", {}, timeout=5)
         self.assertTrue(response.ok)
         self.assertEqual(response.payload, {"traposId": "7:pinged"})
-        other = yield self.gateway.registry.request("7:pinged", "reboot", {}, timeout=5)
+        other = yield self.gateway.registry.request(asking("7:pinged"), "reboot", {}, timeout=5)
         self.assertFalse(other.ok)
         self.assertEqual(other.error.code, "unknown_type")
 
@@ -234,7 +236,7 @@ class SandboxEndToEndTests(GatewayMixin, TestCase):
         return c
 
     def ask(self, c, type, payload):
-        return self.gateway.registry.request(f"7:{c.label}", type, payload, timeout=10)
+        return self.gateway.registry.request(asking(f"7:{c.label}"), type, payload, timeout=10)
 
     @defer.inlineCallbacks
     def test_files_round_trip(self):
@@ -301,7 +303,7 @@ class SandboxEndToEndTests(GatewayMixin, TestCase):
         self.assertEqual(failure.code, "forbidden")
         self.assertIn('run "sandbox allow eval"', failure.message)
         # ... and so does the computer, should the gateway believe otherwise.
-        session = self.gateway.registry.find("7:sb")
+        session = self.gateway.registry.find(LOCAL_ACCOUNT, "7:sb")
         session.capabilities = frozenset({"eval"})
         answer = yield self.ask(c, "eval", {"code": "1"})
         self.assertEqual((answer.ok, answer.error.code), (False, "forbidden"))
@@ -375,7 +377,7 @@ class WrappedTerminalTests(GatewayMixin, TestCase):
         return c
 
     def ask(self, type, payload):
-        return self.gateway.registry.request("7:wr", type, payload, timeout=10)
+        return self.gateway.registry.request(asking("7:wr"), type, payload, timeout=10)
 
     @defer.inlineCallbacks
     def check_exec_and_eval(self, c, wrapped=True):
@@ -438,7 +440,9 @@ class SettingsFileTests(GatewayMixin, TestCase):
                 payload = {"path": path, **extra}
                 if cwd is not None:
                     payload["cwd"] = cwd
-                answer = yield self.gateway.registry.request("7:st", kind, payload, timeout=10)
+                answer = yield self.gateway.registry.request(
+                    asking("7:st"), kind, payload, timeout=10
+                )
                 self.assertEqual(
                     (answer.ok, answer.error and answer.error.code),
                     (False, "forbidden"),
@@ -451,14 +455,20 @@ class SettingsFileTests(GatewayMixin, TestCase):
         self.assertEqual(c.eval("return #fs.find('.settings*') + #fs.find('..settings*')"), 1)
         # Other files, and the listing of / (which names .settings), still work.
         answer = yield self.gateway.registry.request(
-            "7:st", "write_file", {"path": "/notes.txt", "content": empty, "encoding": "base64"}
+            asking("7:st"),
+            "write_file",
+            {"path": "/notes.txt", "content": empty, "encoding": "base64"},
         )
         self.assertTrue(answer.ok, answer.error)
-        answer = yield self.gateway.registry.request("7:st", "read_file", {"path": "notes.txt"})
+        answer = yield self.gateway.registry.request(
+            asking("7:st"), "read_file", {"path": "notes.txt"}
+        )
         self.assertEqual(base64.b64decode(answer.payload["content"]), b"stolen")
-        answer = yield self.gateway.registry.request("7:st", "list_files", {"path": "/"})
+        answer = yield self.gateway.registry.request(asking("7:st"), "list_files", {"path": "/"})
         self.assertIn(".settings", [entry["name"] for entry in answer.payload["entries"]])
-        answer = yield self.gateway.registry.request("7:st", "delete_file", {"path": "/notes.txt"})
+        answer = yield self.gateway.registry.request(
+            asking("7:st"), "delete_file", {"path": "/notes.txt"}
+        )
         self.assertEqual(answer.payload, {"deleted": True})
 
 
@@ -508,7 +518,7 @@ class ScreenAndInputTests(GatewayMixin, TestCase):
     """SPEC §9's screen however the daemon started, and §14's screen_watch and input."""
 
     def ask(self, type, payload, **kwargs):
-        return self.gateway.registry.request("7:si", type, payload, timeout=10, **kwargs)
+        return self.gateway.registry.request(asking("7:si"), type, payload, timeout=10, **kwargs)
 
     def watch(self, payload):
         """A screen_watch: its Deferred, its frames, and until(predicate) -> a Deferred that

@@ -4,8 +4,10 @@ harness's peripherals (modelled on CraftOS-PC's emulated ones) and a turtle in a
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import TestCase
 
+from tests.harness.callers import asking
 from tests.lua.test_lua_e2e import PASSWORD, GatewayMixin
 from trapsandbox.errors import GatewayError
+from trapsandbox.limits import LOCAL_ACCOUNT
 
 
 class PeripheralTests(GatewayMixin, TestCase):
@@ -26,7 +28,7 @@ class PeripheralTests(GatewayMixin, TestCase):
         return c
 
     def ask(self, type, payload, **kwargs):
-        return self.gateway.registry.request("7:pe", type, payload, timeout=10, **kwargs)
+        return self.gateway.registry.request(asking("7:pe"), type, payload, timeout=10, **kwargs)
 
     async def call(self, name, method, *args):
         answer = await self.ask(
@@ -168,7 +170,7 @@ class TurtleTests(GatewayMixin, TestCase):
 
     def act(self, action, *args):
         return self.gateway.registry.request(
-            "7:tu", "turtle", {"action": action, "args": list(args)}, timeout=10
+            asking("7:tu"), "turtle", {"action": action, "args": list(args)}, timeout=10
         )
 
     async def test_moves_cost_fuel_and_report_it(self):
@@ -304,9 +306,9 @@ class ConsentTests(GatewayMixin, TestCase):
         self.assertIn("note: turtle lets the agent drive this turtle, a moving machine", c.output)
         self.assertIn("note: this computer is not a turtle", c.output)
         await c.wait_for_lua("traposSandboxState.capabilities[8] == 'turtle'")
-        await self.gateway.registry.request("7:co", "ping", {}, timeout=10)
+        await self.gateway.registry.request(asking("7:co"), "ping", {}, timeout=10)
         self.assertEqual(
-            self.gateway.registry.find("7:co").capabilities,
+            self.gateway.registry.find(LOCAL_ACCOUNT, "7:co").capabilities,
             {"exec", "eval", "fs.read", "fs.write", "screen", "input", "peripheral", "turtle"},
         )
         await c.run("/programs/sandbox.lua deny peripheral turtle").done
@@ -386,7 +388,7 @@ class StopTests(GatewayMixin, TestCase):
         return c
 
     def ask(self, type, payload, **kwargs):
-        return self.gateway.registry.request("7:st", type, payload, timeout=10, **kwargs)
+        return self.gateway.registry.request(asking("7:st"), type, payload, timeout=10, **kwargs)
 
     async def test_stop_cancels_what_runs_and_refuses_the_rest_until_resume(self):
         c = await self.ready()
@@ -410,7 +412,7 @@ class StopTests(GatewayMixin, TestCase):
         self.assertEqual(caught.exception.code, "stopped")
         self.assertIn('run "sandbox resume"', caught.exception.message)
         # ... and so does the computer, should the gateway believe otherwise.
-        session = self.gateway.registry.find("7:st")
+        session = self.gateway.registry.find(LOCAL_ACCOUNT, "7:st")
         told, session.stopped = session.stopped, None
         refused = await self.ask("list_peripherals", {})
         self.assertEqual(refused.error.code, "stopped")
@@ -440,6 +442,6 @@ class StopTests(GatewayMixin, TestCase):
         await c.wait_for_lua("not traposSandboxSession.status().agentStopped")
         # Frames are handled in order: once a ping is answered, the gateway heard the resume.
         self.assertTrue((await self.ask("ping", {})).ok)
-        self.assertIsNone(self.gateway.registry.find("7:st").stopped)
+        self.assertIsNone(self.gateway.registry.find(LOCAL_ACCOUNT, "7:st").stopped)
         answer = await self.ask("call_peripheral", {"name": "top", "method": "getSize"})
         self.assertEqual(answer.payload["returns"], [15, 5])

@@ -7,6 +7,7 @@ import os
 
 from twisted.trial.unittest import TestCase
 
+from tests.harness.callers import asking
 from tests.lua.test_lua_e2e import GatewayMixin
 from trapsandbox.computers import wire
 from trapsandbox.errors import GatewayError
@@ -22,7 +23,9 @@ class SnapshotListTests(GatewayMixin, TestCase):
         return c
 
     def ask(self, c, type, payload=None):
-        return self.gateway.registry.request(f"7:{c.label}", type, payload or {}, timeout=20)
+        return self.gateway.registry.request(
+            asking(f"7:{c.label}"), type, payload or {}, timeout=20
+        )
 
     async def test_lists_every_file_with_size_and_time_outside_rom_and_settings(self):
         c = await self.ready()
@@ -123,19 +126,19 @@ class SnapshotServiceTests(GatewayMixin, TestCase):
         c.write_file("/bin/blob.bin", bytes(range(256)) * 10)
         c.write_file("/deep/a/b/c.lua", "print('c')")
         c.write_file("/gone.txt", "will be deleted")
-        first = await snapshots.take("local", "7:sv", "manual")
+        first = await snapshots.take(asking("7:sv", "local"), "manual")
         self.assertEqual(first["fetched"], first["files"])
         original = tree(c)
 
         # Nothing changed: nothing travels.
-        again = await snapshots.take("local", "7:sv", "manual")
+        again = await snapshots.take(asking("7:sv", "local"), "manual")
         self.assertEqual(again["fetched"], 0)
 
         c.write_file("/notes.txt", "one\n2\nthree\n")
         c.write_file("/bin/blob.bin", b"\x00\xff" * 100)
         c.write_file("/new/dir/added.txt", "new")
         os.remove(c.root / "gone.txt")
-        found = await snapshots.changes("local", "7:sv", first["id"])
+        found = await snapshots.changes(asking("7:sv", "local"), first["id"])
         self.assertEqual([a["path"] for a in found["added"]], ["/new/dir/added.txt"])
         self.assertEqual([m["path"] for m in found["modified"]], ["/bin/blob.bin", "/notes.txt"])
         self.assertEqual(found["deleted"], [{"path": "/gone.txt", "before": 15, "after": None}])
@@ -144,15 +147,15 @@ class SnapshotServiceTests(GatewayMixin, TestCase):
         self.assertIn("binary", diffs["/bin/blob.bin"])
         edited = tree(c)
 
-        done = await snapshots.restore("local", "7:sv", first["id"])
+        done = await snapshots.restore(asking("7:sv", "local"), first["id"])
         self.assertEqual(done["deleted"], ["/new/dir/added.txt"])
         self.assertEqual(sorted(done["written"]), ["/bin/blob.bin", "/gone.txt", "/notes.txt"])
         self.assertEqual(tree(c), original)
 
         # The undo is undone from the snapshot it took first.
-        await snapshots.restore("local", "7:sv", done["before"])
+        await snapshots.restore(asking("7:sv", "local"), done["before"])
         self.assertEqual(tree(c), edited)
-        listed = await snapshots.list("local", "7:sv")
+        listed = await snapshots.list(asking("7:sv", "local"))
         self.assertEqual([s["reason"] for s in listed][:2], ["restore", "restore"])
         self.assertEqual(c.violations, [])
 
@@ -161,19 +164,19 @@ class SnapshotServiceTests(GatewayMixin, TestCase):
         self.gateway.snapshots.store().max_bytes = 1000
         c.write_file("/big.bin", b"x" * 2000)
         error = await self.assertFailure(
-            self.gateway.snapshots.take("local", "7:sv", "manual"), GatewayError
+            self.gateway.snapshots.take(asking("7:sv", "local"), "manual"), GatewayError
         )
         self.assertEqual(error.code, "too_large")
         self.assertIn("a snapshot holds at most 1000", error.message)
         self.assertIn("SANDBOX_SNAPSHOT_MAX_MB", error.message)
-        self.assertEqual(await self.gateway.snapshots.list("local", "7:sv"), [])
+        self.assertEqual(await self.gateway.snapshots.list(asking("7:sv", "local")), [])
 
     async def test_another_accounts_snapshot_is_not_found(self):
         c = await self.ready()
         c.write_file("/a.txt", "a")
-        taken = await self.gateway.snapshots.take("local", "7:sv", "manual")
+        taken = await self.gateway.snapshots.take(asking("7:sv", "local"), "manual")
         error = await self.assertFailure(
-            self.gateway.snapshots.changes("other", "7:sv", taken["id"]), GatewayError
+            self.gateway.snapshots.changes(asking("7:sv", "other"), taken["id"]), GatewayError
         )
         self.assertEqual(error.code, "not_found")
 
@@ -228,7 +231,7 @@ class InGameTests(GatewayMixin, TestCase):
         c = await self.ready()
         c.write_file("/notes.txt", "one\ntwo\n")
         # What the ask hook does before an ask's first change.
-        await self.gateway.snapshots.take("local", "7:ig", "ask")
+        await self.gateway.snapshots.take(asking("7:ig", "local"), "ask")
         c.write_file("/notes.txt", "changed\n")
         c.write_file("/made/by/agent.lua", "print(1)")
         await c.run("/programs/sandbox.lua changes").done
@@ -253,7 +256,7 @@ class InGameTests(GatewayMixin, TestCase):
 
     async def test_undo_answered_no_changes_nothing(self):
         c = await self.ready()
-        await self.gateway.snapshots.take("local", "7:ig", "ask")
+        await self.gateway.snapshots.take(asking("7:ig", "local"), "ask")
         c.write_file("/new.txt", "x")
         proc = c.run("/programs/sandbox.lua undo")
         c.focus(proc)  # keys go to the focused tab
@@ -267,7 +270,7 @@ class InGameTests(GatewayMixin, TestCase):
         c = await self.ready(allow="fs.read")
         await c.run("/programs/sandbox.lua changes").done
         self.assertIn("no ask has changed files on this computer yet", c.output)
-        await self.gateway.snapshots.take("local", "7:ig", "ask")
+        await self.gateway.snapshots.take(asking("7:ig", "local"), "ask")
         c.write_file("/new.txt", "x")
         proc = c.run("/programs/sandbox.lua undo")
         c.focus(proc)  # keys go to the focused tab

@@ -334,7 +334,7 @@ class Admission:
         most = self.max_computers(account_id)
         if (
             most is None
-            or registry.find(trapos_id, account_id) is not None
+            or registry.find(account_id, trapos_id) is not None
             or registry.count(account_id) < most
         ):
             return None

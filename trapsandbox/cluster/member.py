@@ -41,6 +41,7 @@ from trapsandbox.cluster.ownership import Ownership
 from trapsandbox.cluster.presence import Presence
 from trapsandbox.cluster.redis import Redis, RedisAddress, inbox_of
 from trapsandbox.cluster.relay import Relay
+from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import PartialListener, Registry, Session
 
 log = Logger()
@@ -112,14 +113,13 @@ class Cluster:
 
     def request(
         self,
-        account_id: str,
-        trapos_id: str,
+        caller: Caller,
         type: str,
         payload: dict[str, Any],
         timeout: float,
         on_partial: PartialListener | None,
     ) -> Deferred:
-        return self.relay.request(account_id, trapos_id, type, payload, timeout, on_partial)
+        return self.relay.request(caller, type, payload, timeout, on_partial)
 
     def holds(self, account_id: str, trapos_id: str) -> Deferred[bool]:
         d = self.ownership.holder(account_id, trapos_id)
@@ -153,11 +153,9 @@ class Cluster:
         """The other processes' computers while watched (``Presence.elsewhere``)."""
         return self.presence.elsewhere
 
-    def watch_activity(
-        self, account_id: str, trapos_id: str, listener: PartialListener
-    ) -> Deferred:
+    def watch_activity(self, caller: Caller, listener: PartialListener) -> Deferred:
         """The activity of a computer another process holds (``Relay.watch_activity``)."""
-        return self.relay.watch_activity(account_id, trapos_id, listener)
+        return self.relay.watch_activity(caller, listener)
 
     # -- Starting and stopping ---------------------------------------------------------------
 

@@ -154,7 +154,7 @@ class Ownership:
         self._claiming.discard(session)
         epoch, previous = int(reply[0]), reply[1]
         evicted = self._evicted.pop(key, 0)
-        if self._registry.find(session.trapos_id, session.account_id) is not session:
+        if self._registry.find(session.account_id, session.trapos_id) is not session:
             self._release(key, epoch)  # it left (or was replaced) while we claimed it
             return
         if evicted > epoch:
@@ -188,7 +188,7 @@ class Ownership:
         """``{t: evict, key, epoch}``: another process claimed one of ours."""
         account_id, trapos_id = message["key"]
         epoch = int(message["epoch"])
-        session = self._registry.find(trapos_id, account_id)
+        session = self._registry.find(account_id, trapos_id)
         if session is None:
             return
         key = computer_key(account_id, trapos_id)

@@ -9,9 +9,9 @@ answers ``unavailable`` at once; giving up tells the owner to cancel.
 
 In: a request from another process runs on the computer here only if we
 hold it at the epoch the sender saw, and its partials and answer go back to
-the sender's inbox.  It runs as its sender's (``by``, ``quiet``:
-``trapsandbox.computers.senders``), so the computer's activity, kept here,
-names who sent it.
+the sender's inbox.  It runs as its caller's (``key``, ``by``, ``quiet``: the
+``trapsandbox.computers.callers.Caller`` the message carries), so the
+computer's activity, kept here, names who sent it.
 
 A watch of the computer's activity (``watch: "activity"``, from an
 ``/operator`` ``watch_activity`` elsewhere) goes the same way: each entry
@@ -37,19 +37,12 @@ from twisted.python.failure import Failure
 from trapsandbox import errors, limits
 from trapsandbox.cluster.ownership import Ownership
 from trapsandbox.cluster.redis import Redis
-from trapsandbox.computers import senders, wire
+from trapsandbox.computers import wire
+from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import PartialListener, Registry
 from trapsandbox.errors import GatewayError
 
 log = Logger()
-
-
-def _sender_of(message: dict[str, Any]) -> senders.Sender:
-    """Who sent a relayed request (``senders``), as its message says."""
-    by = message.get("by")
-    if type(by) is dict and all(type(k) is str and type(v) is str for k, v in by.items()):
-        return by
-    return {"by": senders.GATEWAY}
 
 
 def _relay_timed_out(result: object, timeout: float) -> object:
@@ -93,21 +86,16 @@ class Relay:
 
     def request(
         self,
-        account_id: str,
-        trapos_id: str,
+        caller: Caller,
         type: str,
         payload: dict[str, Any],
         timeout: float,
         on_partial: PartialListener | None,
     ) -> Deferred:
         """Fires like ``Session.request``, for a computer held by another process."""
-        # Read now: the context is lost once Redis has named the holder.
-        sent = {"by": senders.current(), "quiet": senders.is_quiet()}
-        return self._send(account_id, trapos_id, type, payload, timeout, on_partial, sent)
+        return self._send(caller, type, payload, timeout, on_partial, {})
 
-    def watch_activity(
-        self, account_id: str, trapos_id: str, listener: PartialListener
-    ) -> Deferred:
+    def watch_activity(self, caller: Caller, listener: PartialListener) -> Deferred:
         """
         Each activity entry of a computer held by another process to
         ``listener`` (``Registry.follow_activity`` there); a Deferred that
@@ -115,41 +103,39 @@ class Relay:
         held anywhere); cancelling it ends the watch.
         """
         # Its sender goes along: the holder counts an account's watches against its bound.
-        watch = {"watch": "activity", "by": senders.current()}
         return self._send(
-            account_id,
-            trapos_id,
+            caller,
             "watch_activity",
             {},
             limits.SCREEN_WATCH_TIMEOUT,
             listener,
-            watch,
+            {"watch": "activity"},
         )
 
     def _send(
         self,
-        account_id: str,
-        trapos_id: str,
+        caller: Caller,
         type: str,
         payload: dict[str, Any],
         timeout: float,
         on_partial: PartialListener | None,
         fields: dict[str, Any],
     ) -> Deferred:
-        """The request ``{type, payload, timeout, **fields}`` to the computer's holder."""
+        """The request ``{type, payload, timeout, **fields}`` of ``caller`` to the computer's
+        holder."""
         if not self._redis.subscribed:
             # No answer could reach us.
             return fail(GatewayError(errors.UNAVAILABLE, "the gateway is not connected to Redis"))
         message = {
             "t": "req",
             "from": self._instance_id,
-            "key": [account_id, trapos_id],
             "type": type,
             "payload": payload,
             "timeout": timeout,
+            **caller.message(),
             **fields,
         }
-        d = self._ownership.holder(account_id, trapos_id)
+        d = self._ownership.holder(*caller.key)
         d.addCallback(self._relay, message, on_partial)
         return d
 
@@ -237,8 +223,9 @@ class Relay:
     def on_request(self, message: dict[str, Any]) -> None:
         """``{t: req}``: run it on the computer here if we hold it at the sender's epoch."""
         sender, relay_id = str(message["from"]), str(message["id"])
-        account_id, trapos_id = message["key"]
-        session = self._registry.find(trapos_id, account_id)
+        caller = Caller.from_message(message)
+        account_id, trapos_id = caller.key
+        session = self._registry.find(account_id, trapos_id)
         epoch = self._ownership.epoch_of(session) if session is not None else None
         timeout = message.get("timeout")
         if epoch is None or str(epoch) != str(message.get("epoch")):
@@ -254,28 +241,18 @@ class Relay:
             self._redis.publish(sender, part).addErrback(lambda _: None)
 
         if message.get("watch") == "activity":
-            d = senders.sent_by(
-                _sender_of(message), self._registry.follow_activity, account_id, trapos_id, partial
-            )
+            d = self._registry.follow_activity(caller, partial)
             # At its bound it just stops (cancelled: nothing sent); the requester's own
             # bound, a margin later, answers there.
             d.addTimeout(timeout, self._reactor, lambda result, _: result)
         else:
-
-            def run() -> Deferred:
-                return self._registry.request(
-                    trapos_id,
-                    str(message.get("type")),
-                    payload if type(payload) is dict else {},
-                    timeout,
-                    account_id=account_id,
-                    on_partial=partial,
-                )
-
-            if message.get("quiet") is True:
-                d = senders.sent_by(_sender_of(message), senders.quietly, run)
-            else:
-                d = senders.sent_by(_sender_of(message), run)
+            d = self._registry.request(
+                caller,
+                str(message.get("type")),
+                payload if type(payload) is dict else {},
+                timeout,
+                on_partial=partial,
+            )
         self._serving[(sender, relay_id)] = d
         d.addBoth(self._served, sender, relay_id)
 

@@ -15,7 +15,7 @@ The computer side: one WebSocket per computer, and requests both ways (SPEC §2,
     ``sandbox``       the section 9 operations on a computer (exec, eval, files, screen,
                       input, screen_watch)
     ``screen``        a screen_watch's compact frames as operators get them (SPEC §14)
-    ``senders``       who sent a request, for the computer's activity (SPEC §14)
+    ``callers``       who is asking: one value every request to a computer carries
     ``settingsfile``  no file request reaches a computer's /.settings (its credential);
                       the twin of the Lua client's rule
 """

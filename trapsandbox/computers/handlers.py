@@ -41,7 +41,7 @@ from twisted.python.failure import Failure
 
 from trapsandbox import errors
 from trapsandbox.computers import wire
-from trapsandbox.computers.senders import PLAYER
+from trapsandbox.computers.callers import PLAYER, Caller, Sender
 from trapsandbox.computers.wire import cut
 from trapsandbox.errors import GatewayError
 
@@ -52,6 +52,8 @@ if TYPE_CHECKING:
     from trapsandbox.snapshots.service import Snapshots
 
 log = Logger()
+
+PLAYER_SENDER = Sender(PLAYER)
 
 Handler = Callable[["Session", wire.ComputerRequest], "Deferred | dict[str, Any]"]
 
@@ -142,7 +144,7 @@ class ComputerRequests:
         # partials is missed there.
         ended: Deferred = Deferred()
         progress = (
-            self._registry.track(session.key, "ask", frame.payload, ended, {"by": PLAYER})
+            self._registry.track(session.key, "ask", frame.payload, ended, PLAYER_SENDER)
             if self._registry is not None
             else _untold
         )
@@ -205,25 +207,30 @@ class ComputerRequests:
 
     def snapshots(self, session: Session, frame: wire.ComputerRequest) -> Deferred:
         snapshots = self._need_snapshots(session, "fs.read")
-        d = snapshots.list(session.account_id, session.trapos_id)
+        d = snapshots.list(_player(session))
         return d.addCallback(lambda listed: {"snapshots": listed})
 
     def snapshot_changes(self, session: Session, frame: wire.ComputerRequest) -> Deferred:
         snapshots = self._need_snapshots(session, "fs.read")
-        account, trapos_id = session.account_id, session.trapos_id
+        caller = _player(session)
 
         async def run() -> dict[str, Any]:
             snapshot_id = frame.payload.get("snapshot")
             if snapshot_id is None:
-                snapshot_id = await _before_last_ask(snapshots, account, trapos_id)
-            return await snapshots.changes(account, trapos_id, _snapshot_id(snapshot_id))
+                snapshot_id = await _before_last_ask(snapshots, caller)
+            return await snapshots.changes(caller, _snapshot_id(snapshot_id))
 
         return Deferred.fromCoroutine(run())
 
     def snapshot_restore(self, session: Session, frame: wire.ComputerRequest) -> Deferred:
         snapshots = self._need_snapshots(session, "fs.read", "fs.write")
         snapshot_id = _snapshot_id(frame.payload.get("snapshot"))
-        return snapshots.restore(session.account_id, session.trapos_id, snapshot_id)
+        return snapshots.restore(_player(session), snapshot_id)
+
+
+def _player(session: Session) -> Caller:
+    """The computer's own player, asking for its own computer."""
+    return Caller(session.account_id, session.trapos_id, PLAYER_SENDER)
 
 
 def _snapshot_id(value: object) -> str:
@@ -232,9 +239,9 @@ def _snapshot_id(value: object) -> str:
     return value
 
 
-async def _before_last_ask(snapshots: Snapshots, account: str, trapos_id: str) -> str:
+async def _before_last_ask(snapshots: Snapshots, caller: Caller) -> str:
     """The id of the newest snapshot taken before an ask, or ``not_found`` saying so."""
-    for each in await snapshots.list(account, trapos_id):
+    for each in await snapshots.list(caller):
         if each["reason"] == "ask":
             return each["id"]
     raise GatewayError(errors.NOT_FOUND, "no ask has changed files on this computer yet")

@@ -18,7 +18,7 @@ which does so for a frame too large to relay, and paces them to the watch's
 ``maxFps``.
 
 The watches an account's token holds open at once (``WATCHES``, and
-``watch_activity``; the account is the sender's, ``senders.current``) are
+``watch_activity``; the account is the caller's sender's, ``callers.Sender``) are
 bounded per account (``limits.MAX_WATCHES_PER_ACCOUNT``): past it a new one
 fails with ``too_many_watches``, so what one account's watchers cost does not
 grow without bound.  The admin's are not counted, as its ``/operator``
@@ -39,10 +39,10 @@ from twisted.python.failure import Failure
 
 from trapsandbox import errors, limits
 from trapsandbox.admission.tally import Tally
-from trapsandbox.computers import senders, settingsfile, wire
+from trapsandbox.computers import settingsfile, wire
+from trapsandbox.computers.callers import Caller, Sender
 from trapsandbox.computers.screen import ScreenGate, max_fps
 from trapsandbox.errors import GatewayError
-from trapsandbox.limits import LOCAL_ACCOUNT
 from trapsandbox.ops.metrics import Metrics
 
 log = Logger()
@@ -91,8 +91,7 @@ class Peers(Protocol):
 
     def request(
         self,
-        account_id: str,
-        trapos_id: str,
+        caller: Caller,
         type: str,
         payload: dict[str, Any],
         timeout: float,
@@ -363,15 +362,17 @@ def _ignore(failure: Failure) -> None:
     return None
 
 
-def _counted(held: Tally, most: int, kind: str) -> tuple[str | None, GatewayError | None]:
+def _counted(
+    held: Tally, most: int, kind: str, sender: Sender
+) -> tuple[str | None, GatewayError | None]:
     """
-    Count one more watch of the account whose token asks for it now
-    (``senders.current``) in ``held``: ``(that account, None)``, or ``(None,
-    why not)`` when it already has ``most``.  ``(None, None)``: the admin, the
-    gateway or a computer's player asks, which are not counted (as the admin's
-    ``/operator`` sockets are not).
+    Count one more watch of the account whose token ``sender`` used in
+    ``held``: ``(that account, None)``, or ``(None, why not)`` when it already
+    has ``most``.  ``(None, None)``: the admin, the gateway or a computer's
+    player asks, which are not counted (as the admin's ``/operator`` sockets
+    are not).
     """
-    account = senders.current().get("account")
+    account = sender.account
     if account is None:
         return None, None
     if held.full(account, most):
@@ -429,20 +430,20 @@ class Registry:
         self._watchers.append(listener)
         return lambda: self._watchers.remove(listener) if listener in self._watchers else None
 
-    def watch_activity(
-        self, account_id: str, trapos_id: str, listener: PartialListener
-    ) -> Callable[[], None]:
+    def watch_activity(self, caller: Caller, listener: PartialListener) -> Callable[[], None]:
         """
         Call ``listener`` with each request sent to the computer, when it
         starts and when it ends (``activity_entry``); answers the function
         that stops it.  Raises ``GatewayError(too_many_watches)`` when the
-        account whose token asks (``senders.current``) already has
-        ``max_watches`` of them.
+        account whose token ``caller`` used already has ``max_watches`` of them.
         """
-        counted, refusal = _counted(self._activity_watching, self.max_watches, "activity")
+        key = caller.key
+        counted, refusal = _counted(
+            self._activity_watching, self.max_watches, "activity", caller.sender
+        )
         if refusal is not None:
             raise refusal
-        listeners = self._activity.setdefault((account_id, trapos_id), [])
+        listeners = self._activity.setdefault(key, [])
         listeners.append(listener)
 
         def stop() -> None:
@@ -450,24 +451,23 @@ class Registry:
                 listeners.remove(listener)
                 _uncounted(self._activity_watching, counted)
             if not listeners:
-                self._activity.pop((account_id, trapos_id), None)
+                self._activity.pop(key, None)
 
         return stop
 
-    def follow_activity(
-        self, account_id: str, trapos_id: str, listener: PartialListener
-    ) -> Deferred:
+    def follow_activity(self, caller: Caller, listener: PartialListener) -> Deferred:
         """
         ``watch_activity`` while the computer is connected here (another
         process's watch, ``cluster.relay``): a Deferred that fails with
         ``not_connected`` when it is not, or once it leaves (or is
         replaced); cancelling it stops the watch.
         """
-        session = self.find(trapos_id, account_id)
+        account_id, trapos_id = caller.key
+        session = self.find(account_id, trapos_id)
         if session is None:
             return fail(wire.not_connected(trapos_id))
         try:
-            stop_activity = self.watch_activity(account_id, trapos_id, listener)
+            stop_activity = self.watch_activity(caller, listener)
         except GatewayError as error:
             return fail(error)
 
@@ -476,7 +476,7 @@ class Registry:
             stop_listing()
 
         def left() -> None:
-            if self.find(trapos_id, account_id) is not session and not d.called:
+            if self.find(account_id, trapos_id) is not session and not d.called:
                 stop()
                 d.errback(GatewayError(errors.NOT_CONNECTED, f"{wire.cut(trapos_id)} disconnected"))
 
@@ -569,46 +569,48 @@ class Registry:
         """Requests to computers waiting for an answer."""
         return sum(session.in_flight for session in self._sessions.values())
 
-    def connected(self, trapos_id: str, account_id: str = LOCAL_ACCOUNT) -> Deferred[bool]:
+    def connected(self, account_id: str, trapos_id: str) -> Deferred[bool]:
         """Whether the computer is connected, here or (cluster mode) to another process."""
-        if self.find(trapos_id, account_id) is not None:
+        if self.find(account_id, trapos_id) is not None:
             return succeed(True)
         if self.peers is None:
             return succeed(False)
         return self.peers.holds(account_id, trapos_id)
 
-    def find(self, trapos_id: str, account_id: str = LOCAL_ACCOUNT) -> Session | None:
+    def find(self, account_id: str, trapos_id: str) -> Session | None:
         return self._sessions.get((account_id, trapos_id))
 
     def request(
         self,
-        trapos_id: str,
+        caller: Caller,
         type: str,
         payload: dict[str, Any] | None = None,
         timeout: float | None = None,
-        account_id: str = LOCAL_ACCOUNT,
         on_partial: PartialListener | None = None,
     ) -> Deferred:
         """
-        Send a ``gateway_request``; fires with the final ``ComputerResponse``.
+        Send a ``gateway_request`` to the computer ``caller`` is aimed at
+        (``Caller.at``); fires with the final ``ComputerResponse``.
         A ``screen_watch``'s frames reach ``on_partial`` through a
         ``ScreenGate`` (paced to its ``maxFps``; ``on_partial`` answering
         False means "no room now": the frame is kept and merged with the
         next), wherever the computer is held.
         """
+        account_id, trapos_id = caller.key
         if type in WATCHES:
-            counted, refusal = _counted(self._watching, self.max_watches, "screen and event")
+            counted, refusal = _counted(
+                self._watching, self.max_watches, "screen and event", caller.sender
+            )
             if refusal is not None:
                 return fail(refusal)
         gate = None
         if type == "screen_watch" and on_partial is not None:
             gate = ScreenGate(self.clock, max_fps(payload or {}), on_partial)
             on_partial = gate.take
-        session = self.find(trapos_id, account_id)
+        session = self.find(account_id, trapos_id)
         if session is None and self.peers is not None and (timeout is None or timeout > 0):
             d = self.peers.request(
-                account_id,
-                trapos_id,
+                caller,
                 type,
                 payload or {},
                 self.request_timeout if timeout is None else timeout,
@@ -632,11 +634,11 @@ class Registry:
         changed = _changed_path(type, payload or {}) if self.file_listeners else None
         if changed is not None:
             d.addCallback(self._file_changed, account_id, trapos_id, changed)
-        key = (account_id, trapos_id)
+        key = caller.key
         # A request relayed to the process holding the computer is in its activity there.
         relayed = session is None and self.peers is not None
-        if key in self._activity and not senders.is_quiet() and not relayed:
-            self.track(key, type, payload or {}, d)
+        if key in self._activity and not caller.quiet and not relayed:
+            self.track(key, type, payload or {}, d, caller.sender)
         return d
 
     def _file_changed(self, response: Any, account_id: str, trapos_id: str, path: str) -> Any:
@@ -654,18 +656,18 @@ class Registry:
         type: str,
         payload: dict[str, Any],
         d: Deferred,
-        sender: senders.Sender | None = None,
+        sender: Sender,
     ) -> Callable[[dict[str, Any]], None]:
         """
         Tell the watchers of ``key``'s activity of the request ``d`` (sent by
-        ``sender``, by default ``senders.current()``): now, with ``state``
+        ``sender``): now, with ``state``
         "started", and when it ends (its outcome, ``durationMs``).  Answers
         the function that tells them how it goes meanwhile (``state``
         "running" and what it is given: an ask's text as it arrives).
         """
         entry = {
             **activity_entry(self.activity_number(), type, payload),
-            **(senders.current() if sender is None else sender),
+            **sender.entry(),
         }
         self._tell_activity(key, {**entry, "state": "started"})
         d.addBoth(self._activity_ended, key, entry, self.clock.seconds())

@@ -45,10 +45,11 @@ from twisted.logger import Logger
 
 from trapsandbox import errors, limits
 from trapsandbox.computers import wire
+from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.screen import ScreenState
 from trapsandbox.errors import GatewayError
-from trapsandbox.limits import FILE_CHUNK_BYTES, LOCAL_ACCOUNT, MAX_FILE_BYTES
+from trapsandbox.limits import FILE_CHUNK_BYTES, MAX_FILE_BYTES
 
 log = Logger()
 
@@ -90,28 +91,24 @@ class Sandbox:
 
     def _call(
         self,
-        account_id: str,
-        trapos_id: str,
+        caller: Caller,
         type: str,
         payload: dict[str, Any],
         timeout: float | None = None,
         on_partial: Callable[[dict[str, Any]], None] | None = None,
     ) -> Deferred:
-        d = self._registry.request(
-            trapos_id, type, payload, timeout, account_id=account_id, on_partial=on_partial
-        )
+        d = self._registry.request(caller, type, payload, timeout, on_partial)
         return d.addCallback(_answer)
 
     def execute(
         self,
-        trapos_id: str,
+        caller: Caller,
         command: str,
         args: list[str] | None = None,
         cwd: str | None = None,
         timeout_ms: float | None = None,
         max_output_bytes: int | None = None,
         on_output: OutputListener | None = None,
-        account_id: str = LOCAL_ACCOUNT,
     ) -> Deferred:
         """Run ``command`` on the computer; ``on_output`` hears its output as it comes."""
         payload: dict[str, Any] = {"command": command}
@@ -119,23 +116,19 @@ class Sandbox:
             payload["args"] = args
         if cwd is not None:
             payload["cwd"] = cwd
-        return self._run(
-            account_id, trapos_id, "exec", payload, timeout_ms, max_output_bytes, on_output
-        )
+        return self._run(caller, "exec", payload, timeout_ms, max_output_bytes, on_output)
 
     def eval(
         self,
-        trapos_id: str,
+        caller: Caller,
         code: str,
         timeout_ms: float | None = None,
         max_output_bytes: int | None = None,
         on_output: OutputListener | None = None,
-        account_id: str = LOCAL_ACCOUNT,
     ) -> Deferred:
         """Run Lua ``code``; a compile or runtime error is an answer with ``ok: false``."""
         return self._run(
-            account_id,
-            trapos_id,
+            caller,
             "eval",
             {"code": code},
             timeout_ms,
@@ -145,8 +138,7 @@ class Sandbox:
 
     def _run(
         self,
-        account_id: str,
-        trapos_id: str,
+        caller: Caller,
         type: str,
         payload: dict[str, Any],
         timeout_ms: float | None,
@@ -161,67 +153,51 @@ class Sandbox:
         # The computer ends the run at timeoutMs and answers; past the margin it is gone.
         timeout = timeout_ms / 1000 + limits.RUN_ANSWER_MARGIN
         on_partial = None if on_output is None else _output_relay(on_output)
-        return self._call(account_id, trapos_id, type, payload, timeout, on_partial)
+        return self._call(caller, type, payload, timeout, on_partial)
 
-    def list_files(self, trapos_id: str, path: str, account_id: str = LOCAL_ACCOUNT) -> Deferred:
-        return self._call(
-            account_id, trapos_id, "list_files", {"path": path}, limits.FILE_REQUEST_TIMEOUT
-        )
+    def list_files(self, caller: Caller, path: str) -> Deferred:
+        return self._call(caller, "list_files", {"path": path}, limits.FILE_REQUEST_TIMEOUT)
 
-    def delete_file(self, trapos_id: str, path: str, account_id: str = LOCAL_ACCOUNT) -> Deferred:
-        return self._call(
-            account_id, trapos_id, "delete_file", {"path": path}, limits.FILE_REQUEST_TIMEOUT
-        )
+    def delete_file(self, caller: Caller, path: str) -> Deferred:
+        return self._call(caller, "delete_file", {"path": path}, limits.FILE_REQUEST_TIMEOUT)
 
-    def snapshot_list(
-        self, trapos_id: str, account_id: str = LOCAL_ACCOUNT, timeout: float | None = None
-    ) -> Deferred:
+    def snapshot_list(self, caller: Caller, timeout: float | None = None) -> Deferred:
         """Every file a snapshot holds, ``{files: [{path, size, modified}], total}`` (§15)."""
         timeout = limits.FILE_REQUEST_TIMEOUT if timeout is None else timeout
-        return self._call(account_id, trapos_id, "snapshot_list", {}, timeout)
+        return self._call(caller, "snapshot_list", {}, timeout)
 
-    def screen(self, trapos_id: str, account_id: str = LOCAL_ACCOUNT) -> Deferred:
-        return self._call(account_id, trapos_id, "screen", {}, limits.FILE_REQUEST_TIMEOUT)
+    def screen(self, caller: Caller) -> Deferred:
+        return self._call(caller, "screen", {}, limits.FILE_REQUEST_TIMEOUT)
 
-    def input(self, trapos_id: str, events: list[Any], account_id: str = LOCAL_ACCOUNT) -> Deferred:
+    def input(self, caller: Caller, events: list[Any]) -> Deferred:
         """Queue ``events`` (SPEC §14) on the computer; fires with ``{queued}``."""
-        return self._call(
-            account_id, trapos_id, "input", {"events": events}, limits.FILE_REQUEST_TIMEOUT
-        )
+        return self._call(caller, "input", {"events": events}, limits.FILE_REQUEST_TIMEOUT)
 
-    def list_peripherals(self, trapos_id: str, account_id: str = LOCAL_ACCOUNT) -> Deferred:
-        return self._call(
-            account_id, trapos_id, "list_peripherals", {}, limits.FILE_REQUEST_TIMEOUT
-        )
+    def list_peripherals(self, caller: Caller) -> Deferred:
+        return self._call(caller, "list_peripherals", {}, limits.FILE_REQUEST_TIMEOUT)
 
     def call_peripheral(
         self,
-        trapos_id: str,
+        caller: Caller,
         name: str,
         method: str,
         args: list[Any],
-        account_id: str = LOCAL_ACCOUNT,
     ) -> Deferred:
         """``method`` of peripheral ``name``; fires with ``{returns}`` (SPEC §16)."""
         payload = {"name": name, "method": method, "args": args}
-        return self._call(
-            account_id, trapos_id, "call_peripheral", payload, limits.FILE_REQUEST_TIMEOUT
-        )
+        return self._call(caller, "call_peripheral", payload, limits.FILE_REQUEST_TIMEOUT)
 
-    def turtle(
-        self, trapos_id: str, action: str, args: list[Any], account_id: str = LOCAL_ACCOUNT
-    ) -> Deferred:
+    def turtle(self, caller: Caller, action: str, args: list[Any]) -> Deferred:
         """One turtle ``action``; fires with ``{returns, fuel, selected}`` (SPEC §16)."""
         payload = {"action": action, "args": args}
-        return self._call(account_id, trapos_id, "turtle", payload, limits.FILE_REQUEST_TIMEOUT)
+        return self._call(caller, "turtle", payload, limits.FILE_REQUEST_TIMEOUT)
 
     def watch_peripheral_events(
         self,
-        trapos_id: str,
+        caller: Caller,
         on_event: Callable[[dict[str, Any]], None],
         events: list[str],
         timeout_ms: int | None = None,
-        account_id: str = LOCAL_ACCOUNT,
     ) -> Deferred:
         """
         A ``peripheral_events``: ``on_event`` hears each ``{type: "event", name,
@@ -233,8 +209,7 @@ class Sandbox:
             payload["timeoutMs"] = timeout_ms
         wait = (timeout_ms or limits.PERIPHERAL_EVENTS_TIMEOUT_MS) / 1000
         return self._call(
-            account_id,
-            trapos_id,
+            caller,
             "peripheral_events",
             payload,
             wait + limits.PERIPHERAL_EVENTS_GRACE,
@@ -243,10 +218,9 @@ class Sandbox:
 
     def watch_screen(
         self,
-        trapos_id: str,
+        caller: Caller,
         on_frame: Callable[[dict[str, Any]], None],
         max_fps: float | None = None,
-        account_id: str = LOCAL_ACCOUNT,
     ) -> Deferred:
         """
         A ``screen_watch``: ``on_frame`` hears each frame as operators get them
@@ -256,8 +230,7 @@ class Sandbox:
         state = ScreenState()
         payload = {} if max_fps is None else {"maxFps": max_fps}
         return self._call(
-            account_id,
-            trapos_id,
+            caller,
             "screen_watch",
             payload,
             limits.SCREEN_WATCH_TIMEOUT,
@@ -266,21 +239,20 @@ class Sandbox:
 
     def read_file(
         self,
-        trapos_id: str,
+        caller: Caller,
         path: str,
         offset: int = 0,
         length: int | None = None,
-        account_id: str = LOCAL_ACCOUNT,
     ) -> Deferred:
         """
         Fires with ``{content: bytes, sizeBytes, offset, bytesRead}``: ``length``
         bytes from ``offset`` (default: to the end), read in chunks, at most
         ``MAX_FILE_BYTES``.
         """
-        return Deferred.fromCoroutine(self._read_file(account_id, trapos_id, path, offset, length))
+        return Deferred.fromCoroutine(self._read_file(caller, path, offset, length))
 
     async def _read_file(
-        self, account_id: str, trapos_id: str, path: str, offset: int, length: int | None
+        self, caller: Caller, path: str, offset: int, length: int | None
     ) -> dict[str, Any]:
         wanted = MAX_FILE_BYTES if length is None else min(length, MAX_FILE_BYTES)
         chunks: list[bytes] = []
@@ -289,8 +261,7 @@ class Sandbox:
         while True:
             asked = min(FILE_CHUNK_BYTES, wanted - got)
             answer = await self._call(
-                account_id,
-                trapos_id,
+                caller,
                 "read_file",
                 {"path": path, "offset": offset + got, "length": asked, "encoding": "base64"},
                 limits.FILE_REQUEST_TIMEOUT,
@@ -307,10 +278,9 @@ class Sandbox:
 
     def write_file(
         self,
-        trapos_id: str,
+        caller: Caller,
         path: str,
         content: bytes,
-        account_id: str = LOCAL_ACCOUNT,
         max_bytes: int = MAX_FILE_BYTES,
     ) -> Deferred:
         """
@@ -324,19 +294,16 @@ class Sandbox:
                     errors.TOO_LARGE, f"at most {max_bytes} bytes can be written in one call"
                 )
             )
-        return Deferred.fromCoroutine(self._write_file(account_id, trapos_id, path, content))
+        return Deferred.fromCoroutine(self._write_file(caller, path, content))
 
-    async def _write_file(
-        self, account_id: str, trapos_id: str, path: str, content: bytes
-    ) -> dict[str, Any]:
+    async def _write_file(self, caller: Caller, path: str, content: bytes) -> dict[str, Any]:
         answer: dict[str, Any] = {}
         offset = 0
         while True:
             chunk = content[offset : offset + FILE_CHUNK_BYTES]
             final = offset + len(chunk) >= len(content)
             answer = await self._call(
-                account_id,
-                trapos_id,
+                caller,
                 "write_file",
                 {
                     "path": path,

@@ -25,6 +25,7 @@ from typing import Any
 
 from twisted.internet.defer import TimeoutError
 
+from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.errors import GatewayError
@@ -46,9 +47,7 @@ class Completions:
         self._registry = registry
         self._sandbox = sandbox
 
-    async def complete(
-        self, params: dict[str, Any], scope: str | None, pin: tuple[str, str] | None
-    ) -> dict[str, Any]:
+    async def complete(self, params: dict[str, Any], caller: Caller) -> dict[str, Any]:
         ref = params.get("ref")
         argument = params.get("argument")
         if type(ref) is not dict or type(argument) is not dict:
@@ -76,9 +75,9 @@ class Completions:
             raise Invalid(INVALID_PARAMS, 'ref.type must be "ref/resource" or "ref/prompt"')
         computer, path = arguments
         if name == computer:
-            values = await self._computers(value, scope, pin)
+            values = await self._computers(value, caller)
         elif name == path:
-            values = await self._entries(given.get(computer), value, scope, pin)
+            values = await self._entries(given.get(computer), value, caller)
         else:
             values = []
         return {
@@ -89,33 +88,28 @@ class Completions:
             }
         }
 
-    async def _computers(
-        self, typed: str, scope: str | None, pin: tuple[str, str] | None
-    ) -> list[str]:
+    async def _computers(self, typed: str, caller: Caller) -> list[str]:
         """The traposIds of the caller's computers whose traposId, id or label starts so."""
         found = []
-        for session in await computers(self._registry, scope, pin):
+        for session in await computers(self._registry, caller):
             number, label = split(session.trapos_id)
             if any(part.startswith(typed) for part in (session.trapos_id, number, label)):
                 found.append(session.trapos_id)
         return sorted(set(found))
 
-    async def _entries(
-        self, computer: Any, typed: str, scope: str | None, pin: tuple[str, str] | None
-    ) -> list[str]:
+    async def _entries(self, computer: Any, typed: str, caller: Caller) -> list[str]:
         """The entries of the folder ``typed`` is in, on ``computer``, that start as it does."""
         if type(computer) is not str or not computer:
             return []
         try:
-            session = resolve(
-                self._registry, computer, scope, await computers(self._registry, scope, pin)
-            )
+            found = await computers(self._registry, caller)
+            session = resolve(self._registry, computer, caller.account, found)
         except ToolError:
             return []
         folder, _, start = typed.rpartition("/")
         try:
             answer = await self._sandbox.list_files(
-                session.trapos_id, "/" + folder.lstrip("/"), account_id=session.account_id
+                caller.at(session.account_id, session.trapos_id), "/" + folder.lstrip("/")
             )
         except (GatewayError, TimeoutError):
             return []

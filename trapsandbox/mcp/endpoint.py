@@ -48,9 +48,9 @@ from twisted.web.iweb import IRequest
 
 from trapsandbox import errors
 from trapsandbox.computers import wire
+from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.computers.sandbox import Sandbox
-from trapsandbox.limits import LOCAL_ACCOUNT
 from trapsandbox.mcp import jsonrpc, prompts, revision
 from trapsandbox.mcp.completion import Completions
 from trapsandbox.mcp.errors import INVALID_PARAMS, METHOD_NOT_FOUND, Invalid
@@ -100,21 +100,20 @@ class McpEndpoint:
         self,
         request: IRequest,
         body: bytes | None,
-        too_large: str | None = None,
-        scope: str | None = LOCAL_ACCOUNT,
-        pin: tuple[str, str] | None = None,
+        too_large: str | None,
+        caller: Caller,
     ):
         """
         The answer to ``POST /mcp`` with ``body`` (None and ``too_large``: it was
-        refused); the tools reach the computers of the account ``scope`` (None:
-        every account's), or with ``pin``, the (account, traposId) an ask's token
-        is for, that computer only, whatever ``computer`` says.
+        refused); the tools reach the computers of ``caller``'s account (None:
+        every account's), or, for one aimed at a computer (an ask's token), that
+        computer only, whatever ``computer`` says.
         """
         return jsonrpc.answer(
             request,
             body,
             too_large,
-            lambda method, params, call: self._method(method, params, call, scope, pin),
+            lambda method, params, call: self._method(method, params, call, caller),
             self.running,
             _caller(request),
             self.levels,
@@ -147,8 +146,7 @@ class McpEndpoint:
         method: str,
         params: dict[str, Any],
         call: Call,
-        scope: str | None,
-        pin: tuple[str, str] | None = None,
+        caller: Caller,
     ) -> dict[str, Any]:
         if not call.revision.allows(method):
             era = "2026-07-28" if call.revision.modern else call.revision.version
@@ -164,23 +162,23 @@ class McpEndpoint:
         if method == "tools/list":
             return {"tools": TOOLS}
         if method == "tools/call":
-            return await self._tools_call(params, call, scope, pin)
+            return await self._tools_call(params, call, caller)
         if method == "resources/list":
-            return await self._resources.list(scope, pin)
+            return await self._resources.list(caller)
         if method == "resources/templates/list":
             return {"resourceTemplates": TEMPLATES}
         if method == "resources/read":
-            return await self._resources.read(params, scope, pin, call.revision)
+            return await self._resources.read(params, caller, call.revision)
         if method in ("resources/subscribe", "resources/unsubscribe"):
-            return await self.subscriptions.legacy(method, params, call, scope, pin)
+            return await self.subscriptions.legacy(method, params, call, caller)
         if method == "subscriptions/listen":
-            return await self.subscriptions.listen(params, call, scope, pin)
+            return await self.subscriptions.listen(params, call, caller)
         if method == "prompts/list":
             return {"prompts": prompts.PROMPTS}
         if method == "prompts/get":
             return prompts.get(params)
         if method == "completion/complete":
-            return await self._completions.complete(params, scope, pin)
+            return await self._completions.complete(params, caller)
         raise Invalid(METHOD_NOT_FOUND, f'no method "{wire.cut(method)}"')
 
     def _set_level(self, params: dict[str, Any], call: Call) -> dict[str, Any]:
@@ -195,8 +193,7 @@ class McpEndpoint:
         self,
         params: dict[str, Any],
         call: Call,
-        scope: str | None,
-        pin: tuple[str, str] | None = None,
+        caller: Caller,
     ) -> dict[str, Any]:
         name = params.get("name")
         if type(name) is not str:
@@ -216,19 +213,24 @@ class McpEndpoint:
         target = wire.cut(computer) if type(computer) is str and computer else "-"
         try:
             if name == "list_computers":
-                result, outcome = list_computers(await computers(self._registry, scope, pin)), "ok"
+                result, outcome = list_computers(await computers(self._registry, caller)), "ok"
             else:
-                if pin is None:
-                    found = await computers(self._registry, scope)
-                    session = resolve(self._registry, computer, scope, found)
+                if caller.trapos_id is None:
+                    found = await computers(self._registry, caller)
+                    session = resolve(self._registry, computer, caller.account, found)
                 else:
-                    session = pinned(self._registry, pin)
+                    session = pinned(self._registry, caller.key)
                     if name in CHANGING and self._before_change is not None:
                         await self._before_change(session)
                 target = session.trapos_id
                 call.log("info", f"{name} on {target}", "trapsandbox")
                 result, outcome = await self._tools.call(
-                    name, session, arguments, call.progress, call.log
+                    name,
+                    session,
+                    caller.at(session.account_id, session.trapos_id),
+                    arguments,
+                    call.progress,
+                    call.log,
                 )
         except ToolError as error:
             outcome = error.outcome

@@ -20,9 +20,9 @@ import attrs
 from trapsandbox import errors
 from trapsandbox.admission import auth
 from trapsandbox.computers import wire
+from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.errors import GatewayError
-from trapsandbox.limits import LOCAL_ACCOUNT
 from trapsandbox.mcp.results import AMBIGUOUS, INVALID_ARGUMENTS, ToolError
 
 
@@ -56,15 +56,15 @@ def _remote(entry: dict[str, Any]) -> Remote:
     )
 
 
-async def computers(
-    registry: Registry, scope: str | None, pin: tuple[str, str] | None = None
-) -> list[Any]:
+async def computers(registry: Registry, caller: Caller) -> list[Any]:
     """
-    The computers the tools may name: ``scope``'s here and, in cluster mode,
-    on the other gateway processes; only the asking one for an ask's token.
+    The computers ``caller``'s tools may name: its account's (every account's for
+    the admin) here and, in cluster mode, on the other gateway processes; only the
+    asking one for an ask's token (a caller aimed at one computer).
     """
-    if pin is not None:
-        return [s for s in _sessions(registry, pin[0]) if s.trapos_id == pin[1]]
+    scope = caller.account
+    if caller.trapos_id is not None:
+        return [s for s in _sessions(registry, scope) if s.trapos_id == caller.trapos_id]
     found: list[Any] = _sessions(registry, scope)
     listing = getattr(registry.peers, "computers", None)
     if listing is not None:
@@ -104,7 +104,7 @@ class _Holders:
 def resolve(
     registry: Registry,
     computer: object,
-    account_id: str | None = LOCAL_ACCOUNT,
+    account_id: str | None,
     sessions: list[Any] | None = None,
 ) -> Session:
     """

@@ -33,6 +33,7 @@ from twisted.internet.defer import TimeoutError
 
 from trapsandbox import errors
 from trapsandbox.computers import wire
+from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.errors import GatewayError
@@ -96,7 +97,7 @@ def parse(uri: Any) -> tuple[str, str, str]:
 
 
 def locate(
-    registry: Registry, uri: Any, scope: str | None, found: list, revision: Revision
+    registry: Registry, uri: Any, caller: Caller, found: list, revision: Revision
 ) -> tuple[Any, str, str]:
     """
     ``(session, kind, path)`` of a resource URI among the caller's computers ``found``
@@ -105,7 +106,7 @@ def locate(
     """
     computer, kind, path = parse(uri)
     try:
-        return resolve(registry, computer, scope, found), kind, path
+        return resolve(registry, computer, caller.account, found), kind, path
     except ToolError as error:
         raise Invalid(not_found_code(revision), error.text, data={"uri": uri}) from None
 
@@ -117,9 +118,9 @@ class Resources:
         self._registry = registry
         self._sandbox = sandbox
 
-    async def list(self, scope: str | None, pin: tuple[str, str] | None) -> dict[str, Any]:
+    async def list(self, caller: Caller) -> dict[str, Any]:
         listed = []
-        for session in await computers(self._registry, scope, pin):
+        for session in await computers(self._registry, caller):
             if "screen" not in session.capabilities:
                 continue
             listed.append(
@@ -136,24 +137,20 @@ class Resources:
     async def read(
         self,
         params: dict[str, Any],
-        scope: str | None,
-        pin: tuple[str, str] | None,
+        caller: Caller,
         revision: Revision = LEGACY_REVISION,
     ) -> dict[str, Any]:
         uri = params.get("uri")
-        found = await computers(self._registry, scope, pin)
-        session, kind, path = locate(self._registry, uri, scope, found, revision)
+        found = await computers(self._registry, caller)
+        session, kind, path = locate(self._registry, uri, caller, found, revision)
+        caller = caller.at(session.account_id, session.trapos_id)
         try:
             if kind == "screen":
-                answer = await self._sandbox.screen(
-                    session.trapos_id, account_id=session.account_id
-                )
+                answer = await self._sandbox.screen(caller)
                 lines = answer.get("lines") if isinstance(answer.get("lines"), list) else []
                 text = "\n".join(str(line).rstrip() for line in lines)
                 return {"contents": [{"uri": uri, "mimeType": "text/plain", "text": text}]}
-            answer = await self._sandbox.read_file(
-                session.trapos_id, path, account_id=session.account_id
-            )
+            answer = await self._sandbox.read_file(caller, path)
         except GatewayError as error:
             if error.code == errors.NOT_CONNECTED:
                 code = not_found_code(revision)

@@ -42,6 +42,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.mcp.errors import INVALID_PARAMS, INVALID_REQUEST, Invalid
@@ -75,17 +76,14 @@ class _ScreenWatch:
     the registry paces (``computers.screen.ScreenGate``), so an update at most once a second.
     """
 
-    def __init__(self, sandbox: Sandbox, session: Any, ended: Callable[[], None]) -> None:
+    def __init__(
+        self, sandbox: Sandbox, session: Any, caller: Caller, ended: Callable[[], None]
+    ) -> None:
         self._ended = ended
         self.listeners: dict[int, Notify] = {}
         self.stopped = False
         self._first = True
-        self._d = sandbox.watch_screen(
-            session.trapos_id,
-            self._frame,
-            max_fps=SCREEN_UPDATES_PER_SECOND,
-            account_id=session.account_id,
-        )
+        self._d = sandbox.watch_screen(caller, self._frame, max_fps=SCREEN_UPDATES_PER_SECOND)
         self._d.addErrback(self._failed, session.trapos_id)
 
     def _frame(self, frame: Any) -> None:
@@ -130,7 +128,9 @@ class Subscriptions:
 
     # -- the watches ---------------------------------------------------------------------
 
-    def _screen(self, session: Any, notify: Notify) -> Notify:
+    def _screen(self, session: Any, caller: Caller, notify: Notify) -> Notify:
+        """``notify`` on each change of ``session``'s screen: one watch of it (the first
+        subscriber's, ``caller``) for every subscriber."""
         key = (session.account_id, session.trapos_id)
         watch = self._screens.get(key)
         if watch is None:
@@ -140,7 +140,7 @@ class Subscriptions:
                 if current is not None and current is watch:
                     del self._screens[key]
 
-            watch = _ScreenWatch(self._sandbox, session, ended)
+            watch = _ScreenWatch(self._sandbox, session, caller, ended)
             if not watch.stopped:  # (a computer that is gone ends it at once)
                 self._screens[key] = watch
         self._next += 1
@@ -184,14 +184,14 @@ class Subscriptions:
         return len(self._screens)
 
     def _subscribe(
-        self, uri: Any, notify: Notify, scope: str | None, found: list, call: Call
+        self, uri: Any, notify: Notify, caller: Caller, found: list, call: Call
     ) -> Notify:
         """
         Subscribe ``notify`` to ``uri`` among the caller's computers ``found``, or an
         ``Invalid`` as a read of it would be. Synchronous: nothing registered can be left
         behind by a caller that goes away while it runs.
         """
-        session, kind, path = locate(self._registry, uri, scope, found, call.revision)
+        session, kind, path = locate(self._registry, uri, caller, found, call.revision)
         if kind == "screen":
             if "screen" not in session.capabilities:
                 raise Invalid(
@@ -200,14 +200,12 @@ class Subscriptions:
                     '"sandbox allow screen"',
                     data={"uri": uri},
                 )
-            return self._screen(session, notify)
+            return self._screen(session, caller.at(session.account_id, session.trapos_id), notify)
         return self._file(session, path, notify)
 
     # -- 2026-07-28: subscriptions/listen ------------------------------------------------
 
-    async def listen(
-        self, params: dict[str, Any], call: Call, scope: str | None, pin: tuple[str, str] | None
-    ) -> dict[str, Any]:
+    async def listen(self, params: dict[str, Any], call: Call, caller: Caller) -> dict[str, Any]:
         """A ``subscriptions/listen`` stream, open until the client closes it."""
         wanted = params.get("notifications")
         if type(wanted) is not dict:
@@ -223,7 +221,7 @@ class Subscriptions:
                 INVALID_REQUEST, "subscriptions/listen answers as text/event-stream: Accept it"
             )
         meta = {SUBSCRIPTION_ID: call.id}
-        found = await computers(self._registry, scope, pin)
+        found = await computers(self._registry, caller)
         stops: list[Notify] = []
         honored: list[str] = []
         for uri in dict.fromkeys(uris):
@@ -238,7 +236,7 @@ class Subscriptions:
                 )
 
             try:
-                stops.append(self._subscribe(uri, notify, scope, found, call))
+                stops.append(self._subscribe(uri, notify, caller, found, call))
             except Invalid:
                 continue  # not honoured: left out of the acknowledgement
             honored.append(uri)
@@ -268,16 +266,13 @@ class Subscriptions:
         method: str,
         params: dict[str, Any],
         call: Call,
-        scope: str | None,
-        pin: tuple[str, str] | None,
+        caller: Caller,
     ) -> dict[str, Any]:
         uri = params.get("uri")
         connection = call.connection
         # Looked up before any bookkeeping: from here to the end nothing waits, so two
         # subscribes at once, or an eviction meanwhile, cannot lose a subscription's stop.
-        found = (
-            await computers(self._registry, scope, pin) if method == "resources/subscribe" else []
-        )
+        found = await computers(self._registry, caller) if method == "resources/subscribe" else []
         if connection not in self._legacy and method == "resources/subscribe":
             while len(self._legacy) >= MAX_LEGACY_CONNECTIONS:
                 _, oldest = self._legacy.popitem(last=False)
@@ -309,7 +304,7 @@ class Subscriptions:
                 )
 
         try:
-            subscribed[uri] = self._subscribe(uri, notify, scope, found, call)
+            subscribed[uri] = self._subscribe(uri, notify, caller, found, call)
         finally:
             if not subscribed:
                 self._legacy.pop(connection, None)

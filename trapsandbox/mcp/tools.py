@@ -23,6 +23,7 @@ from twisted.internet.task import LoopingCall, deferLater
 
 from trapsandbox import errors, limits
 from trapsandbox.computers import wire
+from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import Session
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.errors import GatewayError
@@ -150,19 +151,21 @@ class Tools:
         self,
         name: str,
         session: Session,
+        caller: Caller,
         arguments: dict[str, Any],
         progress: Progress | None = None,
         log: Log = _no_log,
     ) -> Answer:
         """
-        Tool ``name`` on ``session``, or a ``ToolError`` for the model;
+        Tool ``name`` on ``session``, its requests ``caller``'s (aimed at it), or a
+        ``ToolError`` for the model;
         ``progress``: where a run reports while it goes on (None: the client
         takes no progress, so the call keeps within ``MCP_CALL_TIMEOUT``);
         ``log``: where a run's stderr goes as it comes, as log lines.
         """
         if name in ("run_command", "run_lua"):
-            return await self._tools[name](session, arguments, progress, log)
-        return await self._tools[name](session, arguments)
+            return await self._tools[name](session, caller, arguments, progress, log)
+        return await self._tools[name](session, caller, arguments)
 
     async def _answer(
         self, session: Session, d: Deferred, bound: float = limits.MCP_CALL_TIMEOUT
@@ -229,6 +232,7 @@ class Tools:
     async def _run_command(
         self,
         session: Session,
+        caller: Caller,
         arguments: dict[str, Any],
         progress: Progress | None = None,
         log: Log = _no_log,
@@ -239,12 +243,11 @@ class Tools:
         answer = await self._run(
             session,
             lambda ms, listen: self._sandbox.execute(
-                session.trapos_id,
+                caller,
                 command,
                 args,
                 timeout_ms=ms,
                 on_output=listen,
-                account_id=session.account_id,
             ),
             seconds,
             progress,
@@ -257,6 +260,7 @@ class Tools:
     async def _run_lua(
         self,
         session: Session,
+        caller: Caller,
         arguments: dict[str, Any],
         progress: Progress | None = None,
         log: Log = _no_log,
@@ -266,11 +270,10 @@ class Tools:
         answer = await self._run(
             session,
             lambda ms, listen: self._sandbox.eval(
-                session.trapos_id,
+                caller,
                 code,
                 timeout_ms=ms,
                 on_output=listen,
-                account_id=session.account_id,
             ),
             seconds,
             progress,
@@ -290,11 +293,13 @@ class Tools:
             header = "Returned nothing."
         return result(output_text(answer, header, seconds), answer), "ok"
 
-    async def _list_files(self, session: Session, arguments: dict[str, Any]) -> Answer:
+    async def _list_files(
+        self, session: Session, caller: Caller, arguments: dict[str, Any]
+    ) -> Answer:
         path = check.string(arguments, "path")
         answer = await self._answer(
             session,
-            self._sandbox.list_files(session.trapos_id, path, account_id=session.account_id),
+            self._sandbox.list_files(caller, path),
         )
         entries = answer.get("entries") if isinstance(answer.get("entries"), list) else []
         lines = []
@@ -316,11 +321,13 @@ class Tools:
             text = f"{shown} on {session.trapos_id} is empty."
         return result(text, answer), "ok"
 
-    async def _read_file(self, session: Session, arguments: dict[str, Any]) -> Answer:
+    async def _read_file(
+        self, session: Session, caller: Caller, arguments: dict[str, Any]
+    ) -> Answer:
         path = check.string(arguments, "path")
         answer = await self._answer(
             session,
-            self._sandbox.read_file(session.trapos_id, path, account_id=session.account_id),
+            self._sandbox.read_file(caller, path),
         )
         content: bytes = answer["content"]
         try:
@@ -335,23 +342,27 @@ class Tools:
         structured = {**answer, "path": path, "content": text, "encoding": encoding}
         return result(f"{header}:\n{text}", structured), "ok"
 
-    async def _write_file(self, session: Session, arguments: dict[str, Any]) -> Answer:
+    async def _write_file(
+        self, session: Session, caller: Caller, arguments: dict[str, Any]
+    ) -> Answer:
         path = check.string(arguments, "path")
         data = check.file_content(arguments)
         answer = await self._answer(
             session,
-            self._sandbox.write_file(session.trapos_id, path, data, account_id=session.account_id),
+            self._sandbox.write_file(caller, path, data),
         )
         text = (
             f"Wrote {answer.get('bytesWritten', len(data))} bytes to {path} on {session.trapos_id}."
         )
         return result(text, answer), "ok"
 
-    async def _delete_file(self, session: Session, arguments: dict[str, Any]) -> Answer:
+    async def _delete_file(
+        self, session: Session, caller: Caller, arguments: dict[str, Any]
+    ) -> Answer:
         path = check.string(arguments, "path")
         answer = await self._answer(
             session,
-            self._sandbox.delete_file(session.trapos_id, path, account_id=session.account_id),
+            self._sandbox.delete_file(caller, path),
         )
         if answer.get("deleted"):
             text = f"Deleted {path} on {session.trapos_id}."
@@ -359,36 +370,38 @@ class Tools:
             text = f"Nothing was deleted: {path} does not exist on {session.trapos_id}."
         return result(text, answer), "ok"
 
-    async def _read_screen(self, session: Session, arguments: dict[str, Any]) -> Answer:
-        answer = await self._answer(
-            session, self._sandbox.screen(session.trapos_id, account_id=session.account_id)
-        )
+    async def _read_screen(
+        self, session: Session, caller: Caller, arguments: dict[str, Any]
+    ) -> Answer:
+        answer = await self._answer(session, self._sandbox.screen(caller))
         return result(_screen_text(session, answer), answer), "ok"
 
-    async def _send_input(self, session: Session, arguments: dict[str, Any]) -> Answer:
+    async def _send_input(
+        self, session: Session, caller: Caller, arguments: dict[str, Any]
+    ) -> Answer:
         events = check.input_events(arguments)
         answer = await self._answer(
             session,
-            self._sandbox.input(session.trapos_id, events, account_id=session.account_id),
+            self._sandbox.input(caller, events),
         )
         queued = answer.get("queued", len(events))
         sent = f"Sent {queued} input events to {session.trapos_id}."
         # Give the program a moment to draw what the input did, then look.
         await deferLater(self._clock, limits.SEND_INPUT_SETTLE)
         try:
-            screen = await self._answer(
-                session, self._sandbox.screen(session.trapos_id, account_id=session.account_id)
-            )
+            screen = await self._answer(session, self._sandbox.screen(caller))
         except ToolError as error:
             text = f"{sent} Its screen cannot be read now, so the effect is not shown: {error}"
             return result(text, {"queued": queued}), "ok"
         text = f"{sent} {_screen_text(session, screen)}"
         return result(text, {"queued": queued, "screen": screen}), "ok"
 
-    async def _list_peripherals(self, session: Session, arguments: dict[str, Any]) -> Answer:
+    async def _list_peripherals(
+        self, session: Session, caller: Caller, arguments: dict[str, Any]
+    ) -> Answer:
         answer = await self._answer(
             session,
-            self._sandbox.list_peripherals(session.trapos_id, account_id=session.account_id),
+            self._sandbox.list_peripherals(caller),
         )
         found = answer.get("peripherals") if isinstance(answer.get("peripherals"), list) else []
         lines = []
@@ -403,25 +416,30 @@ class Tools:
             text = f"No peripheral is attached to {session.trapos_id}."
         return result(text, answer), "ok"
 
-    async def _call_peripheral(self, session: Session, arguments: dict[str, Any]) -> Answer:
+    async def _call_peripheral(
+        self, session: Session, caller: Caller, arguments: dict[str, Any]
+    ) -> Answer:
         name = check.string(arguments, "name")
         method = check.string(arguments, "method")
         args = check.values(arguments, "args")
         answer = await self._answer(
             session,
             self._sandbox.call_peripheral(
-                session.trapos_id, name, method, args, account_id=session.account_id
+                caller,
+                name,
+                method,
+                args,
             ),
         )
         text = f"{name}.{method} on {session.trapos_id} returned: {_values(answer)}"
         return result(text, answer), "ok"
 
-    async def _turtle(self, session: Session, arguments: dict[str, Any]) -> Answer:
+    async def _turtle(self, session: Session, caller: Caller, arguments: dict[str, Any]) -> Answer:
         action = check.string(arguments, "action")
         args = check.values(arguments, "args")
         answer = await self._answer(
             session,
-            self._sandbox.turtle(session.trapos_id, action, args, account_id=session.account_id),
+            self._sandbox.turtle(caller, action, args),
         )
         text = (
             f"turtle.{action} on {session.trapos_id} returned: {_values(answer)}; "

@@ -31,6 +31,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from trapsandbox import limits
+from trapsandbox.computers.callers import ASK, Caller, Sender
 from trapsandbox.computers.wire import cut
 from trapsandbox.snapshots.service import Snapshots
 
@@ -83,7 +84,8 @@ class AskSnapshots:
 
     def _take(self, key: tuple[str, str]) -> Deferred[str | None]:
         account, trapos_id = key
-        d = self._snapshots.take(account, trapos_id, "ask")
+        # The agent's, in the computer's activity, as its tool calls are.
+        d = self._snapshots.take(Caller(account, trapos_id, Sender(ASK)), "ask")
         d.addTimeout(self._timeout, self._clock)
 
         def failed(failure: Failure) -> None:
@@ -112,7 +114,7 @@ class AskSnapshots:
             snapshot_id = await _share(run.snapshot)
             if snapshot_id is None:
                 return result
-            d = self._snapshots.changes(account, trapos_id, snapshot_id)
+            d = self._snapshots.changes(Caller(account, trapos_id, Sender(ASK)), snapshot_id)
             try:
                 found = await d.addTimeout(self._timeout, self._clock)
             except Exception as error:

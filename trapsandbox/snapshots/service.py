@@ -26,7 +26,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from trapsandbox import errors, limits
-from trapsandbox.computers import senders, wire
+from trapsandbox.computers import wire
+from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.computers.settingsfile import is_settings_path
 from trapsandbox.errors import GatewayError
@@ -143,35 +144,36 @@ class Snapshots:
 
     # -- The operations ----------------------------------------------------------------------
 
-    def list(self, account: str, trapos_id: str) -> Deferred[list[dict[str, Any]]]:
+    def list(self, caller: Caller) -> Deferred[list[dict[str, Any]]]:
         """The computer's snapshots, newest first, as JSON."""
 
         async def run() -> list[dict[str, Any]]:
             store = await self._opened()
-            return [s.to_json() for s in await store.list(account, trapos_id)]
+            return [s.to_json() for s in await store.list(*caller.key)]
 
         return Deferred.fromCoroutine(run())
 
-    def take(self, account: str, trapos_id: str, reason: str = "manual") -> Deferred[dict]:
+    def take(self, caller: Caller, reason: str = "manual") -> Deferred[dict]:
         """A snapshot now: ``{id, files, bytes, fetched}``."""
 
         async def run() -> dict[str, Any]:
-            snap_id, files, fetched, _ = await self._take(account, trapos_id, reason)
+            snap_id, files, fetched, _ = await self._take(caller.quietly(), reason)
             count, size = model.sized(files)
             return {"id": snap_id, "files": count, "bytes": size, "fetched": fetched}
 
-        return self._shown(account, trapos_id, "snapshot", {"reason": reason}, run)
+        return self._shown(caller, "snapshot", {"reason": reason}, run)
 
-    def changes(self, account: str, trapos_id: str, snapshot_id: str) -> Deferred[dict]:
+    def changes(self, caller: Caller, snapshot_id: str) -> Deferred[dict]:
         """From snapshot ``snapshot_id`` to the computer now: ``{snapshot, added, modified,
         deleted, diffs: [{path, diff}]}`` (a bounded diff per modified file)."""
 
         async def run() -> dict[str, Any]:
+            account, trapos_id = caller.key
             store = await self._opened()
             snapshot = await store.get(account, trapos_id, snapshot_id)
-            listing, _ = await self._list(account, trapos_id)
+            listing, _ = await self._list(caller.quietly())
             fetched = await self._fetch(
-                account, trapos_id, diff.to_fetch(snapshot.files, listing), listing
+                caller.quietly(), diff.to_fetch(snapshot.files, listing), listing
             )
             hashes = {path: _sha(data) for path, data in fetched.items()}
             found = diff.changes(snapshot.files, listing, hashes)
@@ -183,16 +185,18 @@ class Snapshots:
                     diffs.append({"path": change.path, "diff": text})
             return {"snapshot": snapshot.id, **found.to_json(), "diffs": diffs}
 
-        return self._shown(account, trapos_id, "snapshot_changes", {"snapshot": snapshot_id}, run)
+        return self._shown(caller, "snapshot_changes", {"snapshot": snapshot_id}, run)
 
-    def restore(self, account: str, trapos_id: str, snapshot_id: str) -> Deferred[dict]:
+    def restore(self, caller: Caller, snapshot_id: str) -> Deferred[dict]:
         """Bring the computer's files back to ``snapshot_id``: ``{restored, before, deleted,
         written}`` (``before``: the snapshot of the state it replaced, to undo the undo)."""
 
         async def run() -> dict[str, Any]:
+            account, trapos_id = caller.key
+            quiet = caller.quietly()
             store = await self._opened()
             target = await store.get(account, trapos_id, snapshot_id)
-            before, current, _, free = await self._take(account, trapos_id, "restore")
+            before, current, _, free = await self._take(quiet, "restore")
             plan = diff.restore_plan(target.files, current)
             need = diff.restore_space(plan, target.files, current)
             if free is not None and need > free:
@@ -204,12 +208,10 @@ class Snapshots:
                     "(delete some files there, then restore again)",
                 )
             for path in plan.delete:
-                await self._sandbox.delete_file(trapos_id, path, account_id=account)
+                await self._sandbox.delete_file(quiet, path)
             for path, sha256 in plan.write:
                 data = await store.content(account, sha256)
-                await self._sandbox.write_file(
-                    trapos_id, path, data, account_id=account, max_bytes=store.max_bytes
-                )
+                await self._sandbox.write_file(quiet, path, data, max_bytes=store.max_bytes)
             return {
                 "restored": target.id,
                 "before": before,
@@ -217,35 +219,35 @@ class Snapshots:
                 "written": [path for path, _ in plan.write],
             }
 
-        return self._shown(account, trapos_id, "snapshot_restore", {"snapshot": snapshot_id}, run)
+        return self._shown(caller, "snapshot_restore", {"snapshot": snapshot_id}, run)
 
     def _shown(
         self,
-        account: str,
-        trapos_id: str,
+        caller: Caller,
         type: str,
         names: dict[str, str],
         run: Callable[[], Coroutine[Any, Any, dict[str, Any]]],
     ) -> Deferred[dict]:
         """
-        ``run()``, in the computer's activity (SPEC §14) as one entry of ``type`` by whoever
-        asked, instead of the many file requests it makes.
+        ``run()``, in the computer's activity (SPEC §14) as one entry of ``type`` by
+        ``caller``, instead of the many file requests it makes (``Caller.quietly``).
         """
-        d = senders.quietly(Deferred.fromCoroutine, run())
-        self._sandbox.registry.track((account, trapos_id), type, names, d)
+        d = Deferred.fromCoroutine(run())
+        self._sandbox.registry.track(caller.key, type, names, d, caller.sender)
         return d
 
     # -- The steps ---------------------------------------------------------------------------
 
     async def _take(
-        self, account: str, trapos_id: str, reason: str
+        self, caller: Caller, reason: str
     ) -> tuple[str, dict[str, FileEntry], int, int | None]:
         """(id, files map, how many files were fetched, the computer's free bytes or None)."""
         model.check_reason(reason)
+        account, trapos_id = caller.key
         store = await self._opened()
         latest = await store.latest(account, trapos_id)
-        listing, free = await self._list(account, trapos_id)
-        fetched = await self._fetch(account, trapos_id, diff.to_fetch(latest, listing), listing)
+        listing, free = await self._list(caller)
+        fetched = await self._fetch(caller, diff.to_fetch(latest, listing), listing)
         hashes = {path: _sha(data) for path, data in fetched.items()}
         absent = await store.missing(account, hashes.values())
         for path, data in fetched.items():
@@ -267,11 +269,9 @@ class Snapshots:
             log.warn("snapshots of {account}: prune failed: {why}", account=account, why=error)
         return snap_id, files, len(fetched), free
 
-    async def _list(
-        self, account: str, trapos_id: str
-    ) -> tuple[dict[str, tuple[int, int]], int | None]:
+    async def _list(self, caller: Caller) -> tuple[dict[str, tuple[int, int]], int | None]:
         """The computer's files, and its free bytes (None: a client that does not say)."""
-        answer = await self._sandbox.snapshot_list(trapos_id, account, limits.SNAPSHOT_LIST_TIMEOUT)
+        answer = await self._sandbox.snapshot_list(caller, limits.SNAPSHOT_LIST_TIMEOUT)
         free = answer.get("free")
         if type(free) is float and free.is_integer():
             free = int(free)
@@ -279,8 +279,7 @@ class Snapshots:
 
     async def _fetch(
         self,
-        account: str,
-        trapos_id: str,
+        caller: Caller,
         paths: list[str],
         listing: dict[str, tuple[int, int]],
     ) -> dict[str, bytes]:
@@ -288,7 +287,7 @@ class Snapshots:
         fetched = {}
         for path in paths:
             try:
-                fetched[path] = await self._read(account, trapos_id, path)
+                fetched[path] = await self._read(caller, path)
             except GatewayError as error:
                 if error.code != errors.FS_ERROR:
                     raise
@@ -296,14 +295,12 @@ class Snapshots:
         model.check_total(sum(len(data) for data in fetched.values()), self.store().max_bytes)
         return fetched
 
-    async def _read(self, account: str, trapos_id: str, path: str) -> bytes:
+    async def _read(self, caller: Caller, path: str) -> bytes:
         """A whole file, past ``read_file``'s bound of one call if need be."""
         parts: list[bytes] = []
         offset = 0
         while True:
-            answer = await self._sandbox.read_file(
-                trapos_id, path, offset=offset, account_id=account
-            )
+            answer = await self._sandbox.read_file(caller, path, offset=offset)
             parts.append(answer["content"])
             offset += answer["bytesRead"]
             if not answer["bytesRead"] or offset >= answer["sizeBytes"]:

@@ -91,7 +91,8 @@ from werkzeug.routing import PathConverter
 
 from trapsandbox import __version__, errors, limits
 from trapsandbox.admission import auth
-from trapsandbox.computers import senders, wire
+from trapsandbox.computers import callers, wire
+from trapsandbox.computers.callers import Caller, Sender
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.errors import GatewayError
@@ -178,10 +179,10 @@ def _asked_account(request: IRequest) -> str | None:
 
 def on_computer(route):
     """
-    A §9 operator route on one computer, called with ``account_id=`` the
-    account ``auth.Operator.account_of`` resolves from the operator and
-    ``?account=`` (and the route's other path parts as they are); its refusal
-    (409 for the admin) is a §9 error answer.
+    A §9 operator route on one computer, called with the ``Caller``: the
+    operator, aimed at the computer of the account ``auth.Operator.account_of``
+    resolves from it and ``?account=`` (and the route's other path parts as
+    they are); its refusal (409 for the admin) is a §9 error answer.
     """
 
     @functools.wraps(route)
@@ -197,10 +198,7 @@ def on_computer(route):
         except GatewayError as failure:
             return gateway_error(request, failure)
         # What the route sends the computer is this operator's, in its activity.
-        sender = senders.of_operator(operator)
-        return senders.sent_by(
-            sender, route, self, request, trapos_id, account_id=account_id, **path
-        )
+        return route(self, request, Caller.of_operator(operator, account_id, trapos_id), **path)
 
     return operators_only(resolved)
 
@@ -445,7 +443,7 @@ class GatewayApp:
 
     @app.route("/computers/<path:trapos_id>/execute", methods=["POST"])
     @on_computer
-    def execute(self, request: IRequest, trapos_id: str, account_id: str):
+    def execute(self, request: IRequest, caller: Caller):
         try:
             body = validation.json_object(read_body(request), _EXECUTE)
             command = validation.string(body, "command")
@@ -459,14 +457,13 @@ class GatewayApp:
             return gateway_error(request, error)
         stream = OutputStream(request)
         d = self._sandbox.execute(
-            trapos_id,
+            caller,
             command,
             args,
             cwd,
             timeout_ms,
             max_output,
             on_output=stream.output,
-            account_id=account_id,
         )
         if not d.called:
             stream.begin()  # it went out: from now on, failures are lines of the stream
@@ -475,14 +472,13 @@ class GatewayApp:
 
     @app.route("/computers/<path:trapos_id>/eval", methods=["POST"])
     @on_computer
-    def eval(self, request: IRequest, trapos_id: str, account_id: str):
+    def eval(self, request: IRequest, caller: Caller):
         def call(body: dict[str, Any]) -> Deferred:
             return self._sandbox.eval(
-                trapos_id,
+                caller,
                 validation.string(body, "code"),
                 validation.number(body, "timeoutMs", MAX_REQUEST_TIMEOUT_MS),
                 validation.number(body, "maxOutputBytes", limits.MAX_OUTPUT_BYTES, integer=True),
-                account_id=account_id,
             )
 
         # The answer has its own ok: false when the code failed, and is still a 200.
@@ -490,73 +486,78 @@ class GatewayApp:
 
     @app.route("/computers/<path:trapos_id>/read-file", methods=["POST"])
     @on_computer
-    def read_file(self, request: IRequest, trapos_id: str, account_id: str):
+    def read_file(self, request: IRequest, caller: Caller):
         def call(body: dict[str, Any]) -> Deferred:
             validation.base64_encoding(body)
             offset = validation.offset(body, "offset")
             length = validation.number(body, "length", limits.MAX_FILE_BYTES, integer=True)
             return self._sandbox.read_file(
-                trapos_id, validation.string(body, "path"), offset, length, account_id=account_id
+                caller,
+                validation.string(body, "path"),
+                offset,
+                length,
             ).addCallback(_encoded)
 
         return self._sandbox_call(request, '{"path", "offset"?, "length"?}', call)
 
     @app.route("/computers/<path:trapos_id>/write-file", methods=["POST"])
     @on_computer
-    def write_file(self, request: IRequest, trapos_id: str, account_id: str):
+    def write_file(self, request: IRequest, caller: Caller):
         def call(body: dict[str, Any]) -> Deferred:
             path = validation.string(body, "path")
             validation.base64_encoding(body)
             data = validation.base64_bytes(body, "content")
-            return self._sandbox.write_file(trapos_id, path, data, account_id=account_id)
+            return self._sandbox.write_file(caller, path, data)
 
         return self._sandbox_call(request, '{"path", "content", "encoding": "base64"}', call)
 
     @app.route("/computers/<path:trapos_id>/list-files", methods=["POST"])
     @on_computer
-    def list_files(self, request: IRequest, trapos_id: str, account_id: str):
+    def list_files(self, request: IRequest, caller: Caller):
         def call(body: dict[str, Any]) -> Deferred:
             return self._sandbox.list_files(
-                trapos_id, validation.string(body, "path"), account_id=account_id
+                caller,
+                validation.string(body, "path"),
             )
 
         return self._sandbox_call(request, '{"path"}', call)
 
     @app.route("/computers/<path:trapos_id>/delete-file", methods=["POST"])
     @on_computer
-    def delete_file(self, request: IRequest, trapos_id: str, account_id: str):
+    def delete_file(self, request: IRequest, caller: Caller):
         def call(body: dict[str, Any]) -> Deferred:
             return self._sandbox.delete_file(
-                trapos_id, validation.string(body, "path"), account_id=account_id
+                caller,
+                validation.string(body, "path"),
             )
 
         return self._sandbox_call(request, '{"path"}', call)
 
     @app.route("/computers/<path:trapos_id>/screen", methods=["GET"])
     @on_computer
-    def screen(self, request: IRequest, trapos_id: str, account_id: str):
-        d = self._sandbox.screen(trapos_id, account_id=account_id)
+    def screen(self, request: IRequest, caller: Caller):
+        d = self._sandbox.screen(caller)
         d.addCallbacks(ok_body, sandbox_failed, (request,), None, (request,))
         return d
 
     @app.route("/computers/<path:trapos_id>/input", methods=["POST"])
     @on_computer
-    def input(self, request: IRequest, trapos_id: str, account_id: str):
+    def input(self, request: IRequest, caller: Caller):
         def call(body: dict[str, Any]) -> Deferred:
             events = validation.objects(body, "events", limits.MAX_INPUT_EVENTS)
-            return self._sandbox.input(trapos_id, events, account_id=account_id)
+            return self._sandbox.input(caller, events)
 
         return self._sandbox_call(request, '{"events": [{"char"}, {"key"}, ...]}', call)
 
     @app.route("/computers/<path:trapos_id>/screen/stream", methods=["GET"])
     @on_computer
-    def screen_stream(self, request: IRequest, trapos_id: str, account_id: str):
+    def screen_stream(self, request: IRequest, caller: Caller):
         try:
             max_fps = validation.query_number(request, b"maxFps", 1, 20)
         except GatewayError as error:
             return gateway_error(request, error)
         stream = ScreenStream(request)
-        d = self._sandbox.watch_screen(trapos_id, stream.frame, max_fps, account_id=account_id)
+        d = self._sandbox.watch_screen(caller, stream.frame, max_fps)
         if not d.called:
             stream.begin()  # it went out: from now on, its end is an event of the stream
         # Klein cancels ``d`` when the caller leaves: the watch is cancelled on the computer.
@@ -568,29 +569,23 @@ class GatewayApp:
 
     @app.route("/computers/<path:trapos_id>/snapshots", methods=["GET"])
     @on_computer
-    def snapshots(self, request: IRequest, trapos_id: str, account_id: str):
-        return self._snapshot_call(request, lambda s: s.list(account_id, trapos_id))
+    def snapshots(self, request: IRequest, caller: Caller):
+        return self._snapshot_call(request, lambda s: s.list(caller))
 
     @app.route("/computers/<path:trapos_id>/snapshots", methods=["POST"])
     @on_computer
-    def take_snapshot(self, request: IRequest, trapos_id: str, account_id: str):
-        return self._snapshot_call(request, lambda s: s.take(account_id, trapos_id), body=True)
+    def take_snapshot(self, request: IRequest, caller: Caller):
+        return self._snapshot_call(request, lambda s: s.take(caller), body=True)
 
     @app.route("/computers/<path:trapos_id>/snapshots/<snapshot_id>/changes", methods=["GET"])
     @on_computer
-    def snapshot_changes(
-        self, request: IRequest, trapos_id: str, account_id: str, snapshot_id: str
-    ):
-        return self._snapshot_call(request, lambda s: s.changes(account_id, trapos_id, snapshot_id))
+    def snapshot_changes(self, request: IRequest, caller: Caller, snapshot_id: str):
+        return self._snapshot_call(request, lambda s: s.changes(caller, snapshot_id))
 
     @app.route("/computers/<path:trapos_id>/snapshots/<snapshot_id>/restore", methods=["POST"])
     @on_computer
-    def restore_snapshot(
-        self, request: IRequest, trapos_id: str, account_id: str, snapshot_id: str
-    ):
-        return self._snapshot_call(
-            request, lambda s: s.restore(account_id, trapos_id, snapshot_id), body=True
-        )
+    def restore_snapshot(self, request: IRequest, caller: Caller, snapshot_id: str):
+        return self._snapshot_call(request, lambda s: s.restore(caller, snapshot_id), body=True)
 
     def _snapshot_call(
         self, request: IRequest, call: Callable[[SnapshotCalls], Deferred], body: bool = False
@@ -614,28 +609,27 @@ class GatewayApp:
 
     @app.route("/computers/<path:trapos_id>/peripherals", methods=["GET"])
     @on_computer
-    def peripherals(self, request: IRequest, trapos_id: str, account_id: str):
-        d = self._sandbox.list_peripherals(trapos_id, account_id=account_id)
+    def peripherals(self, request: IRequest, caller: Caller):
+        d = self._sandbox.list_peripherals(caller)
         d.addCallbacks(ok_body, sandbox_failed, (request,), None, (request,))
         return d
 
     @app.route("/computers/<path:trapos_id>/peripherals/<name>/call", methods=["POST"])
     @on_computer
-    def call_peripheral(self, request: IRequest, trapos_id: str, account_id: str, name: str):
+    def call_peripheral(self, request: IRequest, caller: Caller, name: str):
         def call(body: dict[str, Any]) -> Deferred:
             return self._sandbox.call_peripheral(
-                trapos_id,
+                caller,
                 name,
                 validation.string(body, "method"),
                 validation.values(body, "args"),
-                account_id=account_id,
             )
 
         return self._sandbox_call(request, '{"method", "args"?}', call)
 
     @app.route("/computers/<path:trapos_id>/peripherals/events", methods=["GET"])
     @on_computer
-    def peripheral_events(self, request: IRequest, trapos_id: str, account_id: str):
+    def peripheral_events(self, request: IRequest, caller: Caller):
         try:
             events = validation.query_names(request, b"events")
             timeout_ms = validation.query_number(
@@ -645,7 +639,10 @@ class GatewayApp:
             return gateway_error(request, error)
         stream = EventStream(request)
         d = self._sandbox.watch_peripheral_events(
-            trapos_id, stream.frame, events, timeout_ms, account_id=account_id
+            caller,
+            stream.frame,
+            events,
+            timeout_ms,
         )
         if not d.called:
             stream.begin()
@@ -655,13 +652,12 @@ class GatewayApp:
 
     @app.route("/computers/<path:trapos_id>/turtle", methods=["POST"])
     @on_computer
-    def turtle(self, request: IRequest, trapos_id: str, account_id: str):
+    def turtle(self, request: IRequest, caller: Caller):
         def call(body: dict[str, Any]) -> Deferred:
             return self._sandbox.turtle(
-                trapos_id,
+                caller,
                 validation.string(body, "action"),
                 validation.values(body, "args"),
-                account_id=account_id,
             )
 
         return self._sandbox_call(request, '{"action", "args"?}', call)
@@ -690,23 +686,21 @@ class GatewayApp:
         # The tools' requests are the agent's in the computer's activity: an ask's own
         # (the agent in ``sandbox ask``), or an operator's MCP client's.
         pin = self._ask_scope(request)
-        scope = None
-        sender = {"by": senders.ASK}
         if pin is not None and not json_content(request.getHeader(b"content-type")):
             return write_answer(request, UNSUPPORTED_MEDIA_TYPE)
-        if pin is None:
+        if pin is not None:
+            caller = Caller(*pin, Sender(callers.ASK))
+        else:
             operator = self._operator(request)
             if not isinstance(operator, auth.Operator):
                 return operator
             scope = operator.scope(_asked_account(request))
-            sender = senders.of_operator(operator, senders.AGENT)
+            caller = Caller(scope, None, Sender(callers.AGENT, operator.account))
         try:
             body = read_body(request)
         except GatewayError as error:
-            return senders.sent_by(
-                sender, self._mcp.post, request, None, error.message, scope=scope, pin=pin
-            )
-        return senders.sent_by(sender, self._mcp.post, request, body, scope=scope, pin=pin)
+            return self._mcp.post(request, None, error.message, caller)
+        return self._mcp.post(request, body, None, caller)
 
     @app.route("/mcp", methods=["GET"])
     def mcp_stream(self, request: IRequest):

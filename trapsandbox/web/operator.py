@@ -22,7 +22,8 @@ from twisted.python.failure import Failure
 
 from trapsandbox import errors, limits
 from trapsandbox.admission import auth
-from trapsandbox.computers import senders, wire
+from trapsandbox.computers import wire
+from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import Registry, describe_session, listing_key
 from trapsandbox.computers.screen import ScreenState
 from trapsandbox.errors import GatewayError
@@ -291,7 +292,7 @@ class OperatorRequests:
         return body
 
     def watch_activity(
-        self, account_id: str, trapos_id: str, on_entry: Callable[[dict[str, Any]], None]
+        self, caller: Caller, on_entry: Callable[[dict[str, Any]], None]
     ) -> Deferred:
         """
         ``{"activity": entry}`` to ``on_entry`` for each request sent to the
@@ -309,16 +310,16 @@ class OperatorRequests:
         def tell(entry: dict[str, Any]) -> None:
             on_entry({"activity": entry})
 
-        if self._cluster is not None and self._registry.find(trapos_id, account_id) is not None:
-            d = self._registry.follow_activity(account_id, trapos_id, tell)
+        if self._cluster is not None and self._registry.find(*caller.key) is not None:
+            d = self._registry.follow_activity(caller, tell)
             return d.addCallbacks(lambda _: Answer(200, {"ok": True}), _failed)
         try:
-            stop = self._registry.watch_activity(account_id, trapos_id, tell)
+            stop = self._registry.watch_activity(caller, tell)
         except GatewayError as error:  # the account's bound
             return succeed(_failed(Failure(error)))
         if self._cluster is None:
             return Deferred(lambda _: stop())
-        d = self._cluster.watch_activity(account_id, trapos_id, _renumbered(self._registry, tell))
+        d = self._cluster.watch_activity(caller, _renumbered(self._registry, tell))
         d.addBoth(_after, stop)
         return d.addCallbacks(lambda _: Answer(200, {"ok": True}), _failed)
 
@@ -398,19 +399,18 @@ class OperatorRequests:
             obj = json_object(body, _REQUEST)
         except GatewayError as error:
             return rejected(error)
-        return senders.sent_by(senders.of_operator(operator), self.send, trapos_id, account_id, obj)
+        return self.send(Caller.of_operator(operator, account_id, trapos_id), obj)
 
     def send(
         self,
-        trapos_id: str,
-        account_id: str,
+        caller: Caller,
         obj: dict[str, Any],
         on_partial: Callable[[dict[str, Any]], None] | None = None,
         room: Room | None = None,
     ) -> Answer | Deferred:
         """
-        ``obj`` (``{type, payload?, timeoutMs?}``) to the computer of the
-        account ``account`` resolved; the answer, or a Deferred of it, as ``http``.
+        ``obj`` (``{type, payload?, timeoutMs?}``) to the computer ``caller`` is
+        aimed at; the answer, or a Deferred of it, as ``http``.
         ``on_partial`` hears a ``screen_watch``'s frames (``ScreenState``'s
         shape) before it, expanded only when ``room()`` (None: always) says
         there is room for one; no other type's partials are relayed.  A
@@ -422,7 +422,7 @@ class OperatorRequests:
         try:
             kind, payload, timeout = parse_request(obj)
             if kind in snapshotcalls.TYPES:
-                d = self.snapshots.request(kind, account_id, trapos_id, payload)
+                d = self.snapshots.request(kind, caller, payload)
                 return d.addCallbacks(_snapshot_answer, _failed)
         except GatewayError as error:
             return rejected(error)
@@ -432,8 +432,6 @@ class OperatorRequests:
                 timeout = limits.SCREEN_WATCH_TIMEOUT
             if on_partial is not None:
                 relay = _frames_to(on_partial, room)
-        d = self._registry.request(
-            trapos_id, kind, payload, timeout, account_id=account_id, on_partial=relay
-        )
+        d = self._registry.request(caller, kind, payload, timeout, relay)
         d.addCallbacks(_answered, _failed)
         return d

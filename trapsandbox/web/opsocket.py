@@ -50,7 +50,7 @@ is answered 429 ``too_many_watches``).  So is
 ``{"id", "type": "watch_activity", "traposId", "account"?}``: a partial
 ``{"activity": {n, type, detail, by, account?, state, durationMs?}}`` as each
 request to that computer (anyone's: an operator's, the agent's, its player's
-``ask``; ``by`` and ``account`` as ``trapsandbox.computers.senders`` says)
+``ask``; ``by`` and ``account`` as ``trapsandbox.computers.callers`` says)
 starts (``state`` "started") and ends (its outcome); an ask also as it runs
 (``state`` "running" with ``text``, the agent's next words, or
 ``tool``/``status``, ``permission``/``detail``, ``question``); in cluster mode
@@ -99,7 +99,8 @@ from trapsandbox import errors, limits
 from trapsandbox.admission import auth, proxies
 from trapsandbox.admission.tally import Tally
 from trapsandbox.compat import fixes
-from trapsandbox.computers import senders, wire
+from trapsandbox.computers import wire
+from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.outbound import Outbound
 from trapsandbox.computers.protocol import server_options
 from trapsandbox.computers.sending import Sending
@@ -416,11 +417,8 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
             self._answer(message_id, account_id)
             return
         # Sent by this operator: an account's token is counted against its bound of watches.
-        watch = senders.sent_by(
-            senders.of_operator(self.operator),
-            self.factory.requests.watch_activity,
-            account_id,
-            trapos_id,
+        watch = self.factory.requests.watch_activity(
+            Caller.of_operator(self.operator, account_id, trapos_id),
             lambda entry: self._partial(message_id, entry),
         )
         self.in_flight[message_id] = watch
@@ -441,11 +439,8 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         if type(account_id) is Answer:
             self._answer(message_id, account_id)
             return
-        result = senders.sent_by(
-            senders.of_operator(self.operator),
-            requests.send,
-            trapos_id,
-            account_id,
+        result = requests.send(
+            Caller.of_operator(self.operator, account_id, trapos_id),
             obj,
             lambda frame: self._partial(message_id, frame),
             self._room_for_frames,

@@ -26,6 +26,7 @@ from twisted.internet.defer import Deferred
 from trapsandbox import errors, limits
 from trapsandbox.admission import auth
 from trapsandbox.computers import wire
+from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import Registry
 from trapsandbox.errors import GatewayError
 from trapsandbox.snapshots.service import Snapshots
@@ -43,7 +44,7 @@ class SnapshotCalls:
         self._registry = registry
         self._snapshots = snapshots
 
-    def _service(self, account: str, trapos_id: str, snapshot_id: str | None = None) -> Snapshots:
+    def _service(self, caller: Caller, snapshot_id: str | None = None) -> Snapshots:
         """
         The service, for a call on ``account``'s computer.  An account's token naming
         another account (``?account=``) reaches nobody's (``auth.NOBODY``, which the store
@@ -51,70 +52,71 @@ class SnapshotCalls:
         """
         if self._snapshots is None:
             raise GatewayError(errors.UNAVAILABLE, "snapshots are not set up")
+        account, trapos_id = caller.key
         if account == auth.NOBODY:
             if snapshot_id is not None:
                 raise not_found(snapshot_id)
             raise wire.not_connected(trapos_id)
         return self._snapshots
 
-    def list(self, account: str, trapos_id: str) -> Deferred[dict[str, Any]]:
+    def list(self, caller: Caller) -> Deferred[dict[str, Any]]:
         """``{snapshots}``, newest first; none and not connected answers as a missing computer."""
 
         async def run() -> dict[str, Any]:
-            listed = await self._service(account, trapos_id).list(account, trapos_id)
-            if not listed and not await self._registry.connected(trapos_id, account):
+            listed = await self._service(caller).list(caller)
+            account, trapos_id = caller.key
+            if not listed and not await self._registry.connected(account, trapos_id):
                 # Whoever's it is, the answer of a missing computer (§12).
                 raise wire.not_connected(trapos_id)
             return {"snapshots": listed}
 
         return Deferred.fromCoroutine(run())
 
-    def take(self, account: str, trapos_id: str) -> Deferred[dict[str, Any]]:
+    def take(self, caller: Caller) -> Deferred[dict[str, Any]]:
         async def run() -> dict[str, Any]:
-            return await self._service(account, trapos_id).take(account, trapos_id, "manual")
+            return await self._service(caller).take(caller, "manual")
 
         return Deferred.fromCoroutine(run())
 
-    def changes(self, account: str, trapos_id: str, snapshot_id: str) -> Deferred[dict[str, Any]]:
+    def changes(self, caller: Caller, snapshot_id: str) -> Deferred[dict[str, Any]]:
         async def run() -> dict[str, Any]:
-            service = self._service(account, trapos_id, snapshot_id)
-            return await service.changes(account, trapos_id, snapshot_id)
+            return await self._service(caller, snapshot_id).changes(caller, snapshot_id)
 
         return Deferred.fromCoroutine(run())
 
-    def restore(self, account: str, trapos_id: str, snapshot_id: str) -> Deferred[dict[str, Any]]:
+    def restore(self, caller: Caller, snapshot_id: str) -> Deferred[dict[str, Any]]:
         """
         Refused at once (403) when the computer has not allowed ``fs.write``: else the
         restore would first take its ``before`` snapshot and then fail at its first write.
         """
 
         async def run() -> dict[str, Any]:
-            service = self._service(account, trapos_id, snapshot_id)
-            session = self._registry.find(trapos_id, account)
+            service = self._service(caller, snapshot_id)
+            session = self._registry.find(*caller.key)
             # (None: not this process's computer; the writes are refused where it is.)
             refusal = None if session is None else session.refusal("write_file", {})
             if refusal is not None:
                 raise refusal
-            return await service.restore(account, trapos_id, snapshot_id)
+            return await service.restore(caller, snapshot_id)
 
         return Deferred.fromCoroutine(run())
 
     def request(
-        self, kind: str, account: str, trapos_id: str, payload: dict[str, Any]
+        self, kind: str, caller: Caller, payload: dict[str, Any]
     ) -> Deferred[dict[str, Any]]:
         """
         One of ``TYPES`` as a request ``{type, payload}``; raises ``bad_request`` when the
         payload does not name a snapshot where one is needed.
         """
         if kind == LIST:
-            return self.list(account, trapos_id)
+            return self.list(caller)
         if kind == TAKE:
-            return self.take(account, trapos_id)
+            return self.take(caller)
         snapshot_id = snapshot_of(payload)
         if kind == CHANGES:
-            return self.changes(account, trapos_id, snapshot_id)
+            return self.changes(caller, snapshot_id)
         if kind == RESTORE:
-            return self.restore(account, trapos_id, snapshot_id)
+            return self.restore(caller, snapshot_id)
         raise errors.bad_request(f"{wire.cut(kind)} is not a snapshot request")
 
 

@@ -13,6 +13,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.apps import gateway_app
+from tests.harness.callers import asking
 from tests.harness.fakes import SandboxComputer
 from tests.harness.support import JSON
 from trapsandbox import errors, limits
@@ -259,7 +260,7 @@ class ScopeTests(SynchronousTestCase):
         self.assertEqual(self.account_of(alice, "2:"), "alice")
         self.assertEqual(self.account_of(alice, "2:", "bob"), auth.NOBODY)
         self.assertEqual(self.account_of(alice, "1:", "bob"), auth.NOBODY)
-        d = self.registry.request("2:", "ping", account_id=self.account_of(alice, "2:"))
+        d = self.registry.request(asking("2:", self.account_of(alice, "2:")), "ping")
         self.assertEqual(self.failureResultOf(d, GatewayError).value.code, errors.NOT_CONNECTED)
 
     def test_the_admin(self):

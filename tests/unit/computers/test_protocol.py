@@ -10,6 +10,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.harness.callers import asking
 from tests.harness.fakes import Computer
 from tests.harness.logcapture import LogCapture
 from tests.harness.support import response_frame
@@ -19,7 +20,7 @@ from trapsandbox.computers.handlers import ComputerRequests
 from trapsandbox.computers.protocol import GatewayFactory
 from trapsandbox.computers.registry import Registry
 from trapsandbox.errors import GatewayError
-from trapsandbox.limits import CONNECT_LINES_PER_SECOND
+from trapsandbox.limits import CONNECT_LINES_PER_SECOND, LOCAL_ACCOUNT
 
 
 class GatewayTestCase(SynchronousTestCase):
@@ -78,7 +79,7 @@ class HelloTests(GatewayTestCase):
                 "payload": {"accountId": "local"},
             },
         )
-        session = self.registry.find("7:base")
+        session = self.registry.find(LOCAL_ACCOUNT, "7:base")
         self.assertEqual((session.peer, session.version), ("tcp4:10.0.0.7:50123", "0.1.0"))
         self.assertEqual(computer.closes, [])
 
@@ -142,12 +143,12 @@ class HelloTests(GatewayTestCase):
 
     def test_newest_wins(self):
         old = self.ready()
-        pending = self.registry.request("7:", "ping")
+        pending = self.registry.request(asking("7:"), "ping")
         new = self.ready()
         self.assertEqual(old.closes, [(4000, "replaced")])
         self.failureResultOf(pending, GatewayError)
         old.lost(4000)
-        self.assertIs(self.registry.find("7:").link, new.protocol)
+        self.assertIs(self.registry.find(LOCAL_ACCOUNT, "7:").link, new.protocol)
 
 
 class RequestTests(GatewayTestCase):
@@ -303,7 +304,7 @@ class IgnoredFrameTests(GatewayTestCase):
 class GatewayRequestTests(GatewayTestCase):
     def test_answer_resolves(self):
         computer = self.ready()
-        d = self.registry.request("7:", "ping")
+        d = self.registry.request(asking("7:"), "ping")
         request = computer.last()
         self.assertEqual(request["event"], "gateway_request")
         computer.respond(request, payload={"traposId": "7:"})
@@ -311,20 +312,20 @@ class GatewayRequestTests(GatewayTestCase):
 
     def test_invalid_answer_fails_the_request_at_once(self):
         computer = self.ready()
-        d = self.registry.request("7:", "ping")
+        d = self.registry.request(asking("7:"), "ping")
         computer.respond(computer.last(), ok="yes")
         self.assertEqual(self.failureResultOf(d, GatewayError).value.code, errors.BAD_REQUEST)
 
     def test_answer_on_another_connection_is_ignored(self):
         seven = self.ready("7:")
         eight = self.ready("8:")
-        d = self.registry.request("7:", "ping")
+        d = self.registry.request(asking("7:"), "ping")
         eight.receive(response_frame("7:", seven.last()))
         self.assertNoResult(d)
 
     def test_close_fails_pending(self):
         computer = self.ready()
-        d = self.registry.request("7:", "ping")
+        d = self.registry.request(asking("7:"), "ping")
         computer.lost(1006)
         self.assertEqual(self.failureResultOf(d, GatewayError).value.code, errors.NOT_CONNECTED)
         self.assertEqual(len(self.registry), 0)
@@ -334,7 +335,7 @@ class ShutdownTests(GatewayTestCase):
     def test_shutdown_closes_everyone_and_fails_pending(self):
         ready = self.ready("7:")
         waiting = self.connect("8:")
-        pending = self.registry.request("7:", "ping")
+        pending = self.registry.request(asking("7:"), "ping")
         d = self.factory.shutdown()
         self.assertEqual(ready.closes, [(1000, "server shutting down")])
         self.assertEqual(waiting.closes, [(1000, "server shutting down")])
@@ -371,7 +372,7 @@ class LimitTests(GatewayTestCase):
         computer = self.ready()
         outbound = computer.protocol.outbound
         outbound.pauseProducing()
-        self.registry.request("7:", "ping")
+        self.registry.request(asking("7:"), "ping")
         sent = len(computer.sent)
         computer.protocol.close(4004, "stalled")
         outbound.resumeProducing()  # the peer reads again: the queue drains into nothing
@@ -381,7 +382,9 @@ class LimitTests(GatewayTestCase):
     def test_requests_to_a_stalled_computer_fail_overloaded(self):
         computer = self.ready()
         computer.protocol.outbound.pauseProducing()
-        results = [self.registry.request("7:", "x", {"pad": "x" * 60_000}) for _ in range(20)]
+        results = [
+            self.registry.request(asking("7:"), "x", {"pad": "x" * 60_000}) for _ in range(20)
+        ]
         failed = [d for d in results if d.called]
         self.assertEqual(len(failed), 20 - 17)  # 17 of 60 kB fit in 1 MiB
         for d in failed:

@@ -3,11 +3,14 @@
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.harness.callers import asking
 from tests.harness.fakes import FakeLink
 from trapsandbox import errors, limits
-from trapsandbox.computers import senders, wire
+from trapsandbox.computers import wire
+from trapsandbox.computers.callers import Sender
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.errors import GatewayError
+from trapsandbox.limits import LOCAL_ACCOUNT
 
 
 def response(request, ok=True, payload=None, sender="7:"):
@@ -32,7 +35,7 @@ class RegistryTests(SynchronousTestCase):
 
     def test_request_resolved_by_its_response(self):
         session, link = self.connect()
-        d = self.registry.request("7:", "ping", {"x": 1})
+        d = self.registry.request(asking("7:"), "ping", {"x": 1})
         [sent] = link.sent
         self.assertEqual(sent["event"], "gateway_request")
         self.assertEqual((sent["traposReceiverId"], sent["type"]), ("7:", "ping"))
@@ -44,7 +47,7 @@ class RegistryTests(SynchronousTestCase):
 
     def test_ok_false_answer_is_a_result(self):
         session, link = self.connect()
-        d = self.registry.request("7:", "x")
+        d = self.registry.request(asking("7:"), "x")
         session.resolve(
             wire.ComputerResponse(
                 "7:", link.sent[0]["messageId"], "x", False, error=errors.Error("unknown_type", "?")
@@ -55,12 +58,12 @@ class RegistryTests(SynchronousTestCase):
     def test_message_ids_are_unique(self):
         _, link = self.connect()
         for _ in range(10):
-            self.registry.request("7:", "ping")
+            self.registry.request(asking("7:"), "ping")
         self.assertEqual(len({sent["messageId"] for sent in link.sent}), 10)
 
     def test_unknown_response_is_ignored(self):
         session, link = self.connect()
-        d = self.registry.request("7:", "ping")
+        d = self.registry.request(asking("7:"), "ping")
         self.assertFalse(session.resolve(wire.ComputerResponse("7:", "other", "ping", True)))
         self.assertNoResult(d)
 
@@ -68,7 +71,7 @@ class RegistryTests(SynchronousTestCase):
         """Only the connection a request went out on can answer it."""
         session, link = self.connect("7:")
         other, _ = self.connect("8:")
-        d = self.registry.request("7:", "ping")
+        d = self.registry.request(asking("7:"), "ping")
         self.assertFalse(other.resolve(response(link.sent[0], sender="8:")))
         self.assertNoResult(d)
         session.resolve(response(link.sent[0]))
@@ -76,7 +79,7 @@ class RegistryTests(SynchronousTestCase):
 
     def test_timeout(self):
         session, _ = self.connect()
-        d = self.registry.request("7:", "ping", timeout=5)
+        d = self.registry.request(asking("7:"), "ping", timeout=5)
         self.clock.advance(4.9)
         self.assertNoResult(d)
         self.clock.advance(0.2)
@@ -87,7 +90,7 @@ class RegistryTests(SynchronousTestCase):
 
     def test_default_timeout(self):
         self.connect()
-        d = self.registry.request("7:", "ping")
+        d = self.registry.request(asking("7:"), "ping")
         self.clock.advance(29)
         self.assertNoResult(d)
         self.clock.advance(1)
@@ -95,24 +98,26 @@ class RegistryTests(SynchronousTestCase):
 
     def test_late_response_after_timeout_is_ignored(self):
         session, link = self.connect()
-        d = self.registry.request("7:", "ping", timeout=1)
+        d = self.registry.request(asking("7:"), "ping", timeout=1)
         self.clock.advance(1)
         self.assertGatewayError(d, errors.TIMEOUT)
         self.assertFalse(session.resolve(response(link.sent[0])))
 
     def test_answer_cancels_the_timer(self):
         session, link = self.connect()
-        self.registry.request("7:", "ping")
+        self.registry.request(asking("7:"), "ping")
         session.resolve(response(link.sent[0]))
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def test_not_connected(self):
-        error = self.assertGatewayError(self.registry.request("9:", "ping"), errors.NOT_CONNECTED)
+        error = self.assertGatewayError(
+            self.registry.request(asking("9:"), "ping"), errors.NOT_CONNECTED
+        )
         self.assertIn("9:", error.message)
         # An operator's traposId comes from a URL: echoed cut (SPEC §4).
         long_id = "9:" + "x" * 5000
         error = self.assertGatewayError(
-            self.registry.request(long_id, "ping"), errors.NOT_CONNECTED
+            self.registry.request(asking(long_id), "ping"), errors.NOT_CONNECTED
         )
         self.assertLess(len(error.message), wire.ECHO_LIMIT + 30)
 
@@ -120,12 +125,12 @@ class RegistryTests(SynchronousTestCase):
         self.connect()
         for timeout in (0, -1, float("nan")):
             self.assertGatewayError(
-                self.registry.request("7:", "ping", timeout=timeout), errors.BAD_REQUEST
+                self.registry.request(asking("7:"), "ping", timeout=timeout), errors.BAD_REQUEST
             )
 
     def test_removal_fails_pending_requests(self):
         session, _ = self.connect()
-        d = self.registry.request("7:", "ping")
+        d = self.registry.request(asking("7:"), "ping")
         self.registry.remove(session)
         self.assertGatewayError(d, errors.NOT_CONNECTED)
         self.assertEqual(len(self.registry), 0)
@@ -133,14 +138,14 @@ class RegistryTests(SynchronousTestCase):
 
     def test_newest_wins(self):
         old, old_link = self.connect()
-        d = self.registry.request("7:", "ping")
+        d = self.registry.request(asking("7:"), "ping")
         new, new_link = self.connect()
-        self.assertIs(self.registry.find("7:"), new)
+        self.assertIs(self.registry.find(LOCAL_ACCOUNT, "7:"), new)
         self.assertEqual(old_link.closed, [(wire.CLOSE_REPLACED, "replaced")])
         self.assertGatewayError(d, errors.NOT_CONNECTED)
         # The old connection's close must not unregister the new one.
         self.registry.remove(old)
-        self.assertIs(self.registry.find("7:"), new)
+        self.assertIs(self.registry.find(LOCAL_ACCOUNT, "7:"), new)
         self.assertEqual(len(self.registry), 1)
 
     def test_accounts_are_separate(self):
@@ -148,22 +153,22 @@ class RegistryTests(SynchronousTestCase):
         _, link_b = self.connect("7:", "b")
         self.assertEqual(len(self.registry), 2)
         self.assertEqual(link_b.closed, [])
-        self.assertGatewayError(self.registry.request("7:", "ping"), errors.NOT_CONNECTED)
-        self.registry.request("7:", "ping", account_id="b")
+        self.assertGatewayError(self.registry.request(asking("7:"), "ping"), errors.NOT_CONNECTED)
+        self.registry.request(asking("7:", "b"), "ping")
         self.assertEqual(len(link_b.sent), 1)
 
     def test_in_flight_cap(self):
         session, link = self.connect()
         for _ in range(64):
-            self.registry.request("7:", "ping")
-        self.assertGatewayError(self.registry.request("7:", "ping"), errors.OVERLOADED)
+            self.registry.request(asking("7:"), "ping")
+        self.assertGatewayError(self.registry.request(asking("7:"), "ping"), errors.OVERLOADED)
         self.assertEqual(len(link.sent), 64)
         session.resolve(response(link.sent[0]))
-        self.assertNoResult(self.registry.request("7:", "ping"))
+        self.assertNoResult(self.registry.request(asking("7:"), "ping"))
 
     def test_too_large(self):
         _, link = self.connect()
-        d = self.registry.request("7:", "big", {"data": "x" * limits.MAX_OUTBOUND_BYTES})
+        d = self.registry.request(asking("7:"), "big", {"data": "x" * limits.MAX_OUTBOUND_BYTES})
         self.assertGatewayError(d, errors.TOO_LARGE)
         self.assertEqual(link.sent, [])
 
@@ -171,23 +176,25 @@ class RegistryTests(SynchronousTestCase):
         _, link = self.connect()
         empty = len(wire.encode(wire.GatewayRequest("7:", "x" * 36, "big", {"data": ""})))
         filler = "x" * (limits.MAX_OUTBOUND_BYTES - empty)
-        self.assertNoResult(self.registry.request("7:", "big", {"data": filler}))
+        self.assertNoResult(self.registry.request(asking("7:"), "big", {"data": filler}))
         self.assertEqual(len(link.sent), 1)
 
     def test_unencodable_payload(self):
         self.connect()
-        self.assertGatewayError(self.registry.request("7:", "x", {"n": 2**70}), errors.BAD_REQUEST)
+        self.assertGatewayError(
+            self.registry.request(asking("7:"), "x", {"n": 2**70}), errors.BAD_REQUEST
+        )
 
     def test_send_on_a_closed_link(self):
         session, link = self.connect()
         link.open = False
-        self.assertGatewayError(self.registry.request("7:", "ping"), errors.NOT_CONNECTED)
+        self.assertGatewayError(self.registry.request(asking("7:"), "ping"), errors.NOT_CONNECTED)
         self.assertEqual(session.in_flight, 0)
 
     def test_reject_fails_one_request(self):
         session, link = self.connect()
-        d1 = self.registry.request("7:", "a")
-        d2 = self.registry.request("7:", "b")
+        d1 = self.registry.request(asking("7:"), "a")
+        d2 = self.registry.request(asking("7:"), "b")
         error = errors.NOT_CONNECTED
         self.assertTrue(session.reject(link.sent[0]["messageId"], GatewayError(error, "x")))
         self.assertGatewayError(d1, error)
@@ -195,7 +202,7 @@ class RegistryTests(SynchronousTestCase):
 
     def test_caller_cancel_forgets_the_request(self):
         session, _ = self.connect()
-        d = self.registry.request("7:", "ping")
+        d = self.registry.request(asking("7:"), "ping")
         d.cancel()
         self.failureResultOf(d)
         self.assertEqual(session.in_flight, 0)
@@ -207,9 +214,9 @@ def partial(request, payload, sender="7:"):
     )
 
 
-def as_account(account, call, *args, **kwargs):
-    """``call`` as a request sent with ``account``'s token (``senders``)."""
-    return senders.sent_by({"by": "operator", "account": account}, call, *args, **kwargs)
+def token_of(account, trapos_id):
+    """A caller with ``account``'s token, aimed at its ``trapos_id``."""
+    return asking(trapos_id, account, Sender("operator", account))
 
 
 class WatchBoundTests(SynchronousTestCase):
@@ -233,11 +240,11 @@ class WatchBoundTests(SynchronousTestCase):
         self.connect("1:", account_id="bob")
         request = self.registry.request
         held = [
-            as_account("alice", request, "1:", "screen_watch", account_id="alice"),
-            as_account("alice", request, "2:", "peripheral_events", account_id="alice"),
-            as_account("alice", request, "2:", "screen_watch", account_id="alice"),
+            request(token_of("alice", "1:"), "screen_watch"),
+            request(token_of("alice", "2:"), "peripheral_events"),
+            request(token_of("alice", "2:"), "screen_watch"),
         ]
-        refused = as_account("alice", request, "1:", "screen_watch", account_id="alice")
+        refused = request(token_of("alice", "1:"), "screen_watch")
         error = self.failureResultOf(refused, GatewayError).value
         self.assertEqual(error.code, errors.TOO_MANY_WATCHES)
         self.assertEqual(
@@ -245,26 +252,24 @@ class WatchBoundTests(SynchronousTestCase):
             "account alice already has 3 screen and event watches open here; end one first",
         )
         # Another account's are its own; other requests are not watches; the admin is not bound.
-        self.assertNoResult(as_account("bob", request, "1:", "screen_watch", account_id="bob"))
-        self.assertNoResult(as_account("alice", request, "1:", "ping", account_id="alice"))
-        self.assertNoResult(request("1:", "screen_watch", account_id="alice"))
+        self.assertNoResult(request(token_of("bob", "1:"), "screen_watch"))
+        self.assertNoResult(request(token_of("alice", "1:"), "ping"))
+        self.assertNoResult(request(asking("1:", "alice"), "screen_watch"))
         # One ends: one more may start.
         held[0].cancel()
         self.failureResultOf(held[0])
-        self.assertNoResult(as_account("alice", request, "1:", "screen_watch", account_id="alice"))
+        self.assertNoResult(request(token_of("alice", "1:"), "screen_watch"))
 
     def test_activity_watches_are_bounded_per_account(self):
         def watch(account, trapos_id):
-            return as_account(
-                account, self.registry.watch_activity, account, trapos_id, lambda e: None
-            )
+            return self.registry.watch_activity(token_of(account, trapos_id), lambda e: None)
 
         stops = [watch("alice", f"{n}:") for n in range(3)]
         with self.assertRaises(GatewayError) as raised:
             watch("alice", "9:")
         self.assertEqual(raised.exception.code, errors.TOO_MANY_WATCHES)
         watch("bob", "9:")
-        self.registry.watch_activity("alice", "9:", lambda e: None)  # the admin's
+        self.registry.watch_activity(asking("9:", "alice"), lambda e: None)  # the admin's
         stops[0]()
         stops[0]()  # twice is once
         watch("alice", "9:")
@@ -274,15 +279,15 @@ class WatchBoundTests(SynchronousTestCase):
     def test_a_relayed_activity_watch_past_the_bound_fails(self):
         self.connect("1:")
         for n in range(3):
-            as_account("alice", self.registry.watch_activity, "alice", f"{n}:", lambda e: None)
-        d = as_account("alice", self.registry.follow_activity, "alice", "1:", lambda e: None)
+            self.registry.watch_activity(token_of("alice", f"{n}:"), lambda e: None)
+        d = self.registry.follow_activity(token_of("alice", "1:"), lambda e: None)
         self.assertEqual(self.failureResultOf(d, GatewayError).value.code, errors.TOO_MANY_WATCHES)
 
     def test_screen_frames_are_paced_to_max_fps(self):
         session, link = self.connect("1:")
         frames = []
         d = self.registry.request(
-            "1:", "screen_watch", {"maxFps": 5}, account_id="alice", on_partial=frames.append
+            asking("1:", "alice"), "screen_watch", {"maxFps": 5}, on_partial=frames.append
         )
         [watch] = link.sent
         for n in range(100):
@@ -299,14 +304,8 @@ class WatchBoundTests(SynchronousTestCase):
     def test_a_frame_too_large_ends_the_watch_here_and_on_the_computer(self):
         session, link = self.connect("1:")
         frames = []
-        d = as_account(
-            "alice",
-            self.registry.request,
-            "1:",
-            "screen_watch",
-            {},
-            account_id="alice",
-            on_partial=frames.append,
+        d = self.registry.request(
+            token_of("alice", "1:"), "screen_watch", {}, on_partial=frames.append
         )
         [watch] = link.sent
         session.resolve(partial(watch, {"width": 4000, "height": 3, "rows": {}}, "1:"))

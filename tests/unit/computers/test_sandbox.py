@@ -15,6 +15,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.apps import gateway_app
+from tests.harness.callers import asking
 from tests.harness.fakes import FakeLink, SandboxComputer
 from tests.harness.support import JSON, response_frame
 from trapsandbox import limits
@@ -57,7 +58,7 @@ class PartialTests(SandboxTestCase):
 
     def test_partials_reach_the_listener_in_order_and_the_final_ends_it(self):
         heard = []
-        d = self.registry.request("7:", "exec", {"command": "ls"}, on_partial=heard.append)
+        d = self.registry.request(asking("7:"), "exec", {"command": "ls"}, on_partial=heard.append)
         [sent] = self.link.sent
         for i in range(5):
             self.assertTrue(self.session.resolve(computer_response(sent, {"n": i}, partial=True)))
@@ -72,7 +73,7 @@ class PartialTests(SandboxTestCase):
         self.assertEqual(self.session.in_flight, 0)
 
     def test_a_partial_does_not_resolve_a_request_without_a_listener(self):
-        d = self.registry.request("7:", "exec", {})
+        d = self.registry.request(asking("7:"), "exec", {})
         [sent] = self.link.sent
         self.assertTrue(self.session.resolve(computer_response(sent, {"n": 1}, partial=True)))
         self.assertNoResult(d)
@@ -81,7 +82,7 @@ class PartialTests(SandboxTestCase):
         def listener(payload):
             raise RuntimeError("bug in a listener")
 
-        d = self.registry.request("7:", "exec", {}, on_partial=listener)
+        d = self.registry.request(asking("7:"), "exec", {}, on_partial=listener)
         [sent] = self.link.sent
         self.session.resolve(computer_response(sent, {"n": 1}, partial=True))
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
@@ -108,13 +109,15 @@ class ConsentTests(SandboxTestCase):
         for kind, capability in wire.CAPABILITY_OF.items():
             if capability == "screen":
                 continue
-            error = self.assertGatewayError(self.registry.request("7:base", kind, {}), "forbidden")
+            error = self.assertGatewayError(
+                self.registry.request(asking("7:base"), kind, {}), "forbidden"
+            )
             self.assertIn(f'run "sandbox allow {capability}"', error.message)
             self.assertIn("7:base", error.message)
         self.assertEqual(link.sent, [])
         # ping, cancel and what the owner allowed still go out.
         for kind in ("ping", "cancel", "screen"):
-            self.registry.request("7:base", kind, {})
+            self.registry.request(asking("7:base"), kind, {})
         self.assertEqual([frame["type"] for frame in link.sent], ["ping", "cancel", "screen"])
 
     def test_capabilities_read_from_lists_and_empty_objects(self):
@@ -127,7 +130,7 @@ class ConsentTests(SandboxTestCase):
 class CancelTests(SandboxTestCase):
     def test_cancelling_a_run_tells_the_computer(self):
         computer = self.computer()
-        d = self.sandbox.execute("7:base", "sleep", ["30"])
+        d = self.sandbox.execute(asking("7:base"), "sleep", ["30"])
         [run] = computer.runs
         d.cancel()
         self.failureResultOf(d, CancelledError)
@@ -140,7 +143,7 @@ class CancelTests(SandboxTestCase):
 
     def test_a_run_that_times_out_is_cancelled_on_the_computer(self):
         computer = self.computer()
-        d = self.sandbox.execute("7:base", "sleep", timeout_ms=1000)
+        d = self.sandbox.execute(asking("7:base"), "sleep", timeout_ms=1000)
         self.clock.advance(1 + limits.RUN_ANSWER_MARGIN)
         self.assertGatewayError(d, "timeout")
         self.assertEqual(computer.sent[-1]["type"], "cancel")
@@ -148,7 +151,7 @@ class CancelTests(SandboxTestCase):
     def test_cancelling_a_screen_watch_tells_the_computer(self):
         link = FakeLink()
         self.registry.add(Session("local", "7:", link, self.clock, capabilities={"screen"}))
-        d = self.registry.request("7:", "screen_watch", {})
+        d = self.registry.request(asking("7:"), "screen_watch", {})
         d.cancel()
         self.failureResultOf(d, CancelledError)
         watch, cancel = link.sent
@@ -160,21 +163,23 @@ class CancelTests(SandboxTestCase):
         self.assertEqual(wire.decode_capabilities(["input", "screen"]), {"input", "screen"})
         link = FakeLink()
         self.registry.add(Session("local", "7:", link, self.clock, capabilities={"screen"}))
-        self.assertGatewayError(self.registry.request("7:", "input", {"events": []}), "forbidden")
-        self.registry.request("7:", "screen_watch", {})
+        self.assertGatewayError(
+            self.registry.request(asking("7:"), "input", {"events": []}), "forbidden"
+        )
+        self.registry.request(asking("7:"), "screen_watch", {})
         self.assertEqual([frame["type"] for frame in link.sent], ["screen_watch"])
 
     def test_cancelling_other_requests_sends_nothing(self):
         link = FakeLink()
         self.registry.add(Session("local", "7:", link, self.clock))
-        d = self.registry.request("7:", "ping", {})
+        d = self.registry.request(asking("7:"), "ping", {})
         d.cancel()
         self.failureResultOf(d, CancelledError)
         self.assertEqual([frame["type"] for frame in link.sent], ["ping"])
 
     def test_execute_payload_and_its_own_timeout(self):
         computer = self.computer()
-        self.sandbox.execute("7:base", "ls", ["/rom"], cwd="/", max_output_bytes=10)
+        self.sandbox.execute(asking("7:base"), "ls", ["/rom"], cwd="/", max_output_bytes=10)
         [run] = computer.runs
         self.assertEqual(
             run["payload"],
@@ -198,7 +203,9 @@ class FileTests(SandboxTestCase):
     def test_chunked_write_and_read_back(self, size, offset, length):
         computer = self.computer(f"{size}:")
         content = bytes((i * 7 + size) % 256 for i in range(size))
-        written = self.successResultOf(self.sandbox.write_file(f"{size}:", "f.bin", content))
+        written = self.successResultOf(
+            self.sandbox.write_file(asking(f"{size}:"), "f.bin", content)
+        )
         self.assertEqual(written, {"bytesWritten": size, "sizeBytes": size})
         self.assertEqual(computer.files["f.bin"], content)
         parts = [f for f in computer.sent if f["type"] == "write_file"]
@@ -206,7 +213,9 @@ class FileTests(SandboxTestCase):
         self.assertEqual([p["payload"]["part"]["final"] for p in parts][-1], True)
         for frame in computer.sent:
             self.assertLessEqual(len(orjson.dumps(frame)), limits.MAX_OUTBOUND_BYTES)
-        read = self.successResultOf(self.sandbox.read_file(f"{size}:", "f.bin", offset, length))
+        read = self.successResultOf(
+            self.sandbox.read_file(asking(f"{size}:"), "f.bin", offset, length)
+        )
         end = size if length is None else offset + length
         self.assertEqual(read["content"], content[offset:end])
         self.assertEqual((read["sizeBytes"], read["offset"]), (size, offset))
@@ -216,17 +225,21 @@ class FileTests(SandboxTestCase):
     def test_a_failing_part_fails_the_write_and_leaves_the_file(self):
         computer = self.computer()
         computer.files["rom/x"] = b"old"
-        self.assertGatewayError(self.sandbox.write_file("7:base", "rom/x", b"new"), "fs_error")
+        self.assertGatewayError(
+            self.sandbox.write_file(asking("7:base"), "rom/x", b"new"), "fs_error"
+        )
         self.assertEqual(computer.files["rom/x"], b"old")
 
     def test_more_than_a_call_carries_is_refused(self):
         self.computer()
-        d = self.sandbox.write_file("7:base", "big", b"x" * (limits.MAX_FILE_BYTES + 1))
+        d = self.sandbox.write_file(asking("7:base"), "big", b"x" * (limits.MAX_FILE_BYTES + 1))
         self.assertGatewayError(d, "too_large")
 
     def test_a_missing_file_is_an_fs_error(self):
         self.computer()
-        error = self.assertGatewayError(self.sandbox.read_file("7:base", "nope"), "fs_error")
+        error = self.assertGatewayError(
+            self.sandbox.read_file(asking("7:base"), "nope"), "fs_error"
+        )
         self.assertEqual(error.message, "/nope: No such file")
 
 

@@ -17,6 +17,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.apps import gateway_app
+from tests.harness.callers import asking
 from tests.harness.fakes import FakeLink, SandboxComputer
 from trapsandbox import errors
 from trapsandbox.computers import settingsfile
@@ -141,7 +142,7 @@ class RefusalTests(SynchronousTestCase):
     def test_file_requests_on_the_settings_file_are_never_sent(self):
         for kind in sorted(settingsfile.FILE_REQUESTS):
             for payload in ({"path": "/.settings"}, {"path": ".SETTINGS", "cwd": "rom/.."}):
-                d = self.registry.request("7:base", kind, payload)
+                d = self.registry.request(asking("7:base"), kind, payload)
                 error = self.failureResultOf(d, GatewayError).value
                 self.assertEqual(error.code, errors.FORBIDDEN)
                 self.assertIn("settings file", error.message)
@@ -149,11 +150,11 @@ class RefusalTests(SynchronousTestCase):
         self.assertEqual(self.link.sent, [])
 
     def test_other_files_and_other_requests_go_out(self):
-        self.registry.request("7:base", "read_file", {"path": "/startup.lua"})
-        self.registry.request("7:base", "list_files", {"path": "/"})
-        self.registry.request("7:base", "ping", {"path": "/.settings"})
+        self.registry.request(asking("7:base"), "read_file", {"path": "/startup.lua"})
+        self.registry.request(asking("7:base"), "list_files", {"path": "/"})
+        self.registry.request(asking("7:base"), "ping", {"path": "/.settings"})
         # A payload the computer will call bad is left for it to answer.
-        self.registry.request("7:base", "read_file", {"path": 7})
+        self.registry.request(asking("7:base"), "read_file", {"path": 7})
         self.assertEqual(
             [frame["type"] for frame in self.link.sent],
             ["read_file", "list_files", "ping", "read_file"],

@@ -26,6 +26,7 @@ from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.fast.fasthttp import MAX_BUFFERED, FastHTTP, read_head
 from trapsandbox.fast.front import FrontFactory
+from trapsandbox.limits import LOCAL_ACCOUNT
 from trapsandbox.web.site import GatewaySite
 
 TOKEN = b"op-token-1234"
@@ -120,7 +121,7 @@ class Port:
     def answer(self, trapos_id="7:", index=-1, **fields):
         request = self.links[trapos_id].sent[index]
         frame = response_frame(trapos_id, request, **fields)
-        session = self.registry.find(trapos_id)
+        session = self.registry.find(LOCAL_ACCOUNT, trapos_id)
         session.resolve(wire.decode(orjson.dumps(frame)))
 
     def connect(self, *chunks, peer=("127.0.0.1", 50000)):
@@ -439,7 +440,7 @@ class ConnectionTests(SynchronousTestCase):
 
     def test_a_client_that_goes_away_cancels_its_request(self):
         transport = self.port.connect(post(body=b'{"type":"ping"}'))
-        session = self.port.registry.find("7:")
+        session = self.port.registry.find(LOCAL_ACCOUNT, "7:")
         self.assertEqual(session.in_flight, 1)
         transport.protocol.connectionLost(None)
         self.assertEqual(session.in_flight, 0)

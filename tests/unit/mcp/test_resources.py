@@ -8,6 +8,7 @@ import base64
 
 from twisted.internet.defer import Deferred
 
+from tests.harness.callers import mcp_caller
 from tests.unit.mcp.helpers import McpTestCase
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.mcp.resources import Resources, parse
@@ -71,10 +72,10 @@ class AccountTests(McpTestCase):
         self.resources = Resources(self.registry, Sandbox(self.registry))
 
     def read(self, uri, scope, pin=None):
-        return Deferred.fromCoroutine(self.resources.read({"uri": uri}, scope, pin))
+        return Deferred.fromCoroutine(self.resources.read({"uri": uri}, mcp_caller(scope, pin)))
 
     def listed(self, scope, pin=None):
-        d = Deferred.fromCoroutine(self.resources.list(scope, pin))
+        d = Deferred.fromCoroutine(self.resources.list(mcp_caller(scope, pin)))
         return [r["uri"] for r in self.successResultOf(d)["resources"]]
 
     def test_each_caller_sees_its_computers(self):

@@ -9,6 +9,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.harness.callers import asking, mcp_caller
 from tests.harness.fakes import SandboxComputer
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
@@ -64,7 +65,7 @@ class SubscriptionTests(SynchronousTestCase):
         stream = Stream()
         call = Call(id, revision=Revision("2026-07-28", True), stream=stream)
         params = {"notifications": {"resourceSubscriptions": uris}}
-        d = Deferred.fromCoroutine(self.subscriptions.listen(params, call, scope, None))
+        d = Deferred.fromCoroutine(self.subscriptions.listen(params, call, mcp_caller(scope)))
         return stream, d
 
     def end(self, d):
@@ -118,14 +119,20 @@ class SubscriptionTests(SynchronousTestCase):
 
     def test_a_write_through_the_gateway_updates_a_file(self):
         stream, d = self.listen([FILE])
-        self.successResultOf(self.sandbox.write_file("7:base", "/notes/b.txt", b"1", "alice"))
+        self.successResultOf(
+            self.sandbox.write_file(asking("7:base", "alice"), "/notes/b.txt", b"1")
+        )
         self.assertEqual(self.updates(stream), [])
-        self.successResultOf(self.sandbox.write_file("7:base", "notes/a.txt", b"1", "alice"))
+        self.successResultOf(
+            self.sandbox.write_file(asking("7:base", "alice"), "notes/a.txt", b"1")
+        )
         self.assertEqual(self.updates(stream), [FILE])
-        self.successResultOf(self.sandbox.delete_file("7:base", "/notes", "alice"))
+        self.successResultOf(self.sandbox.delete_file(asking("7:base", "alice"), "/notes"))
         self.assertEqual(self.updates(stream), [FILE, FILE])
         self.end(d)
-        self.successResultOf(self.sandbox.write_file("7:base", "notes/a.txt", b"2", "alice"))
+        self.successResultOf(
+            self.sandbox.write_file(asking("7:base", "alice"), "notes/a.txt", b"2")
+        )
         self.assertEqual(self.updates(stream), [FILE, FILE])
 
     def test_a_write_from_any_surface_updates_a_file_once_whole(self):
@@ -134,10 +141,14 @@ class SubscriptionTests(SynchronousTestCase):
         stream, d = self.listen([FILE])
         first = {"path": "notes/a.txt", "content": "", "encoding": "base64"}
         first["part"] = {"offset": 0, "final": False, "size": 1}
-        self.successResultOf(self.registry.request("7:base", "write_file", first, 5, "alice"))
+        self.successResultOf(
+            self.registry.request(asking("7:base", "alice"), "write_file", first, 5)
+        )
         self.assertEqual(self.updates(stream), [])  # not whole yet
         last = {**first, "content": "MQ==", "part": {"offset": 0, "final": True, "size": 1}}
-        self.successResultOf(self.registry.request("7:base", "write_file", last, 5, "alice"))
+        self.successResultOf(
+            self.registry.request(asking("7:base", "alice"), "write_file", last, 5)
+        )
         self.assertEqual(self.updates(stream), [FILE])
         self.end(d)
 
@@ -146,7 +157,9 @@ class SubscriptionTests(SynchronousTestCase):
         stream, d = self.listen([SCREEN, FILE], scope="mallory")
         self.assertEqual(stream.sent[0]["params"]["notifications"]["resourceSubscriptions"], [])
         self.assertEqual(self.computer.watches, [])
-        self.successResultOf(self.sandbox.write_file("7:base", "notes/a.txt", b"1", "alice"))
+        self.successResultOf(
+            self.sandbox.write_file(asking("7:base", "alice"), "notes/a.txt", b"1")
+        )
         self.assertEqual(self.updates(stream), [])
         self.end(d)
 
@@ -167,7 +180,7 @@ class SubscriptionTests(SynchronousTestCase):
         for notifications in (None, {"resourceSubscriptions": "x"}, {"resourceSubscriptions": [1]}):
             call = Call(1, revision=Revision("2026-07-28", True), stream=Stream())
             params = {"notifications": notifications}
-            d = Deferred.fromCoroutine(self.subscriptions.listen(params, call, "alice", None))
+            d = Deferred.fromCoroutine(self.subscriptions.listen(params, call, mcp_caller("alice")))
             self.failureResultOf(d, Invalid)
 
     def test_legacy_subscribe_and_unsubscribe(self):
@@ -177,22 +190,26 @@ class SubscriptionTests(SynchronousTestCase):
         legacy = self.subscriptions.legacy
         self.successResultOf(
             Deferred.fromCoroutine(
-                legacy("resources/subscribe", {"uri": FILE}, call, "alice", None)
+                legacy("resources/subscribe", {"uri": FILE}, call, mcp_caller("alice"))
             )
         )
         self.assertTrue(self.subscriptions.subscribed(("caller", "s1")))
-        self.successResultOf(self.sandbox.write_file("7:base", "notes/a.txt", b"1", "alice"))
+        self.successResultOf(
+            self.sandbox.write_file(asking("7:base", "alice"), "notes/a.txt", b"1")
+        )
         self.assertEqual([m["params"]["uri"] for m in heard], [FILE])
         self.successResultOf(
             Deferred.fromCoroutine(
-                legacy("resources/unsubscribe", {"uri": FILE}, call, "alice", None)
+                legacy("resources/unsubscribe", {"uri": FILE}, call, mcp_caller("alice"))
             )
         )
         self.assertFalse(self.subscriptions.subscribed(("caller", "s1")))
-        self.successResultOf(self.sandbox.write_file("7:base", "notes/a.txt", b"1", "alice"))
+        self.successResultOf(
+            self.sandbox.write_file(asking("7:base", "alice"), "notes/a.txt", b"1")
+        )
         self.assertEqual(len(heard), 1)
         missing = legacy(
-            "resources/subscribe", {"uri": "trapsandbox://9/screen"}, call, "alice", None
+            "resources/subscribe", {"uri": "trapsandbox://9/screen"}, call, mcp_caller("alice")
         )
         self.assertEqual(
             self.failureResultOf(Deferred.fromCoroutine(missing), Invalid).value.code, -32002

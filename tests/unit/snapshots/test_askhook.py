@@ -11,6 +11,7 @@ from twisted.internet.task import Clock
 from twisted.logger import formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.harness.callers import mcp_caller
 from tests.harness.fakes import SandboxComputer
 from tests.harness.logcapture import LogCapture
 from tests.unit.opencode.helpers import SES, AskTestsMixin
@@ -38,13 +39,13 @@ class FakeSnapshots:
         self.compared: list[str] = []
         self.cancelled = 0
 
-    def take(self, account, trapos_id, reason):
-        self.takes.append((account, trapos_id, reason))
+    def take(self, caller, reason):
+        self.takes.append((*caller.key, reason))
         d: Deferred = Deferred(lambda _: setattr(self, "cancelled", self.cancelled + 1))
         self.taking.append(d)
         return d
 
-    def changes(self, account, trapos_id, snapshot_id):
+    def changes(self, caller, snapshot_id):
         self.compared.append(snapshot_id)
         if isinstance(self.found, Exception):
             return fail(self.found)
@@ -246,7 +247,8 @@ class EndpointTests(SynchronousTestCase):
 
     def call(self, name, arguments, pin=("local", "7:base")):
         params = {"name": name, "arguments": arguments}
-        return Deferred.fromCoroutine(self.endpoint._tools_call(params, Call(1), "local", pin))
+        caller = mcp_caller("local", pin)
+        return Deferred.fromCoroutine(self.endpoint._tools_call(params, Call(1), caller))
 
     def test_a_write_with_an_ask_token_waits_for_the_snapshot(self):
         d = self.call("write_file", {"path": "/x.txt", "content": "x"})

@@ -11,6 +11,7 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
+from tests.harness.callers import asking
 from tests.unit.snapshots.programs import Computer
 from trapsandbox import errors, limits
 from trapsandbox.computers.registry import Registry
@@ -28,7 +29,7 @@ class FakeSandbox:
         self.reads: list[str] = []
         self.vanish: set[str] = set()  # deleted between the listing and the read
 
-    def snapshot_list(self, trapos_id, account_id, timeout):
+    def snapshot_list(self, caller, timeout):
         files = [
             {"path": p, "size": s, "modified": m} for p, (s, m) in self.computer.listing().items()
         ]
@@ -36,7 +37,7 @@ class FakeSandbox:
             self.computer.delete(path)
         return succeed({"files": files, "total": sum(f["size"] for f in files)})
 
-    def read_file(self, trapos_id, path, offset=0, length=None, account_id=None):
+    def read_file(self, caller, path, offset=0, length=None):
         self.reads.append(path)
         if path not in self.computer.files:
             return fail(GatewayError(errors.FS_ERROR, f"{path}: No such file"))
@@ -46,11 +47,11 @@ class FakeSandbox:
             {"content": chunk, "sizeBytes": len(data), "offset": offset, "bytesRead": len(chunk)}
         )
 
-    def write_file(self, trapos_id, path, content, account_id=None, max_bytes=None):
+    def write_file(self, caller, path, content, max_bytes=None):
         self.computer.write(path, content)
         return succeed({"bytesWritten": len(content), "sizeBytes": len(content)})
 
-    def delete_file(self, trapos_id, path, account_id=None):
+    def delete_file(self, caller, path):
         self.computer.delete(path)
         return succeed({"deleted": True})
 
@@ -70,45 +71,49 @@ class SnapshotsTests(TestCase):
         self.snapshots = Snapshots(self.sandbox, self.store, clock=reactor)
 
     async def test_only_what_changed_travels(self):
-        first = await self.snapshots.take("acc", "7:", "manual")
+        first = await self.snapshots.take(asking("7:", "acc"), "manual")
         self.assertEqual((first["files"], first["fetched"]), (2, 2))
         self.sandbox.reads.clear()
         self.computer.write("/a.txt", b"hello again\n")
-        second = await self.snapshots.take("acc", "7:", "manual")
+        second = await self.snapshots.take(asking("7:", "acc"), "manual")
         self.assertEqual(second["fetched"], 1)
         self.assertEqual(self.sandbox.reads, ["/a.txt"])
 
     async def test_a_file_gone_before_its_read_is_left_out(self):
         self.sandbox.vanish.add("/a.txt")
-        taken = await self.snapshots.take("acc", "7:", "manual")
+        taken = await self.snapshots.take(asking("7:", "acc"), "manual")
         self.assertEqual(taken["files"], 1)
         snapshot = await self.store.get("acc", "7:", taken["id"])
         self.assertEqual(list(snapshot.files), ["/d/big.bin"])
 
     async def test_over_the_bound_is_refused_before_any_read(self):
         self.store.max_bytes = 100
-        error = await self.assertFailure(self.snapshots.take("acc", "7:", "manual"), GatewayError)
+        error = await self.assertFailure(
+            self.snapshots.take(asking("7:", "acc"), "manual"), GatewayError
+        )
         self.assertEqual(error.code, errors.TOO_LARGE)
         self.assertEqual(self.sandbox.reads, [])
         self.assertEqual(await self.store.list("acc", "7:"), [])
 
     async def test_restore_and_undo(self):
-        taken = await self.snapshots.take("acc", "7:", "manual")
+        taken = await self.snapshots.take(asking("7:", "acc"), "manual")
         before = dict(self.computer.files)
         self.computer.write("/a.txt", b"changed")
         self.computer.write("/new", b"new")
         self.computer.delete("/d/big.bin")
         edited = dict(self.computer.files)
-        done = await self.snapshots.restore("acc", "7:", taken["id"])
+        done = await self.snapshots.restore(asking("7:", "acc"), taken["id"])
         self.assertEqual(self.computer.files, before)
         self.assertEqual(done["deleted"], ["/new"])
         self.assertEqual(done["written"], ["/a.txt", "/d/big.bin"])
-        await self.snapshots.restore("acc", "7:", done["before"])
+        await self.snapshots.restore(asking("7:", "acc"), done["before"])
         self.assertEqual(self.computer.files, edited)
 
     async def test_a_missing_snapshot_changes_nothing(self):
         self.computer.write("/new", b"new")
-        error = await self.assertFailure(self.snapshots.restore("acc", "7:", "9"), GatewayError)
+        error = await self.assertFailure(
+            self.snapshots.restore(asking("7:", "acc"), "9"), GatewayError
+        )
         self.assertEqual(error.code, "not_found")
         self.assertIn("/new", self.computer.files)
         self.assertEqual(await self.store.list("acc", "7:"), [])
@@ -116,7 +121,7 @@ class SnapshotsTests(TestCase):
     async def test_a_call_while_the_store_opens_waits_for_it(self):
         clock = Clock()
         snapshots = Snapshots(self.sandbox, clock=clock)
-        listed = snapshots.list("acc", "7:")
+        listed = snapshots.list(asking("7:", "acc"))
         self.assertNoResult(listed)
         snapshots.attach(self.store)
         self.assertEqual(clock.getDelayedCalls(), [])  # its bound is cancelled
@@ -125,17 +130,17 @@ class SnapshotsTests(TestCase):
     async def test_a_store_still_opening_past_the_bound_is_unavailable(self):
         clock = Clock()
         snapshots = Snapshots(self.sandbox, clock=clock)
-        listed = snapshots.list("acc", "7:")
+        listed = snapshots.list(asking("7:", "acc"))
         clock.advance(limits.SNAPSHOT_STORE_OPEN_WAIT)
         error = self.failureResultOf(listed, GatewayError).value
         self.assertEqual(error.code, errors.UNAVAILABLE)
         self.assertIn("still opening", error.message)
         snapshots.attach(self.store)  # the waiter it gave up on is gone
-        self.assertEqual(await snapshots.list("acc", "7:"), [])
+        self.assertEqual(await snapshots.list(asking("7:", "acc")), [])
 
     async def test_a_store_that_failed_or_a_gateway_stopping_answers_at_once(self):
         snapshots = Snapshots(self.sandbox, clock=Clock())
-        waiting = snapshots.list("acc", "7:")
+        waiting = snapshots.list(asking("7:", "acc"))
         snapshots.close()
         error = self.failureResultOf(waiting, GatewayError).value
         self.assertEqual(
@@ -144,5 +149,5 @@ class SnapshotsTests(TestCase):
         )
         failed = Snapshots(self.sandbox, clock=Clock())
         failed.failed(Failure(OSError("disk full")))
-        error = self.failureResultOf(failed.list("acc", "7:"), GatewayError).value
+        error = self.failureResultOf(failed.list(asking("7:", "acc")), GatewayError).value
         self.assertIn("disk full", error.message)
