@@ -16,7 +16,7 @@ Both revisions of docs/mcp.md on one endpoint, one home per concern:
     ``resolve``        which computer a call means (traposId, id or label; an ask's pin)
     ``arguments``      the checks of a tool's arguments
     ``tools``          the tools' bodies: what each asks of the computer and answers
-    ``results``        what a call ends as: a CallToolResult, its outcome, ``ToolError``
+    ``results``        what a call ends as: a CallToolResult, its outcome, ``GatewayError``
     ``resources``      the screen and file resources, read by URI
     ``subscriptions``  who hears when a resource changes (listen, subscribe)
     ``completion``     completion/complete: computers and paths

@@ -1,6 +1,6 @@
 """
 The checks of a tool's arguments (SPEC §10): a value a tool cannot use is a
-``ToolError`` ``invalid_arguments`` whose text says what to send instead, so
+``GatewayError`` ``invalid_arguments`` whose text says what to send instead, so
 the model can correct itself.  (The JSON Schemas in ``schemas`` say the same
 to a client beforehand; a model does not always follow them.)
 """
@@ -12,13 +12,14 @@ from typing import Any
 
 from trapsandbox import errors, limits
 from trapsandbox.computers import wire
-from trapsandbox.mcp.results import INVALID_ARGUMENTS, ToolError
+from trapsandbox.errors import GatewayError
+from trapsandbox.mcp.results import INVALID_ARGUMENTS
 
 
 def string(arguments: dict[str, Any], name: str, empty: bool = False) -> str:
     value = arguments.get(name)
     if type(value) is not str or (not empty and not value):
-        raise ToolError(INVALID_ARGUMENTS, f"{name} is required: a non-empty string")
+        raise GatewayError(INVALID_ARGUMENTS, f"{name} is required: a non-empty string")
     return value
 
 
@@ -27,7 +28,7 @@ def strings(arguments: dict[str, Any], name: str) -> list[str]:
         value = arguments.get(name)
         return [] if value is None else wire.string_list(value)
     except TypeError:
-        raise ToolError(INVALID_ARGUMENTS, f"{name} must be a list of strings") from None
+        raise GatewayError(INVALID_ARGUMENTS, f"{name} must be a list of strings") from None
 
 
 def values(arguments: dict[str, Any], name: str) -> list[Any]:
@@ -36,7 +37,7 @@ def values(arguments: dict[str, Any], name: str) -> list[Any]:
     if value is None:
         return []
     if type(value) is not list:
-        raise ToolError(INVALID_ARGUMENTS, f"{name} must be a list (JSON values, in order)")
+        raise GatewayError(INVALID_ARGUMENTS, f"{name} must be a list (JSON values, in order)")
     return value
 
 
@@ -46,7 +47,7 @@ def run_seconds(arguments: dict[str, Any], most: float = limits.MCP_MAX_RUN_SECO
     if value is None:
         return limits.DEFAULT_RUN_TIMEOUT_MS / 1000
     if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
-        raise ToolError(INVALID_ARGUMENTS, "timeoutSeconds must be a number of seconds above 0")
+        raise GatewayError(INVALID_ARGUMENTS, "timeoutSeconds must be a number of seconds above 0")
     # A longer run would outlive the call: run it as long as a call may take.
     return min(float(value), most)
 
@@ -55,7 +56,7 @@ def file_content(arguments: dict[str, Any]) -> bytes:
     """``content`` as the file's bytes (UTF-8), within what one call may write."""
     data = string(arguments, "content", empty=True).encode("utf-8", "surrogatepass")
     if len(data) > limits.MAX_FILE_BYTES:
-        raise ToolError(
+        raise GatewayError(
             errors.TOO_LARGE,
             f"content is {len(data)} bytes; at most {limits.MAX_FILE_BYTES} can be written "
             "in one call (and the disk holds about 1 MB)",
@@ -72,11 +73,11 @@ def input_events(arguments: dict[str, Any]) -> list[dict[str, Any]]:
     """
     text = arguments.get("text")
     if text is not None and type(text) is not str:
-        raise ToolError(INVALID_ARGUMENTS, "text must be a string")
+        raise GatewayError(INVALID_ARGUMENTS, "text must be a string")
     keys = strings(arguments, "keys")
     terminate = arguments.get("terminate", False)
     if type(terminate) is not bool:
-        raise ToolError(INVALID_ARGUMENTS, "terminate must be true or false")
+        raise GatewayError(INVALID_ARGUMENTS, "terminate must be true or false")
     events: list[dict[str, Any]] = []
     for n, line in enumerate((text or "").split("\n")):
         if n:
@@ -89,9 +90,11 @@ def input_events(arguments: dict[str, Any]) -> list[dict[str, Any]]:
     if terminate:
         events.append({"terminate": True})
     if not events:
-        raise ToolError(INVALID_ARGUMENTS, "give text, keys or terminate: there is nothing to send")
+        raise GatewayError(
+            INVALID_ARGUMENTS, "give text, keys or terminate: there is nothing to send"
+        )
     if len(events) > limits.MAX_INPUT_EVENTS:
-        raise ToolError(
+        raise GatewayError(
             INVALID_ARGUMENTS,
             f"that is {len(events)} input events; at most {limits.MAX_INPUT_EVENTS} in one call "
             "(fewer keys or line breaks, or several calls)",

@@ -33,7 +33,6 @@ from trapsandbox.mcp.errors import INVALID_PARAMS, Invalid
 from trapsandbox.mcp.prompts import PROMPT_NAMES
 from trapsandbox.mcp.resolve import computers, resolve, split
 from trapsandbox.mcp.resources import TEMPLATES
-from trapsandbox.mcp.results import ToolError
 
 # MCP's bound on the values of one answer.
 MAX_VALUES = 100
@@ -104,7 +103,7 @@ class Completions:
         try:
             found = await computers(self._registry, caller)
             session = resolve(self._registry, computer, caller.account, found)
-        except ToolError:
+        except GatewayError:
             return []
         folder, _, start = typed.rpartition("/")
         try:

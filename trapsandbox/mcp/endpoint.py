@@ -51,6 +51,7 @@ from trapsandbox.computers import wire
 from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.computers.sandbox import Sandbox
+from trapsandbox.errors import GatewayError
 from trapsandbox.mcp import jsonrpc, prompts, revision
 from trapsandbox.mcp.completion import Completions
 from trapsandbox.mcp.errors import INVALID_PARAMS, METHOD_NOT_FOUND, Invalid
@@ -58,7 +59,7 @@ from trapsandbox.mcp.jsonrpc import Call
 from trapsandbox.mcp.logs import LEVELS, Levels
 from trapsandbox.mcp.resolve import computers, pinned, resolve
 from trapsandbox.mcp.resources import TEMPLATES, Resources
-from trapsandbox.mcp.results import OUTCOMES, ToolError, failed
+from trapsandbox.mcp.results import OUTCOMES, failed
 from trapsandbox.mcp.schemas import TOOL_NAMES, TOOLS
 from trapsandbox.mcp.stream import EventStream
 from trapsandbox.mcp.subscriptions import KEEPALIVE_SECONDS, Subscriptions
@@ -232,11 +233,11 @@ class McpEndpoint:
                     call.progress,
                     call.log,
                 )
-        except ToolError as error:
-            outcome = error.outcome
+        except GatewayError as error:
+            outcome = error.code
             result = failed(error)
             # The refusal and its hint, as the model reads it in the result too.
-            call.log("error", {"tool": name, "computer": target, "message": error.text})
+            call.log("error", {"tool": name, "computer": target, "message": error.message})
         except CancelledError:
             # The client cancelled it (or went away): the run was cancelled on the computer.
             self._counted(name, target, errors.CANCELLED, started)

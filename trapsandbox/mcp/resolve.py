@@ -8,7 +8,7 @@ its own computer only (``pinned``).  ``computer`` names one by traposId
 (``"7:base"``), bare id (``"7"``) or label (``"base"``); omitted, it means the
 only one.  Which account's computer a name means when the admin sees it in
 several is the HTTP routes' rule, ``auth.Operator.account_of``.  A name that
-means none, or several, is a ``ToolError`` listing the candidates.
+means none, or several, is a ``GatewayError`` listing the candidates.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from trapsandbox.computers import wire
 from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.errors import GatewayError
-from trapsandbox.mcp.results import AMBIGUOUS, INVALID_ARGUMENTS, ToolError
+from trapsandbox.mcp.results import AMBIGUOUS, INVALID_ARGUMENTS
 
 
 def split(trapos_id: str) -> tuple[str, str]:
@@ -110,7 +110,7 @@ def resolve(
     """
     The session ``computer`` names (SPEC §10) among ``account_id``'s computers
     (None: every account's, for the admin) or among ``sessions`` when given,
-    or a ``ToolError`` saying why not.
+    or a ``GatewayError`` saying why not.
     """
     if sessions is None:
         sessions = _sessions(registry, account_id)
@@ -120,18 +120,18 @@ def resolve(
         if len(sessions) == 1:
             return sessions[0]
         if not sessions:
-            raise ToolError(
+            raise GatewayError(
                 errors.NOT_CONNECTED,
                 "No computer is connected to the gateway. A computer connects once the "
                 "trapsandbox client is installed and running on it.",
             )
-        raise ToolError(
+        raise GatewayError(
             AMBIGUOUS,
             f"{len(sessions)} computers are connected: {known}. Say which one with the "
             "computer argument (a traposId, id or label).",
         )
     if type(computer) is not str:
-        raise ToolError(INVALID_ARGUMENTS, 'computer must be a string, e.g. "7:base" or "7"')
+        raise GatewayError(INVALID_ARGUMENTS, 'computer must be a string, e.g. "7:base" or "7"')
     matches = [s for s in sessions if s.trapos_id == computer]
     if ":" not in computer:
         matches = [s for s in sessions if split(s.trapos_id)[0] == computer]
@@ -140,7 +140,7 @@ def resolve(
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise ToolError(
+        raise GatewayError(
             errors.NOT_CONNECTED,
             f'No connected computer is "{wire.cut(computer)}". Connected: {known}. '
             "Call list_computers to see them.",
@@ -155,7 +155,7 @@ def resolve(
     else:
         hint = "Give the traposId of the one you mean as computer."
     candidates = ", ".join(_name(s, every) for s in matches)
-    raise ToolError(
+    raise GatewayError(
         AMBIGUOUS,
         f'"{wire.cut(computer)}" matches {len(matches)} computers: {candidates}. {hint}',
     )
@@ -179,7 +179,7 @@ def pinned(registry: Registry, scope: tuple[str, str]) -> Session:
     for session in _sessions(registry, account_id):
         if session.trapos_id == trapos_id:
             return session
-    raise ToolError(
+    raise GatewayError(
         errors.NOT_CONNECTED,
         f"{trapos_id}, the computer you are working for, is not connected any more.",
     )

@@ -39,7 +39,6 @@ from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.errors import GatewayError
 from trapsandbox.mcp.errors import INVALID_PARAMS, Invalid
 from trapsandbox.mcp.resolve import computers, resolve
-from trapsandbox.mcp.results import ToolError
 from trapsandbox.mcp.revision import LEGACY_REVISION, Revision
 from trapsandbox.mcp.text import gateway_error_text
 
@@ -107,8 +106,8 @@ def locate(
     computer, kind, path = parse(uri)
     try:
         return resolve(registry, computer, caller.account, found), kind, path
-    except ToolError as error:
-        raise Invalid(not_found_code(revision), error.text, data={"uri": uri}) from None
+    except GatewayError as error:
+        raise Invalid(not_found_code(revision), error.message, data={"uri": uri}) from None
 
 
 class Resources:

@@ -2,7 +2,8 @@
 What a tool call ends as (SPEC §10): an MCP ``CallToolResult`` (the text a
 model reads, the structured answer, ``isError``) and its outcome, a bounded
 metrics label.  Every failure the model can correct, or that happened on the
-computer's side, is a ``ToolError``: an ``isError`` result, not a JSON-RPC
+computer's side, is a ``GatewayError`` (its code the outcome, its message what the
+model reads): an ``isError`` result, not a JSON-RPC
 error (the 2025-11-25 split, SEP-1303).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from trapsandbox import errors
+from trapsandbox.errors import GatewayError
 
 # Outcomes of a tool call besides ok and the computer's error codes (bounded labels).
 AMBIGUOUS = errors.AMBIGUOUS
@@ -39,15 +41,6 @@ OUTCOMES = frozenset(
 )
 
 
-class ToolError(Exception):
-    """A tool call that ends as an ``isError`` result: an outcome and what to tell the model."""
-
-    def __init__(self, outcome: str, text: str) -> None:
-        super().__init__(text)
-        self.outcome = outcome
-        self.text = text
-
-
 def result(text: str, structured: dict[str, Any] | None, error: bool = False) -> dict[str, Any]:
     """A ``CallToolResult``: ``text`` for the model, ``structured`` for a program."""
     answer: dict[str, Any] = {"content": [{"type": "text", "text": text}]}
@@ -58,6 +51,6 @@ def result(text: str, structured: dict[str, Any] | None, error: bool = False) ->
     return answer
 
 
-def failed(error: ToolError) -> dict[str, Any]:
-    """The ``isError`` result of ``error``."""
-    return result(error.text, {"ok": False, "code": error.outcome}, error=True)
+def failed(error: GatewayError) -> dict[str, Any]:
+    """The ``isError`` result of ``error`` (its code is the call's outcome)."""
+    return result(error.message, {"ok": False, "code": error.code}, error=True)

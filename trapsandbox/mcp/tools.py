@@ -4,7 +4,7 @@ section 9 operations (``Sandbox``), and how its answer reads to a model.
 
 A tool gets the session ``resolve`` chose and its arguments, and returns its
 ``CallToolResult`` with the call's outcome; every failure the model can act on
-is a ``ToolError``.  A call is bounded by ``MCP_CALL_TIMEOUT`` (opencode cuts
+is a ``GatewayError``.  A call is bounded by ``MCP_CALL_TIMEOUT`` (opencode cuts
 a call that sends nothing for about a minute), unless its client takes
 progress (SPEC §17): then a run lasts its own ``timeoutSeconds`` (up to
 ``MCP_PROGRESS_MAX_RUN_SECONDS``) and reports as it goes (``Reporter``).
@@ -30,7 +30,7 @@ from trapsandbox.errors import GatewayError
 from trapsandbox.mcp import arguments as check
 from trapsandbox.mcp.jsonrpc import Progress
 from trapsandbox.mcp.resolve import several_accounts, split
-from trapsandbox.mcp.results import LUA_ERROR, ToolError, result
+from trapsandbox.mcp.results import LUA_ERROR, result
 from trapsandbox.mcp.text import ADVICE, gateway_error_text, output_text
 
 Answer = tuple[dict[str, Any], str]  # the CallToolResult and the call's outcome
@@ -158,7 +158,7 @@ class Tools:
     ) -> Answer:
         """
         Tool ``name`` on ``session``, its requests ``caller``'s (aimed at it), or a
-        ``ToolError`` for the model;
+        ``GatewayError`` for the model;
         ``progress``: where a run reports while it goes on (None: the client
         takes no progress, so the call keeps within ``MCP_CALL_TIMEOUT``);
         ``log``: where a run's stderr goes as it comes, as log lines.
@@ -170,14 +170,14 @@ class Tools:
     async def _answer(
         self, session: Session, d: Deferred, bound: float = limits.MCP_CALL_TIMEOUT
     ) -> dict[str, Any]:
-        """The answer ``d`` fires with within ``bound``, or a ``ToolError`` for the model."""
+        """The answer ``d`` fires with within ``bound``, or a ``GatewayError`` for the model."""
         try:
             # Cancelling the request cancels a run on the computer.
             return await d.addTimeout(bound, self._clock)
         except GatewayError as error:
-            raise ToolError(error.code, gateway_error_text(error, session)) from None
+            raise GatewayError(error.code, gateway_error_text(error, session)) from None
         except TimeoutError:
-            raise ToolError(
+            raise GatewayError(
                 errors.TIMEOUT,
                 f"{session.trapos_id} did not finish within {bound:g} s; "
                 "the request was cancelled on it. " + ADVICE[errors.TIMEOUT],
@@ -216,8 +216,8 @@ class Tools:
             reporter.start()
         try:
             return await self._answer(session, d, bound)
-        except ToolError as error:
-            if error.outcome != errors.TIMEOUT or not any(heard.values()):
+        except GatewayError as error:
+            if error.code != errors.TIMEOUT or not any(heard.values()):
                 raise
             return {
                 "timedOut": True,
@@ -390,7 +390,7 @@ class Tools:
         await deferLater(self._clock, limits.SEND_INPUT_SETTLE)
         try:
             screen = await self._answer(session, self._sandbox.screen(caller))
-        except ToolError as error:
+        except GatewayError as error:
             text = f"{sent} Its screen cannot be read now, so the effect is not shown: {error}"
             return result(text, {"queued": queued}), "ok"
         text = f"{sent} {_screen_text(session, screen)}"

@@ -9,8 +9,9 @@ from twisted.trial.unittest import SynchronousTestCase
 from tests.harness.logcapture import LogCapture
 from tests.unit.mcp.helpers import McpTestCase
 from trapsandbox.computers.registry import Registry
+from trapsandbox.errors import GatewayError
 from trapsandbox.mcp import resolve
-from trapsandbox.mcp.results import AMBIGUOUS, ToolError
+from trapsandbox.mcp.results import AMBIGUOUS
 
 
 class ResolutionTests(McpTestCase):
@@ -99,11 +100,11 @@ class AccountTests(SynchronousTestCase):
 
     def test_the_admin_is_told_to_name_the_account_of_a_traposid_held_in_several(self):
         for name in ("7:base", "7", "base"):
-            with self.assertRaises(ToolError) as raised:
+            with self.assertRaises(GatewayError) as raised:
                 self.resolve(name, None, ("alice", "7:base"), ("bob", "7:base"))
-            self.assertEqual(raised.exception.outcome, AMBIGUOUS)
-            self.assertIn("7:base (account alice), 7:base (account bob)", raised.exception.text)
-            self.assertIn("Add ?account=NAME to the MCP URL", raised.exception.text)
+            self.assertEqual(raised.exception.code, AMBIGUOUS)
+            self.assertIn("7:base (account alice), 7:base (account bob)", raised.exception.message)
+            self.assertIn("Add ?account=NAME to the MCP URL", raised.exception.message)
 
     def test_a_traposid_held_in_one_account_is_that_accounts_even_on_another_process(self):
         # bob's 7:base is held by another gateway process: not in this registry.
