@@ -460,6 +460,7 @@ class GatewayFactory(WebSocketServerFactory):
         self.registry = registry
         self.metrics = registry.metrics if metrics is None else metrics
         self.metrics.handle_types(handlers)
+        self.metrics.frame_kinds(wire.FRAME_KINDS)
         self.admission = admission
         self.handlers = handlers
         self.clock = clock

@@ -421,6 +421,9 @@ class Registry:
     file_listeners: list[FileListener] = attrs.field(factory=list, init=False)
     _activity_watching: Tally = attrs.field(factory=Tally, init=False)
 
+    def __attrs_post_init__(self) -> None:
+        self.metrics.request_types(wire.REQUEST_TYPES)
+
     def watch(self, listener: Callable[[], None]) -> Callable[[], None]:
         """
         Call ``listener`` after each change to the listing (a computer

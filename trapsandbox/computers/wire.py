@@ -51,6 +51,8 @@ CAPABILITY_OF = {
     "peripheral_events": "peripheral",
     "turtle": "turtle",
 }
+# Requests to computers with a metrics label of their own (operators may send any type).
+REQUEST_TYPES = frozenset({"ping", "cancel", *CAPABILITY_OF})
 # Request types that run on the computer until they end or are cancelled
 # (with a ``cancel {messageId}`` request), streaming partial responses.
 STREAMING = frozenset({"exec", "eval", "screen_watch", "peripheral_events"})
@@ -195,6 +197,10 @@ class Invalid:
     @property
     def answerable(self) -> bool:
         return self.message_id is not None and self.type is not None
+
+
+# What the metrics count a received message as, by its class (``Metrics.frame_kinds``).
+FRAME_KINDS: dict[str, type] = {**EVENTS, "invalid": Invalid}
 
 
 @attrs.frozen

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
 from trapsandbox import errors, limits
-from trapsandbox.computers import wire
 
 PREFIX = "trapsandbox"
 
@@ -45,8 +45,6 @@ GATEWAY_OUTCOMES = (
     "cancelled",
     errors.FORBIDDEN,
 )
-# Requests to computers with a label of their own (operators may send any type).
-GATEWAY_REQUEST_TYPES = frozenset({"ping", "cancel", *wire.CAPABILITY_OF})
 PROBE_OUTCOMES = ("ok", "unauthorized", "not_json", "http_error", "timeout", "unreachable", "error")
 OTHER = "other"
 
@@ -136,10 +134,9 @@ class Metrics:
             self._hellos.labels(outcome)  # shown as 0 before the first
 
         received = self._tallies("frames_received", "messages from computers by event", "event")
-        # Keyed by frame class, so the receive path needs no name lookup.
-        self._received = {cls: received.labels(name) for name, cls in wire.EVENTS.items()}
-        self._received[wire.Invalid] = received.labels("invalid")
-        self._received[bytes] = received.labels("binary")
+        # Keyed by frame class, so the receive path needs no name lookup (``frame_kinds``).
+        self._frames = received
+        self._received: dict[type, Any] = {bytes: received.labels("binary")}
         sent = self._tallies("frames_sent", "messages to computers by event", "event")
         self._requests_sent = sent.labels("gateway_request")
         self._responses_sent = sent.labels("gateway_response")
@@ -151,6 +148,7 @@ class Metrics:
             "outcome",
         )
         self.computer_request_types: frozenset[str] = frozenset({"hello"})
+        self.gateway_request_types: frozenset[str] = frozenset()
 
         gateway = self._tallies(
             "gateway_requests",
@@ -220,6 +218,10 @@ class Metrics:
         """Count one hello by outcome: ``ok`` or the error code it was refused with."""
         self._hellos.labels(outcome).inc()
 
+    def frame_kinds(self, kinds: Mapping[str, type]) -> None:
+        """The classes the computers' protocol decodes messages to, by their label."""
+        self._received.update((cls, self._frames.labels(name)) for name, cls in kinds.items())
+
     def frame_received(self, kind: type) -> None:
         """Count one message by the class ``wire.decode`` gave it (``bytes``: a binary frame)."""
         self._received[kind].inc()
@@ -240,9 +242,14 @@ class Metrics:
         """The request types the gateway handles: their own label values."""
         self.computer_request_types = frozenset({"hello", *types})
 
+    def request_types(self, types: Iterable[str]) -> None:
+        """The types of requests to computers with a label of their own (operators may send
+        any type: the others are counted as one)."""
+        self.gateway_request_types = frozenset(types)
+
     def gateway_request(self, type: str, outcome: str, seconds: float | None) -> None:
         """Count one finished request to a computer; ``seconds`` None if it never went out."""
-        kind = type if type in GATEWAY_REQUEST_TYPES else OTHER
+        kind = type if type in self.gateway_request_types else OTHER
         self._gateway_requests.labels(kind, outcome).inc()
         if seconds is not None:
             self.gateway_request_seconds.observe(seconds)
