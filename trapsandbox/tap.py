@@ -29,11 +29,11 @@ from trapsandbox.admission.auth import Admission
 from trapsandbox.admission.strangers import Strangers
 from trapsandbox.compat import fixes
 from trapsandbox.computers import wire
-from trapsandbox.computers.handlers import ComputerRequests
 from trapsandbox.computers.protocol import GatewayFactory
 from trapsandbox.computers.registry import Registry, describe_session
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.errors import ConfigError
+from trapsandbox.handlers import ComputerRequests
 from trapsandbox.mcp.endpoint import McpEndpoint
 from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.client import OpencodeClient

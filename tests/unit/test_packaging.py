@@ -65,3 +65,34 @@ class PackagingTests(SynchronousTestCase):
             modules = {p.stem for p in init.parent.glob("*.py")} - {"__init__"}
             missing = sorted(m for m in modules if f"``{m}``" not in doc)
             self.assertEqual(missing, [], f"{init.relative_to(REPO)} does not name them")
+
+    def test_each_part_imports_only_the_parts_above_it_in_the_map(self):
+        # trapsandbox/__init__ lists its modules and packages in layers: each may import
+        # (even only for types) those listed above it, never one below.
+        doc = (REPO / "trapsandbox/__init__.py").read_text()
+        order = re.findall(r"^    ``(\w+)``", doc, re.M)
+        parts = {p.stem for p in (REPO / "trapsandbox").glob("*.py")} - {"__init__"}
+        parts |= {p.parent.name for p in (REPO / "trapsandbox").glob("*/__init__.py")}
+        self.assertEqual(sorted(order), sorted(parts), "the map names each part once")
+        rank = {name: n for n, name in enumerate(order)}
+        upward = []
+        for source in (REPO / "trapsandbox").rglob("*.py"):
+            relative = source.relative_to(REPO / "trapsandbox").parts
+            part = relative[0].removesuffix(".py")
+            for node in ast.walk(ast.parse(source.read_text())):
+                names = []
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "trapsandbox"
+                ):
+                    path = node.module.split(".")
+                    names = [path[1]] if len(path) > 1 else [a.name for a in node.names]
+                elif isinstance(node, ast.Import):
+                    names = [
+                        a.name.split(".")[1]
+                        for a in node.names
+                        if a.name.startswith("trapsandbox.")
+                    ]
+                for name in names:
+                    if name in rank and rank[name] > rank[part]:
+                        upward.append(f"{'/'.join(relative)} imports {name}")
+        self.assertEqual(upward, [])

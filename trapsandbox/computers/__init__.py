@@ -11,7 +11,6 @@ The computer side: one WebSocket per computer, and requests both ways (SPEC §2,
                       ``web.opsocket``)
     ``outbound``      flow control of what one connection is sent
     ``lines``         the log under a flood: one line per interval, so many a second
-    ``handlers``      computer -> gateway requests: one handler per type
     ``sandbox``       the section 9 operations on a computer (exec, eval, files, screen,
                       input, screen_watch)
     ``screen``        a screen_watch's compact frames as operators get them (SPEC §14)

@@ -28,6 +28,7 @@ would drop the TCP connection without a close frame.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
@@ -42,7 +43,6 @@ from trapsandbox import errors, limits
 from trapsandbox.admission import auth, proxies
 from trapsandbox.compat import fixes
 from trapsandbox.computers import wire
-from trapsandbox.computers.handlers import Handler
 from trapsandbox.computers.lines import Throttle, computer_lines
 from trapsandbox.computers.outbound import Outbound
 from trapsandbox.computers.registry import Registry, Session
@@ -51,6 +51,10 @@ from trapsandbox.errors import GatewayError
 from trapsandbox.ops.metrics import Metrics
 
 log = Logger()
+
+# What answers one type of a computer's requests (``trapsandbox.handlers``): its payload, or a
+# Deferred of it.
+Handler = Callable[[Session, wire.ComputerRequest], "Deferred | dict[str, Any]"]
 
 
 class GatewayProtocol(Sending, WebSocketServerProtocol):

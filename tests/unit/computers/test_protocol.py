@@ -16,10 +16,10 @@ from tests.harness.logcapture import LogCapture
 from tests.harness.support import response_frame
 from trapsandbox import errors
 from trapsandbox.admission.auth import Admission, host_of
-from trapsandbox.computers.handlers import ComputerRequests
 from trapsandbox.computers.protocol import GatewayFactory
 from trapsandbox.computers.registry import Registry
 from trapsandbox.errors import GatewayError
+from trapsandbox.handlers import ComputerRequests
 from trapsandbox.limits import CONNECT_LINES_PER_SECOND, LOCAL_ACCOUNT
 
 

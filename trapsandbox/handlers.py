@@ -32,7 +32,6 @@ A new request type is one method here and one entry in ``table``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
@@ -46,6 +45,7 @@ from trapsandbox.computers.wire import cut
 from trapsandbox.errors import GatewayError
 
 if TYPE_CHECKING:
+    from trapsandbox.computers.protocol import Handler
     from trapsandbox.computers.registry import Registry, Session
     from trapsandbox.opencode.asks import Asks
     from trapsandbox.opencode.probe import OpencodeProbe, ProbeResult
@@ -54,8 +54,6 @@ if TYPE_CHECKING:
 log = Logger()
 
 PLAYER_SENDER = Sender(PLAYER)
-
-Handler = Callable[["Session", wire.ComputerRequest], "Deferred | dict[str, Any]"]
 
 
 class ComputerRequests:
