@@ -343,7 +343,7 @@ async def run(reactor, args: argparse.Namespace) -> dict[str, Any]:
                 results["scenarios"].append(figures)
                 print(json.dumps(figures), flush=True)
         n = min(args.computers[-1], args.servers_with)
-        for servers in (1, 2):
+        for servers in (1, 2) if n > 0 else ():
             figures = await through(reactor, logs, model, n, servers)
             results["servers"].append(figures)
             print(json.dumps(figures), flush=True)
@@ -366,7 +366,10 @@ def main(argv: list[str] | None = None) -> None:
         help="without the bound only up to this N (opencode holds ~55 MiB per instance)",
     )
     parser.add_argument(
-        "--servers-with", type=int, default=100, help="N of the one-or-two-servers comparison"
+        "--servers-with",
+        type=int,
+        default=100,
+        help="N of the one-or-two-servers comparison (0: none)",
     )
     parser.add_argument("--logs", default=str(harness.REPO / "bench-results" / "ask-logs"))
     args = parser.parse_args(argv)
