@@ -71,6 +71,8 @@ BOUND = 32
 UNBOUNDED = 100_000
 RUNNING = 16
 IDLE_ASKS = 10
+# What docs/operations.md recommends for opencode's environment (see there and bench.dispose).
+OPENCODE_ENV = "BUN_JSC_forceRAMSize=1073741824"
 
 
 class AskingComputer(WebSocketClientProtocol):
@@ -164,8 +166,17 @@ def _mib(size: int) -> float:
 class Setup:
     """opencode servers and a gateway in front of them, each a child process."""
 
-    def __init__(self, logs: Path, label: str, servers: int, max_instances: int, idle_ms: int):
+    def __init__(
+        self,
+        logs: Path,
+        label: str,
+        servers: int,
+        max_instances: int,
+        idle_ms: int,
+        opencode_env: dict[str, str],
+    ):
         self.logs, self.label = logs, label
+        self.opencode_env = opencode_env
         self.ports = [_free_port() for _ in range(servers)]
         self.state = tempfile.mkdtemp(prefix="trapsandbox-bench-ask-")
         env = _with_repo_path()
@@ -208,6 +219,7 @@ class Setup:
                 "OPENCODE_DISABLE_MODELS_FETCH": "1",
                 "OPENCODE_SERVER_PASSWORD": OPENCODE_PASSWORD,
                 "SANDBOX_ADMIN_TOKEN": ADMIN_TOKEN,
+                **self.opencode_env,
             }
             argv = [str(OPENCODE), "serve", "--port", str(oc_port), "--hostname", "127.0.0.1"]
             log = self.logs / f"{self.label}-opencode{n}.log"
@@ -266,9 +278,11 @@ async def one_at_a_time(group: list[AskingComputer]) -> dict[str, Any]:
     return summary(answers, time.perf_counter() - started)
 
 
-async def scenario(reactor, logs: Path, model: FakeModel, n: int, bound: int) -> dict[str, Any]:
+async def scenario(
+    reactor, logs: Path, model: FakeModel, n: int, bound: int, opencode_env: dict[str, str]
+) -> dict[str, Any]:
     label = f"n{n}-{'bound' if bound < UNBOUNDED else 'unbounded'}"
-    setup = Setup(logs, label, 1, bound, 3_600_000)
+    setup = Setup(logs, label, 1, bound, 3_600_000, opencode_env)
     try:
         port = await setup.start(reactor, model)
         group = await computers(reactor, port, n)
@@ -305,8 +319,10 @@ async def scenario(reactor, logs: Path, model: FakeModel, n: int, bound: int) ->
         setup.stop()
 
 
-async def through(reactor, logs: Path, model: FakeModel, n: int, servers: int) -> dict[str, Any]:
-    setup = Setup(logs, f"n{n}-servers{servers}", servers, BOUND, 3_600_000)
+async def through(
+    reactor, logs: Path, model: FakeModel, n: int, servers: int, opencode_env: dict[str, str]
+) -> dict[str, Any]:
+    setup = Setup(logs, f"n{n}-servers{servers}", servers, BOUND, 3_600_000, opencode_env)
     try:
         port = await setup.start(reactor, model)
         group = await computers(reactor, port, n)
@@ -333,18 +349,23 @@ async def run(reactor, args: argparse.Namespace) -> dict[str, Any]:
         Site(model)
     )
     model.port = listening.getHost().port
-    results: dict[str, Any] = {"computers": args.computers, "scenarios": [], "servers": []}
+    results: dict[str, Any] = {
+        "computers": args.computers,
+        "opencode_env": args.opencode_env,
+        "scenarios": [],
+        "servers": [],
+    }
     try:
         for n in args.computers:
             for bound in (BOUND, UNBOUNDED):
                 if bound == UNBOUNDED and n > args.unbounded_up_to:
                     continue
-                figures = await scenario(reactor, logs, model, n, bound)
+                figures = await scenario(reactor, logs, model, n, bound, args.opencode_env)
                 results["scenarios"].append(figures)
                 print(json.dumps(figures), flush=True)
         n = min(args.computers[-1], args.servers_with)
-        for servers in (1, 2):
-            figures = await through(reactor, logs, model, n, servers)
+        for servers in (1, 2) if n > 0 else ():
+            figures = await through(reactor, logs, model, n, servers, args.opencode_env)
             results["servers"].append(figures)
             print(json.dumps(figures), flush=True)
     finally:
@@ -366,10 +387,19 @@ def main(argv: list[str] | None = None) -> None:
         help="without the bound only up to this N (opencode holds ~55 MiB per instance)",
     )
     parser.add_argument(
-        "--servers-with", type=int, default=100, help="N of the one-or-two-servers comparison"
+        "--servers-with",
+        type=int,
+        default=100,
+        help="N of the one-or-two-servers comparison (0: none)",
+    )
+    parser.add_argument(
+        "--opencode-env",
+        default=OPENCODE_ENV,
+        help="'NAME=VALUE ...' added to opencode's environment (docs/operations.md); '' for none",
     )
     parser.add_argument("--logs", default=str(harness.REPO / "bench-results" / "ask-logs"))
     args = parser.parse_args(argv)
+    args.opencode_env = dict(pair.split("=", 1) for pair in args.opencode_env.split())
     args.computers = [3] if args.quick else [int(n) for n in args.computers.split(",")]
     proc.raise_fd_limit()
 

@@ -7,7 +7,14 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web.client import HTTPConnectionPool, ResponseNeverReceived
 
 from tests.harness.callers import asking
-from tests.harness.support import both_modes, bounded, connect, reactor, start_gateway
+from tests.harness.support import (
+    both_modes,
+    bounded,
+    closed_port,
+    connect,
+    reactor,
+    start_gateway,
+)
 from trapsandbox.errors import GatewayError
 from trapsandbox.ops.metrics import Metrics
 
@@ -131,6 +138,34 @@ class MetricsTests(TestCase):
         await self.assertFailure(posted, ResponseNeverReceived)
         self.assertEqual(await bounded(counted), "cancelled")
         self.assertEqual(self.gateway.registry.pending, 0)
+
+    async def test_asks_and_opencode_instances_per_server_without_credentials(self):
+        first, second = (f"http://127.0.0.1:{closed_port()}" for _ in range(2))
+        with_secret = second.replace("http://", "http://oc:s3cret@")
+        gateway = start_gateway(self, password=PASSWORD, opencode_url=f"{first},{with_secret}")
+        url = f"http://127.0.0.1:{gateway.port}/metrics"
+        response = await bounded(treq.get(url, pool=self.pool))
+        text = (await bounded(treq.content(response))).decode("utf-8")
+        self.assertNotIn("s3cret", text)
+        m = samples(text)
+        for server in (first, second):
+            for name in (
+                "trapsandbox_asks_waiting",
+                "trapsandbox_asks_running",
+                "trapsandbox_opencode_instances_live",
+                "trapsandbox_opencode_instance_dispose_failures_total",
+            ):
+                self.assertEqual(m[(name, (("server", server),))], 0, (name, server))
+            for reason in ("idle", "forgotten", "bound"):
+                self.assertEqual(
+                    m[
+                        (
+                            "trapsandbox_opencode_instances_given_back_total",
+                            (("reason", reason), ("server", server)),
+                        )
+                    ],
+                    0,
+                )
 
     async def test_each_gateway_has_its_own_registry(self):
         other = start_gateway(self)

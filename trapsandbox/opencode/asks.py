@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -75,11 +76,12 @@ from trapsandbox.opencode.agent import (
 from trapsandbox.opencode.client import OpencodeClient, explain, opencode_error
 from trapsandbox.opencode.directories import AskDirectories, directory_name
 from trapsandbox.opencode.events import EventStream
-from trapsandbox.opencode.instances import Instances
+from trapsandbox.opencode.instances import REASONS, Instances
+from trapsandbox.opencode.probe import redact
 from trapsandbox.opencode.queue import AskQueue, Ticket
 from trapsandbox.opencode.servers import Server, ranked
 from trapsandbox.opencode.tokens import AskTokens
-from trapsandbox.ops.metrics import Metrics
+from trapsandbox.ops.metrics import Metrics, ServerFigures
 
 if TYPE_CHECKING:
     from trapsandbox.snapshots.askhook import AskSnapshots
@@ -191,6 +193,23 @@ class Asks:
         self.runs: dict[tuple[str, str], Run] = {}
         self._by_permission: dict[str, Run] = {}
         self._by_question: dict[str, Run] = {}
+        self._metrics.watch_asks(self.figures)
+
+    def figures(self) -> list[ServerFigures]:
+        """Asks waiting and running and instances kept, per opencode server (``/metrics``)."""
+        waiting = Counter(ticket.server for ticket in self.queue.waiting)
+        return [
+            ServerFigures(
+                server=redact(server.url),
+                waiting=waiting[server.url],
+                running=self.queue.running_on[server.url],
+                instances=len(server.instances.live),
+                given_back={reason: server.instances.given_back[reason] for reason in REASONS},
+                dispose_failures=server.instances.dispose_failures,
+            )
+            for server in self.servers
+            if server.url  # none without OPENCODE_URL
+        ]
 
     # -- Remembered per computer, bounded per account ------------------------------------
 

@@ -24,17 +24,23 @@ the dispose to finish (``use``), so a fresh instance is never disposed under it.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from trapsandbox import limits
 from trapsandbox.computers.wire import cut
 from trapsandbox.opencode.tokens import Key
 
 log = Logger()
+
+
+# Why an instance was given back: its computer idle, its conversation forgotten, over the bound.
+REASONS = ("idle", "forgotten", "bound")
 
 
 class Instances:
@@ -60,6 +66,10 @@ class Instances:
         self.live: dict[Key, IDelayedCall | None] = {}
         # key -> its dispose in flight.
         self.disposing: dict[Key, Deferred] = {}
+        # Instances given back, by why (``REASONS``), and the disposals opencode failed:
+        # read by /metrics when scraped.
+        self.given_back: Counter[str] = Counter()
+        self.dispose_failures = 0
 
     def use(self, key: Key) -> Deferred[None]:
         """
@@ -90,7 +100,7 @@ class Instances:
     def give_back(self, key: Key) -> None:
         """Give ``key``'s instance back now, unless an ask is using it."""
         if key in self.live and self.live[key] is not None:
-            self._give_back(key, "its conversation was forgotten")
+            self._give_back(key, "forgotten", "its conversation was forgotten")
 
     def stop(self) -> None:
         """The gateway stops: no timer is left behind (opencode keeps what it has)."""
@@ -101,7 +111,7 @@ class Instances:
 
     def _idled(self, key: Key) -> None:
         self.live[key] = None  # the timer has run: _give_back must not cancel it
-        self._give_back(key, f"unused for {self.idle:g} s")
+        self._give_back(key, "idle", f"unused for {self.idle:g} s")
 
     def _trim(self) -> None:
         """Past the bound, give back the least recently used instances no ask is using."""
@@ -110,13 +120,14 @@ class Instances:
             if excess <= 0:
                 break
             if self.live[key] is not None:
-                self._give_back(key, f"over the bound of {self.bound} live instances")
+                self._give_back(key, "bound", f"over the bound of {self.bound} live instances")
                 excess -= 1
 
-    def _give_back(self, key: Key, why: str) -> None:
+    def _give_back(self, key: Key, reason: str, why: str) -> None:
         timer = self.live.pop(key, None)
         if timer is not None and timer.active():
             timer.cancel()
+        self.given_back[reason] += 1
         log.info(
             "giving back the opencode instance of {traposId} (account {account}): {why}",
             traposId=cut(key[1]),
@@ -124,16 +135,18 @@ class Instances:
             why=why,
         )
         d = self._dispose(key)
-        d.addErrback(
-            lambda failure: log.info(
-                "giving back the opencode instance of {traposId} failed: {why}",
-                traposId=cut(key[1]),
-                why=cut(failure.getErrorMessage()),
-            )
-        )
+        d.addErrback(self._failed, key)
         d.addBoth(self._disposed, key, d)
         if not d.called:
             self.disposing[key] = d
+
+    def _failed(self, failure: Failure, key: Key) -> None:
+        self.dispose_failures += 1
+        log.info(
+            "giving back the opencode instance of {traposId} failed: {why}",
+            traposId=cut(key[1]),
+            why=cut(failure.getErrorMessage()),
+        )
 
     def _disposed(self, result: object, key: Key, d: Deferred) -> object:
         if self.disposing.get(key) is d:

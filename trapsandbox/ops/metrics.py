@@ -22,6 +22,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+import attrs
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
@@ -208,6 +209,7 @@ class Metrics:
         self._ask_tokens = self._tallies(
             "ask_tokens", "model tokens opencode reported for asks, by kind", "kind"
         )
+        self._ask_servers: _AskServers | None = None
 
     def _tallies(self, name: str, documentation: str, *labels: str) -> Tallies:
         tallies = Tallies(f"{PREFIX}_{name}", documentation, labels)
@@ -331,6 +333,81 @@ class Metrics:
     def watch_accounts(self, counts: Callable[[], dict[str, int]]) -> None:
         """A gauge of connected computers per account, read when scraped."""
         self.registry.register(_AccountGauge(counts))
+
+    def watch_asks(self, figures: Callable[[], Iterable[ServerFigures]]) -> None:
+        """
+        Asks and opencode instances per opencode server, read when scraped.  Watched
+        again (a new ``Asks`` on the same metrics), the new figures replace the old.
+        """
+        if self._ask_servers is None:
+            self._ask_servers = _AskServers(figures)
+            self.registry.register(self._ask_servers)
+        else:
+            self._ask_servers.figures = figures
+
+
+@attrs.frozen
+class ServerFigures:
+    """
+    What the gateway holds for asks on one opencode server.  ``server`` is its
+    URL without any user:password part (a label value: no secret in it).
+    """
+
+    server: str
+    waiting: int
+    running: int
+    instances: int
+    given_back: Mapping[str, int]
+    dispose_failures: int
+
+
+class _AskServers:
+    """Gauges and counters of asks and opencode instances, by opencode server."""
+
+    LABELS = ("server",)
+    GAUGES = (
+        ("asks_waiting", "asks waiting their turn in the gateway's queue", "waiting"),
+        ("asks_running", "asks admitted from the queue and running", "running"),
+        (
+            "opencode_instances_live",
+            "opencode instances (one per asking computer's directory) the gateway keeps",
+            "instances",
+        ),
+    )
+    GIVEN_BACK = f"{PREFIX}_opencode_instances_given_back"
+    GIVEN_BACK_HELP = "opencode instances given back (POST /instance/dispose) by reason"
+    FAILURES = f"{PREFIX}_opencode_instance_dispose_failures"
+    FAILURES_HELP = "disposals of an opencode instance that failed (opencode down or restarted)"
+
+    def __init__(self, figures: Callable[[], Iterable[ServerFigures]]) -> None:
+        self.figures = figures
+
+    def _families(self) -> tuple[list[GaugeMetricFamily], CounterMetricFamily, CounterMetricFamily]:
+        gauges = [
+            GaugeMetricFamily(f"{PREFIX}_{name}", documentation, labels=self.LABELS)
+            for name, documentation, _ in self.GAUGES
+        ]
+        given_back = CounterMetricFamily(
+            self.GIVEN_BACK, self.GIVEN_BACK_HELP, labels=("server", "reason")
+        )
+        failures = CounterMetricFamily(self.FAILURES, self.FAILURES_HELP, labels=self.LABELS)
+        return gauges, given_back, failures
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        gauges, given_back, failures = self._families()
+        for each in self.figures():
+            for family, (_, _, field) in zip(gauges, self.GAUGES, strict=True):
+                family.add_metric((each.server,), getattr(each, field))
+            for reason, count in each.given_back.items():
+                given_back.add_metric((each.server, reason), count)
+            failures.add_metric((each.server,), each.dispose_failures)
+        yield from gauges
+        yield given_back
+        yield failures
+
+    def describe(self) -> list[GaugeMetricFamily | CounterMetricFamily]:
+        gauges, given_back, failures = self._families()
+        return [*gauges, given_back, failures]
 
 
 class _AccountGauge:

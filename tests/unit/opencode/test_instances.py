@@ -8,7 +8,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.unit.opencode.helpers import SES, AskTestsMixin
+from tests.unit.opencode.helpers import SES, URL, AskTestsMixin
 from trapsandbox.opencode.directories import directory_name
 from trapsandbox.opencode.instances import Instances
 
@@ -85,6 +85,17 @@ class InstancesTests(SynchronousTestCase):
         self.answer.errback(RuntimeError("opencode went away"))
         self.successResultOf(using)
         self.assertEqual(len(self.flushLoggedErrors()), 0)
+        self.assertEqual(self.instances.dispose_failures, 1)
+
+    def test_instances_given_back_are_counted_by_reason(self):
+        self.asked("1")
+        self.clock.advance(60)  # idle
+        self.asked("2")
+        self.instances.give_back(("a", "2"))  # forgotten
+        for name in "345":
+            self.asked(name)  # 3 past the bound of 2
+        self.assertEqual(dict(self.instances.given_back), {"idle": 1, "forgotten": 1, "bound": 1})
+        self.assertEqual(self.instances.dispose_failures, 0)
 
 
 class AskInstancesTests(AskTestsMixin, SynchronousTestCase):
@@ -131,3 +142,37 @@ class AskInstancesTests(AskTestsMixin, SynchronousTestCase):
         self.finish(self.ask())
         self.finish(self.ask(trapos="2:b"), "ses_2")  # one conversation per account: 1:a forgotten
         self.assertEqual(self.disposals(), [f"{self.root}/{directory_name('local', '1:a')}"])
+
+
+class AskInstanceMetricsTests(AskTestsMixin, SynchronousTestCase):
+    """``/metrics`` reads each server's live instances and disposals from ``Asks``."""
+
+    def value(self, name, **labels):
+        return self.metrics.registry.get_sample_value(name, labels)
+
+    def test_live_instances_and_those_given_back_by_reason(self):
+        self.asks_with(instance_idle=300, max_instances=5)
+        server = URL  # no user:password in it
+        self.assertEqual(self.value("trapsandbox_opencode_instances_live", server=server), 0)
+        self.assertEqual(
+            self.value(
+                "trapsandbox_opencode_instances_given_back_total", server=server, reason="idle"
+            ),
+            0,
+        )
+        d = self.ask()
+        self.busy()
+        self.assertEqual(self.value("trapsandbox_opencode_instances_live", server=server), 1)
+        self.idle()
+        self.successResultOf(d)
+        self.clock.advance(300)
+        self.assertEqual(self.value("trapsandbox_opencode_instances_live", server=server), 0)
+        self.assertEqual(
+            self.value(
+                "trapsandbox_opencode_instances_given_back_total", server=server, reason="idle"
+            ),
+            1,
+        )
+        self.assertEqual(
+            self.value("trapsandbox_opencode_instance_dispose_failures_total", server=server), 0
+        )

@@ -5,6 +5,7 @@ account, the order kept, each waiting ask told how many are ahead (again every
 partial, cancel while waiting, and no timeout while waiting.
 """
 
+from prometheus_client.exposition import generate_latest
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
@@ -12,6 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from tests.unit.opencode.helpers import AskTestsMixin
 from trapsandbox import errors, limits
 from trapsandbox.errors import GatewayError
+from trapsandbox.opencode.client import OpencodeClient
 from trapsandbox.opencode.queue import AskQueue, Ticket
 
 
@@ -137,3 +139,33 @@ class AskQueueTests(AskTestsMixin, SynchronousTestCase):
         self.assertEqual(self.failureResultOf(second, GatewayError).value.code, errors.STOPPED)
         self.assertEqual(self.asks.queue.waiting, [])
         self.assertEqual(self.http.sessions, 1)
+
+
+class QueueMetricsTests(AskTestsMixin, SynchronousTestCase):
+    """``/metrics`` reads the asks waiting and running per server, its URL without secrets."""
+
+    def setUp(self):
+        super().setUp()
+        self.client = OpencodeClient(self.http, self.clock, "http://oc:s3cret@127.0.0.1:4096")
+        self.asks_with(queue=AskQueue(self.clock, per_server=1, per_account=5))
+
+    def gauge(self, name):
+        return self.metrics.registry.get_sample_value(name, {"server": "http://127.0.0.1:4096"})
+
+    def test_asks_waiting_and_running_per_server(self):
+        self.assertEqual(self.gauge("trapsandbox_asks_waiting"), 0)
+        first = self.ask()
+        second = self.ask(trapos="2:b", message_id="m2")
+        third = self.ask(trapos="3:c", message_id="m3")
+        self.assertEqual(self.gauge("trapsandbox_asks_waiting"), 2)
+        self.assertEqual(self.gauge("trapsandbox_asks_running"), 1)
+        self.successResultOf(self.asks.cancel("local", "3:c", "m3"))
+        self.failureResultOf(third, GatewayError)
+        self.assertEqual(self.gauge("trapsandbox_asks_waiting"), 1)
+        exposed = generate_latest(self.metrics.registry).decode()
+        self.assertNotIn("s3cret", exposed)
+        self.asks.stop()
+        self.failureResultOf(first, GatewayError)
+        self.failureResultOf(second, GatewayError)
+        self.assertEqual(self.gauge("trapsandbox_asks_waiting"), 0)
+        self.assertEqual(self.gauge("trapsandbox_asks_running"), 0)

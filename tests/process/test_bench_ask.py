@@ -1,0 +1,48 @@
+"""
+``python -m bench.ask`` end to end with two computers, so the benchmark of
+issue 33 cannot rot: the real ``twistd trapsandbox``, the real ``opencode
+serve`` (as the ask e2e tests use it) and the scripted model, all on
+127.0.0.1; the benchmark stops its own children, and the cleanup stops it.
+The figures are not judged (a shared machine is too noisy at this size): only
+that every ask was answered and each figure is there.
+"""
+
+import os
+import sys
+
+import orjson
+from twisted.trial.unittest import TestCase
+
+from tests.harness.opencode import OPENCODE
+from tests.harness.processes import REPO, clean_env, spawn
+
+
+class BenchAskSmokeTests(TestCase):
+    timeout = 240
+
+    async def test_two_computers_ask_twice_and_one_at_a_time(self):
+        if not os.path.exists(OPENCODE):
+            self.fail(f"{OPENCODE} is missing: 'make test' installs it")
+        out = os.path.abspath(self.mktemp())
+        os.makedirs(out)
+        output = os.path.join(out, "ask.json")
+        argv = [sys.executable, "-m", "bench.ask", "--computers", "2", "--unbounded-up-to", "0"]
+        # Without the one-or-two-servers comparison: three opencode starts more (a minute).
+        argv += ["--servers-with", "0", "--output", output, "--logs", out]
+        child = spawn(self, argv, clean_env(OPENCODE_BIN=OPENCODE), cwd=REPO)
+        self.assertEqual(await child.wait_ended(200), 0, child.output)
+
+        with open(output, "rb") as f:
+            results = orjson.loads(f.read())
+        (scenario,) = results["scenarios"]
+        self.assertEqual((scenario["computers"], scenario["max_instances"]), (2, 32))
+        for name in ("round1", "round2", "idle_new", "idle_warm"):
+            figures = scenario[name]
+            self.assertEqual(figures["failed"], 0, (name, figures))
+            self.assertIsNotNone(figures["first_text_p50_ms"], name)
+        for name in ("round1", "round2"):
+            # (CPU is counted in clock ticks: two asks may cost none.)
+            self.assertGreaterEqual(scenario[name]["gateway_cpu_ms_per_ask"], 0)
+            self.assertGreater(scenario[name]["opencode_rss_mib"][0], 0)
+        self.assertEqual(results["servers"], [])
+        self.assertIn("| 2 | 32 |", child.output)
