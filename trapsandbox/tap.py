@@ -39,7 +39,8 @@ from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.client import OpencodeClient
 from trapsandbox.opencode.probe import OpencodeProbe, redact
 from trapsandbox.opencode.queue import AskQueue
-from trapsandbox.opencode.servers import ServerProbes
+from trapsandbox.opencode.servers import Server, ServerProbes
+from trapsandbox.opencode.tokens import AskTokens
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.ops.systemd import Notifier
 from trapsandbox.snapshots.askhook import AskSnapshots
@@ -373,20 +374,27 @@ def _opencode(
     pool.maxPersistentPerHost = limits.OPENCODE_PERSISTENT_CONNECTIONS
     http = HTTPClient(Agent(reactor, pool=pool, connectTimeout=limits.OPENCODE_CONNECT_TIMEOUT))
     urls = settings.opencode_urls or ("",)
-    asks = Asks(
-        [
+    tokens = AskTokens()
+    servers = [
+        Server.build(
             OpencodeClient(
                 http, reactor, url, settings.opencode_username, settings.opencode_password
-            )
-            for url in urls
-        ],
+            ),
+            reactor,
+            ask_directory,
+            tokens,
+            settings.ask_instance_idle,
+            settings.ask_max_instances,
+        )
+        for url in urls
+    ]
+    asks = Asks(
+        servers,
         reactor,
         metrics,
-        directory=ask_directory,
+        tokens,
+        AskQueue(reactor, settings.ask_max_running, settings.ask_max_running_per_account),
         max_conversations=settings.max_ask_conversations,
-        instance_idle=settings.ask_instance_idle,
-        max_instances=settings.ask_max_instances,
-        queue=AskQueue(reactor, settings.ask_max_running, settings.ask_max_running_per_account),
         snapshots=AskSnapshots(snapshots, reactor),
     )
     probes = [

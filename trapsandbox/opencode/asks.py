@@ -51,8 +51,6 @@ opened again for ``ASK_SERVER_GONE`` seconds, its running asks end saying so.
 
 from __future__ import annotations
 
-import functools
-import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -74,9 +72,7 @@ from trapsandbox.opencode.agent import (
     system_note,
 )
 from trapsandbox.opencode.client import OpencodeClient, explain, opencode_error
-from trapsandbox.opencode.directories import AskDirectories, directory_name
-from trapsandbox.opencode.events import EventStream
-from trapsandbox.opencode.instances import REASONS, Instances
+from trapsandbox.opencode.instances import REASONS
 from trapsandbox.opencode.probe import redact
 from trapsandbox.opencode.queue import AskQueue, Ticket
 from trapsandbox.opencode.servers import Server, ranked
@@ -144,47 +140,37 @@ class Asks:
 
     def __init__(
         self,
-        client: OpencodeClient | Sequence[OpencodeClient],
+        servers: Sequence[Server],
         clock: IReactorTime,
-        metrics: Metrics | None = None,
+        metrics: Metrics,
+        tokens: AskTokens,
+        queue: AskQueue,
         *,
-        directory: str,
-        stream: EventStream | None = None,
-        tokens: AskTokens | None = None,
         timeout: float = limits.ASK_TIMEOUT,
         max_conversations: int = limits.MAX_ASK_CONVERSATIONS,
         snapshots: AskSnapshots | None = None,
-        instance_idle: float = limits.ASK_INSTANCE_IDLE,
-        max_instances: int = limits.ASK_MAX_INSTANCES,
-        queue: AskQueue | None = None,
     ) -> None:
-        clients = [client] if isinstance(client, OpencodeClient) else list(client)
-        self._client = clients[0]
+        """
+        ``servers``: one per opencode server (``Server.build``), in OPENCODE_URL's order,
+        their directories' MCP blocks holding ``tokens``; ``queue``: the bound on asks
+        running at once.
+        """
+        self._client = servers[0].client
         self._snapshots = snapshots
         self._clock = clock
-        self._metrics = Metrics() if metrics is None else metrics
+        self._metrics = metrics
         self._metrics.ask_labels(ASK_OUTCOMES)
         # ``/mcp`` looks an ask's token up here (``tokens.scope_of``).
-        self.tokens = AskTokens() if tokens is None else tokens
-        # One per opencode server (``servers``), in OPENCODE_URL's order.
-        self.servers: list[Server] = []
-        for each in clients:
-            server = Server(
-                each,
-                stream if stream is not None and not self.servers else EventStream(each, clock),
-                AskDirectories(directory, each, self.tokens),
-            )
-            server.instances = Instances(
-                clock, functools.partial(self._dispose, server), instance_idle, max_instances
-            )
+        self.tokens = tokens
+        self.servers = list(servers)
+        for server in self.servers:
             server.stream.on_reconnect.append(lambda server=server: self._reconnected(server))
             server.stream.on_gone.append(lambda error, server=server: self._gone(server, error))
-            self.servers.append(server)
         # The first server's: what a gateway with one opencode server has.
         self.stream = self.servers[0].stream
         self.directories = self.servers[0].directories
         self.instances = self.servers[0].instances
-        self.queue = AskQueue(clock) if queue is None else queue
+        self.queue = queue
         self._timeout = timeout
         self._max_conversations = max_conversations
         # account -> its computers' traposIds, the least recently asked first.
@@ -241,10 +227,6 @@ class Asks:
             account=cut(key[0]),
             bound=self._max_conversations,
         )
-
-    def _dispose(self, server: Server, key: tuple[str, str]) -> Deferred:
-        """Give ``key``'s opencode instance back; its ``opencode.json`` brings it back as it was."""
-        return server.client.dispose(os.path.join(self.directories.root, directory_name(*key)))
 
     # -- ask ---------------------------------------------------------------------------
 

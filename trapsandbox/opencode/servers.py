@@ -20,19 +20,24 @@ detail says which are down.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 from twisted.internet.defer import Deferred, gatherResults
 
+from trapsandbox import limits
+from trapsandbox.opencode.directories import AskDirectories, directory_name
+from trapsandbox.opencode.events import EventStream
+from trapsandbox.opencode.instances import Instances
 from trapsandbox.opencode.probe import OpencodeProbe, ProbeResult, redact
 
 if TYPE_CHECKING:
+    from twisted.internet.interfaces import IReactorTime
+
     from trapsandbox.opencode.client import OpencodeClient
-    from trapsandbox.opencode.directories import AskDirectories
-    from trapsandbox.opencode.events import EventStream
-    from trapsandbox.opencode.instances import Instances
+    from trapsandbox.opencode.tokens import AskTokens, Key
 
 
 @attrs.define(eq=False)
@@ -45,9 +50,30 @@ class Server:
     # Set once the server exists: its instances are given back through its own client.
     instances: Instances = attrs.field(init=False)
 
+    @classmethod
+    def build(
+        cls,
+        client: OpencodeClient,
+        clock: IReactorTime,
+        directory: str,
+        tokens: AskTokens,
+        instance_idle: float = limits.ASK_INSTANCE_IDLE,
+        max_instances: int = limits.ASK_MAX_INSTANCES,
+    ) -> Server:
+        """The server at ``client``'s URL: its event stream, the computers' directories
+        under ``directory`` (their MCP blocks holding ``tokens``), its instances' bound."""
+        server = cls(client, EventStream(client, clock), AskDirectories(directory, client, tokens))
+        server.instances = Instances(clock, server.dispose, instance_idle, max_instances)
+        return server
+
     @property
     def url(self) -> str:
         return self.client.url
+
+    def dispose(self, key: Key) -> Deferred:
+        """Give ``key``'s opencode instance back; its ``opencode.json`` brings it back as it
+        was."""
+        return self.client.dispose(os.path.join(self.directories.root, directory_name(*key)))
 
 
 def ranked(servers: Sequence[Server], account_id: str, trapos_id: str) -> list[Server]:

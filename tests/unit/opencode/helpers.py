@@ -15,8 +15,12 @@ from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH
 
+from trapsandbox import limits
 from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.client import OpencodeClient
+from trapsandbox.opencode.queue import AskQueue
+from trapsandbox.opencode.servers import Server
+from trapsandbox.opencode.tokens import AskTokens
 from trapsandbox.ops.metrics import Metrics
 
 URL = "http://127.0.0.1:4096"
@@ -128,6 +132,31 @@ class FakeHTTP:
         return [c[1] for c in self.calls if method is None or c[0] == method]
 
 
+def build_asks(
+    clients,
+    clock,
+    metrics=None,
+    *,
+    directory,
+    tokens=None,
+    queue=None,
+    instance_idle=limits.ASK_INSTANCE_IDLE,
+    max_instances=limits.ASK_MAX_INSTANCES,
+    **options,
+):
+    """``Asks`` over ``clients`` (one ``OpencodeClient`` or several), built as ``tap.build``
+    builds it; ``options`` are ``Asks``' own keyword arguments."""
+    tokens = AskTokens() if tokens is None else tokens
+    if isinstance(clients, OpencodeClient):
+        clients = [clients]
+    servers = [
+        Server.build(client, clock, directory, tokens, instance_idle, max_instances)
+        for client in clients
+    ]
+    queue = AskQueue(clock) if queue is None else queue
+    return Asks(servers, clock, Metrics() if metrics is None else metrics, tokens, queue, **options)
+
+
 class AskTestsMixin:
     def setUp(self):
         self.clock = Clock()
@@ -136,12 +165,14 @@ class AskTestsMixin:
         self.metrics = Metrics()
         self.root = os.path.abspath(self.mktemp())
         os.mkdir(self.root, 0o700)  # as state.prepare leaves it at start
-        self.asks = Asks(self.client, self.clock, self.metrics, directory=self.root)
+        self.asks = build_asks(self.client, self.clock, self.metrics, directory=self.root)
         self.partials = []
 
     def asks_with(self, **options):
         """``self.asks`` again, built with ``options`` (``Asks``' keyword arguments)."""
-        self.asks = Asks(self.client, self.clock, self.metrics, directory=self.root, **options)
+        self.asks = build_asks(
+            self.client, self.clock, self.metrics, directory=self.root, **options
+        )
 
     def ask(self, prompt="hi", trapos="1:a", account="local", message_id="m1", **payload):
         emit = self.partials.append

@@ -11,10 +11,9 @@ from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionRefusedError
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.unit.opencode.helpers import SES, AskTestsMixin, FakeResponse
+from tests.unit.opencode.helpers import SES, AskTestsMixin, FakeResponse, build_asks
 from trapsandbox import errors, limits
 from trapsandbox.errors import GatewayError
-from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.client import OpencodeClient
 from trapsandbox.opencode.directories import directory_name
 
@@ -108,7 +107,7 @@ class AskBoundTests(AskTestsMixin, SynchronousTestCase):
 
     def setUp(self):
         super().setUp()
-        self.asks = Asks(
+        self.asks = build_asks(
             self.client, self.clock, self.metrics, directory=self.root, max_conversations=2
         )
 
@@ -571,7 +570,9 @@ class AskPermissionTests(AskTestsMixin, SynchronousTestCase):
 
 class AskFaultTests(AskTestsMixin, SynchronousTestCase):
     def test_no_url(self):
-        asks = Asks(OpencodeClient(self.http, self.clock, ""), self.clock, directory=self.mktemp())
+        asks = build_asks(
+            OpencodeClient(self.http, self.clock, ""), self.clock, directory=self.mktemp()
+        )
         d = Deferred.fromCoroutine(asks.ask("local", "1:a", frozenset(), "m", {"prompt": "x"}, id))
         self.assertIn("OPENCODE_URL", self.failureResultOf(d, GatewayError).value.message)
 

@@ -12,10 +12,9 @@ from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.unit.opencode.helpers import FakeHTTP, FakeResponse
+from tests.unit.opencode.helpers import FakeHTTP, FakeResponse, build_asks
 from trapsandbox import errors, limits
 from trapsandbox.errors import GatewayError
-from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.client import OpencodeClient
 from trapsandbox.opencode.probe import OpencodeProbe
 from trapsandbox.opencode.servers import ServerProbes, ranked
@@ -67,7 +66,7 @@ class SeveralServersTests(SynchronousTestCase):
         clients = [OpencodeClient(self.https[url], self.clock, url) for url in URLS]
         root = os.path.abspath(self.mktemp())
         os.mkdir(root, 0o700)
-        self.asks = Asks(clients, self.clock, Metrics(), directory=root)
+        self.asks = build_asks(clients, self.clock, Metrics(), directory=root)
         self.partials = []
 
     def ask(self, trapos="1:a", message_id="m1", **payload):
@@ -219,7 +218,7 @@ class OneServerGoneTests(SynchronousTestCase):
         http = Refusing()
         root = os.path.abspath(self.mktemp())
         os.mkdir(root, 0o700)
-        asks = Asks(OpencodeClient(http, clock, URLS[0]), clock, Metrics(), directory=root)
+        asks = build_asks(OpencodeClient(http, clock, URLS[0]), clock, Metrics(), directory=root)
         d = Deferred.fromCoroutine(
             asks.ask("local", "1:a", frozenset(), "m1", {"prompt": "hi"}, lambda _: None)
         )

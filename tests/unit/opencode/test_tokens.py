@@ -11,10 +11,9 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.apps import gateway_app
 from tests.harness.fakes import FixedProbe, SandboxComputer
-from tests.unit.opencode.helpers import URL, FakeHTTP
+from tests.unit.opencode.helpers import URL, FakeHTTP, build_asks
 from trapsandbox.admission import auth
 from trapsandbox.computers.registry import Registry
-from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.client import OpencodeClient
 from trapsandbox.opencode.probe import ProbeResult
 from trapsandbox.opencode.tokens import AskTokens
@@ -63,7 +62,7 @@ class AskTokenOnMcpTests(SynchronousTestCase):
         clock = Clock()
         self.registry = Registry(clock, request_timeout=60)
         client = OpencodeClient(FakeHTTP(), clock, URL)
-        self.asks = Asks(client, clock, directory=self.mktemp())
+        self.asks = build_asks(client, clock, directory=self.mktemp())
         admission = auth.Admission(clock, admin_token="s3cret")
         app = gateway_app(
             self.registry, FixedProbe(ProbeResult(True, "")), admission, asks=self.asks

@@ -14,14 +14,13 @@ from twisted.trial.unittest import SynchronousTestCase
 from tests.harness.callers import mcp_caller
 from tests.harness.fakes import SandboxComputer
 from tests.harness.logcapture import LogCapture
-from tests.unit.opencode.helpers import SES, AskTestsMixin
+from tests.unit.opencode.helpers import SES, AskTestsMixin, build_asks
 from trapsandbox import errors, limits
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.errors import GatewayError
 from trapsandbox.mcp.endpoint import McpEndpoint
 from trapsandbox.mcp.jsonrpc import Call
-from trapsandbox.opencode.asks import Asks
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.snapshots.askhook import AskSnapshots
 
@@ -185,7 +184,7 @@ class AskRunTests(AskTestsMixin, SynchronousTestCase):
     def setUp(self):
         super().setUp()
         self.snapshots = FakeSnapshots()
-        self.asks = Asks(
+        self.asks = build_asks(
             self.client,
             self.clock,
             self.metrics,
