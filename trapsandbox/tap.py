@@ -445,7 +445,12 @@ class GatewayService(service.MultiService):
     def _build_http(self) -> None:
         """The operator socket, the HTTP app and site, and the port's first-bytes router."""
         requests = OperatorRequests(
-            self.registry, self.admission, self.snapshots, cluster=self.cluster
+            self.registry,
+            self.admission,
+            self.snapshots,
+            cluster=self.cluster,
+            asks=self.asks,
+            sandbox=self.sandbox,
         )
         self.operator_socket = OperatorSocketFactory(
             requests,

@@ -84,6 +84,7 @@ been stalled for the stall timeout.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import orjson
@@ -116,6 +117,8 @@ _SHAPE = '{"id", "traposId", "type", "payload"?, "timeoutMs"?, "account"?}'
 WATCH_COMPUTERS = "watch_computers"
 WATCH_ACTIVITY = "watch_activity"
 CANCELLED = error_answer(503, errors.UNAVAILABLE, "the request was cancelled")
+# Each connection's name for the asks it starts (``agentcalls.run_id``).
+_serials = itertools.count(1)
 
 
 def _id_of(obj: dict[str, Any]) -> str | int:
@@ -184,6 +187,8 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         self.peer_address = "?"
         self.outbound: Outbound | None = None
         self.in_flight: dict[str | int, Deferred] = {}
+        # What its asks are known by (``ask_cancel`` names them by their id on this socket).
+        self.caller = f"operator-{next(_serials)}"
         # The id of this socket's ``watch_computers`` (one per socket), while it runs.
         self.watching: str | int | None = None
         # An answer found no room while the transport was paused (``Outbound``).
@@ -449,6 +454,7 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
             obj,
             lambda frame: self._partial(message_id, frame),
             self._room_for_frames,
+            self.caller,
         )
         if type(result) is Answer:
             self._answer(message_id, result)

@@ -1,0 +1,175 @@
+"""
+A file change from the web console as one step (issue 34), request types of
+``/operator`` (``operator.OperatorRequests.send``)::
+
+    type          payload                               answer
+    file_write    {path, content (base64)}              {bytesWritten, sizeBytes}
+    file_move     {from, to}                            {moved: [file paths, as they are now]}
+    folder_make   {path}                                {made: path}
+
+The computer reads and writes at most a frame's worth of a file per request, so a
+save of a large file is several ``write_file`` parts, a rename a read, a write and a
+delete, a folder's rename all of that for each file in it.  Sent by the page one
+by one, each would be an entry of the computer's activity; sent here, they are
+made quietly (``senders.quietly``) and the change is one entry, by whoever sent
+it (``Registry.track``: ``write_file``, ``move_file``, ``make_folder``).  Each
+request still needs what the computer allows (``fs.read`` to read, ``fs.write``
+to write and delete), checked where it goes out; ``file_write`` is as atomic
+as ``Sandbox.write_file`` (the last part moves the file into place).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from twisted.internet.defer import Deferred
+
+from trapsandbox import errors, limits
+from trapsandbox.computers import senders, wire
+from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.sandbox import Sandbox
+from trapsandbox.errors import GatewayError
+
+WRITE, MOVE, FOLDER = "file_write", "file_move", "folder_make"
+TYPES = frozenset({WRITE, MOVE, FOLDER})
+# Files moved with a folder at most (each read and written whole).
+MAX_MOVED_FILES = 1000
+# The file a new folder is made with (CraftOS makes a file's missing folders), then deleted.
+PLACEHOLDER = ".folder"
+
+
+def _path(payload: dict[str, Any], name: str) -> str:
+    path = payload.get(name)
+    if type(path) is not str or not path.strip("/ ") or len(path) > limits.MAX_ID_LENGTH * 4:
+        raise errors.bad_request(f"{name} must be a path on the computer (a non-empty string)")
+    return "/" + path.strip("/")
+
+
+def _content(payload: dict[str, Any]) -> bytes:
+    content = payload.get("content")
+    if type(content) is not str:
+        raise errors.bad_request("content must be the file's bytes in base64")
+    try:
+        data = base64.b64decode(content, validate=True)
+    except (binascii.Error, ValueError):
+        raise errors.bad_request("content is not valid base64") from None
+    if len(data) > limits.MAX_FILE_BYTES:
+        raise GatewayError(
+            errors.TOO_LARGE, f"at most {limits.MAX_FILE_BYTES} bytes can be written at once"
+        )
+    return data
+
+
+def _missing(error: GatewayError) -> bool:
+    return error.code == errors.FS_ERROR and "No such file" in error.message
+
+
+def _directory(error: GatewayError) -> bool:
+    return error.code == errors.FS_ERROR and "Is a directory" in error.message
+
+
+class FileCalls:
+    def __init__(self, registry: Registry, sandbox: Sandbox | None) -> None:
+        self._registry = registry
+        self._sandbox = sandbox
+
+    def request(
+        self, kind: str, account_id: str, trapos_id: str, payload: dict[str, Any]
+    ) -> Deferred[dict[str, Any]]:
+        """One of ``TYPES``; raises ``GatewayError`` for bad input (400) at once."""
+        if self._sandbox is None:
+            raise GatewayError(errors.UNAVAILABLE, "this gateway serves no file requests here")
+        if kind == WRITE:
+            path, data = _path(payload, "path"), _content(payload)
+            return self._one(
+                account_id, trapos_id, "write_file", {"path": path}, self._write(
+                    account_id, trapos_id, path, data
+                )
+            )
+        if kind == MOVE:
+            source, target = _path(payload, "from"), _path(payload, "to")
+            if source == target or target.startswith(source + "/"):
+                raise errors.bad_request("to must not be from itself or inside it")
+            shown = {"path": f"{source} \u2192 {target}"}
+            work = self._move(account_id, trapos_id, source, target)
+            return self._one(account_id, trapos_id, "move_file", shown, work)
+        path = _path(payload, "path")
+        work = self._folder(account_id, trapos_id, path)
+        return self._one(account_id, trapos_id, "make_folder", {"path": path}, work)
+
+    def _one(
+        self, account_id: str, trapos_id: str, kind: str, shown: dict[str, Any], work: Any
+    ) -> Deferred[dict[str, Any]]:
+        """``work`` (a coroutine) run quietly, shown as one activity entry ``kind``."""
+        d = senders.quietly(Deferred.fromCoroutine, work)
+        key = (account_id, trapos_id)
+        if self._registry.find(trapos_id, account_id) is not None:
+            self._registry.track(key, kind, shown, d)
+        return d
+
+    async def _write(
+        self, account_id: str, trapos_id: str, path: str, data: bytes
+    ) -> dict[str, Any]:
+        return await self._sandbox.write_file(trapos_id, path, data, account_id)
+
+    async def _exists(self, account_id: str, trapos_id: str, path: str) -> bool:
+        try:
+            await self._sandbox.read_file(trapos_id, path, 0, 0, account_id)
+        except GatewayError as error:
+            if _missing(error):
+                return False
+            if _directory(error):
+                return True
+            raise
+        return True
+
+    async def _move(
+        self, account_id: str, trapos_id: str, source: str, target: str
+    ) -> dict[str, Any]:
+        sandbox = self._sandbox
+        if await self._exists(account_id, trapos_id, target):
+            raise GatewayError(errors.FS_ERROR, f"{wire.cut(target)} already exists")
+        files = await self._files(account_id, trapos_id, source)
+        moved = []
+        for path in files:
+            new = target + path[len(source) :]
+            got = await sandbox.read_file(trapos_id, path, 0, None, account_id)
+            await sandbox.write_file(trapos_id, new, got["content"], account_id)
+            moved.append(new)
+        if not files:  # an empty folder: made anew
+            await self._folder(account_id, trapos_id, target)
+        await sandbox.delete_file(trapos_id, source, account_id)
+        return {"moved": moved}
+
+    async def _files(self, account_id: str, trapos_id: str, source: str) -> list[str]:
+        """``[source]`` for a file, else every file under the folder ``source``."""
+        try:
+            await self._sandbox.read_file(trapos_id, source, 0, 0, account_id)
+            return [source]
+        except GatewayError as error:
+            if not _directory(error):
+                raise
+        found: list[str] = []
+        folders = [source]
+        while folders:
+            folder = folders.pop()
+            listed = await self._sandbox.list_files(trapos_id, folder, account_id)
+            for entry in listed.get("entries", []):
+                path = f"{folder}/{entry.get('name')}"
+                if entry.get("type") == "dir":
+                    folders.append(path)
+                else:
+                    found.append(path)
+                if len(found) > MAX_MOVED_FILES:
+                    raise GatewayError(
+                        errors.TOO_LARGE, f"a folder of over {MAX_MOVED_FILES} files is not moved"
+                    )
+        return found
+
+    async def _folder(self, account_id: str, trapos_id: str, path: str) -> dict[str, Any]:
+        placeholder = f"{path}/{PLACEHOLDER}"
+        await self._sandbox.write_file(trapos_id, placeholder, b"", account_id)
+        await self._sandbox.delete_file(trapos_id, placeholder, account_id)
+        return {"made": path}
