@@ -84,9 +84,11 @@ class FileCalls:
         if kind == WRITE:
             path, data = _path(payload, "path"), _content(payload)
             return self._one(
-                account_id, trapos_id, "write_file", {"path": path}, self._write(
-                    account_id, trapos_id, path, data
-                )
+                account_id,
+                trapos_id,
+                "write_file",
+                {"path": path},
+                self._write(account_id, trapos_id, path, data),
             )
         if kind == MOVE:
             source, target = _path(payload, "from"), _path(payload, "to")

@@ -446,16 +446,21 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         if type(account_id) is Answer:
             self._answer(message_id, account_id)
             return
-        result = senders.sent_by(
-            senders.of_operator(self.operator),
-            requests.send,
-            trapos_id,
-            account_id,
-            obj,
-            lambda frame: self._partial(message_id, frame),
-            self._room_for_frames,
-            self.caller,
-        )
+        # A placeholder while it starts: an ask's first partials may come before its Deferred.
+        self.in_flight[message_id] = Deferred()
+        try:
+            result = senders.sent_by(
+                senders.of_operator(self.operator),
+                requests.send,
+                trapos_id,
+                account_id,
+                obj,
+                lambda frame: self._partial(message_id, frame),
+                self._room_for_frames,
+                self.caller,
+            )
+        finally:
+            del self.in_flight[message_id]
         if type(result) is Answer:
             self._answer(message_id, result)
             return
