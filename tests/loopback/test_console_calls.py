@@ -169,6 +169,10 @@ class AgentCallsTests(ConsoleCallsCase):
         self.assertEqual(by_id[2]["payload"], {"cancelled": True})
         self.assertEqual(by_id["a1"]["error"]["code"], "cancelled")
         self.assertEqual(self.gateway.asks.runs, {})
+        # Its activity entry ends cancelled (the refused ones ended overloaded meanwhile).
+        while (entry := await self.entry(watcher))["n"] != started["n"]:
+            self.assertIn(entry["state"], ("started", "overloaded"))
+        self.assertEqual(entry["state"], "cancelled")
         # Free again: the computer may ask (it fails here only for want of opencode).
         operator.send({"id": "a3", "traposId": "7:si", "type": "ask",
                        "payload": {"prompt": "third"}})  # fmt: skip

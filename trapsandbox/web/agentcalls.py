@@ -146,8 +146,8 @@ class AgentCalls:
             raise GatewayError(errors.STOPPED, session.stopped)
         name = run_id("http" if caller is None else caller, ask_id)
         ended: Deferred = Deferred()
-        ended.addErrback(lambda _: None)  # the ask's own Deferred carries its failure on
         progress = self._registry.track(session.key, ASK, payload, ended, senders.current())
+        ended.addErrback(lambda _: None)  # the ask's own Deferred carries its failure on
 
         def emit(partial: dict[str, Any]) -> None:
             if on_partial is not None:
