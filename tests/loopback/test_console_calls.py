@@ -260,36 +260,39 @@ class FileCallsTests(ConsoleCallsCase):
         watcher.send({"id": "p", "traposId": "9:", "type": "ping"})
         self.assertEqual((await watcher.next_message())["id"], "p")
 
+    async def listed(self, computer, path, entries):
+        request = await computer.next_message()
+        self.assertEqual((request["type"], request["payload"]["path"]), ("list_files", path))
+        computer.respond(request, payload={"path": path, "entries": entries})
+
     async def test_a_rename_of_a_folder_is_one_entry(self):
         computer, operator = await self.alice()
         watcher = await self.watcher()
         operator.send({"id": 1, "traposId": "7:si", "type": "file_move",
                        "payload": {"from": "/lib", "to": "/src"}})  # fmt: skip
-        # Is /src free? Is /lib a folder? What is in it?
+        # Is /src free? What is /lib, and what is in it?
         request = await computer.next_message()
         self.assertEqual((request["type"], request["payload"]["path"]), ("read_file", "/src"))
-        computer.respond(
-            request, ok=False, error={"code": "fs_error", "message": "/src: No such file"}
-        )
-        request = await computer.next_message()
-        self.assertEqual(request["payload"]["path"], "/lib")
-        computer.respond(
-            request, ok=False, error={"code": "fs_error", "message": "/lib: Is a directory"}
-        )
-        request = await computer.next_message()
-        self.assertEqual((request["type"], request["payload"]["path"]), ("list_files", "/lib"))
-        entries = [{"name": "a.lua", "type": "file", "size": 2, "readOnly": False}]
-        computer.respond(request, payload={"path": "/lib", "entries": entries})
+        missing = {"code": "fs_error", "message": "/src: No such file"}
+        computer.respond(request, ok=False, error=missing)
+        folder = {"name": "lib", "type": "dir", "size": 0, "readOnly": False}
+        await self.listed(computer, "/", [folder])
+        a = {"name": "a.lua", "type": "file", "size": 2, "readOnly": False}
+        await self.listed(computer, "/lib", [a, {**folder, "name": "empty"}])
+        await self.listed(computer, "/lib/empty", [])
         request = await computer.next_message()
         self.assertEqual((request["type"], request["payload"]["path"]), ("read_file", "/lib/a.lua"))
         content = base64.b64encode(b"hi").decode()
         got = {"content": content, "encoding": "base64", "sizeBytes": 2, "offset": 0}
         computer.respond(request, payload={**got, "bytesRead": 2})
-        (written,) = await self.answer_writes(computer, 1)
+        (written, placeholder) = await self.answer_writes(computer, 2)
         self.assertEqual((written["path"], written["content"]), ("/src/a.lua", content))
-        request = await computer.next_message()
-        self.assertEqual((request["type"], request["payload"]["path"]), ("delete_file", "/lib"))
-        computer.respond(request, payload={"deleted": True})
+        # The empty folder is made anew (a placeholder written and deleted), then /lib goes.
+        self.assertEqual(placeholder["path"], "/src/empty/.folder")
+        for path in ("/src/empty/.folder", "/lib"):
+            request = await computer.next_message()
+            self.assertEqual((request["type"], request["payload"]["path"]), ("delete_file", path))
+            computer.respond(request, payload={"deleted": True})
         answer = await operator.next_message()
         self.assertEqual(answer["payload"], {"moved": ["/src/a.lua"]})
         started, ended = await self.entry(watcher), await self.entry(watcher)
@@ -297,6 +300,18 @@ class FileCallsTests(ConsoleCallsCase):
             (started["type"], started["detail"], ended["state"]),
             ("move_file", "/lib \u2192 /src", "ok"),
         )
+
+    async def test_a_read_only_folder_is_not_moved(self):
+        computer, operator = await self.alice()
+        operator.send({"id": 1, "traposId": "7:si", "type": "file_move",
+                       "payload": {"from": "/rom", "to": "/mine"}})  # fmt: skip
+        request = await computer.next_message()
+        missing = {"code": "fs_error", "message": "/mine: No such file"}
+        computer.respond(request, ok=False, error=missing)
+        await self.listed(computer, "/", [{"name": "rom", "type": "dir", "readOnly": True}])
+        answer = await operator.next_message()
+        self.assertEqual((answer["status"], answer["error"]["message"]), (422, "/rom is read-only"))
+        self.assertEqual(computer.messages.pending, [])  # nothing was read or written
 
     async def test_bad_file_input_is_a_clear_400_and_consent_still_holds(self):
         computer, operator = await self.alice(capabilities=("fs.read",))

@@ -133,42 +133,59 @@ class FileCalls:
         sandbox = self._sandbox
         if await self._exists(account_id, trapos_id, target):
             raise GatewayError(errors.FS_ERROR, f"{wire.cut(target)} already exists")
-        files = await self._files(account_id, trapos_id, source)
+        files, empty = await self._contents(account_id, trapos_id, source)
         moved = []
         for path in files:
             new = target + path[len(source) :]
             got = await sandbox.read_file(trapos_id, path, 0, None, account_id)
             await sandbox.write_file(trapos_id, new, got["content"], account_id)
             moved.append(new)
-        if not files:  # an empty folder: made anew
-            await self._folder(account_id, trapos_id, target)
+        for folder in empty:  # made anew: no file in them carries them over
+            await self._folder(account_id, trapos_id, target + folder[len(source) :])
         await sandbox.delete_file(trapos_id, source, account_id)
         return {"moved": moved}
 
-    async def _files(self, account_id: str, trapos_id: str, source: str) -> list[str]:
-        """``[source]`` for a file, else every file under the folder ``source``."""
-        try:
-            await self._sandbox.read_file(trapos_id, source, 0, 0, account_id)
-            return [source]
-        except GatewayError as error:
-            if not _directory(error):
-                raise
-        found: list[str] = []
+    async def _entry(self, account_id: str, trapos_id: str, path: str) -> dict[str, Any]:
+        """``path``'s entry in its folder's listing (its type, whether it is read-only)."""
+        parent, name = path.rsplit("/", 1)
+        listed = await self._sandbox.list_files(trapos_id, parent or "/", account_id)
+        for entry in listed.get("entries", []):
+            if isinstance(entry, dict) and entry.get("name") == name:
+                return entry
+        raise GatewayError(errors.FS_ERROR, f"{wire.cut(path)}: No such file")
+
+    async def _contents(
+        self, account_id: str, trapos_id: str, source: str
+    ) -> tuple[list[str], list[str]]:
+        """
+        ``([source], [])`` for a file, else the files under the folder ``source`` and its
+        empty folders (itself too, when empty); refused at once when any of them is
+        read-only (``/rom``, a read-only mount), before anything is written.
+        """
+        entry = await self._entry(account_id, trapos_id, source)
+        if entry.get("readOnly"):
+            raise GatewayError(errors.FS_ERROR, f"{wire.cut(source)} is read-only")
+        if entry.get("type") != "dir":
+            return [source], []
+        files: list[str] = []
+        empty: list[str] = []
         folders = [source]
         while folders:
             folder = folders.pop()
             listed = await self._sandbox.list_files(trapos_id, folder, account_id)
-            for entry in listed.get("entries", []):
-                path = f"{folder}/{entry.get('name')}"
-                if entry.get("type") == "dir":
-                    folders.append(path)
-                else:
-                    found.append(path)
-                if len(found) > MAX_MOVED_FILES:
+            entries = [e for e in listed.get("entries", []) if isinstance(e, dict)]
+            if not entries:
+                empty.append(folder)
+            for each in entries:
+                path = f"{folder}/{each.get('name')}"
+                if each.get("readOnly"):
+                    raise GatewayError(errors.FS_ERROR, f"{wire.cut(path)} is read-only")
+                (folders if each.get("type") == "dir" else files).append(path)
+                if len(files) > MAX_MOVED_FILES:
                     raise GatewayError(
                         errors.TOO_LARGE, f"a folder of over {MAX_MOVED_FILES} files is not moved"
                     )
-        return found
+        return files, empty
 
     async def _folder(self, account_id: str, trapos_id: str, path: str) -> dict[str, Any]:
         placeholder = f"{path}/{PLACEHOLDER}"
