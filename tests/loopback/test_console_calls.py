@@ -180,6 +180,21 @@ class AgentCallsTests(ConsoleCallsCase):
         messages = [await bounded(operator.messages.get(), 20) for _ in range(2)]
         self.assertEqual({m["id"] for m in messages}, {3, "a3"})
 
+    async def test_closing_the_socket_stops_its_ask(self):
+        _, operator = await self.alice()
+        watcher = await self.watcher()
+        operator.send({"id": "a", "traposId": "7:si", "type": "ask", "payload": {"prompt": "hi"}})
+        started = await self.entry(watcher)
+        self.assertIn(("alice", "7:si"), self.gateway.asks.runs)
+        operator.sendClose(1000)
+        await operator.wait_closed()
+        ended = await bounded(watcher.messages.get(), 20)
+        self.assertEqual(
+            (ended["payload"]["activity"]["n"], ended["payload"]["activity"]["state"]),
+            (started["n"], "cancelled"),
+        )
+        self.assertEqual(self.gateway.asks.runs, {})
+
     async def test_another_accounts_token_reaches_nothing_and_sees_nothing(self):
         _, operator = await self.alice()
         answer: Deferred = Deferred()

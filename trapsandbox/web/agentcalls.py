@@ -168,7 +168,7 @@ class AgentCalls:
             asks.cancel(account_id, trapos_id, name)
 
         answer: Deferred = Deferred(stop)
-        running.chainDeferred(answer)
+        running.addBoth(_passed_to, answer)
         return answer
 
     def _named_snapshot(
@@ -187,6 +187,17 @@ class AgentCalls:
 
         d = self._snapshots.list(account_id, trapos_id)
         return d.addCallbacks(named, lambda _: result)
+
+
+def _passed_to(result: Any, answer: Deferred) -> None:
+    """``answer`` fires with ``result`` unless it was cancelled already (then it is dropped:
+    a Deferred with a canceller may not fire twice)."""
+    if answer.called:
+        return
+    if isinstance(result, Failure):
+        answer.errback(result)
+    else:
+        answer.callback(result)
 
 
 def _tell(result: Any, ended: Deferred) -> Any:

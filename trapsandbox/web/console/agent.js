@@ -13,7 +13,7 @@
 
 const agent = {
   key: null,        // the computer shown (keyOf)
-  run: null,        // the ask running from this page: {key, id, turn, answer}
+  run: null,        // the ask running from this page: {key, name, id, turn}
 };
 const TOOL_PREFIX = "trapsandbox_";
 const PERMISSION_REPLIES = [["once", "Allow once"], ["always", "Always allow"], ["reject", "Reject"]];
@@ -37,6 +37,13 @@ function showAgent(computer) {
   $("agent-title").textContent = "Agent on " + computer.traposId;
   $("agent-log").replaceChildren();
   agentError("");
+  if (agent.run && agent.run.key === agent.key) {
+    // Shown again while its ask runs: what comes next is shown under its prompt again.
+    const turn = agent.run.turn;
+    turn.text = null;
+    turn.tools = null;
+    logItem("prompt").textContent = turn.prompt;
+  }
   agentAllowed();
 }
 
@@ -71,7 +78,7 @@ function logItem(className) {
 function newTurn(prompt) {
   const asked = logItem("prompt");
   asked.textContent = prompt;
-  return { text: null };
+  return { prompt, text: null, tools: null };
 }
 
 // The agent's words, appended to its current paragraph (a tool call starts a new one).
@@ -218,7 +225,7 @@ async function sendAsk() {
   $("agent-prompt").value = "";
   $("agent-new").checked = false;
   const turn = newTurn(prompt);
-  agent.run = { key: keyOf(computer), name: computer.traposId, id: null };
+  agent.run = { key: keyOf(computer), name: computer.traposId, id: null, turn };
   agentAllowed();
   const payload = { prompt };
   if (fresh) payload.new = true;
