@@ -180,6 +180,16 @@ class AgentCallsTests(ConsoleCallsCase):
         messages = [await bounded(operator.messages.get(), 20) for _ in range(2)]
         self.assertEqual({m["id"] for m in messages}, {3, "a3"})
 
+    async def test_a_computer_its_player_stopped_refuses_the_ask(self):
+        computer, operator = await self.alice()
+        said = await bounded(computer.request("stopped", {"stopped": True}))
+        self.assertTrue(said["ok"], said)
+        operator.send({"id": "a", "traposId": "7:si", "type": "ask", "payload": {"prompt": "hi"}})
+        answer = await operator.next_message()
+        self.assertEqual((answer["status"], answer["error"]["code"]), (409, "stopped"))
+        self.assertIn("sandbox resume", answer["error"]["message"])
+        self.assertEqual(self.gateway.asks.runs, {})
+
     async def test_closing_the_socket_stops_its_ask(self):
         _, operator = await self.alice()
         watcher = await self.watcher()

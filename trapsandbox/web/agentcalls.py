@@ -56,7 +56,7 @@ def run_id(caller: str, ask: object) -> str:
 
 
 class AgentCalls:
-    """``asks``: the gateway's (None: it talks to no opencode, every call 502 ``opencode_error``).
+    """``asks``: the gateway's (None: it talks to no opencode, every call ``opencode_error``).
     ``snapshots``: the service, to name the snapshot before a run's first change."""
 
     def __init__(
