@@ -92,9 +92,9 @@ function toolName(name) { return name.startsWith(TOOL_PREFIX) ? name.slice(TOOL_
 function addTool(turn, partial) {
   turn.text = null;
   const calls = turn.tools || (turn.tools = new Map());
-  // One line per call: a call's later statuses update it. opencode names calls only in its
-  // events, so a call is known by its tool and detail here.
-  const key = partial.name + "\u0000" + (partial.detail || "");
+  // One line per call: a call's later statuses update it (the partials do not name the call:
+  // the last unfinished line of the same tool is its line; the agent calls one at a time).
+  const key = partial.name;
   let line = calls.get(key);
   if (!line || line.dataset.status === "completed" || line.dataset.status === "error") {
     line = logItem("tool");
