@@ -150,7 +150,7 @@ class ComputerRequests:
 
         def emit(payload: dict[str, Any]) -> None:
             session.link.send_partial(frame.message_id, frame.type, payload)
-            told = _ask_progress(payload)
+            told = ask_progress(payload)
             if told is not None:
                 progress(told)
 
@@ -258,7 +258,7 @@ def _tell(result: Any, ended: Deferred) -> Any:
     return result
 
 
-def _ask_progress(partial: dict[str, Any]) -> dict[str, Any] | None:
+def ask_progress(partial: dict[str, Any]) -> dict[str, Any] | None:
     """
     What the activity shows of an ask's partial: the agent's text as it
     arrives, each tool it uses, what it asks permission for, and its

@@ -313,7 +313,9 @@ def build(
         )
         registry.peers = cluster
         metrics.watch_cluster(lambda: cluster.size, lambda: int(cluster.redis_ok))
-    requests = OperatorRequests(registry, admission, snapshots, cluster=cluster)
+    requests = OperatorRequests(
+        registry, admission, snapshots, cluster=cluster, asks=asks, sandbox=sandbox
+    )
     operator_socket = OperatorSocketFactory(
         requests, reactor, metrics, max_per_account=settings.max_operator_sockets_per_account
     )

@@ -59,15 +59,17 @@ class BrowserCase(TestCase):
 
     timeout = 120
 
-    async def start(self, browser=True):
-        """The gateway (a real twistd: accounts alice and bob, an admin token) and a browser."""
+    async def start(self, browser=True, **env):
+        """The gateway (a real twistd: accounts alice and bob, an admin token; ``env`` added
+        to its environment) and a browser."""
         if webdriver is None:
             raise SkipTest("selenium is not installed (pip install -e '.[test]')")
         if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
             raise SkipTest("chromium and chromium-driver are not installed (make chromium)")
         path = accounts_file(self, "alice", "bob")
+        env = {"OPENCODE_URL": "", **env}
         child = spawn_gateway(
-            self, SANDBOX_ACCOUNTS_FILE=path, SANDBOX_ADMIN_TOKEN=ADMIN_TOKEN, OPENCODE_URL=""
+            self, SANDBOX_ACCOUNTS_FILE=path, SANDBOX_ADMIN_TOKEN=ADMIN_TOKEN, **env
         )
         self.port = await child.listening_port()
         self.base = f"http://127.0.0.1:{self.port}"

@@ -98,18 +98,26 @@ class FilesTests(BrowserCase):
         await self.thread(self.shows, "files-status", "Renamed /work/a.lua to /work/b.lua.")
         self.assertIsNone(c.read_file("/work/a.lua"))
         self.assertEqual(c.read_file("/work/b.lua"), b"")
+        # A folder is renamed too, with what is in it: one entry in the activity.
         await self.thread(self.click, self.tree_entry("/work"))
+        await self.thread(self.click, "#file-rename")
+        await self.thread(self.answer_path, "/done")
+        await self.thread(self.shows, "files-status", "Renamed /work to /done.")
+        self.assertFalse((c.root / "work").exists())
+        self.assertEqual(c.read_file("/done/b.lua"), b"")
+        await self.thread(self.shows, "activity", "move_file /work \u2192 /done \u00b7 ok")
+        await self.thread(self.click, self.tree_entry("/done"))
         await self.thread(self.click, "#file-delete")
         await self.thread(
-            self.shows, "files-question", "Delete the folder /work and everything in it"
+            self.shows, "files-question", "Delete the folder /done and everything in it"
         )
         self.assertEqual(await self.thread(self.active_id), "files-no")
         await self.thread(self.click, "#files-no")
-        self.assertEqual(c.read_file("/work/b.lua"), b"")
+        self.assertEqual(c.read_file("/done/b.lua"), b"")
         await self.thread(self.click, "#file-delete")
         await self.thread(self.click, "#files-yes")
-        await self.thread(self.shows, "files-status", "Deleted /work.")
-        self.assertFalse((c.root / "work").exists())
+        await self.thread(self.shows, "files-status", "Deleted /done.")
+        self.assertFalse((c.root / "done").exists())
         self.assertEqual(await self.thread(self.no_errors_in_the_page), [])
 
     def answer_path(self, path):
@@ -163,6 +171,12 @@ class FilesTests(BrowserCase):
         await self.thread(upload.send_keys, str(source.resolve()))
         await self.thread(self.shows, "files-status", f"Uploaded /{source.name}")
         self.assertTrue(c.read_file("/" + source.name) == BINARY, "not the same bytes")
+        # Written in several parts by the gateway, shown as one change by the player.
+        written = f"write_file /{source.name}"
+        await self.thread(self.shows, "activity", written + " \u00b7 ok")
+        activity = await self.thread(self.text_of, "activity")
+        self.assertEqual(activity.count(written), 1, activity)
+        self.assertIn(written + " \u00b7 ok", activity)
         # In parts, with progress: the bar went to the whole size.
         bar = await self.thread(self.driver.find_element, By.ID, "files-progress")
         seen = await self.thread(lambda: (bar.get_attribute("value"), bar.get_attribute("max")))

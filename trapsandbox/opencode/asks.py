@@ -12,7 +12,7 @@ player.
                                   POST /session/S/prompt_async ->  204
                                                                <-  GET /global/event (SSE)
           <- partial {type: text_delta, text}                      message.part.delta
-          <- partial {type: tool, name, status}                    message.part.updated (tool)
+          <- partial {type: tool, name, status, detail?}           message.part.updated (tool)
           <- partial {type: permission, id, tool, detail}          permission.asked
     ask_permission {permissionId, response} -> POST /permission/P/reply
           <- partial {type: question, id, questions}                question.asked
@@ -455,6 +455,9 @@ class Asks:
             return
         run.tool_status[call] = status
         message: dict[str, Any] = {"type": "tool", "name": name, "status": status}
+        if known["input"] is not None:
+            # Its arguments as a permission prompt shows them (the console lists each call).
+            message["detail"] = detail_of(name, known["input"])
         if status == "error" and type(state.get("error")) is str:
             message["error"] = state["error"][: limits.PERMISSION_DETAIL_CHARS]
         self._send(run, message)

@@ -16,6 +16,10 @@ The HTTP side, on the same port as the WebSocket (SPEC §4, §9).
     ``listings``   ``watch_computers``' listings, built once per scope per change (debounced)
                    and shared by every watcher of that scope
     ``snapshotcalls`` the snapshot operations, alike on every surface (SPEC §15)
+    ``agentcalls`` the agent from the console: an operator's ask on a computer, its own
+                   conversation (``ask``, ``ask_cancel``, ``ask_permission``, ``ask_answer``)
+    ``filecalls``  a file change from the console as one request and one activity entry
+                   (``file_write``, ``file_move``, ``folder_make``)
     ``client``     the Lua files served for the one-line install
     ``console``    the web console's files (``console/``), ``GET /``, with their CSP
 """

@@ -23,6 +23,7 @@ FILES = {
     "console.js": b"text/javascript; charset=utf-8",
     "files.js": b"text/javascript; charset=utf-8",
     "transfer.js": b"text/javascript; charset=utf-8",
+    "agent.js": b"text/javascript; charset=utf-8",
     "editor.js": b"text/javascript; charset=utf-8",
 }
 INDEX = "index.html"

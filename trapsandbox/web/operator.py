@@ -29,7 +29,9 @@ from trapsandbox.computers.screen import ScreenState
 from trapsandbox.errors import GatewayError
 from trapsandbox.limits import MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.snapshots.service import Snapshots
-from trapsandbox.web import snapshotcalls
+from trapsandbox.web import agentcalls, filecalls, snapshotcalls
+from trapsandbox.web.agentcalls import AgentCalls
+from trapsandbox.web.filecalls import FileCalls
 from trapsandbox.web.listings import Listing, Listings
 from trapsandbox.web.snapshotcalls import SnapshotCalls
 from trapsandbox.web.validation import (
@@ -41,6 +43,8 @@ from trapsandbox.web.validation import (
 
 if TYPE_CHECKING:
     from trapsandbox.cluster.member import Cluster
+    from trapsandbox.computers.sandbox import Sandbox
+    from trapsandbox.opencode.asks import Asks
 
 Headers = tuple[tuple[bytes, bytes], ...]
 # Whether a watcher has room for a screen frame now: None, or the Deferred of when it will.
@@ -194,7 +198,7 @@ def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode("latin-1")
 
 
-def _snapshot_answer(body: dict[str, Any]) -> Answer:
+def _gateway_answer(body: dict[str, Any]) -> Answer:
     return Answer(200, {"ok": True, "payload": body})
 
 
@@ -210,6 +214,9 @@ class OperatorRequests:
     ``POST /computers/{traposId}/requests``, however it was read.  ``snapshots``: the
     gateway's (SPEC §15), for the snapshot request types and routes (``snapshotcalls``).
     ``cluster``: this process's (SPEC §13), whose watches cover every process's computers.
+    ``asks`` (``agentcalls``: the console's agent) and ``sandbox`` (``filecalls``: a file
+    change as one step): the gateway's; without them those types answer that they are not
+    set up.
     """
 
     def __init__(
@@ -218,10 +225,14 @@ class OperatorRequests:
         admission: auth.Admission,
         snapshots: Snapshots | None = None,
         cluster: Cluster | None = None,
+        asks: Asks | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self._registry = registry
         self._admission = admission
         self.snapshots = SnapshotCalls(registry, snapshots)
+        self.agent = AgentCalls(registry, asks, snapshots)
+        self.files = FileCalls(registry, sandbox)
         self._cluster = cluster
         sources = [registry.watch]
         if cluster is not None:
@@ -407,13 +418,18 @@ class OperatorRequests:
         obj: dict[str, Any],
         on_partial: Callable[[dict[str, Any]], None] | None = None,
         room: Room | None = None,
+        connection: str | None = None,
     ) -> Answer | Deferred:
         """
         ``obj`` (``{type, payload?, timeoutMs?}``) to the computer ``caller`` is
         aimed at; the answer, or a Deferred of it, as ``http``.
         ``on_partial`` hears a ``screen_watch``'s frames (``ScreenState``'s
         shape) before it, expanded only when ``room()`` (None: always) says
-        there is room for one; no other type's partials are relayed.  A
+        there is room for one, and an ``ask``'s partials as they come; no other
+        type's partials are relayed.  The agent's types (``agentcalls.TYPES``) and
+        the console's file changes (``filecalls.TYPES``) are the gateway's own:
+        ``connection`` names the connection (an ``/operator`` socket) whose ``ask_cancel``
+        may name its asks by their ``id`` in ``obj``.  A
         ``screen_watch`` runs up to ``SCREEN_WATCH_TIMEOUT`` unless ``timeoutMs`` says.
         The snapshot types (``snapshotcalls.TYPES``) are the gateway's own, not
         sent as they are: ``{ok, payload}`` holds what their HTTP route answers
@@ -423,7 +439,13 @@ class OperatorRequests:
             kind, payload, timeout = parse_request(obj)
             if kind in snapshotcalls.TYPES:
                 d = self.snapshots.request(kind, caller, payload)
-                return d.addCallbacks(_snapshot_answer, _failed)
+                return d.addCallbacks(_gateway_answer, _failed)
+            if kind in agentcalls.TYPES:
+                d = self.agent.request(kind, caller, payload, connection, obj.get("id"), on_partial)
+                return d.addCallbacks(_gateway_answer, _failed)
+            if kind in filecalls.TYPES:
+                d = self.files.request(kind, caller, payload)
+                return d.addCallbacks(_gateway_answer, _failed)
         except GatewayError as error:
             return rejected(error)
         relay = None

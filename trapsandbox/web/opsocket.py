@@ -61,6 +61,44 @@ its one answer only.  The snapshot types (SPEC §15: ``snapshots``,
 ``payload: {"snapshot": id}``) are the gateway's own too, answered with
 ``payload`` holding what their HTTP routes answer (``web.snapshotcalls``).
 
+The agent (issue 34, ``web.agentcalls``): an ``ask`` is the computer's own
+conversation (the one ``sandbox ask`` continues there: its account and
+traposId, what it allows), one at a time per computer whoever started it,
+shown in its activity as sent by this operator.  Its partials come as the
+computer's ``ask`` gets them:
+
+    {"id": "a", "traposId", "type": "ask",        ->
+     "payload": {"prompt", "new"?, "yes"?}}
+                                                      <- {"id": "a", "status": 200, "partial": true,
+                                                          "payload": {"type": "text_delta", text}
+                                                          | {"type": "tool", name, status,
+                                                             detail?, error?}
+                                                          | {"type": "permission", id, tool,
+                                                             detail}
+                                                          | {"type": "question", id, questions}
+                                                          | {"type": "waiting", ahead}}
+    {"id": 2, "traposId", "type": "ask_permission",
+     "payload": {"permissionId", "response": "once"|"always"|"reject"}}  -> {} (200)
+    {"id": 3, "traposId", "type": "ask_answer",
+     "payload": {"questionId", "answers": [[label, ..], ..] | "reject": true}}  -> {}
+    {"id": 4, "traposId", "type": "ask_cancel", "payload": {"ask": "a"}}
+                                                      <- {"id": 4, ..., "payload": {"cancelled":
+                                                          bool}}  (only this socket's asks)
+                                                      <- {"id": "a", "status": 200, "ok": true,
+                                                          "payload": {sessionId, text, changed?,
+                                                          snapshot?}}
+                                                         (``snapshot``: taken before the run's
+                                                          first change; ``snapshot_restore``
+                                                          undoes it) or its error: 503
+                                                          ``overloaded`` while another ask runs
+                                                          there, ``cancelled``, ``stopped``, ...
+
+Closing the socket stops its asks.  A change to a computer's files from the
+console is one request, made by the gateway in as many as it takes, quietly,
+and one entry of the activity (``web.filecalls``): ``file_write {path,
+content}`` (base64, up to ``MAX_FILE_BYTES``), ``file_move {from, to}`` (a
+file or a folder) and ``folder_make {path}``.
+
 An answer's ``status`` and the rest of it are what ``POST
 /computers/{traposId}/requests`` (``?account=`` being ``account``) would
 answer: ``trapsandbox.web.operator`` decides both, for both.  Answers go out as
@@ -84,6 +122,7 @@ been stalled for the stall timeout.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import orjson
@@ -117,6 +156,8 @@ _SHAPE = '{"id", "traposId", "type", "payload"?, "timeoutMs"?, "account"?}'
 WATCH_COMPUTERS = "watch_computers"
 WATCH_ACTIVITY = "watch_activity"
 CANCELLED = error_answer(503, errors.UNAVAILABLE, "the request was cancelled")
+# Each connection's name for the asks it starts (``agentcalls.run_id``).
+_serials = itertools.count(1)
 
 
 def _id_of(obj: dict[str, Any]) -> str | int:
@@ -185,6 +226,8 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         self.peer_address = "?"
         self.outbound: Outbound | None = None
         self.in_flight: dict[str | int, Deferred] = {}
+        # What its asks are known by (``ask_cancel`` names them by their id on this socket).
+        self.connection = f"operator-{next(_serials)}"
         # The id of this socket's ``watch_computers`` (one per socket), while it runs.
         self.watching: str | int | None = None
         # An answer found no room while the transport was paused (``Outbound``).
@@ -439,12 +482,18 @@ class OperatorSocket(Sending, fixes.HeadersOnDeny, WebSocketServerProtocol):
         if type(account_id) is Answer:
             self._answer(message_id, account_id)
             return
-        result = requests.send(
-            Caller.of_operator(self.operator, account_id, trapos_id),
-            obj,
-            lambda frame: self._partial(message_id, frame),
-            self._room_for_frames,
-        )
+        # A placeholder while it starts: an ask's first partials may come before its Deferred.
+        self.in_flight[message_id] = Deferred()
+        try:
+            result = requests.send(
+                Caller.of_operator(self.operator, account_id, trapos_id),
+                obj,
+                lambda frame: self._partial(message_id, frame),
+                self._room_for_frames,
+                self.connection,
+            )
+        finally:
+            del self.in_flight[message_id]
         if type(result) is Answer:
             self._answer(message_id, result)
             return

@@ -239,8 +239,19 @@ class AskStreamingTests(AskTestsMixin, SynchronousTestCase):
             self.partials,
             [
                 {"type": "text_delta", "text": "Let me write it."},  # flushed before the tool
-                {"type": "tool", "name": "trapsandbox_write_file", "status": "running"},
-                {"type": "tool", "name": "trapsandbox_write_file", "status": "completed"},
+                # Its arguments as a permission prompt shows them (the console lists them).
+                {
+                    "type": "tool",
+                    "name": "trapsandbox_write_file",
+                    "status": "running",
+                    "detail": "/hello.lua (1 bytes)",
+                },
+                {
+                    "type": "tool",
+                    "name": "trapsandbox_write_file",
+                    "status": "completed",
+                    "detail": "/hello.lua",
+                },
                 {
                     "type": "tool",
                     "name": "trapsandbox_run_command",

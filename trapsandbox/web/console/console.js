@@ -5,8 +5,8 @@
 // other the selected computer's screen (screen_watch) and carries its input;
 // choosing another computer closes the second, which ends its watch.
 // The first also carries the selected computer's snapshot requests (SPEC §15; the
-// "Snapshots" section at the end of this file) and its files panel's (files.js, transfer.js),
-// each an operatorRequest answered by its id.
+// "Snapshots" section at the end of this file), its files panel's (files.js, transfer.js) and
+// its agent panel's (agent.js), each an operatorRequest answered by its id.
 "use strict";
 
 const TOKEN_KEY = "trapsandbox.token";
@@ -34,8 +34,9 @@ const REQUEST_ID = "req-";
 const requests = { pending: new Map(), next: 1 };
 
 // One /operator request about `computer`; resolves with the answer (an error answer if the
-// socket is not open or closes first).
-function operatorRequest(computer, type, payload) {
+// socket is not open or closes first). `onPartial` hears each partial answer before it (an
+// ask's, agent.js); `onSent` is told the request's id once it is sent (to name it later).
+function operatorRequest(computer, type, payload, onPartial, onSent) {
   return new Promise((resolve) => {
     const ws = state.list;
     if (!ws || ws.readyState !== WebSocket.OPEN) {
@@ -43,24 +44,29 @@ function operatorRequest(computer, type, payload) {
       return;
     }
     const id = REQUEST_ID + requests.next++;
-    requests.pending.set(id, resolve);
+    requests.pending.set(id, { resolve, onPartial });
     const message = { id, traposId: computer.traposId, account: computer.accountId, type };
     if (payload) message.payload = payload;
     ws.send(JSON.stringify(message));
+    if (onSent) onSent(id);
   });
 }
 
 function requestAnswered(message) {
-  const resolve = requests.pending.get(message.id);
-  if (!resolve) return;
+  const pending = requests.pending.get(message.id);
+  if (!pending) return;
+  if (message.partial) {
+    if (pending.onPartial) pending.onPartial(message.payload);
+    return;
+  }
   requests.pending.delete(message.id);
-  resolve(message);
+  pending.resolve(message);
 }
 
 function requestsSocketEnded() {
   const pending = [...requests.pending.values()];
   requests.pending.clear();
-  for (const resolve of pending) resolve({ ok: false, error: { message: "the connection to the gateway closed" } });
+  for (const { resolve } of pending) resolve({ ok: false, error: { message: "the connection to the gateway closed" } });
 }
 
 function say(text) { $("status").textContent = text; }
@@ -146,6 +152,7 @@ function showComputers(computers) {
   }
   snapshotsAllowed();
   filesAllowed();
+  agentAllowed();
 }
 
 function disconnected() {
@@ -187,6 +194,7 @@ function select(computer) {
   $("terminal-title").textContent = "Computer " + computer.traposId;
   showSnapshots(computer);
   showFiles(computer);
+  showAgent(computer);
   showComputers(state.computers);
   inputNotice();
   watchScreen();
@@ -364,6 +372,7 @@ document.addEventListener("DOMContentLoaded", () => {
   setPalette(DEFAULT_PALETTE);
   setUpSnapshots();
   setUpFiles();
+  setUpAgent();
   const saved = sessionStorage.getItem(TOKEN_KEY);
   $("login").addEventListener("submit", (event) => {
     event.preventDefault();

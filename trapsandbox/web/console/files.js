@@ -6,7 +6,9 @@
 //
 // Everything goes through the computer's own request types (list_files and read_file need
 // fs.read; write_file and delete_file fs.write): the computer refuses what its player has not
-// allowed, and the panel says what to allow. Each request is in the computer's activity.
+// allowed, and the panel says what to allow. A change made of several requests (a save in
+// parts, a rename, a new folder) is one gateway request (file_write, file_move, folder_make),
+// so that each change is one entry in the computer's activity, by the player.
 // Paths and names from the computer are set as text, never as HTML.
 "use strict";
 
@@ -93,7 +95,7 @@ function filesAllowed() {
   $("file-new").disabled = files.busy || !writing;
   $("folder-new").disabled = files.busy || !writing;
   $("file-upload").disabled = files.busy || !writing;
-  $("file-rename").disabled = files.busy || !writing || !chosenFile || !chosenWritable;
+  $("file-rename").disabled = files.busy || !writing || !files.selected || !chosenWritable;
   $("file-delete").disabled = files.busy || !writing || !files.selected || !chosenWritable;
   $("file-download").disabled = files.busy || !reading || !chosenFile;
   $("files-refresh").disabled = files.busy || !reading;
@@ -339,43 +341,42 @@ async function newFile() {
   if (made) await openFile(computer, path, false);
 }
 
-// No request makes a folder: writing a file creates its missing folders, so an empty file is
-// written in the new folder and deleted (two entries in the activity).
+// The gateway makes a folder (folder_make: an empty file written in it and deleted, quietly):
+// one entry in the activity.
 async function newFolder() {
   const computer = state.selected;
   const path = await askPath("New folder", join(chosenFolder(), ""));
   if (!path) return;
   await operation(computer, "creating " + path + "…", async () => {
     await mustBeFree(computer, path);
-    const placeholder = join(path, ".folder");
-    await writeWhole(computer, placeholder, new Uint8Array(0));
-    await fileRequest(computer, "delete_file", { path: placeholder });
+    await fileRequest(computer, "folder_make", { path });
     await refresh(computer, parentOf(path));
     return "Created the folder " + path + ".";
   });
 }
 
-// A file is renamed by writing it whole under its new name and deleting the old one.
+// A file or a folder is renamed by the gateway (file_move: each file read, written under the
+// new name, then the old deleted, quietly): one entry in the activity.
 async function renameFile() {
   const computer = state.selected;
-  const from = files.selected.path;
-  if (files.open && files.open.path === from && files.open.dirty) {
-    filesError("Save or undo your changes to " + from + " before renaming it.");
+  const { path: from, type } = files.selected;
+  const open = files.open;
+  if (open && (open.path === from || open.path.startsWith(from + "/")) && open.dirty) {
+    filesError("Save or undo your changes to " + open.path + " before renaming it.");
     return;
   }
   const to = await askPath("Rename " + from + " to", from);
   if (!to || to === from) return;
+  if (to.startsWith(from + "/")) { filesError("A folder cannot be moved into itself."); return; }
   await operation(computer, "renaming " + from + "…", async () => {
     await mustBeFree(computer, to);
-    const data = await readWhole(computer, from, progress("reading", from));
-    await writeWhole(computer, to, data, progress("writing", to));
-    await fileRequest(computer, "delete_file", { path: from });
+    await fileRequest(computer, "file_move", { from, to });
     await refresh(computer, parentOf(from));
     if (parentOf(to) !== parentOf(from)) await refresh(computer, parentOf(to));
-    choose({ path: to, type: "file", readOnly: false });
-    if (files.open && files.open.path === from) {
-      files.open.path = to;
-      $("file-path").textContent = to;
+    choose({ path: to, type, readOnly: false });
+    if (open && files.open === open && (open.path === from || open.path.startsWith(from + "/"))) {
+      open.path = to + open.path.slice(from.length);
+      $("file-path").textContent = open.path;
     }
     return "Renamed " + from + " to " + to + ".";
   });

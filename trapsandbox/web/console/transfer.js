@@ -1,11 +1,12 @@
 // A computer's files, whole, over the computers' socket (SPEC §9): the computer answers
-// read_file and write_file at most 64 KiB of content a frame, so a file is read in ranges and
-// written in parts ({offset, final, size}: the parts go to a temporary file beside the target
-// and the final one moves it into place, so the file is replaced whole or not at all).
+// read_file at most 64 KiB of content a frame, so a file is read in ranges; it is written by
+// the gateway's file_write, which sends it in parts ({offset, final, size}: the parts go to a
+// temporary file beside the target and the final one moves it into place, so the file is
+// replaced whole or not at all).
 // Bytes are Uint8Arrays throughout (binary safe); base64 only on the wire.
 "use strict";
 
-const PART_BYTES = 64 * 1024;           // the computer's limit of content in one frame
+const PART_BYTES = 64 * 1024;           // the computer's limit of content in one frame (reads)
 const MAX_TRANSFER_BYTES = 1024 * 1024;  // the gateway's request limit for one file (limits.MAX_FILE_BYTES)
 
 class TransferError extends Error {
@@ -67,22 +68,16 @@ async function readWhole(computer, path, progress) {
   return whole;
 }
 
-// Writes `data` (a Uint8Array) as `path` in parts, the last one moving it into place.
+// Writes `data` (a Uint8Array) as `path`: one file_write, which the gateway sends to the
+// computer in parts, quietly, the last one moving it into place; the computer's activity shows
+// it as one entry (web/filecalls.py). `progress` is told when it is sent and when it is written.
 async function writeWhole(computer, path, data, progress) {
   if (data.length > MAX_TRANSFER_BYTES) {
     throw new TransferError("it is " + bytes(data.length) + ": the console writes files up to " + bytes(MAX_TRANSFER_BYTES));
   }
-  let offset = 0;
-  do {
-    const part = data.subarray(offset, offset + PART_BYTES);
-    const final = offset + part.length >= data.length;
-    await fileRequest(computer, "write_file", {
-      path, content: toBase64(part), encoding: "base64",
-      part: { offset, final, size: data.length },
-    });
-    offset += part.length;
-    if (progress) progress(offset, data.length);
-  } while (offset < data.length);
+  if (progress) progress(0, data.length);
+  await fileRequest(computer, "file_write", { path, content: toBase64(data) });
+  if (progress) progress(data.length, data.length);
 }
 
 function sameBytes(a, b) {
