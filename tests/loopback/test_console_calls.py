@@ -267,6 +267,12 @@ class FileCallsTests(ConsoleCallsCase):
         parts = await self.answer_writes(computer, 3)
         self.assertEqual(b"".join(base64.b64decode(p["content"]) for p in parts), data)
         self.assertEqual([p["part"]["final"] for p in parts], [False, False, True])
+        # Its progress, after each part the computer wrote (the page's progress bar).
+        progress = [await operator.next_message() for _ in parts]
+        self.assertEqual(
+            [(m["id"], m.get("partial"), m["payload"]) for m in progress],
+            [(1, True, {"written": n, "size": len(data)}) for n in (65536, 131072, len(data))],
+        )
         answer = await operator.next_message()
         self.assertEqual(answer["payload"], {"bytesWritten": len(data), "sizeBytes": len(data)})
         started, ended = await self.entry(watcher), await self.entry(watcher)

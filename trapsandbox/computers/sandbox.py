@@ -282,11 +282,13 @@ class Sandbox:
         path: str,
         content: bytes,
         max_bytes: int = MAX_FILE_BYTES,
+        on_written: Callable[[int], None] | None = None,
     ) -> Deferred:
         """
         Replace the file at ``path`` with ``content`` (at most ``max_bytes``: a restore
         writes back any file a snapshot holds), sent in parts; the computer moves it
         into place with the last one, so the file is replaced whole or not at all.
+        ``on_written`` hears how many bytes the computer holds after each part.
         """
         if len(content) > max_bytes:
             return fail(
@@ -294,9 +296,15 @@ class Sandbox:
                     errors.TOO_LARGE, f"at most {max_bytes} bytes can be written in one call"
                 )
             )
-        return Deferred.fromCoroutine(self._write_file(caller, path, content))
+        return Deferred.fromCoroutine(self._write_file(caller, path, content, on_written))
 
-    async def _write_file(self, caller: Caller, path: str, content: bytes) -> dict[str, Any]:
+    async def _write_file(
+        self,
+        caller: Caller,
+        path: str,
+        content: bytes,
+        on_written: Callable[[int], None] | None,
+    ) -> dict[str, Any]:
         answer: dict[str, Any] = {}
         offset = 0
         while True:
@@ -315,6 +323,8 @@ class Sandbox:
                 limits.FILE_REQUEST_TIMEOUT,
             )
             offset += len(chunk)
+            if on_written is not None:
+                on_written(offset)
             if final:
                 break
         return {"bytesWritten": len(content), "sizeBytes": answer.get("sizeBytes", len(content))}

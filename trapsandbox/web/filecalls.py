@@ -3,7 +3,8 @@ A file change from the web console as one step (issue 34), request types of
 ``/operator`` (``operator.OperatorRequests.send``)::
 
     type          payload                               answer
-    file_write    {path, content (base64)}              {bytesWritten, sizeBytes}
+    file_write    {path, content (base64)}              partials {written, size} after each
+                                                        part, then {bytesWritten, sizeBytes}
     file_move     {from, to}                            {moved: [file paths, as they are now]}
     folder_make   {path}                                {made: path}
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -77,7 +79,11 @@ class FileCalls:
         self._sandbox = sandbox
 
     def request(
-        self, kind: str, caller: Caller, payload: dict[str, Any]
+        self,
+        kind: str,
+        caller: Caller,
+        payload: dict[str, Any],
+        on_partial: Callable[[dict[str, Any]], None] | None = None,
     ) -> Deferred[dict[str, Any]]:
         """One of ``TYPES``, by ``caller`` (aimed at the computer); raises ``GatewayError``
         for bad input (400) at once."""
@@ -86,7 +92,12 @@ class FileCalls:
             raise GatewayError(errors.UNAVAILABLE, "this gateway serves no file requests here")
         if kind == WRITE:
             path, data = _path(payload, "path"), _content(payload)
-            return self._one(caller, "write_file", {"path": path}, self._write(quiet, path, data))
+            written = None
+            if on_partial is not None:
+                size = len(data)
+                written = lambda n: on_partial({"written": n, "size": size})  # noqa: E731
+            work = self._write(quiet, path, data, written)
+            return self._one(caller, "write_file", {"path": path}, work)
         if kind == MOVE:
             source, target = _path(payload, "from"), _path(payload, "to")
             if source == target or target.startswith(source + "/"):
@@ -106,8 +117,14 @@ class FileCalls:
             self._registry.track(caller.key, kind, shown, d, caller.sender)
         return d
 
-    async def _write(self, caller: Caller, path: str, data: bytes) -> dict[str, Any]:
-        return await self._sandbox.write_file(caller, path, data)
+    async def _write(
+        self,
+        caller: Caller,
+        path: str,
+        data: bytes,
+        on_written: Callable[[int], None] | None = None,
+    ) -> dict[str, Any]:
+        return await self._sandbox.write_file(caller, path, data, on_written=on_written)
 
     async def _exists(self, caller: Caller, path: str) -> bool:
         try:

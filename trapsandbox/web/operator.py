@@ -425,9 +425,10 @@ class OperatorRequests:
         aimed at; the answer, or a Deferred of it, as ``http``.
         ``on_partial`` hears a ``screen_watch``'s frames (``ScreenState``'s
         shape) before it, expanded only when ``room()`` (None: always) says
-        there is room for one, and an ``ask``'s partials as they come; no other
-        type's partials are relayed.  The agent's types (``agentcalls.TYPES``) and
-        the console's file changes (``filecalls.TYPES``) are the gateway's own:
+        there is room for one, an ``ask``'s partials as they come, and a
+        ``file_write``'s progress after each part; no other type's partials are
+        relayed.  The agent's types (``agentcalls.TYPES``) and the console's file
+        changes (``filecalls.TYPES``) are the gateway's own:
         ``connection`` names the connection (an ``/operator`` socket) whose ``ask_cancel``
         may name its asks by their ``id`` in ``obj``.  A
         ``screen_watch`` runs up to ``SCREEN_WATCH_TIMEOUT`` unless ``timeoutMs`` says.
@@ -444,7 +445,7 @@ class OperatorRequests:
                 d = self.agent.request(kind, caller, payload, connection, obj.get("id"), on_partial)
                 return d.addCallbacks(_gateway_answer, _failed)
             if kind in filecalls.TYPES:
-                d = self.files.request(kind, caller, payload)
+                d = self.files.request(kind, caller, payload, on_partial)
                 return d.addCallbacks(_gateway_answer, _failed)
         except GatewayError as error:
             return rejected(error)

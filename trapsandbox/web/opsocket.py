@@ -96,8 +96,9 @@ computer's ``ask`` gets them:
 Closing the socket stops its asks.  A change to a computer's files from the
 console is one request, made by the gateway in as many as it takes, quietly,
 and one entry of the activity (``web.filecalls``): ``file_write {path,
-content}`` (base64, up to ``MAX_FILE_BYTES``), ``file_move {from, to}`` (a
-file or a folder) and ``folder_make {path}``.
+content}`` (base64, up to ``MAX_FILE_BYTES``; a partial ``{written, size}``
+after each part the computer wrote), ``file_move {from, to}`` (a file or a
+folder) and ``folder_make {path}``.
 
 An answer's ``status`` and the rest of it are what ``POST
 /computers/{traposId}/requests`` (``?account=`` being ``account``) would

@@ -31,8 +31,8 @@ function fromBase64(text) {
   return bytes;
 }
 
-async function fileRequest(computer, type, payload) {
-  const answer = await operatorRequest(computer, type, payload);
+async function fileRequest(computer, type, payload, onPartial) {
+  const answer = await operatorRequest(computer, type, payload, onPartial);
   if (!answer.ok) throw new TransferError(failure(answer), answer);
   return answer.payload;
 }
@@ -70,13 +70,15 @@ async function readWhole(computer, path, progress) {
 
 // Writes `data` (a Uint8Array) as `path`: one file_write, which the gateway sends to the
 // computer in parts, quietly, the last one moving it into place; the computer's activity shows
-// it as one entry (web/filecalls.py). `progress` is told when it is sent and when it is written.
+// it as one entry (web/filecalls.py). `progress(done, total)` when it is sent and after each
+// part the computer has written (the gateway's partials {written, size}).
 async function writeWhole(computer, path, data, progress) {
   if (data.length > MAX_TRANSFER_BYTES) {
     throw new TransferError("it is " + bytes(data.length) + ": the console writes files up to " + bytes(MAX_TRANSFER_BYTES));
   }
   if (progress) progress(0, data.length);
-  await fileRequest(computer, "file_write", { path, content: toBase64(data) });
+  const written = progress ? (part) => progress(part.written, part.size) : undefined;
+  await fileRequest(computer, "file_write", { path, content: toBase64(data) }, written);
   if (progress) progress(data.length, data.length);
 }
 
