@@ -53,7 +53,15 @@ from twisted.web.client import HTTPConnectionPool
 from twisted.web.server import Site
 
 from bench import harness, proc
-from bench.run import ADMIN_TOKEN, SECRET, Child, _free_port, _with_repo_path
+from bench.run import (
+    ADMIN_TOKEN,
+    SECRET,
+    Child,
+    _free_port,
+    _with_repo_path,
+    start_py_spy,
+    stop_py_spy,
+)
 
 sys.path.insert(0, str(harness.REPO))
 
@@ -174,9 +182,12 @@ class Setup:
         max_instances: int,
         idle_ms: int,
         opencode_env: dict[str, str],
+        py_spy: str | None = None,
     ):
         self.logs, self.label = logs, label
         self.opencode_env = opencode_env
+        # A folder: the gateway recorded by py-spy during each measured round.
+        self.py_spy = py_spy
         self.ports = [_free_port() for _ in range(servers)]
         self.state = tempfile.mkdtemp(prefix="trapsandbox-bench-ask-")
         env = _with_repo_path()
@@ -256,11 +267,14 @@ async def _answering(reactor, port: int) -> None:
             await task.deferLater(reactor, 0.2, lambda: None)
 
 
-async def measured_round(setup: Setup, group: list[AskingComputer]) -> dict[str, Any]:
+async def measured_round(setup: Setup, group: list[AskingComputer], name: str) -> dict[str, Any]:
+    spy = start_py_spy(setup.py_spy, f"{setup.label}-{name}", setup.gateway, None)
     cpu = proc.cpu_seconds(setup.gateway.pid)
     started = time.perf_counter()
     answers = await ask_all(group)
     seconds = time.perf_counter() - started
+    if spy is not None:
+        stop_py_spy(spy, setup.py_spy, f"{setup.label}-{name}")
     figures = summary(answers, seconds)
     figures["gateway_cpu_ms_per_ask"] = round(
         (proc.cpu_seconds(setup.gateway.pid) - cpu) * 1000 / len(group), 2
@@ -279,10 +293,16 @@ async def one_at_a_time(group: list[AskingComputer]) -> dict[str, Any]:
 
 
 async def scenario(
-    reactor, logs: Path, model: FakeModel, n: int, bound: int, opencode_env: dict[str, str]
+    reactor,
+    logs: Path,
+    model: FakeModel,
+    n: int,
+    bound: int,
+    opencode_env: dict[str, str],
+    py_spy: str | None,
 ) -> dict[str, Any]:
     label = f"n{n}-{'bound' if bound < UNBOUNDED else 'unbounded'}"
-    setup = Setup(logs, label, 1, bound, 3_600_000, opencode_env)
+    setup = Setup(logs, label, 1, bound, 3_600_000, opencode_env, py_spy)
     try:
         port = await setup.start(reactor, model)
         group = await computers(reactor, port, n)
@@ -297,9 +317,9 @@ async def scenario(
         (first,) = await computers(reactor, port, 1, first_id=n + 1)
         await ask_all([first])
         figures["opencode_rss_warm_mib"] = setup.opencode_rss()
-        figures["round1"] = await measured_round(setup, group)
+        figures["round1"] = await measured_round(setup, group, "r1")
         model.requests.clear()
-        figures["round2"] = await measured_round(setup, group)
+        figures["round2"] = await measured_round(setup, group, "r2")
         model.requests.clear()
         if bound < UNBOUNDED:
             # One ask at a time, nothing else running: a computer asking for the first time
@@ -320,16 +340,23 @@ async def scenario(
 
 
 async def through(
-    reactor, logs: Path, model: FakeModel, n: int, servers: int, opencode_env: dict[str, str]
+    reactor,
+    logs: Path,
+    model: FakeModel,
+    n: int,
+    servers: int,
+    opencode_env: dict[str, str],
+    py_spy: str | None,
 ) -> dict[str, Any]:
-    setup = Setup(logs, f"n{n}-servers{servers}", servers, BOUND, 3_600_000, opencode_env)
+    label = f"n{n}-servers{servers}"
+    setup = Setup(logs, label, servers, BOUND, 3_600_000, opencode_env, py_spy)
     try:
         port = await setup.start(reactor, model)
         group = await computers(reactor, port, n)
         figures = {"computers": n, "servers": servers}
-        figures["round1"] = await measured_round(setup, group)
+        figures["round1"] = await measured_round(setup, group, "r1")
         model.requests.clear()
-        figures["round2"] = await measured_round(setup, group)
+        figures["round2"] = await measured_round(setup, group, "r2")
         model.requests.clear()
         for c in group:
             c.transport.loseConnection()
@@ -360,12 +387,16 @@ async def run(reactor, args: argparse.Namespace) -> dict[str, Any]:
             for bound in (BOUND, UNBOUNDED):
                 if bound == UNBOUNDED and n > args.unbounded_up_to:
                     continue
-                figures = await scenario(reactor, logs, model, n, bound, args.opencode_env)
+                figures = await scenario(
+                    reactor, logs, model, n, bound, args.opencode_env, args.py_spy
+                )
                 results["scenarios"].append(figures)
                 print(json.dumps(figures), flush=True)
         n = min(args.computers[-1], args.servers_with)
         for servers in (1, 2) if n > 0 else ():
-            figures = await through(reactor, logs, model, n, servers, args.opencode_env)
+            figures = await through(
+                reactor, logs, model, n, servers, args.opencode_env, args.py_spy
+            )
             results["servers"].append(figures)
             print(json.dumps(figures), flush=True)
     finally:
@@ -398,6 +429,12 @@ def main(argv: list[str] | None = None) -> None:
         help="'NAME=VALUE ...' added to opencode's environment (docs/operations.md); '' for none",
     )
     parser.add_argument("--logs", default=str(harness.REPO / "bench-results" / "ask-logs"))
+    parser.add_argument(
+        "--py-spy",
+        metavar="DIR",
+        help="record the gateway with py-spy during each round (raw stacks and a summary in "
+        "DIR; the figures of a profiled run are perturbed)",
+    )
     args = parser.parse_args(argv)
     args.opencode_env = dict(pair.split("=", 1) for pair in args.opencode_env.split())
     args.computers = [3] if args.quick else [int(n) for n in args.computers.split(",")]

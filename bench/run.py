@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             spy = (
-                _start_py_spy(args.py_spy, label, server, generator_cpu)
+                start_py_spy(args.py_spy, label, server, generator_cpu)
                 if target.startswith("gateway")
                 else None
             )
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             outcome = _run_generator(spec, generator_cpu, sum(_bound(plan[n]) for n in names))
             if spy is not None:
-                _stop_py_spy(spy, args.py_spy, label)
+                stop_py_spy(spy, args.py_spy, label)
             died = server.process.poll()
             code = server.stop()
             children.remove(server)
@@ -504,7 +504,7 @@ def _run_generator(spec: dict[str, Any], cpu: int | None, bound: float) -> dict[
     return orjson.loads(lines[-1])
 
 
-def _start_py_spy(directory: str | None, label: str, server: Child, cpu: int | None):
+def start_py_spy(directory: str | None, label: str, server: Child, cpu: int | None):
     if not directory:
         return None
     Path(directory).mkdir(parents=True, exist_ok=True)
@@ -514,7 +514,7 @@ def _start_py_spy(directory: str | None, label: str, server: Child, cpu: int | N
         "--pid",
         str(server.pid),
         "--rate",
-        "250",
+        os.environ.get("BENCH_PY_SPY_RATE", "250"),
         "--nonblocking",
         "--format",
         "raw",
@@ -530,7 +530,7 @@ def _start_py_spy(directory: str | None, label: str, server: Child, cpu: int | N
     )
 
 
-def _stop_py_spy(spy: subprocess.Popen, directory: str, label: str) -> None:
+def stop_py_spy(spy: subprocess.Popen, directory: str, label: str) -> None:
     spy.send_signal(signal.SIGINT)
     try:
         spy.wait(30)

@@ -373,7 +373,9 @@ def _opencode(
         "SANDBOX_ASK_DIR",
     )
     pool = HTTPConnectionPool(reactor, persistent=True)
-    pool.maxPersistentPerHost = limits.OPENCODE_PERSISTENT_CONNECTIONS
+    pool.maxPersistentPerHost = max(
+        limits.OPENCODE_PERSISTENT_CONNECTIONS, settings.ask_max_running
+    )
     http = HTTPClient(Agent(reactor, pool=pool, connectTimeout=limits.OPENCODE_CONNECT_TIMEOUT))
     urls = settings.opencode_urls or ("",)
     tokens = AskTokens()

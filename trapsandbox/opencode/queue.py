@@ -10,10 +10,15 @@ and its account have room, so an account at its own bound never holds up the
 others behind it.
 
 A waiting ask is told how many asks wait ahead of it (on its server or of its
-account) whenever that changes and again every ``repeat`` seconds: the
-player sees it waiting, and the computer's idle timer, which any partial
-restarts, never ends an ask that is only waiting.  No timeout runs while an
-ask waits; the ask's own bound starts once it is admitted (``asks``).
+account) when it starts waiting, whenever that number changes while under 10,
+or when its leading figure changes (157 is told again at 99, then 89, ..., 9, 8
+...), and again, exactly, every ``repeat`` seconds: the player sees it waiting,
+and the computer's idle timer, which any partial restarts, never ends an ask
+that is only waiting.  Told at every change, W waiting asks would cost W
+messages each time one is admitted (quadratic in a burst: ~45,000 for 300
+computers asking at once); by figure, each is told a few dozen times at most.
+No timeout runs while an ask waits; the ask's own bound starts once it is
+admitted (``asks``).
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ class Ticket:
     granted: Deferred = attrs.field(factory=Deferred)
     admitted: bool = False
     left: bool = False
-    ahead: int | None = None
+    ahead: int | None = None  # how many wait ahead of it now
+    told: int | None = None  # ... and what it was last told
     repeat: IDelayedCall | None = None
 
 
@@ -113,8 +119,8 @@ class AskQueue:
             servers[server] += 1
             accounts[account] += 1
             both[(server, account)] += 1
-            if ahead != ticket.ahead:
-                ticket.ahead = ahead
+            ticket.ahead = ahead
+            if ticket.told is None or _figure(ahead) != _figure(ticket.told):
                 told.append(ticket)
         # State first, then the callbacks: what they run may enter or leave again.
         for ticket in admitted:
@@ -127,9 +133,16 @@ class AskQueue:
     def _tell(self, ticket: Ticket) -> None:
         self._quiet(ticket)
         ticket.repeat = self._clock.callLater(self._repeat, self._tell, ticket)
-        ticket.tell(ticket.ahead or 0)
+        ticket.told = ticket.ahead or 0
+        ticket.tell(ticket.told)
 
     def _quiet(self, ticket: Ticket) -> None:
         if ticket.repeat is not None and ticket.repeat.active():
             ticket.repeat.cancel()
         ticket.repeat = None
+
+
+def _figure(ahead: int) -> int:
+    """``ahead`` to its leading figure: 7 is 7, 42 is 40, 157 is 100."""
+    step = 10 ** (len(str(ahead)) - 1)
+    return ahead // step * step

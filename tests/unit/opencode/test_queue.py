@@ -74,6 +74,30 @@ class QueueTests(SynchronousTestCase):
         self.clock.advance(60)
         self.assertEqual(self.told, {"3": [0, 0, 0]})
 
+    def test_far_back_an_ask_is_told_when_the_leading_figure_changes(self):
+        self.queue.per_account = 1000
+        running = [self.enter(f"r{n}", account=f"r{n}") for n in range(2)]
+        waiting = [self.enter(f"w{n}", account=f"w{n}") for n in range(157)]
+        self.assertEqual(self.told["w156"], [156])
+        for ticket in running + waiting[:-1]:
+            self.queue.leave(ticket)
+        last = [156, 99, 89, 79, 69, 59, 49, 39, 29, 19, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0]
+        self.assertEqual(self.told["w156"], last)
+        self.assertEqual(self.told["w12"], [12, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0])
+        # 157 waiting: 2,545 messages in all, where telling every change took 12,403.
+        self.assertEqual(sum(len(told) for told in self.told.values()), 2545)
+        self.assertEqual(self.started[-1], "w156")
+
+    def test_the_repeat_tells_a_waiting_ask_exactly_where_it_is(self):
+        self.queue.per_account = 1000
+        running = [self.enter(f"r{n}", account=f"r{n}") for n in range(2)]
+        for n in range(20):
+            self.enter(f"w{n}", account=f"w{n}")
+        self.queue.leave(running[0])
+        self.assertEqual(self.told["w19"], [19])  # 18: the same leading figure, not told yet
+        self.clock.advance(60)
+        self.assertEqual(self.told["w19"], [19, 18])
+
     def test_leaving_while_waiting_moves_the_others_up(self):
         self.enter("1")
         self.enter("2", account="b")
