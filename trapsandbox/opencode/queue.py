@@ -15,7 +15,7 @@ or when its leading figure changes (157 is told again at 99, then 89, ..., 9, 8
 ...), and again, exactly, every ``repeat`` seconds: the player sees it waiting,
 and the computer's idle timer, which any partial restarts, never ends an ask
 that is only waiting.  Told at every change, W waiting asks would cost W
-messages each time one is admitted (quadratic in a burst: ~45,000 for 300
+messages each time one is admitted (quadratic in a burst: ~40,000 for 300
 computers asking at once); by figure, each is told a few dozen times at most.
 No timeout runs while an ask waits; the ask's own bound starts once it is
 admitted (``asks``).
@@ -133,7 +133,7 @@ class AskQueue:
     def _tell(self, ticket: Ticket) -> None:
         self._quiet(ticket)
         ticket.repeat = self._clock.callLater(self._repeat, self._tell, ticket)
-        ticket.told = ticket.ahead or 0
+        ticket.told = ticket.ahead or 0  # set by _admit before any tell
         ticket.tell(ticket.told)
 
     def _quiet(self, ticket: Ticket) -> None:
