@@ -94,12 +94,19 @@ def lua_literal(value: Any) -> str:
 def on_screen(text: str) -> str:
     """
     A pattern for ``text`` as the computer prints it: rows of 51 columns, so a line may be cut
-    anywhere (a word too long) or at a space (CraftOS's word wrap, the space dropped).
+    anywhere (a word too long) or at a space (CraftOS's word wrap, the space dropped). Rows are
+    printed as they settle, so multishell's tab bar (" shell  sandbox"), redrawn when a tab's
+    title changes, may come between two rows of one message.
     """
+    cut = TAB_BAR_ROW + r"\n?"
     parts = []
     for char in text:
-        parts.append(r"\s+" if char == " " else re.escape(char) + r"\n?")
+        parts.append(TAB_BAR_ROW + r"\s+" if char == " " else re.escape(char) + cut)
     return "".join(parts)
+
+
+#: Multishell's tab bar as a row of its own: each tab's title with a space before it.
+TAB_BAR_ROW = r"(?:\n(?: [\w.-]+ ?)+(?=\n))?"
 
 
 class CCTComputer:
