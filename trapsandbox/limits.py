@@ -120,6 +120,10 @@ MCP_PROGRESS_HEARTBEAT = 5.0
 # the bound leaves a slow server room to finish the first one.
 ASK_SNAPSHOT_TIMEOUT = 20.0
 ASK_MCP_TIMEOUT_MS = int((MCP_CALL_TIMEOUT + ASK_SNAPSHOT_TIMEOUT + 10) * 1000)
+# opencode's own config (the operator's ``trapsandbox`` MCP block, copied into each asking
+# computer's directory) is read again after this long: a new computer's ask does not wait on
+# a GET /config of its own.
+ASK_CONFIG_TTL = 10.0
 
 # -- Connections -----------------------------------------------------------------------------
 

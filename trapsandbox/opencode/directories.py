@@ -7,17 +7,24 @@ own under the ask directory (made and opened as ``trapsandbox.state`` says:
 0700, ours, never through a symbolic link), whose instance is given a
 ``trapsandbox`` MCP server (``POST /mcp?directory=D``, the same name as the
 operator's, so it replaces it there and the tools keep their names) whose
-bearer token is the computer's ask token (``tokens``).  The same block is
-written to the directory's ``opencode.json``, so an instance opencode
-re-creates reads it too.
+bearer token is the computer's ask token (``tokens``).  The block is written
+to the directory's ``opencode.json``, which an instance reads when opencode
+makes it (the first request naming the directory): a directory made just now
+has no instance yet, so the file is all it needs; one that was there before
+(the gateway restarted, or the computer's conversation was forgotten) may
+have a live instance holding another token, which is given the block through
+the API as well.  The operator's block (``GET /config``) is read once per
+``limits.ASK_CONFIG_TTL`` seconds, not at every new computer.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from typing import Any
 
 import orjson
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from trapsandbox import limits
@@ -47,23 +54,32 @@ def directory_name(account_id: str, trapos_id: str) -> str:
 class AskDirectories:
     """The computers' directories under ``root``, and which have their MCP block."""
 
-    def __init__(self, root: str, client: OpencodeClient, tokens: AskTokens) -> None:
+    def __init__(
+        self, root: str, client: OpencodeClient, tokens: AskTokens, clock: IReactorTime
+    ) -> None:
         # A private directory (``state.prepare``, at start).  opencode resolves a
         # relative directory against its own working directory: give it an absolute one.
         self.root = os.path.abspath(root)
         self._client = client
         self._tokens = tokens
+        self._clock = clock
         self._scoped: set[Key] = set()  # computers whose instance has our MCP block
+        self._made: set[Key] = set()  # directories made by ``directory``, not yet scoped
+        self._config: tuple[float, Any] | None = None  # (when read, opencode's config)
 
     def directory(self, key: Key) -> str:
         """The computer's ask directory, made or checked (``private_directory``)."""
         name = directory_name(*key)
+        path = os.path.join(self.root, name)
+        missing = not os.path.lexists(path)
         try:
             with private_directory(self.root, name):
                 pass
         except (Unsafe, OSError) as error:
-            raise self._unsafe(os.path.join(self.root, name), error) from None
-        return os.path.join(self.root, name)
+            raise self._unsafe(path, error) from None
+        if missing:
+            self._made.add(key)
+        return path
 
     def forget(self, key: Key) -> None:
         """The computer's instance is to be given its block again (a new token) if it asks."""
@@ -73,7 +89,9 @@ class AskDirectories:
         """Give ``directory``'s opencode instance a ``trapsandbox`` MCP block for this computer."""
         if key in self._scoped:
             return
-        config = await self._client.config()
+        made = key in self._made
+        self._made.discard(key)
+        config = await self._operator_config()
         servers = config.get("mcp") if isinstance(config, dict) else None
         server = servers.get(MCP_NAME) if isinstance(servers, dict) else None
         if not isinstance(server, dict) or not isinstance(server.get("url"), str):
@@ -101,8 +119,21 @@ class AskDirectories:
                 write_private(fd, "opencode.json", orjson.dumps({"mcp": {MCP_NAME: scoped}}))
         except (Unsafe, OSError) as error:
             raise self._unsafe(os.path.join(directory, "opencode.json"), error) from None
-        await self._client.add_mcp(directory, MCP_NAME, scoped)
+        if not made:
+            # A live instance may hold another block (the gateway restarted, or the
+            # conversation was forgotten); a directory made just now has none yet, and the
+            # instance opencode makes for it reads the file.
+            await self._client.add_mcp(directory, MCP_NAME, scoped)
         self._scoped.add(key)
+
+    async def _operator_config(self) -> Any:
+        """opencode's own config (the operator's ``trapsandbox`` block), read at most once
+        per ``limits.ASK_CONFIG_TTL`` seconds."""
+        now = self._clock.seconds()
+        if self._config is None or now - self._config[0] >= limits.ASK_CONFIG_TTL:
+            config = await self._client.config()
+            self._config = (now, config)
+        return self._config[1]
 
     def _unsafe(self, path: str, error: Exception) -> GatewayError:
         reason = str(error) if isinstance(error, Unsafe) else error.strerror or str(error)

@@ -62,7 +62,8 @@ class Server:
     ) -> Server:
         """The server at ``client``'s URL: its event stream, the computers' directories
         under ``directory`` (their MCP blocks holding ``tokens``), its instances' bound."""
-        server = cls(client, EventStream(client, clock), AskDirectories(directory, client, tokens))
+        directories = AskDirectories(directory, client, tokens, clock)
+        server = cls(client, EventStream(client, clock), directories)
         server.instances = Instances(clock, server.dispose, instance_idle, max_instances)
         return server
 

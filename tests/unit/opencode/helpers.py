@@ -18,6 +18,7 @@ from twisted.web.iweb import UNKNOWN_LENGTH
 from trapsandbox import limits
 from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.client import OpencodeClient
+from trapsandbox.opencode.directories import directory_name
 from trapsandbox.opencode.queue import AskQueue
 from trapsandbox.opencode.servers import Server
 from trapsandbox.opencode.tokens import AskTokens
@@ -186,6 +187,12 @@ class AskTestsMixin:
                 emit,
             )
         )
+
+    def block(self, trapos="1:a", account="local"):
+        """The computer's MCP block as its directory's ``opencode.json`` holds it."""
+        path = os.path.join(self.root, directory_name(account, trapos), "opencode.json")
+        with open(path, "rb") as f:
+            return orjson.loads(f.read())["mcp"]["trapsandbox"]
 
     def outcome(self, name):
         return self.metrics._asks.labels(name).value

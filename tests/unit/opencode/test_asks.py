@@ -4,8 +4,6 @@ on what is remembered, streaming, cancel, permissions, and the stream
 dropping mid-answer, against the fake HTTP client of ``helpers``.
 """
 
-import os
-
 import orjson
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionRefusedError
@@ -15,7 +13,6 @@ from tests.unit.opencode.helpers import SES, AskTestsMixin, FakeResponse, build_
 from trapsandbox import errors, limits
 from trapsandbox.errors import GatewayError
 from trapsandbox.opencode.client import OpencodeClient
-from trapsandbox.opencode.directories import directory_name
 
 
 class AskSessionTests(AskTestsMixin, SynchronousTestCase):
@@ -39,11 +36,13 @@ class AskSessionTests(AskTestsMixin, SynchronousTestCase):
         self.assertIn("1:a", prompt[3]["system"])
         self.assertEqual(prompt[2], session[2])  # the same directory
         self.assertEqual(prompt[4], ("opencode", "pw"))
-        # The directory's instance got the computer's own MCP block, token and all.
-        (mcp,) = [c for c in self.http.calls if c[:2] == ("POST", "/mcp")]
-        token = mcp[3]["config"]["headers"]["Authorization"].encode()
+        # The directory's instance gets the computer's own MCP block, token and all, from
+        # its opencode.json: the directory was made just now, so opencode makes the instance
+        # at the first request naming it (POST /session), reading the file.
+        token = self.block()["headers"]["Authorization"].encode()
         self.assertEqual(self.asks.tokens.scope_of(token), ("local", "1:a"))
-        self.assertTrue(os.path.exists(os.path.join(mcp[2][0], "opencode.json")))
+        self.assertNotIn("/mcp", self.http.paths("POST"))
+        self.assertEqual(self.http.calls[1][:3], ("POST", "/session", session[2]))
 
     def test_yes_allows_the_changes(self):
         self.ask("x", yes=True)
@@ -119,12 +118,7 @@ class AskBoundTests(AskTestsMixin, SynchronousTestCase):
         self.successResultOf(d)
 
     def token(self, account, trapos):
-        for call in self.http.calls:
-            if call[:2] == ("POST", "/mcp") and call[2] == [
-                os.path.join(self.root, directory_name(account, trapos))
-            ]:
-                token = call[3]["config"]["headers"]["Authorization"]
-        return token.encode()
+        return self.block(trapos, account)["headers"]["Authorization"].encode()
 
     def test_the_least_recently_asked_computer_is_forgotten(self):
         self.asked("1:a")

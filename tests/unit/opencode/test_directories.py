@@ -6,7 +6,6 @@ never through a link, plainly named, and given the computer's MCP block.
 import os
 import stat
 
-import orjson
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.logcapture import LogCapture
@@ -87,10 +86,47 @@ class AskDirectoryTests(AskTestsMixin, SynchronousTestCase):
         self.http.answers[("GET", "/config")] = {
             "mcp": {"trapsandbox": {"type": "remote", "url": "http://gw/mcp", "timeout": 5000}}
         }
+        os.mkdir(self.directory(), 0o700)  # there before: its block also goes through the API
         self.ask()
         (mcp,) = [c for c in self.http.calls if c[:2] == ("POST", "/mcp")]
         timeout = mcp[3]["config"]["timeout"]
         self.assertEqual(timeout, limits.ASK_MCP_TIMEOUT_MS)
         self.assertGreaterEqual(timeout, (limits.MCP_CALL_TIMEOUT + 5) * 1000)
-        with open(os.path.join(self.directory(), "opencode.json"), "rb") as f:
-            self.assertEqual(orjson.loads(f.read())["mcp"]["trapsandbox"]["timeout"], timeout)
+        self.assertEqual(self.block(), mcp[3]["config"])
+
+    def test_a_directory_made_now_gets_its_block_from_opencode_json_only(self):
+        # No request has named it, so opencode has no instance of it: the one it makes at
+        # POST /session reads the file (a POST /mcp would connect the tools a second time).
+        self.ask()
+        self.assertEqual(self.http.paths("POST")[0], "/session")
+        self.assertNotIn("/mcp", self.http.paths("POST"))
+        token = self.block()["headers"]["Authorization"].encode()
+        self.assertEqual(self.asks.tokens.scope_of(token), ("local", "1:a"))
+
+    def test_a_directory_there_before_is_given_the_block_through_the_api_too(self):
+        # The gateway restarted: opencode may hold a live instance with an older token.
+        os.mkdir(self.directory(), 0o700)
+        with open(os.path.join(self.directory(), "opencode.json"), "wb") as f:
+            f.write(b'{"mcp": {"trapsandbox": {"headers": {"Authorization": "Bearer old"}}}}')
+        os.chmod(os.path.join(self.directory(), "opencode.json"), 0o600)
+        self.ask()
+        (mcp,) = [c for c in self.http.calls if c[:2] == ("POST", "/mcp")]
+        self.assertEqual(mcp[2], [self.directory()])
+        self.assertEqual(mcp[3]["config"], self.block())
+        token = self.block()["headers"]["Authorization"].encode()
+        self.assertEqual(self.asks.tokens.scope_of(token), ("local", "1:a"))
+        posts = self.http.paths("POST")
+        self.assertLess(posts.index("/mcp"), posts.index("/session"))
+
+    def test_the_operators_block_is_read_once_in_a_while(self):
+        self.ask(trapos="1:a")
+        self.ask(trapos="2:b")
+        self.assertEqual(self.http.paths("GET").count("/config"), 1)
+        self.http.answers[("GET", "/config")] = {
+            "mcp": {"trapsandbox": {"type": "remote", "url": "http://gw2/mcp"}}
+        }
+        self.clock.advance(limits.ASK_CONFIG_TTL)
+        self.ask(trapos="3:c")
+        self.assertEqual(self.http.paths("GET").count("/config"), 2)
+        self.assertEqual(self.block("3:c")["url"], "http://gw2/mcp")
+        self.assertEqual(self.block("2:b")["url"], "http://gw/mcp")

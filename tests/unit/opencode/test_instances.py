@@ -128,8 +128,8 @@ class AskInstancesTests(AskTestsMixin, SynchronousTestCase):
         self.assertEqual(self.http.sessions, 1)  # the same conversation, where opencode keeps it
         prompts = [c for c in self.http.calls if c[1] == f"/session/{SES}/prompt_async"]
         self.assertEqual([c[2][0] for c in prompts], [directory, directory])
-        # The block is in the directory's opencode.json: not added to the new instance again.
-        self.assertEqual(self.http.paths("POST").count("/mcp"), 1)
+        # The block is in the directory's opencode.json: not added to either instance.
+        self.assertEqual(self.http.paths("POST").count("/mcp"), 0)
 
     def test_past_the_bound_the_other_computers_instance_is_disposed(self):
         self.finish(self.ask())
