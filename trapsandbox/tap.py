@@ -16,7 +16,7 @@ from autobahn.websocket import USES_NVX
 from treq.client import HTTPClient
 from twisted.application import service
 from twisted.internet import endpoints
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
@@ -490,6 +490,7 @@ class GatewayService(service.MultiService):
         self.admission = admission
         self.sandbox = sandbox
         self.snapshots = snapshots
+        self._store_settled: Deferred[None] = succeed(None)
         self.asks = asks
         self.probe = probe
         self._pool = http_pool
@@ -534,6 +535,12 @@ class GatewayService(service.MultiService):
                 self.state_dir, self._reactor, **self.settings.snapshot_store_settings()
             )
             opening.addCallbacks(self.snapshots.attach, self.snapshots.failed)
+            # Fires once the store is attached or failed, or, if the gateway stopped
+            # meanwhile, once ``attach`` has closed it: ``stopService`` waits, so no store
+            # thread outlives a stopped gateway (a live one keeps the process from exiting).
+            settled: Deferred[None] = Deferred()
+            opening.addBoth(lambda result: (settled.callback(None), result)[1])
+            self._store_settled = settled
 
     def _account_counts(self) -> dict[str, int]:
         counts = dict.fromkeys(self.admission.account_names(), 0)
@@ -657,7 +664,13 @@ class GatewayService(service.MultiService):
             cluster = self.cluster
             closed.addBoth(lambda _: cluster.stop())
         d = DeferredList(
-            [stopped, closed, self._pool.closeCachedConnections(), self.snapshots.close()],
+            [
+                stopped,
+                closed,
+                self._pool.closeCachedConnections(),
+                self.snapshots.close(),
+                self._store_settled,
+            ],
             consumeErrors=True,
         )
         d.addCallback(self._stopped)

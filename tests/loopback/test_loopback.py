@@ -1,6 +1,7 @@
 """Every protocol rule end to end, over real loopback sockets with a real Autobahn client."""
 
 import socket
+import threading
 
 import orjson
 import treq
@@ -217,6 +218,9 @@ class GatewayRequestTests(LoopbackTestCase):
 
 
 class ShutdownTests(LoopbackTestCase):
+    def store_threads(self):
+        return [t for t in threading.enumerate() if t.name.startswith("PoolThread-trapsandbox-")]
+
     async def test_stop_closes_computers_with_1000(self):
         ready = await self.ready()
         waiting = await self.connect()
@@ -228,6 +232,17 @@ class ShutdownTests(LoopbackTestCase):
         failure = await self.assertFailure(bounded(pending), GatewayError)
         self.assertEqual(failure.code, "not_connected")
         await bounded(Deferred.fromCoroutine(_wait(stopped)))
+
+    async def test_a_gateway_stopped_while_its_store_opens_leaves_no_store_thread(self):
+        # Stopped in the turn it started: the snapshots' store is still opening on its thread.
+        # That thread, left running, kept pytest from exiting after a run of a few tests.
+        others = set(self.store_threads())
+        gateway = start_gateway(self, password=self.password)
+        self.assertFalse(gateway.snapshots.ready().called)  # still opening
+        (its,) = set(self.store_threads()) - others
+        stopped = gateway.stopService()
+        await bounded(Deferred.fromCoroutine(_wait(stopped)))
+        self.assertFalse(its.is_alive())
 
 
 async def _wait(d):
