@@ -16,7 +16,7 @@ from autobahn.websocket import USES_NVX
 from treq.client import HTTPClient
 from twisted.application import service
 from twisted.internet import endpoints
-from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
@@ -373,9 +373,11 @@ def _opencode(
         "SANDBOX_ASK_DIR",
     )
     pool = HTTPConnectionPool(reactor, persistent=True)
-    pool.maxPersistentPerHost = max(
-        limits.OPENCODE_PERSISTENT_CONNECTIONS, settings.ask_max_running
-    )
+    # As many connections kept open to each opencode server as asks may run there at once, so
+    # a call finds one open rather than opening a new TCP connection (its name looked up in a
+    # thread, two log lines): with 2 kept, bench.ask opened ~2.5 connections per ask (102 for
+    # 40 asks), with 16 about one (41).
+    pool.maxPersistentPerHost = settings.ask_max_running
     http = HTTPClient(Agent(reactor, pool=pool, connectTimeout=limits.OPENCODE_CONNECT_TIMEOUT))
     urls = settings.opencode_urls or ("",)
     tokens = AskTokens()
@@ -490,7 +492,6 @@ class GatewayService(service.MultiService):
         self.admission = admission
         self.sandbox = sandbox
         self.snapshots = snapshots
-        self._store_settled: Deferred[None] = succeed(None)
         self.asks = asks
         self.probe = probe
         self._pool = http_pool
@@ -527,20 +528,15 @@ class GatewayService(service.MultiService):
             )
             # Calls made meanwhile wait; a Redis still away after that is said by each call.
             connected = store.wait_connected(limits.CLUSTER_CALL_TIMEOUT)
-            connected.addBoth(lambda _: self.snapshots.attach(store))
+            self.snapshots.opening(connected.addBoth(lambda _: store))
         else:
             from trapsandbox.snapshots.sqlitestore import SqliteStore
 
-            opening = SqliteStore.open(
-                self.state_dir, self._reactor, **self.settings.snapshot_store_settings()
+            self.snapshots.opening(
+                SqliteStore.open(
+                    self.state_dir, self._reactor, **self.settings.snapshot_store_settings()
+                )
             )
-            opening.addCallbacks(self.snapshots.attach, self.snapshots.failed)
-            # Fires once the store is attached or failed, or, if the gateway stopped
-            # meanwhile, once ``attach`` has closed it: ``stopService`` waits, so no store
-            # thread outlives a stopped gateway (a live one keeps the process from exiting).
-            settled: Deferred[None] = Deferred()
-            opening.addBoth(lambda result: (settled.callback(None), result)[1])
-            self._store_settled = settled
 
     def _account_counts(self) -> dict[str, int]:
         counts = dict.fromkeys(self.admission.account_names(), 0)
@@ -664,13 +660,7 @@ class GatewayService(service.MultiService):
             cluster = self.cluster
             closed.addBoth(lambda _: cluster.stop())
         d = DeferredList(
-            [
-                stopped,
-                closed,
-                self._pool.closeCachedConnections(),
-                self.snapshots.close(),
-                self._store_settled,
-            ],
+            [stopped, closed, self._pool.closeCachedConnections(), self.snapshots.close()],
             consumeErrors=True,
         )
         d.addCallback(self._stopped)

@@ -81,10 +81,10 @@ def _listed(answer: dict[str, Any], max_bytes: int) -> dict[str, tuple[int, int]
 
 class Snapshots:
     """
-    ``store`` may come later (``attach``): the embedded store opens on its thread while
-    the gateway starts.  A call meanwhile waits for it (``SNAPSHOT_STORE_OPEN_WAIT`` at
-    most, on ``clock``); one that finds it failed, or still opening past that, answers
-    ``unavailable`` and why.
+    ``store`` may come later (``opening``, or ``attach``): the embedded store opens on its
+    thread while the gateway starts.  A call meanwhile waits for it
+    (``SNAPSHOT_STORE_OPEN_WAIT`` at most, on ``clock``); one that finds it failed, or still
+    opening past that, answers ``unavailable`` and why.
     """
 
     def __init__(
@@ -96,6 +96,13 @@ class Snapshots:
         self._broken = OPENING
         self._closed = False
         self._waiting: list[Deferred[None]] = []
+        self._opening: Deferred[object] | None = None
+
+    def opening(self, store: Deferred[SnapshotStore]) -> None:
+        """``store`` fires with the store once open: attached then (closed, if ``close``
+        came first), or its failure kept.  ``close`` waits for it, so no store's thread or
+        connection outlives a close made while it opened."""
+        self._opening = store.addCallbacks(self.attach, self.failed)
 
     def attach(self, store: SnapshotStore) -> SnapshotStore | Deferred[None]:
         if self._closed:  # opened after the gateway stopped
@@ -127,7 +134,13 @@ class Snapshots:
         store, self._store, self._closed = self._store, None, True
         self._broken = "the gateway is stopping"
         self._settled()
-        return succeed(None) if store is None else store.close()
+        if store is not None:
+            return store.close()
+        if self._opening is None:
+            return succeed(None)
+        closed: Deferred[None] = Deferred()
+        self._opening.addBoth(lambda result: (closed.callback(None), result)[1])
+        return closed
 
     def store(self) -> SnapshotStore:
         if self._store is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from twisted.internet import reactor
-from twisted.internet.defer import fail, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
@@ -137,6 +137,21 @@ class SnapshotsTests(TestCase):
         self.assertIn("still opening", error.message)
         snapshots.attach(self.store)  # the waiter it gave up on is gone
         self.assertEqual(await snapshots.list(asking("7:", "acc")), [])
+
+    async def test_a_close_while_the_store_opens_waits_and_closes_it(self):
+        snapshots = Snapshots(self.sandbox, clock=Clock())
+        opening = Deferred()
+        snapshots.opening(opening)
+        closed = snapshots.close()
+        self.assertNoResult(closed)
+        directory = self.mktemp()
+        os.makedirs(directory, mode=0o700)
+        store = await SqliteStore.open(directory, reactor)
+        opening.callback(store)
+        await closed
+        error = await self.assertFailure(store.list("acc", "7:"), GatewayError)
+        self.assertEqual(error.code, errors.UNAVAILABLE)  # closed
+        self.assertIsNone(self.successResultOf(Snapshots(self.sandbox, clock=Clock()).close()))
 
     async def test_a_store_that_failed_or_a_gateway_stopping_answers_at_once(self):
         snapshots = Snapshots(self.sandbox, clock=Clock())
