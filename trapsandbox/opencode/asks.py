@@ -363,8 +363,7 @@ class Asks:
             and conversation.server is server
         ):
             return conversation
-        directory = server.directories.directory(key)
-        await server.directories.scope(key, directory)
+        directory = await server.directories.prepare(key)
         rules = session_rules(yes)
         session = await server.client.create_session(directory, key[1], rules)
         if not isinstance(session, dict) or type(session.get("id")) is not str:

@@ -64,33 +64,40 @@ class AskDirectories:
         self._tokens = tokens
         self._clock = clock
         self._scoped: set[Key] = set()  # computers whose instance has our MCP block
-        self._made: set[Key] = set()  # directories made by ``directory``, not yet scoped
         self._config: tuple[float, Any] | None = None  # (when read, opencode's config)
-
-    def directory(self, key: Key) -> str:
-        """The computer's ask directory, made or checked (``private_directory``)."""
-        name = directory_name(*key)
-        path = os.path.join(self.root, name)
-        missing = not os.path.lexists(path)
-        try:
-            with private_directory(self.root, name):
-                pass
-        except (Unsafe, OSError) as error:
-            raise self._unsafe(path, error) from None
-        if missing:
-            self._made.add(key)
-        return path
 
     def forget(self, key: Key) -> None:
         """The computer's instance is to be given its block again (a new token) if it asks."""
         self._scoped.discard(key)
 
-    async def scope(self, key: Key, directory: str) -> None:
-        """Give ``directory``'s opencode instance a ``trapsandbox`` MCP block for this computer."""
-        if key in self._scoped:
-            return
-        made = key in self._made
-        self._made.discard(key)
+    async def prepare(self, key: Key) -> str:
+        """
+        The computer's ask directory, made or checked (``private_directory``), its
+        opencode instance given a ``trapsandbox`` MCP block for this computer unless it
+        has one already.
+        """
+        path = os.path.join(self.root, directory_name(*key))
+        scoping = key not in self._scoped
+        block = await self._block(key) if scoping else None
+        made = not os.path.lexists(path)
+        try:
+            with private_directory(self.root, os.path.basename(path)) as fd:
+                if block is not None:
+                    write_private(fd, "opencode.json", orjson.dumps({"mcp": {MCP_NAME: block}}))
+        except (Unsafe, OSError) as error:
+            raise self._unsafe(path, error) from None
+        if block is not None and not made:
+            # A live instance may hold another block (the gateway restarted, or the
+            # conversation was forgotten); a directory made just now has none yet, and the
+            # instance opencode makes for it reads the file.
+            await self._client.add_mcp(path, MCP_NAME, block)
+        if scoping:
+            self._scoped.add(key)
+        return path
+
+    async def _block(self, key: Key) -> dict[str, Any] | None:
+        """The operator's ``trapsandbox`` block with this computer's token; None (and said
+        in the log) when opencode has none."""
         config = await self._operator_config()
         servers = config.get("mcp") if isinstance(config, dict) else None
         server = servers.get(MCP_NAME) if isinstance(servers, dict) else None
@@ -100,12 +107,11 @@ class AskDirectories:
                 "(trapsandbox-ctl opencode-config prints the block)",
                 name=MCP_NAME,
             )
-            self._scoped.add(key)
-            return
+            return None
         headers = server.get("headers") if isinstance(server.get("headers"), dict) else {}
         headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
         headers["Authorization"] = f"Bearer {self._tokens.token(key)}"
-        scoped = {
+        return {
             "type": "remote",
             "url": server["url"],
             "oauth": False,
@@ -113,18 +119,6 @@ class AskDirectories:
             # Not the operator's: opencode cuts a tool call at it (limits.ASK_MCP_TIMEOUT_MS).
             "timeout": limits.ASK_MCP_TIMEOUT_MS,
         }
-        name = os.path.basename(directory)
-        try:
-            with private_directory(self.root, name) as fd:
-                write_private(fd, "opencode.json", orjson.dumps({"mcp": {MCP_NAME: scoped}}))
-        except (Unsafe, OSError) as error:
-            raise self._unsafe(os.path.join(directory, "opencode.json"), error) from None
-        if not made:
-            # A live instance may hold another block (the gateway restarted, or the
-            # conversation was forgotten); a directory made just now has none yet, and the
-            # instance opencode makes for it reads the file.
-            await self._client.add_mcp(directory, MCP_NAME, scoped)
-        self._scoped.add(key)
 
     async def _operator_config(self) -> Any:
         """opencode's own config (the operator's ``trapsandbox`` block), read at most once
