@@ -189,11 +189,6 @@ PROBE_TIMEOUT = 5.0
 # A successful probe is reused this long (a failure never is).
 PROBE_FRESH_FOR = 1.0
 OPENCODE_CONNECT_TIMEOUT = 5.0
-# Connections kept open to each opencode server, at least; more when more asks may run at
-# once there (SANDBOX_ASK_MAX_RUNNING), so a call finds one open rather than opening a new TCP
-# connection (its name looked up in a thread, two log lines): with 2 kept, bench.ask opened
-# ~2.5 connections per ask (102 for 40 asks), with 16 about one (41).
-OPENCODE_PERSISTENT_CONNECTIONS = 16
 
 # -- The process -----------------------------------------------------------------------------
 
