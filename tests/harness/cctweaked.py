@@ -91,6 +91,10 @@ def lua_literal(value: Any) -> str:
     raise TypeError(f"no Lua literal for {value!r}")
 
 
+#: Multishell's tab bar as a row of its own: each tab's title with a space before it.
+TAB_BAR_ROW = r"(?:\n(?: [\w.-]+ ?)+(?=\n))?"
+
+
 def on_screen(text: str) -> str:
     """
     A pattern for ``text`` as the computer prints it: rows of 51 columns, so a line may be cut
@@ -103,10 +107,6 @@ def on_screen(text: str) -> str:
     for char in text:
         parts.append(TAB_BAR_ROW + r"\s+" if char == " " else re.escape(char) + cut)
     return "".join(parts)
-
-
-#: Multishell's tab bar as a row of its own: each tab's title with a space before it.
-TAB_BAR_ROW = r"(?:\n(?: [\w.-]+ ?)+(?=\n))?"
 
 
 class CCTComputer:
