@@ -1,7 +1,8 @@
 """
 Server-sent events (``text/event-stream``) as opencode sends them: bytes in,
-one decoded JSON object per event out.  Bounded: a line over
-``MAX_EVENT_BYTES`` is dropped, so a stream cannot grow the buffer.
+one decoded JSON object per event out.  Bounded: a line, or an event's
+``data:`` lines together, over ``MAX_EVENT_BYTES`` is dropped, so a stream
+cannot grow either buffer.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ class SSEParser:
 
     opencode sends ``data:`` lines only; ``event:``, ``id:`` and comments are
     skipped, data that is not a JSON object is dropped, and so is a line over
-    ``max_line`` bytes.
+    ``max_line`` bytes, and an event whose data lines add up to more (its
+    lines are dropped until the blank line that ends it).
     """
 
     def __init__(
@@ -30,7 +32,10 @@ class SSEParser:
         self._max_line = max_line
         self._buffer = b""
         self._data: list[bytes] = []
+        self._data_bytes = 0
         self._skipping = False
+        # The event being read has outgrown ``max_line``: dropped up to its end.
+        self._dropping = False
 
     def feed(self, data: bytes) -> None:
         buffer = self._buffer + data
@@ -47,13 +52,19 @@ class SSEParser:
 
     def _line(self, line: bytes) -> None:
         if not line:
-            if self._data:
-                data, self._data = b"\n".join(self._data), []
-                self._dispatch(data)
+            data, self._data, self._data_bytes = self._data, [], 0
+            if data and not self._dropping:
+                self._dispatch(b"\n".join(data))
+            self._dropping = False
             return
-        if line.startswith(b"data:"):
+        if line.startswith(b"data:") and not self._dropping:
             value = line[5:]
-            self._data.append(value[1:] if value.startswith(b" ") else value)
+            value = value[1:] if value.startswith(b" ") else value
+            self._data_bytes += len(value) + 1
+            if self._data_bytes > self._max_line:
+                self._data, self._data_bytes, self._dropping = [], 0, True
+                return
+            self._data.append(value)
 
     def _dispatch(self, data: bytes) -> None:
         try:

@@ -67,3 +67,15 @@ class SSEParserTests(SynchronousTestCase):
         parser.feed(b'data: {"type":"tail","properties":{}}\n\n')  # still the same line
         parser.feed(b'data: {"type":"next","properties":{}}\n\n')
         self.assertEqual([e["type"] for e in self.events], ["next"])
+
+    def test_data_lines_that_never_end_an_event_are_not_kept(self):
+        # Issue 43: short data: lines without the blank line that ends an event once grew
+        # the parser's data buffer without bound.
+        parser = SSEParser(self.events.append, max_line=64)
+        for _ in range(1000):
+            parser.feed(b"data: " + b"a" * 20 + b"\n")
+        self.assertLessEqual(parser._data_bytes, 64)
+        self.assertLessEqual(sum(len(line) for line in parser._data), 64)
+        parser.feed(b"\n")  # the overlong event ends here, dropped
+        parser.feed(b'data: {"type":"next",\ndata: "properties":{}}\n\n')
+        self.assertEqual([e["type"] for e in self.events], ["next"])
