@@ -48,6 +48,10 @@ MAX_OPERATOR_SOCKETS_PER_ACCOUNT = 16
 # The admin's are not counted (as its /operator sockets are not).
 # (``watch_computers``: one per /operator socket, so MAX_OPERATOR_SOCKETS_PER_ACCOUNT.)
 MAX_WATCHES_PER_ACCOUNT = 64
+# Bytes written to one HTTP stream (SSE) while its reader takes none, past the transport's own
+# buffer (64 KiB): a screen stream sends no frame then (merged until it has room), an event
+# stream is ended with a reason past this (``computers.streams``).
+MAX_STREAM_HELD_BYTES = 256 * 1024
 # A burst of changes to the computers (connects, disconnects, capabilities) is listed
 # once to ``watch_computers``, this long after its first change.
 LISTING_DEBOUNCE = 0.05

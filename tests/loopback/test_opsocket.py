@@ -640,7 +640,7 @@ class WatchActivityTests(TestCase):
     async def test_an_account_s_watches_are_bounded_across_its_sockets(self):
         path = accounts_file(self, "alice")
         gateway = start_gateway(self, accounts_file=path, accounts=accounts.load(path))
-        gateway.registry.max_watches = 2
+        gateway.registry.streams.most = 2
         await admitted(self, gateway.port, "s-alice", "1:", capabilities=("screen",))
         sockets = [await connect_operator(self, gateway.port, "token-alice") for _ in range(2)]
         sockets[0].send({"id": "a", "traposId": "1:", "type": "watch_activity"})

@@ -19,10 +19,10 @@ which does so for a frame too large to relay, and paces them to the watch's
 
 The watches an account's token holds open at once (``WATCHES``, and
 ``watch_activity``; the account is the caller's sender's, ``callers.Sender``) are
-bounded per account (``limits.MAX_WATCHES_PER_ACCOUNT``): past it a new one
-fails with ``too_many_watches``, so what one account's watchers cost does not
-grow without bound.  The admin's are not counted, as its ``/operator``
-sockets are not.
+counted in the one budget of every long-lived stream (``streams.StreamBudget``,
+shared with MCP's subscription streams): past its bound a new one fails with
+``too_many_watches``, so what one account's watchers cost does not grow without
+bound.  The admin's are not counted, as its ``/operator`` sockets are not.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from trapsandbox.admission.tally import Tally
 from trapsandbox.computers import settingsfile, wire
 from trapsandbox.computers.callers import Caller, Sender
 from trapsandbox.computers.screen import ScreenGate, max_fps
+from trapsandbox.computers.streams import ACTIVITY, SCREEN_AND_EVENT, StreamBudget
 from trapsandbox.errors import GatewayError
 from trapsandbox.ops.metrics import Metrics
 
@@ -362,34 +363,6 @@ def _ignore(failure: Failure) -> None:
     return None
 
 
-def _counted(
-    held: Tally, most: int, kind: str, sender: Sender
-) -> tuple[str | None, GatewayError | None]:
-    """
-    Count one more watch of the account whose token ``sender`` used in
-    ``held``: ``(that account, None)``, or ``(None, why not)`` when it already
-    has ``most``.  ``(None, None)``: the admin, the gateway or a computer's
-    player asks, which are not counted (as the admin's ``/operator`` sockets
-    are not).
-    """
-    account = sender.account
-    if account is None:
-        return None, None
-    if held.full(account, most):
-        return None, GatewayError(
-            errors.TOO_MANY_WATCHES,
-            f"account {wire.cut(account)} already has {most} {kind} watches open here; "
-            "end one first",
-        )
-    held.take(account)
-    return account, None
-
-
-def _uncounted(held: Tally, account: str | None) -> None:
-    if account is not None:
-        held.give_back(account)
-
-
 def _passed(result: object, call: Callable[..., None], *args: Any) -> object:
     call(*args)
     return result
@@ -404,8 +377,8 @@ class Registry:
     metrics: Metrics = attrs.field(factory=Metrics, repr=False)
     # Cluster mode: the other processes; None (one process) changes nothing.
     peers: Peers | None = attrs.field(default=None, repr=False)
-    # Watches one account's token holds open at once, of each kind (``WATCHES``; activity).
-    max_watches: int = limits.MAX_WATCHES_PER_ACCOUNT
+    # Every long-lived stream, counted per account (screen and event watches, activity).
+    streams: StreamBudget = attrs.field(factory=StreamBudget, repr=False)
     _sessions: dict[tuple[str, str], Session] = attrs.field(factory=dict, init=False)
     # traposId -> the accounts holding it, and account -> how many computers it has.
     _holders: dict[str, set[str]] = attrs.field(factory=dict, init=False)
@@ -415,11 +388,8 @@ class Registry:
     # (accountId, traposId) -> listeners of its requests (``watch_activity``).
     _activity: dict[tuple[str, str], list[PartialListener]] = attrs.field(factory=dict, init=False)
     _next_activity: int = attrs.field(default=0, init=False)
-    # account -> its watches open (``WATCHES``), and its activity listeners.
-    _watching: Tally = attrs.field(factory=Tally, init=False)
     # Whoever must hear of a file changed through any surface (MCP's file subscribers).
     file_listeners: list[FileListener] = attrs.field(factory=list, init=False)
-    _activity_watching: Tally = attrs.field(factory=Tally, init=False)
 
     def __attrs_post_init__(self) -> None:
         self.metrics.request_types(wire.REQUEST_TYPES)
@@ -438,21 +408,17 @@ class Registry:
         Call ``listener`` with each request sent to the computer, when it
         starts and when it ends (``activity_entry``); answers the function
         that stops it.  Raises ``GatewayError(too_many_watches)`` when the
-        account whose token ``caller`` used already has ``max_watches`` of them.
+        account whose token ``caller`` used already has its most of them (``streams``).
         """
         key = caller.key
-        counted, refusal = _counted(
-            self._activity_watching, self.max_watches, "activity", caller.sender
-        )
-        if refusal is not None:
-            raise refusal
+        give_back = self.streams.take(caller.sender, ACTIVITY)
         listeners = self._activity.setdefault(key, [])
         listeners.append(listener)
 
         def stop() -> None:
             if listener in listeners:
                 listeners.remove(listener)
-                _uncounted(self._activity_watching, counted)
+                give_back()
             if not listeners:
                 self._activity.pop(key, None)
 
@@ -600,11 +566,11 @@ class Registry:
         next), wherever the computer is held.
         """
         account_id, trapos_id = caller.key
+        give_back = None
         if type in WATCHES:
-            counted, refusal = _counted(
-                self._watching, self.max_watches, "screen and event", caller.sender
-            )
-            if refusal is not None:
+            try:
+                give_back = self.streams.take(caller.sender, SCREEN_AND_EVENT)
+            except GatewayError as refusal:
                 return fail(refusal)
         gate = None
         if type == "screen_watch" and on_partial is not None:
@@ -630,8 +596,8 @@ class Registry:
         # A request refused before it went out has no latency worth recording.
         started = None if d.called else self.clock.seconds()
         d.addBoth(self._count, type, started)
-        if type in WATCHES:
-            d.addBoth(_passed, _uncounted, self._watching, counted)
+        if give_back is not None:
+            d.addBoth(_passed, give_back)
         if gate is not None:
             d.addBoth(_passed, gate.stop)
         changed = _changed_path(type, payload or {}) if self.file_listeners else None

@@ -47,7 +47,7 @@ from trapsandbox import errors, limits
 from trapsandbox.computers import wire
 from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import Registry
-from trapsandbox.computers.screen import ScreenState
+from trapsandbox.computers.screen import Room, frames_to
 from trapsandbox.errors import GatewayError
 from trapsandbox.limits import FILE_CHUNK_BYTES, MAX_FILE_BYTES
 
@@ -221,20 +221,22 @@ class Sandbox:
         caller: Caller,
         on_frame: Callable[[dict[str, Any]], None],
         max_fps: float | None = None,
+        room: Room | None = None,
     ) -> Deferred:
         """
         A ``screen_watch``: ``on_frame`` hears each frame as operators get them
-        (``ScreenState``).  It runs until the Deferred is cancelled (which
-        cancels it on the computer) or the computer ends it (a failure).
+        (``ScreenState``), when ``room()`` (if given) says the watcher has room
+        for one (else merged with the next until it has).  It runs until the
+        Deferred is cancelled (which cancels it on the computer) or the computer
+        ends it (a failure).
         """
-        state = ScreenState()
         payload = {} if max_fps is None else {"maxFps": max_fps}
         return self._call(
             caller,
             "screen_watch",
             payload,
             limits.SCREEN_WATCH_TIMEOUT,
-            lambda frame: on_frame(state.apply(frame)),
+            frames_to(on_frame, room),
         )
 
     def read_file(

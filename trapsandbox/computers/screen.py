@@ -50,6 +50,9 @@ from trapsandbox.limits import (
 
 log = Logger()
 
+# Whether a watcher has room for a screen frame now: None, or the Deferred of when it will.
+Room = Callable[[], "Deferred[None] | None"]
+
 # What a missing or empty part of a row stands for: a blank in white on black.
 _BLANK = {"line": " ", "text": "0", "background": "f"}
 _PARTS = ("line", "text", "background")
@@ -268,3 +271,24 @@ class ScreenGate:
             if self._timer.active():
                 self._timer.cancel()
             self._timer = None
+
+
+def frames_to(
+    on_frame: Callable[[dict[str, Any]], None], room: Room | None = None
+) -> Callable[[dict[str, Any]], Deferred[None] | None]:
+    """
+    A screen watch's compact frames to ``on_frame``, expanded (``ScreenState``)
+    only when the watcher has room for one (``room()`` answers None; no
+    ``room``: always): else the Deferred of its room, and the registry's
+    ``ScreenGate`` keeps the frame (merged with the next) until then.
+    """
+    state = ScreenState()
+
+    def relay(compact: dict[str, Any]) -> Deferred[None] | None:
+        wait = None if room is None else room()
+        if wait is not None:
+            return wait
+        on_frame(state.apply(compact))
+        return None
+
+    return relay

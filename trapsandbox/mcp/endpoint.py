@@ -130,16 +130,23 @@ class McpEndpoint:
         if not self.subscriptions.subscribed(connection):
             return None
         stream = EventStream(request)
-        detach = self.subscriptions.attach(connection, stream.send)
-        stream.open(b": subscribed\n\n")  # the head goes out now, not with the first update
-        stop_keepalive = stream.keep_alive(self._clock, KEEPALIVE_SECONDS)
+        d: Deferred[bytes] = Deferred(lambda _: closed())
 
-        def closed(reason: Any) -> None:
+        def closed() -> None:
             stop_keepalive()
             detach()
             stream.end()
 
-        d: Deferred[bytes] = Deferred(lambda _: closed(None))
+        def end(*_: object) -> None:
+            # A newer GET of the connection, or a reader that stopped reading: ended here.
+            if not d.called:
+                closed()
+                d.callback(b"")
+
+        detach = self.subscriptions.attach(connection, stream.send, end)
+        stream.open(b": subscribed\n\n")  # the head goes out now, not with the first update
+        stop_keepalive = stream.keep_alive(self._clock, KEEPALIVE_SECONDS)
+        stream.stalled.addCallback(end)
         return d
 
     async def _method(

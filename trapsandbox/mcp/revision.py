@@ -239,10 +239,17 @@ def _check_params(request: IRequest, params: dict[str, Any]) -> None:
 
 
 def _check_header(request: IRequest, name: bytes, shown: str, body_value: str) -> None:
-    """``name`` must be present and, once decoded, equal to what the body says."""
-    raw = request.getHeader(name)
-    if raw is None:
+    """
+    ``name`` must be present once and, once decoded, equal to what the body says: a
+    second one is refused, as a balancer routing by the first and the gateway checking
+    the last would not agree on the computer.
+    """
+    every = request.requestHeaders.getRawHeaders(name) or []
+    if not every:
         raise Invalid(HEADER_MISMATCH, f"the {shown} header is missing", 400)
+    if len(every) > 1:
+        raise Invalid(HEADER_MISMATCH, f"the {shown} header is given {len(every)} times", 400)
+    [raw] = every
     # RFC 9110: the whitespace around a field value is not part of it.
     value = _decoded(raw.strip(b" \t"))
     if value is None:

@@ -21,9 +21,14 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.web.iweb import IRequest
+
+from trapsandbox import limits
+from trapsandbox.computers.streams import Held, stalled
+from trapsandbox.errors import GatewayError
 
 
 def accepts_events(request: IRequest) -> bool:
@@ -53,36 +58,54 @@ def open_event_stream(request: IRequest) -> None:
 
 
 class EventStream:
-    """One request's answer as SSE, opened by the first ``send``."""
+    """
+    One request's answer as SSE, opened by the first ``send``.  Its writes go
+    through a ``computers.streams.Held``: a reader that lets more than
+    ``most_held`` bytes wait ends the stream (``stalled`` fires, nothing more is
+    sent but the answer's last event), so a client that never reads costs a
+    bounded number of bytes, not a growing one.
+    """
 
-    def __init__(self, request: IRequest) -> None:
+    def __init__(self, request: IRequest, most_held: int = limits.MAX_STREAM_HELD_BYTES) -> None:
         self._request = request
+        self._most_held = most_held
+        self._held: Held | None = None
         self.opened = False
         self.ended = False
+        # Fires (with the reason, a ``GatewayError``) if the reader stops reading.
+        self.stalled: Deferred[GatewayError] = Deferred()
 
     def open(self, first: bytes = b"") -> None:
         """The head now (with ``first``, an SSE comment say), if not yet sent."""
         if not self.opened:
             self.opened = True
             open_event_stream(self._request)
+            self._held = Held(self._request, self._most_held)
             if first:
                 self._request.write(first)
 
-    def send(self, message: dict[str, Any]) -> None:
-        """``message`` (a notification) now; nothing once the answer has ended."""
+    def _write(self, data: bytes) -> None:
         if self.ended:
             return
         self.open()
-        self._request.write(event(orjson.dumps(message)))
+        if not self._held.write(data):
+            self.end()
+            self.stalled.callback(stalled(self._most_held))
+
+    def send(self, message: dict[str, Any]) -> None:
+        """``message`` (a notification) now; nothing once the answer has ended."""
+        self._write(event(orjson.dumps(message)))
 
     def end(self) -> None:
         """No more notifications: the answer is being written (or dropped)."""
         self.ended = True
+        if self._held is not None:
+            self._held.close()
 
     def comment(self) -> None:
         """An SSE comment: keeps a quiet long-lived stream open through proxies and idle timers."""
-        if not self.ended and self.opened:
-            self._request.write(b": keep-alive\n\n")
+        if self.opened:
+            self._write(b": keep-alive\n\n")
 
     def keep_alive(self, clock: IReactorTime, seconds: float) -> Callable[[], None]:
         """A ``comment`` every ``seconds`` on ``clock``; answers the function that stops it."""

@@ -22,6 +22,16 @@ How a client subscribes depends on its revision:
                  client connection (credential and ``Mcp-Session-Id``); the
                  updates go out on that connection's ``GET /mcp`` stream
 
+Every listen stream and legacy connection is one stream of the account's in
+the gateway's one budget (``computers.streams.StreamBudget``, kind
+"subscription"), and its writes are bounded by bytes (``mcp.stream``): a
+client that never reads is ended, not buffered for.  One resource named in
+several spellings (``files/./a`` and ``files/a``) is one subscription: the
+first spelling is honoured, the others are not.  A screen watch that ends
+(the computer rebooted or left, its 24 h bound, a frame too large) tells its
+subscribers: a listen stream ends with the reason, and a legacy subscription
+is dropped with one last update, so that subscribing again starts a new watch.
+
 Who may subscribe to what is the resources' rule: a URI names one of the
 caller's own computers (``resolve``), else it is not honoured (listen) or is
 "resource not found" (subscribe), exactly as a read of it would be; a screen
@@ -45,7 +55,9 @@ from twisted.python.failure import Failure
 from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
-from trapsandbox.mcp.errors import INVALID_PARAMS, INVALID_REQUEST, Invalid
+from trapsandbox.computers.streams import SUBSCRIPTION
+from trapsandbox.errors import GatewayError
+from trapsandbox.mcp.errors import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, Invalid
 from trapsandbox.mcp.jsonrpc import Call
 from trapsandbox.mcp.resolve import computers
 from trapsandbox.mcp.resources import locate
@@ -64,6 +76,12 @@ MAX_LEGACY_CONNECTIONS = 256
 KEEPALIVE_SECONDS = 15.0
 
 Notify = Callable[[], None]
+# Told why a subscription ended without its subscriber asking (its screen watch ended).
+Ended = Callable[[str], None]
+
+
+def _nothing() -> None:
+    return None
 
 
 def _normal(path: str) -> str:
@@ -74,13 +92,14 @@ class _ScreenWatch:
     """
     One computer's screen watch, shared by its subscribers: a watch at ``maxFps`` 1, which
     the registry paces (``computers.screen.ScreenGate``), so an update at most once a second.
+    A watch that ends by itself tells each subscriber why (``Ended``).
     """
 
     def __init__(
         self, sandbox: Sandbox, session: Any, caller: Caller, ended: Callable[[], None]
     ) -> None:
         self._ended = ended
-        self.listeners: dict[int, Notify] = {}
+        self.listeners: dict[int, tuple[Notify, Ended]] = {}
         self.stopped = False
         self._first = True
         self._d = sandbox.watch_screen(caller, self._frame, max_fps=SCREEN_UPDATES_PER_SECOND)
@@ -90,17 +109,18 @@ class _ScreenWatch:
         if self._first:
             self._first = False  # the whole screen as it is: not a change
             return
-        for notify in list(self.listeners.values()):
+        for notify, _ in list(self.listeners.values()):
             notify()
 
     def _failed(self, failure: Failure, trapos_id: str) -> None:
-        if not failure.check(CancelledError):
-            log.info(
-                "MCP screen subscription of {computer} ended: {error}",
-                computer=trapos_id,
-                error=failure.getErrorMessage(),
-            )
+        if failure.check(CancelledError):
+            self.stop()
+            return
+        why = f"the screen watch of {trapos_id} ended: {failure.getErrorMessage()}"
+        log.info("MCP screen subscription ended: {why}", why=why)
         self.stop()
+        for _, ended in list(self.listeners.values()):
+            ended(why)
 
     def stop(self) -> None:
         if self.stopped:
@@ -115,22 +135,25 @@ class Subscriptions:
 
     def __init__(self, registry: Registry, sandbox: Sandbox, clock: IReactorTime) -> None:
         self._registry = registry
+        self._streams = registry.streams
         self._sandbox = sandbox
         self._clock = clock
         self._screens: dict[tuple[str, str], _ScreenWatch] = {}
         # (account, traposId) -> watched path -> listeners: a write looks at its computer's only.
         self._files: dict[tuple[str, str], dict[str, dict[int, Notify]]] = {}
         self._next = 0
-        # Legacy connections: their subscriptions (uri -> stop) and their GET stream.
-        self._legacy: OrderedDict[Hashable, dict[str, Notify]] = OrderedDict()
-        self._legacy_streams: dict[Hashable, Callable[[dict[str, Any]], None]] = {}
+        # Legacy connections: their subscriptions (uri -> (resource, stop)), what each
+        # holds of the account's budget, and their GET stream.
+        self._legacy: OrderedDict[Hashable, dict[str, tuple[Hashable, Notify]]] = OrderedDict()
+        self._legacy_budget: dict[Hashable, tuple[str | None, Notify]] = {}
+        self._legacy_streams: dict[Hashable, tuple[Callable[[dict[str, Any]], None], Notify]] = {}
         registry.file_listeners.append(self.file_changed)
 
     # -- the watches ---------------------------------------------------------------------
 
-    def _screen(self, session: Any, caller: Caller, notify: Notify) -> Notify:
+    def _screen(self, session: Any, caller: Caller, notify: Notify, ended: Ended) -> Notify:
         """``notify`` on each change of ``session``'s screen: one watch of it (the first
-        subscriber's, ``caller``) for every subscriber."""
+        subscriber's, ``caller``) for every subscriber; ``ended`` if the watch ends."""
         key = (session.account_id, session.trapos_id)
         watch = self._screens.get(key)
         if watch is None:
@@ -145,7 +168,10 @@ class Subscriptions:
                 self._screens[key] = watch
         self._next += 1
         number = self._next
-        watch.listeners[number] = notify
+        if watch.stopped:
+            ended(f"the screen watch of {session.trapos_id} could not start")
+            return _nothing
+        watch.listeners[number] = (notify, ended)
 
         def stop() -> None:
             watch.listeners.pop(number, None)
@@ -154,8 +180,8 @@ class Subscriptions:
 
         return stop
 
-    def _file(self, session: Any, path: str, notify: Notify) -> Notify:
-        key, watched = (session.account_id, session.trapos_id), _normal(path)
+    def _file(self, session: Any, watched: str, notify: Notify) -> Notify:
+        key = (session.account_id, session.trapos_id)
         paths = self._files.setdefault(key, {})
         listeners = paths.setdefault(watched, {})
         self._next += 1
@@ -183,15 +209,23 @@ class Subscriptions:
         """How many computers' screens are watched for subscribers (tests, metrics)."""
         return len(self._screens)
 
+    def _resource(self, uri: Any, caller: Caller, found: list, call: Call) -> tuple:
+        """``(resource, session, kind, path)`` that ``uri`` names among the caller's computers
+        ``found``, ``resource`` the same for every spelling of it; or an ``Invalid``."""
+        session, kind, path = locate(self._registry, uri, caller, found, call.revision)
+        if kind != "screen":
+            path = _normal(path)
+        return (session.account_id, session.trapos_id, kind, path), session, kind, path
+
     def _subscribe(
-        self, uri: Any, notify: Notify, caller: Caller, found: list, call: Call
+        self, named: tuple, notify: Notify, ended: Ended, caller: Caller, uri: Any
     ) -> Notify:
         """
-        Subscribe ``notify`` to ``uri`` among the caller's computers ``found``, or an
-        ``Invalid`` as a read of it would be. Synchronous: nothing registered can be left
-        behind by a caller that goes away while it runs.
+        Subscribe ``notify`` to the resource ``named`` (``_resource``), ``ended`` told if it
+        ends by itself, or an ``Invalid`` as a read of it would be. Synchronous: nothing
+        registered can be left behind by a caller that goes away while it runs.
         """
-        session, kind, path = locate(self._registry, uri, caller, found, call.revision)
+        _, session, kind, path = named
         if kind == "screen":
             if "screen" not in session.capabilities:
                 raise Invalid(
@@ -200,7 +234,8 @@ class Subscriptions:
                     '"sandbox allow screen"',
                     data={"uri": uri},
                 )
-            return self._screen(session, caller.at(session.account_id, session.trapos_id), notify)
+            at = caller.at(session.account_id, session.trapos_id)
+            return self._screen(session, at, notify, ended)
         return self._file(session, path, notify)
 
     # -- 2026-07-28: subscriptions/listen ------------------------------------------------
@@ -222,42 +257,62 @@ class Subscriptions:
             )
         meta = {SUBSCRIPTION_ID: call.id}
         found = await computers(self._registry, caller)
-        stops: list[Notify] = []
-        honored: list[str] = []
-        for uri in dict.fromkeys(uris):
-
-            def notify(uri: str = uri) -> None:
-                stream.send(
-                    {
-                        "jsonrpc": "2.0",
-                        "method": "notifications/resources/updated",
-                        "params": {"uri": uri, "_meta": meta},
-                    }
-                )
-
-            try:
-                stops.append(self._subscribe(uri, notify, caller, found, call))
-            except Invalid:
-                continue  # not honoured: left out of the acknowledgement
-            honored.append(uri)
-        acknowledged: dict[str, Any] = {}
-        if "resourceSubscriptions" in wanted:
-            acknowledged["resourceSubscriptions"] = honored
-        stream.send(
-            {
-                "jsonrpc": "2.0",
-                "method": "notifications/subscriptions/acknowledged",
-                "params": {"notifications": acknowledged, "_meta": meta},
-            }
-        )
-        stop_keepalive = stream.keep_alive(self._clock, KEEPALIVE_SECONDS)
         try:
-            await Deferred()  # until the client closes the stream (the request is cancelled)
+            give_back = self._streams.take(caller.sender, SUBSCRIPTION)
+        except GatewayError as refusal:
+            raise Invalid(INVALID_REQUEST, refusal.message, 429) from None
+        stops: list[Notify] = [give_back]
+        honored: list[str] = []
+        named: set[Hashable] = set()
+        # Fires with why the stream ends by itself: its reader stopped, or a watch ended.
+        over: Deferred[str] = Deferred()
+        stream.stalled.addCallback(lambda error: over.called or over.callback(error.message))
+
+        def ended(why: str) -> None:
+            if not over.called:
+                over.callback(why)
+
+        try:
+            for uri in dict.fromkeys(uris):
+
+                def notify(uri: str = uri) -> None:
+                    stream.send(
+                        {
+                            "jsonrpc": "2.0",
+                            "method": "notifications/resources/updated",
+                            "params": {"uri": uri, "_meta": meta},
+                        }
+                    )
+
+                try:
+                    resource = self._resource(uri, caller, found, call)
+                    if resource[0] in named:
+                        continue  # another spelling of one already honoured
+                    stops.append(self._subscribe(resource, notify, ended, caller, uri))
+                except Invalid:
+                    continue  # not honoured: left out of the acknowledgement
+                named.add(resource[0])
+                honored.append(uri)
+            acknowledged: dict[str, Any] = {}
+            if "resourceSubscriptions" in wanted:
+                acknowledged["resourceSubscriptions"] = honored
+            stream.send(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "notifications/subscriptions/acknowledged",
+                    "params": {"notifications": acknowledged, "_meta": meta},
+                }
+            )
+            stop_keepalive = stream.keep_alive(self._clock, KEEPALIVE_SECONDS)
+            try:
+                # Until the client closes the stream (the request is cancelled), or it ends.
+                why = await over
+            finally:
+                stop_keepalive()
         finally:
-            stop_keepalive()
             for stop in stops:
                 stop()
-        return {"_meta": meta}  # pragma: no cover (never reached: only a cancel ends it)
+        raise Invalid(INTERNAL_ERROR, f"{why}: listen again", data={"uris": honored})
 
     # -- legacy: resources/subscribe, resources/unsubscribe -------------------------------
 
@@ -273,29 +328,31 @@ class Subscriptions:
         # Looked up before any bookkeeping: from here to the end nothing waits, so two
         # subscribes at once, or an eviction meanwhile, cannot lose a subscription's stop.
         found = await computers(self._registry, caller) if method == "resources/subscribe" else []
-        if connection not in self._legacy and method == "resources/subscribe":
-            while len(self._legacy) >= MAX_LEGACY_CONNECTIONS:
-                _, oldest = self._legacy.popitem(last=False)
-                for stop in oldest.values():
-                    stop()
-        subscribed = self._legacy.setdefault(connection, {})
-        self._legacy.move_to_end(connection)
         if method == "resources/unsubscribe":
-            stop = subscribed.pop(uri, None) if type(uri) is str else None
-            if stop is not None:
-                stop()
+            subscribed = self._legacy.get(connection, {})
+            held = subscribed.pop(uri, None) if type(uri) is str else None
+            if held is not None:
+                held[1]()
             if not subscribed:
-                self._legacy.pop(connection, None)
+                self._forget(connection)
             return {}
+        subscribed = self._legacy.get(connection, {})
         if uri in subscribed:
             return {}
         if len(subscribed) >= MAX_URIS:
             raise Invalid(INVALID_PARAMS, f"at most {MAX_URIS} subscriptions per connection")
+        resource = self._resource(uri, caller, found, call)
+        if any(held[0] == resource[0] for held in subscribed.values()):
+            return {}  # another spelling of one it has: one subscription
+        if connection not in self._legacy:
+            self._admit_legacy(connection, caller)
+        subscribed = self._legacy[connection]
+        self._legacy.move_to_end(connection)
 
         def notify() -> None:
-            send = self._legacy_streams.get(connection)
-            if send is not None:
-                send(
+            held = self._legacy_streams.get(connection)
+            if held is not None:
+                held[0](
                     {
                         "jsonrpc": "2.0",
                         "method": "notifications/resources/updated",
@@ -303,23 +360,74 @@ class Subscriptions:
                     }
                 )
 
+        def ended(why: str) -> None:
+            # Dropped, so that subscribing again starts a new watch; one last update says
+            # to read it again (and the read says why it cannot be).
+            held = subscribed.get(uri)
+            if held is not None and held[1] is stop:
+                del subscribed[uri]
+                notify()
+                if not subscribed:
+                    self._forget(connection)
+
+        stop: Notify = _nothing
         try:
-            subscribed[uri] = self._subscribe(uri, notify, caller, found, call)
+            stop = self._subscribe(resource, notify, ended, caller, uri)
+            subscribed[uri] = (resource[0], stop)
         finally:
             if not subscribed:
-                self._legacy.pop(connection, None)
+                self._forget(connection)
         return {}
+
+    def _admit_legacy(self, connection: Hashable, caller: Caller) -> None:
+        """
+        A legacy connection's first subscription: one stream of its account's
+        (``StreamBudget``); past the bound, the account's own least recently used
+        connection ends for it (a legacy client never says it went away), and past
+        ``MAX_LEGACY_CONNECTIONS`` in all, the least recently used one.
+        """
+        try:
+            give_back = self._streams.take(caller.sender, SUBSCRIPTION)
+        except GatewayError as refusal:
+            account = caller.sender.account
+            oldest = next(
+                (c for c in self._legacy if self._legacy_budget[c][0] == account), None
+            )
+            if oldest is None:  # its streams are all listens
+                raise Invalid(INVALID_REQUEST, refusal.message, 429) from None
+            self._forget(oldest)
+            give_back = self._streams.take(caller.sender, SUBSCRIPTION)
+        while len(self._legacy) >= MAX_LEGACY_CONNECTIONS:
+            self._forget(next(iter(self._legacy)))
+        self._legacy[connection] = {}
+        self._legacy_budget[connection] = (caller.sender.account, give_back)
+
+    def _forget(self, connection: Hashable) -> None:
+        """A legacy connection's subscriptions end, and its stream of the budget is given back."""
+        for _, stop in self._legacy.pop(connection, {}).values():
+            stop()
+        _, give_back = self._legacy_budget.pop(connection, (None, _nothing))
+        give_back()
 
     def subscribed(self, connection: Hashable) -> bool:
         """Whether a legacy connection has subscriptions (its GET /mcp opens a stream)."""
         return bool(self._legacy.get(connection))
 
-    def attach(self, connection: Hashable, send: Callable[[dict[str, Any]], None]) -> Notify:
-        """A legacy connection's GET stream; the returned function detaches it."""
-        self._legacy_streams[connection] = send
+    def attach(
+        self, connection: Hashable, send: Callable[[dict[str, Any]], None], end: Notify
+    ) -> Notify:
+        """
+        A legacy connection's GET stream (``end`` ends it); the returned function
+        detaches it.  One per connection: a new one ends the one before.
+        """
+        before = self._legacy_streams.get(connection)
+        self._legacy_streams[connection] = (send, end)
+        if before is not None:
+            before[1]()
 
         def detach() -> None:
-            if self._legacy_streams.get(connection) is send:
+            held = self._legacy_streams.get(connection)
+            if held is not None and held[0] is send:
                 del self._legacy_streams[connection]
 
         return detach

@@ -556,8 +556,8 @@ class GatewayApp:
             max_fps = validation.query_number(request, b"maxFps", 1, 20)
         except GatewayError as error:
             return gateway_error(request, error)
-        stream = ScreenStream(request)
-        d = self._sandbox.watch_screen(caller, stream.frame, max_fps)
+        stream = ScreenStream(request, self._registry.streams.held(request))
+        d = self._sandbox.watch_screen(caller, stream.frame, max_fps, stream.room)
         if not d.called:
             stream.begin()  # it went out: from now on, its end is an event of the stream
         # Klein cancels ``d`` when the caller leaves: the watch is cancelled on the computer.
@@ -637,7 +637,7 @@ class GatewayApp:
             )
         except GatewayError as error:
             return gateway_error(request, error)
-        stream = EventStream(request)
+        stream = EventStream(request, self._registry.streams.held(request))
         d = self._sandbox.watch_peripheral_events(
             caller,
             stream.frame,
@@ -645,6 +645,7 @@ class GatewayApp:
             timeout_ms,
         )
         if not d.called:
+            stream.watch = d
             stream.begin()
         # Klein cancels ``d`` when the caller leaves: the watch is cancelled on the computer.
         d.addBoth(stream.ended)

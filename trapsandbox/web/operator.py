@@ -25,7 +25,7 @@ from trapsandbox.admission import auth
 from trapsandbox.computers import wire
 from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import Registry, describe_session, listing_key
-from trapsandbox.computers.screen import ScreenState
+from trapsandbox.computers.screen import Room, frames_to
 from trapsandbox.errors import GatewayError
 from trapsandbox.limits import MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.snapshots.service import Snapshots
@@ -47,8 +47,6 @@ if TYPE_CHECKING:
     from trapsandbox.opencode.asks import Asks
 
 Headers = tuple[tuple[bytes, bytes], ...]
-# Whether a watcher has room for a screen frame now: None, or the Deferred of when it will.
-Room = Callable[[], "Deferred[None] | None"]
 
 
 @attrs.frozen
@@ -146,27 +144,6 @@ def _failed(failure: Failure) -> Answer | Failure:
     if failure.check(GatewayError):
         return rejected(failure.value)
     return failure  # cancelled (the client went away), or a bug: the caller's
-
-
-def _frames_to(
-    on_frame: Callable[[dict[str, Any]], None], room: Room | None
-) -> Callable[[dict[str, Any]], Deferred[None] | None]:
-    """
-    A screen watch's compact frames to ``on_frame``, expanded (``ScreenState``)
-    only when the watcher has room for one (``room()`` answers None): else the
-    Deferred of its room, and the registry's ``ScreenGate`` keeps the frame
-    (merged with the next) until then.
-    """
-    state = ScreenState()
-
-    def relay(compact: dict[str, Any]) -> Deferred[None] | None:
-        wait = None if room is None else room()
-        if wait is not None:
-            return wait
-        on_frame(state.apply(compact))
-        return None
-
-    return relay
 
 
 def _renumbered(
@@ -454,7 +431,7 @@ class OperatorRequests:
             if timeout is None:
                 timeout = limits.SCREEN_WATCH_TIMEOUT
             if on_partial is not None:
-                relay = _frames_to(on_partial, room)
+                relay = frames_to(on_partial, room)
         d = self._registry.request(caller, kind, payload, timeout, relay)
         d.addCallbacks(_answered, _failed)
         return d

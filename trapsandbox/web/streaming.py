@@ -9,9 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 
+from trapsandbox.computers.streams import Held, stalled
 from trapsandbox.errors import GatewayError
 from trapsandbox.mcp.stream import open_event_stream
 from trapsandbox.web.answers import sandbox_failed
@@ -75,11 +77,16 @@ class ScreenStream:
     ``ScreenState`` shape), then, when the computer ends the watch, one
     ``event: error`` with ``{code, error}``.  Until the watch has gone out
     (``begin``), a failure is an ordinary JSON answer with its status.
+    Frames go through ``held`` (``computers.streams.Held``): ``room`` says
+    whether the reader takes one now, else the frame waits, merged with the next.
     """
 
-    def __init__(self, request: IRequest) -> None:
+    def __init__(self, request: IRequest, held: Held) -> None:
         self._request = request
+        self._held = held
         self._begun = False
+        # Set when the reader stopped reading and the stream was ended for it.
+        self.stalled: GatewayError | None = None
 
     def begin(self) -> None:
         if not self._begun:
@@ -88,22 +95,33 @@ class ScreenStream:
             # The head goes out with the first write: a comment, so the caller sees it now.
             self._request.write(b": watching\n\n")
 
+    def room(self) -> Deferred[None] | None:
+        return self._held.room()
+
     def frame(self, frame: dict[str, Any]) -> None:
         self.begin()
-        self._request.write(b"data: " + orjson.dumps(frame) + b"\n\n")
+        self._held.write(b"data: " + orjson.dumps(frame) + b"\n\n")
 
     def ended(self, result: object) -> bytes | Failure:
-        if isinstance(result, Failure):
+        self._held.close()
+        if self.stalled is not None:
+            error = self.stalled  # its watch was cancelled for it
+        elif isinstance(result, Failure):
             if not result.check(GatewayError):
                 return result  # cancelled: the caller is gone
             if not self._begun:
                 return sandbox_failed(result, self._request)
             error = result.value
-            code, message = error.code, error.message
         else:
-            code, message = "ended", "the computer ended the watch"
+            return self._end(result)
         self.begin()
-        body = orjson.dumps({"code": code, "error": message})
+        body = orjson.dumps({"code": error.code, "error": error.message})
+        self._request.write(b"event: error\ndata: " + body + b"\n\n")
+        return b""
+
+    def _end(self, result: object) -> bytes:
+        self.begin()
+        body = orjson.dumps({"code": "ended", "error": "the computer ended the watch"})
         self._request.write(b"event: error\ndata: " + body + b"\n\n")
         return b""
 
@@ -113,11 +131,24 @@ class EventStream(ScreenStream):
     ``text/event-stream`` of peripheral events (SPEC §16): one ``data:`` line
     per ``{type: "event", name, args}``; at the computer's timeout one
     ``event: end`` with ``{events, timedOut}``; a failure as ``ScreenStream``'s.
+    A reader that lets more than its ``held`` bound wait is told so
+    (``overloaded``) and the watch ended: events are not merged, nor kept.
     """
 
-    def ended(self, result: object) -> bytes | Failure:
-        if isinstance(result, Failure):
-            return super().ended(result)
+    def __init__(self, request: IRequest, held: Held) -> None:
+        super().__init__(request, held)
+        self.watch: Deferred | None = None
+
+    def frame(self, frame: dict[str, Any]) -> None:
+        self.begin()
+        if self.stalled is None and not self._held.write(
+            b"data: " + orjson.dumps(frame) + b"\n\n"
+        ):
+            self.stalled = stalled(self._held.most)
+            if self.watch is not None:
+                self.watch.cancel()
+
+    def _end(self, result: object) -> bytes:
         self.begin()
         self._request.write(b"event: end\ndata: " + orjson.dumps(result) + b"\n\n")
         return b""

@@ -9,6 +9,7 @@ from trapsandbox import errors, limits
 from trapsandbox.computers import wire
 from trapsandbox.computers.callers import Sender
 from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.streams import StreamBudget
 from trapsandbox.errors import GatewayError
 from trapsandbox.limits import LOCAL_ACCOUNT
 
@@ -224,7 +225,7 @@ class WatchBoundTests(SynchronousTestCase):
 
     def setUp(self):
         self.clock = Clock()
-        self.registry = Registry(self.clock, request_timeout=30, max_watches=3)
+        self.registry = Registry(self.clock, request_timeout=30, streams=StreamBudget(most=3))
 
     def connect(self, trapos_id="7:", account_id="alice", capabilities=("screen", "peripheral")):
         link = FakeLink()
@@ -320,4 +321,4 @@ class WatchBoundTests(SynchronousTestCase):
         # What the computer still sends for it is ignored.
         self.assertFalse(session.resolve(partial(watch, {"rows": {}}, "1:")))
         # And the account's watch is counted no more.
-        self.assertEqual(self.registry._watching.held, {})
+        self.assertEqual(self.registry.streams.holding("screen and event", "alice"), 0)

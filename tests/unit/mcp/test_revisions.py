@@ -129,6 +129,12 @@ class ModernTests(ModernMixin, McpTestCase):
             self.assertEqual(error["code"], -32020)
         result = self.modern("tools/call", call, headers={"mcp-param-computer": "7:base"})
         self.assertFalse(result.get("isError"), result)
+        # Issue 43: twice is refused, whichever comes first (the last one was checked, while a
+        # balancer routes by the first).
+        for twice in (["8", "7:base"], ["7:base", "8"], ["7:base", "7:base"]):
+            error = self.modern_error("tools/call", call, headers={"mcp-param-computer": twice})
+            self.assertEqual(error["code"], -32020)
+            self.assertEqual(error["message"], "the Mcp-Param-Computer header is given 2 times")
 
     def test_an_unsupported_version_lists_ours(self):
         meta = {**META, "io.modelcontextprotocol/protocolVersion": "1900-01-01"}

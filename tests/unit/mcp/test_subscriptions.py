@@ -43,6 +43,7 @@ class WatchedComputer(SandboxComputer):
 class Stream:
     def __init__(self):
         self.sent = []
+        self.stalled = Deferred()  # fired by a test: the reader stopped reading
 
     def send(self, message):
         self.sent.append(message)
@@ -186,7 +187,7 @@ class SubscriptionTests(SynchronousTestCase):
     def test_legacy_subscribe_and_unsubscribe(self):
         heard = []
         call = Call(1, connection=("caller", "s1"))
-        detach = self.subscriptions.attach(("caller", "s1"), heard.append)
+        detach = self.subscriptions.attach(("caller", "s1"), heard.append, lambda: None)
         legacy = self.subscriptions.legacy
         self.successResultOf(
             Deferred.fromCoroutine(
