@@ -411,7 +411,7 @@ class Registry:
         account whose token ``caller`` used already has its most of them (``streams``).
         """
         key = caller.key
-        give_back = self.streams.take(caller.sender, ACTIVITY)
+        give_back = self.streams.take(caller, ACTIVITY)
         listeners = self._activity.setdefault(key, [])
         listeners.append(listener)
 
@@ -569,7 +569,7 @@ class Registry:
         give_back = None
         if type in WATCHES:
             try:
-                give_back = self.streams.take(caller.sender, SCREEN_AND_EVENT)
+                give_back = self.streams.take(caller, SCREEN_AND_EVENT)
             except GatewayError as refusal:
                 return fail(refusal)
         gate = None

@@ -6,10 +6,10 @@ MCP's subscription streams (``subscriptions/listen``, a legacy connection's
 ``GET /mcp``).  Two rules, each written once here:
 
 - **How many.**  ``StreamBudget.take`` counts one more stream of a kind
-  against the account whose token opened it, and refuses one past
-  ``most`` (``too_many_watches``, 429).  The admin, the gateway itself and a
-  computer's own player are not counted (as the admin's ``/operator``
-  sockets are not).  Each process counts its own.
+  against the account whose token opened it (an ask's token: its computer's
+  account), and refuses one past ``most`` (``too_many_watches``, 429).  The
+  admin, the gateway itself and a computer's own player are not counted (as
+  the admin's ``/operator`` sockets are not).  Each process counts its own.
 
 - **How many bytes wait.**  An HTTP stream writes through a ``Held``: a push
   producer registered on its request, so it hears the transport say "pause"
@@ -35,8 +35,8 @@ from zope.interface import implementer
 
 from trapsandbox import errors, limits
 from trapsandbox.admission.tally import Tally
-from trapsandbox.computers import wire
-from trapsandbox.computers.callers import Sender
+from trapsandbox.computers import callers, wire
+from trapsandbox.computers.callers import Caller
 from trapsandbox.errors import GatewayError
 
 # The kinds of stream, each bounded apart: what a message about one says.
@@ -47,6 +47,12 @@ SUBSCRIPTION = "subscription"
 
 def _nothing() -> None:
     return None
+
+
+def charged(caller: Caller) -> str | None:
+    """The account a stream ``caller`` opens is counted against (None: not counted)."""
+    sender = caller.sender
+    return caller.account if sender.by == callers.ASK else sender.account
 
 
 def stalled(most: int) -> GatewayError:
@@ -73,13 +79,13 @@ class StreamBudget:
         self.most_held = most_held
         self._held: dict[str, Tally] = {}
 
-    def take(self, sender: Sender, kind: str) -> Callable[[], None]:
+    def take(self, caller: Caller, kind: str) -> Callable[[], None]:
         """
-        One more stream of ``kind`` opened by ``sender``: the function that
+        One more stream of ``kind`` opened by ``caller``: the function that
         gives it back (twice is once), or raises ``GatewayError(too_many_watches)``
-        when the account whose token ``sender`` used already holds ``most``.
+        when the account whose token it used already holds ``most``.
         """
-        account = sender.account
+        account = charged(caller)
         if account is None:
             return _nothing  # the admin, the gateway, a computer's player: not counted
         tally = self._held.setdefault(kind, Tally())

@@ -55,7 +55,7 @@ from twisted.python.failure import Failure
 from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
-from trapsandbox.computers.streams import SUBSCRIPTION
+from trapsandbox.computers.streams import SUBSCRIPTION, charged
 from trapsandbox.errors import GatewayError
 from trapsandbox.mcp.errors import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, Invalid
 from trapsandbox.mcp.jsonrpc import Call
@@ -101,6 +101,8 @@ class _ScreenWatch:
         self._ended = ended
         self.listeners: dict[int, tuple[Notify, Ended]] = {}
         self.stopped = False
+        # Why it ended by itself, if it did.
+        self.why: str | None = None
         self._first = True
         self._d = sandbox.watch_screen(caller, self._frame, max_fps=SCREEN_UPDATES_PER_SECOND)
         self._d.addErrback(self._failed, session.trapos_id)
@@ -116,7 +118,9 @@ class _ScreenWatch:
         if failure.check(CancelledError):
             self.stop()
             return
-        why = f"the screen watch of {trapos_id} ended: {failure.getErrorMessage()}"
+        error = failure.value
+        said = error.message if isinstance(error, GatewayError) else failure.getErrorMessage()
+        why = self.why = f"the screen watch of {trapos_id} ended: {said}"
         log.info("MCP screen subscription ended: {why}", why=why)
         self.stop()
         for _, ended in list(self.listeners.values()):
@@ -158,19 +162,18 @@ class Subscriptions:
         watch = self._screens.get(key)
         if watch is None:
 
-            def ended() -> None:
+            def forget() -> None:
                 current = self._screens.get(key)
                 if current is not None and current is watch:
                     del self._screens[key]
 
-            watch = _ScreenWatch(self._sandbox, session, caller, ended)
+            watch = _ScreenWatch(self._sandbox, session, caller, forget)
             if not watch.stopped:  # (a computer that is gone ends it at once)
                 self._screens[key] = watch
         self._next += 1
         number = self._next
-        if watch.stopped:
-            ended(f"the screen watch of {session.trapos_id} could not start")
-            return _nothing
+        if watch.stopped:  # not honoured, as a read that fails is not
+            raise Invalid(INVALID_PARAMS, watch.why or "the screen watch could not start")
         watch.listeners[number] = (notify, ended)
 
         def stop() -> None:
@@ -258,7 +261,7 @@ class Subscriptions:
         meta = {SUBSCRIPTION_ID: call.id}
         found = await computers(self._registry, caller)
         try:
-            give_back = self._streams.take(caller.sender, SUBSCRIPTION)
+            give_back = self._streams.take(caller, SUBSCRIPTION)
         except GatewayError as refusal:
             raise Invalid(INVALID_REQUEST, refusal.message, 429) from None
         stops: list[Notify] = [give_back]
@@ -387,20 +390,20 @@ class Subscriptions:
         ``MAX_LEGACY_CONNECTIONS`` in all, the least recently used one.
         """
         try:
-            give_back = self._streams.take(caller.sender, SUBSCRIPTION)
+            give_back = self._streams.take(caller, SUBSCRIPTION)
         except GatewayError as refusal:
-            account = caller.sender.account
+            account = charged(caller)
             oldest = next(
                 (c for c in self._legacy if self._legacy_budget[c][0] == account), None
             )
             if oldest is None:  # its streams are all listens
                 raise Invalid(INVALID_REQUEST, refusal.message, 429) from None
             self._forget(oldest)
-            give_back = self._streams.take(caller.sender, SUBSCRIPTION)
+            give_back = self._streams.take(caller, SUBSCRIPTION)
         while len(self._legacy) >= MAX_LEGACY_CONNECTIONS:
             self._forget(next(iter(self._legacy)))
         self._legacy[connection] = {}
-        self._legacy_budget[connection] = (caller.sender.account, give_back)
+        self._legacy_budget[connection] = (charged(caller), give_back)
 
     def _forget(self, connection: Hashable) -> None:
         """A legacy connection's subscriptions end, and its stream of the budget is given back."""

@@ -11,8 +11,11 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.callers import asking, mcp_caller
 from tests.harness.fakes import SandboxComputer
+from trapsandbox import errors
+from trapsandbox.computers.callers import Caller, Sender
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
+from trapsandbox.errors import GatewayError
 from trapsandbox.mcp.errors import Invalid
 from trapsandbox.mcp.jsonrpc import Call
 from trapsandbox.mcp.revision import Revision
@@ -216,3 +219,93 @@ class SubscriptionTests(SynchronousTestCase):
             self.failureResultOf(Deferred.fromCoroutine(missing), Invalid).value.code, -32002
         )
         detach()
+
+    # Issue 43: subscriptions held to the rules of every other long-lived stream.
+
+    def operator_listen(self, uris, account="alice"):
+        stream = Stream()
+        call = Call(1, revision=Revision("2026-07-28", True), stream=stream)
+        params = {"notifications": {"resourceSubscriptions": uris}}
+        caller = Caller(account, None, Sender("agent", account))
+        return stream, Deferred.fromCoroutine(self.subscriptions.listen(params, call, caller))
+
+    def test_spellings_of_one_file_are_one_subscription(self):
+        spellings = [
+            FILE,
+            "trapsandbox://7%3Abase/files/notes/./a.txt",
+            "trapsandbox://7%3Abase/files//notes/a.txt",
+            "trapsandbox://7%3Abase/files/notes/x/../a.txt",
+        ]
+        stream, d = self.listen(spellings)
+        acknowledged = stream.sent[0]["params"]["notifications"]["resourceSubscriptions"]
+        self.assertEqual(acknowledged, [FILE])
+        self.successResultOf(
+            self.sandbox.write_file(asking("7:base", "alice"), "notes/a.txt", b"1")
+        )
+        self.assertEqual(self.updates(stream), [FILE])
+        self.end(d)
+
+    def test_listens_are_counted_in_the_accounts_budget(self):
+        self.registry.streams.most = 2
+        held = [self.operator_listen([FILE]) for _ in range(2)]
+        _, refused = self.operator_listen([FILE])
+        invalid = self.failureResultOf(refused, Invalid).value
+        self.assertEqual(invalid.status, 429)
+        self.assertIn("already has 2 subscription watches open here", invalid.message)
+        _, bobs = self.operator_listen([], account="bob")  # another account's are its own
+        self.assertNoResult(bobs)
+        self.end(held[0][1])
+        _, again = self.operator_listen([FILE])
+        self.assertNoResult(again)
+
+    def test_a_listen_whose_reader_stops_reading_ends_and_lets_go(self):
+        stream, d = self.operator_listen([SCREEN, FILE])
+        self.assertEqual(len(self.computer.watches), 1)
+        stream.stalled.callback(GatewayError(errors.OVERLOADED, "the reader is not reading"))
+        invalid = self.failureResultOf(d, Invalid).value
+        self.assertEqual(invalid.message, "the reader is not reading: listen again")
+        self.assertEqual(self.registry.streams.holding("subscription", "alice"), 0)
+        self.assertEqual(self.subscriptions.watching(), 0)  # its screen watch cancelled
+        self.successResultOf(
+            self.sandbox.write_file(asking("7:base", "alice"), "notes/a.txt", b"1")
+        )
+        self.assertEqual(self.updates(stream), [])
+
+    def test_a_screen_watch_that_ends_ends_its_listens_and_a_new_listen_starts_another(self):
+        stream, d = self.listen([SCREEN])
+        [watch] = self.computer.watches
+        self.computer.answer(watch, ok=False, error={"code": "ended", "message": "rebooted"})
+        invalid = self.failureResultOf(d, Invalid).value
+        self.assertEqual(
+            invalid.message, "the screen watch of 7:base ended: rebooted: listen again"
+        )
+        self.assertEqual(self.subscriptions.watching(), 0)
+        _, again = self.listen([SCREEN])
+        self.assertEqual(len(self.computer.watches), 2)
+        self.end(again)
+
+    def test_a_legacy_screen_subscription_whose_watch_ends_can_be_made_again(self):
+        heard = []
+        connection = ("caller", "s1")
+        call = Call(1, connection=connection)
+        self.subscriptions.attach(connection, heard.append, lambda: None)
+
+        def subscribe():
+            d = self.subscriptions.legacy(
+                "resources/subscribe", {"uri": SCREEN}, call, mcp_caller("alice")
+            )
+            self.successResultOf(Deferred.fromCoroutine(d))
+
+        subscribe()
+        [watch] = self.computer.watches
+        self.computer.answer(watch, ok=False, error={"code": "ended", "message": "rebooted"})
+        self.assertEqual([m["params"]["uri"] for m in heard], [SCREEN])  # read it again
+        self.assertFalse(self.subscriptions.subscribed(connection))
+        subscribe()  # not answered {} as if it were still there: a new watch
+        self.assertEqual(len(self.computer.watches), 2)
+
+    def test_a_second_get_stream_of_a_legacy_connection_ends_the_first(self):
+        ended = []
+        self.subscriptions.attach(("caller", "s1"), lambda m: None, lambda: ended.append(1))
+        self.subscriptions.attach(("caller", "s1"), lambda m: None, lambda: ended.append(2))
+        self.assertEqual(ended, [1])
