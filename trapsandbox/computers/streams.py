@@ -171,8 +171,8 @@ class Held:
     # IPushProducer: the request's channel calls these.
 
     def pauseProducing(self) -> None:
+        # Said again on each write past the transport's buffer: what is held is not reset.
         self.paused = True
-        self.held = 0
 
     def resumeProducing(self) -> None:
         self.paused = False
