@@ -79,7 +79,7 @@ class StalledReaderTests(TestCase):
         self.assertEqual(watch["type"], "peripheral_events")
         event = {"type": "event", "name": "disk", "args": ["x" * 65536]}
         cancel = None
-        for n in range(400):  # ~26 MB offered
+        for _ in range(400):  # ~26 MB offered
             computer.respond(watch, payload=event, partial=True)
             answer = await synced(computer)
             if answer.get("type") == "cancel":

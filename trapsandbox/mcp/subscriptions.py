@@ -393,9 +393,7 @@ class Subscriptions:
             give_back = self._streams.take(caller, SUBSCRIPTION)
         except GatewayError as refusal:
             account = charged(caller)
-            oldest = next(
-                (c for c in self._legacy if self._legacy_budget[c][0] == account), None
-            )
+            oldest = next((c for c in self._legacy if self._legacy_budget[c][0] == account), None)
             if oldest is None:  # its streams are all listens
                 raise Invalid(INVALID_REQUEST, refusal.message, 429) from None
             self._forget(oldest)

@@ -141,9 +141,7 @@ class EventStream(ScreenStream):
 
     def frame(self, frame: dict[str, Any]) -> None:
         self.begin()
-        if self.stalled is None and not self._held.write(
-            b"data: " + orjson.dumps(frame) + b"\n\n"
-        ):
+        if self.stalled is None and not self._held.write(b"data: " + orjson.dumps(frame) + b"\n\n"):
             self.stalled = stalled(self._held.most)
             if self.watch is not None:
                 self.watch.cancel()

@@ -7,7 +7,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from trapsandbox import errors
 from trapsandbox.computers.callers import Caller, Sender
-from trapsandbox.computers.streams import Held, StreamBudget
+from trapsandbox.computers.streams import StreamBudget
 from trapsandbox.errors import GatewayError
 
 
