@@ -66,7 +66,7 @@ class Settings:
     # SANDBOX_TRUSTED_PROXIES (SPEC §4): networks (and perhaps ``unix``) whose
     # X-Forwarded-For/Forwarded are believed; none by default.
     trusted_proxies: tuple[Any, ...] = ()
-    # Snapshots (SPEC §15): kept per computer, the content kept per account, one snapshot's
+    # Snapshots (SPEC §15): kept per computer, what is kept per account, one snapshot's
     # bound (SANDBOX_SNAPSHOTS_KEEP, SANDBOX_SNAPSHOT_QUOTA_MB, SANDBOX_SNAPSHOT_MAX_MB).
     snapshots_keep: int = limits.SNAPSHOTS_KEEP
     snapshot_quota_bytes: int = limits.SNAPSHOT_QUOTA_BYTES

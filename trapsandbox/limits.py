@@ -293,9 +293,15 @@ ASK_PERMISSION_DETAIL_WAIT = 2.0
 # The defaults of the store's settings (``config``; the store holds the values in force).
 # Per computer the newest this many are kept (SANDBOX_SNAPSHOTS_KEEP).
 SNAPSHOTS_KEEP = 10
-# Per account, the content its kept snapshots use, at most (SANDBOX_SNAPSHOT_QUOTA_MB): past
-# it the oldest are pruned first.
+# Per account, what its kept snapshots take, at most (SANDBOX_SNAPSHOT_QUOTA_MB): past it the
+# oldest are pruned first.  What they take (``retention``): each snapshot's file list as both
+# stores keep it (its JSON, byte for byte) plus SNAPSHOT_LIST_OVERHEAD, and each content hash
+# once, its size plus SNAPSHOT_CONTENT_OVERHEAD: a stored list or hash costs something even
+# when its files are empty (the key, row and index entries around it; measured in
+# docs/operations.md).
 SNAPSHOT_QUOTA_BYTES = 64 * 1024 * 1024
+SNAPSHOT_LIST_OVERHEAD = 512
+SNAPSHOT_CONTENT_OVERHEAD = 512
 # A computer whose files add up to more than this (SANDBOX_SNAPSHOT_MAX_MB, counted from the
 # listed sizes) is refused, not half-saved; and so many files at most.
 SNAPSHOT_MAX_BYTES = 4 * 1024 * 1024

@@ -183,7 +183,7 @@ class Options(usage.Options):
             "snapshot-quota-mb",
             None,
             None,
-            "MiB of snapshot content kept per account, the oldest pruned "
+            "MiB of snapshots (file lists and content) kept per account, the oldest pruned "
             f"({limits.SNAPSHOT_QUOTA_BYTES // 2**20}).",
         ],
         [

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
+import orjson
 
 from trapsandbox import errors, limits
 from trapsandbox.computers import wire
@@ -219,6 +220,20 @@ def check_content(sha256: object, data: object, max_bytes: int) -> bytes:
     if hashlib.sha256(data).hexdigest() != sha256:
         raise bad(f"the content's SHA-256 is not {sha256[:12]}...: not stored")
     return data
+
+
+def manifest(files: Files) -> bytes:
+    """
+    A files map as both stores keep it, and as the quota counts it (``retention``): JSON
+    ``{path: [size, modified, sha256]}``.
+    """
+    return orjson.dumps({path: [e.size, e.modified, e.sha256] for path, e in files.items()})
+
+
+def from_manifest(data: bytes | Mapping[str, Any]) -> dict[str, FileEntry]:
+    """A files map from ``manifest``'s bytes (or their decoded JSON)."""
+    listed = orjson.loads(data) if isinstance(data, bytes | bytearray | memoryview) else data
+    return {path: FileEntry(*entry) for path, entry in listed.items()}
 
 
 def sized(files: Files) -> tuple[int, int]:

@@ -8,6 +8,7 @@ account as a JSON string; ``T`` = the traposId as a JSON string)::
     A seq:T            counter: the computer's last snapshot id (never reused)
     A list:T           sorted set: the computer's snapshot ids, scored by id
     A snap:T:<id>      the snapshot: JSON {created, reason, files: {path: [size, modified, sha256]}}
+                       (``files``: ``model.manifest``'s bytes, as the quota counts them)
     A computers        set: the traposIds with a list
     A stored           sorted set: every content hash held, scored by when last touched (ms)
     A sizes            hash: content hash -> size
@@ -220,12 +221,11 @@ class RedisStore(SnapshotStore):
     ) -> Deferred:
         a = self._a(account)
         computer = _json(trapos_id)
-        record = orjson.dumps(
-            {
-                "created": now,
-                "reason": reason,
-                "files": {p: [e.size, e.modified, e.sha256] for p, e in files.items()},
-            }
+        # The file list as the quota counts it (``model.manifest``), byte for byte.
+        record = b'{"created":%d,"reason":%b,"files":%b}' % (
+            now,
+            orjson.dumps(reason),
+            model.manifest(files),
         )
         keys = [a + "stored", a + "refs", f"{a}seq:{computer}", f"{a}list:{computer}"]
         keys.append(a + "computers")
@@ -298,8 +298,8 @@ class RedisStore(SnapshotStore):
             for snapshot_id, value in zip(ids, values, strict=True):
                 if value is not None:
                     created, _, files = _record(value)
-                    content = {e.sha256: e.size for e in files.values()}
-                    out.append(retention.Held(trapos_id, int(snapshot_id), created, content))
+                    listed = model.manifest(files)
+                    out.append(retention.held(trapos_id, int(snapshot_id), created, files, listed))
             return out
 
         return d.addCallback(records)
@@ -362,8 +362,7 @@ def _json(value: str) -> str:
 
 def _record(value: bytes) -> tuple[int, str, dict[str, FileEntry]]:
     record = orjson.loads(value)
-    files = {path: FileEntry(*entry) for path, entry in record["files"].items()}
-    return record["created"], record["reason"], files
+    return record["created"], record["reason"], model.from_manifest(record["files"])
 
 
 def _all(ds: list[Deferred]) -> Deferred:

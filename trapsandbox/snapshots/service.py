@@ -3,7 +3,8 @@ Snapshots of a computer's files (SPEC §15): what the routes, ``trapsandbox-ctl`
 game's ``sandbox`` commands and the ask hook call.  The storage layer decides nothing
 about computers; this is where a computer is asked, in the order the store expects::
 
-    take     snapshot_list -> refuse past the store's max_bytes (nothing saved)
+    take     snapshot_list -> refuse past the store's max_bytes, or a list that alone
+             passes the account's quota (nothing saved)
              -> fetch what to_fetch names -> hash -> missing -> put_content -> commit -> prune
     changes  snapshot_list -> fetch what differs from the snapshot -> changes + text_diff
     restore  the snapshot (NotFound before anything moves) -> take one of now ("restore",
@@ -32,13 +33,14 @@ from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.computers.settingsfile import is_settings_path
 from trapsandbox.errors import GatewayError
 from trapsandbox.snapshots import changes as diff
-from trapsandbox.snapshots import model
+from trapsandbox.snapshots import model, retention
 from trapsandbox.snapshots.model import FileEntry
 from trapsandbox.snapshots.store import SnapshotStore
 
 log = Logger()
 
 OPENING = "it is still opening"
+_UNREAD = "0" * 64
 
 
 def _listed(answer: dict[str, Any], max_bytes: int) -> dict[str, tuple[int, int]]:
@@ -260,6 +262,10 @@ class Snapshots:
         store = await self._opened()
         latest = await store.latest(account, trapos_id)
         listing, free = await self._list(caller)
+        # A list that alone would not fit the account's quota is refused before anything
+        # is read: sizes 0 and one hash bound what the commit will count from below.
+        unread = {path: FileEntry(0, modified, _UNREAD) for path, (_, modified) in listing.items()}
+        retention.check_fits(unread, store.quota)
         fetched = await self._fetch(caller, diff.to_fetch(latest, listing), listing)
         hashes = {path: _sha(data) for path, data in fetched.items()}
         absent = await store.missing(account, hashes.values())

@@ -6,14 +6,20 @@ connection, never on the reactor's thread; each operation is one transaction the
 (``BEGIN IMMEDIATE`` for a write), so a commit or a prune is atomic and operations never
 interleave.  WAL mode: a reader (an operator's ``sqlite3`` shell, say) does not stop a
 write.  The schema is made when the file is new and carries its version
-(``PRAGMA user_version``); a file from a newer trapsandbox is refused, not rewritten.
+(``PRAGMA user_version``); an older file is migrated in place as it opens (one
+transaction), a file from a newer trapsandbox is refused, not rewritten.
 
 Tables (every key starts with the account, so one account never reaches another's rows)::
 
     computers (account, trapos_id, last)                 the last id given: never reused
-    snapshots (account, trapos_id, seq, created, reason, files, bytes)
-    files     (account, trapos_id, seq, path, size, modified, sha256)   cascade-deleted
-    content   (account, sha256, size, stored, data)      stored: last touched, epoch ms
+    snapshots (account, trapos_id, seq, created, reason, files, bytes, manifest)
+    content   (account, sha256, size, stored, refs, data)
+              stored: last touched, epoch ms; refs: how many snapshots use it
+
+``manifest`` is the file list as the Redis store keeps it too and as the quota counts it
+(``model.manifest``), one blob per snapshot.  Version 1 kept a row per file instead, with
+an index by content: each path stored twice beside the account and traposId, 714 bytes a
+file of a 200-character path against 288 now, none of it counted (issue 43).
 """
 
 from __future__ import annotations
@@ -35,7 +41,9 @@ from trapsandbox.snapshots.store import SnapshotStore, not_found
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# The columns a migration adds carry the defaults ALTER TABLE needs, here too: a new file
+# and a migrated one have the same tables.
 SCHEMA = """
 CREATE TABLE computers (
   account TEXT NOT NULL, trapos_id TEXT NOT NULL, last INTEGER NOT NULL,
@@ -44,18 +52,12 @@ CREATE TABLE computers (
 CREATE TABLE snapshots (
   account TEXT NOT NULL, trapos_id TEXT NOT NULL, seq INTEGER NOT NULL,
   created INTEGER NOT NULL, reason TEXT NOT NULL, files INTEGER NOT NULL, bytes INTEGER NOT NULL,
+  manifest BLOB NOT NULL DEFAULT x'',
   PRIMARY KEY (account, trapos_id, seq)
 ) WITHOUT ROWID;
-CREATE TABLE files (
-  account TEXT NOT NULL, trapos_id TEXT NOT NULL, seq INTEGER NOT NULL, path TEXT NOT NULL,
-  size INTEGER NOT NULL, modified INTEGER NOT NULL, sha256 TEXT NOT NULL,
-  PRIMARY KEY (account, trapos_id, seq, path),
-  FOREIGN KEY (account, trapos_id, seq) REFERENCES snapshots ON DELETE CASCADE
-) WITHOUT ROWID;
-CREATE INDEX files_by_content ON files (account, sha256);
 CREATE TABLE content (
   account TEXT NOT NULL, sha256 TEXT NOT NULL, size INTEGER NOT NULL, stored INTEGER NOT NULL,
-  data BLOB NOT NULL, UNIQUE (account, sha256)
+  data BLOB NOT NULL, refs INTEGER NOT NULL DEFAULT 0, UNIQUE (account, sha256)
 );
 """
 # SQLite's default bound on the parameters of one statement is 32766; stay well under it.
@@ -141,6 +143,8 @@ class SqliteStore(SnapshotStore):
                 db.executescript(
                     f"BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
                 )
+            elif version == 1:
+                _migrate_1_to_2(db)
             elif version != SCHEMA_VERSION:
                 raise model.unavailable(
                     f"{self.path} has schema version {version}; this trapsandbox knows "
@@ -180,10 +184,11 @@ class SqliteStore(SnapshotStore):
     def _latest(self, account: str, trapos_id: str) -> Deferred:
         def latest(db: sqlite3.Connection) -> dict[str, FileEntry]:
             row = db.execute(
-                "SELECT max(seq) FROM snapshots WHERE account = ? AND trapos_id = ?",
+                "SELECT manifest FROM snapshots WHERE account = ? AND trapos_id = ? "
+                "ORDER BY seq DESC LIMIT 1",
                 (account, trapos_id),
             ).fetchone()
-            return {} if row[0] is None else _files(db, account, trapos_id, row[0])
+            return {} if row is None else model.from_manifest(row[0])
 
         return self._transaction(latest)
 
@@ -235,16 +240,10 @@ class SqliteStore(SnapshotStore):
             ).fetchone()
             count, size = model.sized(files)
             db.execute(
-                "INSERT INTO snapshots VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (account, trapos_id, seq, now, reason, count, size),
+                "INSERT INTO snapshots VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (account, trapos_id, seq, now, reason, count, size, model.manifest(files)),
             )
-            db.executemany(
-                "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (account, trapos_id, seq, path, e.size, e.modified, e.sha256)
-                    for path, e in files.items()
-                ],
-            )
+            _count_refs(db, account, hashes, 1)
             return str(seq)
 
         return self._transaction(commit, write=True)
@@ -263,13 +262,15 @@ class SqliteStore(SnapshotStore):
     def _get(self, account: str, trapos_id: str, seq: int, snapshot_id: str) -> Deferred:
         def get(db: sqlite3.Connection) -> Snapshot:
             row = db.execute(
-                "SELECT created, reason FROM snapshots "
+                "SELECT created, reason, manifest FROM snapshots "
                 "WHERE account = ? AND trapos_id = ? AND seq = ?",
                 (account, trapos_id, seq),
             ).fetchone()
             if row is None:
                 raise not_found(snapshot_id)
-            return Snapshot(str(seq), account, trapos_id, *row, _files(db, account, trapos_id, seq))
+            created, reason, manifest = row
+            files = model.from_manifest(manifest)
+            return Snapshot(str(seq), account, trapos_id, created, reason, files)
 
         return self._transaction(get)
 
@@ -286,28 +287,12 @@ class SqliteStore(SnapshotStore):
 
     def _prune(self, account: str, before: int) -> Deferred:
         def prune(db: sqlite3.Connection) -> model.Pruned:
-            held: dict[tuple[str, int], tuple[int, dict[str, int]]] = {}
-            for trapos_id, seq, created in db.execute(
-                "SELECT trapos_id, seq, created FROM snapshots WHERE account = ?", (account,)
-            ):
-                held[trapos_id, seq] = (created, {})
-            for trapos_id, seq, sha, size in db.execute(
-                "SELECT trapos_id, seq, sha256, size FROM files WHERE account = ?", (account,)
-            ):
-                held[trapos_id, seq][1][sha] = size
-            dropped = retention.to_drop(
-                [retention.Held(t, s, c, content) for (t, s), (c, content) in held.items()],
-                self.keep,
-                self.quota,
-            )
-            db.executemany(
-                "DELETE FROM snapshots WHERE account = ? AND trapos_id = ? AND seq = ?",
-                [(account, h.trapos_id, h.seq) for h in dropped],
-            )
+            held = _held(db, account)
+            dropped = retention.to_drop(held, self.keep, self.quota)
+            _drop(db, account, dropped)
             swept = db.execute(
-                "DELETE FROM content WHERE account = ? AND stored <= ? AND NOT EXISTS "
-                "(SELECT 1 FROM files WHERE files.account = content.account "
-                "AND files.sha256 = content.sha256) RETURNING size",
+                "DELETE FROM content WHERE account = ? AND stored <= ? AND refs <= 0 "
+                "RETURNING size",
                 (account, before),
             ).fetchall()
             return model.Pruned(
@@ -320,20 +305,79 @@ class SqliteStore(SnapshotStore):
 
     def _delete_computer(self, account: str, trapos_id: str) -> Deferred:
         def delete(db: sqlite3.Connection) -> int:
-            return db.execute(
-                "DELETE FROM snapshots WHERE account = ? AND trapos_id = ?", (account, trapos_id)
-            ).rowcount
+            return _drop(db, account, _held(db, account, trapos_id))
 
         return self._transaction(delete, write=True)
 
 
-def _files(db: sqlite3.Connection, account: str, trapos_id: str, seq: int) -> dict[str, FileEntry]:
+def _held(db: sqlite3.Connection, account: str, trapos_id: str | None = None) -> list:
+    """The account's snapshots (or one computer's) as retention sees them."""
+    where, args = "account = ?", [account]
+    if trapos_id is not None:
+        where, args = where + " AND trapos_id = ?", [account, trapos_id]
     rows = db.execute(
-        "SELECT path, size, modified, sha256 FROM files "
-        "WHERE account = ? AND trapos_id = ? AND seq = ?",
-        (account, trapos_id, seq),
+        f"SELECT trapos_id, seq, created, manifest FROM snapshots WHERE {where}",  # noqa: S608
+        args,
     )
-    return {path: FileEntry(size, modified, sha) for path, size, modified, sha in rows}
+    return [
+        retention.held(t, seq, created, model.from_manifest(manifest), manifest)
+        for t, seq, created, manifest in rows
+    ]
+
+
+def _drop(db: sqlite3.Connection, account: str, dropped: list[retention.Held]) -> int:
+    """Delete ``dropped`` and uncount the content each used; how many there were."""
+    for held in dropped:
+        db.execute(
+            "DELETE FROM snapshots WHERE account = ? AND trapos_id = ? AND seq = ?",
+            (account, held.trapos_id, held.seq),
+        )
+        _count_refs(db, account, sorted(held.content), -1)
+    return len(dropped)
+
+
+def _count_refs(db: sqlite3.Connection, account: str, hashes: list[str], by: int) -> None:
+    """One more (or fewer) snapshot uses each of ``hashes`` (distinct)."""
+    for chunk in _chunks(hashes):
+        marks = ",".join("?" * len(chunk))
+        db.execute(
+            f"UPDATE content SET refs = refs + ? "  # noqa: S608 (marks only)
+            f"WHERE account = ? AND sha256 IN ({marks})",
+            (by, account, *chunk),
+        )
+
+
+def _migrate_1_to_2(db: sqlite3.Connection) -> None:
+    """
+    Version 1's row per file becomes each snapshot's manifest, and each content's
+    references are counted, in one transaction: a failure leaves the file as it was.
+    """
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute("ALTER TABLE snapshots ADD COLUMN manifest BLOB NOT NULL DEFAULT x''")
+        db.execute("ALTER TABLE content ADD COLUMN refs INTEGER NOT NULL DEFAULT 0")
+        lists: dict[tuple[str, str, int], dict[str, FileEntry]] = {}
+        for key in db.execute("SELECT account, trapos_id, seq FROM snapshots"):
+            lists[key] = {}
+        for account, trapos_id, seq, path, size, modified, sha in db.execute(
+            "SELECT account, trapos_id, seq, path, size, modified, sha256 FROM files"
+        ):
+            lists[account, trapos_id, seq][path] = FileEntry(size, modified, sha)
+        db.executemany(
+            "UPDATE snapshots SET manifest = ? WHERE account = ? AND trapos_id = ? AND seq = ?",
+            [(model.manifest(files), *key) for key, files in lists.items()],
+        )
+        db.execute(
+            "UPDATE content SET refs = (SELECT count(*) FROM (SELECT DISTINCT trapos_id, seq "
+            "FROM files WHERE files.account = content.account "
+            "AND files.sha256 = content.sha256))"
+        )
+        db.execute("DROP TABLE files")
+        db.execute("PRAGMA user_version = 2")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
 
 
 def _chunks(items: list[str]) -> list[list[str]]:

@@ -7,7 +7,8 @@ Taking a snapshot is three steps, and only the last one makes it visible::
     missing(account, hashes)         which of the fetched files' content is not stored yet
     put_content(account, sha, data)  each of those (its hash checked)
     commit(account, traposId, files, reason) -> id     atomic; refused (MissingContent,
-                                     nothing listed) unless all its content is stored
+                                     nothing listed) unless all its content is stored, and
+                                     (TOO_LARGE) when it alone passes the account's quota
 
 so a crash mid-way leaves at most content no snapshot uses, which ``prune`` removes once
 nothing touched it for ``SNAPSHOT_ORPHAN_GRACE`` (``missing`` and ``put_content`` touch
@@ -28,7 +29,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, maybeDeferred
 
 from trapsandbox import limits
-from trapsandbox.snapshots import model
+from trapsandbox.snapshots import model, retention
 from trapsandbox.snapshots.model import FileEntry, NotFound, Snapshot, Summary
 
 
@@ -83,16 +84,17 @@ class SnapshotStore(abc.ABC):
     def commit(
         self, account: str, trapos_id: str, files: Mapping[str, Any], reason: str
     ) -> Deferred[str]:
-        """Make a snapshot of ``files`` visible, atomically; its id."""
-        return maybeDeferred(
-            lambda: self._commit(
-                _account(account),
-                _computer(trapos_id),
-                model.check_files(files, self.max_bytes),
-                model.check_reason(reason),
-                self.now_ms(),
-            )
-        )
+        """Make a snapshot of ``files`` visible, atomically; its id.  Refused, nothing
+        saved, when it alone takes more than the quota (``retention.check_fits``)."""
+
+        def commit() -> Deferred:
+            checked = _account(account), _computer(trapos_id)
+            listed = model.check_files(files, self.max_bytes)
+            why = model.check_reason(reason)
+            retention.check_fits(listed, self.quota)
+            return self._commit(*checked, listed, why, self.now_ms())
+
+        return maybeDeferred(commit)
 
     def list(self, account: str, trapos_id: str) -> Deferred[list[Summary]]:
         """The computer's snapshots, newest first."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from tests.unit.snapshots.programs import Computer, generate, programs, restore, sha, take
 from trapsandbox import errors, limits
 from trapsandbox.errors import GatewayError
-from trapsandbox.snapshots import changes
+from trapsandbox.snapshots import changes, model, retention
 from trapsandbox.snapshots.model import MissingContent, NotFound
 
 A, B = "alice", "bob"
@@ -213,7 +213,8 @@ class StoreTests:
         self.assertEqual((await store.prune(A)).snapshots, ())
 
     async def test_prune_drops_the_oldest_past_the_quota_but_never_the_newest(self):
-        store = await self.store(quota=25, grace=0)
+        one = retention.cost(model.check_files({"/f": entry(b"A" * 20)}, 100))
+        store = await self.store(quota=one + one // 2, grace=0)
         for n, trapos_id in enumerate(["1:", "2:", "1:"]):
             data = bytes([65 + n]) * 20
             await self.put(store, A, data)
@@ -223,12 +224,49 @@ class StoreTests:
         self.assertEqual(pruned.snapshots, (("1:", "1"), ("2:", "1")))
         self.assertEqual([s.id for s in await store.list(A, "1:")], ["2"])
         self.assertEqual(await store.list(A, "2:"), [])
-        # Alone over the quota, the account's newest stays.
-        await self.put(store, A, b"Z" * 30)
-        self.clock.now += 1
-        await store.commit(A, "2:", {"/f": entry(b"Z" * 30)}, "ask")
-        await store.prune(A)
-        self.assertEqual([s.id for s in await store.list(A, "2:")], ["2"])
+        # Alone over a quota lowered since it was taken, the account's newest stays.
+        await store.close()
+        store = await self.open_store(quota=one // 2, grace=0, now=self.clock)
+        self.assertEqual((await store.prune(A)).snapshots, ())
+        self.assertEqual([s.id for s in await store.list(A, "1:")], ["2"])
+
+    async def test_file_lists_count_against_the_quota_across_an_accounts_computers(self):
+        """
+        Issue 43, small: empty files with long paths cost no content, but their lists are
+        stored; across several traposIds of one account the lists kept stay within the
+        quota, the oldest pruned first, and a new traposId does not escape it.
+        """
+        quota = 20_000
+        store = await self.store(quota=quota, grace=0)
+        await self.put(store, A, b"")
+        files = {f"/{'d' * 190}/{n:04d}": entry(b"") for n in range(20)}
+        path_bytes = sum(len(p) for p in files)  # 3,900: a lower bound of what a list keeps
+        taken = []
+        for n in range(12):
+            trapos_id = f"{n % 6}:"  # a new computer each time for six, then again
+            self.clock.now += 1
+            taken.append((trapos_id, await store.commit(A, trapos_id, files, "ask")))
+            await store.prune(A)
+            kept = [(t, s.id) for t in {t for t, _ in taken} for s in await store.list(A, t)]
+            self.assertLessEqual(len(kept) * path_bytes, quota, (n, kept))
+            # Oldest first: what is kept is the newest taken, the one just taken among them.
+            self.assertEqual(sorted(kept), sorted(taken[-len(kept) :]), n)
+        self.assertGreaterEqual(len(kept), 2)
+
+    async def test_a_snapshot_whose_own_list_passes_the_quota_is_refused_not_saved(self):
+        store = await self.store(quota=2_000)
+        await self.put(store, A, b"", b"x")
+        await store.commit(A, "1:", {"/x": entry(b"x")}, "ask")
+        files = {f"/{'p' * 100}{n}": entry(b"") for n in range(20)}  # 2,000+ bytes of paths
+        error = await self.failure(store.commit(A, "2:", files, "ask"))
+        self.assertEqual(error.code, errors.TOO_LARGE)
+        self.assertIn("SANDBOX_SNAPSHOT_QUOTA_MB", error.message)
+        self.assertIn("nothing was saved", error.message)
+        self.assertEqual(await store.list(A, "2:"), [])
+        self.assertEqual(await store.latest(A, "2:"), {})
+        # The account's other snapshots are untouched, and the next id is the first.
+        self.assertEqual(len(await store.list(A, "1:")), 1)
+        self.assertEqual(await store.commit(A, "2:", {"/x": entry(b"x")}, "ask"), "1")
 
     async def test_content_being_committed_survives_a_prune_within_the_grace(self):
         store = await self.store(grace=60)
@@ -269,7 +307,7 @@ class StoreTests:
         gives back exactly the files of the snapshot restored (and no changes are left to
         see), and after every prune each listed snapshot's content is all there.
         """
-        store = await self.store(keep=3, quota=120, grace=0)
+        store = await self.store(keep=3, quota=6_000, grace=0)
         for number, program in enumerate(generate(programs, self.program_examples)):
             account, trapos_id = f"acct{number}", f"{number}:"
             computer = Computer()

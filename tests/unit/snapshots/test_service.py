@@ -95,6 +95,18 @@ class SnapshotsTests(TestCase):
         self.assertEqual(self.sandbox.reads, [])
         self.assertEqual(await self.store.list("acc", "7:"), [])
 
+    async def test_a_list_past_the_accounts_quota_is_refused_before_any_read(self):
+        for n in range(30):
+            self.computer.write(f"/{'long' * 50}/{n}", b"")
+        self.store.quota = 8_000  # 30 paths of 200 characters: 6,000 bytes and their JSON
+        error = await self.assertFailure(
+            self.snapshots.take(asking("7:", "acc"), "manual"), GatewayError
+        )
+        self.assertEqual(error.code, errors.TOO_LARGE)
+        self.assertIn("SANDBOX_SNAPSHOT_QUOTA_MB", error.message)
+        self.assertEqual(self.sandbox.reads, [])
+        self.assertEqual(await self.store.list("acc", "7:"), [])
+
     async def test_restore_and_undo(self):
         taken = await self.snapshots.take(asking("7:", "acc"), "manual")
         before = dict(self.computer.files)
