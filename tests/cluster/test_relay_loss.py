@@ -138,6 +138,20 @@ class RedisLostTests(Harness):
         )
         self.assertEqual(self.clock.seconds(), 0)
 
+    def test_the_cancels_go_once_commands_go_through_again(self):
+        """The inbox can come back before the commands connection does."""
+        ds = self.relayed(2)
+        self.redis_dies()
+        for d in ds:
+            self.assertEqual(self.error(d).code, errors.UNAVAILABLE)
+        self.member.redis._subscribed(None)
+        self.assertEqual(self.sent("cancel"), [])
+        self.commands.size = 1
+        self.member.heartbeat()
+        self.assertEqual(len(self.sent("cancel")), 2)
+        self.member.heartbeat()
+        self.assertEqual(len(self.sent("cancel")), 2)  # once
+
     def test_a_check_finding_redis_away_answers_them(self):
         """Lost without the inbox noticing (the commands connection went first)."""
         (d,) = self.relayed()

@@ -205,6 +205,7 @@ class Cluster:
         d = self.presence.heartbeat()
         if d is not None:
             d.addCallback(lambda _: self.relay.live(self.presence.live, mark, at, ttl))
+            d.addCallback(lambda _: self.relay.cancel_owed())
         return d
 
     def _subscribed(self) -> None:
@@ -215,7 +216,7 @@ class Cluster:
             self.ownership.rebuilding(self.rebuild_window)
         never_fails(self.heartbeat)
         never_fails(self.ownership.refresh)
-        self.relay.resubscribed()
+        self.relay.cancel_owed()
 
     def _lost(self) -> None:
         self._outage = True

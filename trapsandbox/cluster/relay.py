@@ -9,7 +9,7 @@ answers ``unavailable`` at once; giving up tells the owner to cancel.
 
 A relay that can no longer be answered is answered ``unavailable`` (503)
 within seconds, not at its timeout, and the owner is told to cancel it
-(now, or once Redis is back: ``resubscribed``):
+(now, or once Redis is back: ``cancel_owed``):
 
 - our inbox's connection is lost (``lost``): no answer can reach us;
 - every ``CLUSTER_RELAY_CHECK_INTERVAL`` while relays are out (``_check``):
@@ -266,8 +266,13 @@ class Relay:
             if d is not None:
                 d.cancel()
 
-    def resubscribed(self) -> None:
-        """Redis is back: tell the holders of the relays given up meanwhile to cancel them."""
+    def cancel_owed(self) -> None:
+        """
+        Redis answers again (we are subscribed, or a heartbeat went through): tell the
+        holders of the relays given up while it did not to cancel them.
+        """
+        if not self._cancels_owed or not self._redis.ok:
+            return
         owed, self._cancels_owed = self._cancels_owed, []
         for instance, relay_id in owed:
             self._cancel_there(instance, relay_id)
