@@ -67,6 +67,32 @@ class RedisLossTests(TestCase):
         self.assertEqual((await local)[0], 200)
         self.assertFalse(at_a.closed.called)
 
+    async def test_requests_relayed_to_a_gateway_killed_are_answered_503_within_seconds(self):
+        redis = await start_redis(self)
+        a = await start_gateway(self, redis.url)
+        b = await start_gateway(self, redis.url)
+        http = Http()
+        at_a = await connect(self, a.port)
+        self.assertTrue((await at_a.hello(trapos_id="4:doomed"))["ok"])
+        await at_a.request("capabilities", {"capabilities": ["eval"]})
+        body = {"type": "eval", "payload": {"code": "sleep(60)"}, "timeoutMs": 600_000}
+        answers = [
+            Deferred.fromCoroutine(http.request(b, "4:doomed", body, ANSWER_BOUND))
+            for _ in range(2)
+        ]
+        for _ in answers:
+            self.assertEqual((await at_a.next_message())["type"], "eval")
+
+        a.child.signal("KILL")
+        await a.child.wait_ended()
+        started = time.monotonic()
+        results = await DeferredList(answers, fireOnOneErrback=True, consumeErrors=True)
+        for _, (code, content) in results:
+            error = orjson.loads(content)["error"]
+            self.assertEqual((code, error["code"]), (503, "unavailable"))
+            self.assertIn("is gone", error["message"])
+        self.assertLess(time.monotonic() - started, 5)
+
     async def test_after_redis_returns_a_connected_computer_is_never_404(self):
         redis = await start_redis(self)
         a = await start_gateway(self, redis.url)
