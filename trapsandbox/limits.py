@@ -219,6 +219,14 @@ CLUSTER_RECONNECT_MAX_DELAY = 2.0
 # A request relayed to the process holding the computer waits this much longer
 # than its own timeout for that process's answer (which carries the timeout).
 CLUSTER_RELAY_MARGIN = 2.0
+# While requests are relayed, the requester checks this often that each one's holder
+# still listens (its inbox has a subscriber) and Redis still answers: a relay that
+# cannot be answered any more is answered 503 then, not at its timeout.
+CLUSTER_RELAY_CHECK_INTERVAL = 1.0
+# After Redis comes back, the processes write their ownerships again (within one refresh
+# interval of their reconnecting): meanwhile a computer nobody holds is looked up again
+# this often, so one connected elsewhere is not answered 404 (``Ownership.holder``).
+CLUSTER_REBUILD_POLL = 0.25
 # /computers asks every other process for its list and waits this long for them.
 CLUSTER_LIST_TIMEOUT = 2.0
 # Keys and channels start with this.

@@ -40,7 +40,7 @@ class FencingTests(SynchronousTestCase):
         self.clock = Clock()
         self.redis = FakeRedis()
         self.registry = Registry(self.clock)
-        self.ownership = Ownership(self.registry, self.redis, "here", 15000)
+        self.ownership = Ownership(self.registry, self.redis, "here", 15000, self.clock)
         self.registry.peers = self.ownership
         self.relay = Relay(self.registry, self.redis, self.ownership, "here", self.clock)
 
@@ -104,7 +104,9 @@ class RelayedListenerTests(SynchronousTestCase):
     def test_a_listener_that_ends_a_relayed_request_ends_it_there_too(self):
         redis = FakeRedis()
         registry = Registry(Clock())
-        relay = Relay(registry, redis, Ownership(registry, redis, "here", 15000), "here", Clock())
+        clock = Clock()
+        ownership = Ownership(registry, redis, "here", 15000, clock)
+        relay = Relay(registry, redis, ownership, "here", clock)
 
         def too_large(payload):
             raise GatewayError(errors.TOO_LARGE, "a screen of 512x512")

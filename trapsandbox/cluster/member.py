@@ -19,9 +19,12 @@ eviction).
 
 Redis down: computers connected here keep working (nothing on their path
 waits for Redis), requests for computers elsewhere fail with
-``unavailable`` (503) at once or within ``CLUSTER_CALL_TIMEOUT``, and both
-connections come back by themselves; the refresh then writes this process's
-ownerships again.
+``unavailable`` (503) at once or within ``CLUSTER_CALL_TIMEOUT``, those
+relayed already too (``Relay.lost``), and both connections come back by
+themselves; the refresh then writes this process's ownerships again.  For a
+while after (``rebuild_window``) the others may not have written theirs yet:
+a computer nobody holds is looked up again meanwhile (``Ownership.holder``)
+rather than answered 404.
 """
 
 from __future__ import annotations
@@ -67,6 +70,11 @@ class Cluster:
         self.instance_id = instance_id or uuid.uuid4().hex[:16]
         self.refresh_interval = refresh_interval
         self.heartbeat_interval = min(limits.CLUSTER_HEARTBEAT_INTERVAL, refresh_interval)
+        # Redis came back: every other process rewrites its ownerships once it has
+        # reconnected (each backs off to CLUSTER_RECONNECT_MAX_DELAY) and refreshed (each
+        # refresh interval, or at once), every call within call_timeout.
+        self.rebuild_window = refresh_interval + limits.CLUSTER_RECONNECT_MAX_DELAY + call_timeout
+        self._outage = False
         self.redis = Redis(
             RedisAddress.from_url(url),
             reactor,
@@ -74,12 +82,14 @@ class Cluster:
             inbox_of(self.instance_id),
             self._inbox_message,
             self._subscribed,
+            self._lost,
         )
         self.ownership = Ownership(
             registry,
             self.redis,
             self.instance_id,
             int(refresh_interval * limits.CLUSTER_OWNER_TTL_FACTOR * 1000),
+            reactor,
         )
         self.presence = Presence(
             registry,
@@ -122,7 +132,7 @@ class Cluster:
         return self.relay.request(caller, type, payload, timeout, on_partial)
 
     def holds(self, account_id: str, trapos_id: str) -> Deferred[bool]:
-        d = self.ownership.holder(account_id, trapos_id)
+        d = self.ownership.holder(account_id, trapos_id, within=limits.CLUSTER_CALL_TIMEOUT)
         d.addCallback(lambda holder: holder[0] not in ("", self.instance_id))
         return d
 
@@ -162,12 +172,12 @@ class Cluster:
     def start(self) -> None:
         connected = self.redis.start()
         for what, interval in (
-            (self.presence.heartbeat, self.heartbeat_interval),
+            (self.heartbeat, self.heartbeat_interval),
             (self.ownership.refresh, self.refresh_interval),
         ):
             self._loops.append(start_loop(what, interval, self._reactor, now=False))
         # The first heartbeat as soon as Redis answers, not one interval later.
-        connected.addCallback(lambda _: never_fails(self.presence.heartbeat))
+        connected.addCallback(lambda _: never_fails(self.heartbeat))
         address = self.redis.address
         log.info(
             "cluster mode: gateway {instance} on Redis {host}:{port}/{db}",
@@ -182,15 +192,35 @@ class Cluster:
         for loop in self._loops:
             if loop.running:
                 loop.stop()
+        self.relay.stop()
         d = self.presence.leave()
         d.addErrback(lambda _: None)
         d.addCallback(lambda _: self.redis.disconnect())
         return d
 
+    def heartbeat(self) -> Deferred | None:
+        """``Presence.heartbeat``; relays to a process it no longer lists are given up."""
+        mark, at = self.relay.mark, self._reactor.seconds()
+        ttl = self.heartbeat_interval * limits.CLUSTER_HEARTBEAT_TTL_FACTOR
+        d = self.presence.heartbeat()
+        if d is not None:
+            d.addCallback(lambda _: self.relay.live(self.presence.live, mark, at, ttl))
+            d.addCallback(lambda _: self.relay.cancel_owed())
+        return d
+
     def _subscribed(self) -> None:
-        # Back after an outage: write the heartbeat and our ownerships now.
-        never_fails(self.presence.heartbeat)
+        # Back after an outage: write the heartbeat and our ownerships now, and give the
+        # others the time to write theirs.
+        if self._outage:
+            self._outage = False
+            self.ownership.rebuilding(self.rebuild_window)
+        never_fails(self.heartbeat)
         never_fails(self.ownership.refresh)
+        self.relay.cancel_owed()
+
+    def _lost(self) -> None:
+        self._outage = True
+        self.relay.lost()
 
     # -- The inbox ---------------------------------------------------------------------------
 

@@ -11,6 +11,11 @@ the counter is raised to at least our epoch, so fencing tokens never go
 backwards.  Releasing is compare-and-delete.  Pub/sub is fire-and-forget:
 the refresh heals a lost eviction.
 
+After Redis comes back (``rebuilding``) every process writes its
+ownerships again, each within a refresh of its own reconnecting: until
+then a computer nobody holds in Redis may well be connected, so ``holder``
+looks it up again rather than answer "nobody" (a 404) for it.
+
 Redis holds, with ``<key>`` the JSON ``["accountId", "traposId"]``
 (``computer_key``):
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+from twisted.internet import task
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -104,11 +110,16 @@ def _holder(owner: str | None) -> tuple[str, str]:
 class Ownership:
     """The computers this process holds in Redis, and at which epoch."""
 
-    def __init__(self, registry: Registry, redis: Redis, instance_id: str, ttl_ms: int) -> None:
+    def __init__(
+        self, registry: Registry, redis: Redis, instance_id: str, ttl_ms: int, clock: Any
+    ) -> None:
         self._registry = registry
         self._redis = redis
         self._instance_id = instance_id
         self._ttl_ms = ttl_ms
+        self._clock = clock
+        # Until when the cluster writes its ownerships again (``rebuilding``).
+        self._rebuilt_at = 0.0
         # What this process holds: key -> (session, epoch).
         self._owned: dict[str, tuple[Session, int]] = {}
         self._claiming: set[Session] = set()
@@ -120,11 +131,45 @@ class Ownership:
         owned = self._owned.get(computer_key(*session.key))
         return owned[1] if owned is not None and owned[0] is session else None
 
-    def holder(self, account_id: str, trapos_id: str) -> Deferred:
-        """Fires with the computer's ``(instance, epoch)`` in Redis (instance "": nobody)."""
-        d = self._redis.call("get", _owner_key(computer_key(account_id, trapos_id)))
+    def rebuilding(self, seconds: float) -> None:
+        """
+        Redis is back (maybe empty): for ``seconds`` the other processes may not have
+        written their ownerships again yet.
+        """
+        self._rebuilt_at = max(self._rebuilt_at, self._clock.seconds() + seconds)
+
+    def holder(self, account_id: str, trapos_id: str, within: float | None = None) -> Deferred:
+        """
+        Fires with the computer's ``(instance, epoch)`` in Redis (instance "": nobody).
+        While the cluster rebuilds (``rebuilding``), nobody is looked up again every
+        ``CLUSTER_REBUILD_POLL`` until somebody holds it or the rebuild is over (then
+        nobody it is); a caller that cannot wait that long (``within`` seconds) gets
+        ``unavailable`` then rather than a "nobody" that may be wrong.
+        """
+        deadline = None if within is None else self._clock.seconds() + within
+        return self._look_up(computer_key(account_id, trapos_id), deadline)
+
+    def _look_up(self, key: str, deadline: float | None) -> Deferred:
+        d = self._redis.call("get", _owner_key(key))
         d.addCallback(_holder)
+        d.addCallback(self._looked_up, key, deadline)
         return d
+
+    def _looked_up(
+        self, holder: tuple[str, str], key: str, deadline: float | None
+    ) -> tuple[str, str] | Deferred:
+        now = self._clock.seconds()
+        if holder[0] or now >= self._rebuilt_at:
+            return holder
+        end = self._rebuilt_at if deadline is None else min(deadline, self._rebuilt_at)
+        if now >= end:
+            raise GatewayError(
+                errors.UNAVAILABLE,
+                "the gateways are writing again which of them holds which computer "
+                "(Redis came back): try again in a few seconds",
+            )
+        wait = min(limits.CLUSTER_REBUILD_POLL, end - now)
+        return task.deferLater(self._clock, wait, self._look_up, key, deadline)
 
     # -- The registry tells us ---------------------------------------------------------------
 

@@ -124,6 +124,11 @@ class Presence:
         d.addCallbacks(self._beaten, self._not_beaten)
         return d
 
+    @property
+    def live(self) -> set[str]:
+        """The ids of the live processes, as of the last heartbeat."""
+        return {beat["id"] for beat in self.instances}
+
     def _beaten(self, beats: list[str]) -> None:
         self.instances = sorted((orjson.loads(beat) for beat in beats), key=lambda b: b["id"])
 

@@ -117,7 +117,8 @@ class Redis:
     """
     This process's two connections to Redis.  ``on_message`` is called with
     each message on ``inbox``; ``on_subscribed`` each time the inbox is
-    subscribed again (at start, and after every outage).
+    subscribed again (at start, and after every outage); ``on_lost`` each time
+    the inbox's connection is lost (nothing sent to us arrives until it is back).
     """
 
     def __init__(
@@ -128,6 +129,7 @@ class Redis:
         inbox: str,
         on_message: Callable[[str | bytes], None],
         on_subscribed: Callable[[], None],
+        on_lost: Callable[[], None] = lambda: None,
     ) -> None:
         self.address = address
         self.timeout = timeout
@@ -135,6 +137,7 @@ class Redis:
         self._reactor = reactor
         self._on_message = on_message
         self._on_subscribed = on_subscribed
+        self._on_lost = on_lost
         self.subscribed = False
         self._commands: txredisapi.RedisFactory | None = None
         self._inbox: _InboxFactory | None = None
@@ -220,3 +223,4 @@ class Redis:
 
     def _inbox_lost(self) -> None:
         self.subscribed = False
+        self._on_lost()

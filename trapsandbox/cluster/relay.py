@@ -7,6 +7,20 @@ id, under the request's timeout plus ``CLUSTER_RELAY_MARGIN``; partial
 responses are relayed before it.  Nobody listening on the owner's inbox
 answers ``unavailable`` at once; giving up tells the owner to cancel.
 
+A relay that can no longer be answered is answered ``unavailable`` (503)
+within seconds, not at its timeout, and the owner is told to cancel it
+(now, or once Redis is back: ``cancel_owed``):
+
+- our inbox's connection is lost (``lost``): no answer can reach us;
+- every ``CLUSTER_RELAY_CHECK_INTERVAL`` while relays are out (``_check``):
+  the owner's inbox has no subscriber (the process is gone), or Redis does
+  not answer within its bound;
+- a heartbeat listing (``live``) no longer has the owner: its heartbeat
+  expired (a process that hangs still subscribed).
+
+The owner, losing its own inbox, cancels what it serves (``lost``): the
+requester cannot hear the answer, and has answered already.
+
 In: a request from another process runs on the computer here only if we
 hold it at the epoch the sender saw, and its partials and answer go back to
 the sender's inbox.  It runs as its caller's (``key``, ``by``, ``quiet``: the
@@ -27,22 +41,28 @@ leaves this process (``fail`` with ``not_connected``).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
+from twisted.internet import task
 from twisted.internet.defer import CancelledError, Deferred, fail
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from trapsandbox import errors, limits
+from trapsandbox.cluster.loops import start_loop
 from trapsandbox.cluster.ownership import Ownership
-from trapsandbox.cluster.redis import Redis
+from trapsandbox.cluster.redis import Redis, inbox_of
 from trapsandbox.computers import wire
 from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import PartialListener, Registry
 from trapsandbox.errors import GatewayError
 
 log = Logger()
+
+# Cancels kept for when Redis is back; past that the holders' own timeouts end the rest.
+_MOST_CANCELS_OWED = 10_000
 
 
 def _relay_timed_out(result: object, timeout: float) -> object:
@@ -61,6 +81,17 @@ class _Relayed:
     trapos_id: str
     instance: str
     on_partial: PartialListener | None
+    # The order it was sent in: a check sent after it may end it (``Relay.mark``).
+    sequence: int = 0
+    # Since when the heartbeat listings have not had its holder (``Relay.live``).
+    missing_since: float | None = None
+
+
+def _holder_gone(relay: _Relayed, why: str) -> GatewayError:
+    return GatewayError(
+        errors.UNAVAILABLE,
+        f"the gateway holding {relay.trapos_id} ({relay.instance}) is gone: {why}",
+    )
 
 
 class Relay:
@@ -81,6 +112,11 @@ class Relay:
         self._reactor = reactor
         self._relays: dict[str, _Relayed] = {}
         self._serving: dict[tuple[str, str], Deferred] = {}
+        self._sequence = 0
+        # While relays are out: the check that their holders still listen (``_check``).
+        self._checking: task.LoopingCall | None = None
+        # Cancels for relays given up while Redis was away: sent once it is back.
+        self._cancels_owed: list[tuple[str, str]] = []
 
     # -- Requests for computers held elsewhere (the registry asks) ---------------------------
 
@@ -135,7 +171,7 @@ class Relay:
             **caller.message(),
             **fields,
         }
-        d = self._ownership.holder(*caller.key)
+        d = self._ownership.holder(*caller.key, within=timeout)
         d.addCallback(self._relay, message, on_partial)
         return d
 
@@ -148,12 +184,16 @@ class Relay:
             raise wire.not_connected(trapos_id)
         relay_id = uuid.uuid4().hex
         d = Deferred(lambda _: self._relay_cancelled(relay_id))
-        self._relays[relay_id] = _Relayed(d, trapos_id, instance, on_partial)
+        self._sequence += 1
+        self._relays[relay_id] = _Relayed(d, trapos_id, instance, on_partial, self._sequence)
         d.addTimeout(timeout + limits.CLUSTER_RELAY_MARGIN, self._reactor, _relay_timed_out)
         d.addBoth(self._relay_done, relay_id)
         message = {**request, "id": relay_id, "epoch": epoch}
         sent = self._redis.publish(instance, message)
         sent.addCallbacks(self._relay_sent, self._relay_unsent, (relay_id,), None, (relay_id,))
+        if self._checking is None and relay_id in self._relays:
+            interval = limits.CLUSTER_RELAY_CHECK_INTERVAL
+            self._checking = start_loop(self._check, interval, self._reactor, now=False)
         return d
 
     def _relay_sent(self, receivers: int, relay_id: str) -> None:
@@ -180,6 +220,120 @@ class Relay:
     def _relay_done(self, result: object, relay_id: str) -> object:
         self._relays.pop(relay_id, None)
         return result
+
+    # -- Relays that can no longer be answered -----------------------------------------------
+
+    @property
+    def mark(self) -> int:
+        """The relays sent so far: a check started now may end only those (``live``)."""
+        return self._sequence
+
+    def _give_up(self, relays: Iterable[str], error: GatewayError) -> None:
+        """Answer these relays ``error`` here, and tell their holders to cancel them."""
+        for relay_id in list(relays):
+            relay = self._relays.pop(relay_id, None)
+            if relay is None:
+                continue
+            self._cancel_there(relay.instance, relay_id)
+            relay.deferred.errback(error)
+
+    def _cancel_there(self, instance: str, relay_id: str) -> None:
+        def unsent(_: object) -> None:
+            if len(self._cancels_owed) < _MOST_CANCELS_OWED:
+                self._cancels_owed.append((instance, relay_id))
+
+        if not self._redis.connected:
+            unsent(None)
+            return
+        message = {"t": "cancel", "id": relay_id, "from": self._instance_id}
+        self._redis.publish(instance, message).addErrback(unsent)
+
+    def lost(self) -> None:
+        """
+        Our inbox's connection is lost: no answer can reach us, so every relay out
+        is answered ``unavailable`` now; what we serve for others is cancelled (its
+        requester has lost its answer too, or will not hear ours).
+        """
+        self._give_up(
+            self._relays,
+            GatewayError(
+                errors.UNAVAILABLE,
+                "the gateway lost its connection to Redis: the answer cannot reach it",
+            ),
+        )
+        for key in list(self._serving):
+            d = self._serving.pop(key, None)
+            if d is not None:
+                d.cancel()
+
+    def cancel_owed(self) -> None:
+        """
+        Redis answers again (we are subscribed, or a heartbeat went through): tell the
+        holders of the relays given up while it did not to cancel them.
+        """
+        if not self._cancels_owed or not self._redis.ok:
+            return
+        owed, self._cancels_owed = self._cancels_owed, []
+        for instance, relay_id in owed:
+            self._cancel_there(instance, relay_id)
+
+    def live(self, instances: set[str], mark: int, at: float, ttl: float) -> None:
+        """
+        ``instances`` are the live processes by a heartbeat listing started at
+        ``at``, when ``mark`` relays were sent: those sent before it to a process
+        missing from every listing for ``ttl`` (its heartbeat expired: a process
+        that hangs, still subscribed) are answered ``unavailable``.  One listing
+        is not enough: after Redis restarts empty, a process writes its ownerships
+        and its heartbeat at their own intervals.
+        """
+        for relay_id, relay in list(self._relays.items()):
+            if relay.sequence > mark:
+                continue
+            if relay.instance in instances:
+                relay.missing_since = None
+            elif relay.missing_since is None:
+                relay.missing_since = at
+            elif at - relay.missing_since >= ttl:
+                self._give_up([relay_id], _holder_gone(relay, "its heartbeat expired"))
+
+    def _check(self) -> Deferred | None:
+        """While relays are out: does each one's holder still listen, and Redis answer?"""
+        if not self._relays:
+            loop, self._checking = self._checking, None
+            if loop is not None and loop.running:
+                loop.stop()
+            return None
+        if not self._redis.ok:
+            self.lost()
+            return None
+        mark = self._sequence
+        instances = sorted({relay.instance for relay in self._relays.values()})
+        channels = [inbox_of(instance) for instance in instances]
+        d = self._redis.call("execute_command", "PUBSUB", "NUMSUB", *channels)
+        d.addCallbacks(self._checked, self._check_failed, (instances, mark), None, (mark,))
+        return d
+
+    def _checked(self, reply: list[Any], instances: list[str], mark: int) -> None:
+        counts = dict(zip(reply[::2], reply[1::2], strict=True))
+        listening = {i for i in instances if int(counts.get(inbox_of(i), 0))}
+        for relay_id, relay in list(self._relays.items()):
+            if relay.sequence <= mark and relay.instance not in listening:
+                self._give_up([relay_id], _holder_gone(relay, "it no longer listens"))
+
+    def _check_failed(self, failure: Failure, mark: int) -> None:
+        failure.trap(GatewayError)
+        log.warn("cluster: relayed requests given up: {error}", error=failure.value.message)
+        error = GatewayError(
+            errors.UNAVAILABLE, f"cannot relay the answer: {failure.value.message}"
+        )
+        self._give_up([i for i, r in self._relays.items() if r.sequence <= mark], error)
+
+    def stop(self) -> None:
+        """Leaving the cluster: no relay can be answered any more."""
+        if self._checking is not None and self._checking.running:
+            self._checking.stop()
+        self._checking = None
+        self._give_up(self._relays, GatewayError(errors.UNAVAILABLE, "the gateway is stopping"))
 
     def on_partial(self, message: dict[str, Any]) -> None:
         """``{t: partial}``: a partial response to a request of ours."""
