@@ -196,6 +196,33 @@ class Sandbox:
             )
         )
 
+    def move_file(self, caller: Caller, source: str, target: str) -> Deferred:
+        """
+        Move the file or folder ``source`` to ``target`` in one step on the computer
+        (``move_file``, a client announcing ``wire.MOVE_FILE``): it refuses ``target``
+        inside ``source``, an existing ``target`` and read-only paths itself, with no
+        yield between its checks and the move.  Fires with ``{moved, from, to}``.
+        """
+        try:
+            source = paths.checked(source, write=True, name="from")
+            target = paths.checked(target, write=True, name="to")
+        except GatewayError as error:
+            return fail(error)
+        if paths.inside(target, source):
+            return fail(errors.bad_request(f"to ({target}) must not be from ({source}) or in it"))
+        payload = {"from": source, "to": target}
+        return self._call(caller, "move_file", payload, limits.FILE_REQUEST_TIMEOUT)
+
+    def make_folder(self, caller: Caller, path: str) -> Deferred:
+        """Make the folder ``path`` (and any missing above it) on the computer
+        (``make_folder``, a client announcing ``wire.MAKE_FOLDER``); one that exists is
+        left as it is.  Fires with ``{made, existed}``."""
+        try:
+            path = paths.checked(path, write=True)
+        except GatewayError as error:
+            return fail(error)
+        return self._call(caller, "make_folder", {"path": path}, limits.FILE_REQUEST_TIMEOUT)
+
     async def _holding(self, caller: Caller, held: tuple[str, ...], work: Callable[[], Any]) -> Any:
         """``work()`` (a Deferred or a coroutine) while ``held`` is held on the computer."""
         hold = await self._locks.acquire(caller.key, held)
