@@ -19,7 +19,8 @@ the settings file (``settingsfile``: ``forbidden``); for a change, the root and 
 only the computer knows; it refuses them itself.
 
 ``inside(child, parent)``: whether ``child`` is ``parent`` or under it, as any CraftOS could
-read them (CraftOS-PC also drops non-ASCII bytes, so ``/pr\u00e9oj`` may be ``/proj``).
+read them (a host may ignore case; CraftOS-PC drops non-ASCII bytes, so ``/pr\u00e9oj`` may
+be ``/proj``).
 """
 
 from __future__ import annotations
@@ -109,15 +110,16 @@ def _within(child: str, parent: str) -> bool:
 
 def inside(child: str, parent: str) -> bool:
     """Whether the canonical ``child`` is the canonical ``parent`` or a path under it, as
-    CC:Tweaked or CraftOS-PC (which drops non-ASCII bytes) reads them."""
-    if _within(child, parent):
+    any CraftOS could read them: on a host whose names ignore case (as CC:Tweaked's own
+    check does), and with non-ASCII bytes dropped (as CraftOS-PC does)."""
+    if _within(child.lower(), parent.lower()):
         return True
     if _NON_ASCII.search(child) or _NON_ASCII.search(parent):
         # (Dropping can empty a name: fold again.)
         def ascii(p: str) -> str:
             return canonical(_NON_ASCII.sub("", p))
 
-        return _within(ascii(child), ascii(parent))
+        return _within(ascii(child).lower(), ascii(parent).lower())
     return False
 
 
