@@ -1306,7 +1306,8 @@ end
 
 -- == Section: Request handlers ============================================================
 -- Owns: what the daemon does for each gateway request (SPEC §9): ping, exec, eval, cancel, the
--- file requests (paths, /.settings refused, base64, parts), screen. Each is handler(req, ctx).
+-- file requests (paths, /.settings refused, base64, parts in a temporary file per write, a move
+-- or a folder checked and done in one step), screen. Each is handler(req, ctx).
 -- Needs: constants, encodings, jobs. Exports: M.isSettingsPath, M.SETTINGS_FILE, M.PROGRAM_PATH,
 -- M.TEMP_SUFFIX, M.NO_SCREEN.
 

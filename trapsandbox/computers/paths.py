@@ -115,11 +115,13 @@ def inside(child: str, parent: str) -> bool:
     if _within(child.lower(), parent.lower()):
         return True
     if _NON_ASCII.search(child) or _NON_ASCII.search(parent):
-        # (Dropping can empty a name: fold again.)
-        def ascii(p: str) -> str:
-            return canonical(_NON_ASCII.sub("", p))
-
-        return _within(ascii(child).lower(), ascii(parent).lower())
+        # (Dropping can empty a name or make one "..": fold again; what cannot be read so
+        # is taken to overlap, the safe side for a move's check and a lock.)
+        try:
+            child, parent = (canonical(_NON_ASCII.sub("", p)).lower() for p in (child, parent))
+        except GatewayError:
+            return True
+        return _within(child, parent)
     return False
 
 

@@ -94,6 +94,7 @@ class CanonicalTests(SynchronousTestCase):
         self.assertTrue(inside("/PROJ/inner", "/proj"))  # a host ignoring case
         self.assertTrue(inside("/pr\u00e9oj/x", "/proj"))  # CraftOS-PC drops non-ASCII
         self.assertFalse(inside("/other", "/proj"))
+        self.assertTrue(inside("/..\u00e9", "/proj"))  # unreadable so: taken to overlap
 
     def test_checked_refuses_the_settings_file_and_changes_of_rom_and_the_root(self):
         for spelling in ["/.settings", "x/../.SETTINGS", "/.settings/inner", "\\.settings."]:
