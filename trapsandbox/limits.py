@@ -72,6 +72,13 @@ FILE_CHUNK_BYTES = 64 * 1024
 MAX_FILE_BYTES = 1024 * 1024
 # One file, list or screen frame's round trip.
 FILE_REQUEST_TIMEOUT = 30.0
+# A path on a computer, in characters (``computers.paths``).
+MAX_PATH_LENGTH = 1024
+# A change of a computer's files waits this long at most for an earlier one of the same
+# paths to end (``computers.pathlocks``), then is refused (``overloaded``); and at most so
+# many wait for one computer at once (more are refused at once).
+PATH_LOCK_WAIT = 120.0
+PATH_LOCK_WAITERS = 32
 # A screen's size as the gateway relays it (``computers.screen``): CraftOS's largest
 # monitor is 164x81 (CraftOS-PC may be set larger): a screen_watch frame claiming more
 # than twice that is refused and the watch ended (``too_large``).

@@ -431,6 +431,11 @@ function M.gatewayResponse(receiverId, messageId, msgType, ok, payload, err)
   return responseFrame('gateway_response', 'traposReceiverId', receiverId, messageId, msgType, ok, payload, err)
 end
 
+-- What this client does beyond the first protocol, announced in hello (`features`) so the
+-- gateway knows what it may send: a temporary file per write (part.writeId), move_file and
+-- make_folder. A gateway older than this ignores the list.
+M.FEATURES = { 'write_id', 'move_file', 'make_folder' }
+
 -- capabilities: the allowed list (§9).
 -- `stopped` (optional): the error value saying why the player stopped the agent here (SPEC
 -- §16); hello then carries stopped = true and its message, so the gateway knows at once.
@@ -444,6 +449,7 @@ function M.hello(senderId, messageId, secret, version, capabilities, stopped)
     secret = secret or '',
     version = version or _VERSION,
     capabilities = jsonList(capabilities or {}),
+    features = jsonList(M.FEATURES),
   }
   if stopped then payload.stopped, payload.stopMessage = true, stopped.message end
   return M.computerRequest(senderId, messageId, 'hello', payload)
@@ -1300,7 +1306,8 @@ end
 
 -- == Section: Request handlers ============================================================
 -- Owns: what the daemon does for each gateway request (SPEC §9): ping, exec, eval, cancel, the
--- file requests (paths, /.settings refused, base64, parts), screen. Each is handler(req, ctx).
+-- file requests (paths, /.settings refused, base64, parts in a temporary file per write, a move
+-- or a folder checked and done in one step), screen. Each is handler(req, ctx).
 -- Needs: constants, encodings, jobs. Exports: M.isSettingsPath, M.SETTINGS_FILE, M.PROGRAM_PATH,
 -- M.TEMP_SUFFIX, M.NO_SCREEN.
 
@@ -1735,6 +1742,43 @@ end
 
 M.TEMP_SUFFIX = '.sandbox-part'
 
+--[[ Each write builds its file in a temporary file of its own beside the target, named with
+the writeId the gateway sends with every part (`.<name>.<writeId>.sandbox-part`), so two
+writes of one file at once never share one: each moves a whole file into place (install),
+never parts of both. A gateway older than writeId sends none: the one shared name
+`.<name>.sandbox-part` is used then. What a write abandoned (the connection gone) is deleted
+by the next write of that file: the writes under way are known to the connection
+(attempt.writing), and a temporary file of that target no write holds is stale. ]]
+local function tempName(fsApi, path, writeId)
+  local name = fsApi.getName(path)
+  if writeId then
+    local stem = '.' .. name .. '.'
+    if #stem + #writeId + #M.TEMP_SUFFIX >= 255 then stem = '.' .. name:sub(1, 200) .. '.' end
+    return fsApi.combine(fsApi.getDir(path), stem .. writeId .. M.TEMP_SUFFIX)
+  end
+  return fsApi.combine(fsApi.getDir(path), '.' .. name .. M.TEMP_SUFFIX)
+end
+
+local function escapePattern(text) return (text:gsub('[%^%$%(%)%%%.%[%]%*%+%-%?]', '%%%0')) end
+
+-- Deletes the temporary files of `path` that no write under way holds (`writing`: temp -> true).
+local function clearStaleTemps(fsApi, path, writing)
+  local dir, name = fsApi.getDir(path), fsApi.getName(path)
+  if not fsApi.isDir(dir) then return end
+  local ok, names = pcall(fsApi.list, dir)
+  if not ok then return end
+  local stems = { escapePattern('.' .. name .. '.'), escapePattern('.' .. name:sub(1, 200) .. '.') }
+  local suffix = escapePattern(M.TEMP_SUFFIX)
+  for _, each in ipairs(names) do
+    local stale = each == '.' .. name .. M.TEMP_SUFFIX
+    for _, stem in ipairs(stems) do
+      if each:find('^' .. stem .. '%x+' .. suffix .. '$') then stale = true end
+    end
+    local full = fsApi.combine(dir, each)
+    if stale and not writing[full] then pcall(fsApi.delete, full) end
+  end
+end
+
 local function handleWriteFile(req, ctx)
   local session = sessionOf(req, ctx)
   if not session then return end
@@ -1751,7 +1795,7 @@ local function handleWriteFile(req, ctx)
   end
   local part = payload.part
   if part ~= nil and type(part) ~= 'table' then return badRequest(req, 'part must be {offset, final, size?}') end
-  local offset, final, size = 0, true, #data
+  local offset, final, size, writeId = 0, true, #data, nil
   if part then
     local err
     offset, err = optionalNumber(part, 'offset', 0, 0)
@@ -1759,23 +1803,34 @@ local function handleWriteFile(req, ctx)
     final = part.final == true
     size, err = optionalNumber(part, 'size', offset + #data, offset + #data)
     if not size then return badRequest(req, 'part.' .. err) end
+    writeId = part.writeId
+    if writeId ~= nil and (type(writeId) ~= 'string' or not writeId:find('^%x+$') or #writeId > 32) then
+      return badRequest(req, 'part.writeId must be at most 32 hex digits')
+    end
   end
   if fsApi.isReadOnly(path) then return fsError(req, shown .. ': Access denied') end
   if fsApi.isDir(path) then return fsError(req, shown .. ': Cannot write to directory') end
 
-  -- Parts go to a temporary file beside the target; offset 0 starts it afresh.
-  local temp = fsApi.combine(fsApi.getDir(path), '.' .. fsApi.getName(path) .. M.TEMP_SUFFIX)
+  -- Parts go to this write's temporary file beside the target; offset 0 starts it afresh.
+  local temp = tempName(fsApi, path, writeId)
   if M.isSettingsPath('/' .. temp) or M.isSettingsPath('/' .. temp .. '.old') then return settingsForbidden(req, shown) end
+  local attempt = type(session.current) == 'table' and session.current or session
+  attempt.writing = attempt.writing or {}
+  local writing = attempt.writing
   local have = 0
   if offset > 0 then
     have = fsApi.exists(temp) and fsApi.getSize(temp) or 0
     if offset ~= have then
+      writing[temp] = nil
       return badRequest(req, ('part.offset is %d but %d bytes of %s were received so far'):format(offset, have, shown))
     end
-  elseif fsApi.exists(temp) then
+  else
     -- What a write abandoned half-way left (the gateway gone, the computer rebooted): ours.
-    pcall(fsApi.delete, temp)
+    if writeId then writing[temp] = nil; clearStaleTemps(fsApi, path, writing) end
+    if fsApi.exists(temp) then pcall(fsApi.delete, temp) end
   end
+  if writeId then writing[temp] = true end
+  local function done() writing[temp] = nil end
   -- The space is known before anything is touched: with the first part, for the whole file
   -- (part.size, from a gateway that sends it), beside the file it replaces, which stays
   -- until the new one is whole (CC:Tweaked counts a file as at least FILE_OVERHEAD bytes).
@@ -1784,21 +1839,24 @@ local function handleWriteFile(req, ctx)
   if offset == 0 then need = math.max(size, M.FILE_OVERHEAD) + missingDirs * M.FILE_OVERHEAD end
   if free and need > free then
     if offset > 0 then pcall(fsApi.delete, temp) end
+    done()
     local kept = fsApi.exists(path) and (shown .. ' is unchanged') or 'nothing was written'
     return fsError(req, ('Out of space: writing %s needs %d bytes, %d free (%s)'):format(shown, need, free, kept))
   end
   local dir = fsApi.getDir(path)
   if dir ~= '' and not fsApi.exists(dir) then
     local ok, err = pcall(fsApi.makeDir, dir)
-    if not ok then return fsError(req, errorText(err)) end
+    if not ok then done(); return fsError(req, errorText(err)) end
   end
   local ok, err = writeBytes(fsApi, temp, offset == 0 and 'wb' or 'ab', data)
   if not ok then
     pcall(fsApi.delete, temp)
+    done()
     return fsError(req, err)
   end
   local size = have + #data
   if final then
+    done()
     ok, err = install(fsApi, temp, path)
     if not ok then
       pcall(fsApi.delete, temp)
@@ -1821,6 +1879,66 @@ local function handleDeleteFile(req, ctx)
   local ok, err = pcall(fsApi.delete, path)
   if not ok then return fsError(req, errorText(err)) end
   req.respond(true, { deleted = not fsApi.exists(path) })
+end
+
+-- A path of a move or a folder (see resolvePath) from payload[key], or nil once answered.
+local function changedPath(req, fsApi, key)
+  local path, shown = resolvePath(fsApi, req.payload, key, true)
+  if not path then return badRequest(req, shown) end
+  if M.isSettingsPath(req.payload[key] or '', req.payload.cwd) or M.isSettingsPath(shown) then
+    return settingsForbidden(req, shown)
+  end
+  if path == '' then return badRequest(req, key .. ' is the root folder, which cannot be changed') end
+  if path == '..' or path:sub(1, 3) == '../' then return badRequest(req, key .. ' goes above the root folder') end
+  return path, shown
+end
+
+local function within(child, parent)
+  return child == parent or child:sub(1, #parent + 1) == parent .. '/'
+end
+
+--[[ move_file {from, to} -> {moved = true, from, to}: a file or a folder (with all in it) to a
+path that does not exist yet, its missing folders made. Checked and done in one step, with no
+yield between (fs calls do not yield), so nothing can be saved into `from` or made at `to`
+between the check and the move, and nothing is deleted but by the move itself. Refused: `to`
+inside `from` (or the same), `to` existing, either read-only, /.settings. ]]
+local function handleMoveFile(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local fsApi = session.fs
+  local from, fromShown = changedPath(req, fsApi, 'from')
+  if not from then return end
+  local to, toShown = changedPath(req, fsApi, 'to')
+  if not to then return end
+  if within(to, from) then return badRequest(req, ('to (%s) must not be from (%s) or inside it'):format(toShown, fromShown)) end
+  if not fsApi.exists(from) then return fsError(req, fromShown .. ': No such file') end
+  if fsApi.exists(to) then return fsError(req, toShown .. ': File exists') end
+  if fsApi.isReadOnly(from) then return fsError(req, fromShown .. ': Access denied') end
+  if fsApi.isReadOnly(to) then return fsError(req, toShown .. ': Access denied') end
+  local dir = fsApi.getDir(to)
+  if dir ~= '' and not fsApi.exists(dir) then
+    local ok, err = pcall(fsApi.makeDir, dir)
+    if not ok then return fsError(req, errorText(err)) end
+  end
+  local ok, err = pcall(fsApi.move, from, to)
+  if not ok then return fsError(req, errorText(err)) end
+  req.respond(true, { moved = true, from = fromShown, to = toShown })
+end
+
+--[[ make_folder {path} -> {made, existed}: the folder and any missing above it (fs.makeDir);
+one that exists already is left as it is (existed = true). Never deletes anything. ]]
+local function handleMakeFolder(req, ctx)
+  local session = sessionOf(req, ctx)
+  if not session then return end
+  local fsApi = session.fs
+  local path, shown = changedPath(req, fsApi, 'path')
+  if not path then return end
+  if fsApi.isDir(path) then return req.respond(true, { made = shown, existed = true }) end
+  if fsApi.exists(path) then return fsError(req, shown .. ': File exists') end
+  if fsApi.isReadOnly(path) then return fsError(req, shown .. ': Access denied') end
+  local ok, err = pcall(fsApi.makeDir, path)
+  if not ok then return fsError(req, errorText(err)) end
+  req.respond(true, { made = shown, existed = false })
 end
 
 -- Snapshots (SPEC §15) ----------------------------------------------------------------
@@ -2319,6 +2437,8 @@ local REQUESTS = {
   { 'read_file',    'fs.read',  handleReadFile },    -- base64, at most 64 KiB a frame
   { 'write_file',   'fs.write', handleWriteFile },   -- parts into a temporary file, the final one moves it in
   { 'delete_file',  'fs.write', handleDeleteFile },  -- {deleted}
+  { 'move_file',    'fs.write', handleMoveFile },    -- {from, to}: checked and moved in one step
+  { 'make_folder',  'fs.write', handleMakeFolder },  -- {path}: made, or left as it is
   { 'screen',       'screen',   handleScreen },      -- the whole screen's lines and colours
   { 'screen_watch', 'screen',   handleScreenWatch }, -- the screen, then its changes as partials (§14)
   { 'input',        'input',    handleInput },       -- {events}: keys, chars, paste, mouse, terminate (§14)

@@ -1054,7 +1054,18 @@ local function fakeFs(capacity)
     denied(a); denied(b)
     if not f.exists(a) then error('/' .. a .. ': No such file', 0) end
     if f.exists(b) then error('/' .. b .. ': File exists', 0) end
-    if not f.files[a] then error('fake fs moves files only', 0) end
+    if under(a, b) then error("Can't move a directory inside itself", 0) end
+    if f.dirs[a] then
+      local moves = {}
+      for q in pairs(f.files) do if under(a, q) then moves[#moves + 1] = { 'files', q } end end
+      for q in pairs(f.dirs) do if under(a, q) then moves[#moves + 1] = { 'dirs', q } end end
+      for _, m in ipairs(moves) do
+        local kind, q = m[1], m[2]
+        f[kind][b .. q:sub(#a + 1)], f[kind][q] = f[kind][q], nil
+      end
+      f.dirs[b], f.dirs[a] = true, nil
+      return
+    end
     f.files[b], f.files[a] = f.files[a], nil
   end
   function f.open(p, mode)
@@ -1976,6 +1987,107 @@ test('write_file creates missing folders and writes whole files', function()
   eq(env.craft.fs.files['deep/er/file.txt'], '', 'an empty file')
   okPayload(env.call('write_file', { path = 'rel.txt', cwd = '/deep', content = lib.base64Encode('r') }))
   eq(env.craft.fs.files['deep/rel.txt'], 'r', 'relative to cwd')
+end)
+
+-- Issue 43 ---------------------------------------------------------------------
+
+local function writePart(env, path, writeId, offset, text, final, size)
+  return env.call('write_file', { path = path, content = lib.base64Encode(text), encoding = 'base64',
+    part = { offset = offset, final = final, size = size, writeId = writeId } })
+end
+
+test('two writes of one file at once each build a temporary file of their own', function()
+  for _, order in ipairs({ { 'a', 'b' }, { 'b', 'a' } }) do
+    local env = sandbox()
+    env.craft.fs.put('f.txt', 'old')
+    local text = { a = ('A'):rep(10), b = ('B'):rep(10) }
+    local ids = { a = '0123456789abcdef', b = 'fedcba9876543210' }
+    -- Their parts interleave: each write's first part, then each one's last.
+    okPayload(writePart(env, '/f.txt', ids.a, 0, text.a:sub(1, 5), false, 10), 'a first')
+    okPayload(writePart(env, '/f.txt', ids.b, 0, text.b:sub(1, 5), false, 10), 'b first')
+    eq(env.craft.fs.files['f.txt'], 'old', 'the old file stays until one is whole')
+    local first, last = order[1], order[2]
+    okPayload(writePart(env, '/f.txt', ids[first], 5, text[first]:sub(6), true, 10), first .. ' last')
+    eq(env.craft.fs.files['f.txt'], text[first], 'the first to finish is on disk, whole')
+    local answer = okPayload(writePart(env, '/f.txt', ids[last], 5, text[last]:sub(6), true, 10), last .. ' last')
+    eq(answer, { bytesWritten = 5, sizeBytes = 10 }, 'answer')
+    eq(env.craft.fs.files['f.txt'], text[last], 'then the other, whole: never parts of both')
+    eq(env.craft.fs.list(''), { 'f.txt', 'rom' }, 'no temporary file left')
+  end
+end)
+
+test('a write id is hex digits and a write abandoned half-way is cleared by the next one', function()
+  local env = sandbox({ capacity = 6000 })
+  env.craft.fs.put('keep.txt', 'kept')
+  env.craft.fs.put('.keep.txt.x.sandbox-part', 'not a temporary file of ours')
+  eq(errorCode(writePart(env, '/keep.txt', '../x', 0, 'a', true)), 'bad_request', 'a write id that is a path')
+  eq(errorCode(writePart(env, '/keep.txt', ('a'):rep(33), 0, 'a', true)), 'bad_request', 'a write id too long')
+  okPayload(writePart(env, '/keep.txt', 'aaaa', 0, ('a'):rep(3000), false, 4400))
+  -- The connection goes: that write is abandoned; the next connection's writes go on.
+  env.loop.emit('websocket_closed', env.http.lastUrl())
+  env.loop.advance(1)
+  env.h, env.hello = connected(env)
+  local answer = okPayload(writePart(env, '/keep.txt', 'bbbb', 0, ('c'):rep(4000), true, 4000))
+  eq(answer, { bytesWritten = 4000, sizeBytes = 4000 }, 'written: the abandoned part was cleared first')
+  eq(env.craft.fs.files['keep.txt'], ('c'):rep(4000), 'replaced whole')
+  eq(env.craft.fs.list(''), { '.keep.txt.x.sandbox-part', 'keep.txt', 'rom' }, 'only its own temporary files cleared')
+end)
+
+test('a write under way is not cleared by another write of the file', function()
+  local env = sandbox()
+  okPayload(writePart(env, '/f', 'aaaa', 0, 'AAA', false, 6))
+  okPayload(writePart(env, '/f', 'bbbb', 0, 'BBBBBB', true, 6))
+  okPayload(writePart(env, '/f', 'aaaa', 3, 'AAA', true, 6), 'the first goes on where it was')
+  eq(env.craft.fs.files['f'], 'AAAAAA', 'whole')
+end)
+
+test('move_file moves a folder in one step and refuses into itself however it is spelt', function()
+  local env = sandbox()
+  env.craft.fs.put('proj/a.lua', 'a')
+  env.craft.fs.put('proj/sub/b.lua', 'b')
+  env.craft.fs.put('other/x', 'x')
+  for _, to in ipairs({ '/other/../proj/inner', 'proj', '/proj/./sub/deeper', '\\proj\\x' }) do
+    local frame = env.call('move_file', { from = '/proj', to = to })
+    eq(errorCode(frame), 'bad_request', 'into itself: ' .. to)
+    truthy(frame.error.message:find('inside it', 1, true), frame.error.message)
+  end
+  eq({ env.craft.fs.files['proj/a.lua'], env.craft.fs.files['proj/sub/b.lua'] }, { 'a', 'b' }, 'nothing deleted')
+  eq(env.call('move_file', { from = '/proj', to = '/other/x' }).error,
+    { code = 'fs_error', message = '/other/x: File exists' }, 'an existing target')
+  eq(env.call('move_file', { from = '/nope', to = '/n2' }).error, { code = 'fs_error', message = '/nope: No such file' }, 'missing')
+  eq(env.call('move_file', { from = '/rom/programs', to = '/mine' }).error,
+    { code = 'fs_error', message = '/rom/programs: Access denied' }, 'read-only')
+  eq(errorCode(env.call('move_file', { from = '/proj', to = '/.settings' })), 'forbidden', 'the settings file')
+  eq(errorCode(env.call('move_file', { from = '/', to = '/x' })), 'bad_request', 'the root')
+  eq(errorCode(env.call('move_file', { from = '/proj' })), 'bad_request', 'no to')
+  local answer = okPayload(env.call('move_file', { from = 'proj', to = '/new/place/proj2' }))
+  eq(answer, { moved = true, from = '/proj', to = '/new/place/proj2' }, 'answer')
+  eq({ env.craft.fs.files['new/place/proj2/a.lua'], env.craft.fs.files['new/place/proj2/sub/b.lua'] }, { 'a', 'b' }, 'moved')
+  eq(env.craft.fs.exists('proj'), false, 'gone from where it was')
+end)
+
+test('make_folder makes a folder and leaves one that exists as it is', function()
+  local env = sandbox()
+  env.craft.fs.put('proj/.folder', 'the player\'s own')
+  eq(okPayload(env.call('make_folder', { path = '/proj' })), { made = '/proj', existed = true }, 'existing')
+  eq(env.craft.fs.files['proj/.folder'], 'the player\'s own', 'nothing in it touched')
+  eq(okPayload(env.call('make_folder', { path = 'a/b/../c' })), { made = '/a/c', existed = false }, 'made')
+  eq(env.craft.fs.isDir('a/c'), true, 'a folder')
+  eq(env.call('make_folder', { path = '/proj/.folder' }).error,
+    { code = 'fs_error', message = '/proj/.folder: File exists' }, 'a file')
+  eq(env.call('make_folder', { path = '/rom/x' }).error, { code = 'fs_error', message = '/rom/x: Access denied' }, 'read-only')
+  eq(errorCode(env.call('make_folder', { path = '/' })), 'bad_request', 'the root')
+end)
+
+test('move_file and make_folder need fs.write and hello announces them', function()
+  local env = sandbox({ allow = 'fs.read' })
+  env.craft.fs.put('a', 'a')
+  eq(errorCode(env.call('move_file', { from = '/a', to = '/b' })), 'forbidden', 'move')
+  eq(errorCode(env.call('make_folder', { path = '/d' })), 'forbidden', 'folder')
+  eq(env.craft.fs.files['a'], 'a', 'nothing moved')
+  eq(lib.hello('7:lab', 'h-1', 'pw').payload.features, { 'write_id', 'move_file', 'make_folder' }, 'features')
+  eq(lib.REQUEST_CAPABILITY.move_file, 'fs.write', 'move_file capability')
+  eq(lib.REQUEST_CAPABILITY.make_folder, 'fs.write', 'make_folder capability')
 end)
 
 test('writing under /rom is fs_error Access denied', function()

@@ -136,6 +136,31 @@ class FixedProbe:
         return succeed(self.result)
 
 
+class _Files(dict):
+    """Files by path: a test names one "/a" or "a" (the gateway sends "/a", canonical)."""
+
+    def _key(self, key):
+        for each in (key, "/" + key.lstrip("/"), key.lstrip("/")):
+            if dict.__contains__(self, each):
+                return each
+        return key
+
+    def __getitem__(self, key):
+        return dict.__getitem__(self, self._key(key))
+
+    def __setitem__(self, key, value):
+        dict.__setitem__(self, self._key(key), value)
+
+    def __contains__(self, key):
+        return dict.__contains__(self, self._key(key))
+
+    def get(self, key, default=None):
+        return dict.get(self, self._key(key), default)
+
+    def pop(self, key, *default):
+        return dict.pop(self, self._key(key), *default)
+
+
 class SandboxComputer:
     """
     A computer that answers the §9 requests in memory, as the Lua client does:
@@ -147,7 +172,7 @@ class SandboxComputer:
 
     def __init__(self, capabilities=("exec", "eval", "fs.read", "fs.write", "screen")):
         self.capabilities = frozenset(capabilities)
-        self.files: dict[str, bytes] = {}
+        self.files: dict[str, bytes] = _Files()
         self.temp: dict[str, bytes] = {}
         self.sent: list = []
         self.runs: list = []  # exec/eval requests not yet answered
@@ -204,7 +229,7 @@ class SandboxComputer:
     def on_read_file(self, request, payload):
         content = self.files.get(payload["path"])
         if content is None:
-            self.fs_error(request, f"/{payload['path']}: No such file")
+            self.fs_error(request, f"/{payload['path'].lstrip('/')}: No such file")
             return
         offset = payload.get("offset", 0)
         length = min(payload.get("length", 65536), 65536)

@@ -157,7 +157,7 @@ class TestComputer(WebSocketClientProtocol):
         return self.next_message()
 
     def hello(
-        self, secret: str | None = None, trapos_id: str = "7:", capabilities=None
+        self, secret: str | None = None, trapos_id: str = "7:", capabilities=None, features=None
     ) -> Deferred:
         self.trapos_id = trapos_id
         payload = {"traposId": trapos_id, "version": "test"}
@@ -165,6 +165,8 @@ class TestComputer(WebSocketClientProtocol):
             payload["secret"] = secret
         if capabilities is not None:
             payload["capabilities"] = list(capabilities)
+        if features is not None:
+            payload["features"] = list(features)
         return self.request("hello", payload)
 
     def respond(self, request, **fields) -> None:
@@ -194,11 +196,12 @@ async def connect(
 
 
 async def admitted(
-    testcase, port: int, secret: str, trapos_id: str = "7:base", capabilities=()
+    testcase, port: int, secret: str, trapos_id: str = "7:base", capabilities=(), features=None
 ) -> TestComputer:
-    """A TestComputer connected to ``port`` and past its hello, allowing ``capabilities``."""
+    """A TestComputer connected to ``port`` and past its hello, allowing ``capabilities``
+    (announcing ``features``, ``wire.FEATURES``, when given)."""
     computer = await connect(testcase, port)
-    hello = await computer.hello(secret, trapos_id, capabilities)
+    hello = await computer.hello(secret, trapos_id, capabilities, features)
     testcase.assertTrue(hello["ok"], hello)
     return computer
 

@@ -25,14 +25,14 @@ ADMIN = "admin-token-42"
 
 
 class ConsoleCallsCase(TestCase):
-    async def alice(self, capabilities=("exec", "fs.read", "fs.write")):
+    async def alice(self, capabilities=("exec", "fs.read", "fs.write"), features=None):
         """A gateway of accounts alice and bob; alice's computer 7:si; alice's socket."""
         path = accounts_file(self, "alice", "bob")
         self.gateway = start_gateway(
             self, admin_token=ADMIN, accounts_file=path, accounts=accounts.load(path)
         )
         port = self.gateway.port
-        self.computer = await admitted(self, port, "s-alice", "7:si", capabilities)
+        self.computer = await admitted(self, port, "s-alice", "7:si", capabilities, features)
         self.operator = await connect_operator(self, port, "token-alice")
         return self.computer, self.operator
 
@@ -316,14 +316,39 @@ class FileCallsTests(ConsoleCallsCase):
         content = base64.b64encode(b"hi").decode()
         got = {"content": content, "encoding": "base64", "sizeBytes": 2, "offset": 0}
         computer.respond(request, payload={**got, "bytesRead": 2})
-        (written, placeholder) = await self.answer_writes(computer, 2)
+        (written,) = await self.answer_writes(computer, 1)
         self.assertEqual((written["path"], written["content"]), ("/src/a.lua", content))
-        # The empty folder is made anew (a placeholder written and deleted), then /lib goes.
+        # The empty folder is made anew (it is not there; a placeholder written and deleted).
+        request = await computer.next_message()
+        self.assertEqual((request["type"], request["payload"]["path"]), ("read_file", "/src/empty"))
+        computer.respond(
+            request, ok=False, error={**missing, "message": "/src/empty: No such file"}
+        )
+        (placeholder,) = await self.answer_writes(computer, 1)
         self.assertEqual(placeholder["path"], "/src/empty/.folder")
-        for path in ("/src/empty/.folder", "/lib"):
-            request = await computer.next_message()
-            self.assertEqual((request["type"], request["payload"]["path"]), ("delete_file", path))
-            computer.respond(request, payload={"deleted": True})
+        request = await computer.next_message()
+        self.assertEqual(request["type"], "delete_file")
+        computer.respond(request, payload={"deleted": True})
+        # What was copied goes once it is seen unchanged; then /lib, once nothing is in it.
+        request = await computer.next_message()
+        self.assertEqual((request["type"], request["payload"]["path"]), ("read_file", "/lib/a.lua"))
+        computer.respond(request, payload={**got, "bytesRead": 2})
+        request = await computer.next_message()
+        self.assertEqual(
+            (request["type"], request["payload"]["path"]), ("delete_file", "/lib/a.lua")
+        )
+        computer.respond(request, payload={"deleted": True})
+        await self.listed(computer, "/", [folder])
+        await self.listed(computer, "/lib", [{**folder, "name": "empty"}])
+        await self.listed(computer, "/lib/empty", [])
+        request = await computer.next_message()
+        self.assertEqual(
+            (request["type"], request["payload"]["path"]), ("delete_file", "/lib/empty")
+        )
+        computer.respond(request, payload={"deleted": True})
+        request = await computer.next_message()
+        self.assertEqual((request["type"], request["payload"]["path"]), ("delete_file", "/lib"))
+        computer.respond(request, payload={"deleted": True})
         answer = await operator.next_message()
         self.assertEqual(answer["payload"], {"moved": ["/src/a.lua"]})
         started, ended = await self.entry(watcher), await self.entry(watcher)
@@ -336,12 +361,9 @@ class FileCallsTests(ConsoleCallsCase):
         computer, operator = await self.alice()
         operator.send({"id": 1, "traposId": "7:si", "type": "file_move",
                        "payload": {"from": "/rom", "to": "/mine"}})  # fmt: skip
-        request = await computer.next_message()
-        missing = {"code": "fs_error", "message": "/mine: No such file"}
-        computer.respond(request, ok=False, error=missing)
-        await self.listed(computer, "/", [{"name": "rom", "type": "dir", "readOnly": True}])
         answer = await operator.next_message()
-        self.assertEqual((answer["status"], answer["error"]["message"]), (422, "/rom is read-only"))
+        self.assertEqual((answer["status"], answer["error"]["code"]), (422, "fs_error"))
+        self.assertIn("/rom is read-only", answer["error"]["message"])
         self.assertEqual(computer.messages.pending, [])  # nothing was read or written
 
     async def test_bad_file_input_is_a_clear_400_and_consent_still_holds(self):
@@ -365,4 +387,86 @@ class FileCallsTests(ConsoleCallsCase):
         self.assertEqual(computer.messages.pending, [])
 
 
-both_modes(globals(), "AgentCallsTests", "FileCallsTests")
+class OneStepFileCallsTests(ConsoleCallsCase):
+    """Issue 43: a client announcing move_file and make_folder does each in one step."""
+
+    async def test_a_move_is_one_request_with_canonical_paths(self):
+        computer, operator = await self.alice(features=["write_id", "move_file", "make_folder"])
+        operator.send({"id": 1, "traposId": "7:si", "type": "file_move",
+                       "payload": {"from": "lib/", "to": "/x/../src"}})  # fmt: skip
+        request = await computer.next_message()
+        self.assertEqual(
+            (request["type"], request["payload"]), ("move_file", {"from": "/lib", "to": "/src"})
+        )
+        computer.respond(request, payload={"moved": True, "from": "/lib", "to": "/src"})
+        answer = await operator.next_message()
+        self.assertEqual(answer["payload"], {"moved": ["/src"]})
+        self.assertEqual(computer.messages.pending, [])
+
+    async def test_a_move_into_itself_however_spelt_is_refused_before_anything_is_sent(self):
+        computer, operator = await self.alice(features=["move_file"])
+        spellings = ["/other/../proj/inner", "proj/./x", "\\proj\\y", "/PROJ/z", "/proj"]
+        for n, to in enumerate(spellings):
+            operator.send({"id": n, "traposId": "7:si", "type": "file_move",
+                           "payload": {"from": "/proj", "to": to}})  # fmt: skip
+            answer = await operator.next_message()
+            self.assertEqual((answer["id"], answer["status"]), (n, 400), answer)
+        self.assertEqual(computer.messages.pending, [])
+
+    async def test_making_a_folder_that_exists_is_one_request_that_deletes_nothing(self):
+        computer, operator = await self.alice(features=["make_folder"])
+        operator.send({"id": 1, "traposId": "7:si", "type": "folder_make",
+                       "payload": {"path": "/proj/"}})  # fmt: skip
+        request = await computer.next_message()
+        self.assertEqual((request["type"], request["payload"]), ("make_folder", {"path": "/proj"}))
+        computer.respond(request, payload={"made": "/proj", "existed": True})
+        answer = await operator.next_message()
+        self.assertEqual(answer["payload"], {"made": "/proj", "existed": True})
+        self.assertEqual(computer.messages.pending, [])
+
+    async def test_an_older_clients_folder_that_exists_is_left_as_it_is(self):
+        computer, operator = await self.alice()  # no features: composed
+        operator.send({"id": 1, "traposId": "7:si", "type": "folder_make",
+                       "payload": {"path": "/proj"}})  # fmt: skip
+        request = await computer.next_message()
+        self.assertEqual((request["type"], request["payload"]["path"]), ("read_file", "/proj"))
+        computer.respond(
+            request, ok=False, error={"code": "fs_error", "message": "/proj: Is a directory"}
+        )
+        answer = await operator.next_message()
+        self.assertEqual(answer["payload"], {"made": "/proj", "existed": True})
+        self.assertEqual(computer.messages.pending, [])  # nothing written, nothing deleted
+
+    async def test_an_older_clients_move_keeps_a_file_saved_while_it_was_copied(self):
+        computer, operator = await self.alice()  # no features: composed
+        operator.send({"id": 1, "traposId": "7:si", "type": "file_move",
+                       "payload": {"from": "/a.lua", "to": "/b.lua"}})  # fmt: skip
+        request = await computer.next_message()  # is /b.lua free?
+        computer.respond(
+            request, ok=False, error={"code": "fs_error", "message": "/b.lua: No such file"}
+        )
+        request = await computer.next_message()
+        self.assertEqual((request["type"], request["payload"]["path"]), ("list_files", "/"))
+        entry = {"name": "a.lua", "type": "file", "size": 3, "readOnly": False}
+        computer.respond(request, payload={"path": "/", "entries": [entry]})
+
+        def read(text):
+            return {"content": base64.b64encode(text).decode(), "encoding": "base64",
+                    "sizeBytes": len(text), "offset": 0, "bytesRead": len(text)}  # fmt: skip
+
+        request = await computer.next_message()
+        computer.respond(request, payload=read(b"old"))
+        request = await computer.next_message()
+        self.assertEqual((request["type"], request["payload"]["path"]), ("write_file", "/b.lua"))
+        computer.respond(request, payload={"bytesWritten": 3, "sizeBytes": 3})
+        # The player saved /a.lua meanwhile: it is not deleted.
+        request = await computer.next_message()
+        self.assertEqual((request["type"], request["payload"]["path"]), ("read_file", "/a.lua"))
+        computer.respond(request, payload=read(b"new!"))
+        answer = await operator.next_message()
+        self.assertEqual(answer["error"]["code"], "fs_error", answer)
+        self.assertIn("/a.lua changed while it was moved", answer["error"]["message"])
+        self.assertEqual(computer.messages.pending, [])  # no delete_file
+
+
+both_modes(globals(), "AgentCallsTests", "FileCallsTests", "OneStepFileCallsTests")

@@ -17,4 +17,7 @@ The computer side: one WebSocket per computer, and requests both ways (SPEC §2,
     ``callers``       who is asking: one value every request to a computer carries
     ``settingsfile``  no file request reaches a computer's /.settings (its credential);
                       the twin of the Lua client's rule
+    ``paths``         the one path rule: a path as CraftOS reads it (``canonical``),
+                      what no request may name (``checked``), ``inside``
+    ``pathlocks``     changes of one computer's overlapping paths, one after another
 """

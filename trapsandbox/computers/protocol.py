@@ -2,7 +2,7 @@
 The WebSocket side: one ``GatewayProtocol`` per computer connection.
 
     computer                                gateway
-    computer_request hello {traposId, secret, version?, capabilities?, stopped?,
+    computer_request hello {traposId, secret, version?, capabilities?, features?, stopped?,
                             stopMessage?}      ->
                                                <- gateway_response hello ok {accountId}
                                                   (or ok:false unauthorized, then close 4001)
@@ -287,6 +287,7 @@ class GatewayProtocol(Sending, WebSocketServerProtocol):
             version=hello.version,
             connected_at=self.factory.clock.seconds(),
             capabilities=wire.decode_capabilities(hello.capabilities),
+            features=wire.FEATURES & frozenset(hello.features),
             stopped=wire.stop_message(hello.trapos_id, hello.stopped, hello.stop_message),
             credential=admitted.credential,
         )

@@ -127,6 +127,8 @@ class Session:
     # What the computer's owner allowed (wire.CAPABILITIES); announced in hello
     # and again with a ``capabilities`` request when it changes.
     capabilities: frozenset[str] = frozenset()
+    # What its client announced it does (``wire.FEATURES``) in hello.
+    features: frozenset[str] = frozenset()
     # Why its player stopped the agent there (``sandbox stop``, SPEC §16), None while it is
     # not: announced in hello and with a ``stopped`` request; requests needing a capability
     # are refused with it until the computer says it resumed.

@@ -9,9 +9,12 @@ The computer as a sandbox (SPEC §9): run programs and Lua, files, the screen.
     gateway_request list_files {path}        <- {path, entries: [{name, type, size, readOnly}]}
     gateway_request read_file {path, offset?, length?, encoding: base64}
         <- {content, encoding, sizeBytes, offset, bytesRead}
-    gateway_request write_file {path, content, encoding: base64, part?: {offset, final, size}}
+    gateway_request write_file {path, content, encoding: base64,
+                                part?: {offset, final, size, writeId}}
         <- {bytesWritten, sizeBytes}
     gateway_request delete_file {path}       <- {deleted}
+    gateway_request move_file {from, to}     <- {moved: true}        (a client announcing it)
+    gateway_request make_folder {path}       <- {made, existed}      (a client announcing it)
     gateway_request snapshot_list {}         <- {files: [{path, size, modified}], total}
     gateway_request screen {}                <- {width, height, cursorX, cursorY, lines, ...}
     gateway_request cancel {messageId}       <- {cancelled}
@@ -31,12 +34,18 @@ code: ``forbidden``, ``fs_error``, ``bad_request``, ``cancelled``, …).  Files
 cross in frames of at most ``FILE_CHUNK_BYTES`` so every frame stays under a
 computer's 128 KiB limit; the methods here split and join them, up to
 ``MAX_FILE_BYTES`` in one call.
+
+Every path is made canonical and checked here (``paths.checked``) before it is sent, and
+a change (a write, a delete) holds its path (``pathlocks``) while it runs: two writes of
+one file go one after the other, each in a temporary file of its own on the computer
+(``writeId``), so the file is one of them whole, never parts of both.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -44,8 +53,9 @@ from twisted.internet.defer import Deferred, fail
 from twisted.logger import Logger
 
 from trapsandbox import errors, limits
-from trapsandbox.computers import wire
+from trapsandbox.computers import paths, wire
 from trapsandbox.computers.callers import Caller
+from trapsandbox.computers.pathlocks import PathLocks
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.screen import Room, frames_to
 from trapsandbox.errors import GatewayError
@@ -82,12 +92,18 @@ def _count(payload: dict[str, Any], name: str) -> int:
 
 
 class Sandbox:
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, locks: PathLocks | None = None) -> None:
         self._registry = registry
+        self._locks = PathLocks(registry.clock) if locks is None else locks
 
     @property
     def registry(self) -> Registry:
         return self._registry
+
+    @property
+    def locks(self) -> PathLocks:
+        """The paths of each computer being changed (a move holds its own, ``filecalls``)."""
+        return self._locks
 
     def _call(
         self,
@@ -156,10 +172,67 @@ class Sandbox:
         return self._call(caller, type, payload, timeout, on_partial)
 
     def list_files(self, caller: Caller, path: str) -> Deferred:
+        try:
+            path = paths.checked(path)
+        except GatewayError as error:
+            return fail(error)
         return self._call(caller, "list_files", {"path": path}, limits.FILE_REQUEST_TIMEOUT)
 
-    def delete_file(self, caller: Caller, path: str) -> Deferred:
-        return self._call(caller, "delete_file", {"path": path}, limits.FILE_REQUEST_TIMEOUT)
+    def delete_file(self, caller: Caller, path: str, lock: bool = True) -> Deferred:
+        """Delete ``path`` (a folder with all in it); ``lock=False`` for a change that
+        holds the path already (``locks``)."""
+        try:
+            path = paths.checked(path, write=True)
+        except GatewayError as error:
+            return fail(error)
+        request = {"path": path}
+        if not lock:
+            return self._call(caller, "delete_file", request, limits.FILE_REQUEST_TIMEOUT)
+        return Deferred.fromCoroutine(
+            self._holding(
+                caller,
+                (path,),
+                lambda: self._call(caller, "delete_file", request, limits.FILE_REQUEST_TIMEOUT),
+            )
+        )
+
+    def move_file(self, caller: Caller, source: str, target: str) -> Deferred:
+        """
+        Move the file or folder ``source`` to ``target`` in one step on the computer
+        (``move_file``, a client announcing ``wire.MOVE_FILE``): it refuses ``target``
+        inside ``source``, an existing ``target`` and read-only paths itself, with no
+        yield between its checks and the move.  Fires with ``{moved, from, to}``.
+        """
+        try:
+            source = paths.checked(source, write=True, name="from")
+            target = paths.checked(target, write=True, name="to")
+        except GatewayError as error:
+            return fail(error)
+        if paths.inside(target, source):
+            return fail(errors.bad_request(f"to ({target}) must not be from ({source}) or in it"))
+        payload = {"from": source, "to": target}
+        return self._call(caller, "move_file", payload, limits.FILE_REQUEST_TIMEOUT)
+
+    def make_folder(self, caller: Caller, path: str) -> Deferred:
+        """Make the folder ``path`` (and any missing above it) on the computer
+        (``make_folder``, a client announcing ``wire.MAKE_FOLDER``); one that exists is
+        left as it is.  Fires with ``{made, existed}``."""
+        try:
+            path = paths.checked(path, write=True)
+        except GatewayError as error:
+            return fail(error)
+        return self._call(caller, "make_folder", {"path": path}, limits.FILE_REQUEST_TIMEOUT)
+
+    async def _holding(self, caller: Caller, held: tuple[str, ...], work: Callable[[], Any]) -> Any:
+        """``work()`` (a Deferred or a coroutine) while ``held`` is held on the computer."""
+        hold = await self._locks.acquire(caller.key, held)
+        try:
+            result = work()
+            if not isinstance(result, Deferred):
+                result = Deferred.fromCoroutine(result)
+            return await result
+        finally:
+            hold.release()
 
     def snapshot_list(self, caller: Caller, timeout: float | None = None) -> Deferred:
         """Every file a snapshot holds, ``{files: [{path, size, modified}], total}`` (§15)."""
@@ -251,6 +324,10 @@ class Sandbox:
         bytes from ``offset`` (default: to the end), read in chunks, at most
         ``MAX_FILE_BYTES``.
         """
+        try:
+            path = paths.checked(path)
+        except GatewayError as error:
+            return fail(error)
         return Deferred.fromCoroutine(self._read_file(caller, path, offset, length))
 
     async def _read_file(
@@ -285,12 +362,15 @@ class Sandbox:
         content: bytes,
         max_bytes: int = MAX_FILE_BYTES,
         on_written: Callable[[int], None] | None = None,
+        lock: bool = True,
     ) -> Deferred:
         """
         Replace the file at ``path`` with ``content`` (at most ``max_bytes``: a restore
-        writes back any file a snapshot holds), sent in parts; the computer moves it
-        into place with the last one, so the file is replaced whole or not at all.
-        ``on_written`` hears how many bytes the computer holds after each part.
+        writes back any file a snapshot holds), sent in parts into a temporary file of
+        this write's own (``writeId``); the computer moves it into place with the last
+        one, so the file is replaced whole or not at all.  Another write of the path
+        waits for this one (``locks``; ``lock=False`` for a change that holds it
+        already).  ``on_written`` hears how many bytes the computer holds after each part.
         """
         if len(content) > max_bytes:
             return fail(
@@ -298,7 +378,17 @@ class Sandbox:
                     errors.TOO_LARGE, f"at most {max_bytes} bytes can be written in one call"
                 )
             )
-        return Deferred.fromCoroutine(self._write_file(caller, path, content, on_written))
+        try:
+            path = paths.checked(path, write=True)
+        except GatewayError as error:
+            return fail(error)
+        if not lock:
+            return Deferred.fromCoroutine(self._write_file(caller, path, content, on_written))
+        return Deferred.fromCoroutine(
+            self._holding(
+                caller, (path,), lambda: self._write_file(caller, path, content, on_written)
+            )
+        )
 
     async def _write_file(
         self,
@@ -309,6 +399,9 @@ class Sandbox:
     ) -> dict[str, Any]:
         answer: dict[str, Any] = {}
         offset = 0
+        # The computer's temporary file is this write's own; a client older than writeId
+        # ignores it (and shares one per file, which the lock above keeps to one writer).
+        write_id = uuid.uuid4().hex[:16]
         while True:
             chunk = content[offset : offset + FILE_CHUNK_BYTES]
             final = offset + len(chunk) >= len(content)
@@ -320,7 +413,12 @@ class Sandbox:
                     "content": base64.b64encode(chunk).decode("ascii"),
                     "encoding": "base64",
                     # size: the computer checks the space for the whole file first.
-                    "part": {"offset": offset, "final": final, "size": len(content)},
+                    "part": {
+                        "offset": offset,
+                        "final": final,
+                        "size": len(content),
+                        "writeId": write_id,
+                    },
                 },
                 limits.FILE_REQUEST_TIMEOUT,
             )

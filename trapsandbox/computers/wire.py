@@ -42,6 +42,8 @@ CAPABILITY_OF = {
     "read_file": "fs.read",
     "write_file": "fs.write",
     "delete_file": "fs.write",
+    "move_file": "fs.write",
+    "make_folder": "fs.write",
     "screen": "screen",
     "screen_watch": "screen",
     "input": "input",
@@ -51,6 +53,11 @@ CAPABILITY_OF = {
     "peripheral_events": "peripheral",
     "turtle": "turtle",
 }
+# What a client may announce in hello's ``features`` (docs/protocol.md): a temporary file of
+# its own per write (``part.writeId``), and the ``move_file`` and ``make_folder`` requests
+# (checked and done in one step on the computer).  Others are ignored.
+WRITE_ID, MOVE_FILE, MAKE_FOLDER = "write_id", "move_file", "make_folder"
+FEATURES = frozenset({WRITE_ID, MOVE_FILE, MAKE_FOLDER})
 # Requests to computers with a metrics label of their own (operators may send any type).
 REQUEST_TYPES = frozenset({"ping", "cancel", *CAPABILITY_OF})
 # Request types that run on the computer until they end or are cancelled
@@ -214,6 +221,8 @@ class Hello:
         default=None, validator=attrs.validators.optional(_bounded(MAX_TYPE_LENGTH))
     )
     capabilities: list[str] = attrs.field(factory=list)
+    # What the client does beyond the first protocol (``FEATURES``); an older one sends none.
+    features: list[str] = attrs.field(factory=list)
     # The player stopped the agent there (SPEC §16), and the computer's words saying how to
     # resume; a client older than the stop sends neither.
     stopped: bool = False

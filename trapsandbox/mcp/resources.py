@@ -34,6 +34,7 @@ from twisted.internet.defer import TimeoutError
 from trapsandbox import errors
 from trapsandbox.computers import wire
 from trapsandbox.computers.callers import Caller
+from trapsandbox.computers.paths import canonical
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.errors import GatewayError
@@ -86,7 +87,13 @@ def parse(uri: Any) -> tuple[str, str, str]:
     if rest == "screen" and computer:
         return computer, "screen", ""
     if rest.startswith("files/") and computer and len(rest) > len("files/"):
-        return computer, "files", "/" + unquote(rest[len("files/") :]).lstrip("/")
+        # Canonical (``paths.canonical``): files/./notes.txt and files/notes.txt are one
+        # resource, one subscription.
+        try:
+            path = canonical(unquote(rest[len("files/") :]), "/")
+        except GatewayError as error:
+            raise Invalid(INVALID_PARAMS, error.message, data={"uri": uri}) from None
+        return computer, "files", path
     raise Invalid(
         INVALID_PARAMS,
         f'no resource "{wire.cut(uri)}": the URIs are {SCHEME}{{traposId}}/screen and '

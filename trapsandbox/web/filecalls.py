@@ -5,18 +5,29 @@ A file change from the web console as one step (issue 34), request types of
     type          payload                               answer
     file_write    {path, content (base64)}              partials {written, size} after each
                                                         part, then {bytesWritten, sizeBytes}
-    file_move     {from, to}                            {moved: [file paths, as they are now]}
-    folder_make   {path}                                {made: path}
+    file_move     {from, to}                            {moved: [paths, as they are now]}
+    folder_make   {path}                                {made: path, existed}
 
-The computer reads and writes at most a frame's worth of a file per request, so a
-save of a large file is several ``write_file`` parts, a rename a read, a write and a
-delete, a folder's rename all of that for each file in it.  Sent by the page one
-by one, each would be an entry of the computer's activity; sent here, they are
-made quietly (``Caller.quietly``) and the change is one entry, by whoever sent
-it (``Registry.track``: ``write_file``, ``move_file``, ``make_folder``).  Each
-request still needs what the computer allows (``fs.read`` to read, ``fs.write``
-to write and delete), checked where it goes out; ``file_write`` is as atomic
-as ``Sandbox.write_file`` (the last part moves the file into place).
+Every path is made canonical and checked once, first (``computers.paths``): a move into
+itself is refused however it is spelt (``/other/../proj/inner``), and ``/rom``, the root
+and the settings file are refused before anything is sent.
+
+A client that announces ``move_file`` and ``make_folder`` in its hello
+(``wire.FEATURES``) checks and does a move or a folder in one step on the computer, with
+no yield between: nothing saved meanwhile is lost, no target made meanwhile is
+overwritten, and making a folder that exists deletes nothing.  With an older client the
+gateway composes them from reads, writes and deletes (each file read and written under
+the new name, checked unchanged, then deleted; a folder made with a placeholder file),
+holding the paths (``pathlocks``) so no change through the gateway mixes in; a player's
+own save meanwhile is not lost (a file changed after it was copied is kept, and the move
+fails saying so), though a narrow window is left between the last check and the delete.
+
+Sent by the page one by one, the requests would each be an entry of the computer's
+activity; sent here, they are made quietly (``Caller.quietly``) and the change is one
+entry, by whoever sent it (``Registry.track``: ``write_file``, ``move_file``,
+``make_folder``).  Each request still needs what the computer allows (``fs.read`` to read,
+``fs.write`` to write, move and delete), checked where it goes out; ``file_write`` is as
+atomic as ``Sandbox.write_file`` (the last part moves the file into place).
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 
 from trapsandbox import errors, limits
-from trapsandbox.computers import wire
+from trapsandbox.computers import paths, wire
 from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
@@ -44,10 +55,11 @@ PLACEHOLDER = ".folder"
 
 
 def _path(payload: dict[str, Any], name: str) -> str:
+    """``payload[name]``, canonical and checked as a path to change (``paths.checked``)."""
     path = payload.get(name)
-    if type(path) is not str or not path.strip("/ ") or len(path) > limits.MAX_ID_LENGTH * 4:
+    if type(path) is not str or not path.strip("/\\ "):
         raise errors.bad_request(f"{name} must be a path on the computer (a non-empty string)")
-    return "/" + path.strip("/")
+    return paths.checked(path, write=True, name=name)
 
 
 def _content(payload: dict[str, Any]) -> bytes:
@@ -100,8 +112,10 @@ class FileCalls:
             return self._one(caller, "write_file", {"path": path}, work)
         if kind == MOVE:
             source, target = _path(payload, "from"), _path(payload, "to")
-            if source == target or target.startswith(source + "/"):
-                raise errors.bad_request("to must not be from itself or inside it")
+            if paths.inside(target, source):
+                raise errors.bad_request(
+                    f"to must not be from itself or inside it ({target} is in {source})"
+                )
             shown = {"path": f"{source} \u2192 {target}"}
             return self._one(caller, "move_file", shown, self._move(quiet, source, target))
         path = _path(payload, "path")
@@ -137,21 +151,93 @@ class FileCalls:
             raise
         return True
 
+    def _features(self, caller: Caller) -> frozenset[str] | None:
+        """What the computer's client announced (``wire.FEATURES``); None when another
+        process holds it (cluster mode): then asked, and an older client's
+        ``unknown_type`` answer means no."""
+        session = self._registry.find(*caller.key)
+        return None if session is None else session.features
+
+    async def _one_step(
+        self, caller: Caller, feature: str, work: Callable[[], Deferred]
+    ) -> dict[str, Any] | None:
+        """``work()``, ``feature``'s request done on the computer in one step, and its
+        answer; None when its client does not know it (then the gateway composes it)."""
+        features = self._features(caller)
+        if features is not None and feature not in features:
+            return None
+        try:
+            return await work()
+        except GatewayError as error:
+            if error.code == errors.UNKNOWN_TYPE:
+                return None
+            raise
+
     async def _move(self, caller: Caller, source: str, target: str) -> dict[str, Any]:
+        hold = await self._sandbox.locks.acquire(caller.key, (source, target))
+        try:
+            move = lambda: self._sandbox.move_file(caller, source, target)  # noqa: E731
+            if await self._one_step(caller, wire.MOVE_FILE, move) is not None:
+                return {"moved": [target]}
+            return await self._composed_move(caller, source, target)
+        finally:
+            hold.release()
+
+    async def _composed_move(self, caller: Caller, source: str, target: str) -> dict[str, Any]:
         sandbox = self._sandbox
         if await self._exists(caller, target):
             raise GatewayError(errors.FS_ERROR, f"{wire.cut(target)} already exists")
         files, empty = await self._contents(caller, source)
         moved = []
+        copied: list[tuple[str, bytes]] = []
         for path in files:
             new = target + path[len(source) :]
             got = await sandbox.read_file(caller, path, 0, None)
-            await sandbox.write_file(caller, new, got["content"])
+            await sandbox.write_file(caller, new, got["content"], lock=False)
+            copied.append((path, got["content"]))
             moved.append(new)
         for folder in empty:  # made anew: no file in them carries them over
-            await self._folder(caller, target + folder[len(source) :])
-        await sandbox.delete_file(caller, source)
+            await self._composed_folder(caller, target + folder[len(source) :])
+        # Only what was copied goes, each checked unchanged first: a save made meanwhile
+        # stays where it was saved (and the move says so).
+        kept = []
+        for path, content in copied:
+            now = await sandbox.read_file(caller, path, 0, None)
+            if now["content"] != content:
+                kept.append(path)
+                continue
+            await sandbox.delete_file(caller, path, lock=False)
+        if not kept:
+            await self._remove_if_empty(caller, source)
+        if kept:
+            raise GatewayError(
+                errors.FS_ERROR,
+                f"{wire.cut(kept[0])} changed while it was moved: it is kept as it is now, "
+                f"its copy at {wire.cut(target + kept[0][len(source) :])} is as it was",
+            )
         return {"moved": moved}
+
+    async def _remove_if_empty(self, caller: Caller, source: str) -> None:
+        """Delete the folder ``source`` (or the file it was) once nothing is left in it."""
+        try:
+            entry = await self._entry(caller, source)
+        except GatewayError as error:
+            if _missing(error):
+                return
+            raise
+        if entry.get("type") == "dir":  # (a file is one saved again at the path: kept)
+            await self._prune(caller, source)
+
+    async def _prune(self, caller: Caller, folder: str) -> bool:
+        """Delete ``folder`` when only empty folders are left in it; whether it went."""
+        listed = await self._sandbox.list_files(caller, folder)
+        for each in listed.get("entries", []):
+            if not isinstance(each, dict) or each.get("type") != "dir":
+                return False  # a file made meanwhile: the folder stays with it
+            if not await self._prune(caller, f"{folder}/{each.get('name')}"):
+                return False
+        await self._sandbox.delete_file(caller, folder, lock=False)
+        return True
 
     async def _entry(self, caller: Caller, path: str) -> dict[str, Any]:
         """``path``'s entry in its folder's listing (its type, whether it is read-only)."""
@@ -194,7 +280,29 @@ class FileCalls:
         return files, empty
 
     async def _folder(self, caller: Caller, path: str) -> dict[str, Any]:
+        hold = await self._sandbox.locks.acquire(caller.key, (path,))
+        try:
+            make = lambda: self._sandbox.make_folder(caller, path)  # noqa: E731
+            made = await self._one_step(caller, wire.MAKE_FOLDER, make)
+            if made is not None:
+                return {"made": path, "existed": made.get("existed") is True}
+            return await self._composed_folder(caller, path)
+        finally:
+            hold.release()
+
+    async def _composed_folder(self, caller: Caller, path: str) -> dict[str, Any]:
+        """A folder made with a placeholder written in it and deleted; one that exists is
+        left as it is (nothing in it is touched)."""
+        try:
+            await self._sandbox.read_file(caller, path, 0, 0)
+        except GatewayError as error:
+            if _directory(error):
+                return {"made": path, "existed": True}
+            if not _missing(error):
+                raise
+        else:
+            raise GatewayError(errors.FS_ERROR, f"{wire.cut(path)}: File exists")
         placeholder = f"{path}/{PLACEHOLDER}"
-        await self._sandbox.write_file(caller, placeholder, b"")
-        await self._sandbox.delete_file(caller, placeholder)
-        return {"made": path}
+        await self._sandbox.write_file(caller, placeholder, b"", lock=False)
+        await self._sandbox.delete_file(caller, placeholder, lock=False)
+        return {"made": path, "existed": False}

@@ -140,8 +140,17 @@ class RefusalTests(SynchronousTestCase):
         )
 
     def test_file_requests_on_the_settings_file_are_never_sent(self):
+        def payloads(kind, path, **more):
+            if kind != "move_file":
+                return [{"path": path, **more}]
+            # A move names two paths: either may be it.
+            return [{"from": path, "to": "/x", **more}, {"from": "/x", "to": path, **more}]
+
         for kind in sorted(settingsfile.FILE_REQUESTS):
-            for payload in ({"path": "/.settings"}, {"path": ".SETTINGS", "cwd": "rom/.."}):
+            for payload in [
+                *payloads(kind, "/.settings"),
+                *payloads(kind, ".SETTINGS", cwd="rom/.."),
+            ]:
                 d = self.registry.request(asking("7:base"), kind, payload)
                 error = self.failureResultOf(d, GatewayError).value
                 self.assertEqual(error.code, errors.FORBIDDEN)

@@ -341,8 +341,9 @@ async function newFile() {
   if (made) await openFile(computer, path, false);
 }
 
-// The gateway makes a folder (folder_make: an empty file written in it and deleted, quietly):
-// one entry in the activity.
+// The gateway makes a folder (folder_make: in one step on the computer, or with an older client
+// an empty file written in it and deleted, quietly; one that exists is left as it is): one
+// entry in the activity.
 async function newFolder() {
   const computer = state.selected;
   const path = await askPath("New folder", join(chosenFolder(), ""));
@@ -355,8 +356,9 @@ async function newFolder() {
   });
 }
 
-// A file or a folder is renamed by the gateway (file_move: each file read, written under the
-// new name, then the old deleted, quietly): one entry in the activity.
+// A file or a folder is renamed by the gateway (file_move: in one step on the computer, or with
+// an older client each file read, written under the new name, then the old deleted, quietly;
+// a move into itself is refused however it is spelt): one entry in the activity.
 async function renameFile() {
   const computer = state.selected;
   const { path: from, type } = files.selected;
