@@ -10,6 +10,8 @@ The computer side: one WebSocket per computer, and requests both ways (SPEC §2,
     ``sending``       how both WebSockets of the port send (``Sending``, shared with
                       ``web.opsocket``)
     ``outbound``      flow control of what one connection is sent
+    ``streams``       every long-lived stream under one budget: how many per account,
+                      how many bytes wait for one HTTP stream's reader
     ``lines``         the log under a flood: one line per interval, so many a second
     ``sandbox``       the section 9 operations on a computer (exec, eval, files, screen,
                       input, screen_watch)

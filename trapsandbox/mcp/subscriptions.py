@@ -42,7 +42,6 @@ never change while the gateway runs.
 
 from __future__ import annotations
 
-import posixpath
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -53,6 +52,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from trapsandbox.computers.callers import Caller
+from trapsandbox.computers.paths import canonical, inside
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.computers.streams import SUBSCRIPTION, charged
@@ -85,7 +85,12 @@ def _nothing() -> None:
 
 
 def _normal(path: str) -> str:
-    return posixpath.normpath("/" + path.lstrip("/"))
+    """``path`` by the one path rule (``computers.paths``); one it refuses is kept as it is
+    (no request with it reached the computer, so nothing it names changed)."""
+    try:
+        return canonical(path)
+    except GatewayError:
+        return path
 
 
 class _ScreenWatch:
@@ -204,7 +209,7 @@ class Subscriptions:
         """A write or delete changed ``path`` (a file, or a folder and all it holds)."""
         changed = _normal(path)
         for watched, listeners in list(self._files.get((account_id, trapos_id), {}).items()):
-            if watched == changed or watched.startswith(changed.rstrip("/") + "/"):
+            if inside(watched, changed):
                 for notify in list(listeners.values()):
                     notify()
 
