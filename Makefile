@@ -43,6 +43,7 @@ bench: $(VENV)/.installed $(OPENCODE)
 	$(BIN)/python -m bench.sandbox
 	$(BIN)/python -m bench.live
 	$(BIN)/python -m bench.fairshare
+	$(BIN)/python -m bench.stalled
 	$(BIN)/python -m bench.ask $(BENCH_ASK_ARGS)
 
 # Generated hostile frames over real sockets: 100,000 of them (make test sends a few thousand).
