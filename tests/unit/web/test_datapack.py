@@ -1,8 +1,10 @@
 """The data pack the gateway serves (``GET /client/datapack.zip``, ``web.client.datapack``)."""
 
+import configparser
 import io
 import json
 import zipfile
+from pathlib import Path
 
 import orjson
 from treq.testing import StubTreq
@@ -81,3 +83,17 @@ class ServedTests(SynchronousTestCase):
         self.assertEqual((response.code, orjson.loads(body)["error"]["code"]), (400, "bad_request"))
         response, body = self.get("/client/datapack.zip", headers={"host": "gw_x"})
         self.assertEqual(response.code, 400)
+
+
+class InstalledTests(SynchronousTestCase):
+    def test_every_file_served_is_installed_with_the_wheel(self):
+        """An installed gateway serves lua/ from share/trapsandbox/lua: setup.cfg lists each."""
+        config = configparser.ConfigParser()
+        config.read(Path(client.__file__).resolve().parents[2] / "setup.cfg")
+        installed = set()
+        for target, sources in config["options.data_files"].items():
+            for source in sources.replace(",", " ").split():
+                self.assertEqual("share/trapsandbox/" + str(Path(source).parent), target, source)
+                installed.add(source.removeprefix("lua/"))
+        served = {client.INSTALLER, *client.FILES, *client.DATAPACK}
+        self.assertEqual(served - installed, set())
