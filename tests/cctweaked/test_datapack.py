@@ -11,13 +11,17 @@ import io
 import zipfile
 
 import treq
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SkipTest, TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from tests.cctweaked.test_client import PASSWORD, CCTGatewayMixin
 from tests.harness.callers import asking
-from tests.harness.cctweaked import CCTComputer, wait_connected
-from tests.harness.support import bounded, reactor
+from tests.harness.cctweaked import CCTComputer, unavailable, wait_connected
+from tests.harness.fake_model import start_fake_model
+from tests.harness.opencode import start_opencode
+from tests.harness.support import bounded, closed_port, reactor
+from tests.lua.test_ask_e2e import OPENCODE_PASSWORD, PROGRAM, TOKEN
+from trapsandbox.ops import ctl
 from trapsandbox.web import client
 
 # What a fresh computer (nothing typed, nothing saved) finds in its ROM, written to /fresh.txt
@@ -185,3 +189,41 @@ class DatapackTests(CCTGatewayMixin, TestCase):
         await c.wait_for_screen("own startup ran")
         await self.works(c)
         self.assertEqual(c.read_file("/ran.txt"), b"ran\n")
+
+
+class DatapackAskTests(CCTGatewayMixin, TestCase):
+    """`sandbox ask` on a computer set up through the data pack, the agent a scripted model."""
+
+    def setUp(self):
+        reason = unavailable()
+        if reason:
+            raise SkipTest(reason)
+        self.oc_port = closed_port()
+        self.start_gateway(
+            0,
+            opencode_url=f"http://127.0.0.1:{self.oc_port}",
+            admin_token=TOKEN,
+            opencode_password=OPENCODE_PASSWORD,
+            ask_directory=self.mktemp(),
+        )
+
+    async def test_ask_writes_a_file_through_the_agent(self):
+        script = [("trapsandbox_write_file", {"path": "/made.lua", "content": PROGRAM})]
+        model = await start_fake_model(self, "", {}, script=script, answer="Wrote it.")
+        config = {
+            **model.opencode_config(),
+            **ctl.opencode_config(f"http://127.0.0.1:{self.port}", True),
+        }
+        await start_opencode(
+            self,
+            OPENCODE_PASSWORD,
+            config,
+            env={"SANDBOX_ADMIN_TOKEN": TOKEN},
+            global_config=True,
+            port=self.oc_port,
+        )
+        c = CCTComputer(self, label="lab", datapack=client.datapack(self.base))
+        c.write_file("/startup.lua", SETUP + "shell.run('sandbox ask --yes write made.lua')\n")
+        c.boot()
+        await c.wait_for_screen("changed 1 file: sandbox changes / sandbox undo", 120)
+        self.assertEqual(c.read_file("/made.lua"), PROGRAM.encode())
