@@ -45,7 +45,9 @@ local STARTUP_SOURCE = [[
 shell.setAlias('sandbox', '/programs/sandbox.lua')
 -- `help sandbox`, Tab after `sandbox ` and `set sandbox.allow` explaining it (the data pack's
 -- autorun does the same where the pack is installed).
-if help and help.path and not help.path():find('/help', 1, true) then help.setPath(help.path() .. ':/help') end
+if help and help.path and help.setPath and not (':' .. help.path() .. ':'):find(':/help:', 1, true) then
+  help.setPath(help.path() .. ':/help')
+end
 local okLib, lib = pcall(dofile, '/apis/libsandbox.lua')
 if okLib and type(lib) == 'table' and lib.complete then
   lib.defineSettings()

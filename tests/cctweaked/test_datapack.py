@@ -227,3 +227,30 @@ class DatapackAskTests(CCTGatewayMixin, TestCase):
         c.boot()
         await c.wait_for_screen("changed 1 file: sandbox changes / sandbox undo", 120)
         self.assertEqual(c.read_file("/made.lua"), PROGRAM.encode())
+
+
+class InstallerConventionsTests(CCTGatewayMixin, TestCase):
+    """A computer set up by the installer (no data pack) follows the same shell conventions."""
+
+    async def test_help_completion_and_described_settings(self):
+        c = CCTComputer(self, label="lab")
+        c.write_file(
+            "/startup.lua",
+            f"shell.run('wget run {self.base}/client/install.lua {PASSWORD} --allow=all')\n",
+        )
+        c.boot()
+        await wait_connected(self.gateway.registry, c.trapos_id)
+        await c.shutdown()
+        c.path("/startup.lua").unlink()
+        c.boot()
+        await wait_connected(self.gateway.registry, c.trapos_id)
+        answer = await self.eval(
+            c,
+            "return help.lookup('sandbox'), table.concat(shell.complete('sandbox allow fs.'), '|'),"
+            " settings.getDetails('sandbox.allow').description:sub(1, 22)",
+        )
+        self.assertEqual(
+            answer["returns"],
+            ['"help/sandbox.txt"', '"read |write "', '"What the sandbox agent"'],
+            answer,
+        )

@@ -26,7 +26,7 @@ if shell and shell.setCompletionFunction then
   shell.setCompletionFunction('rom/programs/sandbox.lua', lib.complete)
   shell.setCompletionFunction('programs/sandbox.lua', lib.complete)
 end
-if help and help.path and help.setPath and fs.isDir('/help') and not help.path():find('/help', 1, true) then
+if help and help.path and help.setPath and not (':' .. help.path() .. ':'):find(':/help:', 1, true) then
   help.setPath(help.path() .. ':/help')
 end
 
