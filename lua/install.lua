@@ -9,8 +9,8 @@ The gateway serves this file with the token __TRAPSANDBOX_BASE_URL__ on the BASE
 below replaced by its own base URL (e.g. http://HOST:4444, no trailing slash). Run unserved,
 give the base URL first: `install.lua http://HOST:4444 [password] [--allow=CAPS]`.
 
-It downloads /client/apis/libsandbox.lua, /client/servers/sandbox.lua and
-/client/programs/sandbox.lua into /apis, /servers and /programs, sets sandbox.url to the
+It downloads /client/apis/libsandbox.lua, /client/servers/sandbox.lua,
+/client/programs/sandbox.lua and the help pages into /apis, /servers, /programs and /help, sets sandbox.url to the
 gateway's ws(s)://HOST:PORT/gateway and sandbox.password (argument, or asked for), asks once
 whether the sandbox agent may act on this computer (sandbox.allow: y allows exec, eval,
 fs.read, fs.write, screen, input and peripheral; a turtle is asked separately for turtle; anything else allows nothing), saying that exec, eval
@@ -29,6 +29,8 @@ local FILES = {
   { remote = 'client/apis/libsandbox.lua', path = '/apis/libsandbox.lua' },
   { remote = 'client/servers/sandbox.lua', path = '/servers/sandbox.lua' },
   { remote = 'client/programs/sandbox.lua', path = '/programs/sandbox.lua' },
+  { remote = 'client/help/sandbox.txt', path = '/help/sandbox.txt' },
+  { remote = 'client/help/sandbox-ask.txt', path = '/help/sandbox-ask.txt' },
 }
 local STARTUP = '/startup/sandbox-daemon.lua'
 
@@ -41,6 +43,16 @@ local STARTUP_SOURCE = [[
 -- Written by the trapsandbox installer: makes `sandbox` runnable, starts its daemon and keeps
 -- the screen readable (_G.traposSandboxScreen) for the gateway's `screen` requests.
 shell.setAlias('sandbox', '/programs/sandbox.lua')
+-- `help sandbox`, Tab after `sandbox ` and `set sandbox.allow` explaining it (the data pack's
+-- autorun does the same where the pack is installed).
+if help and help.path and help.setPath and not (':' .. help.path() .. ':'):find(':/help:', 1, true) then
+  help.setPath(help.path() .. ':/help')
+end
+local okLib, lib = pcall(dofile, '/apis/libsandbox.lua')
+if okLib and type(lib) == 'table' and lib.complete then
+  lib.defineSettings()
+  shell.setCompletionFunction('programs/sandbox.lua', lib.complete)
+end
 local function readable(t) return type(t) == 'table' and type(t.getLine) == 'function' end
 local daemon = rawget(_G, 'traposSandboxState')
 if daemon and daemon.running and daemon.state ~= 'stopped' then
@@ -161,39 +173,16 @@ end
 local lib = dofile('/apis/libsandbox.lua')
 lib.defineSettings()
 
--- Consent, asked once in plain words unless --allow= preset it.
+-- Consent, asked once in plain words unless --allow= preset it (the same questions as
+-- `sandbox setup`: libsandbox asks them).
 local allowValue
 if allowArg ~= nil then
-  local names = {}
-  if allowArg ~= 'none' then
-    for name in allowArg:gmatch('[^,%s]+') do names[#names + 1] = name end
-  end
-  if #names > 0 then
-    local err
-    allowValue, err = lib.changeCapabilities('', true, names)
-    if not allowValue then fail('--allow: ' .. err) end
-    if lib.grantsWholeComputer(names) then print('note: ' .. lib.WHOLE_COMPUTER) end
-    if lib.grantsTurtle(names) then print('note: ' .. lib.MOVING_MACHINE) end
-  else
-    allowValue = ''
-  end
+  local notes
+  allowValue, notes = lib.consentFromArgument(allowArg)
+  if not allowValue then fail('--allow: ' .. notes) end
+  for _, note in ipairs(notes) do print('note: ' .. note) end
 else
-  write('Let the sandbox agent run programs and Lua, read and change files, see the screen, type on '
-    .. 'this computer and use its peripherals? Note: ' .. lib.WHOLE_COMPUTER .. '. [y/N] ')
-  local answer = read()
-  if type(answer) == 'string' and answer:lower():match('^%s*y') then
-    allowValue = lib.changeCapabilities('', true, { 'all' })
-  else
-    allowValue = ''
-  end
-  -- A turtle is asked separately: "all" never includes it (SPEC §16).
-  if rawget(_G, 'turtle') then
-    write('This is a turtle. Let the sandbox agent drive it too? Note: ' .. lib.MOVING_MACHINE .. '. [y/N] ')
-    local drive = read()
-    if type(drive) == 'string' and drive:lower():match('^%s*y') then
-      allowValue = lib.changeCapabilities(allowValue, true, { 'turtle' })
-    end
-  end
+  allowValue = lib.askConsent(write, read, rawget(_G, 'turtle') ~= nil)
 end
 
 settings.set('sandbox.url', gatewayUrl)

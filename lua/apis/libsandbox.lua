@@ -211,15 +211,126 @@ function M.grantsTurtle(allowed)
   return false
 end
 
+-- The consent the installer and `sandbox setup` ask for, in the same words.
+--[[ consentFromArgument(text) -> value, notes | nil, message
+--allow=CAPS of the installer and of `sandbox setup`: all, none or names (exec,fs.read); the
+sandbox.allow value and the notes to print (whole computer, moving machine). ]]
+function M.consentFromArgument(text)
+  expect(1, text, 'string')
+  local names = {}
+  if text ~= 'none' then
+    for name in text:gmatch('[^,%s]+') do names[#names + 1] = name end
+  end
+  if #names == 0 then return '', {} end
+  local value, err = M.changeCapabilities('', true, names)
+  if not value then return nil, err end
+  local notes = {}
+  if M.grantsWholeComputer(names) then notes[#notes + 1] = M.WHOLE_COMPUTER end
+  if M.grantsTurtle(names) then notes[#notes + 1] = M.MOVING_MACHINE end
+  return value, notes
+end
+
+--[[ askConsent(write, read, isTurtle) -> value
+Asks once, in plain words, whether the agent may act here (y: all; anything else: nothing),
+and on a turtle separately whether it may drive it. Returns the sandbox.allow value. ]]
+function M.askConsent(write, read, isTurtle)
+  expect(1, write, 'function')
+  expect(2, read, 'function')
+  write('Let the sandbox agent run programs and Lua, read and change files, see the screen, type on '
+    .. 'this computer and use its peripherals? Note: ' .. M.WHOLE_COMPUTER .. '. [y/N] ')
+  local answer = read()
+  local value = ''
+  if type(answer) == 'string' and answer:lower():match('^%s*y') then
+    value = M.changeCapabilities('', true, { 'all' })
+  end
+  -- A turtle is asked separately: "all" never includes it (SPEC §16).
+  if isTurtle then
+    write('This is a turtle. Let the sandbox agent drive it too? Note: ' .. M.MOVING_MACHINE .. '. [y/N] ')
+    local drive = read()
+    if type(drive) == 'string' and drive:lower():match('^%s*y') then
+      value = M.changeCapabilities(value, true, { 'turtle' })
+    end
+  end
+  return value
+end
+
+--[[ gatewayUrl(text) -> url | nil, message
+The gateway's WebSocket URL from what a player or admin types: its base URL
+(http://host:4444, https://...) or the WebSocket URL itself (ws://host:4444/gateway). ]]
+function M.gatewayUrl(text)
+  expect(1, text, 'string')
+  local url = text:gsub('^%s+', ''):gsub('%s+$', '')
+  local scheme, rest = url:match('^(%a+)://([^%s]+)$')
+  scheme = scheme and scheme:lower()
+  if not rest or rest:sub(1, 1) == '/' then
+    return nil, 'not a URL: ' .. text .. ' (give the gateway as http://HOST:4444)'
+  end
+  if scheme == 'ws' or scheme == 'wss' then return scheme .. '://' .. rest end
+  if scheme ~= 'http' and scheme ~= 'https' then
+    return nil, 'the gateway URL must start with http://, https://, ws:// or wss://: ' .. text
+  end
+  rest = rest:gsub('/+$', '')
+  return (scheme == 'https' and 'wss://' or 'ws://') .. rest .. '/gateway'
+end
+
+-- Whether the player has set this computer up (the installer or `sandbox setup` saved
+-- sandbox.url): until then nothing connects.
+function M.isSetUp()
+  local url = settings and settings.get('sandbox.url')
+  return type(url) == 'string' and url ~= ''
+end
+
+-- The `sandbox` command's subcommands, in its usage order (completion, help).
+M.SUBCOMMANDS = { 'setup', 'health', 'status', 'allow', 'deny', 'stop', 'resume', 'ask', 'snapshots',
+  'changes', 'undo' }
+M.ASK_FLAGS = { '--new', '--yes' }
+
+-- Those of `choices` that start with `text`, as what is left to type (shell completion).
+local function completeFrom(text, choices, addSpace)
+  local found = {}
+  for _, choice in ipairs(choices) do
+    if #choice > #text and choice:sub(1, #text) == text then
+      found[#found + 1] = choice:sub(#text + 1) .. (addSpace and ' ' or '')
+    end
+  end
+  return found
+end
+
+--[[ complete(shell, index, text, previous) -> suffixes
+The `sandbox` command's completion (shell.setCompletionFunction): subcommands, capabilities
+after allow and deny (each once), ask's flags before its prompt. ]]
+function M.complete(_, index, text, previous)
+  if index == 1 then return completeFrom(text, M.SUBCOMMANDS, true) end
+  local command = previous[2]
+  if command == 'allow' or command == 'deny' then
+    local given, choices = {}, {}
+    for i = 3, #previous do given[previous[i]] = true end
+    for _, name in ipairs(M.CAPABILITIES) do
+      if not given[name] then choices[#choices + 1] = name end
+    end
+    if not given.all then choices[#choices + 1] = 'all' end
+    return completeFrom(text, choices, true)
+  end
+  if command == 'ask' then
+    for i = 3, #previous do
+      if previous[i]:sub(1, 2) ~= '--' then return {} end
+    end
+    return completeFrom(text, M.ASK_FLAGS, true)
+  end
+  return {}
+end
+
 -- The settings the daemon and the `sandbox` command read, with descriptions for `set`.
 function M.defineSettings()
   if not (settings and settings.define) then return end
   settings.define('sandbox.url', {
-    description = 'WebSocket URL of the trapsandbox gateway, e.g. ws://host:4444/gateway',
+    description = 'WebSocket URL of the trapsandbox gateway, e.g. ws://host:4444/gateway; set by the installer '
+      .. 'or "sandbox setup" (until then nothing connects)',
     type = 'string',
   })
   settings.define('sandbox.password', {
-    description = 'Shared secret the sandbox daemon presents to the gateway (SANDBOX_PASSWORD)',
+    description = 'Shared secret the sandbox daemon presents to the gateway (the account\'s secret, or '
+      .. 'SANDBOX_PASSWORD); asked for by the installer and "sandbox setup"',
     type = 'string',
   })
   settings.define('sandbox.allow', {

@@ -2,6 +2,10 @@ local _VERSION = '0.1.0'
 
 --[[
 sandbox: talk to the trapsandbox gateway through the sandbox daemon.
+  sandbox setup [URL] [--allow=CAPS]
+                       set this computer up: the gateway (URL, or the one the data pack
+                       names, or asked), its password and what the agent may do; then the
+                       daemon starts (with the data pack, at every boot from then on)
   sandbox health       ask the gateway (wire type probe_gateway) whether it and opencode are up
   sandbox status       show the daemon's connection state, traposId, gateway URL, last error
                        and what the sandbox agent is allowed to do here
@@ -224,6 +228,81 @@ local function undo(lib, words)
   return true
 end
 
+-- Where the daemon is started from: the data pack's autorun, or the installer's startup file.
+local AUTORUN = '/rom/autorun/sandbox.lua'
+local INSTALLER_STARTUP = '/startup/sandbox-daemon.lua'
+
+-- The gateway a data pack names (its admin built it with the gateway's URL), or nil.
+local function packGateway()
+  local ok, config = pcall(require, 'sandbox.gateway')
+  if ok and type(config) == 'table' and type(config.url) == 'string' and config.url ~= '' then
+    return config.url
+  end
+end
+
+-- sandbox setup [URL] [--allow=CAPS]: what the installer does, for a computer that already has
+-- the client (the data pack's ROM): the gateway, the account's secret and the consent questions,
+-- saved together; then the daemon starts. Nothing connects and no secret is stored before.
+local function setup(lib, words)
+  local allowArg, given
+  for _, word in ipairs(words) do
+    local value = word:match('^%-%-allow=(.*)$')
+    if value then allowArg = value elseif not given then given = word end
+  end
+  local allowValue, notes
+  if allowArg then
+    allowValue, notes = lib.consentFromArgument(allowArg)
+    if not allowValue then
+      print('sandbox setup: --allow: ' .. notes)
+      return false
+    end
+  end
+  local text = given or packGateway()
+  if not text then
+    write('gateway (http://HOST:4444): ')
+    text = read()
+  end
+  local url, err = lib.gatewayUrl(text or '')
+  if not url then
+    print('sandbox setup: ' .. err)
+    return false
+  end
+  print('gateway: ' .. url)
+  write('sandbox password (empty for none): ')
+  local password = read('*')
+  if not allowValue then
+    allowValue = lib.askConsent(write, read, rawget(_G, 'turtle') ~= nil)
+  else
+    for _, note in ipairs(notes) do print('note: ' .. note) end
+  end
+  settings.set('sandbox.url', url)
+  if allowValue ~= '' then settings.set('sandbox.allow', allowValue) else settings.unset('sandbox.allow') end
+  if type(password) == 'string' and password ~= '' then
+    settings.set('sandbox.password', password)
+  else
+    settings.unset('sandbox.password')
+  end
+  if not settings.save() then
+    print('sandbox setup: could not save settings')
+    return false
+  end
+  print('sandbox.url = ' .. url)
+  print('sandbox.password ' .. ((type(password) == 'string' and password ~= '') and 'set' or 'not set'))
+  print('allowed: ' .. describeAllowed(lib.parseCapabilities(allowValue)))
+  local daemon = rawget(_G, 'traposSandboxState')
+  if daemon and daemon.running and daemon.state ~= 'stopped' then
+    print('the sandbox daemon already runs: reboot (hold Ctrl+R) for it to use these settings')
+  elseif rawget(_G, 'bootEventLoop') then
+    print('trapos: the daemon starts with the trapos-sandbox package; reboot to start it')
+  elseif multishell and shell.openTab and (fs.exists(AUTORUN) or fs.exists(INSTALLER_STARTUP)) then
+    shell.run(fs.exists(AUTORUN) and AUTORUN or INSTALLER_STARTUP)
+    print('daemon started in a new tab. Try: sandbox health')
+  else
+    print('done. Reboot to start the daemon, then run: sandbox health')
+  end
+  return true
+end
+
 local function allowedLine(lib)
   print('allowed: ' .. describeAllowed(lib.parseCapabilities(settings.get('sandbox.allow'))))
 end
@@ -252,6 +331,8 @@ end
 -- local and needs no gateway), its line in the usage text and what runs it.
 
 local COMMANDS = {
+  { name = 'setup', needsUrl = false, run = function(lib, rest) setup(lib, rest) end,
+    usage = 'setup [URL]   connect this computer: gateway, password, what the agent may do' },
   { name = 'health', needsUrl = true, run = function(lib) health(lib) end,
     usage = 'health        check the sandbox gateway and opencode' },
   { name = 'status', needsUrl = true, run = function(lib, _, url) status(lib, url) end,
@@ -306,6 +387,7 @@ local url = settings.get('sandbox.url')
 -- An unknown command is answered like one that needs the gateway: without sandbox.url, say that.
 if (not command or command.needsUrl) and (type(url) ~= 'string' or url == '') then
   print('set sandbox.url first')
+  print('(or run: sandbox setup)')
   return
 end
 if not command then

@@ -1412,6 +1412,79 @@ test('capabilities parse in order and change with allow and deny', function()
   eq(select(2, lib.changeCapabilities('', true, {})) ~= nil, true, 'no names is an error')
 end)
 
+test('consentFromArgument reads --allow= as the installer and sandbox setup take it', function()
+  eq({ lib.consentFromArgument('none') }, { '', {} }, 'none allows nothing')
+  eq({ lib.consentFromArgument('') }, { '', {} }, 'empty allows nothing')
+  local value, notes = lib.consentFromArgument('fs.read,screen')
+  eq({ value, notes }, { 'fs.read,screen', {} }, 'no note for files and screen')
+  value, notes = lib.consentFromArgument('all')
+  eq({ value, notes }, { ALL, { lib.WHOLE_COMPUTER } }, 'all: the whole-computer note')
+  value, notes = lib.consentFromArgument('eval,turtle')
+  eq({ value, notes }, { 'eval,turtle', { lib.WHOLE_COMPUTER, lib.MOVING_MACHINE } }, 'both notes')
+  local bad, message = lib.consentFromArgument('exec,rm')
+  eq(bad, nil, 'unknown name refused')
+  truthy(message:find('unknown capability rm', 1, true), message)
+end)
+
+test('askConsent asks once, and a turtle once more, in the same words', function()
+  local function run(answers, isTurtle)
+    local asked, i = {}, 0
+    local value = lib.askConsent(function(s) asked[#asked + 1] = s end,
+      function() i = i + 1 return answers[i] end, isTurtle)
+    return value, asked
+  end
+  local value, asked = run({ 'y' }, false)
+  eq(value, ALL, 'y allows all but turtle')
+  eq(#asked, 1, 'one question on a computer')
+  truthy(asked[1]:find(lib.WHOLE_COMPUTER, 1, true) and asked[1]:find('[y/N]', 1, true), asked[1])
+  eq((run({ '' }, false)), '', 'enter allows nothing')
+  eq((run({ 'no' }, false)), '', 'no allows nothing')
+  value, asked = run({ 'n', ' Yes' }, true)
+  eq(value, 'turtle', 'a turtle: driving only')
+  truthy(#asked == 2 and asked[2]:find(lib.MOVING_MACHINE, 1, true), 'the turtle question')
+  eq((run({ 'y', 'y' }, true)), ALL .. ',turtle', 'a turtle: both')
+end)
+
+test('gatewayUrl takes the base URL or the WebSocket URL', function()
+  eq(lib.gatewayUrl('http://host:4444'), 'ws://host:4444/gateway', 'http')
+  eq(lib.gatewayUrl(' https://example.org/ '), 'wss://example.org/gateway', 'https, trimmed')
+  eq(lib.gatewayUrl('ws://10.0.0.1:4444/gateway'), 'ws://10.0.0.1:4444/gateway', 'ws kept')
+  eq(lib.gatewayUrl('HTTP://h:1'), 'ws://h:1/gateway', 'scheme in capitals')
+  for _, bad in ipairs({ '', 'host:4444', 'ftp://host', 'http:///x', 'http://a b' }) do
+    local url, message = lib.gatewayUrl(bad)
+    eq(url, nil, 'refused: ' .. bad)
+    truthy(type(message) == 'string' and message ~= '', 'says why: ' .. bad)
+  end
+end)
+
+test('isSetUp is whether sandbox.url was saved', function()
+  local saved = rawget(_G, 'settings')
+  onCleanup(function() rawset(_G, 'settings', saved) end)
+  local values = {}
+  rawset(_G, 'settings', { get = function(name) return values[name] end })
+  eq(lib.isSetUp(), false, 'nothing saved')
+  values['sandbox.password'] = 'pw'
+  eq(lib.isSetUp(), false, 'a password alone')
+  values['sandbox.url'] = ''
+  eq(lib.isSetUp(), false, 'empty url')
+  values['sandbox.url'] = 'ws://h/gateway'
+  eq(lib.isSetUp(), true, 'url saved')
+end)
+
+test('complete answers subcommands, capabilities and ask flags', function()
+  local function sorted(list) table.sort(list) return list end
+  eq(sorted(lib.complete(nil, 1, 'a', { 'sandbox' })), { 'llow ', 'sk ' }, 'subcommands')
+  eq(#lib.complete(nil, 1, '', { 'sandbox' }), #lib.SUBCOMMANDS, 'every subcommand')
+  eq(lib.complete(nil, 1, 'setup', { 'sandbox' }), {}, 'a whole word needs nothing')
+  eq(sorted(lib.complete(nil, 2, 'e', { 'sandbox', 'allow' })), { 'val ', 'xec ' }, 'capabilities')
+  eq(lib.complete(nil, 3, 'e', { 'sandbox', 'deny', 'exec' }), { 'val ' }, 'each once')
+  eq(lib.complete(nil, 2, 'a', { 'sandbox', 'deny' }), { 'll ' }, 'all')
+  eq(lib.complete(nil, 2, 'fs.', { 'sandbox', 'allow' }), { 'read ', 'write ' }, 'dotted names')
+  eq(sorted(lib.complete(nil, 2, '--', { 'sandbox', 'ask' })), { 'new ', 'yes ' }, 'ask flags')
+  eq(lib.complete(nil, 3, '--', { 'sandbox', 'ask', 'hello' }), {}, 'no flags inside the prompt')
+  eq(lib.complete(nil, 2, 'x', { 'sandbox', 'health' }), {}, 'nothing after health')
+end)
+
 test('defineSettings describes sandbox.url, sandbox.password and sandbox.allow', function()
   local saved = rawget(_G, 'settings')
   onCleanup(function() rawset(_G, 'settings', saved) end)

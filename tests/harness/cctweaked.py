@@ -14,6 +14,9 @@ the test (stopped at cleanup) and reads what it prints::
     computer.boot()
     await computer.wait_for_screen("sandbox daemon")   # a row it printed, wraps tolerated
 
+``CCTComputer(self, datapack=client.datapack(url))`` merges a data pack's files over the ROM
+as a world with the pack in its ``datapacks/`` does.
+
 The computer cannot be typed into: tests drive it through the gateway (exec, eval, files,
 input) as the agent does, and read what the player would see from the rows it prints.
 
@@ -23,9 +26,11 @@ package missing): tests skip with that message.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +130,7 @@ class CCTComputer:
         disk_limit: int | None = None,
         basic: bool = False,
         settings: str | None = None,
+        datapack: bytes | None = None,
     ) -> None:
         self._testcase = testcase
         self.id = id
@@ -137,6 +143,7 @@ class CCTComputer:
         self.root = self.data / "computer" / str(id)
         self.root.mkdir(parents=True)
         self.child: Child | None = None
+        self.rom = merge_datapack(self.data / "resources", datapack) if datapack else None
 
     @property
     def trapos_id(self) -> str:
@@ -177,6 +184,8 @@ class CCTComputer:
             argv.append("--basic")
         if self.settings:
             argv += ["--settings", self.settings]
+        if self.rom:
+            argv += ["--rom", str(self.rom)]
         env = {key: value for key, value in os.environ.items() if not key.startswith("SANDBOX_")}
         self.child = spawn(self._testcase, argv, env)
         return self.child
@@ -202,6 +211,22 @@ class CCTComputer:
         if self.child and not self.child.ended:
             self.child.signal("TERM")
             await self.child.wait_ended(15)
+
+
+def merge_datapack(resources: Path, datapack: bytes) -> Path:
+    """
+    CC:Tweaked's resources (``HOME/rom``: ``data/computercraft/lua``) with ``datapack``'s files
+    merged over them, as the game merges a data pack: its ``data/`` files are added, one of the
+    same name replaces the mod's. Returns the folder to pass as ``--rom``.
+    """
+    shutil.copytree(HOME / "rom", resources)
+    with zipfile.ZipFile(io.BytesIO(datapack)) as pack:
+        for name in pack.namelist():
+            if name.startswith("data/") and not name.endswith("/"):
+                target = resources / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(pack.read(name))
+    return resources
 
 
 def _until(registry: Registry, done, seconds: float) -> defer.Deferred:

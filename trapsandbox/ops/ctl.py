@@ -18,6 +18,8 @@
     trapsandbox-ctl batch [--file F] [--concurrency N]   (NDJSON requests over one WebSocket)
     trapsandbox-ctl accounts add NAME --file F [--max-computers N]
     trapsandbox-ctl accounts list --file F     accounts remove NAME --file F
+    trapsandbox-ctl datapack [-o trapsandbox.zip] [--gateway URL | --no-gateway]
+                                           (the client as a data pack for a world's datapacks/)
 
 ``--account NAME`` (the admin token only) picks the account of a traposId that
 several accounts hold.  The ``accounts`` commands edit the accounts file
@@ -688,6 +690,21 @@ def parser() -> argparse.ArgumentParser:
     )
     config.set_defaults(run=cmd_opencode_config)
 
+    pack = commands.add_parser(
+        "datapack", help="the client as a data pack: every computer of a world gets sandbox"
+    )
+    pack.add_argument("-o", "--output", default="trapsandbox.zip", help="default %(default)s")
+    named = pack.add_mutually_exclusive_group()
+    named.add_argument(
+        "--gateway",
+        metavar="URL",
+        help="the gateway as the computers reach it (default: as --url reaches it)",
+    )
+    named.add_argument(
+        "--no-gateway", action="store_true", help="name none: sandbox setup asks each player"
+    )
+    pack.set_defaults(run=cmd_datapack)
+
     accounts_parser = commands.add_parser(
         "accounts",
         help="add, list or remove the accounts of an accounts file",
@@ -806,6 +823,32 @@ def cmd_accounts_remove(args: argparse.Namespace) -> int:
     print(
         f"account {args.name} removed from {args.file}; reload the gateway to close its computers"
     )
+    return 0
+
+
+def cmd_datapack(args: argparse.Namespace) -> int:
+    """The gateway's data pack (GET /client/datapack.zip), written to ``args.output``."""
+    base = args.url.rstrip("/")
+    asked = "none" if args.no_gateway else args.gateway
+    query = "?" + urllib.parse.urlencode({"url": asked}) if asked else ""
+    try:
+        with urllib.request.urlopen(base + "/client/datapack.zip" + query, timeout=30) as response:
+            body = response.read()
+    except urllib.error.HTTPError as error:
+        with error:
+            answer = _decode(error.read(), base, error.code, strict=False)
+        raise Failed(_explain(error.code, answer, args)) from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(getattr(error, "reason", None), "strerror", None) or str(error)
+        raise Failed(f"cannot reach the gateway at {base}: {reason}") from None
+    try:
+        with open(args.output, "wb") as f:
+            f.write(body)
+    except OSError as error:
+        raise Failed(f"cannot write {args.output}: {error.strerror}") from None
+    named = "no gateway (sandbox setup asks)" if args.no_gateway else (args.gateway or base)
+    print(f"{args.output}: {len(body)} bytes, naming {named}")
+    print("put it in the world's datapacks/ folder and run /reload (or restart the server)")
     return 0
 
 

@@ -9,6 +9,7 @@ The HTTP side, on the same port as the WebSocket: a Klein app.
                                           (``opsocket``)
     GET  /client/install.lua              open: the one-line installer for a computer
     GET  /client/<dir>/<file>             open: the Lua client files it downloads
+    GET  /client/datapack.zip             open: the same files as a data pack (?url=URL|none)
     GET  /                                the web console (``console``), and its
     GET  /console/<name>                  files: open, with a strict CSP
     GET  /computers                       operators: {computers: [{traposId, accountId, peer,
@@ -393,6 +394,26 @@ class GatewayApp:
         if body is None:
             return json_error(request, 400, "bad_request", "the Host header is not host[:port]")
         return _lua(request, body)
+
+    @app.route("/client/datapack.zip", methods=["GET"])
+    def client_datapack(self, request: IRequest) -> bytes:
+        # The pack names this gateway as its computers reach it: ?url=URL, or the Host header
+        # without it; ?url=none names none (`sandbox setup` then asks each player).
+        asked = request.args.get(b"url", [b""])[0].decode("utf-8", "replace")
+        if asked == "none":
+            url = None
+        elif asked:
+            if not client.valid_url(asked):
+                return json_error(request, 400, "bad_request", "url is not http(s):// or ws(s)://")
+            url = asked
+        else:
+            url = client.base_url(request.getHeader(b"host"), request.isSecure())
+            if url is None:
+                return json_error(request, 400, "bad_request", "the Host header is not host[:port]")
+        request.setHeader(b"content-type", b"application/zip")
+        request.setHeader(b"content-disposition", b'attachment; filename="trapsandbox.zip"')
+        request.setHeader(b"cache-control", b"no-store")
+        return client.datapack(url)
 
     @app.route("/client/<path:name>", methods=["GET"])
     def client_file(self, request: IRequest, name: str) -> bytes:

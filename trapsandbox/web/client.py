@@ -3,17 +3,32 @@ The Lua client files, served to computers for the one-line install:
 
     wget run http://HOST:4444/client/install.lua [password]
 
+and, for a server admin, the same files as a data pack (``GET /client/datapack.zip``,
+``trapsandbox-ctl datapack``): dropped in the world's ``datapacks/``, CC:Tweaked merges its
+``data/computercraft/lua/rom/`` into every computer's ROM (tweaked.cc/reference/data_pack.html),
+so every computer has ``sandbox``, ``require("libsandbox")``, ``help sandbox`` and an autorun
+that starts the daemon once its player ran ``sandbox setup``.
+
 They are read from ``lua/`` at each request, so what is served is always
 what is in the tree (or installed beside the package), never a copy.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import re
 import sys
+import zipfile
 from pathlib import Path
 
-FILES = ("apis/libsandbox.lua", "servers/sandbox.lua", "programs/sandbox.lua")
+FILES = (
+    "apis/libsandbox.lua",
+    "servers/sandbox.lua",
+    "programs/sandbox.lua",
+    "help/sandbox.txt",
+    "help/sandbox-ask.txt",
+)
 INSTALLER = "install.lua"
 # The installer's line that names the gateway; served with the gateway's base URL.
 BASE_URL_LINE = b"local BASE_URL = '__TRAPSANDBOX_BASE_URL__'"
@@ -39,8 +54,72 @@ def read(name: str) -> bytes | None:
 
 def installer(host: bytes | None, secure: bool) -> bytes | None:
     """The installer, pointed at this gateway; None if ``host`` is not a plain host[:port]."""
+    base = base_url(host, secure)
+    if base is None:
+        return None
+    line = BASE_URL_LINE.replace(b"__TRAPSANDBOX_BASE_URL__", base.encode("ascii"))
+    return (lua_dir() / INSTALLER).read_bytes().replace(BASE_URL_LINE, line, 1)
+
+
+# The data pack: where each file of ``lua/`` goes under data/computercraft/lua/rom/ (names lower
+# case, as CC:Tweaked requires). The gateway's URL, when the pack carries one, is
+# rom/modules/main/sandbox/gateway.lua (``require("sandbox.gateway")``, read by ``sandbox setup``).
+ROM = "data/computercraft/lua/rom/"
+DATAPACK = {
+    "programs/sandbox.lua": "programs/sandbox.lua",
+    "apis/libsandbox.lua": "modules/main/libsandbox.lua",
+    "servers/sandbox.lua": "sandbox/daemon.lua",
+    "datapack/autorun/sandbox.lua": "autorun/sandbox.lua",
+    "help/sandbox.txt": "help/sandbox.txt",
+    "help/sandbox-ask.txt": "help/sandbox-ask.txt",
+}
+GATEWAY_MODULE = "modules/main/sandbox/gateway.lua"
+# Minecraft 1.20.1's data pack format, the version CC:Tweaked 1.113.1 is built for; a newer
+# game lists the pack as made for an older version and loads it all the same.
+PACK_FORMAT = 15
+_URL = re.compile(r"(https?|wss?)://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/\-]*)?\Z")
+
+
+def base_url(host: bytes | None, secure: bool) -> str | None:
+    """The base URL of a gateway reached by ``host``; None if it is not host[:port]."""
     if not host or not _HOST.match(host):
         return None
-    base = (b"https://" if secure else b"http://") + host
-    line = BASE_URL_LINE.replace(b"__TRAPSANDBOX_BASE_URL__", base)
-    return (lua_dir() / INSTALLER).read_bytes().replace(BASE_URL_LINE, line, 1)
+    return ("https://" if secure else "http://") + host.decode("ascii")
+
+
+def valid_url(url: str) -> bool:
+    """Whether ``url`` may name the gateway in a data pack (http(s):// or ws(s)://, no query)."""
+    return bool(_URL.match(url))
+
+
+def datapack(url: str | None = None) -> bytes:
+    """
+    The data pack as a zip, carrying ``url`` (the gateway's base or WebSocket URL) when given.
+    The same files give the same bytes: entries are sorted and dated 1980-01-01.
+    """
+    if url is not None and not valid_url(url):
+        raise ValueError(f"not a gateway URL: {url!r}")
+    entries: dict[str, bytes] = {}
+    meta = {
+        "pack": {
+            "pack_format": PACK_FORMAT,
+            "description": "trapsandbox: the sandbox command on every computer",
+        }
+    }
+    entries["pack.mcmeta"] = json.dumps(meta, indent=2).encode() + b"\n"
+    root = lua_dir()
+    for source, target in DATAPACK.items():
+        entries[ROM + target] = (root / source).read_bytes()
+    if url is not None:
+        entries[ROM + GATEWAY_MODULE] = (
+            b"-- The gateway this data pack was made for (`sandbox setup` offers it).\n"
+            b"return { url = '" + url.encode("ascii") + b"' }\n"
+        )
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as pack:
+        for name in sorted(entries):
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            pack.writestr(info, entries[name])
+    return out.getvalue()
