@@ -20,7 +20,6 @@ from trapsandbox.admission import proxies
 from trapsandbox.errors import ConfigError
 from trapsandbox.limits import (
     DEFAULT_HOST,
-    DEFAULT_OPENCODE_URL,
     DEFAULT_OPENCODE_USERNAME,
     DEFAULT_PORT,
     MAX_CONNECTIONS,
@@ -35,8 +34,12 @@ class Settings:
     # None: operator endpoints answer loopback clients only.
     admin_token: str | None = attrs.field(default=None, repr=False)
     request_timeout: float = limits.DEFAULT_REQUEST_TIMEOUT
-    # OPENCODE_URL: one opencode server's URL, or several separated by commas (``servers``).
-    opencode_url: str = DEFAULT_OPENCODE_URL
+    # OPENCODE_URL: one opencode server's URL, or several separated by commas (``servers``);
+    # empty: no agent; None (unset): the gateway runs opencode itself (``opencode.managed``):
+    # SANDBOX_OPENCODE_SERVERS of SANDBOX_OPENCODE_BIN (None: opencode on PATH, else make's).
+    opencode_url: str | None = None
+    opencode_bin: str | None = None
+    opencode_servers: int = limits.DEFAULT_OPENCODE_SERVERS
     opencode_username: str = DEFAULT_OPENCODE_USERNAME
     opencode_password: str | None = attrs.field(default=None, repr=False)
     max_connections: int = MAX_CONNECTIONS
@@ -74,8 +77,14 @@ class Settings:
 
     @property
     def opencode_urls(self) -> tuple[str, ...]:
-        """Each opencode server's URL, in the order given (none when OPENCODE_URL is empty)."""
-        return _urls(self.opencode_url)
+        """Each opencode server's URL, in the order given (none when OPENCODE_URL is empty,
+        or unset: the gateway's own then, ``opencode.managed``)."""
+        return _urls(self.opencode_url or "")
+
+    @property
+    def managed(self) -> bool:
+        """Whether the gateway runs opencode itself (OPENCODE_URL unset)."""
+        return self.opencode_url is None
 
     def snapshot_store_settings(self) -> dict[str, int]:
         """What a snapshot store is opened with (``SnapshotStore``'s keyword arguments)."""
@@ -224,6 +233,10 @@ def _admin_token(value: str, name: str) -> str:
     return value
 
 
+def _program(value: str, name: str) -> str | None:
+    return value.strip() or None
+
+
 def _trusted_proxies(value: str, name: str) -> tuple[Any, ...]:
     try:
         return proxies.parse(value)
@@ -303,7 +316,11 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
             _timeout_ms,
             limits.DEFAULT_REQUEST_TIMEOUT,
         ),
-        opencode_url=setting("opencode-url", "OPENCODE_URL", _opencode_urls, DEFAULT_OPENCODE_URL),
+        opencode_url=setting("opencode-url", "OPENCODE_URL", _opencode_urls, None),
+        opencode_bin=setting("opencode-bin", "SANDBOX_OPENCODE_BIN", _program, None),
+        opencode_servers=setting(
+            "opencode-servers", "SANDBOX_OPENCODE_SERVERS", _count, limits.DEFAULT_OPENCODE_SERVERS
+        ),
         opencode_username=username,
         opencode_password=setting(
             "opencode-password", "OPENCODE_SERVER_PASSWORD", lambda value, _: value or None, None

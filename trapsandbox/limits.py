@@ -11,7 +11,6 @@ unless a name says otherwise; sizes in bytes.
 
 DEFAULT_HOST = "0.0.0.0"
 DEFAULT_PORT = 4444
-DEFAULT_OPENCODE_URL = "http://127.0.0.1:4242"
 DEFAULT_OPENCODE_USERNAME = "opencode"
 # What computers with the shared password (and everything while auth is off) belong to.
 LOCAL_ACCOUNT = "local"
@@ -200,6 +199,16 @@ PROBE_TIMEOUT = 5.0
 # A successful probe is reused this long (a failure never is).
 PROBE_FRESH_FOR = 1.0
 OPENCODE_CONNECT_TIMEOUT = 5.0
+
+# opencode run by the gateway (OPENCODE_URL unset, ``opencode.managed``): a child that
+# ended is started again after a delay doubling from the first to the last, back to the
+# first once it stayed up this long; stopping it, SIGKILL follows SIGTERM after the grace
+# (opencode 1.18.33 sometimes ignores SIGTERM for seconds while a client holds its stream).
+OPENCODE_RESTART_MIN = 1.0
+OPENCODE_RESTART_MAX = 30.0
+OPENCODE_STABLE_AFTER = 30.0
+OPENCODE_STOP_GRACE = 10.0
+DEFAULT_OPENCODE_SERVERS = 1
 
 # -- The process -----------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from trapsandbox.handlers import ComputerRequests
 from trapsandbox.mcp.endpoint import McpEndpoint
 from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.client import OpencodeClient
+from trapsandbox.opencode.managed import ManagedOpencode
 from trapsandbox.opencode.probe import OpencodeProbe, redact
 from trapsandbox.opencode.queue import AskQueue
 from trapsandbox.opencode.servers import Server, ServerProbes
@@ -106,7 +107,21 @@ class Options(usage.Options):
             "opencode-url",
             None,
             None,
-            "The opencode server, or several separated by commas (empty: not probed).",
+            "An opencode server run apart, or several separated by commas (empty: no agent; "
+            "unset: the gateway runs opencode itself).",
+        ],
+        [
+            "opencode-bin",
+            None,
+            None,
+            "The opencode program the gateway runs (default: opencode on PATH, else the one "
+            "make installs).",
+        ],
+        [
+            "opencode-servers",
+            None,
+            None,
+            f"How many opencode servers the gateway runs ({limits.DEFAULT_OPENCODE_SERVERS}).",
         ],
         ["opencode-username", None, None, "opencode's Basic-auth user."],
         ["opencode-password", None, None, "opencode's Basic-auth password."],
@@ -289,7 +304,7 @@ def build(
     sandbox = Sandbox(registry)
     # Snapshots (SPEC §15); their store is opened when the service starts.
     snapshots = Snapshots(sandbox, clock=reactor)
-    pool, asks, probe = _opencode(settings, reactor, state_dir, metrics, snapshots)
+    pool, asks, probe, managed = _opencode(settings, reactor, state_dir, metrics, snapshots)
     factory = GatewayFactory(
         registry,
         admission,
@@ -329,6 +344,7 @@ def build(
         asks=asks,
         operator_socket=WebSocketResource(operator_socket),
         sandbox=sandbox,
+        managed=managed,
     )
     site = GatewaySite(app.resource(), decide=app.decide)
     strangers = Strangers(limits.MAX_UNADMITTED_HTTP_PER_ADDRESS)
@@ -357,6 +373,7 @@ def build(
         site=site,
         strangers=strangers,
         listeners=[_Listener(reactor, port, listening) for port in settings.ports],
+        managed=managed,
     )
 
 
@@ -366,8 +383,9 @@ def _opencode(
     state_dir: str,
     metrics: Metrics,
     snapshots: Snapshots,
-) -> tuple[HTTPConnectionPool, Asks, Any]:
-    """The HTTP client to opencode, its probes (one per server), and sandbox ask."""
+) -> tuple[HTTPConnectionPool, Asks, Any, ManagedOpencode | None]:
+    """The HTTP client to opencode, its probes (one per server), sandbox ask, and the
+    opencode servers the gateway runs itself (OPENCODE_URL unset), if so."""
     ask_directory = state.prepare(
         settings.ask_directory or os.path.join(state_dir, limits.ASK_DIRECTORY_NAME),
         "SANDBOX_ASK_DIR",
@@ -379,20 +397,32 @@ def _opencode(
     # 40 asks), with 16 about one (41).
     pool.maxPersistentPerHost = settings.ask_max_running
     http = HTTPClient(Agent(reactor, pool=pool, connectTimeout=limits.OPENCODE_CONNECT_TIMEOUT))
-    urls = settings.opencode_urls or ("",)
     tokens = AskTokens()
+    managed = None
+    if settings.managed:
+        managed = ManagedOpencode.build(
+            reactor, settings.opencode_servers, settings.opencode_bin, os.environ
+        )
+        # Each its own password, made now; the username is opencode's default.
+        where = [
+            (m.url, limits.DEFAULT_OPENCODE_USERNAME, m.password, m.unready)
+            for m in managed.servers
+        ]
+    else:
+        where = [
+            (url, settings.opencode_username, settings.opencode_password, None)
+            for url in settings.opencode_urls or ("",)
+        ]
     servers = [
         Server.build(
-            OpencodeClient(
-                http, reactor, url, settings.opencode_username, settings.opencode_password
-            ),
+            OpencodeClient(http, reactor, url, username, password),
             reactor,
             ask_directory,
             tokens,
             settings.ask_instance_idle,
             settings.ask_max_instances,
         )
-        for url in urls
+        for url, username, password, _ in where
     ]
     asks = Asks(
         servers,
@@ -404,18 +434,11 @@ def _opencode(
         snapshots=AskSnapshots(snapshots, reactor),
     )
     probes = [
-        OpencodeProbe(
-            http,
-            reactor,
-            url,
-            settings.opencode_username,
-            settings.opencode_password,
-            metrics=metrics,
-        )
-        for url in urls
+        OpencodeProbe(http, reactor, url, username, password, metrics=metrics, unready=unready)
+        for url, username, password, unready in where
     ]
     # Several opencode servers (OPENCODE_URL a list): each probed on its own, told as one.
-    return pool, asks, probes[0] if len(probes) == 1 else ServerProbes(probes)
+    return pool, asks, probes[0] if len(probes) == 1 else ServerProbes(probes), managed
 
 
 def web_app(
@@ -428,6 +451,7 @@ def web_app(
     asks: Asks | None = None,
     operator_socket: Any = None,
     sandbox: Sandbox | None = None,
+    managed: ManagedOpencode | None = None,
 ) -> GatewayApp:
     """The HTTP app and the parts only it uses: the MCP endpoint (and the §9 sandbox
     when the gateway does not share its own)."""
@@ -448,6 +472,7 @@ def web_app(
         cluster=cluster,
         asks=asks,
         operator_socket=operator_socket,
+        managed=managed,
     )
 
 
@@ -480,6 +505,7 @@ class GatewayService(service.MultiService):
         site: GatewaySite,
         strangers: Strangers,
         listeners: list[_Listener],
+        managed: ManagedOpencode | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings
@@ -512,6 +538,10 @@ class GatewayService(service.MultiService):
         metrics.watch_accounts(self._account_counts)
         for listener in listeners:
             listener.setServiceParent(self)
+        # The opencode servers it runs, if it does: started after the ports, stopped first.
+        self.managed = managed
+        if managed is not None:
+            managed.setServiceParent(self)
 
     def _open_snapshots(self) -> None:
         """
@@ -599,7 +629,10 @@ class GatewayService(service.MultiService):
             "trapsandbox {version} started: auth {auth}, opencode at {opencode}, NVX {nvx}",
             version=__version__,
             auth="on" if self.admission.enabled else "off",
-            opencode=", ".join(map(redact, self.settings.opencode_urls)) or "(not set)",
+            opencode="its own (OPENCODE_URL unset): "
+            + ", ".join(m.url for m in self.managed.servers)
+            if self.managed is not None
+            else ", ".join(map(redact, self.settings.opencode_urls)) or "(not set: no agent)",
             nvx="in use" if USES_NVX else "not available",
         )
         log.info(

@@ -10,7 +10,7 @@ from twisted.internet import protocol
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import ProcessDone, ProcessExitedAlready
 
-from tests.harness.support import bounded, fast_paths, reactor
+from tests.harness.support import bounded, closed_port, fast_paths, reactor
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
@@ -117,8 +117,13 @@ def spawn_gateway(
     return spawn(testcase, argv, clean_env(**env), cwd)
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without any trapsandbox or opencode setting."""
+def clean_env(**extra: str | None) -> dict[str, str]:
+    """
+    This process's environment without any trapsandbox or opencode setting, but for
+    ``OPENCODE_URL``: an address nothing listens on, so a gateway runs no opencode of its
+    own unless a test asks for that (``OPENCODE_URL=None`` leaves it unset); ``extra``
+    added (None: removed).
+    """
     env = {
         key: value
         for key, value in os.environ.items()
@@ -127,5 +132,10 @@ def clean_env(**extra: str) -> dict[str, str]:
     # The child runs this tree's code, not whatever the shared venv installed.
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, env.get("PYTHONPATH"))))
-    env.update(extra)
+    env["OPENCODE_URL"] = f"http://127.0.0.1:{closed_port()}"
+    for key, value in extra.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     return env

@@ -33,7 +33,17 @@ class ConfigTests(SynchronousTestCase):
         self.assertEqual(settings.ports, ("tcp:4444:interface=0.0.0.0",))
         self.assertIsNone(settings.password)
         self.assertEqual(settings.request_timeout, 600)
-        self.assertEqual(settings.opencode_url, "http://127.0.0.1:4242")
+        # Unset: the gateway runs opencode itself (issue 45); empty: no agent.
+        self.assertIsNone(settings.opencode_url)
+        self.assertTrue(settings.managed)
+        self.assertEqual(settings.opencode_servers, 1)
+        self.assertIsNone(settings.opencode_bin)
+        self.assertFalse(self.load({"OPENCODE_URL": ""}).managed)
+        self.assertEqual(self.load({"OPENCODE_URL": ""}).opencode_urls, ())
+        self.assertFalse(self.load({"OPENCODE_URL": "http://127.0.0.1:4242"}).managed)
+        custom = self.load({"SANDBOX_OPENCODE_BIN": "/opt/oc", "SANDBOX_OPENCODE_SERVERS": "2"})
+        self.assertEqual((custom.opencode_bin, custom.opencode_servers), ("/opt/oc", 2))
+        self.assertConfigError({"SANDBOX_OPENCODE_SERVERS": "0"}, names="SANDBOX_OPENCODE_SERVERS")
         self.assertEqual(settings.opencode_username, "opencode")
         self.assertIsNone(settings.opencode_password)
 

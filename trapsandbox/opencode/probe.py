@@ -14,6 +14,7 @@ be told it is down.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -88,8 +89,11 @@ class OpencodeProbe:
         timeout: float = limits.PROBE_TIMEOUT,
         metrics: Metrics | None = None,
         fresh_for: float = limits.PROBE_FRESH_FOR,
+        unready: Callable[[], str | None] | None = None,
     ) -> None:
         self._http = http
+        # An opencode the gateway runs (``managed``): why it cannot answer now, if so.
+        self._unready = unready
         self._clock = clock
         self._timeout = timeout
         self._auth = (username, password) if password else None
@@ -110,6 +114,9 @@ class OpencodeProbe:
         """The latest success if it is recent enough to reuse, else None."""
         if not self.url:
             return _NOT_SET
+        why = None if self._unready is None else self._unready()
+        if why is not None:
+            return ProbeResult(False, why, "unreachable")
         latest = self._latest
         if latest is not None and self._clock.seconds() - self._latest_at < self._fresh_for:
             return latest

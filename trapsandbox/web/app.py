@@ -278,8 +278,11 @@ class GatewayApp:
         cluster: Any = None,
         asks: Asks | None = None,
         operator_socket: IResource | None = None,
+        managed: Any = None,
     ) -> None:
         self._registry = registry
+        # The opencode servers the gateway runs (``opencode.managed``), if it does.
+        self._managed = managed
         self._probe = probe
         self._websocket = websocket
         self._requests = requests
@@ -375,6 +378,8 @@ class GatewayApp:
     def _health_body(self, result: ProbeResult, request: IRequest) -> bytes:
         body = result.to_payload()
         body["computers"] = len(self._registry)
+        if self._managed is not None:
+            body["opencodeManaged"] = self._managed.figures()
         if self._cluster is not None:
             body.update(self._cluster.health(len(self._registry)))
         body["version"] = __version__

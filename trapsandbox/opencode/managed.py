@@ -1,0 +1,388 @@
+"""
+opencode in the gateway's own care (issue 45): with ``OPENCODE_URL`` unset the
+gateway runs ``opencode serve`` itself, ``SANDBOX_OPENCODE_SERVERS`` of them
+(default 1), each used exactly as a URL of ``OPENCODE_URL`` would be.
+
+Each server is one ``Managed``: on 127.0.0.1, a port picked when the gateway is
+built (so its URL, and the ask machinery built on it, never change), a random
+Basic-auth password made then (``OPENCODE_SERVER_PASSWORD`` in the child's
+environment, never logged), as the gateway's own user and with its
+environment (so the operator's opencode config and provider keys reach it),
+plus ``MIMALLOC_PURGE_DELAY=0`` (docs/benchmarks.md: it gave back memory).
+
+Its life, one state at a time (``figures()`` says which, for ``/health``)::
+
+    failed      the program is not there: nothing is started; said once, at start
+    starting    spawned, not yet listening ("listening on" in its output)
+    ready       listening
+    restarting  it ended by itself: started again after a delay that doubles from
+                1 s to 30 s while it keeps dying young, back to 1 s once it stayed
+                up for 30 s; why (exit code or signal, its last lines) is kept
+    stopping    the gateway stops: SIGTERM, then SIGKILL after a grace period
+                (opencode 1.18.33 sometimes sits on SIGTERM for seconds)
+    stopped
+
+Its output goes to the gateway's log, each line prefixed with the server and cut
+to ``MAX_LINE``, at most ``LINES_PER_INTERVAL`` lines an interval (the rest
+counted in one line).  Nothing is left behind: the child is the gateway's
+(under systemd, the unit's cgroup), and it is started through a few lines of
+Python that ask the kernel to kill it if the gateway dies (``PR_SET_PDEATHSIG``)
+before they become opencode, so a ``kill -9`` of twistd leaves no opencode.
+
+While a server is not ready its probe answers with the reason at once
+(``unready``), so ``/health`` and ``sandbox health`` say "the agent is
+restarting" or "opencode will not start: …" instead of "connection refused".
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sys
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from twisted.application import service
+from twisted.internet import protocol
+from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.internet.interfaces import IDelayedCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from trapsandbox import limits
+
+log = Logger()
+
+# Run as the child: ask to be killed with the gateway, then become opencode.  Its first
+# argument is the gateway's pid: a gateway that died before the prctl is not waited on.
+SHIM = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGKILL)\n"  # PR_SET_PDEATHSIG
+    "if os.getppid() != int(sys.argv[1]): sys.exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+MAX_LINE = 300
+LINES_PER_INTERVAL = 50
+LAST_LINES = 5
+
+
+class State(enum.Enum):
+    FAILED = "failed"
+    STARTING = "starting"
+    READY = "ready"
+    RESTARTING = "restarting"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+def free_port() -> int:
+    """A loopback port free now (the child binds it a moment later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_program(program: str | None) -> str | None:
+    """``program`` (default: ``opencode`` on PATH, else the one ``make`` installs), as a path;
+    None if it is not there."""
+    if program:
+        return shutil.which(program)
+    found = shutil.which("opencode")
+    if found is not None:
+        return found
+    installed = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        ".tools",
+        "opencode",
+        "node_modules",
+        ".bin",
+        "opencode",
+    )
+    return installed if os.access(installed, os.X_OK) else None
+
+
+class _Child(protocol.ProcessProtocol):
+    def __init__(self, managed: Managed) -> None:
+        self._managed = managed
+        self._partial = {1: b"", 2: b""}
+
+    def childDataReceived(self, fd: int, data: bytes) -> None:
+        lines = (self._partial.get(fd, b"") + data).split(b"\n")
+        self._partial[fd] = lines.pop()[-4096:]
+        for line in lines:
+            self._managed.heard(line.rstrip(b"\r").decode("utf-8", "replace"))
+
+    def processEnded(self, reason: Failure) -> None:
+        self._managed.ended(reason)
+
+
+class Managed:
+    """One ``opencode serve`` the gateway runs (see the module's docstring)."""
+
+    def __init__(
+        self,
+        reactor: Any,
+        name: str,
+        program: str | None,
+        port: int,
+        password: str,
+        environ: Mapping[str, str],
+        *,
+        grace: float = limits.OPENCODE_STOP_GRACE,
+        spawn: Any = None,
+    ) -> None:
+        self._reactor = reactor
+        self.name = name
+        self.program = program
+        self.port = port
+        self.password = password
+        self._environ = dict(environ)
+        self._grace = grace
+        self._spawn = spawn or reactor.spawnProcess
+        self.state = State.STOPPED if program else State.FAILED
+        self.process: Any = None
+        self.restarts: dict[str, int] = {}
+        self.why: str | None = None if program else "the opencode program was not found"
+        self._delay = limits.OPENCODE_RESTART_MIN
+        self._timer: IDelayedCall | None = None
+        self._ready_at: float | None = None
+        self._last: deque[str] = deque(maxlen=LAST_LINES)
+        self._window = (0.0, 0, 0)  # start, lines logged, lines dropped
+        self._stopped: list[Deferred[None]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # -- what it is doing -------------------------------------------------------------------
+
+    def unready(self) -> str | None:
+        """Why its agent cannot answer now, in one line; None when it is ready."""
+        if self.state is State.READY:
+            return None
+        if self.state is State.FAILED:
+            return f"opencode will not start: {self.why}"
+        if self.state is State.RESTARTING:
+            return f"the agent is restarting ({self.why})"
+        if self.state is State.STARTING:
+            return "the agent is starting" + (f" (it {self.why})" if self.why else "")
+        return "the agent is stopped"
+
+    def figures(self) -> dict[str, Any]:
+        """What ``/health`` and ``/metrics`` show of it."""
+        figures: dict[str, Any] = {
+            "name": self.name,
+            "state": self.state.value,
+            "restarts": dict(self.restarts),
+        }
+        if self.process is not None and self.process.pid is not None:
+            figures["pid"] = self.process.pid
+            rss = rss_bytes(self.process.pid)
+            if rss is not None:
+                figures["rssBytes"] = rss
+        if self.state is not State.READY and self.why:
+            figures["detail"] = self.why
+        return figures
+
+    # -- its life -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.state is State.FAILED:
+            log.error(
+                "{name}: {why}: set SANDBOX_OPENCODE_BIN, or OPENCODE_URL for an opencode "
+                "run apart; the gateway serves without an agent meanwhile",
+                name=self.name,
+                why=self.why,
+            )
+            return
+        if self.state not in (State.STOPPED, State.RESTARTING):
+            return
+        self._timer = None
+        self.state = State.STARTING
+        env = {
+            **self._environ,
+            "OPENCODE_SERVER_PASSWORD": self.password,
+            "MIMALLOC_PURGE_DELAY": "0",
+        }
+        env.pop("OPENCODE_SERVER_USERNAME", None)
+        argv = [
+            sys.executable,
+            "-c",
+            SHIM,
+            str(os.getpid()),
+            self.program,
+            "serve",
+            "--hostname",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
+        self._last.clear()
+        self.process = self._spawn(_Child(self), sys.executable, argv, env=env)
+        log.info(
+            "{name}: started {program} (pid {pid}) on 127.0.0.1:{port}",
+            name=self.name,
+            program=self.program,
+            pid=self.process.pid,
+            port=self.port,
+        )
+
+    def heard(self, line: str) -> None:
+        """One line of its output."""
+        if not line.strip():
+            return
+        line = line[:MAX_LINE]
+        self._last.append(line)
+        if self.state is State.STARTING and "listening on" in line:
+            self.state = State.READY
+            self.why = None
+            self._ready_at = self._reactor.seconds()
+            log.info("{name}: ready", name=self.name)
+        now = self._reactor.seconds()
+        start, logged, dropped = self._window
+        if now - start >= limits.LOG_INTERVAL:
+            if dropped:
+                log.info(
+                    "{name}: {dropped} lines of its output not logged",
+                    name=self.name,
+                    dropped=dropped,
+                )
+            start, logged, dropped = now, 0, 0
+        if logged < LINES_PER_INTERVAL:
+            log.info("{name}: {line}", name=self.name, line=line)
+            logged += 1
+        else:
+            dropped += 1
+        self._window = (start, logged, dropped)
+
+    def ended(self, reason: Failure) -> None:
+        """The child ended."""
+        self.process = None
+        if reason.check(ProcessDone):
+            how, why = "exited", "it exited"
+        elif reason.check(ProcessTerminated) and reason.value.signal is not None:
+            how, why = "killed", f"it was killed by {signal_name(reason.value.signal)}"
+        else:
+            code = getattr(reason.value, "exitCode", None)
+            how, why = "exited", f"it exited with code {code}"
+        if self._last:
+            why += f": {self._last[-1]}"
+        if self.state is State.STOPPING:
+            self.state = State.STOPPED
+            if self._timer is not None and self._timer.active():
+                self._timer.cancel()
+            self._timer = None
+            stopped, self._stopped = self._stopped, []
+            for d in stopped:
+                d.callback(None)
+            return
+        stable = self._ready_at is not None and (
+            self._reactor.seconds() - self._ready_at >= limits.OPENCODE_STABLE_AFTER
+        )
+        if stable:
+            self._delay = limits.OPENCODE_RESTART_MIN
+        self.restarts[how] = self.restarts.get(how, 0) + 1
+        self.why = why
+        self._ready_at = None
+        self.state = State.RESTARTING
+        log.warn(
+            "{name}: {why}; starting it again in {delay:g} s",
+            name=self.name,
+            why=why,
+            delay=self._delay,
+        )
+        self._timer = self._reactor.callLater(self._delay, self.start)
+        self._delay = min(self._delay * 2, limits.OPENCODE_RESTART_MAX)
+
+    def stop(self) -> Deferred[None]:
+        """Stop it (SIGTERM, then SIGKILL past the grace period); fires once it has ended."""
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        if self.process is None:
+            if self.state is not State.FAILED:
+                self.state = State.STOPPED
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._stopped.append(d)
+        if self.state is not State.STOPPING:
+            self.state = State.STOPPING
+            self._signal("TERM")
+            self._timer = self._reactor.callLater(self._grace, self._signal, "KILL")
+        return d
+
+    def _signal(self, name: str) -> None:
+        if self.process is not None:
+            try:
+                self.process.signalProcess(name)
+            except (OSError, ProcessLookupError):
+                pass  # ended meanwhile: processEnded is on its way
+
+
+def rss_bytes(pid: int) -> int | None:
+    """A process's resident memory (``/proc``), or None."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class ManagedOpencode(service.Service):
+    """Every opencode server the gateway runs: started and stopped with it."""
+
+    def __init__(self, servers: Sequence[Managed]) -> None:
+        self.servers = list(servers)
+
+    @classmethod
+    def build(
+        cls, reactor: Any, count: int, program: str | None, environ: Mapping[str, str]
+    ) -> ManagedOpencode:
+        found = find_program(program)
+        servers = [
+            Managed(
+                reactor,
+                f"opencode[{n}]" if count > 1 else "opencode",
+                found,
+                free_port(),
+                secrets.token_urlsafe(24),
+                environ,
+            )
+            for n in range(1, count + 1)
+        ]
+        if found is None:
+            for server in servers:
+                server.why = (
+                    f"{program!r} was not found on PATH"
+                    if program
+                    else "no opencode on PATH and none installed by make"
+                )
+        return cls(servers)
+
+    def startService(self) -> None:
+        super().startService()
+        for server in self.servers:
+            server.start()
+
+    def stopService(self) -> Deferred:
+        super().stopService()
+        return DeferredList([server.stop() for server in self.servers], consumeErrors=True)
+
+    def figures(self) -> list[dict[str, Any]]:
+        return [server.figures() for server in self.servers]
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
