@@ -162,6 +162,7 @@ class ComputerRequests:
                 frame.message_id,
                 frame.payload,
                 emit,
+                session,
             )
         )
         return d.addBoth(_tell, ended)
@@ -268,7 +269,10 @@ def ask_progress(partial: dict[str, Any]) -> dict[str, Any] | None:
     if kind == "text_delta":
         return {"text": partial.get("text", "")}
     if kind == "tool":
-        return {"tool": cut(partial.get("name")), "status": cut(partial.get("status"))}
+        told = {"tool": cut(partial.get("name")), "status": cut(partial.get("status"))}
+        if "callID" in partial:  # two calls of one tool are two lines
+            told["callID"] = cut(partial["callID"])
+        return told
     if kind == "permission":
         return {"permission": cut(partial.get("tool")), "detail": cut(partial.get("detail"))}
     if kind == "question":

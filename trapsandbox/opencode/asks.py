@@ -56,7 +56,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
-from twisted.internet.defer import Deferred, TimeoutError, succeed
+from twisted.internet.defer import Deferred, DeferredList, TimeoutError, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -132,6 +132,9 @@ class Run:
     snapshot: Deferred | None = None
     # Its place in the queue (``queue``): None until it enters.
     ticket: Ticket | None = None
+    # The connection of the computer it runs on (None: not followed): the ask ends when
+    # the registry no longer holds it.
+    session: Any = None
 
 
 class Asks:
@@ -179,7 +182,27 @@ class Asks:
         self.runs: dict[tuple[str, str], Run] = {}
         self._by_permission: dict[str, Run] = {}
         self._by_question: dict[str, Run] = {}
+        self._stopping = False
+        self._registry: Any = None
         self._metrics.watch_asks(self.figures)
+
+    def watch(self, registry: Any) -> None:
+        """Follow ``registry``'s computers: an ask ends when its computer's connection does."""
+        self._registry = registry
+        registry.watch(self._computers_changed)
+
+    def _computers_changed(self) -> None:
+        for run in list(self.runs.values()):
+            if run.session is None or run.finished:
+                continue
+            if self._registry.find(*run.key) is run.session:
+                continue
+            log.info("{traposId} left during an ask: aborting it", traposId=cut(run.key[1]))
+            if run.conversation.session_id:
+                self._abort(run)
+            self._finish(
+                run, GatewayError(errors.NOT_CONNECTED, "the computer left"), "disconnected"
+            )
 
     def figures(self) -> list[ServerFigures]:
         """Asks waiting and running and instances kept, per opencode server (``/metrics``)."""
@@ -238,6 +261,7 @@ class Asks:
         message_id: str,
         payload: dict[str, Any],
         emit: Emit,
+        session: Any = None,
     ) -> dict[str, Any]:
         prompt = payload.get("prompt")
         if type(prompt) is not str or not prompt.strip():
@@ -251,13 +275,15 @@ class Asks:
             raise GatewayError(errors.BAD_REQUEST, "new and yes must be true or false")
         if not self._client.url:
             raise opencode_error("OPENCODE_URL is not set on the gateway")
+        if self._stopping:
+            raise GatewayError(errors.NOT_CONNECTED, "the gateway is shutting down")
         key = (account_id, trapos_id)
         if key in self.runs:
             raise GatewayError(
                 errors.OVERLOADED, "an ask is already running on this computer: wait or cancel it"
             )
         done: Deferred = Deferred()
-        placeholder = Run(key, message_id, Conversation("", "", yes), emit, done)
+        placeholder = Run(key, message_id, Conversation("", "", yes), emit, done, session=session)
         self.runs[key] = placeholder  # claims the computer while the session is set up
         server: Server | None = None
         try:
@@ -453,7 +479,7 @@ class Asks:
         if status == "pending" or run.tool_status.get(call) == status:
             return
         run.tool_status[call] = status
-        message: dict[str, Any] = {"type": "tool", "name": name, "status": status}
+        message: dict[str, Any] = {"type": "tool", "callID": call, "name": name, "status": status}
         if known["input"] is not None:
             # Its arguments as a permission prompt shows them (the console lists each call).
             message["detail"] = detail_of(name, known["input"])
@@ -768,9 +794,13 @@ class Asks:
             raise GatewayError(
                 errors.BAD_REQUEST, "no permission request of this computer's ask has that id"
             )
-        run.permissions.discard(permission_id)
-        del self._by_permission[permission_id]
-        return _client_of(run).reply_permission(run.conversation.directory, permission_id, response)
+        d = _client_of(run).reply_permission(run.conversation.directory, permission_id, response)
+
+        def had(_: Any) -> None:  # forgotten only once opencode has it
+            run.permissions.discard(permission_id)
+            self._by_permission.pop(permission_id, None)
+
+        return d.addCallbacks(had, _unheard)
 
     def answer(
         self, account_id: str, trapos_id: str, question_id: Any, answers: Any, reject: Any
@@ -793,19 +823,34 @@ class Asks:
                     "answers must be a list with one list of strings for each question "
                     "(or reject: true)",
                 )
-        del run.questions[question_id]
-        del self._by_question[question_id]
         directory = run.conversation.directory
         if reject is True:
-            return _client_of(run).reject_question(directory, question_id)
-        return _client_of(run).reply_question(directory, question_id, answers)
+            d = _client_of(run).reject_question(directory, question_id)
+        else:
+            d = _client_of(run).reply_question(directory, question_id, answers)
 
-    def stop(self) -> None:
+        def had(_: Any) -> None:  # forgotten only once opencode has it
+            run.questions.pop(question_id, None)
+            self._by_question.pop(question_id, None)
+
+        return d.addCallbacks(had, _unheard)
+
+    def stop(self) -> Deferred:
+        """
+        The gateway stops: nothing new reaches opencode, running asks are aborted there and
+        end telling their players; fires once opencode had the aborts (each call bounded).
+        """
+        self._stopping = True
+        self.queue.stop()
+        aborts = []
+        for run in list(self.runs.values()):
+            if run.conversation.session_id:
+                aborts.append(self._abort(run))
+            self._finish(run, GatewayError(errors.NOT_CONNECTED, "the gateway is shutting down"))
         for server in self.servers:
             server.stream.stop()
             server.instances.stop()
-        for run in list(self.runs.values()):
-            self._finish(run, GatewayError(errors.NOT_CONNECTED, "the gateway is shutting down"))
+        return DeferredList(aborts, consumeErrors=True)
 
 
 def _client_of(run: Run) -> OpencodeClient:
@@ -820,6 +865,12 @@ def _logged(what: str) -> Callable[[Failure], None]:
     return lambda failure: log.info(
         "{what} failed: {why}", what=what, why=cut(failure.getErrorMessage())
     )
+
+
+def _unheard(failure: Failure) -> None:
+    """A reply opencode did not take: the player is told, and may answer again."""
+    why = explain(failure, "opencode").message
+    raise GatewayError(errors.OPENCODE_ERROR, f"{why}; opencode did not get it: answer again")
 
 
 def _answer(answer: Any) -> bool:

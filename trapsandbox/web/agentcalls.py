@@ -160,7 +160,7 @@ class AgentCalls:
                 progress(told)
 
         running = Deferred.fromCoroutine(
-            asks.ask(account_id, trapos_id, session.capabilities, name, payload, emit)
+            asks.ask(account_id, trapos_id, session.capabilities, name, payload, emit, session)
         )
         if self._snapshots is not None:
             running.addCallback(self._named_snapshot, caller)
