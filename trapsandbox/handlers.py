@@ -162,7 +162,7 @@ class ComputerRequests:
                 frame.message_id,
                 frame.payload,
                 emit,
-                session,
+                session=session,
             )
         )
         return d.addBoth(_tell, ended)

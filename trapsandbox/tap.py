@@ -652,7 +652,10 @@ class GatewayService(service.MultiService):
         self.notifier.stopping()
         log.info("shutting down: closing {count} connections", count=len(self.factory.connections))
         stopped = super().stopService()  # stop listening first
-        aborted = self.asks.stop()  # before the computers close: their players are told
+        # Before the computers close (their players are told), and opencode has the aborts
+        # before the pool's connections close.
+        aborted = self.asks.stop()
+        aborted.addBoth(lambda _: self._pool.closeCachedConnections())
         closed = self.factory.shutdown()
         # After the computers: requests failed by their close are answered first.
         self.operator_socket.shutdown()
@@ -661,7 +664,7 @@ class GatewayService(service.MultiService):
             cluster = self.cluster
             closed.addBoth(lambda _: cluster.stop())
         d = DeferredList(
-            [stopped, closed, aborted, self._pool.closeCachedConnections(), self.snapshots.close()],
+            [stopped, closed, aborted, self.snapshots.close()],
             consumeErrors=True,
         )
         d.addCallback(self._stopped)

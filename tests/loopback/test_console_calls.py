@@ -55,7 +55,7 @@ class AgentCallsTests(ConsoleCallsCase):
         answer: Deferred = Deferred()
         called = []
 
-        async def ask(account_id, trapos_id, capabilities, message_id, payload, emit):
+        async def ask(account_id, trapos_id, capabilities, message_id, payload, emit, session=None):
             # opencode stands in here: what matters is what the socket makes of the partials.
             called.append((account_id, trapos_id, sorted(capabilities), payload))
             emit({"type": "text_delta", "text": "Let me look."})
@@ -209,7 +209,7 @@ class AgentCallsTests(ConsoleCallsCase):
         _, operator = await self.alice()
         answer: Deferred = Deferred()
 
-        async def ask(account_id, trapos_id, capabilities, message_id, payload, emit):
+        async def ask(account_id, trapos_id, capabilities, message_id, payload, emit, session=None):
             emit({"type": "permission", "id": "per_1", "tool": "run_command", "detail": "rm x"})
             return await answer
 

@@ -160,7 +160,9 @@ class AgentCalls:
                 progress(told)
 
         running = Deferred.fromCoroutine(
-            asks.ask(account_id, trapos_id, session.capabilities, name, payload, emit, session)
+            asks.ask(
+                account_id, trapos_id, session.capabilities, name, payload, emit, session=session
+            )
         )
         if self._snapshots is not None:
             running.addCallback(self._named_snapshot, caller)
