@@ -112,6 +112,10 @@ class EventStream:
             self._body.abort()
         if self._connecting is not None:
             self._connecting.cancel()
+        # Who waits for it hears it will not open (and the bound of that wait ends with it).
+        waiters, self._waiters = self._waiters, []
+        for d in waiters:
+            d.errback(opencode_error("the gateway is shutting down"))
 
     def _connect(self) -> None:
         self._parser = SSEParser(self._event)

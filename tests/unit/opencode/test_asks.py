@@ -500,6 +500,7 @@ class AskPermissionTests(AskTestsMixin, SynchronousTestCase):
                 {
                     "type": "permission",
                     "id": "per_1",
+                    "callID": "call_1",
                     "tool": "trapsandbox_write_file",
                     "detail": "/hello.lua (9 bytes)",
                 }
