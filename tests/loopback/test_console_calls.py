@@ -205,6 +205,21 @@ class AgentCallsTests(ConsoleCallsCase):
         )
         self.assertEqual(self.gateway.asks.runs, {})
 
+    async def test_the_computer_disconnecting_ends_the_consoles_ask(self):
+        """Issue 44: the console's ask on a computer ends when the computer's connection does
+        (the operator's socket stays), freeing the computer for its next ask."""
+        computer, operator = await self.alice()
+        watcher = await self.watcher()
+        operator.send({"id": "a", "traposId": "7:si", "type": "ask", "payload": {"prompt": "hi"}})
+        await self.entry(watcher)
+        self.assertIn(("alice", "7:si"), self.gateway.asks.runs)
+        computer.sendClose(1000)
+        await bounded(computer.closed)
+        answer = await bounded(operator.messages.get(), 20)
+        self.assertEqual((answer["id"], answer["error"]["code"]), ("a", "not_connected"))
+        self.assertEqual(self.gateway.asks.runs, {})
+        self.assertEqual(self.gateway.metrics._asks.labels("disconnected").value, 1)
+
     async def test_another_accounts_token_reaches_nothing_and_sees_nothing(self):
         _, operator = await self.alice()
         answer: Deferred = Deferred()

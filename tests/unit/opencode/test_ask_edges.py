@@ -11,6 +11,7 @@ from tests.unit.opencode.helpers import SES, AskTestsMixin
 from trapsandbox import errors, limits
 from trapsandbox.errors import GatewayError
 from trapsandbox.opencode.queue import AskQueue
+from trapsandbox.opencode.run import State
 
 
 class FakeRegistry:
@@ -200,3 +201,104 @@ class ParallelToolTests(AskTestsMixin, SynchronousTestCase):
         self.assertEqual(
             tools, [("call_1", "running"), ("call_2", "running"), ("call_2", "completed")]
         )
+
+
+class MachineTests(AskTestsMixin, SynchronousTestCase):
+    """The machine of ``opencode.run``: its states, and every ending releasing the same."""
+
+    def run_of(self, trapos="1:a"):
+        return self.asks.runs[("local", trapos)]
+
+    def assertReleased(self):
+        self.assertEqual(self.asks.runs, {})
+        self.assertEqual(dict(self.asks.queue.running_on), {})
+        self.assertEqual(dict(self.asks.queue.running_of), {})
+        self.assertEqual(self.asks.queue.waiting, [])
+        self.assertEqual(self.asks.replies._permissions, {})
+        self.assertEqual(self.asks.replies._questions, {})
+        self.assertEqual(self.asks.stream._listeners, {})
+        # Only the instance's give-back timer and the stream's are left: none of the ask's.
+        self.assertEqual(
+            [
+                call
+                for call in self.clock.getDelayedCalls()
+                if "Instances._idled" not in repr(call) and "EventStream" not in repr(call)
+            ],
+            [],
+        )
+
+    def test_the_states_of_an_ask(self):
+        self.asks_with(queue=AskQueue(self.clock, per_server=1))
+        done = self.ask()
+        run = self.run_of()
+        self.assertEqual(run.state, State.RUNNING)
+        second = self.ask(trapos="2:b", message_id="m2")
+        self.assertEqual(self.run_of("2:b").state, State.QUEUED)
+        self.assistant()
+        self.tool("running", input={"command": "ls"}, tool="trapsandbox_run_command")
+        self.permission(tool="trapsandbox_run_command")
+        self.assertEqual(run.state, State.WAITING)
+        self.http.answers[("POST", "/permission/*/reply")] = (500, {})
+        self.failureResultOf(self.asks.reply("local", "1:a", "per_1", "once"), GatewayError)
+        self.assertEqual(run.state, State.WAITING)  # not taken: still waiting for the player
+        self.http.answers[("POST", "/permission/*/reply")] = True
+        self.successResultOf(self.asks.reply("local", "1:a", "per_1", "once"))
+        self.assertEqual(run.state, State.RUNNING)
+        self.idle()
+        self.assertEqual(self.successResultOf(done)["sessionId"], SES)
+        self.assertEqual(run.state, State.ENDED)
+        # Its slot went to the next: admitted, its session opened, its prompt sent.
+        self.assertEqual(self.run_of("2:b").state, State.RUNNING)
+        self.asks.halt("local", "2:b", GatewayError(errors.STOPPED, "stopped"))
+        self.failureResultOf(second, GatewayError)
+        self.assertReleased()
+
+    def waiting_for_the_player(self):
+        done = self.ask()
+        self.assistant()
+        self.http.event(
+            "question.asked",
+            id="que_1",
+            sessionID=SES,
+            questions=[{"question": "Which?", "header": "H", "options": [{"label": "a"}]}],
+        )
+        self.delta("half a senten")
+        self.assertEqual(self.run_of().state, State.WAITING)
+        return done
+
+    def delta(self, text):
+        self.http.event(
+            "message.part.delta", sessionID=SES, messageID="msg_a", partID="prt_1", delta=text
+        )
+
+    def test_every_ending_releases_the_same(self):
+        registry = FakeRegistry()
+        self.asks.watch(registry)
+        endings = {
+            "timeout": lambda: self.clock.advance(limits.ASK_TIMEOUT),
+            "cancel": lambda: (
+                self.asks.cancel("local", "1:a", "m1"),
+                self.clock.advance(limits.ASK_ABORT_GRACE),
+            ),
+            "halt": lambda: self.asks.halt("local", "1:a", GatewayError(errors.STOPPED, "stopped")),
+            "disconnect": lambda: registry.disconnect(("local", "1:a")),
+            "server lost": lambda: self.asks._gone(
+                self.asks.servers[0], GatewayError(errors.OPENCODE_ERROR, "gone")
+            ),
+            "idle": self.idle,
+        }
+        for name, ending in endings.items():
+            with self.subTest(name):
+                session = registry.connect(("local", "1:a"))
+                self.partials.clear()
+                done = self.waiting_for_the_player()
+                self.run_of().session = session
+                ending()
+                self.assertReleased()
+                # What the agent had said reached the player before the end.
+                self.assertIn({"type": "text_delta", "text": "half a senten"}, self.partials)
+                if name == "idle":
+                    self.successResultOf(done)
+                else:
+                    self.failureResultOf(done, GatewayError)
+                registry.sessions.clear()
