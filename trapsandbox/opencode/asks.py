@@ -12,7 +12,7 @@ player.
                                   POST /session/S/prompt_async ->  204
                                                                <-  GET /global/event (SSE)
           <- partial {type: text_delta, text}                      message.part.delta
-          <- partial {type: tool, name, status, detail?}           message.part.updated (tool)
+          <- partial {type: tool, callID, name, status, detail?}   message.part.updated (tool)
           <- partial {type: permission, id, tool, detail}          permission.asked
     ask_permission {permissionId, response} -> POST /permission/P/reply
           <- partial {type: question, id, questions}                question.asked
