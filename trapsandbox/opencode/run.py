@@ -145,8 +145,12 @@ class Run:
         step: Deferred = Deferred()
 
         def passed(result: Any) -> None:
-            if not step.called:
-                step.callback(result) if not isinstance(result, Failure) else step.errback(result)
+            if step.called:  # ended meanwhile: the result is nobody's
+                return
+            if isinstance(result, Failure):
+                step.errback(result)
+            else:
+                step.callback(result)
 
         d.addBoth(passed)
         self.step = step
@@ -170,8 +174,10 @@ class Run:
             self.state = State.RUNNING
 
     def _move(self, was: State, to: State) -> None:
-        if self.state is not was:
-            raise Ended(f"the ask is {self.state.value}, not {was.value}")
+        if self.finished:
+            raise Ended("the ask ended")
+        if self.state is not was:  # a step out of order: a bug, not an ending
+            raise RuntimeError(f"an ask {self.state.value} cannot become {to.value}")
         self.state = to
 
     # -- Sending ---------------------------------------------------------------------------
