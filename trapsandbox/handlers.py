@@ -9,7 +9,7 @@ What the gateway answers when a computer asks: one handler per request type.
         resumed it (SPEC §16): a running ask ends with ``stopped``, requests are refused
     computer_request ask {prompt, new?, yes?}  ->  partials {type: text_delta | tool |
         permission | question | waiting, ..}, then {sessionId, text}
-        (SPEC §11, ``trapsandbox.opencode.asks``)
+        (SPEC §11, ``trapsandbox.opencode.asks``; the front end: ``trapsandbox.opencode.front``)
     computer_request cancel {messageId}  ->  {cancelled: bool}: abort that ask
     computer_request ask_permission {permissionId, response: once|always|reject}  ->  {}
     computer_request ask_answer {questionId, answers: [[label, ..], ..] | reject: true}  ->  {}
@@ -36,13 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 
 from trapsandbox import errors
 from trapsandbox.computers import wire
 from trapsandbox.computers.callers import PLAYER, Caller, Sender
-from trapsandbox.computers.wire import cut
 from trapsandbox.errors import GatewayError
+from trapsandbox.opencode.front import AskFront
 
 if TYPE_CHECKING:
     from trapsandbox.computers.protocol import Handler
@@ -69,8 +68,8 @@ class ComputerRequests:
         self._probe = probe
         self._asks = asks
         self._snapshots = snapshots
-        # The activity of a computer (SPEC §14) shows its asks, told here.
-        self._registry = registry
+        # An ask's front end, the console's too (the computer's activity shows its asks).
+        self._front = AskFront(asks, registry, snapshots)
 
     def table(self) -> dict[str, Handler]:
         return {
@@ -128,70 +127,21 @@ class ComputerRequests:
             )
         return {"stopped": stopped is not None}
 
-    def _need_asks(self) -> Asks:
-        if self._asks is None:
-            raise GatewayError(errors.OPENCODE_ERROR, "this gateway does not talk to opencode")
-        return self._asks
-
     def ask(self, session: Session, frame: wire.ComputerRequest) -> Deferred:
-        asks = self._need_asks()
-        if session.stopped is not None:
-            # Its tools would all be refused: say so before opencode spends anything.
-            raise GatewayError(errors.STOPPED, session.stopped)
-        # The ask is in the computer's activity from before it starts, so that none of its
-        # partials is missed there.
-        ended: Deferred = Deferred()
-        progress = (
-            self._registry.track(session.key, "ask", frame.payload, ended, PLAYER_SENDER)
-            if self._registry is not None
-            else _untold
-        )
-        ended.addErrback(lambda _: None)  # the ask's own Deferred carries its failure on
+        def deliver(partial: dict[str, Any]) -> None:
+            session.link.send_partial(frame.message_id, frame.type, partial)
 
-        def emit(payload: dict[str, Any]) -> None:
-            session.link.send_partial(frame.message_id, frame.type, payload)
-            told = ask_progress(payload)
-            if told is not None:
-                progress(told)
+        return self._front.start(session, frame.message_id, frame.payload, PLAYER_SENDER, deliver)
 
-        d = Deferred.fromCoroutine(
-            asks.ask(
-                session.account_id,
-                session.trapos_id,
-                session.capabilities,
-                frame.message_id,
-                frame.payload,
-                emit,
-            )
-        )
-        return d.addBoth(_tell, ended)
-
-    def cancel(self, session: Session, frame: wire.ComputerRequest) -> Deferred | dict[str, Any]:
-        d = self._need_asks().cancel(
-            session.account_id, session.trapos_id, frame.payload.get("messageId")
-        )
-        if d is None:
-            return {"cancelled": False}
-        return d.addCallback(lambda _: {"cancelled": True})
+    def cancel(self, session: Session, frame: wire.ComputerRequest) -> Deferred:
+        messages = frame.payload.get("messageId")
+        return self._front.cancel(session.account_id, session.trapos_id, messages)
 
     def ask_permission(self, session: Session, frame: wire.ComputerRequest) -> Deferred:
-        d = self._need_asks().reply(
-            session.account_id,
-            session.trapos_id,
-            frame.payload.get("permissionId"),
-            frame.payload.get("response"),
-        )
-        return d.addCallback(lambda _: {})
+        return self._front.reply(session.account_id, session.trapos_id, frame.payload)
 
     def ask_answer(self, session: Session, frame: wire.ComputerRequest) -> Deferred:
-        d = self._need_asks().answer(
-            session.account_id,
-            session.trapos_id,
-            frame.payload.get("questionId"),
-            frame.payload.get("answers"),
-            frame.payload.get("reject"),
-        )
-        return d.addCallback(lambda _: {})
+        return self._front.answer(session.account_id, session.trapos_id, frame.payload)
 
     # -- Snapshots (SPEC §15): the asking computer's own, with its own consent ---------------
 
@@ -243,43 +193,6 @@ async def _before_last_ask(snapshots: Snapshots, caller: Caller) -> str:
         if each["reason"] == "ask":
             return each["id"]
     raise GatewayError(errors.NOT_FOUND, "no ask has changed files on this computer yet")
-
-
-def _untold(progress: dict[str, Any]) -> None:
-    """No registry (a test's handler): an ask's progress is told to nobody."""
-
-
-def _tell(result: Any, ended: Deferred) -> Any:
-    """Pass ``result`` on, and fire ``ended`` with it."""
-    if isinstance(result, Failure):
-        ended.errback(result)
-    else:
-        ended.callback(result)
-    return result
-
-
-def ask_progress(partial: dict[str, Any]) -> dict[str, Any] | None:
-    """
-    What the activity shows of an ask's partial: the agent's text as it
-    arrives, each tool it uses, what it asks permission for, and its
-    questions (their text only); cut like every value shown.
-    """
-    kind = partial.get("type")
-    if kind == "text_delta":
-        return {"text": partial.get("text", "")}
-    if kind == "tool":
-        return {"tool": cut(partial.get("name")), "status": cut(partial.get("status"))}
-    if kind == "permission":
-        return {"permission": cut(partial.get("tool")), "detail": cut(partial.get("detail"))}
-    if kind == "question":
-        questions = partial.get("questions")
-        texts = (
-            [q.get("question") for q in questions if isinstance(q, dict)]
-            if isinstance(questions, list)
-            else []
-        )
-        return {"question": cut(" / ".join(t for t in texts if isinstance(t, str)))}
-    return None
 
 
 def _payload_of(result: ProbeResult) -> dict[str, Any]:

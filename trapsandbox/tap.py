@@ -305,6 +305,7 @@ def build(
     # Snapshots (SPEC §15); their store is opened when the service starts.
     snapshots = Snapshots(sandbox, clock=reactor)
     pool, asks, probe, managed = _opencode(settings, reactor, state_dir, metrics, snapshots)
+    asks.watch(registry)  # a computer's asks end with its connection
     factory = GatewayFactory(
         registry,
         admission,
@@ -684,7 +685,10 @@ class GatewayService(service.MultiService):
         self.notifier.stopping()
         log.info("shutting down: closing {count} connections", count=len(self.factory.connections))
         stopped = super().stopService()  # stop listening first
-        self.asks.stop()
+        # Before the computers close (their players are told), and opencode has the aborts
+        # before the pool's connections close.
+        aborted = self.asks.stop()
+        aborted.addBoth(lambda _: self._pool.closeCachedConnections())
         closed = self.factory.shutdown()
         # After the computers: requests failed by their close are answered first.
         self.operator_socket.shutdown()
@@ -693,7 +697,7 @@ class GatewayService(service.MultiService):
             cluster = self.cluster
             closed.addBoth(lambda _: cluster.stop())
         d = DeferredList(
-            [stopped, closed, self._pool.closeCachedConnections(), self.snapshots.close()],
+            [stopped, closed, aborted, self.snapshots.close()],
             consumeErrors=True,
         )
         d.addCallback(self._stopped)

@@ -105,7 +105,7 @@ class ActivityTests(TestCase):
         gateway = start_gateway(self, password=PASSWORD)
         answer: Deferred = Deferred()
 
-        async def ask(account_id, trapos_id, capabilities, message_id, payload, emit):
+        async def ask(account_id, trapos_id, capabilities, message_id, payload, emit, session=None):
             # opencode stands in here: what matters is what the activity makes of its partials
             # (sent at once, before the coroutine first waits: the ask is tracked before).
             emit({"type": "text_delta", "text": "Hello, "})

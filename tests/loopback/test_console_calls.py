@@ -55,7 +55,7 @@ class AgentCallsTests(ConsoleCallsCase):
         answer: Deferred = Deferred()
         called = []
 
-        async def ask(account_id, trapos_id, capabilities, message_id, payload, emit):
+        async def ask(account_id, trapos_id, capabilities, message_id, payload, emit, session=None):
             # opencode stands in here: what matters is what the socket makes of the partials.
             called.append((account_id, trapos_id, sorted(capabilities), payload))
             emit({"type": "text_delta", "text": "Let me look."})
@@ -205,11 +205,26 @@ class AgentCallsTests(ConsoleCallsCase):
         )
         self.assertEqual(self.gateway.asks.runs, {})
 
+    async def test_the_computer_disconnecting_ends_the_consoles_ask(self):
+        """Issue 44: the console's ask on a computer ends when the computer's connection does
+        (the operator's socket stays), freeing the computer for its next ask."""
+        computer, operator = await self.alice()
+        watcher = await self.watcher()
+        operator.send({"id": "a", "traposId": "7:si", "type": "ask", "payload": {"prompt": "hi"}})
+        await self.entry(watcher)
+        self.assertIn(("alice", "7:si"), self.gateway.asks.runs)
+        computer.sendClose(1000)
+        await bounded(computer.closed)
+        answer = await bounded(operator.messages.get(), 20)
+        self.assertEqual((answer["id"], answer["error"]["code"]), ("a", "not_connected"))
+        self.assertEqual(self.gateway.asks.runs, {})
+        self.assertEqual(self.gateway.metrics._asks.labels("disconnected").value, 1)
+
     async def test_another_accounts_token_reaches_nothing_and_sees_nothing(self):
         _, operator = await self.alice()
         answer: Deferred = Deferred()
 
-        async def ask(account_id, trapos_id, capabilities, message_id, payload, emit):
+        async def ask(account_id, trapos_id, capabilities, message_id, payload, emit, session=None):
             emit({"type": "permission", "id": "per_1", "tool": "run_command", "detail": "rm x"})
             return await answer
 

@@ -585,7 +585,8 @@ class WatchComputersTests(TestCase):
         # Closing the socket stops the watch.
         alice.sendClose(1000)
         await alice.wait_closed()
-        self.assertEqual(gateway.registry._watchers, [])
+        # (The asks' own watch stays: a computer's disconnect ends its asks.)
+        self.assertEqual(gateway.registry._watchers, [gateway.asks._computers_changed])
 
 
 class WatchActivityTests(TestCase):

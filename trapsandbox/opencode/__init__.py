@@ -18,6 +18,16 @@ The opencode side (SPEC §3, §11).
                      account, in order, each told how many are ahead
     ``servers``      several opencode servers: which one a computer's asks go
                      to (a stable ranking), and the health of them all
-    ``asks``         ``sandbox ask``'s runs: sessions, prompts, partials,
-                     permissions, cancel, what is remembered per computer
+    ``run``          one ask's life as a state machine: queued, opening, running,
+                     waiting for the player, ended; every way it ends and what
+                     ending releases, in one place
+    ``partials``     opencode's events of an ask's session turned into the
+                     player's partials (text batched, tools by call, permission
+                     requests with their detail, questions) and its end
+    ``replies``      the player's permission replies and answers to opencode,
+                     each forgotten only once opencode has it
+    ``asks``         ``sandbox ask``'s runs: admission, the opencode server, the
+                     conversation kept per computer, cancel, disconnect, stop
+    ``front``        the one front end of an ask, the game's ``ask`` request and
+                     the console's: activity, partials, the snapshot named
 """

@@ -12,7 +12,7 @@ player.
                                   POST /session/S/prompt_async ->  204
                                                                <-  GET /global/event (SSE)
           <- partial {type: text_delta, text}                      message.part.delta
-          <- partial {type: tool, name, status, detail?}           message.part.updated (tool)
+          <- partial {type: tool, callID, name, status, detail?}   message.part.updated (tool)
           <- partial {type: permission, id, tool, detail}          permission.asked
     ask_permission {permissionId, response} -> POST /permission/P/reply
           <- partial {type: question, id, questions}                question.asked
@@ -43,6 +43,12 @@ idle, past a bound, or forgotten (``instances``).  With several opencode servers
 one does not answer (the conversation then starts afresh, and the player is
 told).
 
+An ask's life is the machine of ``run`` (where every way it ends is, and what
+ending releases); opencode's events become its partials in ``partials``; the
+player's replies reach opencode through ``replies``.  A computer that
+disconnects ends its asks (``watch``); a stopping gateway (``stop``) lets no new
+ask reach opencode and aborts the running ones there.
+
 Events come from one stream per opencode server (``events``).  After a
 reconnect, every running ask there asks opencode whether its session is still
 busy (events in the gap are lost) and ends if not; when the stream cannot be
@@ -52,11 +58,10 @@ opened again for ``ASK_SERVER_GONE`` seconds, its running asks end saying so.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import attrs
-from twisted.internet.defer import Deferred, TimeoutError, succeed
+from twisted.internet.defer import Deferred, DeferredList, TimeoutError, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -64,22 +69,20 @@ from twisted.python.failure import Failure
 from trapsandbox import errors, limits
 from trapsandbox.computers.wire import cut
 from trapsandbox.errors import GatewayError
-from trapsandbox.opencode.agent import (
-    PERMISSION_REPLIES,
-    detail_of,
-    questions_of,
-    session_rules,
-    system_note,
-)
-from trapsandbox.opencode.client import OpencodeClient, explain, opencode_error
+from trapsandbox.opencode.agent import session_rules, system_note
+from trapsandbox.opencode.client import explain, opencode_error
 from trapsandbox.opencode.instances import REASONS
+from trapsandbox.opencode.partials import Partials
 from trapsandbox.opencode.probe import redact
 from trapsandbox.opencode.queue import AskQueue, Ticket
+from trapsandbox.opencode.replies import Replies
+from trapsandbox.opencode.run import Conversation, Emit, Ended, Run, logged
 from trapsandbox.opencode.servers import Server, ranked
 from trapsandbox.opencode.tokens import AskTokens
 from trapsandbox.ops.metrics import Metrics, ServerFigures
 
 if TYPE_CHECKING:
+    from trapsandbox.computers.registry import Registry
     from trapsandbox.snapshots.askhook import AskSnapshots
 
 log = Logger()
@@ -87,51 +90,7 @@ log = Logger()
 # Outcomes of an ask (metrics labels).
 ASK_OUTCOMES = ("ok", "cancelled", "timeout", "opencode_error", "run_failed", "disconnected")
 
-
-Emit = Callable[[dict[str, Any]], None]
-
-
-@attrs.define(eq=False)
-class Conversation:
-    """The opencode session of one computer."""
-
-    session_id: str
-    directory: str
-    yes: bool
-    # The opencode server that keeps it (None: not set up yet).
-    server: Server | None = None
-
-
-@attrs.define(eq=False)
-class Run:
-    """One ask in flight."""
-
-    key: tuple[str, str]
-    message_id: str
-    conversation: Conversation
-    emit: Emit
-    done: Deferred
-    started: bool = False
-    error: dict[str, Any] | None = None
-    aborted: bool = False
-    roles: dict[str, str] = attrs.field(factory=dict)
-    texts: dict[str, str] = attrs.field(factory=dict)  # partID -> text so far, in order
-    sent: dict[str, int] = attrs.field(factory=dict)  # partID -> characters forwarded
-    tools: dict[str, dict[str, Any]] = attrs.field(factory=dict)  # callID -> {name, input}
-    tool_status: dict[str, str] = attrs.field(factory=dict)
-    tokens: dict[str, tuple[int, int]] = attrs.field(factory=dict)  # messageID -> (in, out)
-    permissions: set[str] = attrs.field(factory=set)
-    questions: dict[str, int] = attrs.field(factory=dict)  # questionID -> how many questions
-    # permission.asked whose tool input is not known yet: permissionID -> (event, timer)
-    pending: dict[str, tuple[dict[str, Any], Any]] = attrs.field(factory=dict)
-    flush_timer: Any = None
-    bound: Any = None
-    unsubscribe: Callable[[], None] | None = None
-    finished: bool = False
-    # The snapshot before its first change (``snapshots.askhook``): None until then.
-    snapshot: Deferred | None = None
-    # Its place in the queue (``queue``): None until it enters.
-    ticket: Ticket | None = None
+__all__ = ["ASK_OUTCOMES", "Asks", "Conversation", "Emit", "Run"]
 
 
 class Asks:
@@ -158,8 +117,8 @@ class Asks:
         self._client = servers[0].client
         self._snapshots = snapshots
         self._clock = clock
-        self._metrics = metrics
-        self._metrics.ask_labels(ASK_OUTCOMES)
+        self.metrics = metrics
+        self.metrics.ask_labels(ASK_OUTCOMES)
         # ``/mcp`` looks an ask's token up here (``tokens.scope_of``).
         self.tokens = tokens
         self.servers = list(servers)
@@ -171,15 +130,16 @@ class Asks:
         self.directories = self.servers[0].directories
         self.instances = self.servers[0].instances
         self.queue = queue
+        self.replies = Replies()
         self._timeout = timeout
         self._max_conversations = max_conversations
         # account -> its computers' traposIds, the least recently asked first.
         self._recent: dict[str, dict[str, None]] = {}
         self.conversations: dict[tuple[str, str], Conversation] = {}
         self.runs: dict[tuple[str, str], Run] = {}
-        self._by_permission: dict[str, Run] = {}
-        self._by_question: dict[str, Run] = {}
-        self._metrics.watch_asks(self.figures)
+        self.stopping = False
+        self._registry: Registry | None = None
+        self.metrics.watch_asks(self.figures)
 
     def figures(self) -> list[ServerFigures]:
         """Asks waiting and running and instances kept, per opencode server (``/metrics``)."""
@@ -238,7 +198,12 @@ class Asks:
         message_id: str,
         payload: dict[str, Any],
         emit: Emit,
+        session: Any = None,
     ) -> dict[str, Any]:
+        """
+        The computer's ask: its partials to ``emit``; ``session``, the computer's
+        connection, ends it when the registry (``watch``) no longer holds it.
+        """
         prompt = payload.get("prompt")
         if type(prompt) is not str or not prompt.strip():
             raise GatewayError(errors.BAD_REQUEST, "prompt must be a non-empty string")
@@ -251,58 +216,59 @@ class Asks:
             raise GatewayError(errors.BAD_REQUEST, "new and yes must be true or false")
         if not self._client.url:
             raise opencode_error("OPENCODE_URL is not set on the gateway")
+        if self.stopping:
+            raise GatewayError(errors.NOT_CONNECTED, "the gateway is shutting down")
         key = (account_id, trapos_id)
         if key in self.runs:
             raise GatewayError(
                 errors.OVERLOADED, "an ask is already running on this computer: wait or cancel it"
             )
-        done: Deferred = Deferred()
-        placeholder = Run(key, message_id, Conversation("", "", yes), emit, done)
-        self.runs[key] = placeholder  # claims the computer while the session is set up
+        run = Run(self, key, message_id, Conversation("", "", yes), emit, session)
+        run.partials = partials = Partials(run, self._clock, self.replies)
+        self.runs[key] = run  # claims the computer while the session is set up
         server: Server | None = None
         try:
-            server = await self._server(placeholder, new)
-            if placeholder.finished:  # halted meanwhile
-                return await done
-            placeholder.ticket = Ticket(
-                server.url, account_id, lambda ahead: self._waiting(placeholder, ahead)
+            server = await run.guard(Deferred.fromCoroutine(self._server(run, new)))
+            run.ticket = Ticket(server.url, account_id, partials.waiting)
+            await run.guard(self.queue.enter(run.ticket).granted)
+            run.admitted()
+            ready = server.stream.ready().addTimeout(limits.ASK_STREAM_READY_TIMEOUT, self._clock)
+            await run.guard(ready)
+            run.conversation.server = server  # its instance is leased: given back at the end
+            await run.guard(server.instances.use(key))
+            run.conversation = await run.guard(
+                Deferred.fromCoroutine(self._conversation(server, key, new, yes))
             )
-            await self.queue.enter(placeholder.ticket).granted
-            await server.stream.ready().addTimeout(limits.ASK_STREAM_READY_TIMEOUT, self._clock)
-            if placeholder.finished:  # halted meanwhile: its instance is not to be kept
-                return await done
-            placeholder.conversation.server = server
-            await server.instances.use(key)
-            conversation = await self._conversation(server, key, new, yes)
-            if placeholder.finished:  # halted meanwhile: the prompt must not go out
-                return await done
-            run = placeholder
-            run.conversation = conversation
-            run.unsubscribe = server.stream.subscribe(
-                conversation.session_id, lambda event: self._event(run, event)
+            session_id = run.conversation.session_id
+            run.prompting(
+                server.stream.subscribe(session_id, partials.event),
+                self._clock.callLater(self._timeout, run.timed_out, self._timeout),
             )
-            run.bound = self._clock.callLater(self._timeout, self._timed_out, run)
-            await server.client.prompt_async(
-                conversation.directory,
-                conversation.session_id,
-                prompt,
-                system_note(trapos_id, capabilities),
+            await run.guard(
+                server.client.prompt_async(
+                    run.conversation.directory,
+                    session_id,
+                    prompt,
+                    system_note(trapos_id, capabilities),
+                )
             )
-        except BaseException as error:
-            if placeholder.finished:  # halted meanwhile: that is the answer
-                return await done
+        except Ended:
+            pass  # its answer is the one it ended with
+        except Exception:
             failure = Failure()
-            self._finish(placeholder, None, "opencode_error")
-            if failure.check(GatewayError):
-                raise
-            if failure.check(TimeoutError):
-                raise opencode_error(
-                    f"opencode at {server.client.where}: its event stream did not open"
-                ) from None
-            raise error
-        result = await done
+            if not run.finished:
+                if failure.check(TimeoutError) and server is not None:
+                    where = server.client.where
+                    error = opencode_error(f"opencode at {where}: its event stream did not open")
+                else:
+                    error = explain(failure, self._client.where)
+                run.failed(error)
+                if not failure.check(GatewayError, TimeoutError):
+                    run.done.addErrback(lambda _: None)  # a bug, not opencode: raised as it is
+                    failure.raiseException()
+        result = await run.done
         if self._snapshots is not None:
-            result = await self._snapshots.closing(placeholder, result)
+            result = await self._snapshots.closing(run, result)
         return result
 
     def before_change(self, session: Any) -> Deferred[None]:
@@ -339,8 +305,7 @@ class Asks:
                 continue
             if kept is not None and kept.server is not server and not new:
                 self.conversations.pop(run.key, None)
-                self._emit(
-                    run,
+                run.send(
                     {
                         "type": "text_delta",
                         "text": f"(opencode at {kept.server.client.where} is not answering: "
@@ -377,313 +342,27 @@ class Asks:
         )
         return conversation
 
-    # -- Events ------------------------------------------------------------------------
+    # -- The events of a run's machine that come from outside it ---------------------------
 
-    def _event(self, run: Run, event: dict[str, Any]) -> None:
-        if run.finished:
-            return
-        kind = event.get("type")
-        props = event.get("properties") or {}
-        if kind == "message.updated":
-            info = props.get("info") if type(props.get("info")) is dict else {}
-            if type(info.get("id")) is str and type(info.get("role")) is str:
-                run.roles[info["id"]] = info["role"]
-                tokens = info.get("tokens")
-                if info["role"] == "assistant" and type(tokens) is dict:
-                    run.tokens[info["id"]] = (
-                        _count(tokens.get("input")),
-                        _count(tokens.get("output")),
-                    )
-        elif kind == "message.part.delta":
-            if props.get("field", "text") == "text" and type(props.get("delta")) is str:
-                part = props.get("partID")
-                if run.roles.get(props.get("messageID")) == "user":
-                    return
-                if type(part) is str:
-                    run.started = True
-                    run.texts[part] = run.texts.get(part, "") + props["delta"]
-                    self._text(run)
-        elif kind == "message.part.updated":
-            part = props.get("part") if type(props.get("part")) is dict else {}
-            if part.get("type") == "text":
-                self._text_part(run, part)
-            elif part.get("type") == "tool":
-                self._tool_part(run, part)
-        elif kind == "permission.asked":
-            self._permission(run, props)
-        elif kind == "question.asked":
-            self._question(run, props)
-        elif kind == "session.error":
-            error = props.get("error")
-            run.error = error if type(error) is dict else {"name": "UnknownError"}
-        elif kind == "session.status":
-            status = props.get("status") if type(props.get("status")) is dict else {}
-            if status.get("type") == "busy":
-                run.started = True
-            elif status.get("type") == "idle" and (run.started or run.error):
-                self._idle(run)
-        elif kind == "session.idle":
-            if run.started or run.error:
-                self._idle(run)
+    def watch(self, registry: Registry) -> None:
+        """Follow ``registry``'s computers: an ask ends when its computer's connection does."""
+        self._registry = registry
+        registry.watch(self._computers_changed)
 
-    def _text_part(self, run: Run, part: dict[str, Any]) -> None:
-        part_id, text = part.get("id"), part.get("text")
-        if type(part_id) is not str or type(text) is not str:
-            return
-        if run.roles.get(part.get("messageID")) != "assistant" or part.get("synthetic"):
-            return
-        run.started = True
-        if len(text) >= len(run.texts.get(part_id, "")):
-            run.texts[part_id] = text
-            self._text(run)
-
-    def _tool_part(self, run: Run, part: dict[str, Any]) -> None:
-        call = part.get("callID")
-        name = part.get("tool")
-        state = part.get("state") if type(part.get("state")) is dict else {}
-        status = state.get("status")
-        if type(call) is not str or type(name) is not str or type(status) is not str:
-            return
-        run.started = True
-        known = run.tools.setdefault(call, {"name": name, "input": None})
-        if type(state.get("input")) is dict and state["input"]:
-            known["input"] = state["input"]
-            if run.pending:
-                self._release_call(run, call)
-        if status == "pending" or run.tool_status.get(call) == status:
-            return
-        run.tool_status[call] = status
-        message: dict[str, Any] = {"type": "tool", "name": name, "status": status}
-        if known["input"] is not None:
-            # Its arguments as a permission prompt shows them (the console lists each call).
-            message["detail"] = detail_of(name, known["input"])
-        if status == "error" and type(state.get("error")) is str:
-            message["error"] = state["error"][: limits.PERMISSION_DETAIL_CHARS]
-        self._send(run, message)
-
-    def _permission(self, run: Run, props: dict[str, Any]) -> None:
-        """
-        A permission request reaches the player with what the tool would do.
-
-        opencode often asks before the gateway has heard the tool part's input
-        (``message.part.updated`` running), so the request may wait for it: it
-        goes out as soon as the input arrives, is fetched from opencode
-        (``GET /session/S/message/M``), or after ``ASK_PERMISSION_DETAIL_WAIT``
-        with the permission's patterns.
-        """
-        permission_id = props.get("id")
-        if type(permission_id) is not str or permission_id in run.pending:
-            return
-        run.permissions.add(permission_id)
-        self._by_permission[permission_id] = run
-        tool = props.get("tool") if type(props.get("tool")) is dict else {}
-        call, message_id = tool.get("callID"), tool.get("messageID")
-        known = run.tools.get(call) if type(call) is str else None
-        if known is not None and known.get("input") is not None:
-            self._ask_player(run, props)
-            return
-        if type(call) is not str:
-            self._ask_player(run, props)
-            return
-        timer = self._clock.callLater(
-            limits.ASK_PERMISSION_DETAIL_WAIT, self._release_permission, run, permission_id
-        )
-        run.pending[permission_id] = (props, timer)
-        if type(message_id) is str:
-            conversation = run.conversation
-            d = _client_of(run).message(conversation.directory, conversation.session_id, message_id)
-            d.addCallback(self._fetched_message, run, call)
-            d.addErrback(_logged("fetching a tool's input"))
-
-    def _fetched_message(self, message: Any, run: Run, call: str) -> None:
-        parts = message.get("parts") if isinstance(message, dict) else None
-        for part in parts if isinstance(parts, list) else []:
-            if isinstance(part, dict) and part.get("callID") == call and part.get("type") == "tool":
-                state = part.get("state") if type(part.get("state")) is dict else {}
-                if type(state.get("input")) is dict and state["input"]:
-                    known = run.tools.setdefault(call, {"name": part.get("tool"), "input": None})
-                    known["input"] = state["input"]
-                    self._release_call(run, call)
-
-    def _release_call(self, run: Run, call: str) -> None:
-        for permission_id, (props, _) in list(run.pending.items()):
-            tool = props.get("tool") if type(props.get("tool")) is dict else {}
-            if tool.get("callID") == call:
-                self._release_permission(run, permission_id)
-
-    def _release_permission(self, run: Run, permission_id: str) -> None:
-        waiting = run.pending.pop(permission_id, None)
-        if waiting is None:
-            return
-        props, timer = waiting
-        if timer.active():
-            timer.cancel()
-        if permission_id in run.permissions:  # not answered (or ended) meanwhile
-            self._ask_player(run, props)
-
-    def _ask_player(self, run: Run, props: dict[str, Any]) -> None:
-        tool = props.get("permission") if type(props.get("permission")) is str else "?"
-        call = props.get("tool", {}).get("callID") if type(props.get("tool")) is dict else None
-        known = run.tools.get(call) if type(call) is str else None
-        if known is not None and known.get("input") is not None:
-            detail = detail_of(tool, known["input"])
-        else:
-            patterns = props.get("patterns")
-            detail = ", ".join(map(str, patterns)) if isinstance(patterns, list) else ""
-        self._send(run, {"type": "permission", "id": props["id"], "tool": tool, "detail": detail})
-
-    def _question(self, run: Run, props: dict[str, Any]) -> None:
-        """The agent asks the player (opencode's question tool): shown on the computer."""
-        question_id = props.get("id")
-        questions = questions_of(props.get("questions"))
-        if type(question_id) is not str or questions is None or question_id in run.questions:
-            return
-        run.started = True
-        run.questions[question_id] = len(questions)
-        self._by_question[question_id] = run
-        self._send(run, {"type": "question", "id": question_id, "questions": questions})
-
-    # -- Sending -------------------------------------------------------------------------
-
-    def _text(self, run: Run) -> None:
-        pending = sum(len(t) - run.sent.get(p, 0) for p, t in run.texts.items())
-        if pending >= limits.ASK_PARTIAL_MAX_CHARS:
-            self._flush(run)
-        elif pending and run.flush_timer is None:
-            run.flush_timer = self._clock.callLater(
-                limits.ASK_PARTIAL_INTERVAL, self._flush_timer, run
-            )
-
-    def _flush_timer(self, run: Run) -> None:
-        run.flush_timer = None
-        self._flush(run)
-
-    def _flush(self, run: Run) -> None:
-        if run.flush_timer is not None and run.flush_timer.active():
-            run.flush_timer.cancel()
-        run.flush_timer = None
-        pieces = []
-        for part, text in run.texts.items():
-            sent = run.sent.get(part, 0)
-            if len(text) > sent:
-                if sent == 0 and pieces == [] and any(run.sent.values()):
-                    pieces.append("\n\n")  # a new text part starts a new paragraph
-                pieces.append(text[sent:])
-                run.sent[part] = len(text)
-        text = "".join(pieces)
-        while text:
-            chunk, text = (
-                text[: limits.ASK_PARTIAL_MAX_CHARS],
-                text[limits.ASK_PARTIAL_MAX_CHARS :],
-            )
-            self._emit(run, {"type": "text_delta", "text": chunk})
-
-    def _waiting(self, run: Run, ahead: int) -> None:
-        """The ask waits its turn (``queue``): the player sees how many are ahead."""
-        self._emit(run, {"type": "waiting", "ahead": ahead})
-
-    def _send(self, run: Run, message: dict[str, Any]) -> None:
-        self._flush(run)
-        self._emit(run, message)
-
-    def _emit(self, run: Run, message: dict[str, Any]) -> None:
-        if run.finished:
-            return
-        try:
-            run.emit(message)
-        except GatewayError:
-            # The computer is gone: nobody is reading this answer any more.
-            log.info("{traposId} left during an ask: aborting it", traposId=cut(run.key[1]))
-            if run.conversation.session_id:  # else it never reached opencode
-                self._abort(run)
-            self._finish(
-                run, GatewayError(errors.NOT_CONNECTED, "the computer left"), "disconnected"
-            )
-
-    # -- Ending ----------------------------------------------------------------------------
-
-    def _idle(self, run: Run) -> None:
-        self._flush(run)
-        error = run.error
-        if error is not None and (run.aborted or error.get("name") == "MessageAbortedError"):
-            self._finish(
-                run, GatewayError(errors.CANCELLED, "cancelled: the agent was stopped"), "cancelled"
-            )
-            return
-        if error is not None:
-            self._finish(run, opencode_error(_run_error(error)), "run_failed")
-            return
-        text = "".join(run.texts.values())
-        self._finish(run, {"sessionId": run.conversation.session_id, "text": text}, "ok")
-
-    def _finish(self, run: Run, result: Any, outcome: str | None = None) -> None:
-        if run.finished:
-            return
-        run.finished = True
-        if self.runs.get(run.key) is run:
-            del self.runs[run.key]
-            if run.conversation.server is not None:
-                run.conversation.server.instances.done(run.key)
-        if run.ticket is not None:
-            self.queue.leave(run.ticket)
-        for permission in run.permissions:
-            self._by_permission.pop(permission, None)
-        for question in run.questions:
-            self._by_question.pop(question, None)
-        for _, waiting in run.pending.values():
-            if waiting.active():
-                waiting.cancel()
-        run.pending.clear()
-        for timer in (run.flush_timer, run.bound):
-            if timer is not None and timer.active():
-                timer.cancel()
-        if run.unsubscribe is not None:
-            run.unsubscribe()
-        if outcome is not None:
-            self._metrics.ask(outcome)
-            used_in = sum(t[0] for t in run.tokens.values())
-            used_out = sum(t[1] for t in run.tokens.values())
-            self._metrics.ask_tokens(used_in, used_out)
-        if result is None:
-            return
-        if isinstance(result, Exception):
-            run.done.errback(result)
-        else:
-            run.done.callback(result)
-
-    def _timed_out(self, run: Run) -> None:
-        run.bound = None
-        log.info(
-            "an ask on {traposId} ran past {timeout:g} s: aborting",
-            traposId=cut(run.key[1]),
-            timeout=self._timeout,
-        )
-        self._abort(run)
-        self._finish(
-            run,
-            GatewayError(
-                errors.TIMEOUT, f"the agent did not finish within {self._timeout / 60:g} minutes"
-            ),
-            "timeout",
-        )
-
-    def _abort(self, run: Run) -> Deferred:
-        run.aborted = True
-        conversation = run.conversation
-        d = _client_of(run).abort(conversation.directory, conversation.session_id)
-        d.addErrback(_logged("abort"))
-        return d
+    def _computers_changed(self) -> None:
+        assert self._registry is not None
+        for run in list(self.runs.values()):
+            if run.session is not None and self._registry.find(*run.key) is not run.session:
+                run.disconnected()
 
     def _reconnected(self, server: Server) -> None:
         """Events were lost while the stream was down: end the asks whose session is idle."""
         for run in list(self.runs.values()):
-            if run.finished or not run.conversation.session_id:
-                continue
-            if run.conversation.server is not server:
+            if not run.prompted or run.conversation.server is not server:
                 continue
             d = server.client.statuses(run.conversation.directory)
-            d.addCallback(self._check_status, run)
-            d.addErrback(_logged("status check"))
+            d.addCallback(_check_status, run)
+            d.addErrback(logged("status check"))
 
     def _gone(self, server: Server, error: GatewayError) -> None:
         """
@@ -698,46 +377,18 @@ class Asks:
             else "ask again once it is back"
         )
         for run in list(self.runs.values()):
-            if run.finished or run.conversation.server is not server:
-                continue
-            if not run.conversation.session_id:
-                continue  # still setting up: its own calls fail and say so
-            log.info(
-                "an ask on {traposId} lost its opencode server: {why}",
-                traposId=cut(run.key[1]),
-                why=error.message,
-            )
-            self._flush(run)
-            self._finish(
-                run,
-                opencode_error(f"the agent's run was cut off: {error.message}; {then}"),
-                "opencode_error",
-            )
-
-    def _check_status(self, statuses: Any, run: Run) -> None:
-        status = statuses.get(run.conversation.session_id) if isinstance(statuses, dict) else None
-        busy = isinstance(status, dict) and status.get("type") in ("busy", "retry")
-        if not busy and not run.finished:
-            run.started = True
-            self._idle(run)
-
-    # -- cancel and ask_permission ---------------------------------------------------------
+            # (One still setting up: its own calls fail and say so.)
+            if run.prompted and run.conversation.server is server:
+                run.server_lost(
+                    opencode_error(f"the agent's run was cut off: {error.message}; {then}")
+                )
 
     def cancel(self, account_id: str, trapos_id: str, message_id: Any) -> Deferred | None:
         """Abort the computer's ask ``message_id``; None if it has none such running."""
         run = self.runs.get((account_id, trapos_id))
         if run is None or run.message_id != message_id or run.finished:
             return None
-        if not run.conversation.session_id:
-            # Waiting its turn or still setting up: nothing reached opencode. It ends now, and
-            # the set-up, which looks after each step whether its ask has ended, goes no further.
-            waiting = run.ticket is not None and not run.ticket.admitted
-            why = "while waiting for the agent" if waiting else "before the agent started"
-            self._finish(run, GatewayError(errors.CANCELLED, f"cancelled {why}"), "cancelled")
-            return succeed(None)
-        grace = self._clock.callLater(limits.ASK_ABORT_GRACE, self._abort_unheard, run)
-        run.done.addBoth(lambda result: (grace.active() and grace.cancel(), result)[1])
-        return self._abort(run)
+        return run.cancel(limits.ASK_ABORT_GRACE, self._clock)
 
     def halt(self, account_id: str, trapos_id: str, error: GatewayError) -> bool:
         """
@@ -748,99 +399,35 @@ class Asks:
         run = self.runs.get((account_id, trapos_id))
         if run is None or run.finished:
             return False
-        log.info("{traposId} was stopped by its player: ending its ask", traposId=cut(trapos_id))
-        if run.conversation.session_id:
-            self._abort(run)
-        self._flush(run)
-        self._finish(run, error, "cancelled")
+        run.halted(error)
         return True
 
-    def _abort_unheard(self, run: Run) -> None:
-        self._finish(
-            run, GatewayError(errors.CANCELLED, "cancelled: the agent was stopped"), "cancelled"
-        )
-
     def reply(self, account_id: str, trapos_id: str, permission_id: Any, response: Any) -> Deferred:
-        if response not in PERMISSION_REPLIES:
-            raise GatewayError(errors.BAD_REQUEST, "response must be once, always or reject")
-        run = self._by_permission.get(permission_id) if type(permission_id) is str else None
-        if run is None or run.key != (account_id, trapos_id):
-            raise GatewayError(
-                errors.BAD_REQUEST, "no permission request of this computer's ask has that id"
-            )
-        run.permissions.discard(permission_id)
-        del self._by_permission[permission_id]
-        return _client_of(run).reply_permission(run.conversation.directory, permission_id, response)
+        return self.replies.reply((account_id, trapos_id), permission_id, response)
 
     def answer(
         self, account_id: str, trapos_id: str, question_id: Any, answers: Any, reject: Any
     ) -> Deferred:
-        """
-        The player's answer to the agent's question ``question_id``: the
-        labels picked (or text typed), one list per question, or ``reject``.
-        """
-        run = self._by_question.get(question_id) if type(question_id) is str else None
-        if run is None or run.key != (account_id, trapos_id):
-            raise GatewayError(errors.BAD_REQUEST, "no question of this computer's ask has that id")
-        if reject is not True:
-            if (
-                type(answers) is not list
-                or len(answers) != run.questions[question_id]
-                or not all(_answer(answer) for answer in answers)
-            ):
-                raise GatewayError(
-                    errors.BAD_REQUEST,
-                    "answers must be a list with one list of strings for each question "
-                    "(or reject: true)",
-                )
-        del run.questions[question_id]
-        del self._by_question[question_id]
-        directory = run.conversation.directory
-        if reject is True:
-            return _client_of(run).reject_question(directory, question_id)
-        return _client_of(run).reply_question(directory, question_id, answers)
+        return self.replies.answer((account_id, trapos_id), question_id, answers, reject)
 
-    def stop(self) -> None:
+    def stop(self) -> Deferred:
+        """
+        The gateway stops: nothing new reaches opencode, running asks are aborted
+        there and end telling their players, no timer is left; fires once opencode
+        had the aborts (each call bounded).
+        """
+        self.stopping = True
+        self.queue.stop()
+        aborts = [run.stopping() for run in list(self.runs.values())]
         for server in self.servers:
             server.stream.stop()
             server.instances.stop()
-        for run in list(self.runs.values()):
-            self._finish(run, GatewayError(errors.NOT_CONNECTED, "the gateway is shutting down"))
+        return DeferredList([d for d in aborts if d is not None], consumeErrors=True)
 
 
-def _client_of(run: Run) -> OpencodeClient:
-    """The client of the opencode server that keeps ``run``'s conversation."""
-    server = run.conversation.server
-    assert server is not None, "an ask reaches opencode only once its server is chosen"
-    return server.client
-
-
-def _logged(what: str) -> Callable[[Failure], None]:
-    """An errback for a call whose failure only needs a log line."""
-    return lambda failure: log.info(
-        "{what} failed: {why}", what=what, why=cut(failure.getErrorMessage())
-    )
-
-
-def _answer(answer: Any) -> bool:
-    """One question's answer: picked labels or typed text, each a bounded string."""
-    return type(answer) is list and all(
-        type(text) is str and 0 < len(text) <= limits.MAX_ASK_ANSWER_CHARS for text in answer
-    )
-
-
-def _count(value: Any) -> int:
-    return value if type(value) is int and value >= 0 else 0
-
-
-def _run_error(error: dict[str, Any]) -> str:
-    name = error.get("name") if type(error.get("name")) is str else "UnknownError"
-    data = error.get("data") if type(error.get("data")) is dict else {}
-    message = data.get("message") if type(data.get("message")) is str else ""
-    if name in ("ProviderModelNotFoundError", "ModelNotFoundError") or "model" in message.lower():
-        hint = " (is a model configured in opencode?)"
-    elif name == "ProviderAuthError":
-        hint = " (the model provider refused opencode's key)"
-    else:
-        hint = ""
-    return f"the agent's run failed: {cut(name)}{': ' + cut(message) if message else ''}{hint}"
+def _check_status(statuses: Any, run: Run) -> None:
+    status = statuses.get(run.conversation.session_id) if isinstance(statuses, dict) else None
+    busy = isinstance(status, dict) and status.get("type") in ("busy", "retry")
+    if not busy and not run.finished and run.partials is not None:
+        run.partials.started = True
+        run.partials.idle()

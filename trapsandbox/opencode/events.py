@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import treq
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
@@ -89,6 +89,8 @@ class EventStream:
         return unsubscribe
 
     def ready(self) -> Deferred:
+        if self._stopped:  # the gateway stops: the stream is not opened again
+            return fail(opencode_error("the gateway is shutting down"))
         if self.connected:
             return succeed(None)
         d = Deferred()
@@ -110,6 +112,10 @@ class EventStream:
             self._body.abort()
         if self._connecting is not None:
             self._connecting.cancel()
+        # Who waits for it hears it will not open (and the bound of that wait ends with it).
+        waiters, self._waiters = self._waiters, []
+        for d in waiters:
+            d.errback(opencode_error("the gateway is shutting down"))
 
     def _connect(self) -> None:
         self._parser = SSEParser(self._event)

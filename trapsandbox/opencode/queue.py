@@ -65,6 +65,11 @@ class AskQueue:
         self.running_on: Counter[str] = Counter()
         self.running_of: Counter[str] = Counter()
         self.waiting: list[Ticket] = []
+        self.stopped = False
+
+    def stop(self) -> None:
+        """The gateway stops: no waiting ask is admitted any more (each leaves as it ends)."""
+        self.stopped = True
 
     def enter(self, ticket: Ticket) -> Ticket:
         """
@@ -99,6 +104,8 @@ class AskQueue:
 
     def _admit(self) -> None:
         """Admit, in order, every waiting ask with room; tell the others where they are."""
+        if self.stopped:
+            return
         admitted, told = [], []
         servers: Counter[str] = Counter()
         accounts: Counter[str] = Counter()

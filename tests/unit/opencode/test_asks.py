@@ -236,18 +236,21 @@ class AskStreamingTests(AskTestsMixin, SynchronousTestCase):
                 # Its arguments as a permission prompt shows them (the console lists them).
                 {
                     "type": "tool",
+                    "callID": "call_1",
                     "name": "trapsandbox_write_file",
                     "status": "running",
                     "detail": "/hello.lua (1 bytes)",
                 },
                 {
                     "type": "tool",
+                    "callID": "call_1",
                     "name": "trapsandbox_write_file",
                     "status": "completed",
                     "detail": "/hello.lua",
                 },
                 {
                     "type": "tool",
+                    "callID": "call_2",
                     "name": "trapsandbox_run_command",
                     "status": "error",
                     "error": "no such file",
@@ -497,6 +500,7 @@ class AskPermissionTests(AskTestsMixin, SynchronousTestCase):
                 {
                     "type": "permission",
                     "id": "per_1",
+                    "callID": "call_1",
                     "tool": "trapsandbox_write_file",
                     "detail": "/hello.lua (9 bytes)",
                 }

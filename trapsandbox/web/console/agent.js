@@ -92,9 +92,9 @@ function toolName(name) { return name.startsWith(TOOL_PREFIX) ? name.slice(TOOL_
 function addTool(turn, partial) {
   turn.text = null;
   const calls = turn.tools || (turn.tools = new Map());
-  // One line per call: a call's later statuses update it (the partials do not name the call:
-  // the last unfinished line of the same tool is its line; the agent calls one at a time).
-  const key = partial.name;
+  // One line per call, named by its callID: a call's later statuses update it, and two calls
+  // of one tool at once are two lines.  (Without a callID: the last unfinished line of the tool.)
+  const key = partial.callID || partial.name;
   let line = calls.get(key);
   if (!line || line.dataset.status === "completed" || line.dataset.status === "error") {
     line = logItem("tool");

@@ -1,0 +1,304 @@
+"""
+Issue 44: an ask's state at every edge of its life, against the fake opencode of
+``helpers``: the computer leaving, the gateway stopping, a reply opencode did not
+take, and parallel calls of one tool.  Each of these failed on main 0dc4e52.
+"""
+
+from twisted.internet.defer import Deferred
+from twisted.trial.unittest import SynchronousTestCase
+
+from tests.unit.opencode.helpers import SES, AskTestsMixin
+from trapsandbox import errors, limits
+from trapsandbox.errors import GatewayError
+from trapsandbox.opencode.queue import AskQueue
+from trapsandbox.opencode.run import State
+
+
+class FakeRegistry:
+    """What ``Asks.watch`` needs of the registry: ``watch`` and ``find``."""
+
+    def __init__(self):
+        self.sessions = {}
+        self.watchers = []
+
+    def watch(self, listener):
+        self.watchers.append(listener)
+        return lambda: self.watchers.remove(listener)
+
+    def find(self, account_id, trapos_id):
+        return self.sessions.get((account_id, trapos_id))
+
+    def connect(self, key):
+        self.sessions[key] = session = object()
+        for listener in list(self.watchers):
+            listener()
+        return session
+
+    def disconnect(self, key):
+        del self.sessions[key]
+        for listener in list(self.watchers):
+            listener()
+
+
+class DisconnectTests(AskTestsMixin, SynchronousTestCase):
+    """A computer that disconnects ends its asks, wherever they came from."""
+
+    def setUp(self):
+        super().setUp()
+        self.registry = FakeRegistry()
+        self.asks.watch(self.registry)
+        self.session = self.registry.connect(("local", "1:a"))
+
+    def ask_on(self, session, **kwargs):
+        emit = self.partials.append  # the console's: it never fails, the computer gone or not
+        kwargs.setdefault("message_id", "m1")
+        return Deferred.fromCoroutine(
+            self.asks.ask(
+                "local", "1:a", frozenset(), kwargs["message_id"], {"prompt": "hi"}, emit, session
+            )
+        )
+
+    def test_a_disconnect_aborts_the_run_frees_its_slot_and_counts_it(self):
+        done = self.ask_on(self.session)
+        self.busy()
+        self.registry.disconnect(("local", "1:a"))
+        self.assertIn(f"/session/{SES}/abort", self.http.paths("POST"))
+        error = self.failureResultOf(done, GatewayError).value
+        self.assertEqual(error.code, errors.NOT_CONNECTED)
+        self.assertEqual(self.outcome("disconnected"), 1)
+        self.assertEqual(self.asks.runs, {})
+        self.assertEqual(self.asks.queue.running_of["local"], 0)
+        # Back again: its next ask starts at once, in the same conversation.
+        again = self.registry.connect(("local", "1:a"))
+        self.assertNoResult(self.ask_on(again, message_id="m2"))
+        self.assertEqual(self.http.paths("POST").count(f"/session/{SES}/prompt_async"), 2)
+
+    def test_a_disconnect_while_waiting_for_the_player_ends_it(self):
+        done = self.ask_on(self.session)
+        self.assistant()
+        self.tool("running", input={"command": "ls"}, tool="trapsandbox_run_command")
+        self.permission(tool="trapsandbox_run_command")
+        self.registry.disconnect(("local", "1:a"))
+        self.assertEqual(self.failureResultOf(done, GatewayError).value.code, errors.NOT_CONNECTED)
+        self.assertIn(f"/session/{SES}/abort", self.http.paths("POST"))
+        self.assertRaises(GatewayError, self.asks.reply, "local", "1:a", "per_1", "once")
+
+    def test_a_replaced_connection_ends_the_old_connections_ask(self):
+        done = self.ask_on(self.session)
+        self.busy()
+        self.registry.connect(("local", "1:a"))  # it connected again: a new session
+        self.assertEqual(self.failureResultOf(done, GatewayError).value.code, errors.NOT_CONNECTED)
+
+    def test_a_disconnect_while_queued_sends_nothing_to_opencode(self):
+        self.asks_with(queue=AskQueue(self.clock, per_server=1))
+        self.asks.watch(self.registry)
+        other = self.registry.connect(("local", "2:b"))
+        first = Deferred.fromCoroutine(
+            self.asks.ask("local", "2:b", frozenset(), "m0", {"prompt": "x"}, lambda _: None, other)
+        )
+        done = self.ask_on(self.session)
+        sessions = self.http.sessions
+        self.registry.disconnect(("local", "1:a"))
+        self.assertEqual(self.failureResultOf(done, GatewayError).value.code, errors.NOT_CONNECTED)
+        self.assertEqual(self.asks.queue.waiting, [])
+        self.assertEqual(self.http.sessions, sessions)
+        self.assertNoResult(first)
+
+    def test_other_computers_changing_leave_the_ask_alone(self):
+        done = self.ask_on(self.session)
+        self.registry.connect(("local", "2:b"))
+        self.registry.disconnect(("local", "2:b"))
+        self.assertNoResult(done)
+
+
+class StopTests(AskTestsMixin, SynchronousTestCase):
+    """The gateway's stop: nothing new reaches opencode; running asks are aborted there."""
+
+    def setUp(self):
+        super().setUp()
+        self.asks_with(queue=AskQueue(self.clock, per_server=2))
+        self.running = [self.ask(trapos=f"{n}:r", message_id=f"r{n}") for n in range(2)]
+        self.queued = [self.ask(trapos=f"{n}:q", message_id=f"q{n}") for n in range(3)]
+        for ses in ("ses_1", "ses_2"):
+            self.busy(ses)
+
+    def test_stop_aborts_the_running_and_starts_none_of_the_queued(self):
+        sessions = self.http.sessions
+        gets = len(self.http.stream_gets)
+        stopped = self.asks.stop()
+        self.assertEqual(self.http.sessions, sessions)  # no POST /session after the stop
+        posts = self.http.paths("POST")
+        self.assertIn("/session/ses_1/abort", posts)
+        self.assertIn("/session/ses_2/abort", posts)
+        for d in self.running + self.queued:
+            error = self.failureResultOf(d, GatewayError).value
+            self.assertEqual((error.code, error.message), (errors.NOT_CONNECTED, error.message))
+            self.assertIn("shutting down", error.message)
+        self.successResultOf(stopped)  # opencode had the aborts
+        self.assertEqual(self.asks.runs, {})
+        self.assertEqual(len(self.http.stream_gets), gets)
+        self.assertEqual(self.clock.getDelayedCalls(), [])  # no timer is left
+
+    def test_after_the_stop_an_ask_is_refused_and_the_stream_stays_closed(self):
+        self.asks.stop()
+        for d in self.running + self.queued:
+            self.failureResultOf(d, GatewayError)
+        gets = len(self.http.stream_gets)
+        d = self.ask(trapos="9:z", message_id="late")
+        self.assertEqual(self.failureResultOf(d, GatewayError).value.code, errors.NOT_CONNECTED)
+        self.failureResultOf(self.asks.stream.ready(), GatewayError)
+        self.assertEqual(len(self.http.stream_gets), gets)
+        self.clock.advance(limits.EVENT_RECONNECT_MAX * 10)
+        self.assertEqual(len(self.http.stream_gets), gets)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+class ReplyTests(AskTestsMixin, SynchronousTestCase):
+    """A reply is forgotten only once opencode has it: a failed one may be sent again."""
+
+    def setUp(self):
+        super().setUp()
+        self.done = self.ask()
+        self.assistant()
+
+    def test_a_permission_reply_opencode_did_not_take_can_be_sent_again(self):
+        self.tool("running", input={"command": "ls"}, tool="trapsandbox_run_command")
+        self.permission(tool="trapsandbox_run_command")
+        self.http.answers[("POST", "/permission/*/reply")] = (502, {"error": "bad gateway"})
+        failed = self.failureResultOf(self.asks.reply("local", "1:a", "per_1", "once"))
+        self.assertEqual(failed.value.code, errors.OPENCODE_ERROR)
+        self.assertIn("answer again", failed.value.message)
+        self.http.answers[("POST", "/permission/*/reply")] = True
+        self.successResultOf(self.asks.reply("local", "1:a", "per_1", "once"))
+        self.assertEqual(self.http.paths("POST").count("/permission/per_1/reply"), 2)
+        # opencode has it now: forgotten.
+        self.assertRaises(GatewayError, self.asks.reply, "local", "1:a", "per_1", "once")
+
+    def test_a_question_answer_that_timed_out_can_be_sent_again(self):
+        self.http.event(
+            "question.asked",
+            id="que_1",
+            sessionID=SES,
+            questions=[{"question": "Which?", "header": "H", "options": [{"label": "a"}]}],
+        )
+        self.http.answers[("POST", "/question/*/reply")] = Deferred()  # never answers
+        pending = self.asks.answer("local", "1:a", "que_1", [["a"]], None)
+        self.clock.advance(limits.ASK_CALL_TIMEOUT + 1)
+        self.assertEqual(self.failureResultOf(pending).value.code, errors.OPENCODE_ERROR)
+        self.http.answers[("POST", "/question/*/reply")] = True
+        self.successResultOf(self.asks.answer("local", "1:a", "que_1", [["a"]], None))
+        self.assertRaises(GatewayError, self.asks.answer, "local", "1:a", "que_1", [["a"]], None)
+
+
+class ParallelToolTests(AskTestsMixin, SynchronousTestCase):
+    def test_two_calls_of_one_tool_keep_their_call_ids(self):
+        self.ask()
+        self.assistant()
+        self.tool("running", call="call_1", input={"path": "/a"}, tool="trapsandbox_read_file")
+        self.tool("running", call="call_2", input={"path": "/b"}, tool="trapsandbox_read_file")
+        self.tool("completed", call="call_2", input={"path": "/b"}, tool="trapsandbox_read_file")
+        tools = [(p["callID"], p["status"]) for p in self.partials if p["type"] == "tool"]
+        self.assertEqual(
+            tools, [("call_1", "running"), ("call_2", "running"), ("call_2", "completed")]
+        )
+
+
+class MachineTests(AskTestsMixin, SynchronousTestCase):
+    """The machine of ``opencode.run``: its states, and every ending releasing the same."""
+
+    def run_of(self, trapos="1:a"):
+        return self.asks.runs[("local", trapos)]
+
+    def assertReleased(self):
+        self.assertEqual(self.asks.runs, {})
+        self.assertEqual(dict(self.asks.queue.running_on), {})
+        self.assertEqual(dict(self.asks.queue.running_of), {})
+        self.assertEqual(self.asks.queue.waiting, [])
+        self.assertEqual(self.asks.replies._permissions, {})
+        self.assertEqual(self.asks.replies._questions, {})
+        self.assertEqual(self.asks.stream._listeners, {})
+        # Only the instance's give-back timer and the stream's are left: none of the ask's.
+        self.assertEqual(
+            [
+                call
+                for call in self.clock.getDelayedCalls()
+                if "Instances._idled" not in repr(call) and "EventStream" not in repr(call)
+            ],
+            [],
+        )
+
+    def test_the_states_of_an_ask(self):
+        self.asks_with(queue=AskQueue(self.clock, per_server=1))
+        done = self.ask()
+        run = self.run_of()
+        self.assertEqual(run.state, State.RUNNING)
+        second = self.ask(trapos="2:b", message_id="m2")
+        self.assertEqual(self.run_of("2:b").state, State.QUEUED)
+        self.assistant()
+        self.tool("running", input={"command": "ls"}, tool="trapsandbox_run_command")
+        self.permission(tool="trapsandbox_run_command")
+        self.assertEqual(run.state, State.WAITING)
+        self.http.answers[("POST", "/permission/*/reply")] = (500, {})
+        self.failureResultOf(self.asks.reply("local", "1:a", "per_1", "once"), GatewayError)
+        self.assertEqual(run.state, State.WAITING)  # not taken: still waiting for the player
+        self.http.answers[("POST", "/permission/*/reply")] = True
+        self.successResultOf(self.asks.reply("local", "1:a", "per_1", "once"))
+        self.assertEqual(run.state, State.RUNNING)
+        self.idle()
+        self.assertEqual(self.successResultOf(done)["sessionId"], SES)
+        self.assertEqual(run.state, State.ENDED)
+        # Its slot went to the next: admitted, its session opened, its prompt sent.
+        self.assertEqual(self.run_of("2:b").state, State.RUNNING)
+        self.asks.halt("local", "2:b", GatewayError(errors.STOPPED, "stopped"))
+        self.failureResultOf(second, GatewayError)
+        self.assertReleased()
+
+    def waiting_for_the_player(self):
+        done = self.ask()
+        self.assistant()
+        self.http.event(
+            "question.asked",
+            id="que_1",
+            sessionID=SES,
+            questions=[{"question": "Which?", "header": "H", "options": [{"label": "a"}]}],
+        )
+        self.delta("half a senten")
+        self.assertEqual(self.run_of().state, State.WAITING)
+        return done
+
+    def delta(self, text):
+        self.http.event(
+            "message.part.delta", sessionID=SES, messageID="msg_a", partID="prt_1", delta=text
+        )
+
+    def test_every_ending_releases_the_same(self):
+        registry = FakeRegistry()
+        self.asks.watch(registry)
+        endings = {
+            "timeout": lambda: self.clock.advance(limits.ASK_TIMEOUT),
+            "cancel": lambda: (
+                self.asks.cancel("local", "1:a", "m1"),
+                self.clock.advance(limits.ASK_ABORT_GRACE),
+            ),
+            "halt": lambda: self.asks.halt("local", "1:a", GatewayError(errors.STOPPED, "stopped")),
+            "disconnect": lambda: registry.disconnect(("local", "1:a")),
+            "server lost": lambda: self.asks._gone(
+                self.asks.servers[0], GatewayError(errors.OPENCODE_ERROR, "gone")
+            ),
+            "idle": self.idle,
+        }
+        for name, ending in endings.items():
+            with self.subTest(name):
+                session = registry.connect(("local", "1:a"))
+                self.partials.clear()
+                done = self.waiting_for_the_player()
+                self.run_of().session = session
+                ending()
+                self.assertReleased()
+                # What the agent had said reached the player before the end.
+                self.assertIn({"type": "text_delta", "text": "half a senten"}, self.partials)
+                if name == "idle":
+                    self.successResultOf(done)
+                else:
+                    self.failureResultOf(done, GatewayError)
+                registry.sessions.clear()
