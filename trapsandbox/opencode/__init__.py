@@ -16,6 +16,9 @@ The opencode side (SPEC §3, §11).
                      a bound (least recently used first) or when forgotten
     ``queue``        asks wait their turn: a bound per opencode server and per
                      account, in order, each told how many are ahead
+    ``managed``      the opencode servers the gateway runs itself (OPENCODE_URL
+                     unset): started, restarted with backoff, stopped, and why
+                     one cannot answer
     ``servers``      several opencode servers: which one a computer's asks go
                      to (a stable ranking), and the health of them all
     ``run``          one ask's life as a state machine: queued, opening, running,
