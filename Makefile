@@ -1,4 +1,5 @@
-# trapsandbox: `make run` serves on the defaults, `make test` runs the whole suite.
+# trapsandbox: `make run` serves on the defaults with its own opencode, `make test` runs the
+# whole suite.
 # Both install what they need from nothing (virtualenv, Python packages, opencode, the
 # console's editor bundle, and for the tests redis-server, chromium and chromium-driver, and
 # Java for CC:Tweaked).
@@ -31,7 +32,8 @@ BENCH_ARGS ?= --peer fastify=../shared/peers/fastify
 
 .PHONY: run test trial lint format bench fuzz clean distclean
 
-run: $(VENV)/.installed $(EDITOR_JS)
+# The gateway and its agent: with OPENCODE_URL unset it runs the opencode installed here.
+run: $(VENV)/.installed $(EDITOR_JS) $(OPENCODE)
 	$(BIN)/twistd --nodaemon --pidfile= trapsandbox
 
 test: $(VENV)/.installed $(EDITOR_JS) $(OPENCODE) $(NODE22) $(CONFORMANCE) $(MCP2_DIR)/.installed systemd-tools redis-server chromium cctweaked

@@ -40,6 +40,7 @@ class Settings:
     opencode_url: str | None = None
     opencode_bin: str | None = None
     opencode_servers: int = limits.DEFAULT_OPENCODE_SERVERS
+    opencode_max_rss: int = limits.OPENCODE_MAX_RSS_MB * 1024 * 1024
     opencode_username: str = DEFAULT_OPENCODE_USERNAME
     opencode_password: str | None = attrs.field(default=None, repr=False)
     max_connections: int = MAX_CONNECTIONS
@@ -320,6 +321,12 @@ def load(environ: Mapping[str, str], options: Mapping[str, Any] | None = None) -
         opencode_bin=setting("opencode-bin", "SANDBOX_OPENCODE_BIN", _program, None),
         opencode_servers=setting(
             "opencode-servers", "SANDBOX_OPENCODE_SERVERS", _count, limits.DEFAULT_OPENCODE_SERVERS
+        ),
+        opencode_max_rss=setting(
+            "opencode-max-rss-mb",
+            "SANDBOX_OPENCODE_MAX_RSS_MB",
+            lambda value, name: _count(value, name) * 1024 * 1024,
+            limits.OPENCODE_MAX_RSS_MB * 1024 * 1024,
         ),
         opencode_username=username,
         opencode_password=setting(

@@ -209,6 +209,16 @@ OPENCODE_RESTART_MAX = 30.0
 OPENCODE_STABLE_AFTER = 30.0
 OPENCODE_STOP_GRACE = 10.0
 DEFAULT_OPENCODE_SERVERS = 1
+# Past this resident memory, looked at as each ask ends, a server the gateway runs is drained
+# and recycled (SANDBOX_OPENCODE_MAX_RSS_MB).  opencode 1.18.33 measured here: 369 MiB at
+# rest, 1,916 MiB after 20 computers asked (1,802 once their instances were given back: it
+# keeps the pages), and it stops answering near 3.2 GiB: 2 GiB leaves a server ~40 computers'
+# instances (issue 33's bench.ask) and a margin of over 1 GiB below the hang.
+OPENCODE_MAX_RSS_MB = 2048
+# An ask waits this long for the gateway's own opencode to (re)start; a recycle lets the asks
+# running there finish for this long, then ends them ("ask again").
+OPENCODE_READY_WAIT = 120.0
+OPENCODE_DRAIN_BOUND = 120.0
 
 # -- The process -----------------------------------------------------------------------------
 

@@ -118,6 +118,13 @@ class Options(usage.Options):
             "make installs).",
         ],
         [
+            "opencode-max-rss-mb",
+            None,
+            None,
+            "A server the gateway runs is recycled past this memory, between asks "
+            f"({limits.OPENCODE_MAX_RSS_MB}).",
+        ],
+        [
             "opencode-servers",
             None,
             None,
@@ -404,11 +411,9 @@ def _opencode(
         managed = ManagedOpencode.build(
             reactor, settings.opencode_servers, settings.opencode_bin, os.environ
         )
+        metrics.watch_managed(managed.figures)
         # Each its own password, made now; the username is opencode's default.
-        where = [
-            (m.url, limits.DEFAULT_OPENCODE_USERNAME, m.password, m.unready)
-            for m in managed.servers
-        ]
+        where = [(m.url, limits.DEFAULT_OPENCODE_USERNAME, m.password, m) for m in managed.servers]
     else:
         where = [
             (url, settings.opencode_username, settings.opencode_password, None)
@@ -422,8 +427,9 @@ def _opencode(
             tokens,
             settings.ask_instance_idle,
             settings.ask_max_instances,
+            managed=runs,
         )
-        for url, username, password, _ in where
+        for url, username, password, runs in where
     ]
     asks = Asks(
         servers,
@@ -433,10 +439,19 @@ def _opencode(
         AskQueue(reactor, settings.ask_max_running, settings.ask_max_running_per_account),
         max_conversations=settings.max_ask_conversations,
         snapshots=AskSnapshots(snapshots, reactor),
+        max_rss=settings.opencode_max_rss,
     )
     probes = [
-        OpencodeProbe(http, reactor, url, username, password, metrics=metrics, unready=unready)
-        for url, username, password, unready in where
+        OpencodeProbe(
+            http,
+            reactor,
+            url,
+            username,
+            password,
+            metrics=metrics,
+            unready=None if runs is None else runs.unready,
+        )
+        for url, username, password, runs in where
     ]
     # Several opencode servers (OPENCODE_URL a list): each probed on its own, told as one.
     return pool, asks, probes[0] if len(probes) == 1 else ServerProbes(probes), managed

@@ -84,11 +84,13 @@ class ManagedOpencodeTests(TestCase):
         )
         return orjson.loads(await bounded(treq.content(response), 10))
 
-    async def ask(self, computer, prompt):
-        """The final answer to an ask (its partials passed over)."""
+    async def ask(self, computer, prompt, partials=None):
+        """The final answer to an ask (its partials into ``partials``, if given)."""
         message = await bounded(computer.request("ask", {"prompt": prompt}), 60)
         while message.get("partial"):
-            message = await bounded(computer.next_message(), 60)
+            if partials is not None:
+                partials.append(message["payload"])
+            message = await bounded(computer.next_message(), 90)
         return message
 
     async def test_it_runs_opencode_answers_asks_and_brings_it_back_in_the_conversation(self):
@@ -102,9 +104,9 @@ class ManagedOpencodeTests(TestCase):
         self.assertTrue(alive(pid))
         # The password it made is in opencode's environment, never in the log.
         with open(f"/proc/{pid}/environ", "rb") as f:
-            password = dict(
-                item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item
-            )[b"OPENCODE_SERVER_PASSWORD"].decode()
+            password = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)[
+                b"OPENCODE_SERVER_PASSWORD"
+            ].decode()
         self.assertGreaterEqual(len(password), 24)
 
         computer = await connect(self, self.port)
@@ -121,6 +123,21 @@ class ManagedOpencodeTests(TestCase):
         [server] = health["opencodeManaged"]
         self.assertEqual((server["state"], server["restarts"]), ("ready", {"killed": 1}))
         self.assertNotEqual(server["pid"], pid)
+        response = await bounded(
+            treq.get(
+                f"http://127.0.0.1:{self.port}/metrics",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+                pool=self.pool,
+            ),
+            10,
+        )
+        metrics = (await bounded(treq.content(response), 10)).decode()
+        for line in (
+            'trapsandbox_opencode_managed_state{server="opencode",state="ready"} 1.0',
+            'trapsandbox_opencode_managed_restarts_total{reason="killed",server="opencode"} 1.0',
+            f'trapsandbox_opencode_managed_pid{{server="opencode"}} {float(server["pid"])}',
+        ):
+            self.assertIn(line, metrics.splitlines())
         second = await self.ask(computer, "the second question")
         self.assertTrue(second["ok"], second)
         last = json.dumps(self.model.requests[-1]["messages"])
@@ -133,6 +150,29 @@ class ManagedOpencodeTests(TestCase):
         gateway.signal("TERM")
         await gateway.wait_ended(30)
         self.assertTrue(await gone(pid, 1))
+
+    async def test_past_its_memory_bound_it_is_recycled_between_asks(self):
+        # 1 MB: every ask's end finds it past the bound.
+        gateway = await self.start(SANDBOX_OPENCODE_MAX_RSS_MB="1")
+        await gateway.wait_for(r"opencode: ready", 60)
+        computer = await connect(self, self.port)
+        self.assertTrue((await computer.hello(trapos_id="6:recycled"))["ok"])
+        first = await self.ask(computer, "before the recycle")
+        self.assertTrue(first["ok"], first)  # whole: the recycle waited for it
+        await gateway.wait_for(r"opencode: past its memory bound: draining", 15)
+        # Asked while it restarts (it takes seconds to listen again): the ask waits, told so.
+        partials = []
+        second = await self.ask(computer, "after the recycle", partials)
+        self.assertTrue(second["ok"], second)
+        self.assertIn(
+            "(the agent is restarting to give back its memory: your ask waits for it)\n",
+            [p.get("text") for p in partials],
+        )
+        [server] = (await self.health())["opencodeManaged"]
+        self.assertGreaterEqual(server["restarts"]["recycled"], 1)
+        self.assertIn("Managed hello.", json.dumps(second["payload"]))
+        last = json.dumps(self.model.requests[-1]["messages"])
+        self.assertIn("before the recycle", last)  # the conversation kept across it
 
     async def test_a_killed_gateway_leaves_no_opencode(self):
         gateway = await self.start()

@@ -149,6 +149,8 @@ class UnitFileTests(SynchronousTestCase):
                 "SANDBOX_ADMIN_TOKEN",
                 "SANDBOX_ACCOUNTS_FILE",
                 "SANDBOX_REQUEST_TIMEOUT_MS",
+                "SANDBOX_OPENCODE_SERVERS",
+                "SANDBOX_OPENCODE_MAX_RSS_MB",
                 "OPENCODE_URL",
                 "OPENCODE_SERVER_USERNAME",
                 "OPENCODE_SERVER_PASSWORD",

@@ -76,7 +76,7 @@ from trapsandbox.opencode.partials import Partials
 from trapsandbox.opencode.probe import redact
 from trapsandbox.opencode.queue import AskQueue, Ticket
 from trapsandbox.opencode.replies import Replies
-from trapsandbox.opencode.run import Conversation, Emit, Ended, Run, logged
+from trapsandbox.opencode.run import Conversation, Emit, Ended, Run, State, logged
 from trapsandbox.opencode.servers import Server, ranked
 from trapsandbox.opencode.tokens import AskTokens
 from trapsandbox.ops.metrics import Metrics, ServerFigures
@@ -108,11 +108,13 @@ class Asks:
         timeout: float = limits.ASK_TIMEOUT,
         max_conversations: int = limits.MAX_ASK_CONVERSATIONS,
         snapshots: AskSnapshots | None = None,
+        max_rss: int | None = None,
     ) -> None:
         """
         ``servers``: one per opencode server (``Server.build``), in OPENCODE_URL's order,
         their directories' MCP blocks holding ``tokens``; ``queue``: the bound on asks
-        running at once.
+        running at once; ``max_rss``: the memory past which a server the gateway runs is
+        recycled (``managed``).
         """
         self._client = servers[0].client
         self._snapshots = snapshots
@@ -122,9 +124,14 @@ class Asks:
         # ``/mcp`` looks an ask's token up here (``tokens.scope_of``).
         self.tokens = tokens
         self.servers = list(servers)
+        self._max_rss = max_rss
+        self._draining: dict[Server, Any] = {}  # a recycle's drain, and its bound
         for server in self.servers:
             server.stream.on_reconnect.append(lambda server=server: self._reconnected(server))
             server.stream.on_gone.append(lambda error, server=server: self._gone(server, error))
+            if server.managed is not None:
+                # Back: its event stream opened now, not at the next step of its backoff.
+                server.managed.on_ready.append(lambda server=server: self._back(server))
         # The first server's: what a gateway with one opencode server has.
         self.stream = self.servers[0].stream
         self.directories = self.servers[0].directories
@@ -232,6 +239,8 @@ class Asks:
             run.ticket = Ticket(server.url, account_id, partials.waiting)
             await run.guard(self.queue.enter(run.ticket).granted)
             run.admitted()
+            if server.managed is not None:
+                await run.guard(self._agent_ready(run, server.managed))
             ready = server.stream.ready().addTimeout(limits.ASK_STREAM_READY_TIMEOUT, self._clock)
             await run.guard(ready)
             run.conversation.server = server  # its instance is leased: given back at the end
@@ -266,10 +275,77 @@ class Asks:
                 if not failure.check(GatewayError, TimeoutError):
                     run.done.addErrback(lambda _: None)  # a bug, not opencode: raised as it is
                     failure.raiseException()
-        result = await run.done
+        try:
+            result = await run.done
+        finally:
+            if server is not None and server.managed is not None:
+                self._recycle_if_due(server)
         if self._snapshots is not None:
             result = await self._snapshots.closing(run, result)
         return result
+
+    # -- opencode the gateway runs (``managed``) ---------------------------------------------
+
+    def _agent_ready(self, run: Run, managed: Any) -> Deferred[None]:
+        """Waits while the gateway's own opencode (re)starts or recycles, the player told."""
+        if managed.taking_asks:
+            return succeed(None)
+        why = managed.unready()
+        run.send({"type": "text_delta", "text": f"({why}: your ask waits for it)\n"})
+
+        def late(failure: Failure) -> None:
+            failure.trap(TimeoutError)
+            raise opencode_error(
+                f"{managed.unready() or why}: it did not answer within "
+                f"{limits.OPENCODE_READY_WAIT:g} s"
+            )
+
+        d = managed.when_ready().addTimeout(limits.OPENCODE_READY_WAIT, self._clock)
+        return d.addErrback(late)
+
+    def _back(self, server: Server) -> None:
+        if not self.stopping:
+            server.stream.ready().addErrback(lambda _: None)  # (its waiters hear why)
+
+    def _prompted_on(self, server: Server) -> list[Run]:
+        return [
+            run
+            for run in self.runs.values()
+            if run.conversation.server is server and run.state in (State.RUNNING, State.WAITING)
+        ]
+
+    def _recycle_if_due(self, server: Server) -> None:
+        """
+        An ask on ``server`` ended: the natural moment to give its memory back.  Past
+        ``max_rss`` it drains (no new ask starts there, ``managed``), and once no ask runs
+        there, or ``OPENCODE_DRAIN_BOUND`` has passed, it is recycled; one at a time.
+        """
+        managed = server.managed
+        if self.stopping:
+            return
+        if server not in self._draining:
+            if self._draining or not managed.too_large(self._max_rss):
+                return
+            managed.drain()
+            self._draining[server] = self._clock.callLater(
+                limits.OPENCODE_DRAIN_BOUND, self._drain_bound, server
+            )
+        if not self._prompted_on(server):
+            self._recycle(server)
+
+    def _drain_bound(self, server: Server) -> None:
+        error = opencode_error(
+            "the agent is restarting to give back its memory: ask again (the conversation is kept)"
+        )
+        for run in self._prompted_on(server):
+            run.end(error, "opencode_error", abort=True)
+        self._recycle(server)
+
+    def _recycle(self, server: Server) -> None:
+        timer = self._draining.pop(server, None)
+        if timer is not None and timer.active():
+            timer.cancel()
+        server.managed.recycle()
 
     def before_change(self, session: Any) -> Deferred[None]:
         """
@@ -417,6 +493,10 @@ class Asks:
         had the aborts (each call bounded).
         """
         self.stopping = True
+        for timer in self._draining.values():
+            if timer.active():
+                timer.cancel()
+        self._draining.clear()
         self.queue.stop()
         aborts = [run.stopping() for run in list(self.runs.values())]
         for server in self.servers:

@@ -15,6 +15,10 @@ Its life, one state at a time (``figures()`` says which, for ``/health``)::
     failed      the program is not there: nothing is started; said once, at start
     starting    spawned, not yet listening ("listening on" in its output)
     ready       listening
+    draining    past ``SANDBOX_OPENCODE_MAX_RSS_MB`` (looked at as each ask ends): no
+                new ask starts on it; once its running asks have ended (or
+                ``OPENCODE_DRAIN_BOUND`` has passed) it is stopped and started again,
+                "recycled"; one server at a time
     restarting  it ended by itself: started again after a delay that doubles from
                 1 s to 30 s while it keeps dying young, back to 1 s once it stayed
                 up for 30 s; why (exit code or signal, its last lines) is kept
@@ -49,13 +53,14 @@ from typing import Any
 
 from twisted.application import service
 from twisted.internet import protocol
-from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.defer import Deferred, DeferredList, fail, succeed
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from trapsandbox import limits
+from trapsandbox.opencode.client import opencode_error
 
 log = Logger()
 
@@ -76,6 +81,7 @@ class State(enum.Enum):
     FAILED = "failed"
     STARTING = "starting"
     READY = "ready"
+    DRAINING = "draining"
     RESTARTING = "restarting"
     STOPPING = "stopping"
     STOPPED = "stopped"
@@ -155,6 +161,10 @@ class Managed:
         self._last: deque[str] = deque(maxlen=LAST_LINES)
         self._window = (0.0, 0, 0)  # start, lines logged, lines dropped
         self._stopped: list[Deferred[None]] = []
+        # Who waits for it to answer again (``when_ready``), and who is told it does.
+        self._ready_waiters: list[Deferred[None]] = []
+        self.on_ready: list[Any] = []
+        self._recycling = False
 
     @property
     def url(self) -> str:
@@ -170,6 +180,8 @@ class Managed:
             return f"opencode will not start: {self.why}"
         if self.state is State.RESTARTING:
             return f"the agent is restarting ({self.why})"
+        if self.state is State.DRAINING or self._recycling:
+            return "the agent is restarting to give back its memory"
         if self.state is State.STARTING:
             return "the agent is starting" + (f" (it {self.why})" if self.why else "")
         return "the agent is stopped"
@@ -243,7 +255,16 @@ class Managed:
             self.state = State.READY
             self.why = None
             self._ready_at = self._reactor.seconds()
+            self._recycling = False
             log.info("{name}: ready", name=self.name)
+            waiters, self._ready_waiters = self._ready_waiters, []
+            for d in waiters:
+                d.callback(None)
+            for listener in list(self.on_ready):
+                try:
+                    listener()
+                except Exception:
+                    log.failure("{name}: a listener of its start failed", name=self.name)
         now = self._reactor.seconds()
         start, logged, dropped = self._window
         if now - start >= limits.LOG_INTERVAL:
@@ -273,6 +294,15 @@ class Managed:
             how, why = "exited", f"it exited with code {code}"
         if self._last:
             why += f": {self._last[-1]}"
+        if self.state is State.STOPPING and self._recycling:
+            # Recycled: started again at once (its conversations are on its disk).
+            self.restarts["recycled"] = self.restarts.get("recycled", 0) + 1
+            self.state = State.STOPPED
+            if self._timer is not None and self._timer.active():
+                self._timer.cancel()
+            self._timer = None
+            self.start()
+            return
         if self.state is State.STOPPING:
             self.state = State.STOPPED
             if self._timer is not None and self._timer.active():
@@ -300,22 +330,69 @@ class Managed:
         self._timer = self._reactor.callLater(self._delay, self.start)
         self._delay = min(self._delay * 2, limits.OPENCODE_RESTART_MAX)
 
+    def when_ready(self) -> Deferred[None]:
+        """Fires once it answers (at once if it does); fails at once if it cannot start."""
+        if self.state is State.READY:
+            return succeed(None)
+        if self.state is State.FAILED:
+            return fail(opencode_error(self.unready() or "opencode will not start"))
+        d: Deferred[None] = Deferred(self._forget_waiter)
+        self._ready_waiters.append(d)
+        return d
+
+    def _forget_waiter(self, d: Deferred[None]) -> None:
+        if d in self._ready_waiters:
+            self._ready_waiters.remove(d)
+
+    @property
+    def taking_asks(self) -> bool:
+        """Whether a new ask may start on it now."""
+        return self.state is State.READY
+
+    def too_large(self, most: int | None) -> bool:
+        """Whether it is past ``most`` bytes of memory (None: no bound)."""
+        if most is None or self.state is not State.READY or self.process is None:
+            return False
+        rss = rss_bytes(self.process.pid)
+        return rss is not None and rss > most
+
+    def drain(self) -> None:
+        """No new ask starts on it; ``recycle`` once its running asks have ended."""
+        if self.state is State.READY:
+            self.state = State.DRAINING
+            log.info(
+                "{name}: past its memory bound: draining, then starting it again",
+                name=self.name,
+            )
+
+    def recycle(self) -> None:
+        """Stopped and started again at once (it drained, or its drain's bound passed)."""
+        if self.state in (State.READY, State.DRAINING) and self.process is not None:
+            self._recycling = True
+            self._terminate()
+
     def stop(self) -> Deferred[None]:
         """Stop it (SIGTERM, then SIGKILL past the grace period); fires once it has ended."""
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
+        self._recycling = False
         if self.process is None:
+            if self._timer is not None and self._timer.active():
+                self._timer.cancel()
+            self._timer = None
             if self.state is not State.FAILED:
                 self.state = State.STOPPED
             return succeed(None)
         d: Deferred[None] = Deferred()
         self._stopped.append(d)
         if self.state is not State.STOPPING:
-            self.state = State.STOPPING
-            self._signal("TERM")
-            self._timer = self._reactor.callLater(self._grace, self._signal, "KILL")
+            self._terminate()
         return d
+
+    def _terminate(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self.state = State.STOPPING
+        self._signal("TERM")
+        self._timer = self._reactor.callLater(self._grace, self._signal, "KILL")
 
     def _signal(self, name: str) -> None:
         if self.process is not None:

@@ -49,6 +49,8 @@ class Server:
     directories: AskDirectories
     # Set once the server exists: its instances are given back through its own client.
     instances: Instances = attrs.field(init=False)
+    # The ``managed.Managed`` running it, when the gateway runs it (OPENCODE_URL unset).
+    managed: Any = None
 
     @classmethod
     def build(
@@ -59,11 +61,12 @@ class Server:
         tokens: AskTokens,
         instance_idle: float = limits.ASK_INSTANCE_IDLE,
         max_instances: int = limits.ASK_MAX_INSTANCES,
+        managed: Any = None,
     ) -> Server:
         """The server at ``client``'s URL: its event stream, the computers' directories
         under ``directory`` (their MCP blocks holding ``tokens``), its instances' bound."""
         directories = AskDirectories(directory, client, tokens, clock)
-        server = cls(client, EventStream(client, clock), directories)
+        server = cls(client, EventStream(client, clock), directories, managed=managed)
         server.instances = Instances(clock, server.dispose, instance_idle, max_instances)
         return server
 

@@ -346,6 +346,56 @@ class Metrics:
             self._ask_servers.figures = figures
 
 
+    def watch_managed(self, figures: Callable[[], Iterable[dict[str, Any]]]) -> None:
+        """The opencode servers the gateway runs (``opencode.managed``), read when scraped."""
+        self.registry.register(_ManagedServers(figures))
+
+
+class _ManagedServers:
+    """
+    ``trapsandbox_opencode_managed_{up,pid,resident_memory_bytes}{server, state}`` and
+    ``trapsandbox_opencode_managed_restarts_total{server, reason}``.
+    """
+
+    UP = f"{PREFIX}_opencode_managed_state"
+    PID = f"{PREFIX}_opencode_managed_pid"
+    RSS = f"{PREFIX}_opencode_managed_resident_memory_bytes"
+    RESTARTS = f"{PREFIX}_opencode_managed_restarts"
+
+    def __init__(self, figures: Callable[[], Iterable[dict[str, Any]]]) -> None:
+        self._figures = figures
+
+    def _families(self) -> list[GaugeMetricFamily | CounterMetricFamily]:
+        return [
+            GaugeMetricFamily(
+                self.UP,
+                "1 for the state each opencode server the gateway runs is in",
+                labels=("server", "state"),
+            ),
+            GaugeMetricFamily(self.PID, "its process id", labels=("server",)),
+            GaugeMetricFamily(self.RSS, "its resident memory", labels=("server",)),
+            CounterMetricFamily(
+                self.RESTARTS, "times it was started again, by why", labels=("server", "reason")
+            ),
+        ]
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        state, pid, rss, restarts = self._families()
+        for each in self._figures():
+            name = each["name"]
+            state.add_metric((name, each["state"]), 1)
+            if "pid" in each:
+                pid.add_metric((name,), each["pid"])
+            if "rssBytes" in each:
+                rss.add_metric((name,), each["rssBytes"])
+            for reason, count in each["restarts"].items():
+                restarts.add_metric((name, reason), count)
+        yield from (state, pid, rss, restarts)
+
+    def describe(self) -> list[GaugeMetricFamily | CounterMetricFamily]:
+        return self._families()
+
+
 @attrs.frozen
 class ServerFigures:
     """

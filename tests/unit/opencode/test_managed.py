@@ -154,3 +154,38 @@ class ManagedTests(SynchronousTestCase):
         )
         self.assertIn(f"opencode: {201 - LINES_PER_INTERVAL} lines of its output not logged", lines)
         self.assertIn("opencode: after", lines)
+
+    def test_a_drained_server_is_recycled_and_who_waited_goes_on(self):
+        self.managed.start()
+        self.ready()
+        self.assertTrue(self.managed.taking_asks)
+        self.managed.drain()
+        self.assertFalse(self.managed.taking_asks)
+        self.assertEqual(self.managed.unready(), "the agent is restarting to give back its memory")
+        waiting = self.managed.when_ready()
+        self.managed.recycle()
+        old = self.spawn.last
+        self.assertEqual(old.signals, ["TERM"])
+        old.protocol.processEnded(killed(15))
+        self.assertEqual(len(self.spawn.spawned), 2)  # started again at once, no backoff
+        self.assertNoResult(waiting)
+        self.ready()
+        self.successResultOf(waiting)
+        self.assertEqual(self.managed.restarts, {"recycled": 1})
+        self.assertIsNone(self.managed.unready())
+
+    def test_the_gateways_stop_during_a_recycle_starts_nothing_again(self):
+        self.managed.start()
+        self.ready()
+        self.managed.recycle()
+        stopped = self.managed.stop()
+        self.spawn.last.protocol.processEnded(killed(15))
+        self.successResultOf(stopped)
+        self.assertEqual(len(self.spawn.spawned), 1)
+        self.assertIs(self.managed.state, State.STOPPED)
+
+    def test_one_that_cannot_start_fails_its_waiters_at_once(self):
+        managed = Managed(self.clock, "opencode", None, 4321, "pw", {}, spawn=self.spawn)
+        managed.why = "'oc' was not found on PATH"
+        failure = self.failureResultOf(managed.when_ready())
+        self.assertIn("will not start", failure.value.message)
