@@ -345,7 +345,6 @@ class Metrics:
         else:
             self._ask_servers.figures = figures
 
-
     def watch_managed(self, figures: Callable[[], Iterable[dict[str, Any]]]) -> None:
         """The opencode servers the gateway runs (``opencode.managed``), read when scraped."""
         self.registry.register(_ManagedServers(figures))
