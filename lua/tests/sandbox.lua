@@ -4,14 +4,16 @@ local _VERSION = '0.1.0'
 Unit tests for libsandbox, with fakes for http, the event loop and os.
 
 Run on a computer: `tests/sandbox` (finds /apis/libsandbox.lua) runs every case and prints a
-summary. Loaded with the arguments `('--suite', pathToLibsandbox)` it runs nothing and returns
-the suite instead: `suite.names()` lists the cases in order, `suite.run(name)` runs one and
-returns `true` or `false, message`. The pytest wrapper uses that to report each case on its own.
+summary. Loaded with the arguments `('--suite', libsandbox)` (its path, or its compiled chunk)
+it runs nothing and returns the suite instead: `suite.names()` lists the cases in order,
+`suite.run(name)` runs one and returns `true` or `false, message`. The pytest wrapper uses that
+to report each case on its own.
 ]]
 
 local args = { ... }
 
 local function locateLib(path)
+  if type(path) == 'function' then return path() end
   if path then return dofile(path) end
   local ok, lib = pcall(require, 'libsandbox')
   if ok and type(lib) == 'table' then return lib end
@@ -351,9 +353,9 @@ test('computerRequest carries the sender and coerces the payload', function()
   local f = lib.computerRequest('7:', 'm-1', 'probe_gateway', nil)
   eq(f, { event = 'computer_request', traposSenderId = '7:', messageId = 'm-1', type = 'probe_gateway', payload = {} }, 'frame')
   eq(encode(f.payload), '{}', 'empty payload encodes as an object')
-  raises(function() lib.computerRequest('', 'm-1', 't') end, 'bad argument #1 %(non%-empty string', 'empty sender')
+  raises(function() lib.computerRequest('', 'm-1', 't') end, 'bad argument #1 %(non%-empty string expected, got empty string%)', 'empty sender')
   raises(function() lib.computerRequest('7:', nil, 't') end, 'bad argument #2', 'missing messageId')
-  raises(function() lib.computerRequest('7:', 'm', 't', 'x') end, 'bad argument #4 %(table or nil expected', 'string payload')
+  raises(function() lib.computerRequest('7:', 'm', 't', 'x') end, 'bad argument #4 .-%(table expected, got string%)', 'string payload')
 end)
 
 test('computerResponse has payload when ok and error when not', function()
@@ -363,7 +365,7 @@ test('computerResponse has payload when ok and error when not', function()
   eq(bad.error, { code = 'unknown_type', message = 'no' }, 'error')
   eq(bad.payload, nil, 'no payload on error')
   eq(lib.computerResponse('7:a', 'g-3', 'x', false).error.code, 'internal', 'missing error becomes internal')
-  raises(function() lib.computerResponse('7:a', 'g', 'x', 'yes') end, 'bad argument #4 %(boolean expected', 'non-boolean ok')
+  raises(function() lib.computerResponse('7:a', 'g', 'x', 'yes') end, 'bad argument #4 .-%(boolean expected, got string%)', 'non-boolean ok')
 end)
 
 test('gateway envelopes carry the receiver', function()

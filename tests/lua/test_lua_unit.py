@@ -7,25 +7,25 @@ the trial test cases that run after it could no longer run the reactor themselve
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 from lupa import lua52
 from twisted.trial.unittest import SynchronousTestCase
 
 import trapsandbox
+from tests.harness.lua52 import libsandbox, load, runtime
+from trapsandbox.web import client
 
 LUA_DIR = Path(__file__).resolve().parents[2] / "lua"
-LIB = LUA_DIR / "apis" / "libsandbox.lua"
 
 
-def load_suite(test_file, lib_file=LIB):
-    """A fresh Lua 5.2 runtime (without what CraftOS lacks) holding the suite in test_file."""
-    lua = lua52.LuaRuntime(unpack_returned_tuples=True)
-    lua.execute("unpack = nil; loadstring = nil; setfenv = nil; getfenv = nil")
-    chunk = lua.eval("loadfile")(str(test_file))
-    if chunk is None:
-        raise RuntimeError(f"cannot load {test_file}")
-    return chunk("--suite", str(lib_file))
+def load_suite(test_file):
+    """A fresh Lua 5.2 runtime (without what CraftOS lacks) holding the suite in test_file,
+    given libsandbox as the gateway serves it (built from its modules)."""
+    lua = runtime()
+    chunk = load(lua, test_file.read_bytes(), "@" + str(test_file))
+    return chunk("--suite", libsandbox(lua))
 
 
 def _method_name(case):
@@ -94,3 +94,59 @@ class VersionTests(SynchronousTestCase):
         self.assertEqual(
             set(versions.values()), {trapsandbox.__version__}, f"versions disagree: {versions}"
         )
+
+
+class BuildTests(SynchronousTestCase):
+    """The one-file libsandbox the gateway serves, built from lua/sandbox/ (client.py)."""
+
+    def test_the_copy_in_the_tree_is_the_build(self):
+        """lua/apis/libsandbox.lua (trapos's package takes it) is what the gateway serves:
+        `python -m trapsandbox.web.client` writes it again after a module changed."""
+        self.assertEqual((LUA_DIR / client.LIBRARY).read_bytes(), client.build_libsandbox())
+
+    def test_every_module_is_built_in_and_every_file_is_a_module(self):
+        modules = {path.stem for path in (LUA_DIR / "sandbox").glob("*.lua")}
+        self.assertEqual(modules, set(client.MODULES))
+        built = client.build_libsandbox()
+        for name in client.MODULES:
+            self.assertIn(b"loadModule('" + name.encode() + b"', [", built)
+        self.assertTrue(built.startswith(b"local _VERSION = '" + trapsandbox.__version__.encode()))
+
+    def test_a_runtime_error_in_a_module_names_the_module_and_its_line(self):
+        lua = runtime()
+        lib = libsandbox(lua)()
+        # sandbox/wire.lua's traposId checks its argument with cc.expect; the line that
+        # raises is in the module, and the error and traceback name it, not the one file.
+        wire = (LUA_DIR / "sandbox" / "wire.lua").read_text().splitlines()
+        line = wire.index("  local id = osLike.getComputerID()") + 1
+        ok, err = lua.eval("function(lib) return xpcall(lib.traposId, debug.traceback, {}) end")(
+            lib
+        )
+        self.assertIs(ok, False)
+        self.assertIn(f"sandbox/wire.lua:{line}: attempt to call field 'getComputerID'", err)
+        self.assertIn(f"sandbox/wire.lua:{line}: in function", err)
+
+    def test_a_module_that_does_not_compile_names_itself(self):
+        root = Path(self.mktemp())
+        shutil.copytree(LUA_DIR, root)
+        broken = root / "sandbox" / "jobs.lua"
+        broken.write_text(broken.read_text() + "this is not lua\n")
+        lua = runtime()
+        chunk = load(lua, client.build_libsandbox(root), "=libsandbox")
+        ok, err = lua.eval("pcall")(chunk)
+        self.assertIs(ok, False)
+        line = len(broken.read_text().splitlines())
+        self.assertIn(f"sandbox/jobs.lua:{line}:", err)
+
+    def test_long_brackets_never_close_inside_the_source(self):
+        self.assertEqual(client.long_bracket(b"x = 1\n"), (b"[[", b"]]"))
+        self.assertEqual(client.long_bracket(b"t[a[1]]\n"), (b"[=[", b"]=]"))
+        self.assertEqual(client.long_bracket(b"s = [==[ ]] ]=] ]==]\n"), (b"[===[", b"]===]"))
+        self.assertEqual(client.long_bracket(b"s = a[1]"), (b"[=[", b"]=]"))
+        root = Path(self.mktemp())
+        shutil.copytree(LUA_DIR, root)
+        odd = root / "sandbox" / "api.lua"
+        odd.write_text(odd.read_text() + "M.BRACKETS = ']] ]=] ]==] ]===] [[x]]'\n")
+        lua = runtime()
+        lib = load(lua, client.build_libsandbox(root), "=libsandbox")()
+        self.assertEqual(lib.BRACKETS, "]] ]=] ]==] ]===] [[x]]")
