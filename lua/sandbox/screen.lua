@@ -5,8 +5,8 @@ local _VERSION = '0.1.0'
 -- == Section: The screen ==================================================================
 -- Owns: making the computer's screen readable however the daemon started (a recorder over the
 -- native terminal, installed once), and screen_watch's streams of changed rows (SPEC §14).
--- Needs: constants (M.TERM_METHODS). Exports: M.installRecorder, M.newRecorder, M.compactRow,
--- M.RECORDER_GLOBAL, M.MAX_WATCHES, M.SCREEN_WATCH_FPS.
+-- Needs: constants, capture (M.TERM_METHODS). Exports: M.installRecorder, M.newRecorder,
+-- M.compactRow, M.RECORDER_GLOBAL, M.MAX_WATCHES, M.SCREEN_WATCH_FPS.
 
 local M, internal = ...
 
