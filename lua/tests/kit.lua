@@ -4,7 +4,8 @@ local _VERSION = '0.1.0'
 The kit of the module tests (tests/modules/NAME.lua, one file per module of lua/sandbox/): cases,
 assertions, and the modules under test loaded alone, without the rest of libsandbox.
 
-  local kit = dofile('tests/kit.lua')(loadModule)  -- loadModule(name) -> that module's chunk
+  local kit = dofile('tests/kit.lua')(loadModule, fakes)
+      loadModule(name) -> that module's chunk; fakes: tests/fakes.lua's table (kit.fakes)
   kit.test(name, fn)              a case; kit.onCleanup(fn) undoes what a case changed in _G
   kit.eq(actual, expected, what)  deep equality; kit.truthy(v, what); kit.raises(fn, pattern, what)
   kit.modules('core', 'wire')     -> M, internal: fresh tables, those modules run in that order
@@ -15,8 +16,8 @@ under the chunk name @sandbox/NAME.lua, as the one-file build does, and runs eac
 fresh Lua 5.2 with CC:Tweaked's cc.expect on package.path.
 ]]
 
-return function(loadModule)
-  local kit = {}
+return function(loadModule, fakes)
+  local kit = { fakes = fakes }
 
   function kit.modules(...)
     local M, internal = {}, {}

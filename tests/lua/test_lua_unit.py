@@ -26,8 +26,9 @@ def load_suite(test_file):
     module's tests (tests/modules/NAME.lua) given the kit that loads modules one by one."""
     lua = runtime()
     chunk = load(lua, test_file.read_bytes(), "@" + str(test_file))
+    fakes = load(lua, (LUA_DIR / "tests" / "fakes.lua").read_bytes(), "@tests/fakes.lua")()
     if test_file.parent.name != "modules":
-        return chunk("--suite", libsandbox(lua))
+        return chunk("--suite", libsandbox(lua), fakes)
     modules = LUA_DIR / "sandbox"
 
     def load_module(name):
@@ -35,7 +36,7 @@ def load_suite(test_file):
         return load(lua, (modules / f"{name}.lua").read_bytes(), f"@sandbox/{name}.lua")
 
     kit = load(lua, (LUA_DIR / "tests" / "kit.lua").read_bytes(), "@tests/kit.lua")()
-    return chunk(kit(load_module))
+    return chunk(kit(load_module, fakes))
 
 
 def _method_name(case):
