@@ -1,12 +1,242 @@
 local _VERSION = '0.1.0'
 
 --[[
-Fakes of CraftOS shared by tests/sandbox.lua and the module tests (tests/modules/): returns
-{ fs = fakeFs }. fakeFs(capacity): an in-memory fs with a read-only /rom, a capacity counted
-like CC:Tweaked's (500 bytes at least per file or folder), binary handles and CraftOS's error
-messages; f.files[path] and f.dirs[path] (paths without a leading /) are its content.
+Fakes of CraftOS shared by tests/sandbox.lua and the module tests (tests/modules/). Returns:
+  encode, decode, EMPTY_ARRAY  a tiny JSON codec, so the tests need no textutils
+  os(label)                    computer 7, a fixed clock, queued events recorded in order
+  loop()                       an event loop with virtual time (emit, advance, pending)
+  handle()                     a websocket handle recording what is sent (frames, last)
+  http()                       http.websocketAsync recording the URLs and headers
+  fs(capacity)                 an in-memory fs with a read-only /rom, a capacity counted like
+                               CC:Tweaked's (500 bytes at least per file or folder), binary
+                               handles and CraftOS's error messages; f.files[path] and
+                               f.dirs[path] (paths without a leading /) are its content
 ]]
 
+-- A tiny JSON codec for the tests, so they do not need textutils. Empty tables encode as {},
+-- like CC:Tweaked; `[]` decodes to a distinct frozen table, like textutils.empty_json_array.
+local EMPTY_ARRAY = setmetatable({}, { __newindex = function() error('attempt to mutate empty_json_array', 2) end })
+
+local function encode(value)
+  local t = type(value)
+  if t == 'nil' then return 'null'
+  elseif t == 'boolean' or t == 'number' then return tostring(value)
+  elseif t == 'string' then
+    return '"' .. value:gsub('[%c"\\]', function(c)
+      return ('\\u%04x'):format(c:byte())
+    end) .. '"'
+  elseif t == 'table' then
+    if value == EMPTY_ARRAY then return '[]' end
+    if next(value) == nil then return '{}' end
+    if value[1] ~= nil then
+      local parts = {}
+      for i = 1, #value do parts[i] = encode(value[i]) end
+      return '[' .. table.concat(parts, ',') .. ']'
+    end
+    local keys = {}
+    for k in pairs(value) do keys[#keys + 1] = k end
+    table.sort(keys)
+    local parts = {}
+    for i, k in ipairs(keys) do parts[i] = encode(k) .. ':' .. encode(value[k]) end
+    return '{' .. table.concat(parts, ',') .. '}'
+  end
+  error('cannot encode ' .. t)
+end
+
+local function decode(text)
+  local pos = 1
+  local function ws() pos = text:find('[^ \t\r\n]', pos) or #text + 1 end
+  local value
+  local function str()
+    local out = {}
+    pos = pos + 1
+    while true do
+      local c = text:sub(pos, pos)
+      if c == '' then error('unterminated string') end
+      if c == '"' then pos = pos + 1; break end
+      if c == '\\' then
+        local e = text:sub(pos + 1, pos + 1)
+        if e == 'u' then
+          out[#out + 1] = string.char(tonumber(text:sub(pos + 2, pos + 5), 16) % 256)
+          pos = pos + 6
+        else
+          local map = { n = '\n', t = '\t', r = '\r', b = '\b', f = '\f' }
+          out[#out + 1] = map[e] or e
+          pos = pos + 2
+        end
+      else
+        out[#out + 1] = c
+        pos = pos + 1
+      end
+    end
+    return table.concat(out)
+  end
+  function value()
+    ws()
+    local c = text:sub(pos, pos)
+    if c == '{' then
+      local obj = {}
+      pos = pos + 1; ws()
+      if text:sub(pos, pos) == '}' then pos = pos + 1; return obj end
+      while true do
+        ws()
+        local k = str(); ws()
+        if text:sub(pos, pos) ~= ':' then error('expected :') end
+        pos = pos + 1
+        obj[k] = value(); ws()
+        local d = text:sub(pos, pos); pos = pos + 1
+        if d == '}' then return obj end
+        if d ~= ',' then error('expected , or }') end
+      end
+    elseif c == '[' then
+      local arr = {}
+      pos = pos + 1; ws()
+      if text:sub(pos, pos) == ']' then pos = pos + 1; return EMPTY_ARRAY end
+      while true do
+        arr[#arr + 1] = value(); ws()
+        local d = text:sub(pos, pos); pos = pos + 1
+        if d == ']' then return arr end
+        if d ~= ',' then error('expected , or ]') end
+      end
+    elseif c == '"' then return str()
+    elseif text:sub(pos, pos + 3) == 'true' then pos = pos + 4; return true
+    elseif text:sub(pos, pos + 4) == 'false' then pos = pos + 5; return false
+    elseif text:sub(pos, pos + 3) == 'null' then pos = pos + 4; return nil
+    end
+    local num = text:match('^-?%d+%.?%d*[eE]?[+-]?%d*', pos)
+    if not num or num == '' then error('unexpected character at ' .. pos) end
+    pos = pos + #num
+    return tonumber(num)
+  end
+  local result = value()
+  ws()
+  if pos <= #text then error('trailing characters') end
+  return result
+end
+
+-- os: computer 7 (label optional), a fixed clock, queued events recorded in order.
+local function fakeOs(label)
+  local o = { queued = {}, now = 1700000000000 }
+  function o.getComputerID() return 7 end
+  function o.getComputerLabel() return label end
+  function o.epoch(kind)
+    if kind ~= 'utc' then error('epoch must be asked for utc time') end
+    o.now = o.now + 1
+    return o.now
+  end
+  function o.queueEvent(...)
+    o.queued[#o.queued + 1] = table.pack(...)
+  end
+  function o.take(name)
+    for i, e in ipairs(o.queued) do
+      if e[1] == name then return table.remove(o.queued, i) end
+    end
+  end
+  function o.count(name)
+    local n = 0
+    for _, e in ipairs(o.queued) do if e[1] == name then n = n + 1 end end
+    return n
+  end
+  return o
+end
+
+-- Event loop with virtual time. Handlers get the event's parameters without its name.
+local function fakeLoop()
+  local l = { handlers = {}, any = {}, timers = {}, now = 0, delays = {} }
+  function l.register(event, handler)
+    l.handlers[event] = l.handlers[event] or {}
+    local entry = { fn = handler }
+    table.insert(l.handlers[event], entry)
+    return function()
+      for i, e in ipairs(l.handlers[event]) do
+        if e == entry then table.remove(l.handlers[event], i); return end
+      end
+    end
+  end
+  function l.setTimeout(fn, seconds)
+    local t = { fn = fn, at = l.now + seconds, seconds = seconds }
+    table.insert(l.timers, t)
+    table.insert(l.delays, seconds)
+    return function() t.cleared = true end
+  end
+  function l.registerAny(handler)
+    local entry = { fn = handler }
+    table.insert(l.any, entry)
+    return function()
+      for i, e in ipairs(l.any) do
+        if e == entry then table.remove(l.any, i); return end
+      end
+    end
+  end
+  function l.emit(event, ...)
+    local list = l.handlers[event] or {}
+    local snapshot = {}
+    for i, e in ipairs(list) do snapshot[i] = e end
+    for _, e in ipairs(snapshot) do e.fn(...) end
+    local anySnapshot = {}
+    for i, e in ipairs(l.any) do anySnapshot[i] = e end
+    for _, e in ipairs(anySnapshot) do e.fn(event, ...) end
+  end
+  function l.advance(seconds)
+    local target = l.now + seconds
+    while true do
+      local nextTimer
+      for _, t in ipairs(l.timers) do
+        if not t.cleared and not t.fired and t.at <= target and (not nextTimer or t.at < nextTimer.at) then
+          nextTimer = t
+        end
+      end
+      if not nextTimer then break end
+      l.now = nextTimer.at
+      nextTimer.fired = true
+      nextTimer.fn()
+    end
+    l.now = target
+  end
+  function l.pending()
+    local n = 0
+    for _, t in ipairs(l.timers) do if not t.cleared and not t.fired then n = n + 1 end end
+    return n
+  end
+  return l
+end
+
+local function fakeHandle()
+  local h = { sent = {}, closes = 0 }
+  function h.send(text)
+    if h.closes > 0 then error('attempt to use a closed file') end
+    if h.failSend then error('socket broken') end
+    h.sent[#h.sent + 1] = text
+  end
+  function h.close()
+    h.closes = h.closes + 1
+    if h.closes > 1 then error('closed twice') end
+  end
+  function h.frames()
+    local out = {}
+    for i, s in ipairs(h.sent) do out[i] = decode(s) end
+    return out
+  end
+  function h.last()
+    if #h.sent == 0 then return nil end
+    return decode(h.sent[#h.sent])
+  end
+  return h
+end
+
+local function fakeHttp()
+  local f = { urls = {}, headers = {} }
+  function f.websocketAsync(url, headers)
+    if type(url) ~= 'string' then error('bad argument #1 (string expected)') end
+    f.urls[#f.urls + 1] = url
+    f.headers[#f.headers + 1] = headers
+    return true
+  end
+  function f.lastUrl() return f.urls[#f.urls] end
+  return f
+end
+
+-- An in-memory fs (see above).
 local function fakeFs(capacity)
   local f = { files = {}, dirs = { [''] = true }, capacity = capacity or 1000000, closes = 0, opens = 0 }
   local function norm(path)
@@ -154,4 +384,7 @@ local function fakeFs(capacity)
   return f
 end
 
-return { fs = fakeFs }
+return {
+  EMPTY_ARRAY = EMPTY_ARRAY, encode = encode, decode = decode,
+  os = fakeOs, loop = fakeLoop, handle = fakeHandle, http = fakeHttp, fs = fakeFs,
+}
