@@ -1,12 +1,35 @@
 local _VERSION = '0.1.0'
 
 --[[
+libsandbox, built from its modules in lua/sandbox/ by trapsandbox.web.client.build_libsandbox:
+change those, not this file. Each module is loaded under its own name, so an error or a
+traceback names sandbox/NAME.lua and the line in it. sandbox/core.lua says what libsandbox is.
+]]
+
+local M, internal = {}, {}
+local function loadModule(name, source)
+  local chunk, err = load(source, '@sandbox/' .. name .. '.lua', 't', _ENV)
+  if not chunk then error(err, 0) end
+  chunk(M, internal)
+end
+
+loadModule('core', [=[
+local _VERSION = '0.1.0'
+
+--[[
 libsandbox: the computer side of the trapsandbox gateway protocol (SPEC §2, §6, §9).
 
-Loading: this file returns its module table, so it works with `require('libsandbox')`
-(when /apis is on package.path, as under trapos) and with `dofile('/apis/libsandbox.lua')`
-(plain CraftOS). The sandbox program and daemon try `require` first and fall back to the
-known file locations; see `locate` at the end of each of them.
+Loading: libsandbox is one file, /apis/libsandbox.lua, that returns its module table, so it
+works with `require('libsandbox')` (when /apis is on package.path, as under trapos) and with
+`dofile('/apis/libsandbox.lua')` (plain CraftOS). The sandbox program and daemon try `require`
+first and fall back to the known file locations; see `locate` at the end of each of them.
+
+Its source is the modules in lua/sandbox/, this one first. The gateway builds the one file
+from them (trapsandbox.web.client.build_libsandbox), loading each module with
+`load(source, '@sandbox/NAME.lua')` so that an error names the module and its line. A module
+runs as chunk(M, internal): M is the table libsandbox returns, internal what the modules share
+with each other and not with programs (a module takes what it needs from internal at its top
+and puts there, at its end, what later modules need).
 
 OS events (all prefixed `trapos_sandbox_`):
   trapos_sandbox_send(messageId, type, payload)        a program asks the daemon to send
@@ -24,7 +47,7 @@ Daemon state is published in the shared table `_G.traposSandboxState` (`state`, 
 `sandbox status` can read it without a round trip. A stopped daemon leaves its last state
 behind, marked `running = false`.
 
-Gateway requests the daemon answers: the request table (section 10) lists every type, the
+Gateway requests the daemon answers: the request table (sandbox/requests) lists every type, the
 capability it needs in the setting sandbox.allow and its handler; SPEC §9 has the payloads.
 Anything else is `unknown_type`; a capability not allowed is `forbidden`; CraftOS refusing a
 file operation is `fs_error` with its message. No frame sent is over M.MAX_SEND (128 KiB).
@@ -37,29 +60,37 @@ Event loop interface (trapos's `_G.bootEventLoop`, or `createEventLoop()` on pla
 Handlers are called with the event's parameters; a loop that also passes the event name
 first is detected and handled.
 
-Sections, in this order, each using only those above it; each opens with a header
+Modules, in this order, each using only those above it; each opens with a header
 (`-- == Section: NAME ==`) saying what it owns, what it needs and what it exports:
-  1  Constants and argument checks     M, expect, errorValue
-  2  Capabilities (consent)            sandbox.allow: parse, change, the settings' definitions
-  3  Encodings                         base64, payload/error coercion, JSON lists and codec
-  4  Envelopes                         the wire frames, hello, traposId, messageIds
-  5  Event loop                        createEventLoop (plain CraftOS), listening to every event
-  6  Output capture and the terminal   what exec/eval programs print; their redirect target
-  7  The screen                        the recorder of the native terminal; screen_watch
-  8  Jobs                              exec/eval coroutines: resume, timeout, cancel, partials
-  9  Request handlers                  ping, exec, eval, cancel, files, screen, input
-  10 The request table                 type -> capability -> handler, in one place
-  11 Dispatch                          onMessage: frames to handlers or to waiting programs
-  12 The session (the daemon)          the WebSocket, hello, reconnect, forwarding; startSession
-  13 Entry points for programs         request, ask, newWrapper
+  core         Constants and argument checks    M, expect (cc.expect), errorValue
+  consent      Capabilities                     sandbox.allow: parse, change, the settings
+  encoding     Encodings                        base64, payload/error coercion, JSON lists, codec
+  wire         Envelopes                        the wire frames, hello, traposId, messageIds
+  loop         Event loop                       createEventLoop (plain CraftOS), every event
+  capture      Output capture and the terminal  what exec/eval programs print; their terminal
+  screen       The screen                       the recorder of the native terminal; watches
+  jobs         Jobs                             exec/eval coroutines: resume, timeout, cancel
+  handlers     Request handlers                 what every handler shares; ping; /.settings
+  exec         Programs                         exec, eval, cancel
+  files        Files                            list, read, write, delete, move, make_folder
+  snapshot     Snapshots                        snapshot_list
+  console      Screen and input                 screen, screen_watch, input
+  peripherals  Peripherals and turtles          list/call_peripheral, peripheral_events, turtle
+  requests     The request table                type -> capability -> handler, in one place
+  dispatch     Dispatch                         onMessage: frames to handlers or to programs
+  session      The session (the daemon)         the WebSocket, hello, reconnect; startSession
+  api          Entry points for programs        request, ask, newWrapper
 ]]
 
 -- == Section: Constants and argument checks ===============================================
 -- Owns: the module table M with every tunable number and OS event name, the argument checks
--- (expect, expectNonEmpty) and errorValue, the {code, message} every failure is made of.
+-- (expect: CraftOS's own cc.expect; expectNonEmpty) and errorValue, the {code, message} every
+-- failure is made of.
 -- Needs: nothing. Exports: M._VERSION, M.EVENT_*, the limits (M.MAX_SEND, ...), M.errorValue.
 
-local M = {
+local M, internal = ...
+
+local CONSTANTS = {
   _VERSION = _VERSION,
   EVENT_SEND = 'trapos_sandbox_send',
   EVENT_REPLY = 'trapos_sandbox_reply',
@@ -101,21 +132,24 @@ local M = {
   JSON_DEPTH = 16,                  -- nesting kept when a Lua value is made JSON
   TURTLE_BUDGET = 64,               -- default sandbox.turtle_budget: moves per ask
 }
+for name, value in pairs(CONSTANTS) do M[name] = value end
 
-local function expect(n, value, ...)
-  local t = type(value)
-  local names = { ... }
-  for i = 1, #names do
-    if t == names[i] then return value end
+-- cc.expect as CraftOS's own APIs take it: `require` where the program has it, else the ROM's
+-- file (a library loaded with dofile sees only _G, which has no `require`).
+local function loadExpect()
+  if type(require) == 'function' then
+    local ok, module = pcall(require, 'cc.expect')
+    if ok and type(module) == 'table' then return module end
   end
-  error(('bad argument #%d (%s expected, got %s)'):format(n, table.concat(names, ' or '), t), 3)
+  return dofile('rom/modules/main/cc/expect.lua')
 end
+local expect = loadExpect().expect
 
+-- cc.expect's wording, for a string that must not be empty.
 local function expectNonEmpty(n, value)
-  if type(value) ~= 'string' or value == '' then
-    error(('bad argument #%d (non-empty string expected, got %s)'):format(n, type(value) == 'string' and 'empty string' or type(value)), 3)
-  end
-  return value
+  if type(value) == 'string' and value ~= '' then return value end
+  local got = value == '' and 'empty string' or type(value)
+  error(('bad argument #%d (non-empty string expected, got %s)'):format(n, got), 3)
 end
 
 local function errorValue(code, message)
@@ -123,11 +157,24 @@ local function errorValue(code, message)
 end
 M.errorValue = errorValue
 
+internal.expect = expect
+internal.expectNonEmpty = expectNonEmpty
+internal.errorValue = errorValue
+]=])
+
+loadModule('consent', [=[
+local _VERSION = '0.1.0'
+
+-- libsandbox's module sandbox/consent: run as chunk(M, internal), see sandbox/core.lua.
+
 -- == Section: Capabilities (consent) ======================================================
 -- Owns: what the owner may allow (setting sandbox.allow): the list, its parsing and changing,
 -- the settings' definitions and the whole-computer warning.
 -- Needs: constants. Exports: M.CAPABILITIES, M.parseCapabilities, M.changeCapabilities,
 -- M.WHOLE_COMPUTER, M.grantsWholeComputer, M.defineSettings.
+
+local M, internal = ...
+local expect = internal.expect
 
 -- What the owner may allow (setting sandbox.allow), in the order they are listed.
 M.CAPABILITIES = { 'exec', 'eval', 'fs.read', 'fs.write', 'screen', 'input', 'peripheral', 'turtle' }
@@ -358,11 +405,21 @@ function M.defineSettings()
     default = M.TURTLE_BUDGET,
   })
 end
+]=])
+
+loadModule('encoding', [=[
+local _VERSION = '0.1.0'
+
+-- libsandbox's module sandbox/encoding: run as chunk(M, internal), see sandbox/core.lua.
 
 -- == Section: Encodings ===================================================================
 -- Owns: base64 (file content), payload and error coercion (SPEC §2), JSON lists, the default
 -- JSON codec (textutils).
 -- Needs: constants. Exports: M.base64Encode, M.base64Decode, M.coercePayload, M.coerceError.
+
+local M, internal = ...
+local errorValue = internal.errorValue
+local expect = internal.expect
 
 --[[ Built for CraftOS's Lua, where making strings piecewise is slow (SPEC §6): output bytes are
 collected as numbers and turned into strings with one string.char per BASE64_GROUP of them, and
@@ -490,10 +547,25 @@ local function defaultDecode(text)
   return textutils.unserializeJSON(text)
 end
 
+internal.jsonList = jsonList
+internal.defaultEncode = defaultEncode
+internal.defaultDecode = defaultDecode
+]=])
+
+loadModule('wire', [[
+local _VERSION = '0.1.0'
+
+-- libsandbox's module sandbox/wire: run as chunk(M, internal), see sandbox/core.lua.
+
 -- == Section: Envelopes ===================================================================
 -- Owns: the four wire frames (SPEC §2), hello, traposId, messageIds, the URL nonce.
 -- Needs: constants, encodings. Exports: M.traposId, M.computerRequest, M.computerResponse,
 -- M.gatewayRequest, M.gatewayResponse, M.hello, M.newMessageId, M.withNonce.
+
+local M, internal = ...
+local expect = internal.expect
+local expectNonEmpty = internal.expectNonEmpty
+local jsonList = internal.jsonList
 
 -- traposId = "<computerId>:<label>", label may be empty ("7:").
 function M.traposId(osLike)
@@ -582,11 +654,20 @@ function M.withNonce(url, nonce)
   local sep = url:find('?', 1, true) and '&' or '?'
   return url .. sep .. 'n=' .. tostring(nonce)
 end
+]])
+
+loadModule('loop', [[
+local _VERSION = '0.1.0'
+
+-- libsandbox's module sandbox/loop: run as chunk(M, internal), see sandbox/core.lua.
 
 -- == Section: Event loop ==================================================================
 -- Owns: the built-in event loop for plain CraftOS (trapos's bootEventLoop interface) and
 -- listening to every event (what a program started by exec or eval waits on).
 -- Needs: constants. Exports: M.createEventLoop, M.PROGRAM_EVENTS.
+
+local M, internal = ...
+local expect = internal.expect
 
 -- Adds `handler` to `list`; returns the function that removes it again.
 local function addHandler(list, handler)
@@ -706,10 +787,21 @@ local function listenAll(loop, handler)
   end
 end
 
+internal.dropEventName = dropEventName
+internal.listenAll = listenAll
+]])
+
+loadModule('capture', [=[
+local _VERSION = '0.1.0'
+
+-- libsandbox's module sandbox/capture: run as chunk(M, internal), see sandbox/core.lua.
+
 -- == Section: Output capture and the terminal =============================================
 -- Owns: what a program run by exec or eval prints (per stream, bounded), the redirect target
 -- that records it while drawing where the player looks, the swapped write/printError.
 -- Needs: constants. Exports: M.newCapture, M.TERM_METHODS.
+
+local M, internal = ...
 
 --[[ What a program run by exec or eval prints is recorded per stream, up to maxBytes each
 (the rest is dropped and the stream flagged truncated), and queued for partial responses.
@@ -821,24 +913,25 @@ function Capture:terminal(parent)
   return t
 end
 
-local activeCapture = nil              -- the capture of the job being resumed, if any
-local realWrite, realPrintError = nil, nil -- what _G held when a job last started running
+-- Set by the jobs module while it resumes a job: `capture`, the job's capture; `write` and
+-- `printError`, what _G held when a job last started running.
+local swapped = { capture = nil, write = nil, printError = nil }
 
 local function capturedWrite(text)
-  local cap = activeCapture
+  local cap = swapped.capture
   if cap and cap.depth == 0 and (type(text) == 'string' or type(text) == 'number') then
     cap:record('stdout', tostring(text))
     cap.depth = cap.depth + 1
-    local lines = realWrite and realWrite(text) or 0
+    local lines = swapped.write and swapped.write(text) or 0
     cap.depth = cap.depth - 1
     return lines
   end
-  if realWrite then return realWrite(text) end
+  if swapped.write then return swapped.write(text) end
   return 0
 end
 
 local function capturedPrintError(...)
-  local cap = activeCapture
+  local cap = swapped.capture
   if cap and cap.depth ~= 0 then cap = nil end
   if cap then
     local parts = {}
@@ -846,15 +939,27 @@ local function capturedPrintError(...)
     cap:record('stderr', table.concat(parts, '\t') .. '\n')
     cap.depth = cap.depth + 1
   end
-  if realPrintError then realPrintError(...) end
+  if swapped.printError then swapped.printError(...) end
   if cap then cap.depth = cap.depth - 1 end
 end
+
+internal.swapped = swapped
+internal.capturedWrite = capturedWrite
+internal.capturedPrintError = capturedPrintError
+]=])
+
+loadModule('screen', [=[
+local _VERSION = '0.1.0'
+
+-- libsandbox's module sandbox/screen: run as chunk(M, internal), see sandbox/core.lua.
 
 -- == Section: The screen ==================================================================
 -- Owns: making the computer's screen readable however the daemon started (a recorder over the
 -- native terminal, installed once), and screen_watch's streams of changed rows (SPEC §14).
--- Needs: constants (M.TERM_METHODS). Exports: M.installRecorder, M.newRecorder, M.compactRow,
--- M.RECORDER_GLOBAL, M.MAX_WATCHES, M.SCREEN_WATCH_FPS.
+-- Needs: constants, capture (M.TERM_METHODS). Exports: M.installRecorder, M.newRecorder,
+-- M.compactRow, M.RECORDER_GLOBAL, M.MAX_WATCHES, M.SCREEN_WATCH_FPS.
+
+local M, internal = ...
 
 --[[ The native terminal cannot be read back. The recorder wraps the native terminal's drawing
 methods in place: each one (taken from the native table by name, M.RECORDED_METHODS) draws
@@ -1230,11 +1335,27 @@ local function stopWatches(session, attempt, reason)
   for _, watch in ipairs(list) do watch:stop(reason or 'disconnect') end
 end
 
+internal.startWatch = startWatch
+internal.stopWatches = stopWatches
+]=])
+
+loadModule('jobs', [=[
+local _VERSION = '0.1.0'
+
+-- libsandbox's module sandbox/jobs: run as chunk(M, internal), see sandbox/core.lua.
+
 -- == Section: Jobs ========================================================================
 -- Owns: a program (exec) or a Lua chunk (eval) running in its own coroutine beside the daemon:
 -- resuming it with its terminal and capture in place, timeout, cancel, streamed partials.
 -- Needs: constants, event loop, capture. Exports: nothing (startJob and stopJobs, for the
 -- request handlers and the session).
+
+local M, internal = ...
+local capturedPrintError = internal.capturedPrintError
+local capturedWrite = internal.capturedWrite
+local errorValue = internal.errorValue
+local listenAll = internal.listenAll
+local swapped = internal.swapped
 
 --[[ A job is resumed from the daemon's event loop like `parallel` resumes its coroutines: with
 every event that matches the filter it yielded (all events when none), and `terminate` always.
@@ -1302,20 +1423,20 @@ function Job:resume(...)
     termApi.redirect(self.term)
   end
   local prevWrite, prevPrintError = rawget(_G, 'write'), rawget(_G, 'printError')
-  if prevWrite ~= capturedWrite then realWrite = prevWrite; rawset(_G, 'write', capturedWrite) end
-  if prevPrintError ~= capturedPrintError then realPrintError = prevPrintError; rawset(_G, 'printError', capturedPrintError) end
+  if prevWrite ~= capturedWrite then swapped.write = prevWrite; rawset(_G, 'write', capturedWrite) end
+  if prevPrintError ~= capturedPrintError then swapped.printError = prevPrintError; rawset(_G, 'printError', capturedPrintError) end
   local prevDir
   if shellApi and self.dir then
     prevDir = shellApi.dir()
     pcall(shellApi.setDir, self.dir)
   end
-  local prevCapture = activeCapture
-  activeCapture = self.capture
+  local prevCapture = swapped.capture
+  swapped.capture = self.capture
   self.capture.depth = 0
 
   local result = table.pack(coroutine.resume(self.co, ...))
 
-  activeCapture = prevCapture
+  swapped.capture = prevCapture
   if prevDir then
     self.dir = shellApi.dir()
     pcall(shellApi.setDir, prevDir)
@@ -1415,12 +1536,25 @@ function Job:durationMs()
   return math.max(0, math.floor(self.session.clock() - self.startedAt))
 end
 
+internal.startJob = startJob
+internal.stopJobs = stopJobs
+]=])
+
+loadModule('handlers', [=[
+local _VERSION = '0.1.0'
+
+-- libsandbox's module sandbox/handlers: run as chunk(M, internal), see sandbox/core.lua.
+
 -- == Section: Request handlers ============================================================
--- Owns: what the daemon does for each gateway request (SPEC §9): ping, exec, eval, cancel, the
--- file requests (paths, /.settings refused, base64, parts in a temporary file per write, a move
--- or a folder checked and done in one step), screen. Each is handler(req, ctx).
--- Needs: constants, encodings, jobs. Exports: M.isSettingsPath, M.SETTINGS_FILE, M.PROGRAM_PATH,
--- M.TEMP_SUFFIX, M.NO_SCREEN.
+-- Owns: what every request handler shares (answers, numbers and lists from a payload, paths,
+-- /.settings refused) and ping. The other handlers are in exec, files, snapshot, console and
+-- peripherals; the request table (sandbox/requests) lists them all.
+-- Needs: constants, encodings. Exports: M.isSettingsPath, M.SETTINGS_FILE; for the other
+-- handlers: handlePing, badRequest, fsError, errorText, sessionOf, optionalNumber, stringList,
+-- resolvePath, settingsForbidden, filePath, encodingOk.
+
+local M, internal = ...
+local errorValue = internal.errorValue
 
 --[[ A handler is handler(req, ctx), registered in the request table below (M.requestHandlers).
 req = { messageId, type, payload (coerced), respond(ok, payload, err, shrink?) -> sent,
@@ -1570,6 +1704,38 @@ local function encodingOk(req)
   end
   return true
 end
+
+internal.handlePing = handlePing
+internal.badRequest = badRequest
+internal.fsError = fsError
+internal.errorText = errorText
+internal.sessionOf = sessionOf
+internal.optionalNumber = optionalNumber
+internal.stringList = stringList
+internal.resolvePath = resolvePath
+internal.settingsForbidden = settingsForbidden
+internal.filePath = filePath
+internal.encodingOk = encodingOk
+]=])
+
+loadModule('exec', [[
+local _VERSION = '0.1.0'
+
+-- libsandbox's module sandbox/exec: run as chunk(M, internal), see sandbox/core.lua.
+
+-- == Section: Programs ====================================================================
+-- Owns: exec (a program beside the daemon) and eval (a Lua chunk), run as jobs, and cancel.
+-- Needs: constants, handlers, jobs. Exports: M.PROGRAM_PATH; handleExec, handleEval and
+-- handleCancel for the request table.
+
+local M, internal = ...
+local badRequest = internal.badRequest
+local jsonList = internal.jsonList
+local optionalNumber = internal.optionalNumber
+local resolvePath = internal.resolvePath
+local sessionOf = internal.sessionOf
+local startJob = internal.startJob
+local stringList = internal.stringList
 
 local function timeoutAndOutput(payload)
   local timeoutMs, err = optionalNumber(payload, 'timeoutMs', M.EXEC_TIMEOUT_MS, 1)
@@ -1727,7 +1893,33 @@ local function handleCancel(req, ctx)
   req.respond(true, { cancelled = running ~= nil and running:stop('cancel') or false })
 end
 
--- Files ----------------------------------------------------------------------------
+internal.handleExec = handleExec
+internal.handleEval = handleEval
+internal.handleCancel = handleCancel
+]])
+
+loadModule('files', [=[
+local _VERSION = '0.1.0'
+
+-- libsandbox's module sandbox/files: run as chunk(M, internal), see sandbox/core.lua.
+
+-- == Section: Files =======================================================================
+-- Owns: list_files, read_file, write_file (parts into a temporary file per write, the last one
+-- moves it in), delete_file, move_file and make_folder, each checked and done in one step.
+-- Needs: constants, encodings, handlers. Exports: M.TEMP_SUFFIX; the handlers for the request
+-- table.
+
+local M, internal = ...
+local badRequest = internal.badRequest
+local encodingOk = internal.encodingOk
+local errorText = internal.errorText
+local filePath = internal.filePath
+local fsError = internal.fsError
+local jsonList = internal.jsonList
+local optionalNumber = internal.optionalNumber
+local resolvePath = internal.resolvePath
+local sessionOf = internal.sessionOf
+local settingsForbidden = internal.settingsForbidden
 
 local function fileEntry(fsApi, dir, name)
   local full = fsApi.combine(dir, name)
@@ -2052,7 +2244,29 @@ local function handleMakeFolder(req, ctx)
   req.respond(true, { made = shown, existed = false })
 end
 
--- Snapshots (SPEC §15) ----------------------------------------------------------------
+internal.handleListFiles = handleListFiles
+internal.handleReadFile = handleReadFile
+internal.freeSpaceFor = freeSpaceFor
+internal.handleWriteFile = handleWriteFile
+internal.handleDeleteFile = handleDeleteFile
+internal.handleMoveFile = handleMoveFile
+internal.handleMakeFolder = handleMakeFolder
+]=])
+
+loadModule('snapshot', [=[
+local _VERSION = '0.1.0'
+
+-- libsandbox's module sandbox/snapshot: run as chunk(M, internal), see sandbox/core.lua.
+
+-- == Section: Snapshots ===================================================================
+-- Owns: snapshot_list (SPEC §15): every file a snapshot takes, outside /rom, drives and
+-- /.settings. Needs: constants, handlers, files. Exports: handleSnapshotList.
+
+local M, internal = ...
+local errorValue = internal.errorValue
+local freeSpaceFor = internal.freeSpaceFor
+local jsonList = internal.jsonList
+local sessionOf = internal.sessionOf
 
 M.SNAPSHOT_BATCH = 64    -- paths looked at between yields while listing for a snapshot
 -- Bytes a listed file adds to the answer's JSON besides its path (keys, numbers, quotes).
@@ -2126,9 +2340,27 @@ local function handleSnapshotList(req, ctx)
   step()
 end
 
--- Screen ---------------------------------------------------------------------------
+internal.handleSnapshotList = handleSnapshotList
+]=])
 
---[[ The screen is the daemon's recorder of the native terminal (section 7, installed when the
+loadModule('console', [=[
+local _VERSION = '0.1.0'
+
+-- libsandbox's module sandbox/console: run as chunk(M, internal), see sandbox/core.lua.
+
+-- == Section: Screen and input ===========================================================
+-- Owns: screen, screen_watch (the screen, then its changes as partials) and input (keys, chars,
+-- paste, mouse, terminate) (SPEC §14). Needs: constants, the screen, handlers.
+-- Exports: M.NO_SCREEN; the handlers for the request table.
+
+local M, internal = ...
+local badRequest = internal.badRequest
+local errorValue = internal.errorValue
+local optionalNumber = internal.optionalNumber
+local sessionOf = internal.sessionOf
+local startWatch = internal.startWatch
+
+--[[ The screen is the daemon's recorder of the native terminal (sandbox/screen, installed when the
 daemon starts, however it was started). A session without one (no term.native, or started
 with `recorder = false`) falls back to a readable terminal (one with getLine, i.e. a window)
 recorded in _G.traposSandboxScreen, as older installers' startup files did. ]]
@@ -2284,7 +2516,34 @@ local function handleInput(req, ctx)
   batch()
 end
 
--- Peripherals and turtles (SPEC §16) --------------------------------------------------------
+internal.handleScreen = handleScreen
+internal.handleScreenWatch = handleScreenWatch
+internal.isWhole = isWhole
+internal.handleInput = handleInput
+]=])
+
+loadModule('peripherals', [=[
+local _VERSION = '0.1.0'
+
+-- libsandbox's module sandbox/peripherals: run as chunk(M, internal), see sandbox/core.lua.
+
+-- == Section: Peripherals and turtles =====================================================
+-- Owns: list_peripherals, call_peripheral, peripheral_events and turtle (SPEC §16): a Lua
+-- value as JSON, calls that may yield, the turtle's move budget.
+-- Needs: constants, encodings, loop, jobs, handlers, console. Exports: the handlers for the request
+-- table.
+
+local M, internal = ...
+local badRequest = internal.badRequest
+local dropEventName = internal.dropEventName
+local errorText = internal.errorText
+local errorValue = internal.errorValue
+local isWhole = internal.isWhole
+local jsonList = internal.jsonList
+local optionalNumber = internal.optionalNumber
+local sessionOf = internal.sessionOf
+local startJob = internal.startJob
+local stringList = internal.stringList
 
 --[[ A Lua value as JSON: strings, booleans and finite numbers as they are; tables as arrays
 (keys exactly 1..n) or objects (other keys as text); nil inside a list as null; functions,
@@ -2531,11 +2790,42 @@ local function handleTurtle(req, ctx)
   end)
 end
 
+internal.handleListPeripherals = handleListPeripherals
+internal.handleCallPeripheral = handleCallPeripheral
+internal.handlePeripheralEvents = handlePeripheralEvents
+internal.handleTurtle = handleTurtle
+]=])
+
+loadModule('requests', [[
+local _VERSION = '0.1.0'
+
+-- libsandbox's module sandbox/requests: run as chunk(M, internal), see sandbox/core.lua.
+
 -- == Section: The request table ===========================================================
 -- Owns: every gateway request type the daemon answers, the capability it needs (in the
 -- setting sandbox.allow; none for ping and cancel) and its handler, in one place.
 -- Needs: the request handlers. Exports: M.requestHandlers (type -> handler, what dispatch
 -- calls) and M.REQUEST_CAPABILITY (type -> capability), both made from REQUESTS.
+
+local M, internal = ...
+local handleCallPeripheral = internal.handleCallPeripheral
+local handleCancel = internal.handleCancel
+local handleDeleteFile = internal.handleDeleteFile
+local handleEval = internal.handleEval
+local handleExec = internal.handleExec
+local handleInput = internal.handleInput
+local handleListFiles = internal.handleListFiles
+local handleListPeripherals = internal.handleListPeripherals
+local handleMakeFolder = internal.handleMakeFolder
+local handleMoveFile = internal.handleMoveFile
+local handlePeripheralEvents = internal.handlePeripheralEvents
+local handlePing = internal.handlePing
+local handleReadFile = internal.handleReadFile
+local handleScreen = internal.handleScreen
+local handleScreenWatch = internal.handleScreenWatch
+local handleSnapshotList = internal.handleSnapshotList
+local handleTurtle = internal.handleTurtle
+local handleWriteFile = internal.handleWriteFile
 
 -- SPEC §9 has the payloads and answers.
 local REQUESTS = {
@@ -2566,11 +2856,23 @@ for _, entry in ipairs(REQUESTS) do
   M.requestHandlers[msgType] = handler
   M.REQUEST_CAPABILITY[msgType] = capability
 end
+]])
+
+loadModule('dispatch', [=[
+local _VERSION = '0.1.0'
+
+-- libsandbox's module sandbox/dispatch: run as chunk(M, internal), see sandbox/core.lua.
 
 -- == Section: Dispatch ====================================================================
 -- Owns: turning one frame from the gateway into a handler call or a reply for a waiting
 -- program (onMessage), the request object a handler answers through, the frame size limit.
 -- Needs: constants, encodings, envelopes, the request table. Exports: M.onMessage.
+
+local M, internal = ...
+local defaultDecode = internal.defaultDecode
+local defaultEncode = internal.defaultEncode
+local errorValue = internal.errorValue
+local expect = internal.expect
 
 local function encodeFor(ctx)
   return ctx.encode or defaultEncode
@@ -2687,10 +2989,30 @@ function M.onMessage(content, ctx)
   return 'ignored'
 end
 
+internal.encodeFrame = encodeFrame
+]=])
+
+loadModule('session', [=[
+local _VERSION = '0.1.0'
+
+-- libsandbox's module sandbox/session: run as chunk(M, internal), see sandbox/core.lua.
+
 -- == Section: The session (the daemon) ====================================================
 -- Owns: the one WebSocket to the gateway: connect, hello, reconnect with backoff, forwarding
 -- programs' requests, announcing capabilities, the published state; startSession.
 -- Needs: everything above (dispatch for frames, jobs to stop them). Exports: M.startSession.
+
+local M, internal = ...
+local defaultDecode = internal.defaultDecode
+local defaultEncode = internal.defaultEncode
+local dropEventName = internal.dropEventName
+local encodeFrame = internal.encodeFrame
+local errorValue = internal.errorValue
+local expect = internal.expect
+local expectNonEmpty = internal.expectNonEmpty
+local jsonList = internal.jsonList
+local stopJobs = internal.stopJobs
+local stopWatches = internal.stopWatches
 
 --[[ A session moves through these states (`session.state()`):
   connecting   websocketAsync called, waiting for websocket_success (connectTimeout)
@@ -3236,7 +3558,7 @@ function M.startSession(opts)
     clock = opts.clock or function() return osLike.epoch('utc') end,
     screen = opts.screen or function() return rawget(_G, 'traposSandboxScreen') end,
   }, Session)
-  -- The screen, readable however the daemon was started (section 7).
+  -- The screen, readable however the daemon was started (sandbox/screen).
   if opts.recorder ~= nil then
     self.recorder = opts.recorder or nil
   else
@@ -3263,11 +3585,22 @@ function M.startSession(opts)
   self:connect()
   return session
 end
+]=])
+
+loadModule('api', [=[
+local _VERSION = '0.1.0'
+
+-- libsandbox's module sandbox/api: run as chunk(M, internal), see sandbox/core.lua.
 
 -- == Section: Entry points for programs ===================================================
 -- Owns: what the sandbox command and other programs call: request (one request through the
 -- daemon), ask (sandbox ask, streamed), newWrapper (word wrap for ask's output).
 -- Needs: constants, encodings, envelopes. Exports: M.request, M.ask, M.newWrapper.
+
+local M, internal = ...
+local errorValue = internal.errorValue
+local expect = internal.expect
+local expectNonEmpty = internal.expectNonEmpty
 
 --[[ request(type, payload, opts) -> ok, payloadOrError
 Queues trapos_sandbox_send and waits for the matching trapos_sandbox_reply or a timer.
@@ -3539,5 +3872,6 @@ function M.ask(prompt, opts)
     end
   end
 end
+]=])
 
 return M

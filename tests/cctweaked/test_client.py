@@ -23,6 +23,7 @@ from tests.harness.support import bounded, closed_port, reactor, start_gateway
 from tests.lua.test_lua_e2e import OWN_STARTUP, TRAPOS_BOOT
 from trapsandbox.errors import GatewayError
 from trapsandbox.limits import LOCAL_ACCOUNT
+from trapsandbox.web import client
 
 PASSWORD = "sesame-sesame-sesame"
 ALL = "exec,eval,fs.read,fs.write,screen,input"
@@ -127,6 +128,23 @@ class StartTests(CCTGatewayMixin, TestCase):
     async def test_the_players_own_startup_beside_a_shell(self):
         c = await self.started(self.computer(), OWN_STARTUP)
         await self.check_answers(c)
+
+    async def test_libsandbox_names_its_module_and_line_and_checks_with_cc_expect(self):
+        # The one-file build loads each module as @sandbox/NAME.lua: Cobalt numbers its lines,
+        # and the ROM's cc.expect words the argument errors.
+        c = await self.started(self.computer())
+        wire = (client.lua_dir() / "sandbox" / "wire.lua").read_text().splitlines()
+        line = wire.index("  local id = osLike.getComputerID()") + 1
+        answer = await self.eval(
+            c,
+            "local lib = dofile('/apis/libsandbox.lua')\n"
+            "local _, trace = xpcall(lib.traposId, debug.traceback, {})\n"
+            "local _, checked = pcall(lib.computerRequest, '7:', 'm', 't', 'x')\n"
+            "return trace, checked",
+        )
+        trace, checked = answer["returns"]
+        self.assertIn(f"sandbox/wire.lua:{line}: attempt to call", trace)
+        self.assertIn("bad argument #4 (table expected, got string)", checked)
 
     async def test_eval_sees_the_shell_and_multishell_as_a_program_does(self):
         # Neither is a global on CC:Tweaked: each program gets them in its environment.

@@ -101,7 +101,7 @@ class DatapackTests(CCTGatewayMixin, TestCase):
         self.assertEqual([n for n in names if n != n.lower()], [], "CC:Tweaked wants lower case")
         self.assertEqual(
             pack.read(rom + "modules/main/libsandbox.lua"),
-            (client.lua_dir() / "apis" / "libsandbox.lua").read_bytes(),
+            client.read("apis/libsandbox.lua"),
         )
         self.assertIn(self.base.encode(), pack.read(rom + "modules/main/sandbox/gateway.lua"))
         bare = zipfile.ZipFile(io.BytesIO(await self.served_pack("?url=none")))

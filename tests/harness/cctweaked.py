@@ -40,13 +40,16 @@ from tests.harness.processes import Child, spawn
 from tests.harness.support import bounded
 from trapsandbox.computers.registry import Registry
 from trapsandbox.limits import LOCAL_ACCOUNT
+from trapsandbox.web import client
 
 REPO = Path(__file__).resolve().parents[2]
 LUA = REPO / "lua"
+# Where the installer puts each file the gateway serves (client.read: the library built from
+# its modules, the others as they are in lua/).
 CLIENT_FILES = {
-    "/apis/libsandbox.lua": LUA / "apis" / "libsandbox.lua",
-    "/servers/sandbox.lua": LUA / "servers" / "sandbox.lua",
-    "/programs/sandbox.lua": LUA / "programs" / "sandbox.lua",
+    "/apis/libsandbox.lua": "apis/libsandbox.lua",
+    "/servers/sandbox.lua": "servers/sandbox.lua",
+    "/programs/sandbox.lua": "programs/sandbox.lua",
 }
 HOME = Path(os.environ.get("TRAPSANDBOX_CCTWEAKED") or REPO.parent / "shared" / "cctweaked")
 RUN = HOME / "run-cct.sh"
@@ -164,7 +167,7 @@ class CCTComputer:
     def install_client(self) -> None:
         """The client's files where the installer puts them (no startup entry)."""
         for dest, source in CLIENT_FILES.items():
-            self.write_file(dest, source.read_bytes())
+            self.write_file(dest, client.read(source))
 
     def set_settings(self, values: dict[str, Any]) -> None:
         """``/.settings`` as ``settings.save`` writes it (None leaves a setting out)."""

@@ -17,7 +17,7 @@ Usage (inside a trial ``TestCase`` or any reactor-driven test)::
 
     computer = Computer(self.mktemp(), id=7, label="lab")
     self.addCleanup(computer.shutdown)
-    computer.install(LUA_DIR / "apis/libsandbox.lua", "/apis/libsandbox.lua")
+    computer.write_file("/apis/libsandbox.lua", client.build_libsandbox())
     computer.set_settings({"sandbox.url": "ws://127.0.0.1:1234/gateway"})
     computer.run("/servers/sandbox.lua")          # a multishell tab: runs beside others
     proc = computer.run("/programs/sandbox.lua health")
@@ -74,9 +74,13 @@ from twisted.internet.defer import Deferred
 from twisted.web.client import Agent, HTTPConnectionPool, readBody
 from twisted.web.http_headers import Headers
 
+from trapsandbox.web import client
+
 BIOS = Path(__file__).with_name("craftos_bios.lua")
 WORLD = Path(__file__).with_name("craftos_world.lua")
 LUA = Path(__file__).resolve().parents[2] / "lua"
+# Files of CC:Tweaked's ROM, copied as they are (rom/modules/main/cc/expect.lua).
+ROM_COPY = Path(__file__).with_name("rom")
 KEY_ENTER = 257
 MAX_WEBSOCKETS = 4
 MAX_WEBSOCKET_MESSAGE = 128 * 1024  # CC:Tweaked's default http.websocket_message limit
@@ -147,6 +151,8 @@ while true do
   shell.run(line)
 end
 """,
+    # CC:Tweaked's own argument checks (libsandbox's sandbox/core.lua uses them).
+    "modules/main/cc/expect.lua": (ROM_COPY / "modules/main/cc/expect.lua").read_bytes(),
 }
 
 
@@ -788,8 +794,8 @@ class Computer:
     def start_client(self, settings: dict) -> Process:
         """The client's library and daemon from ``lua/`` installed, ``settings`` set, the
         daemon run."""
-        for name in ("apis/libsandbox.lua", "servers/sandbox.lua"):
-            self.install(LUA / name, "/" + name)
+        self.write_file("/apis/libsandbox.lua", client.build_libsandbox())
+        self.install(LUA / "servers/sandbox.lua", "/servers/sandbox.lua")
         self.set_settings(settings)
         return self.run("/servers/sandbox.lua")
 

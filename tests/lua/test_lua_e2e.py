@@ -17,12 +17,15 @@ from tests.unit.computers.test_settingsfile import SETTINGS_SPELLINGS
 from trapsandbox.computers import settingsfile
 from trapsandbox.errors import GatewayError
 from trapsandbox.limits import LOCAL_ACCOUNT
+from trapsandbox.web import client
 
 LUA = Path(__file__).resolve().parents[2] / "lua"
+# Where the installer puts each file the gateway serves (client.read: the library built from
+# its modules, the others as they are in lua/).
 CLIENT_FILES = {
-    "/apis/libsandbox.lua": LUA / "apis" / "libsandbox.lua",
-    "/servers/sandbox.lua": LUA / "servers" / "sandbox.lua",
-    "/programs/sandbox.lua": LUA / "programs" / "sandbox.lua",
+    "/apis/libsandbox.lua": "apis/libsandbox.lua",
+    "/servers/sandbox.lua": "servers/sandbox.lua",
+    "/programs/sandbox.lua": "programs/sandbox.lua",
 }
 PASSWORD = "sesame"
 CTL = os.path.join(os.path.dirname(sys.executable), "trapsandbox-ctl")
@@ -51,7 +54,7 @@ class GatewayMixin:
         self.addCleanup(c.shutdown)
         if install:
             for dest, source in CLIENT_FILES.items():
-                c.install(source, dest)
+                c.write_file(dest, client.read(source))
         c.set_settings({"sandbox.url": url or self.url, "sandbox.password": password})
         return c
 
@@ -175,7 +178,7 @@ class EndToEndTests(GatewayMixin, TestCase):
         self.assertEqual(c.get_setting("sandbox.password"), PASSWORD.encode())
         self.assertEqual(c.get_setting("sandbox.allow"), b"exec,fs.read")
         for dest, source in CLIENT_FILES.items():
-            self.assertEqual(c.read_file(dest), source.read_bytes())
+            self.assertEqual(c.read_file(dest), client.read(source))
         # Reboot: startup starts the daemon, and `sandbox` is an alias.
         yield c.shutdown()
         rebooted = Computer(c.root, id=7)

@@ -7,25 +7,36 @@ the trial test cases that run after it could no longer run the reactor themselve
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 from lupa import lua52
 from twisted.trial.unittest import SynchronousTestCase
 
 import trapsandbox
+from tests.harness.lua52 import libsandbox, load, runtime
+from trapsandbox.web import client
 
 LUA_DIR = Path(__file__).resolve().parents[2] / "lua"
-LIB = LUA_DIR / "apis" / "libsandbox.lua"
 
 
-def load_suite(test_file, lib_file=LIB):
-    """A fresh Lua 5.2 runtime (without what CraftOS lacks) holding the suite in test_file."""
-    lua = lua52.LuaRuntime(unpack_returned_tuples=True)
-    lua.execute("unpack = nil; loadstring = nil; setfenv = nil; getfenv = nil")
-    chunk = lua.eval("loadfile")(str(test_file))
-    if chunk is None:
-        raise RuntimeError(f"cannot load {test_file}")
-    return chunk("--suite", str(lib_file))
+def load_suite(test_file):
+    """A fresh Lua 5.2 runtime (without what CraftOS lacks) holding the suite in test_file:
+    tests/sandbox.lua given libsandbox as the gateway serves it (built from its modules), a
+    module's tests (tests/modules/NAME.lua) given the kit that loads modules one by one."""
+    lua = runtime()
+    chunk = load(lua, test_file.read_bytes(), "@" + str(test_file))
+    fakes = load(lua, (LUA_DIR / "tests" / "fakes.lua").read_bytes(), "@tests/fakes.lua")()
+    if test_file.parent.name != "modules":
+        return chunk("--suite", libsandbox(lua), fakes)
+    modules = LUA_DIR / "sandbox"
+
+    def load_module(name):
+        # As the one-file build loads it: the module's own name and lines.
+        return load(lua, (modules / f"{name}.lua").read_bytes(), f"@sandbox/{name}.lua")
+
+    kit = load(lua, (LUA_DIR / "tests" / "kit.lua").read_bytes(), "@tests/kit.lua")()
+    return chunk(kit(load_module, fakes))
 
 
 def _method_name(case):
@@ -54,6 +65,9 @@ def _suite_class(name, test_file):
 
 
 SandboxLuaTests = _suite_class("SandboxLuaTests", LUA_DIR / "tests" / "sandbox.lua")
+# One class per module that has tests of its own (ModuleTests_core, ...).
+for _path in sorted((LUA_DIR / "tests" / "modules").glob("*.lua")):
+    globals()[f"ModuleTests_{_path.stem}"] = _suite_class(f"ModuleTests_{_path.stem}", _path)
 
 
 class LuaSourceTests(SynchronousTestCase):
@@ -94,3 +108,63 @@ class VersionTests(SynchronousTestCase):
         self.assertEqual(
             set(versions.values()), {trapsandbox.__version__}, f"versions disagree: {versions}"
         )
+
+
+class BuildTests(SynchronousTestCase):
+    """The one-file libsandbox the gateway serves, built from lua/sandbox/ (client.py)."""
+
+    def test_the_copy_in_the_tree_is_the_build(self):
+        """lua/apis/libsandbox.lua (trapos's package takes it) is what the gateway serves:
+        `python -m trapsandbox.web.client` writes it again after a module changed."""
+        self.assertTrue(
+            (LUA_DIR / client.LIBRARY).read_bytes() == client.build_libsandbox(),
+            "lua/apis/libsandbox.lua is not the build of lua/sandbox/: "
+            "run `python -m trapsandbox.web.client`",
+        )
+
+    def test_every_module_is_built_in_and_every_file_is_a_module(self):
+        modules = {path.stem for path in (LUA_DIR / "sandbox").glob("*.lua")}
+        self.assertEqual(modules, set(client.MODULES))
+        built = client.build_libsandbox()
+        for name in client.MODULES:
+            self.assertIn(b"loadModule('" + name.encode() + b"', [", built)
+        self.assertTrue(built.startswith(b"local _VERSION = '" + trapsandbox.__version__.encode()))
+
+    def test_a_runtime_error_in_a_module_names_the_module_and_its_line(self):
+        lua = runtime()
+        lib = libsandbox(lua)()
+        # sandbox/wire.lua's traposId checks its argument with cc.expect; the line that
+        # raises is in the module, and the error and traceback name it, not the one file.
+        wire = (LUA_DIR / "sandbox" / "wire.lua").read_text().splitlines()
+        line = wire.index("  local id = osLike.getComputerID()") + 1
+        ok, err = lua.eval("function(lib) return xpcall(lib.traposId, debug.traceback, {}) end")(
+            lib
+        )
+        self.assertIs(ok, False)
+        self.assertIn(f"sandbox/wire.lua:{line}: attempt to call field 'getComputerID'", err)
+        self.assertIn(f"sandbox/wire.lua:{line}: in function", err)
+
+    def test_a_module_that_does_not_compile_names_itself(self):
+        root = Path(self.mktemp())
+        shutil.copytree(LUA_DIR, root)
+        broken = root / "sandbox" / "jobs.lua"
+        broken.write_text(broken.read_text() + "this is not lua\n")
+        lua = runtime()
+        chunk = load(lua, client.build_libsandbox(root), "=libsandbox")
+        ok, err = lua.eval("pcall")(chunk)
+        self.assertIs(ok, False)
+        line = len(broken.read_text().splitlines())
+        self.assertIn(f"sandbox/jobs.lua:{line}:", err)
+
+    def test_long_brackets_never_close_inside_the_source(self):
+        self.assertEqual(client.long_bracket(b"x = 1\n"), (b"[[", b"]]"))
+        self.assertEqual(client.long_bracket(b"t[a[1]]\n"), (b"[=[", b"]=]"))
+        self.assertEqual(client.long_bracket(b"s = [==[ ]] ]=] ]==]\n"), (b"[===[", b"]===]"))
+        self.assertEqual(client.long_bracket(b"s = a[1]"), (b"[=[", b"]=]"))
+        root = Path(self.mktemp())
+        shutil.copytree(LUA_DIR, root)
+        odd = root / "sandbox" / "api.lua"
+        odd.write_text(odd.read_text() + "M.BRACKETS = ']] ]=] ]==] ]===] [[x]]'\n")
+        lua = runtime()
+        lib = load(lua, client.build_libsandbox(root), "=libsandbox")()
+        self.assertEqual(lib.BRACKETS, "]] ]=] ]==] ]===] [[x]]")

@@ -10,7 +10,12 @@ so every computer has ``sandbox``, ``require("libsandbox")``, ``help sandbox`` a
 that starts the daemon once its player ran ``sandbox setup``.
 
 They are read from ``lua/`` at each request, so what is served is always
-what is in the tree (or installed beside the package), never a copy.
+what is in the tree (or installed beside the package), never a copy. The one file
+``apis/libsandbox.lua`` (for ``wget run``, the installer and the data pack) is built at each
+request from its modules, ``lua/sandbox/NAME.lua`` (:func:`build_libsandbox`); the copy of it in
+the tree is for trapos's package (``lua/packages/trapos-sandbox``), which takes files from
+``lua/`` as they are, and a test keeps it the same as the build
+(``python -m trapsandbox.web.client`` writes it again).
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ import sys
 import zipfile
 from pathlib import Path
 
+LIBRARY = "apis/libsandbox.lua"
 FILES = (
-    "apis/libsandbox.lua",
+    LIBRARY,
     "servers/sandbox.lua",
     "programs/sandbox.lua",
     "help/sandbox.txt",
@@ -49,7 +55,85 @@ def read(name: str) -> bytes | None:
     """One of ``FILES``, or None for any other name."""
     if name not in FILES:
         return None
+    return served(name)
+
+
+def served(name: str) -> bytes:
+    """A file of ``lua/`` as served: the library built from its modules, any other as it is."""
+    if name == LIBRARY:
+        return build_libsandbox()
     return (lua_dir() / name).read_bytes()
+
+
+# libsandbox's modules (lua/sandbox/NAME.lua), in the order they run: each uses only those
+# before it (sandbox/core.lua lists what each owns).
+MODULES = (
+    "core",
+    "consent",
+    "encoding",
+    "wire",
+    "loop",
+    "capture",
+    "screen",
+    "jobs",
+    "handlers",
+    "exec",
+    "files",
+    "snapshot",
+    "console",
+    "peripherals",
+    "requests",
+    "dispatch",
+    "session",
+    "api",
+)
+VERSION_LINE = re.compile(rb"local _VERSION = '([^'\\]*)'\n")
+BUILD_HEADER = b"""--[[
+libsandbox, built from its modules in lua/sandbox/ by trapsandbox.web.client.build_libsandbox:
+change those, not this file. Each module is loaded under its own name, so an error or a
+traceback names sandbox/NAME.lua and the line in it. sandbox/core.lua says what libsandbox is.
+]]
+
+local M, internal = {}, {}
+local function loadModule(name, source)
+  local chunk, err = load(source, '@sandbox/' .. name .. '.lua', 't', _ENV)
+  if not chunk then error(err, 0) end
+  chunk(M, internal)
+end
+"""
+
+
+def long_bracket(source: bytes) -> tuple[bytes, bytes]:
+    """Lua's long-bracket quotes (``[==[``, ``]==]``) of the lowest level that ``source`` does
+    not close."""
+    level = 0
+    while b"]" + b"=" * level + b"]" in source + b"]":
+        level += 1
+    return b"[" + b"=" * level + b"[", b"]" + b"=" * level + b"]"
+
+
+def build_libsandbox(root: Path | None = None) -> bytes:
+    """
+    The one-file libsandbox (``apis/libsandbox.lua``) from the modules in ``root/sandbox/``
+    (default :func:`lua_dir`): each module's source, as it is, in a long string loaded with
+    the chunk name ``@sandbox/NAME.lua``, so that Lua numbers its lines as in the module. Its
+    first line is core's ``_VERSION``.
+    """
+    root = root or lua_dir()
+    sources = [(name, (root / "sandbox" / f"{name}.lua").read_bytes()) for name in MODULES]
+    version = VERSION_LINE.match(sources[0][1])
+    if version is None:
+        raise ValueError("sandbox/core.lua: no _VERSION on its first line")
+    parts = [version.group(0), b"\n", BUILD_HEADER]
+    for name, source in sources:
+        if not source.endswith(b"\n"):
+            source += b"\n"
+        # A newline right after the opening bracket is not part of the string: line 1 stays 1.
+        opening, closing = long_bracket(source)
+        parts.append(b"\nloadModule('" + name.encode() + b"', " + opening + b"\n")
+        parts.append(source + closing + b")\n")
+    parts.append(b"\nreturn M\n")
+    return b"".join(parts)
 
 
 def installer(host: bytes | None, secure: bool) -> bytes | None:
@@ -107,9 +191,8 @@ def datapack(url: str | None = None) -> bytes:
         }
     }
     entries["pack.mcmeta"] = json.dumps(meta, indent=2).encode() + b"\n"
-    root = lua_dir()
     for source, target in DATAPACK.items():
-        entries[ROM + target] = (root / source).read_bytes()
+        entries[ROM + target] = served(source)
     if url is not None:
         entries[ROM + GATEWAY_MODULE] = (
             b"-- The gateway this data pack was made for (`sandbox setup` offers it).\n"
@@ -123,3 +206,8 @@ def datapack(url: str | None = None) -> bytes:
             info.external_attr = 0o644 << 16
             pack.writestr(info, entries[name])
     return out.getvalue()
+
+
+if __name__ == "__main__":
+    # Writes lua/apis/libsandbox.lua again from the modules (the copy trapos's package takes).
+    (lua_dir() / LIBRARY).write_bytes(build_libsandbox())

@@ -6,16 +6,14 @@ it, and the refusal before anything is sent, through the registry and the HTTP
 endpoints.
 """
 
-from pathlib import Path
-
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
-from lupa import lua52
 from treq.testing import StubTreq
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.harness import lua52
 from tests.harness.apps import gateway_app
 from tests.harness.callers import asking
 from tests.harness.fakes import FakeLink, SandboxComputer
@@ -23,8 +21,6 @@ from trapsandbox import errors
 from trapsandbox.computers import settingsfile
 from trapsandbox.computers.registry import Registry, Session
 from trapsandbox.errors import GatewayError
-
-LIB = Path(__file__).resolve().parents[3] / "lua" / "apis" / "libsandbox.lua"
 
 # (path, cwd): the settings file however CraftOS would spell it.
 SETTINGS_SPELLINGS = [
@@ -73,8 +69,8 @@ OTHER_PATHS = [
 
 def lua_rule():
     """libsandbox's isSettingsPath on a fresh Lua 5.2 runtime, taking Python strings."""
-    lua = lua52.LuaRuntime(unpack_returned_tuples=True)
-    lib = lua.eval("loadfile")(str(LIB))()
+    lua = lua52.runtime()
+    lib = lua52.libsandbox(lua)()
 
     def check(path, cwd=None):
         encoded = None if cwd is None else cwd.encode("utf-8", "surrogatepass")

@@ -30,7 +30,7 @@ class DatapackTests(SynchronousTestCase):
     def test_every_client_file_is_in_the_rom_as_in_the_tree(self):
         files = entries(client.datapack())
         for source, target in client.DATAPACK.items():
-            self.assertEqual(files[ROM + target], (client.lua_dir() / source).read_bytes())
+            self.assertEqual(files[ROM + target], client.served(source))
         self.assertEqual(set(files), {"pack.mcmeta", *(ROM + t for t in client.DATAPACK.values())})
         meta = json.loads(files["pack.mcmeta"])
         self.assertEqual(meta["pack"]["pack_format"], client.PACK_FORMAT)
@@ -94,6 +94,11 @@ class InstalledTests(SynchronousTestCase):
         for target, sources in config["options.data_files"].items():
             for source in sources.replace(",", " ").split():
                 self.assertEqual("share/trapsandbox/" + str(Path(source).parent), target, source)
-                installed.add(source.removeprefix("lua/"))
+                installed.update(
+                    str(path.relative_to(client.lua_dir()))
+                    for path in client.lua_dir().glob(source.removeprefix("lua/"))
+                )
         served = {client.INSTALLER, *client.FILES, *client.DATAPACK}
+        modules = {f"sandbox/{name}.lua" for name in client.MODULES}
         self.assertEqual(served - installed, set())
+        self.assertEqual(modules - installed, set(), "libsandbox is built from its modules")

@@ -1,0 +1,175 @@
+local _VERSION = '0.1.0'
+
+-- libsandbox's module sandbox/handlers: run as chunk(M, internal), see sandbox/core.lua.
+
+-- == Section: Request handlers ============================================================
+-- Owns: what every request handler shares (answers, numbers and lists from a payload, paths,
+-- /.settings refused) and ping. The other handlers are in exec, files, snapshot, console and
+-- peripherals; the request table (sandbox/requests) lists them all.
+-- Needs: constants, encodings. Exports: M.isSettingsPath, M.SETTINGS_FILE; for the other
+-- handlers: handlePing, badRequest, fsError, errorText, sessionOf, optionalNumber, stringList,
+-- resolvePath, settingsForbidden, filePath, encodingOk.
+
+local M, internal = ...
+local errorValue = internal.errorValue
+
+--[[ A handler is handler(req, ctx), registered in the request table below (M.requestHandlers).
+req = { messageId, type, payload (coerced), respond(ok, payload, err, shrink?) -> sent,
+        partial(payload) -> sent }
+ctx = the context onMessage was given (traposId, send, ... and, in a session, `session` and
+`allowed(capability)`).
+A handler answers through req.respond, at once or later (exec and eval stream partials first).
+A handler that raises is answered with `internal`; a type missing from the table with
+`unknown_type`; a type whose capability the owner has not allowed with `forbidden` (dispatch).
+An answer that would encode over M.MAX_SEND is sent as `too_large` instead (after `shrink`, when
+given, could not make it fit). ]]
+
+local function handlePing(req, ctx)
+  req.respond(true, { traposId = ctx.traposId })
+end
+
+local function badRequest(req, message)
+  req.respond(false, nil, errorValue('bad_request', message))
+end
+
+local function fsError(req, message)
+  req.respond(false, nil, errorValue('fs_error', message))
+end
+
+-- CraftOS's own message, without a "file:line:" prefix a Lua error may carry.
+local function errorText(err)
+  local text = tostring(err)
+  return (text:gsub('^[^%s:]+:%d+: ', ''))
+end
+
+local function sessionOf(req, ctx)
+  if type(ctx.session) ~= 'table' then
+    req.respond(false, nil, errorValue('internal', 'no sandbox session'))
+    return nil
+  end
+  return ctx.session
+end
+
+local function optionalNumber(payload, key, default, min, max)
+  local value = payload[key]
+  if value == nil then return default end
+  if type(value) ~= 'number' or value ~= value or value < min then
+    return nil, ('%s must be a number of at least %d'):format(key, min)
+  end
+  if max and value > max then value = max end
+  return math.floor(value)
+end
+
+-- A list field may arrive as {} or textutils.empty_json_array when empty (SPEC §2).
+local function stringList(value, key)
+  if value == nil then return {} end
+  if type(value) ~= 'table' then return nil, key .. ' must be a list of strings' end
+  local list = {}
+  for i = 1, #value do
+    if type(value[i]) ~= 'string' then return nil, key .. ' must be a list of strings' end
+    list[i] = value[i]
+  end
+  for k in pairs(value) do
+    if type(k) ~= 'number' or k < 1 or k > #value or k % 1 ~= 0 then return nil, key .. ' must be a list of strings' end
+  end
+  return list
+end
+
+-- A CraftOS path from payload[key]: absolute, or relative to payload.cwd (default /; the
+-- cwd itself is relative to /). Returns the fs path ('' for the root) and the display path
+-- ('/...'), or nil, message.
+local function resolvePath(fsApi, payload, key, required)
+  local path = payload[key]
+  if path == nil and not required then path = '' end
+  if type(path) ~= 'string' then return nil, key .. ' must be a string' end
+  local cwd = key ~= 'cwd' and payload.cwd or nil
+  if cwd ~= nil and type(cwd) ~= 'string' then return nil, 'cwd must be a string' end
+  local full
+  if path:sub(1, 1) == '/' or path:sub(1, 1) == '\\' then
+    full = fsApi.combine('', path)
+  else
+    full = fsApi.combine(fsApi.combine('', cwd or ''), path)
+  end
+  return full, '/' .. full
+end
+
+--[[ The computer's credential stays on it (SPEC §9): /.settings holds sandbox.password, so
+file requests may not read, list, write or delete it. CraftOS normalises a path before it
+touches the disk, and differently in CC:Tweaked (fs.combine keeps `*`; fs.open drops it) and
+CraftOS-PC (drops `"*:<>?|`, control and non-ASCII bytes, then folds `..`, trims spaces, drops
+all-dot parts, cuts a long last part at 255), on hosts whose names may ignore case and trailing
+dots and spaces. So a path is the settings file when, folded with the illegal characters
+dropped before or after folding, its first part is `.settings` in any case with any trailing
+dots or spaces (or a part of 255 bytes or more starting with it): the file, or a path under it
+(which would make a folder of that name where the settings are saved). `..` above the root
+stays at the root. The gateway refuses the same paths (trapsandbox/settingsfile.py, its twin). ]]
+M.SETTINGS_FILE = '.settings'
+local PATH_DROPPED = '[%c\128-\255"*:<>?|]'
+
+local function foldPath(path)
+  local parts = {}
+  for raw in path:gmatch('[^/\\]+') do
+    local part = raw:gsub('^[%c ]+', ''):gsub('[%c ]+$', '')
+    if part == '..' then
+      parts[#parts] = nil
+    elseif part ~= '' and not part:find('^%.+$') then
+      parts[#parts + 1] = part
+    end
+  end
+  return parts
+end
+
+local function namesSettings(parts)
+  if #parts == 0 then return false end
+  local name = parts[1]:lower()
+  if #name >= 255 then return name:sub(1, #M.SETTINGS_FILE) == M.SETTINGS_FILE end
+  return (name:gsub('[%. ]+$', '')) == M.SETTINGS_FILE
+end
+
+-- Whether `path` (absolute, or relative to `cwd`, itself relative to /) is /.settings.
+function M.isSettingsPath(path, cwd)
+  local first = path:sub(1, 1)
+  local joined = path
+  if first ~= '/' and first ~= '\\' then joined = (cwd or '') .. '/' .. path end
+  local folded = table.concat(foldPath(joined), '/')
+  return namesSettings(foldPath((joined:gsub(PATH_DROPPED, ''))))
+    or namesSettings(foldPath((folded:gsub(PATH_DROPPED, ''))))
+end
+
+local function settingsForbidden(req, shown)
+  req.respond(false, nil, errorValue('forbidden', shown .. ' is this computer\'s settings file and holds its '
+    .. 'sandbox password: file requests may not read, list, write or delete it'))
+end
+
+-- The path of a file request (see resolvePath), or nil once the request has been answered:
+-- bad_request, or forbidden for the settings file.
+local function filePath(req, fsApi, required)
+  local path, shown = resolvePath(fsApi, req.payload, 'path', required)
+  if not path then return badRequest(req, shown) end
+  local cwd = req.payload.cwd
+  if M.isSettingsPath(req.payload.path or '', cwd) or M.isSettingsPath(shown) then
+    return settingsForbidden(req, shown)
+  end
+  return path, shown
+end
+
+local function encodingOk(req)
+  local encoding = req.payload.encoding
+  if encoding ~= nil and encoding ~= 'base64' then
+    badRequest(req, 'encoding must be "base64"')
+    return false
+  end
+  return true
+end
+
+internal.handlePing = handlePing
+internal.badRequest = badRequest
+internal.fsError = fsError
+internal.errorText = errorText
+internal.sessionOf = sessionOf
+internal.optionalNumber = optionalNumber
+internal.stringList = stringList
+internal.resolvePath = resolvePath
+internal.settingsForbidden = settingsForbidden
+internal.filePath = filePath
+internal.encodingOk = encodingOk
