@@ -119,8 +119,10 @@ class AgentPanelTests(BrowserCase):
         script = (
             "const done = arguments[arguments.length - 1];"
             "const alice = {traposId: '7:si', accountId: 'alice'};"
-            "Promise.all([operatorRequest(alice, 'ask', {prompt: 'hi'}),"
-            " operatorRequest(alice, 'ask_cancel', {ask: 'req-1'})])"
+            # The page's own module (the same instance: imported by the same URL).
+            "import('/console/operator.js').then(({operatorRequest}) => Promise.all(["
+            "operatorRequest(alice, 'ask', {prompt: 'hi'}),"
+            " operatorRequest(alice, 'ask_cancel', {ask: 'req-1'})]))"
             ".then((all) => done(all.map((a) => [a.status, a.error && a.error.code])));"
         )
         answers = await self.thread(self.driver.execute_async_script, script)

@@ -223,7 +223,8 @@ class FilesTests(BrowserCase):
         await self.thread(self.computer_button, "2:bob")
         script = (
             "const done = arguments[arguments.length - 1];"
-            "operatorRequest({traposId: '7:si', accountId: 'alice'}, 'list_files', {path: '/'})"
+            "import('/console/operator.js').then(({operatorRequest}) =>"
+            " operatorRequest({traposId: '7:si', accountId: 'alice'}, 'list_files', {path: '/'}))"
             ".then((a) => done([a.status, a.error && a.error.code]));"
         )
         answer = await self.thread(self.driver.execute_async_script, script)

@@ -483,6 +483,8 @@ class ConsoleFilesTests(TestCase):
             ("/console/console.css", b"text/css; charset=utf-8"),
             ("/console/files.js", b"text/javascript; charset=utf-8"),
             ("/console/transfer.js", b"text/javascript; charset=utf-8"),
+            ("/console/operator.js", b"text/javascript; charset=utf-8"),
+            ("/console/agent.js", b"text/javascript; charset=utf-8"),
             # The code editor, bundled by `make` (npm run build in console/editor/).
             ("/console/editor.js", b"text/javascript; charset=utf-8"),
         ):

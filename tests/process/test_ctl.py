@@ -13,7 +13,7 @@ from twisted.web.server import Site
 from tests.harness.processes import clean_env, spawn
 from tests.harness.support import both_modes, closed_port, connect, reactor, start_gateway
 from trapsandbox import limits
-from trapsandbox.ops import ctl
+from trapsandbox.ops import ctl, ctl_computers, ctl_http
 
 CTL = os.path.join(os.path.dirname(sys.executable), "trapsandbox-ctl")
 PASSWORD = "sesame"
@@ -333,7 +333,7 @@ class ClosedPipeTests(SynchronousTestCase):
 class ExplainTests(SynchronousTestCase):
     def explain(self, status, answer, token=None):
         args = argparse.Namespace(url="http://gw:4444", token=token, token_file=None)
-        return ctl._explain(status, answer, args)
+        return ctl_http.explain(status, answer, args)
 
     def test_forbidden(self):
         answer = {"ok": False, "error": {"code": "forbidden", "message": "loopback only"}}
@@ -354,7 +354,9 @@ class TimeoutTests(SynchronousTestCase):
 
     def waited(self, argv):
         calls = []
-        self.patch(ctl, "call", lambda args, method, path, body, timeout: calls.append(timeout))
+        self.patch(
+            ctl_computers, "call", lambda args, method, path, body, timeout: calls.append(timeout)
+        )
         args = ctl.parser().parse_args(argv)
         try:
             args.run(args)

@@ -6,10 +6,11 @@
 // started it. When the run changed files, the snapshot taken before its first change is named
 // and an Undo button restores it (snapshot_restore).
 //
-// Requests go over the computers' socket (console.js, operatorRequest) as the /operator types
+// Requests go over the computers' socket (operator.js, operatorRequest) as the /operator types
 // ask (its partials streamed), ask_cancel, ask_permission, ask_answer. What the agent wrote
 // and what its tools did are set as text, never as HTML.
-"use strict";
+
+import { $, connectedNow, failure, has, keyOf, operatorRequest, state } from "./operator.js";
 
 const agent = {
   key: null,        // the computer shown (keyOf)
@@ -22,7 +23,7 @@ function agentError(text) { $("agent-error").textContent = text || ""; }
 function agentShown(computer) { return agent.key === keyOf(computer); }
 function running() { return Boolean(agent.run); }
 
-function setUpAgent() {
+export function setUpAgent() {
   $("agent-form").addEventListener("submit", (event) => { event.preventDefault(); sendAsk(); });
   $("agent-prompt").addEventListener("keydown", (event) => {
     // Enter asks, Shift+Enter is a new line (as in chat boxes).
@@ -31,7 +32,7 @@ function setUpAgent() {
   $("agent-stop").addEventListener("click", stopAsk);
 }
 
-function showAgent(computer) {
+export function showAgent(computer) {
   agent.key = keyOf(computer);
   $("agent-area").hidden = false;
   $("agent-title").textContent = "Agent on " + computer.traposId;
@@ -49,7 +50,7 @@ function showAgent(computer) {
 
 // What the computer allows decides what the agent can do there, not whether it can be asked:
 // said in the notice. Called on every change of the computers' list.
-function agentAllowed() {
+export function agentAllowed() {
   if (!state.selected || agent.key !== keyOf(state.selected)) return;
   const computer = state.selected;
   const name = computer.traposId;

@@ -1,15 +1,23 @@
-// The trapsandbox web console (SPEC §14): plain JavaScript, no build step.
+// The trapsandbox web console (SPEC §14): plain JavaScript, native ES modules, no build step
+// (but the editor's bundle, editor.js). This is the page's module: the computers' list, the
+// selected computer's screen and activity, its snapshots (the "Snapshots" section at the end of
+// this file); it sets up the files panel (files.js, transfer.js) and the agent panel (agent.js).
+// What they all share, the page's state and the /operator requests, is operator.js.
 //
 // Two /operator WebSockets per tab, each opened with the token as its first
 // message (never in a URL): one watches the computers (watch_computers), the
 // other the selected computer's screen (screen_watch) and carries its input;
 // choosing another computer closes the second, which ends its watch.
-// The first also carries the selected computer's snapshot requests (SPEC §15; the
-// "Snapshots" section at the end of this file), its files panel's (files.js, transfer.js) and
-// its agent panel's (agent.js), each an operatorRequest answered by its id.
-"use strict";
+// The first also carries the selected computer's snapshot requests (SPEC §15), its files
+// panel's and its agent panel's, each an operatorRequest answered by its id.
 
-const TOKEN_KEY = "trapsandbox.token";
+import {
+  $, REQUEST_ID, TOKEN_KEY, bytes, connectedNow, failure, has, keyOf, operatorRequest,
+  operatorSocket, requestAnswered, requestsSocketEnded, state,
+} from "./operator.js";
+import { agentAllowed, setUpAgent, showAgent } from "./agent.js";
+import { filesAllowed, setUpFiles, showFiles } from "./files.js";
+
 // CraftOS's default palette, blit digit order (0 white .. f black).
 const DEFAULT_PALETTE = [
   "#f0f0f0", "#f2b233", "#e57fd8", "#99b2f2", "#dede6c", "#7fcc19", "#f2b2cc", "#4c4c4c",
@@ -24,69 +32,8 @@ const KEYS = {
   F9: "f9", F10: "f10", F11: "f11", F12: "f12",
 };
 
-const $ = (id) => document.getElementById(id);
-const state = {
-  computers: [], selected: null, list: null, watch: null, screenEnded: false, nextId: 1, rows: [],
-};
-
-// -- Requests over the computers' socket (snapshots, files) ------------------------------------
-const REQUEST_ID = "req-";
-const requests = { pending: new Map(), next: 1 };
-
-// One /operator request about `computer`; resolves with the answer (an error answer if the
-// socket is not open or closes first). `onPartial` hears each partial answer before it (an
-// ask's, agent.js); `onSent` is told the request's id once it is sent (to name it later).
-function operatorRequest(computer, type, payload, onPartial, onSent) {
-  return new Promise((resolve) => {
-    const ws = state.list;
-    if (!ws || ws.readyState !== WebSocket.OPEN) {
-      resolve({ ok: false, error: { message: "not connected to the gateway" } });
-      return;
-    }
-    const id = REQUEST_ID + requests.next++;
-    requests.pending.set(id, { resolve, onPartial });
-    const message = { id, traposId: computer.traposId, account: computer.accountId, type };
-    if (payload) message.payload = payload;
-    ws.send(JSON.stringify(message));
-    if (onSent) onSent(id);
-  });
-}
-
-function requestAnswered(message) {
-  const pending = requests.pending.get(message.id);
-  if (!pending) return;
-  if (message.partial) {
-    if (pending.onPartial) pending.onPartial(message.payload);
-    return;
-  }
-  requests.pending.delete(message.id);
-  pending.resolve(message);
-}
-
-function requestsSocketEnded() {
-  const pending = [...requests.pending.values()];
-  requests.pending.clear();
-  for (const { resolve } of pending) resolve({ ok: false, error: { message: "the connection to the gateway closed" } });
-}
-
 function say(text) { $("status").textContent = text; }
 function notice(text) { $("notice").textContent = text || ""; }
-function keyOf(c) { return c.accountId + "\u0000" + c.traposId; }
-
-// An /operator socket: the token first; `onReady` once authenticated, `onMessage` after.
-function operatorSocket(onReady, onMessage, onEnd) {
-  const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-  const ws = new WebSocket(scheme + "//" + location.host + "/operator");
-  let ready = false;
-  ws.onopen = () => ws.send(JSON.stringify({ token: sessionStorage.getItem(TOKEN_KEY) || "" }));
-  ws.onmessage = (event) => {
-    const message = JSON.parse(event.data);
-    if (!ready && message.authenticated) { ready = true; onReady(ws, message); return; }
-    onMessage(message);
-  };
-  ws.onclose = (event) => onEnd(event, ready);
-  return ws;
-}
 
 function connect() {
   if (state.list) { state.list.onclose = null; state.list.close(); requestsSocketEnded(); }
@@ -404,27 +351,8 @@ const snapshotRequest = operatorRequest;
 // Whether the answer is still about the computer shown (another may have been selected since).
 function stillShown(computer) { return snaps.key === keyOf(computer); }
 
-function failure(answer) {
-  const error = answer.error || {};
-  return (typeof error === "string" ? error : error.message) || "failed (" + answer.status + ")";
-}
-
 function snapshotError(text) { $("snapshots-error").textContent = text || ""; }
 function snapshotStatus(text) { $("snapshots-status").textContent = text || ""; }
-
-function has(capability) {
-  return Boolean(state.selected && state.selected.capabilities.includes(capability));
-}
-
-function connectedNow() {
-  return Boolean(state.selected && state.computers.some((c) => keyOf(c) === keyOf(state.selected)));
-}
-
-function bytes(n) {
-  if (n < 1024) return n + " B";
-  if (n < 1024 * 1024) return (n / 1024).toFixed(1) + " KiB";
-  return (n / 1024 / 1024).toFixed(2) + " MiB";
-}
 
 function setUpSnapshots() {
   $("take-snapshot").addEventListener("click", takeSnapshot);

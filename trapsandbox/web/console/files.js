@@ -10,7 +10,11 @@
 // parts, a rename, a new folder) is one gateway request (file_write, file_move, folder_make),
 // so that each change is one entry in the computer's activity, by the player.
 // Paths and names from the computer are set as text, never as HTML.
-"use strict";
+
+import { $, bytes, connectedNow, has, keyOf, state } from "./operator.js";
+import {
+  MAX_TRANSFER_BYTES, TransferError, changedSince, fileRequest, fileSize, readWhole, writeWhole,
+} from "./transfer.js";
 
 const files = {
   key: null,          // the computer shown (keyOf)
@@ -37,7 +41,7 @@ function cleanPath(text) {
   return "/" + parts.join("/");
 }
 
-function setUpFiles() {
+export function setUpFiles() {
   window.addEventListener("beforeunload", (event) => {
     if (files.open && files.open.dirty) event.preventDefault();  // the browser asks to leave
   });
@@ -63,7 +67,7 @@ function setUpFiles() {
 
 // -- Which computer, and what it allows ------------------------------------------------------
 
-function showFiles(computer) {
+export function showFiles(computer) {
   closeFile();
   answerFiles(false);
   answerPath(null);
@@ -80,7 +84,7 @@ function showFiles(computer) {
 }
 
 // Called on every change of the computers' list: the panel follows what the computer allows.
-function filesAllowed() {
+export function filesAllowed() {
   if (!state.selected || files.key !== keyOf(state.selected)) return;
   const name = state.selected.traposId;
   const reading = connectedNow() && has("fs.read");

@@ -4,12 +4,13 @@
 // temporary file beside the target and the final one moves it into place, so the file is
 // replaced whole or not at all).
 // Bytes are Uint8Arrays throughout (binary safe); base64 only on the wire.
-"use strict";
+
+import { bytes, failure, operatorRequest } from "./operator.js";
 
 const PART_BYTES = 64 * 1024;           // the computer's limit of content in one frame (reads)
-const MAX_TRANSFER_BYTES = 1024 * 1024;  // the gateway's request limit for one file (limits.MAX_FILE_BYTES)
+export const MAX_TRANSFER_BYTES = 1024 * 1024;  // the gateway's request limit for one file (limits.MAX_FILE_BYTES)
 
-class TransferError extends Error {
+export class TransferError extends Error {
   constructor(message, answer) {
     super(message);
     this.code = answer && answer.error && answer.error.code;
@@ -31,21 +32,21 @@ function fromBase64(text) {
   return bytes;
 }
 
-async function fileRequest(computer, type, payload, onPartial) {
+export async function fileRequest(computer, type, payload, onPartial) {
   const answer = await operatorRequest(computer, type, payload, onPartial);
   if (!answer.ok) throw new TransferError(failure(answer), answer);
   return answer.payload;
 }
 
 // Its size now, without its content (a read of no bytes).
-async function fileSize(computer, path) {
+export async function fileSize(computer, path) {
   const got = await fileRequest(computer, "read_file", { path, offset: 0, length: 0, encoding: "base64" });
   return got.sizeBytes;
 }
 
 // The whole file as bytes; `progress(done, total)` after each range. A file that grows past
 // the limit, or changes size while read, is an error: what was read would be no version of it.
-async function readWhole(computer, path, progress) {
+export async function readWhole(computer, path, progress) {
   let got = await fileRequest(computer, "read_file", { path, offset: 0, length: PART_BYTES, encoding: "base64" });
   const total = got.sizeBytes;
   if (total > MAX_TRANSFER_BYTES) {
@@ -72,7 +73,7 @@ async function readWhole(computer, path, progress) {
 // computer in parts, quietly, the last one moving it into place; the computer's activity shows
 // it as one entry (web/filecalls.py). `progress(done, total)` when it is sent and after each
 // part the computer has written (the gateway's partials {written, size}).
-async function writeWhole(computer, path, data, progress) {
+export async function writeWhole(computer, path, data, progress) {
   if (data.length > MAX_TRANSFER_BYTES) {
     throw new TransferError("it is " + bytes(data.length) + ": the console writes files up to " + bytes(MAX_TRANSFER_BYTES));
   }
@@ -93,7 +94,7 @@ function sameBytes(a, b) {
 // first (no content moves when it differs); a file of the same size is read whole and compared
 // byte for byte. CraftOS keeps a modification time only to the second, and not at all on older
 // versions, so the content is the only sure sign.
-async function changedSince(computer, path, opened) {
+export async function changedSince(computer, path, opened) {
   let size;
   try {
     size = await fileSize(computer, path);
