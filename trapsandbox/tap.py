@@ -30,8 +30,9 @@ from trapsandbox.admission.strangers import Strangers
 from trapsandbox.compat import fixes
 from trapsandbox.computers import wire
 from trapsandbox.computers.protocol import GatewayFactory
-from trapsandbox.computers.registry import Registry, describe_session
+from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
+from trapsandbox.computers.session import describe_session
 from trapsandbox.errors import ConfigError
 from trapsandbox.handlers import ComputerRequests
 from trapsandbox.mcp.endpoint import McpEndpoint

@@ -636,7 +636,7 @@ class WatchActivityTests(TestCase):
         self.assertEqual(watcher.messages.pending, [])
         watcher.sendClose(1000)
         await watcher.wait_closed()
-        self.assertEqual(gateway.registry._activity, {})
+        self.assertEqual(gateway.registry.activity._listeners, {})
 
     async def test_an_account_s_watches_are_bounded_across_its_sockets(self):
         path = accounts_file(self, "alice")

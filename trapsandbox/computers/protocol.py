@@ -45,8 +45,9 @@ from trapsandbox.compat import fixes
 from trapsandbox.computers import wire
 from trapsandbox.computers.lines import Throttle, computer_lines
 from trapsandbox.computers.outbound import Outbound
-from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sending import Sending
+from trapsandbox.computers.session import Session
 from trapsandbox.errors import GatewayError
 from trapsandbox.ops.metrics import Metrics
 
