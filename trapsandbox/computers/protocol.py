@@ -488,6 +488,18 @@ class GatewayFactory(WebSocketServerFactory):
             maxConnections=max_connections,
         )
 
+    def revoke(self, admission: auth.Admission) -> int:
+        """
+        Close (4001) the computers whose account is gone, or whose account's secret
+        changed, after the accounts file was read again; how many.
+        """
+        revoked = admission.revoked(self.registry)
+        for session in revoked:
+            # Unreachable at once, before its close handshake ends.
+            self.registry.remove(session)
+            session.link.close(wire.CLOSE_UNAUTHORIZED, "unauthorized")
+        return len(revoked)
+
     def shutdown(self, grace: float = limits.SHUTDOWN_GRACE) -> Deferred:
         """
         Close every connection with 1000 and fail every pending request;
