@@ -34,8 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     from trapsandbox import config
     from trapsandbox.tap import build
 
-    service = build(config.Settings(ports=(args.port,), opencode_url=""), reactor)
-    factory = service.factory
+    factory = build(config.Settings(ports=(args.port,), opencode_url=""), reactor).factory
     factory.protocol = Echo
 
     def listening(port) -> None:

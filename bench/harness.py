@@ -18,7 +18,8 @@ from typing import Any
 import orjson
 
 from trapsandbox import config
-from trapsandbox.tap import GatewayService, build
+from trapsandbox.service import GatewayService
+from trapsandbox.tap import build
 
 REPO = Path(__file__).resolve().parent.parent
 LUA = REPO / "lua"
@@ -34,9 +35,9 @@ def start_gateway(reactor, state_dir: str | None = None) -> tuple[GatewayService
         state_dir=state_dir or tempfile.mkdtemp(prefix="trapsandbox-bench-state-"),
     )
     gateway = build(settings, reactor)
-    gateway.privilegedStartService()
-    gateway.startService()
-    return gateway, gateway.listeners[0].port.getHost().port
+    gateway.service.privilegedStartService()
+    gateway.service.startService()
+    return gateway.service, gateway.port
 
 
 def computer(port: int, label: str, allow: str, **options: Any):

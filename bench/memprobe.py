@@ -74,7 +74,7 @@ def _server(args: argparse.Namespace) -> None:
     if args.trace:
         tracemalloc.start(args.frames)
     port_text = "tcp:0:interface=127.0.0.1:backlog=1024"
-    service = build(config.Settings(ports=(port_text,), opencode_url="", password=SECRET), reactor)
+    gateway = build(config.Settings(ports=(port_text,), opencode_url="", password=SECRET), reactor)
     marks: list = []
 
     if args.garbage:
@@ -103,7 +103,7 @@ def _server(args: argparse.Namespace) -> None:
                 if len(marks) == 2:
                     report(args, marks)
                     if args.inspect:
-                        inspect(service)
+                        inspect(gateway)
                 self.transport.write(b"go\n")
 
         def errReceived(self, data: bytes) -> None:
@@ -128,13 +128,13 @@ def _server(args: argparse.Namespace) -> None:
     if args.target == "bare":
         from bench.bare import Echo
 
-        service.factory.protocol = Echo
-        d = endpoints.serverFromString(reactor, port_text).listen(service.factory)
+        gateway.factory.protocol = Echo
+        d = endpoints.serverFromString(reactor, port_text).listen(gateway.factory)
         d.addCallback(listening)
     else:
-        service.privilegedStartService()
-        service.startService()
-        reactor.callWhenRunning(lambda: listening(service.listeners[0].port))
+        gateway.service.privilegedStartService()
+        gateway.service.startService()
+        reactor.callWhenRunning(lambda: listening(gateway.listeners[0].port))
     reactor.run()
 
 
@@ -166,16 +166,16 @@ def report(args: argparse.Namespace, marks: list) -> None:
                 print("   ", line.replace("/work/main/.venv/lib/python3.11/site-packages/", ""))
 
 
-def inspect(service) -> None:
+def inspect(gateway) -> None:
     """One connection's objects: each one's own size, attributes, dict kind."""
     import sys as _sys
 
-    kind = service.factory.protocol
+    kind = gateway.factory.protocol
     connection = next((o for o in gc.get_objects() if type(o) is kind), None)
     if connection is None:
         return
     seen: set[int] = set()
-    shared = {id(service), id(service.factory), id(service.registry)}
+    shared = {id(gateway.service), id(gateway.factory), id(gateway.registry)}
 
     def walk(obj, name, depth):
         if id(obj) in seen or id(obj) in shared or depth > 3:

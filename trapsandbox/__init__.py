@@ -28,6 +28,8 @@ everything:
                     snapshots): one handler per request type
     ``web``         the HTTP side: the site and its routes, operator requests,
                     ``/operator``, the Lua files served for installs
+    ``service``     the gateway's life once built: listening, systemd, the snapshots'
+                    store opened, SIGHUP, a graceful stop (``GatewayService``)
     ``fast``        the measured fast paths and every speed patch of a library,
                     installed on purpose by ``tap`` (never on import); nothing imports
                     it but ``tap``, and the plain gateway runs without it

@@ -45,7 +45,8 @@ from trapsandbox.opencode.front import AskFront
 
 if TYPE_CHECKING:
     from trapsandbox.computers.protocol import Handler
-    from trapsandbox.computers.registry import Registry, Session
+    from trapsandbox.computers.registry import Registry
+    from trapsandbox.computers.session import Session
     from trapsandbox.opencode.asks import Asks
     from trapsandbox.opencode.probe import OpencodeProbe, ProbeResult
     from trapsandbox.snapshots.service import Snapshots

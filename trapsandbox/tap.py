@@ -1,51 +1,49 @@
 """
-``twistd trapsandbox``: its options, the composition root (``build``: every
-part of the gateway made from the settings and handed to what uses it) and
-the service that starts and stops them.
+``twistd trapsandbox``: its options, and the composition root (``build``: every
+part of the gateway made from the settings and handed to what uses it, the
+``service.GatewayService`` that starts and stops them among them).
 """
 
 from __future__ import annotations
 
 import gc
 import os
-import signal
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import attrs
 from autobahn.twisted.resource import WebSocketResource
-from autobahn.websocket import USES_NVX
 from treq.client import HTTPClient
-from twisted.application import service
-from twisted.internet import endpoints
-from twisted.internet.defer import Deferred, DeferredList
-from twisted.internet.error import CannotListenError
-from twisted.internet.interfaces import IListeningPort
+from twisted.application.service import IService
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from trapsandbox import __version__, config, limits, state
-from trapsandbox.admission import accounts
+from trapsandbox import config, limits, state
 from trapsandbox.admission.auth import Admission
+from trapsandbox.admission.reloading import AccountsFile
 from trapsandbox.admission.strangers import Strangers
-from trapsandbox.compat import fixes
-from trapsandbox.computers import wire
 from trapsandbox.computers.protocol import GatewayFactory
-from trapsandbox.computers.registry import Registry, describe_session
+from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
+from trapsandbox.computers.session import describe_session
 from trapsandbox.errors import ConfigError
 from trapsandbox.handlers import ComputerRequests
 from trapsandbox.mcp.endpoint import McpEndpoint
 from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.client import OpencodeClient
 from trapsandbox.opencode.managed import ManagedOpencode
-from trapsandbox.opencode.probe import OpencodeProbe, redact
+from trapsandbox.opencode.probe import OpencodeProbe
 from trapsandbox.opencode.queue import AskQueue
 from trapsandbox.opencode.servers import Server, ServerProbes
 from trapsandbox.opencode.tokens import AskTokens
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.ops.systemd import Notifier
+from trapsandbox.service import GatewayService, Listener
 from trapsandbox.snapshots.askhook import AskSnapshots
 from trapsandbox.snapshots.service import Snapshots
+from trapsandbox.snapshots.store import SnapshotStore
 from trapsandbox.web.app import GatewayApp
 from trapsandbox.web.listener import CountedSite
 from trapsandbox.web.operator import OperatorRequests
@@ -240,48 +238,37 @@ class Options(usage.Options):
     opt_p = opt_port
 
 
-class _Listener(service.Service):
-    """Listen on one endpoint; a failure stops the daemon with one line."""
+@attrs.frozen
+class Gateway:
+    """
+    Every part ``build`` made, by name, and the service that runs them: what twistd gets
+    (``service``), and what the tests and benchmarks reach into.
+    """
 
-    def __init__(self, reactor: Any, description: str, factory: Any) -> None:
-        self._reactor = reactor
-        self.description = description
-        self._factory = factory
-        self.port: IListeningPort | None = None
-        try:
-            self._endpoint = endpoints.serverFromString(reactor, description)
-        except (ValueError, KeyError, TypeError) as error:
-            raise ConfigError(f"--port {description!r} is not a valid endpoint: {error}") from None
+    service: GatewayService
+    settings: config.Settings
+    metrics: Metrics
+    registry: Registry
+    admission: Admission
+    sandbox: Sandbox
+    snapshots: Snapshots
+    asks: Asks
+    probe: Any
+    factory: GatewayFactory
+    cluster: Any
+    operator_socket: OperatorSocketFactory
+    app: GatewayApp
+    site: GatewaySite
+    strangers: Strangers
+    listeners: list[Listener]
+    managed: ManagedOpencode | None
+    # Reads the accounts file again (SIGHUP): who it no longer admits closed.
+    accounts: AccountsFile
 
-    def privilegedStartService(self) -> None:
-        super().privilegedStartService()
-        failures = []
-        d = self._endpoint.listen(self._factory)
-        d.addCallbacks(self._listening, failures.append)
-        if failures:
-            error = failures[0].value
-            if isinstance(error, CannotListenError) and error.socketError is not None:
-                reason = error.socketError.strerror or str(error.socketError)
-            else:
-                reason = str(error)
-            raise SystemExit(f"trapsandbox: cannot listen on {self.description}: {reason}")
-
-    def _listening(self, port: IListeningPort) -> None:
-        self.port = port
-        log.info("listening on {address}", address=_describe(port.getHost()))
-
-    def stopService(self) -> Deferred | None:
-        super().stopService()
-        if self.port is not None:
-            return self.port.stopListening()
-        return None
-
-
-def _describe(address: Any) -> str:
-    host, port = getattr(address, "host", None), getattr(address, "port", None)
-    if host is not None and port is not None:
-        return f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
-    return str(getattr(address, "name", address))
+    @property
+    def port(self) -> int:
+        """The port its first listener listens on, once started (tests, benchmarks)."""
+        return self.listeners[0].port.getHost().port
 
 
 def build(
@@ -289,7 +276,7 @@ def build(
     reactor: Any,
     notifier: Notifier | None = None,
     fast: FastPaths | None = None,
-) -> GatewayService:
+) -> Gateway:
     """
     The composition root: every part of the gateway built here, from
     ``settings``, and handed to what uses it; ``GatewayService`` only starts
@@ -342,16 +329,17 @@ def build(
     operator_socket = OperatorSocketFactory(
         requests, reactor, metrics, max_per_account=settings.max_operator_sockets_per_account
     )
-    app = web_app(
+    app = GatewayApp(
         registry,
         probe,
         WebSocketResource(factory),
         requests,
+        sandbox,
+        McpEndpoint(registry, sandbox, metrics, before_change=asks.before_change),
         metrics,
         cluster=cluster,
         asks=asks,
         operator_socket=WebSocketResource(operator_socket),
-        sandbox=sandbox,
         managed=managed,
     )
     site = GatewaySite(app.resource(), decide=app.decide)
@@ -361,28 +349,85 @@ def build(
     else:
         fast.protocols(factory, operator_socket)
         listening = fast.listener(site, factory, reactor, requests, operator_socket, strangers)
-    return GatewayService(
-        settings,
+    listeners = [Listener(reactor, port, listening) for port in settings.ports]
+    metrics.watch(
+        computers=lambda: len(registry),
+        connections=lambda: len(factory.connections),
+        pending=lambda: registry.pending,
+    )
+
+    def account_counts() -> dict[str, int]:
+        counts = dict.fromkeys(admission.account_names(), 0)
+        counts.update(registry.counts())
+        return counts
+
+    metrics.watch_accounts(account_counts)
+    accounts_file = AccountsFile(admission, settings.accounts_file, factory, operator_socket)
+    gateway = GatewayService(
         reactor,
-        notifier=Notifier(reactor) if notifier is None else notifier,
-        fast=fast,
-        state_dir=state_dir,
-        metrics=metrics,
-        registry=registry,
+        settings=settings,
         admission=admission,
-        sandbox=sandbox,
-        snapshots=snapshots,
+        mode=None if fast is None else fast.describe(),
+        notifier=Notifier(reactor) if notifier is None else notifier,
+        listeners=listeners,
+        computers=factory,
+        operator_sockets=operator_socket,
         asks=asks,
-        probe=probe,
         http_pool=pool,
-        factory=factory,
+        snapshots=snapshots,
+        open_store=_snapshot_store(settings, reactor, state_dir),
+        reload_accounts=accounts_file.reload,
         cluster=cluster,
-        operator_socket=operator_socket,
-        site=site,
-        strangers=strangers,
-        listeners=[_Listener(reactor, port, listening) for port in settings.ports],
         managed=managed,
     )
+    return Gateway(
+        gateway,
+        settings,
+        metrics,
+        registry,
+        admission,
+        sandbox,
+        snapshots,
+        asks,
+        probe,
+        factory,
+        cluster,
+        operator_socket,
+        app,
+        site,
+        strangers,
+        listeners,
+        managed,
+        accounts_file,
+    )
+
+
+def _snapshot_store(
+    settings: config.Settings, reactor: Any, state_dir: str
+) -> Callable[[], Deferred[SnapshotStore]]:
+    """
+    What opens the snapshots' store when the service starts: in the cluster's Redis,
+    else SQLite in the state directory.
+    """
+    if settings.redis_url is not None:
+        redis_url = settings.redis_url
+
+        def redis() -> Deferred[SnapshotStore]:
+            from trapsandbox.snapshots.redisstore import RedisStore
+
+            store = RedisStore.connect(redis_url, reactor, **settings.snapshot_store_settings())
+            # Calls made meanwhile wait; a Redis still away after that is said by each call.
+            connected = store.wait_connected(limits.CLUSTER_CALL_TIMEOUT)
+            return connected.addBoth(lambda _: store)
+
+        return redis
+
+    def sqlite() -> Deferred[SnapshotStore]:
+        from trapsandbox.snapshots.sqlitestore import SqliteStore
+
+        return SqliteStore.open(state_dir, reactor, **settings.snapshot_store_settings())
+
+    return sqlite
 
 
 def _opencode(
@@ -457,274 +502,7 @@ def _opencode(
     return pool, asks, probes[0] if len(probes) == 1 else ServerProbes(probes), managed
 
 
-def web_app(
-    registry: Registry,
-    probe: Any,
-    websocket: Any,
-    requests: OperatorRequests,
-    metrics: Metrics,
-    cluster: Any = None,
-    asks: Asks | None = None,
-    operator_socket: Any = None,
-    sandbox: Sandbox | None = None,
-    managed: ManagedOpencode | None = None,
-) -> GatewayApp:
-    """The HTTP app and the parts only it uses: the MCP endpoint (and the §9 sandbox
-    when the gateway does not share its own)."""
-    sandbox = Sandbox(registry) if sandbox is None else sandbox
-    return GatewayApp(
-        registry,
-        probe,
-        websocket,
-        requests,
-        sandbox,
-        McpEndpoint(
-            registry,
-            sandbox,
-            metrics,
-            before_change=None if asks is None else asks.before_change,
-        ),
-        metrics,
-        cluster=cluster,
-        asks=asks,
-        operator_socket=operator_socket,
-        managed=managed,
-    )
-
-
-class GatewayService(service.MultiService):
-    """
-    The gateway's life: its listeners started, systemd told, the snapshots'
-    store opened, the accounts reloaded on SIGHUP, and on stop every computer
-    closed gracefully.  Its parts are built by ``build`` and given to it.
-    """
-
-    def __init__(
-        self,
-        settings: config.Settings,
-        reactor: Any,
-        *,
-        notifier: Notifier,
-        fast: FastPaths | None,
-        state_dir: str,
-        metrics: Metrics,
-        registry: Registry,
-        admission: Admission,
-        sandbox: Sandbox,
-        snapshots: Snapshots,
-        asks: Asks,
-        probe: Any,
-        http_pool: HTTPConnectionPool,
-        factory: GatewayFactory,
-        cluster: Any,
-        operator_socket: OperatorSocketFactory,
-        site: GatewaySite,
-        strangers: Strangers,
-        listeners: list[_Listener],
-        managed: ManagedOpencode | None = None,
-    ) -> None:
-        super().__init__()
-        self.settings = settings
-        self._reactor = reactor
-        self.notifier = notifier
-        self.fast = fast
-        self.state_dir = state_dir
-        self.metrics = metrics
-        self.registry = registry
-        self.admission = admission
-        self.sandbox = sandbox
-        self.snapshots = snapshots
-        self.asks = asks
-        self.probe = probe
-        self._pool = http_pool
-        self.factory = factory
-        self.cluster = cluster
-        self.operator_socket = operator_socket
-        self.site = site
-        self.strangers = strangers
-        self.listeners = listeners
-        # Set by makeService: the real daemon reloads the accounts on SIGHUP.
-        self.reload_on_sighup = False
-        self._previous_sighup: Any = None
-        metrics.watch(
-            computers=lambda: len(registry),
-            connections=lambda: len(factory.connections),
-            pending=lambda: registry.pending,
-        )
-        metrics.watch_accounts(self._account_counts)
-        for listener in listeners:
-            listener.setServiceParent(self)
-        # The opencode servers it runs, if it does: started after the ports, stopped first.
-        self.managed = managed
-        if managed is not None:
-            managed.setServiceParent(self)
-
-    def _open_snapshots(self) -> None:
-        """
-        The snapshots' store: in the cluster's Redis, else SQLite in the state
-        directory.  Opened at start, not when the service is built: a store's
-        thread or connection must not keep alive a process that never started
-        (a port in use, a build for a check).
-        """
-        if self.settings.redis_url is not None:
-            from trapsandbox.snapshots.redisstore import RedisStore
-
-            store = RedisStore.connect(
-                self.settings.redis_url, self._reactor, **self.settings.snapshot_store_settings()
-            )
-            # Calls made meanwhile wait; a Redis still away after that is said by each call.
-            connected = store.wait_connected(limits.CLUSTER_CALL_TIMEOUT)
-            self.snapshots.opening(connected.addBoth(lambda _: store))
-        else:
-            from trapsandbox.snapshots.sqlitestore import SqliteStore
-
-            self.snapshots.opening(
-                SqliteStore.open(
-                    self.state_dir, self._reactor, **self.settings.snapshot_store_settings()
-                )
-            )
-
-    def _account_counts(self) -> dict[str, int]:
-        counts = dict.fromkeys(self.admission.account_names(), 0)
-        counts.update(self.registry.counts())
-        return counts
-
-    def reload_accounts(self) -> bool:
-        """
-        Read the accounts file again (SIGHUP).  Computers whose account is
-        gone, or whose account's secret changed, are closed with 4001; every
-        other connection stays.  A bad file keeps the accounts in use and
-        logs one error line.  True if the new accounts are in use.
-        """
-        path = self.settings.accounts_file
-        if path is None:
-            log.info("reload: no accounts file is configured; nothing to reload")
-            return False
-        try:
-            self.admission.reload(accounts.load(path))
-        except ConfigError as error:
-            log.error(
-                "accounts not reloaded, keeping the {count} in use: {error}",
-                count=len(self.admission.accounts or ()),
-                error=str(error),
-            )
-            return False
-        revoked = self.admission.revoked(self.registry)
-        for session in revoked:
-            # Unreachable at once, before its close handshake ends.
-            self.registry.remove(session)
-            session.link.close(wire.CLOSE_UNAUTHORIZED, "unauthorized")
-        sockets = self.operator_socket.revoke(self.admission)
-        log.info(
-            "accounts reloaded from {path}: {count} accounts; {closed} computers closed{sockets}",
-            path=path,
-            count=len(self.admission.accounts or ()),
-            closed=len(revoked),
-            sockets=f", {sockets} operator sockets closed" if sockets else "",
-        )
-        return True
-
-    def _sighup(self, signum: int, frame: Any) -> None:
-        # A signal handler runs between two bytecodes of whatever the reactor
-        # was doing: do the work on the reactor's own turn.
-        self._reactor.callFromThread(self.reload_accounts)
-
-    def startService(self) -> None:
-        super().startService()
-        self._open_snapshots()
-        if self.reload_on_sighup:
-            # Twisted's own handlers are SIGINT, SIGTERM and SIGCHLD; SIGHUP is ours.
-            self._previous_sighup = signal.signal(signal.SIGHUP, self._sighup)
-        if self.cluster is not None:
-            self.cluster.start()
-        # privilegedStartService bound every port: connections are accepted now.
-        self.notifier.ready(
-            "listening on " + ", ".join(_describe(each.port.getHost()) for each in self.listeners)
-        )
-        log.info(
-            "trapsandbox {version} started: auth {auth}, opencode at {opencode}, NVX {nvx}",
-            version=__version__,
-            auth="on" if self.admission.enabled else "off",
-            opencode="its own (OPENCODE_URL unset): "
-            + ", ".join(m.url for m in self.managed.servers)
-            if self.managed is not None
-            else ", ".join(map(redact, self.settings.opencode_urls)) or "(not set: no agent)",
-            nvx="in use" if USES_NVX else "not available",
-        )
-        log.info(
-            "mode: {mode}",
-            mode="plain (Twisted, Klein and Autobahn as they ship)"
-            if self.fast is None
-            else f"fast paths ({self.fast.describe()})",
-        )
-        log.info(
-            "operator endpoints: {operators}",
-            operators="bearer token required"
-            if self.settings.admin_token
-            else "loopback clients only (no SANDBOX_ADMIN_TOKEN)"
-            if self.admission.accounts is None
-            else "account tokens, and loopback clients as the admin (no SANDBOX_ADMIN_TOKEN)",
-        )
-        if self.admission.accounts is not None:
-            log.info(
-                "accounts: {count} from {path} (SIGHUP reloads it)",
-                count=len(self.admission.accounts),
-                path=self.settings.accounts_file,
-            )
-        if not self.admission.enabled:
-            log.warn(
-                "auth is off: any computer can connect. Set SANDBOX_PASSWORD or "
-                "SANDBOX_PASSWORD_FILE to require a secret."
-            )
-        password = self.settings.password
-        if password is not None and len(password) < limits.MIN_PASSWORD_LENGTH:
-            # A right guess is let in even from a throttled address: only the
-            # password's strength stops guessing.
-            log.warn(
-                "SANDBOX_PASSWORD is shorter than {least} characters: a right guess is let "
-                "in even from an address refused for wrong ones, so its strength is what "
-                "stops guessing. Use a long random one, e.g. head -c 24 /dev/urandom | base64",
-                least=limits.MIN_PASSWORD_LENGTH,
-            )
-        if self.admission.trusted_proxies:
-            log.info(
-                "trusted reverse proxies: {proxies} (their X-Forwarded-For/Forwarded name "
-                "the client)",
-                proxies=", ".join(map(str, self.settings.trusted_proxies)),
-            )
-
-    def stopService(self) -> Deferred:
-        if self._previous_sighup is not None:
-            signal.signal(signal.SIGHUP, self._previous_sighup)
-            self._previous_sighup = None
-        self.notifier.stopping()
-        log.info("shutting down: closing {count} connections", count=len(self.factory.connections))
-        stopped = super().stopService()  # stop listening first
-        # Before the computers close (their players are told), and opencode has the aborts
-        # before the pool's connections close.
-        aborted = self.asks.stop()
-        aborted.addBoth(lambda _: self._pool.closeCachedConnections())
-        closed = self.factory.shutdown()
-        # After the computers: requests failed by their close are answered first.
-        self.operator_socket.shutdown()
-        if self.cluster is not None:
-            # Once every computer is closed (and released), leave the cluster.
-            cluster = self.cluster
-            closed.addBoth(lambda _: cluster.stop())
-        d = DeferredList(
-            [stopped, closed, aborted, self.snapshots.close()],
-            consumeErrors=True,
-        )
-        d.addCallback(self._stopped)
-        return d
-
-    def _stopped(self, _: object) -> None:
-        self.notifier.close()
-        log.info("all computers closed; exiting")
-        fixes.exit_zero_after_stop_signal(self._reactor)
-
-
-def makeService(options: Options) -> service.IService:
+def makeService(options: Options) -> IService:
     from twisted.internet import reactor
 
     try:
@@ -741,7 +519,7 @@ def makeService(options: Options) -> service.IService:
                     "(SANDBOX_FAST_PATHS=0)"
                 ) from None
             fast = paths.install(config.fast_paths_without(os.environ))
-        gateway = build(settings, reactor, Notifier.from_environ(reactor, os.environ), fast)
+        gateway = build(settings, reactor, Notifier.from_environ(reactor, os.environ), fast).service
         gateway.reload_on_sighup = True
     except ConfigError as error:
         raise SystemExit(f"trapsandbox: {error}") from None

@@ -453,7 +453,7 @@ class GameRulesTests(CCTGatewayMixin, TestCase):
         c = await self.started(self.computer())
         port = self.port
         gone = wait_gone(self.gateway.registry, c.trapos_id)
-        await self.gateway.stopService()
+        await self.gateway.service.stopService()
         await gone
         self.start_gateway(port)
         await wait_connected(self.gateway.registry, c.trapos_id, seconds=45)

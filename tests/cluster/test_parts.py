@@ -11,7 +11,8 @@ from trapsandbox import errors
 from trapsandbox.cluster.ownership import CLAIM, Ownership
 from trapsandbox.cluster.relay import Relay
 from trapsandbox.computers import wire
-from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.session import Session
 from trapsandbox.errors import GatewayError
 
 

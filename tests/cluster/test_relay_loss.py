@@ -19,7 +19,8 @@ from trapsandbox.cluster.ownership import CLAIM, _owner_key, computer_key
 from trapsandbox.cluster.presence import HEARTBEAT
 from trapsandbox.cluster.redis import inbox_of
 from trapsandbox.computers import wire
-from trapsandbox.computers.registry import Registry, Session, describe_session
+from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.session import Session, describe_session
 from trapsandbox.errors import GatewayError
 
 REFRESH = 0.5

@@ -14,7 +14,8 @@ from tests.harness.fakes import FakeLink
 from trapsandbox import errors, limits
 from trapsandbox.cluster.presence import Presence
 from trapsandbox.cluster.relay import Relay
-from trapsandbox.computers.registry import Registry, Session, describe_session
+from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.session import Session, describe_session
 from trapsandbox.errors import GatewayError
 from trapsandbox.web.operator import _renumbered
 
@@ -171,13 +172,13 @@ class FollowActivityTests(SynchronousTestCase):
         failure = self.failureResultOf(d, GatewayError)
         self.assertEqual(failure.value.code, errors.NOT_CONNECTED)
         self.failureResultOf(ping, GatewayError)
-        self.assertEqual((self.registry._activity, self.registry._watchers), ({}, []))
+        self.assertEqual((self.registry.activity._listeners, self.registry._watchers), ({}, []))
 
         self.registry.add(self.session)
         d = self.registry.follow_activity(asking("7:", "local"), self.entries.append)
         d.cancel()
         self.failureResultOf(d, CancelledError)
-        self.assertEqual((self.registry._activity, self.registry._watchers), ({}, []))
+        self.assertEqual((self.registry.activity._listeners, self.registry._watchers), ({}, []))
 
 
 class RenumberedTests(SynchronousTestCase):
@@ -185,7 +186,7 @@ class RenumberedTests(SynchronousTestCase):
         registry = Registry(Clock())
         told = []
         tell = _renumbered(registry, told.append)
-        registry.activity_number()  # one entry of this process's own
+        registry.activity.number()  # one entry of this process's own
         tell({"n": 1, "state": "started"})
         tell({"n": 1, "state": "running", "text": "x"})
         tell({"n": 2, "state": "started"})
@@ -222,7 +223,7 @@ class ServedTests(SynchronousTestCase):
         self.relay.on_request(message)
 
     def test_a_relayed_request_is_in_the_activity_as_its_sender_sent_it(self):
-        self.registry.watch_activity(asking("7:", "local"), self.entries.append)
+        self.registry.activity.watch(asking("7:", "local"), self.entries.append)
         self.serve("r1", by={"by": "operator", "account": "alice"}, quiet=False)
         self.serve("r2", by={"by": "agent"}, quiet=True)  # one of a snapshot's reads
         self.serve("r3", by="nonsense")
@@ -241,15 +242,15 @@ class ServedTests(SynchronousTestCase):
         self.registry.remove(self.session)
         _, end = self.redis.published[-1]
         self.assertEqual((end["t"], end["id"], end["code"]), ("fail", "w", "not_connected"))
-        self.assertEqual((self.registry._activity, self.registry._watchers), ({}, []))
+        self.assertEqual((self.registry.activity._listeners, self.registry._watchers), ({}, []))
 
     def test_a_relayed_watch_stops_when_its_requester_cancels_or_at_its_bound(self):
         self.serve(
             "w", type="watch_activity", watch="activity", timeout=limits.SCREEN_WATCH_TIMEOUT
         )
         self.relay.on_cancel({"t": "cancel", "id": "w", "from": "there"})
-        self.assertEqual((self.registry._activity, self.registry._watchers), ({}, []))
+        self.assertEqual((self.registry.activity._listeners, self.registry._watchers), ({}, []))
         self.serve("w2", type="watch_activity", watch="activity", timeout=10)
         self.clock.advance(10)
-        self.assertEqual((self.registry._activity, self.registry._watchers), ({}, []))
+        self.assertEqual((self.registry.activity._listeners, self.registry._watchers), ({}, []))
         self.assertEqual([m["t"] for _, m in self.redis.published], [])

@@ -11,7 +11,7 @@ from twisted.internet.defer import succeed
 from tests.harness.support import response_frame
 from trapsandbox import errors
 from trapsandbox.computers import wire
-from trapsandbox.computers.registry import Session
+from trapsandbox.computers.session import Session
 from trapsandbox.errors import GatewayError
 
 

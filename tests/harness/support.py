@@ -14,7 +14,7 @@ from trapsandbox import config
 from trapsandbox.admission import accounts
 from trapsandbox.compat import fixes
 from trapsandbox.fast import paths
-from trapsandbox.tap import GatewayService, build
+from trapsandbox.tap import Gateway, build
 
 WAIT = 10.0  # the bound on any single wait in a loopback test
 # What every operator POST says it sends (SPEC §4: 415 otherwise).
@@ -74,7 +74,7 @@ def both_modes(namespace: dict, *names: str, only: tuple[str, ...] | None = None
         namespace[twin.__name__] = twin
 
 
-def start_gateway(testcase, **settings) -> GatewayService:
+def start_gateway(testcase, **settings) -> Gateway:
     """
     A running gateway on an ephemeral loopback port, stopped at cleanup; in
     the testcase's mode (``fast_paths``): the fast paths installed, or the
@@ -89,14 +89,13 @@ def start_gateway(testcase, **settings) -> GatewayService:
         fast = paths.install()
     else:
         paths.uninstall()
-    service = build(config.Settings(**settings), reactor(), fast=fast)
-    unbatch_timers(service.factory)
-    unbatch_timers(service.operator_socket)
-    service.privilegedStartService()
-    service.startService()
-    testcase.addCleanup(lambda: service.running and service.stopService())
-    service.port = service.listeners[0].port.getHost().port
-    return service
+    gateway = build(config.Settings(**settings), reactor(), fast=fast)
+    unbatch_timers(gateway.factory)
+    unbatch_timers(gateway.operator_socket)
+    gateway.service.privilegedStartService()
+    gateway.service.startService()
+    testcase.addCleanup(lambda: gateway.service.running and gateway.service.stopService())
+    return gateway
 
 
 def response_frame(trapos_id: str, request, ok=True, payload=None, error=None, **fields) -> dict:

@@ -98,7 +98,7 @@ class TwoPlayersTests(TestCase):
         await self.asyncSetUp()
         with open(self.path, "w") as f:
             f.write(account_table("alice", "s-alice"))
-        self.assertTrue(self.gateway.reload_accounts())
+        self.assertTrue(self.gateway.accounts.reload())
         self.assertEqual(await self.computers["bob"].wait_closed(), (4001, "unauthorized"))
         status, body = await self.http("GET", "/computers", ADMIN)
         self.assertEqual([c["accountId"] for c in body["computers"]], ["alice"])
@@ -115,7 +115,7 @@ class TwoPlayersTests(TestCase):
         await self.asyncSetUp()
         with open(self.path, "w") as f:
             f.write("[accounts.alice\n")
-        self.assertFalse(self.gateway.reload_accounts())
+        self.assertFalse(self.gateway.accounts.reload())
         status, body = await self.http("GET", "/computers", "token-bob")
         self.assertEqual((status, len(body["computers"])), (200, 1))
         for computer in self.computers.values():

@@ -19,7 +19,8 @@ from tests.harness.support import JSON, both_modes, bounded, connect, reactor, s
 from trapsandbox import errors
 from trapsandbox.admission.auth import Admission, is_loopback
 from trapsandbox.computers import wire
-from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.session import Session
 from trapsandbox.limits import MAX_BODY_BYTES
 
 BASE = "http://localhost:4444"

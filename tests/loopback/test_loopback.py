@@ -226,7 +226,7 @@ class ShutdownTests(LoopbackTestCase):
         waiting = await self.connect()
         pending = self.gateway.registry.request(asking("7:"), "ping")
         await ready.next_message()
-        stopped = self.gateway.stopService()
+        stopped = self.gateway.service.stopService()
         self.assertEqual(await ready.wait_closed(), (1000, "server shutting down"))
         self.assertEqual(await waiting.wait_closed(), (1000, "server shutting down"))
         failure = await self.assertFailure(bounded(pending), GatewayError)
@@ -240,7 +240,7 @@ class ShutdownTests(LoopbackTestCase):
         gateway = start_gateway(self, password=self.password)
         self.assertFalse(gateway.snapshots.ready().called)  # still opening
         (its,) = set(self.store_threads()) - others
-        stopped = gateway.stopService()
+        stopped = gateway.service.stopService()
         await bounded(Deferred.fromCoroutine(_wait(stopped)))
         self.assertFalse(its.is_alive())
 

@@ -199,7 +199,7 @@ class OperatorSocketTests(TestCase):
         operator = await connect_operator(self, self.port)
         operator.send({"id": 1, "traposId": "7:base", "type": "ping"})
         await computer.next_message()
-        stopped = self.gateway.stopService()
+        stopped = self.gateway.service.stopService()
         answer = await operator.next_message()
         self.assertEqual((answer["id"], answer["status"]), (1, 404))
         self.assertEqual(answer["error"]["message"], "the gateway is shutting down")
@@ -387,7 +387,7 @@ class OperatorSocketAccountTests(TestCase):
         admin = await connect_operator(self, gateway.port, TOKEN)
         with open(path, "w") as f:
             f.write(account_table("alice", "s-alice"))  # bob is gone
-        self.assertTrue(gateway.reload_accounts())
+        self.assertTrue(gateway.accounts.reload())
         self.assertEqual((await bounded(bob.closed))[0], 4001)
         for still in (alice, admin):
             still.send({"id": 1, "traposId": "9:", "type": "ping"})
@@ -636,7 +636,7 @@ class WatchActivityTests(TestCase):
         self.assertEqual(watcher.messages.pending, [])
         watcher.sendClose(1000)
         await watcher.wait_closed()
-        self.assertEqual(gateway.registry._activity, {})
+        self.assertEqual(gateway.registry.activity._listeners, {})
 
     async def test_an_account_s_watches_are_bounded_across_its_sockets(self):
         path = accounts_file(self, "alice")

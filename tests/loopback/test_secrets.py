@@ -218,12 +218,12 @@ class SecretsInProcessTests(TestCase):
             reply = other_traffic.got(await computer.request("probe_gateway"))
             details.append(reply["payload"]["opencodeDetail"])
             traffic.seen.extend(other_traffic.seen)
-            await other.stopService()
+            await other.service.stopService()
         self.assertEqual(wrong.authorizations[0], basic("opencode", OPENCODE_GUESS))
         self.assertIn("401 Unauthorized", details[0])
         self.assertIn("connection refused", details[1])
 
-        await gateway.stopService()  # its shutdown is logged too
+        await gateway.service.stopService()  # its shutdown is logged too
         self.flushLoggedErrors()  # any error is in self.log and fails below anyway
         texts = self.gateway_events()
         self.assertNoSecrets(traffic.seen, "what clients were sent")

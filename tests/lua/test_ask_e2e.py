@@ -18,7 +18,7 @@ from tests.harness.opencode import start_opencode
 from tests.harness.support import bounded, closed_port, reactor
 from tests.lua.test_lua_e2e import GatewayMixin
 from trapsandbox import limits
-from trapsandbox.computers.registry import describe_session
+from trapsandbox.computers.session import describe_session
 from trapsandbox.limits import LOCAL_ACCOUNT
 from trapsandbox.ops import ctl
 

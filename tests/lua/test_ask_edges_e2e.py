@@ -67,7 +67,7 @@ class AskEdgesEndToEndTests(GatewayMixin, TestCase):
         second = await self.asking(8, "second")
         await second.wait_for_output("waiting for the agent: next in line", 30)
         (conversation,) = self.gateway.asks.conversations.values()
-        await self.gateway.stopService()
+        await self.gateway.service.stopService()
         await bounded(model.hung_up, 10)  # the running one was aborted in opencode
         await first.wait_for_output("shutting down", 30)  # and its player told
         status = await self.session_status(conversation.session_id, conversation.directory)

@@ -115,7 +115,7 @@ class EndToEndTests(GatewayMixin, TestCase):
         c = self.computer(label="rc")
         yield self.start_daemon(c)
         port = self.port
-        yield self.gateway.stopService()
+        yield self.gateway.service.stopService()
         yield c.wait_for_lua("not traposSandboxState.connected")
         proc = c.run("/programs/sandbox.lua health")
         yield proc.done

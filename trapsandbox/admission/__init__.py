@@ -9,6 +9,8 @@ Who gets in (SPEC §2 hello, §4, §12).
                   (``browser_refusal``, ``foreign_upgrade``); reload
     ``accounts``  the accounts file: hashes looked up by hash, and the edits
                   ``trapsandbox-ctl accounts`` makes
+    ``reloading`` the accounts file read again while running (SIGHUP): who it no
+                  longer admits closed
     ``throttle``  the per-address back-off of wrong secrets and tokens
     ``proxies``   the client's address behind a listed reverse proxy
     ``tally``     how many of one thing (computers, sockets, watches) each account holds

@@ -45,7 +45,8 @@ from trapsandbox.cluster.presence import Presence
 from trapsandbox.cluster.redis import Redis, RedisAddress, inbox_of
 from trapsandbox.cluster.relay import Relay
 from trapsandbox.computers.callers import Caller
-from trapsandbox.computers.registry import PartialListener, Registry, Session
+from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.session import PartialListener, Session
 
 log = Logger()
 

@@ -37,7 +37,8 @@ from twisted.python.failure import Failure
 from trapsandbox import errors, limits
 from trapsandbox.cluster.redis import Redis
 from trapsandbox.computers import wire
-from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.session import Session
 from trapsandbox.errors import GatewayError
 
 log = Logger()

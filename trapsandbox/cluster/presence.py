@@ -34,7 +34,8 @@ from twisted.python.failure import Failure
 from trapsandbox import __version__, limits
 from trapsandbox.cluster.loops import start_loop
 from trapsandbox.cluster.redis import Redis
-from trapsandbox.computers.registry import Registry, Session, listing_key
+from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.session import Session, listing_key
 
 # KEYS: instances.  ARGV: instance, heartbeat, TTL (ms), heartbeat key prefix.
 # -> the heartbeats of every live process (this one's included)

@@ -56,7 +56,8 @@ from trapsandbox.cluster.ownership import Ownership
 from trapsandbox.cluster.redis import Redis, inbox_of
 from trapsandbox.computers import wire
 from trapsandbox.computers.callers import Caller
-from trapsandbox.computers.registry import PartialListener, Registry
+from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.session import PartialListener
 from trapsandbox.errors import GatewayError
 
 log = Logger()

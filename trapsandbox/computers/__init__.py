@@ -3,8 +3,12 @@ The computer side: one WebSocket per computer, and requests both ways (SPEC §2,
 
     ``wire``          the four frames, close codes, capabilities, ``cut``, and the
                       errors every surface gives (``not_connected``, ``not_allowed``)
-    ``registry``      connected computers (newest wins) and requests to them
-                      (Deferreds correlated by messageId, partial responses)
+    ``session``       one admitted connection and the lifetime of each request on it
+                      (Deferreds correlated by messageId, timeouts, partial responses)
+    ``activity``      each computer's activity feed: its requests as they start and end
+    ``hooks``         what runs around every request to a computer, in order: metrics,
+                      the watch quota, screen pacing, file listeners, the activity
+    ``registry``      connected computers (newest wins): which one a request goes to
     ``protocol``      the Autobahn protocol and factory: hello, dispatch, limits,
                       close codes
     ``sending``       how both WebSockets of the port send (``Sending``, shared with

@@ -100,7 +100,7 @@ class Caller:
         return attrs.evolve(self, account=account, trapos_id=trapos_id)
 
     def quietly(self) -> Caller:
-        """The same caller, its requests part of one entry its caller shows (``Registry.track``)."""
+        """The same caller, its requests part of one entry its caller shows (``activity.track``)."""
         return attrs.evolve(self, quiet=True)
 
     def message(self) -> dict[str, Any]:

@@ -45,8 +45,9 @@ from trapsandbox.compat import fixes
 from trapsandbox.computers import wire
 from trapsandbox.computers.lines import Throttle, computer_lines
 from trapsandbox.computers.outbound import Outbound
-from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sending import Sending
+from trapsandbox.computers.session import Session
 from trapsandbox.errors import GatewayError
 from trapsandbox.ops.metrics import Metrics
 
@@ -486,6 +487,18 @@ class GatewayFactory(WebSocketServerFactory):
             # Past this, the upgrade is refused with a 503.
             maxConnections=max_connections,
         )
+
+    def revoke(self, admission: auth.Admission) -> int:
+        """
+        Close (4001) the computers whose account is gone, or whose account's secret
+        changed, after the accounts file was read again; how many.
+        """
+        revoked = admission.revoked(self.registry)
+        for session in revoked:
+            # Unreachable at once, before its close handshake ends.
+            self.registry.remove(session)
+            session.link.close(wire.CLOSE_UNAUTHORIZED, "unauthorized")
+        return len(revoked)
 
     def shutdown(self, grace: float = limits.SHUTDOWN_GRACE) -> Deferred:
         """

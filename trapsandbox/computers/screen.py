@@ -18,7 +18,7 @@ the gateway hands to operators (HTTP's stream, ``/operator``, ``ctl attach``)
 goes through it.
 
 What a computer sends is not trusted to be small or slow: a ``ScreenGate``
-stands between the computer and each watch (``Registry.request``).  It
+stands between the computer and each watch (``hooks.ScreenPacing``).  It
 refuses a frame claiming a screen far beyond CraftOS's (``MAX_SCREEN_WIDTH``
 x ``MAX_SCREEN_HEIGHT``: the watch is ended with ``too_large``), and passes
 frames on at most ``maxFps`` times a second, the compact frames arriving

@@ -49,8 +49,9 @@ from twisted.web.iweb import IRequest
 from trapsandbox import errors
 from trapsandbox.computers import wire
 from trapsandbox.computers.callers import Caller
-from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
+from trapsandbox.computers.session import Session
 from trapsandbox.errors import GatewayError
 from trapsandbox.mcp import jsonrpc, prompts, revision
 from trapsandbox.mcp.completion import Completions

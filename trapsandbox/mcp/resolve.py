@@ -21,7 +21,8 @@ from trapsandbox import errors
 from trapsandbox.admission import auth
 from trapsandbox.computers import wire
 from trapsandbox.computers.callers import Caller
-from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.session import Session
 from trapsandbox.errors import GatewayError
 from trapsandbox.mcp.results import AMBIGUOUS, INVALID_ARGUMENTS
 

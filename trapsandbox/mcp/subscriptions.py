@@ -8,7 +8,7 @@ changes, and then reads it again.
              started with the first and cancelled when the last goes
     file     trapsandbox://{traposId}/files/{+path}: when a write or delete
              through the gateway (any surface: MCP, §9, a restore) changes it,
-             or the folder holding it (``Registry.file_listeners``: every surface's writes)
+             or the folder holding it (``hooks.FileChanges``: every surface's writes)
 
 How a client subscribes depends on its revision:
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from trapsandbox import errors
-from trapsandbox.computers.registry import Session
+from trapsandbox.computers.session import Session
 from trapsandbox.errors import GatewayError
 
 INSTRUCTIONS = (

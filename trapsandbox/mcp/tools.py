@@ -24,8 +24,8 @@ from twisted.internet.task import LoopingCall, deferLater
 from trapsandbox import errors, limits
 from trapsandbox.computers import wire
 from trapsandbox.computers.callers import Caller
-from trapsandbox.computers.registry import Session
 from trapsandbox.computers.sandbox import Sandbox
+from trapsandbox.computers.session import Session
 from trapsandbox.errors import GatewayError
 from trapsandbox.mcp import arguments as check
 from trapsandbox.mcp.jsonrpc import Progress

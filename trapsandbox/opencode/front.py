@@ -69,7 +69,7 @@ class AskFront:
         # In the computer's activity from before it starts: none of its partials is missed.
         ended: Deferred = Deferred()
         progress = (
-            self._registry.track(session.key, "ask", payload, ended, sender)
+            self._registry.activity.track(session.key, "ask", payload, ended, sender)
             if self._registry is not None
             else _untold
         )

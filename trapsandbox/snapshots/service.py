@@ -248,7 +248,7 @@ class Snapshots:
         ``caller``, instead of the many file requests it makes (``Caller.quietly``).
         """
         d = Deferred.fromCoroutine(run())
-        self._sandbox.registry.track(caller.key, type, names, d, caller.sender)
+        self._sandbox.registry.activity.track(caller.key, type, names, d, caller.sender)
         return d
 
     # -- The steps ---------------------------------------------------------------------------

@@ -1,8 +1,13 @@
 """
 The HTTP side, on the same port as the WebSocket (SPEC §4, §9).
 
-    ``app``        the Klein app, the one router: /, /gateway, /operator, /health, /client,
-                   /computers, the section 9 routes, /metrics, /mcp; ``decide``
+    ``app``        the Klein app: /, /gateway, /operator, /health, /client, /computers,
+                   /metrics, and the route classes below; ``decide``
+    ``routing``    the one router every route class registers on, and who may call a
+                   route (``operators_only``, ``on_computer``)
+    ``sandboxroutes`` the routes on one computer: section 9 (exec, files, screen),
+                   snapshots, peripherals and turtles
+    ``mcproutes``  the routes of /mcp
     ``site``       twisted.web's channel, request and site, bounded for strangers: a
                    request decided at its head, its body capped, a deadline
     ``listener``   what listens in plain mode: the site, with strangers counted

@@ -18,39 +18,11 @@ The HTTP side, on the same port as the WebSocket: a Klein app.
     POST /computers/<traposId>/requests   operators: {type, payload?, timeoutMs?}
                                                  -> the computer's {ok, payload?, error?}
     GET  /metrics                         operators: Prometheus text format
-    POST /mcp                             operators: MCP (Streamable HTTP, JSON-RPC 2.0),
-                                          the computers as an agent's tools (``mcp``);
-                                          other methods 405
 
-  The computer as a sandbox (SPEC §9, ``trapsandbox.computers.sandbox``), operators:
-    POST /computers/<traposId>/execute     {command, args?, cwd?, timeoutMs?, maxOutputBytes?}
-                                           -> NDJSON: {type: stdout_delta|stderr_delta, data}...
-                                              then {type: result, exitCode, timedOut, ...}
-                                              or {type: error, error, code}
-    POST /computers/<traposId>/eval        {code, timeoutMs?} -> the eval answer
-    POST /computers/<traposId>/read-file   {path, offset?, length?} -> {ok, content (base64),
-                                              sizeBytes, encoding, offset, bytesRead}
-    POST /computers/<traposId>/write-file  {path, content (base64)} -> {ok, bytesWritten,
-                                              sizeBytes}
-    POST /computers/<traposId>/list-files  {path} -> {ok, path, entries}
-    POST /computers/<traposId>/delete-file {path} -> {ok, deleted}
-    GET  /computers/<traposId>/screen      -> {ok, width, height, cursorX, cursorY, lines, ...}
-    POST /computers/<traposId>/input       {events} -> {ok, queued} (SPEC §14)
-    GET  /computers/<traposId>/screen/stream?maxFps=n
-                                           -> text/event-stream: data: {type: screen, width,
-                                              height, cursorX, cursorY, cursorBlink, rows,
-                                              palette?} per frame (``computers.screen``)
-  Snapshots (SPEC §15, ``web.snapshotcalls``; /operator carries them too), operators:
-    GET  /computers/<traposId>/snapshots                 -> {ok, snapshots: [{id, created,
-                                                            reason, files, bytes, ...}]}
-    POST /computers/<traposId>/snapshots                 {} -> {ok, id, files, bytes, fetched}
-    GET  /computers/<traposId>/snapshots/<id>/changes    -> {ok, snapshot, added, modified,
-                                                            deleted, diffs}
-    POST /computers/<traposId>/snapshots/<id>/restore    {} -> {ok, restored, before,
-                                                            deleted, written}
-  Their failures are {ok: false, error: "<message>", code} with the status of
-  ``errors.STATUS``; a caller leaving /execute cancels the run, and one
-leaving /screen/stream the watch on the computer.
+  On one computer (``sandboxroutes``), operators:
+    /computers/<traposId>/execute, eval, read-file, write-file, list-files, delete-file,
+      screen, input, screen/stream (SPEC §9), snapshots (§15), peripherals, turtle (§16)
+  MCP (``mcproutes``): /mcp, its other methods and a legacy client's GET stream.
 
 Operators present ``Authorization: Bearer <SANDBOX_ADMIN_TOKEN>`` (the
 admin: every account) or an account's token (that account's computers only,
@@ -63,55 +35,45 @@ operator POST must be ``application/json`` (415).  A client's address is
 decided when its head is complete, before its body is read
 (``site.GatewayRequest`` asks ``decide``; ``fasthttp`` likewise): a refused
 caller is answered there and the connection closed.  Per-computer routes resolve their
-account in one place (``on_computer``); the admin may add
+account in one place (``routing.on_computer``); the admin may add
 ``?account=NAME``.  ``/metrics`` is the admin's alone.  Every answer, errors
 included, is JSON (``{ok: false, error: {code, message}}``), never an HTML
 traceback page: Klein's own errors too (``http_error``, ``_TextOnly``).
 
-One router: every path, the WebSockets' included, is a Klein route.  Bodies
+One router (``routing.router``): every path, the WebSockets' included, is a Klein route,
+of this class or of a route class it is made of.  Bodies
 are checked by ``validation`` and answers written by ``answers``; the app
 builds nothing (``trapsandbox.tap`` gives it its parts).
 """
 
 from __future__ import annotations
 
-import base64
-import functools
-from collections.abc import Callable
 from typing import Any
 
-from klein import Klein
 from prometheus_client.exposition import choose_encoder
-from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
 from werkzeug.exceptions import HTTPException, NotFound
-from werkzeug.routing import PathConverter
 
-from trapsandbox import __version__, errors, limits
+from trapsandbox import __version__, errors
 from trapsandbox.admission import auth
-from trapsandbox.computers import callers, wire
-from trapsandbox.computers.callers import Caller, Sender
+from trapsandbox.computers import wire
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.errors import GatewayError
-from trapsandbox.limits import MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.mcp.endpoint import McpEndpoint
 from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.probe import OpencodeProbe, ProbeResult
 from trapsandbox.ops.metrics import Metrics
-from trapsandbox.web import client, console, validation
+from trapsandbox.web import client, console
 from trapsandbox.web.answers import (
-    gateway_error,
     json_body,
     json_error,
-    ok_body,
-    plain_body,
-    sandbox_failed,
     write_answer,
 )
+from trapsandbox.web.mcproutes import McpRoutes
 from trapsandbox.web.operator import (
     NO_SUCH_COMPUTER,
     UNSUPPORTED_MEDIA_TYPE,
@@ -120,9 +82,9 @@ from trapsandbox.web.operator import (
     in_scope,
     json_content,
 )
+from trapsandbox.web.routing import asked_account, operators_only, router
+from trapsandbox.web.sandboxroutes import SandboxRoutes
 from trapsandbox.web.site import ASK, PUBLIC, operator_route
-from trapsandbox.web.snapshotcalls import SnapshotCalls
-from trapsandbox.web.streaming import EventStream, OutputStream, ScreenStream
 from trapsandbox.web.validation import read_body
 
 log = Logger()
@@ -146,85 +108,12 @@ def _console(request: IRequest, name: str) -> bytes:
     return body
 
 
-def operators_only(route):
-    """
-    Serve ``route`` only to an operator (a bearer token, or loopback when no
-    admin token is set); it is called with ``operator=`` the ``auth.Operator``.
-    """
-
-    @functools.wraps(route)
-    def guarded(self: GatewayApp, request: IRequest, *args: Any, **kwargs: Any):
-        operator = self._operator(request)
-        if not isinstance(operator, auth.Operator):
-            return operator
-        return route(self, request, *args, operator=operator, **kwargs)
-
-    return guarded
-
-
 def _joined(request: IRequest, name: bytes) -> str | None:
     """All of a request's ``name`` header lines as one comma-separated list, or None."""
     values = request.requestHeaders.getRawHeaders(name)
     if not values:
         return None
     return ", ".join(value.decode("latin-1") for value in values)
-
-
-def _asked_account(request: IRequest) -> str | None:
-    """The ``?account=NAME`` of a request, if it has one."""
-    values = request.args.get(b"account")
-    if not values:
-        return None
-    return values[0].decode("utf-8", "replace")
-
-
-def on_computer(route):
-    """
-    A §9 operator route on one computer, called with the ``Caller``: the
-    operator, aimed at the computer of the account ``auth.Operator.account_of``
-    resolves from it and ``?account=`` (and the route's other path parts as
-    they are); its refusal (409 for the admin) is a §9 error answer.
-    """
-
-    @functools.wraps(route)
-    def resolved(
-        self: GatewayApp,
-        request: IRequest,
-        trapos_id: str,
-        operator: auth.Operator,
-        **path: str,
-    ):
-        try:
-            account_id = operator.account_of(self._registry, trapos_id, _asked_account(request))
-        except GatewayError as failure:
-            return gateway_error(request, failure)
-        # What the route sends the computer is this operator's, in its activity.
-        return route(self, request, Caller.of_operator(operator, account_id, trapos_id), **path)
-
-    return operators_only(resolved)
-
-
-def _encoded(answer: dict[str, Any]) -> dict[str, Any]:
-    return {
-        **answer,
-        "content": base64.b64encode(answer["content"]).decode("ascii"),
-        "encoding": "base64",
-    }
-
-
-_EXECUTE = '{"command", "args"?, "cwd"?, "timeoutMs"?, "maxOutputBytes"?}'
-
-
-class _Segment(PathConverter):
-    """
-    A traposId as its path segment decodes, whatever it holds: empty, or
-    starting with "/" (``%2F``).  The operator route reads it so, as
-    ``fasthttp`` does, rather than redirect to another path or answer a
-    bare 404: such a computer is a missing one.
-    """
-
-    regex = ".*?"
-    part_isolating = False  # it may span "/"
 
 
 class _TextOnly(Resource):
@@ -257,14 +146,14 @@ class _TextOnly(Resource):
         return self._routes.render(request)
 
 
-class GatewayApp:
+class GatewayApp(SandboxRoutes, McpRoutes):
     """
     The HTTP routes of the port, and the decision on a request from its
-    head (``decide``).  Given every part it serves; builds none.
+    head (``decide``).  Given every part it serves; builds none.  The routes on one
+    computer are ``SandboxRoutes``'s, those of ``/mcp`` ``McpRoutes``'s: one router.
     """
 
-    app = Klein()
-    app.url_map.converters["segment"] = _Segment
+    app = router
 
     def __init__(
         self,
@@ -432,7 +321,7 @@ class GatewayApp:
     @app.route("/computers", methods=["GET"])
     @operators_only
     def computers(self, request: IRequest, operator: auth.Operator) -> bytes:
-        asked = _asked_account(request)
+        asked = asked_account(request)
         listed = self._requests.listing(operator, asked)
         if self._cluster is None:
             return json_body(request, {"computers": listed})
@@ -457,293 +346,13 @@ class GatewayApp:
             self.client_address(request),
             request.getHeader(b"authorization"),
             trapos_id,
-            _asked_account(request),
+            asked_account(request),
             body,
             admitted=operator,
         )
         if isinstance(answer, Answer):
             return write_answer(request, answer)
         return answer.addCallback(lambda done: write_answer(request, done))
-
-    # -- The computer as a sandbox (SPEC §9) -------------------------------------------------
-
-    @app.route("/computers/<path:trapos_id>/execute", methods=["POST"])
-    @on_computer
-    def execute(self, request: IRequest, caller: Caller):
-        try:
-            body = validation.json_object(read_body(request), _EXECUTE)
-            command = validation.string(body, "command")
-            args = validation.strings(body, "args")
-            cwd = validation.string(body, "cwd", required=False)
-            timeout_ms = validation.number(body, "timeoutMs", MAX_REQUEST_TIMEOUT_MS)
-            max_output = validation.number(
-                body, "maxOutputBytes", limits.MAX_OUTPUT_BYTES, integer=True
-            )
-        except GatewayError as error:
-            return gateway_error(request, error)
-        stream = OutputStream(request)
-        d = self._sandbox.execute(
-            caller,
-            command,
-            args,
-            cwd,
-            timeout_ms,
-            max_output,
-            on_output=stream.output,
-        )
-        if not d.called:
-            stream.begin()  # it went out: from now on, failures are lines of the stream
-        d.addCallbacks(stream.result, stream.failed)
-        return d
-
-    @app.route("/computers/<path:trapos_id>/eval", methods=["POST"])
-    @on_computer
-    def eval(self, request: IRequest, caller: Caller):
-        def call(body: dict[str, Any]) -> Deferred:
-            return self._sandbox.eval(
-                caller,
-                validation.string(body, "code"),
-                validation.number(body, "timeoutMs", MAX_REQUEST_TIMEOUT_MS),
-                validation.number(body, "maxOutputBytes", limits.MAX_OUTPUT_BYTES, integer=True),
-            )
-
-        # The answer has its own ok: false when the code failed, and is still a 200.
-        return self._sandbox_call(request, '{"code", "timeoutMs"?}', call, ok=False)
-
-    @app.route("/computers/<path:trapos_id>/read-file", methods=["POST"])
-    @on_computer
-    def read_file(self, request: IRequest, caller: Caller):
-        def call(body: dict[str, Any]) -> Deferred:
-            validation.base64_encoding(body)
-            offset = validation.offset(body, "offset")
-            length = validation.number(body, "length", limits.MAX_FILE_BYTES, integer=True)
-            return self._sandbox.read_file(
-                caller,
-                validation.string(body, "path"),
-                offset,
-                length,
-            ).addCallback(_encoded)
-
-        return self._sandbox_call(request, '{"path", "offset"?, "length"?}', call)
-
-    @app.route("/computers/<path:trapos_id>/write-file", methods=["POST"])
-    @on_computer
-    def write_file(self, request: IRequest, caller: Caller):
-        def call(body: dict[str, Any]) -> Deferred:
-            path = validation.string(body, "path")
-            validation.base64_encoding(body)
-            data = validation.base64_bytes(body, "content")
-            return self._sandbox.write_file(caller, path, data)
-
-        return self._sandbox_call(request, '{"path", "content", "encoding": "base64"}', call)
-
-    @app.route("/computers/<path:trapos_id>/list-files", methods=["POST"])
-    @on_computer
-    def list_files(self, request: IRequest, caller: Caller):
-        def call(body: dict[str, Any]) -> Deferred:
-            return self._sandbox.list_files(
-                caller,
-                validation.string(body, "path"),
-            )
-
-        return self._sandbox_call(request, '{"path"}', call)
-
-    @app.route("/computers/<path:trapos_id>/delete-file", methods=["POST"])
-    @on_computer
-    def delete_file(self, request: IRequest, caller: Caller):
-        def call(body: dict[str, Any]) -> Deferred:
-            return self._sandbox.delete_file(
-                caller,
-                validation.string(body, "path"),
-            )
-
-        return self._sandbox_call(request, '{"path"}', call)
-
-    @app.route("/computers/<path:trapos_id>/screen", methods=["GET"])
-    @on_computer
-    def screen(self, request: IRequest, caller: Caller):
-        d = self._sandbox.screen(caller)
-        d.addCallbacks(ok_body, sandbox_failed, (request,), None, (request,))
-        return d
-
-    @app.route("/computers/<path:trapos_id>/input", methods=["POST"])
-    @on_computer
-    def input(self, request: IRequest, caller: Caller):
-        def call(body: dict[str, Any]) -> Deferred:
-            events = validation.objects(body, "events", limits.MAX_INPUT_EVENTS)
-            return self._sandbox.input(caller, events)
-
-        return self._sandbox_call(request, '{"events": [{"char"}, {"key"}, ...]}', call)
-
-    @app.route("/computers/<path:trapos_id>/screen/stream", methods=["GET"])
-    @on_computer
-    def screen_stream(self, request: IRequest, caller: Caller):
-        try:
-            max_fps = validation.query_number(request, b"maxFps", 1, 20)
-        except GatewayError as error:
-            return gateway_error(request, error)
-        stream = ScreenStream(request, self._registry.streams.held(request))
-        d = self._sandbox.watch_screen(caller, stream.frame, max_fps, stream.room)
-        if not d.called:
-            stream.begin()  # it went out: from now on, its end is an event of the stream
-        # Klein cancels ``d`` when the caller leaves: the watch is cancelled on the computer.
-        d.addBoth(stream.ended)
-        return d
-
-    # -- Snapshots (SPEC §15) ----------------------------------------------------------------
-    # A label may hold a "/": the snapshot id is the last segments, the traposId the rest.
-
-    @app.route("/computers/<path:trapos_id>/snapshots", methods=["GET"])
-    @on_computer
-    def snapshots(self, request: IRequest, caller: Caller):
-        return self._snapshot_call(request, lambda s: s.list(caller))
-
-    @app.route("/computers/<path:trapos_id>/snapshots", methods=["POST"])
-    @on_computer
-    def take_snapshot(self, request: IRequest, caller: Caller):
-        return self._snapshot_call(request, lambda s: s.take(caller), body=True)
-
-    @app.route("/computers/<path:trapos_id>/snapshots/<snapshot_id>/changes", methods=["GET"])
-    @on_computer
-    def snapshot_changes(self, request: IRequest, caller: Caller, snapshot_id: str):
-        return self._snapshot_call(request, lambda s: s.changes(caller, snapshot_id))
-
-    @app.route("/computers/<path:trapos_id>/snapshots/<snapshot_id>/restore", methods=["POST"])
-    @on_computer
-    def restore_snapshot(self, request: IRequest, caller: Caller, snapshot_id: str):
-        return self._snapshot_call(request, lambda s: s.restore(caller, snapshot_id), body=True)
-
-    def _snapshot_call(
-        self, request: IRequest, call: Callable[[SnapshotCalls], Deferred], body: bool = False
-    ):
-        """
-        A snapshot operation (``snapshotcalls``, whose answers ``/operator`` gives too):
-        its body (if any) must be empty or a JSON object.
-        """
-        try:
-            if body:
-                raw = read_body(request)
-                if raw.strip():
-                    validation.json_object(raw, "{}")
-        except GatewayError as error:
-            return gateway_error(request, error)
-        d = call(self._requests.snapshots)
-        d.addCallbacks(ok_body, sandbox_failed, (request,), None, (request,))
-        return d
-
-    # -- Peripherals and turtles (SPEC §16) --------------------------------------------------
-
-    @app.route("/computers/<path:trapos_id>/peripherals", methods=["GET"])
-    @on_computer
-    def peripherals(self, request: IRequest, caller: Caller):
-        d = self._sandbox.list_peripherals(caller)
-        d.addCallbacks(ok_body, sandbox_failed, (request,), None, (request,))
-        return d
-
-    @app.route("/computers/<path:trapos_id>/peripherals/<name>/call", methods=["POST"])
-    @on_computer
-    def call_peripheral(self, request: IRequest, caller: Caller, name: str):
-        def call(body: dict[str, Any]) -> Deferred:
-            return self._sandbox.call_peripheral(
-                caller,
-                name,
-                validation.string(body, "method"),
-                validation.values(body, "args"),
-            )
-
-        return self._sandbox_call(request, '{"method", "args"?}', call)
-
-    @app.route("/computers/<path:trapos_id>/peripherals/events", methods=["GET"])
-    @on_computer
-    def peripheral_events(self, request: IRequest, caller: Caller):
-        try:
-            events = validation.query_names(request, b"events")
-            timeout_ms = validation.query_number(
-                request, b"timeoutMs", 1, limits.MAX_PERIPHERAL_EVENTS_TIMEOUT_MS
-            )
-        except GatewayError as error:
-            return gateway_error(request, error)
-        stream = EventStream(request, self._registry.streams.held(request))
-        d = self._sandbox.watch_peripheral_events(
-            caller,
-            stream.frame,
-            events,
-            timeout_ms,
-        )
-        if not d.called:
-            stream.watch = d
-            stream.begin()
-        # Klein cancels ``d`` when the caller leaves: the watch is cancelled on the computer.
-        d.addBoth(stream.ended)
-        return d
-
-    @app.route("/computers/<path:trapos_id>/turtle", methods=["POST"])
-    @on_computer
-    def turtle(self, request: IRequest, caller: Caller):
-        def call(body: dict[str, Any]) -> Deferred:
-            return self._sandbox.turtle(
-                caller,
-                validation.string(body, "action"),
-                validation.values(body, "args"),
-            )
-
-        return self._sandbox_call(request, '{"action", "args"?}', call)
-
-    def _sandbox_call(
-        self,
-        request: IRequest,
-        shape: str,
-        call: Callable[[dict[str, Any]], Deferred],
-        ok: bool = True,
-    ):
-        try:
-            d = call(validation.json_object(read_body(request), shape))
-        except GatewayError as error:
-            return gateway_error(request, error)
-        d.addCallbacks(ok_body if ok else plain_body, sandbox_failed, (request,), None, (request,))
-        return d
-
-    # -- MCP (SPEC §10) ----------------------------------------------------------------------
-
-    @app.route("/mcp", methods=["POST"])
-    def mcp(self, request: IRequest):
-        # An ask's own token (SPEC §11) reaches the asking computer only. Any other
-        # caller must be an operator: an account token's tools reach its computers
-        # only; the admin's every account's, or one account's with /mcp?account=NAME.
-        # The tools' requests are the agent's in the computer's activity: an ask's own
-        # (the agent in ``sandbox ask``), or an operator's MCP client's.
-        pin = self._ask_scope(request)
-        if pin is not None and not json_content(request.getHeader(b"content-type")):
-            return write_answer(request, UNSUPPORTED_MEDIA_TYPE)
-        if pin is not None:
-            caller = Caller(*pin, Sender(callers.ASK))
-        else:
-            operator = self._operator(request)
-            if not isinstance(operator, auth.Operator):
-                return operator
-            scope = operator.scope(_asked_account(request))
-            caller = Caller(scope, None, Sender(callers.AGENT, operator.account))
-        try:
-            body = read_body(request)
-        except GatewayError as error:
-            return self._mcp.post(request, None, error.message, caller)
-        return self._mcp.post(request, body, None, caller)
-
-    @app.route("/mcp", methods=["GET"])
-    def mcp_stream(self, request: IRequest):
-        # A legacy client's stream of its resource subscriptions' updates (SPEC §17), for
-        # the caller it subscribed as; without subscriptions, a 405 as ever.
-        if self._ask_scope(request) is None:
-            operator = self._operator(request)
-            if not isinstance(operator, auth.Operator):
-                return operator
-        return self._mcp.get(request) or self.mcp_other(request)
-
-    @app.route("/mcp", methods=["PUT", "DELETE", "PATCH", "OPTIONS"])
-    def mcp_other(self, request: IRequest) -> bytes:
-        # No sessions to end (DELETE); GET streams only a client's subscriptions.
-        request.setHeader(b"allow", b"POST")
-        return json_error(request, 405, "method_not_allowed", "POST one JSON-RPC message to /mcp")
 
     @app.route("/metrics", methods=["GET"])
     @operators_only

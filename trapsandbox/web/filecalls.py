@@ -24,7 +24,7 @@ fails saying so), though a narrow window is left between the last check and the 
 
 Sent by the page one by one, the requests would each be an entry of the computer's
 activity; sent here, they are made quietly (``Caller.quietly``) and the change is one
-entry, by whoever sent it (``Registry.track``: ``write_file``, ``move_file``,
+entry, by whoever sent it (``ActivityFeed.track``: ``write_file``, ``move_file``,
 ``make_folder``).  Each request still needs what the computer allows (``fs.read`` to read,
 ``fs.write`` to write, move and delete), checked where it goes out; ``file_write`` is as
 atomic as ``Sandbox.write_file`` (the last part moves the file into place).
@@ -128,7 +128,7 @@ class FileCalls:
         ``kind`` by ``caller``."""
         d = Deferred.fromCoroutine(work)
         if self._registry.find(*caller.key) is not None:
-            self._registry.track(caller.key, kind, shown, d, caller.sender)
+            self._registry.activity.track(caller.key, kind, shown, d, caller.sender)
         return d
 
     async def _write(

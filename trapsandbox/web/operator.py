@@ -24,8 +24,9 @@ from trapsandbox import errors, limits
 from trapsandbox.admission import auth
 from trapsandbox.computers import wire
 from trapsandbox.computers.callers import Caller
-from trapsandbox.computers.registry import Registry, describe_session, listing_key
+from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.screen import Room, frames_to
+from trapsandbox.computers.session import describe_session, listing_key
 from trapsandbox.errors import GatewayError
 from trapsandbox.limits import MAX_REQUEST_TIMEOUT_MS
 from trapsandbox.snapshots.service import Snapshots
@@ -156,7 +157,7 @@ def _renumbered(
     numbers: dict[Any, int] = {}
 
     def renumber(entry: dict[str, Any]) -> None:
-        n = numbers.get(entry.get("n")) or registry.activity_number()
+        n = numbers.get(entry.get("n")) or registry.activity.number()
         if entry.get("state") in ("started", "running"):
             numbers[entry.get("n")] = n
         else:
@@ -284,7 +285,7 @@ class OperatorRequests:
     ) -> Deferred:
         """
         ``{"activity": entry}`` to ``on_entry`` for each request sent to the
-        computer, as it starts and as it ends (``registry.activity_entry``,
+        computer, as it starts and as it ends (``activity.activity_entry``,
         with ``state``: started, then its outcome and ``durationMs``);
         cancelling the Deferred stops the watch.  One process: it never
         fires.  Cluster mode: the activity is kept where the computer is
@@ -302,7 +303,7 @@ class OperatorRequests:
             d = self._registry.follow_activity(caller, tell)
             return d.addCallbacks(lambda _: Answer(200, {"ok": True}), _failed)
         try:
-            stop = self._registry.watch_activity(caller, tell)
+            stop = self._registry.activity.watch(caller, tell)
         except GatewayError as error:  # the account's bound
             return succeed(_failed(Failure(error)))
         if self._cluster is None:

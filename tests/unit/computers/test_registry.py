@@ -8,7 +8,8 @@ from tests.harness.fakes import FakeLink
 from trapsandbox import errors, limits
 from trapsandbox.computers import wire
 from trapsandbox.computers.callers import Sender
-from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.session import Session
 from trapsandbox.computers.streams import StreamBudget
 from trapsandbox.errors import GatewayError
 from trapsandbox.limits import LOCAL_ACCOUNT
@@ -263,14 +264,14 @@ class WatchBoundTests(SynchronousTestCase):
 
     def test_activity_watches_are_bounded_per_account(self):
         def watch(account, trapos_id):
-            return self.registry.watch_activity(token_of(account, trapos_id), lambda e: None)
+            return self.registry.activity.watch(token_of(account, trapos_id), lambda e: None)
 
         stops = [watch("alice", f"{n}:") for n in range(3)]
         with self.assertRaises(GatewayError) as raised:
             watch("alice", "9:")
         self.assertEqual(raised.exception.code, errors.TOO_MANY_WATCHES)
         watch("bob", "9:")
-        self.registry.watch_activity(asking("9:", "alice"), lambda e: None)  # the admin's
+        self.registry.activity.watch(asking("9:", "alice"), lambda e: None)  # the admin's
         stops[0]()
         stops[0]()  # twice is once
         watch("alice", "9:")
@@ -280,7 +281,7 @@ class WatchBoundTests(SynchronousTestCase):
     def test_a_relayed_activity_watch_past_the_bound_fails(self):
         self.connect("1:")
         for n in range(3):
-            self.registry.watch_activity(token_of("alice", f"{n}:"), lambda e: None)
+            self.registry.activity.watch(token_of("alice", f"{n}:"), lambda e: None)
         d = self.registry.follow_activity(token_of("alice", "1:"), lambda e: None)
         self.assertEqual(self.failureResultOf(d, GatewayError).value.code, errors.TOO_MANY_WATCHES)
 

@@ -20,8 +20,9 @@ from tests.harness.fakes import FakeLink, SandboxComputer
 from tests.harness.support import JSON, response_frame
 from trapsandbox import limits
 from trapsandbox.computers import wire
-from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
+from trapsandbox.computers.session import Session
 from trapsandbox.errors import GatewayError
 
 BASE = "http://127.0.0.1:4444"

@@ -19,7 +19,8 @@ from tests.harness.callers import asking
 from tests.harness.fakes import FakeLink, SandboxComputer
 from trapsandbox import errors
 from trapsandbox.computers import settingsfile
-from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.session import Session
 from trapsandbox.errors import GatewayError
 
 # (path, cwd): the settings file however CraftOS would spell it.

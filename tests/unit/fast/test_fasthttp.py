@@ -23,7 +23,8 @@ from trapsandbox import limits
 from trapsandbox.admission.auth import Admission
 from trapsandbox.admission.strangers import Strangers
 from trapsandbox.computers import wire
-from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.session import Session
 from trapsandbox.fast.fasthttp import MAX_BUFFERED, FastHTTP, read_head
 from trapsandbox.fast.front import FrontFactory
 from trapsandbox.limits import LOCAL_ACCOUNT

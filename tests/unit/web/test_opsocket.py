@@ -11,8 +11,9 @@ from tests.harness.fakes import FakeLink, FakeTransport
 from tests.harness.logcapture import LogCapture
 from trapsandbox.admission.auth import Admission
 from trapsandbox.computers import wire
-from trapsandbox.computers.registry import Registry, Session
+from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.screen import ScreenState
+from trapsandbox.computers.session import Session
 from trapsandbox.limits import STALL_TIMEOUT
 from trapsandbox.ops.metrics import Metrics
 from trapsandbox.web.operator import Answer, OperatorRequests

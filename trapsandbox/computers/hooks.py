@@ -1,0 +1,181 @@
+"""
+What runs around every request the registry sends to a computer, wherever it is held: one
+small object each, run in the order of ``standard_hooks`` (``Registry.request``).
+
+    ``Counted``       the metrics: its type, its outcome and (once it went out) its latency
+    ``WatchQuota``    a ``screen_watch`` or ``peripheral_events`` is one of the account's
+                      long-lived streams (``streams.StreamBudget``): past the bound it is
+                      refused with ``too_many_watches``; given back when it ends.  The
+                      admin's are not counted, as its ``/operator`` sockets are not.
+    ``ScreenPacing``  a ``screen_watch``'s frames reach the caller through a
+                      ``screen.ScreenGate``: paced to its ``maxFps``, a frame too large to
+                      relay ending the watch
+    ``FileChanges``   a write (its last part) or delete that succeeded is told to the file
+                      listeners (MCP's resource subscribers): every surface's changes
+    ``Activity``      the request in the computer's activity feed, if anyone watches it
+                      (``activity``), unless its caller is quiet or another process holds it
+
+A hook's ``start`` sees the request before it goes out (a ``Call``): it may refuse it by
+raising ``GatewayError`` (the request then fails with it and no hook's end runs, so a hook
+that refuses comes before any that holds something from its start), or put itself between
+the request and its partial listener.  It answers what to do once the request was sent
+(given its Deferred, to add callbacks to), or None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import attrs
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from trapsandbox.computers.activity import ActivityFeed, outcome
+from trapsandbox.computers.callers import Caller
+from trapsandbox.computers.screen import ScreenGate, max_fps
+from trapsandbox.computers.session import PartialListener
+from trapsandbox.computers.streams import SCREEN_AND_EVENT, StreamBudget
+from trapsandbox.ops.metrics import Metrics
+
+log = Logger()
+
+# The streams a computer runs until cancelled, counted per account.
+WATCHES = frozenset({"screen_watch", "peripheral_events"})
+# Told (account, traposId, path) after a write or delete through the gateway changed a file.
+FileListener = Callable[[str, str, str], None]
+Sent = Callable[[Deferred], None]
+
+
+@attrs.define(eq=False)
+class Call:
+    """One request as the registry is about to send it."""
+
+    caller: Caller
+    type: str
+    payload: dict[str, Any]
+    # Where its partial responses go; a hook may put itself in between.
+    on_partial: PartialListener | None
+    # Sent to the process holding the computer (cluster mode), which runs its own hooks too.
+    relayed: bool
+
+
+class RequestHook(Protocol):
+    def start(self, call: Call) -> Sent | None:
+        """Before ``call`` goes out; answers what to do with its Deferred once sent."""
+
+
+def standard_hooks(
+    clock: IReactorTime,
+    metrics: Metrics,
+    streams: StreamBudget,
+    files: list[FileListener],
+    activity: ActivityFeed,
+) -> list[RequestHook]:
+    """The hooks of every request, in the order they run (``start``, then each ``Sent``)."""
+    return [
+        Counted(clock, metrics),
+        WatchQuota(streams),
+        ScreenPacing(clock),
+        FileChanges(files),
+        Activity(activity),
+    ]
+
+
+def _passed(result: object, call: Callable[[], None]) -> object:
+    call()
+    return result
+
+
+@attrs.define
+class Counted:
+    clock: IReactorTime
+    metrics: Metrics
+
+    def start(self, call: Call) -> Sent:
+        def sent(d: Deferred) -> None:
+            # A request refused before it went out has no latency worth recording.
+            started = None if d.called else self.clock.seconds()
+            d.addBoth(self._count, call.type, started)
+
+        return sent
+
+    def _count(self, result: object, type: str, started: float | None) -> object:
+        seconds = None if started is None else self.clock.seconds() - started
+        self.metrics.gateway_request(type, outcome(result), seconds)
+        return result
+
+
+@attrs.define
+class WatchQuota:
+    streams: StreamBudget
+
+    def start(self, call: Call) -> Sent | None:
+        if call.type not in WATCHES:
+            return None
+        give_back = self.streams.take(call.caller, SCREEN_AND_EVENT)
+        return lambda d: d.addBoth(_passed, give_back)
+
+
+@attrs.define
+class ScreenPacing:
+    """``on_partial`` answering False means "no room now": the frame is kept and merged
+    with the next."""
+
+    clock: IReactorTime
+
+    def start(self, call: Call) -> Sent | None:
+        if call.type != "screen_watch" or call.on_partial is None:
+            return None
+        gate = ScreenGate(self.clock, max_fps(call.payload), call.on_partial)
+        call.on_partial = gate.take
+        return lambda d: d.addBoth(_passed, gate.stop)
+
+
+def _changed_path(kind: str, payload: dict[str, Any]) -> str | None:
+    """The path a request changes once it succeeds: a delete, or a write's last part."""
+    path = payload.get("path")
+    if kind not in ("write_file", "delete_file") or type(path) is not str:
+        return None
+    part = payload.get("part")
+    if kind == "write_file" and isinstance(part, dict) and part.get("final") is not True:
+        return None
+    return path
+
+
+@attrs.define
+class FileChanges:
+    # The registry's ``file_listeners``: whoever must hear of a file changed.
+    listeners: list[FileListener]
+
+    def start(self, call: Call) -> Sent:
+        def sent(d: Deferred) -> None:
+            changed = _changed_path(call.type, call.payload) if self.listeners else None
+            if changed is not None:
+                d.addCallback(self._changed, *call.caller.key, changed)
+
+        return sent
+
+    def _changed(self, response: Any, account_id: str, trapos_id: str, path: str) -> Any:
+        if getattr(response, "ok", False):
+            for listener in list(self.listeners):
+                try:
+                    listener(account_id, trapos_id, path)
+                except Exception:
+                    log.failure("a file listener failed")
+        return response
+
+
+@attrs.define
+class Activity:
+    feed: ActivityFeed
+
+    def start(self, call: Call) -> Sent:
+        def sent(d: Deferred) -> None:
+            key = call.caller.key
+            # A request relayed to the process holding the computer is in its activity there.
+            if self.feed.watching(key) and not call.caller.quiet and not call.relayed:
+                self.feed.track(key, call.type, call.payload, d, call.caller.sender)
+
+        return sent
