@@ -54,6 +54,7 @@ from typing import Any
 from twisted.application import service
 from twisted.internet import protocol
 from twisted.internet.defer import Deferred, DeferredList, fail, succeed
+from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
@@ -142,6 +143,7 @@ class Managed:
         *,
         grace: float = limits.OPENCODE_STOP_GRACE,
         spawn: Any = None,
+        answering: Any = None,
     ) -> None:
         self._reactor = reactor
         self.name = name
@@ -151,6 +153,8 @@ class Managed:
         self._environ = dict(environ)
         self._grace = grace
         self._spawn = spawn or reactor.spawnProcess
+        # Whether its port takes a connection: opencode says "listening on" a moment before.
+        self._answering = answering or self._connects
         self.state = State.STOPPED if program else State.FAILED
         self.process: Any = None
         self.restarts: dict[str, int] = {}
@@ -252,19 +256,44 @@ class Managed:
         line = line[:MAX_LINE]
         self._last.append(line)
         if self.state is State.STARTING and "listening on" in line:
-            self.state = State.READY
-            self.why = None
-            self._ready_at = self._reactor.seconds()
-            self._recycling = False
-            log.info("{name}: ready", name=self.name)
-            waiters, self._ready_waiters = self._ready_waiters, []
-            for d in waiters:
-                d.callback(None)
-            for listener in list(self.on_ready):
-                try:
-                    listener()
-                except Exception:
-                    log.failure("{name}: a listener of its start failed", name=self.name)
+            self._confirm(self.process)
+        self._log(line)
+
+    def _connects(self) -> Deferred:
+        endpoint = TCP4ClientEndpoint(self._reactor, "127.0.0.1", self.port, timeout=1)
+        d = endpoint.connect(protocol.Factory.forProtocol(protocol.Protocol))
+        return d.addCallback(lambda connected: connected.transport.loseConnection())
+
+    def _confirm(self, process: Any) -> None:
+        """Ready once its port takes a connection (tried every 0.1 s while it runs)."""
+
+        def again(_: object) -> None:
+            if self.state is State.STARTING and self.process is process:
+                self._reactor.callLater(0.1, self._confirm, process)
+
+        if self.state is State.STARTING and self.process is process:
+            self._answering().addCallbacks(lambda _: self._ready(process), again)
+
+    def _ready(self, process: Any) -> None:
+        if self.state is not State.STARTING or self.process is not process:
+            return
+        self.state = State.READY
+        self.why = None
+        self._ready_at = self._reactor.seconds()
+        self._recycling = False
+        log.info("{name}: ready", name=self.name)
+        # Listeners first (the connections kept to the process before are dropped there),
+        # then the asks that waited.
+        for listener in list(self.on_ready):
+            try:
+                listener()
+            except Exception:
+                log.failure("{name}: a listener of its start failed", name=self.name)
+        waiters, self._ready_waiters = self._ready_waiters, []
+        for d in waiters:
+            d.callback(None)
+
+    def _log(self, line: str) -> None:
         now = self._reactor.seconds()
         start, logged, dropped = self._window
         if now - start >= limits.LOG_INTERVAL:

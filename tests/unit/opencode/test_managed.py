@@ -4,6 +4,7 @@ fake process and a ``Clock``: the restart delays, the stop's SIGTERM then SIGKIL
 says while it cannot answer, its output bounded in the log.
 """
 
+from twisted.internet.defer import succeed
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent
@@ -55,6 +56,7 @@ class ManagedTests(SynchronousTestCase):
             "the-password",
             {"PATH": "/bin", "OPENCODE_SERVER_USERNAME": "someone"},
             spawn=self.spawn,
+            answering=lambda: succeed(None),
         )
 
     def ready(self):
