@@ -1,7 +1,7 @@
 """
 A screen_watch's frames, as operators get them (SPEC §14).
 
-The computer sends compact frames (``libsandbox.lua``'s ``Watch:frame``): the
+The computer sends compact frames (``lua/sandbox/screen.lua``'s ``Watch:frame``): the
 first has every row, the size, the cursor, its blink and the palette; later
 ones only the rows that changed and the cursor, with the size, the blink and
 the palette only when they changed; and each row's ``line``, ``text`` and
@@ -68,7 +68,7 @@ def expand(s: str, width: int, blank: str) -> str:
 
 
 def compact(s: str) -> str:
-    """The twin of ``libsandbox.lua``'s ``compactRow`` for one part (tests, and the Lua's rule)."""
+    """The twin of ``lua/sandbox/screen.lua``'s ``compactRow`` for one part (tests, and the Lua's rule)."""
     stop = len(s)
     while stop > 1 and s[stop - 2] == s[-1]:
         stop -= 1

@@ -3,7 +3,7 @@ The computer's credential stays on it (SPEC §9): ``/.settings`` holds its
 ``sandbox.password``, so the gateway refuses file requests on it with
 ``forbidden`` before sending them, and the computer refuses them too.
 
-This is the twin of ``isSettingsPath`` in ``lua/apis/libsandbox.lua`` (which
+This is the twin of ``isSettingsPath`` in ``lua/sandbox/handlers.lua`` (which
 explains the rule); ``tests/unit/computers/test_settingsfile.py`` checks that the two
 agree on generated paths.  Paths are compared as bytes, as CraftOS sees them.
 """
