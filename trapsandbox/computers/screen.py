@@ -68,7 +68,7 @@ def expand(s: str, width: int, blank: str) -> str:
 
 
 def compact(s: str) -> str:
-    """The twin of ``lua/sandbox/screen.lua``'s ``compactRow`` for one part (tests, and the Lua's rule)."""
+    """The twin of ``lua/sandbox/screen.lua``'s ``compactRow`` for one part (tests, the rule)."""
     stop = len(s)
     while stop > 1 and s[stop - 2] == s[-1]:
         stop -= 1
