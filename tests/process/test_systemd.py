@@ -340,7 +340,7 @@ class SocketActivationTests(TestCase):
         reply = await computer.hello("sesame", "5:activated")
         self.assertTrue(reply["ok"], reply)
         await child.wait_for(r"<6>\[trapsandbox\.computers\.protocol\] 5:activated connected from")
-        self.assertIn(f"<6>[trapsandbox.tap] listening on 127.0.0.1:{port}\n", child.output)
+        self.assertIn(f"<6>[trapsandbox.service] listening on 127.0.0.1:{port}\n", child.output)
 
         url = f"http://127.0.0.1:{port}/computers"
         response = await bounded(treq.get(url, pool=pool))
