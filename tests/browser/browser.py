@@ -84,7 +84,7 @@ class BrowserCase(TestCase):
         c = Computer(self.mktemp(), id=7, label="si")
         self.addCleanup(c.shutdown)
         for dest, source in CLIENT_FILES.items():
-            c.install(source, dest)
+            c.install(os.path.join(REPO, "lua", source), dest)
         url = f"ws://127.0.0.1:{self.port}/gateway"
         c.set_settings(
             {
