@@ -18,7 +18,6 @@ from typing import Any
 import orjson
 
 from trapsandbox import config
-from trapsandbox.service import GatewayService
 from trapsandbox.tap import build
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,7 +26,7 @@ CLIENT = ("apis/libsandbox.lua", "servers/sandbox.lua", "programs/sandbox.lua")
 CONNECTED = "traposSandboxState and traposSandboxState.connected"
 
 
-def start_gateway(reactor, state_dir: str | None = None) -> tuple[GatewayService, int]:
+def start_gateway(reactor, state_dir: str | None = None, with_snapshots: bool = False):
     """A gateway on 127.0.0.1 (no opencode) and its port; ``stopService()`` stops it."""
     settings = config.Settings(
         ports=("tcp:0:interface=127.0.0.1",),
@@ -37,6 +36,8 @@ def start_gateway(reactor, state_dir: str | None = None) -> tuple[GatewayService
     gateway = build(settings, reactor)
     gateway.service.privilegedStartService()
     gateway.service.startService()
+    if with_snapshots:  # (the snapshots service too, for bench.snapshots)
+        return gateway.service, gateway.port, gateway.snapshots
     return gateway.service, gateway.port
 
 

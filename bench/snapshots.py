@@ -247,10 +247,10 @@ async def on_harness(reactor) -> dict:
     from bench import harness
 
     state = tempfile.mkdtemp(prefix="bench-snapshots-state-")
-    service, port = harness.start_gateway(reactor, state)
+    service, port, snapshots = harness.start_gateway(reactor, state, with_snapshots=True)
     computer = harness.computer(port, "bench", "fs.read,fs.write", capacity=8 * 1024 * 1024)
     try:
-        await service.snapshots.ready()
+        await snapshots.ready()
         await harness.connected(computer)
         path = os.path.join(state, limits.SNAPSHOTS_FILE_NAME)
 
