@@ -218,6 +218,8 @@ OPENCODE_MAX_RSS_MB = 2048
 # An ask waits this long for the gateway's own opencode to (re)start; a recycle lets the asks
 # running there finish for this long, then ends them ("ask again").
 OPENCODE_READY_WAIT = 120.0
+# A server it runs is ready once it answers a health call within this (tried again 0.1 s later).
+OPENCODE_READY_PROBE = 1.0
 OPENCODE_DRAIN_BOUND = 120.0
 
 # -- The process -----------------------------------------------------------------------------

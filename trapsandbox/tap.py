@@ -457,9 +457,6 @@ def _opencode(
             reactor, settings.opencode_servers, settings.opencode_bin, os.environ
         )
         metrics.watch_managed(managed.figures)
-        for each in managed.servers:
-            # Connections kept to a process that ended would fail the next call on them.
-            each.on_ready.append(pool.closeCachedConnections)
         # Each its own password, made now; the username is opencode's default.
         where = [(m.url, limits.DEFAULT_OPENCODE_USERNAME, m.password, m) for m in managed.servers]
     else:

@@ -160,12 +160,18 @@ class ManagedOpencodeTests(TestCase):
         first = await self.ask(computer, "before the recycle")
         self.assertTrue(first["ok"], first)  # whole: the recycle waited for it
         await gateway.wait_for(r"opencode: past its memory bound: draining", 15)
-        await gateway.wait_for(r"(?s)draining.*opencode: ready", 60)
+        # Asked while it restarts (it takes seconds to answer again): the ask waits, told so,
+        # then goes on in its conversation.
+        partials = []
+        second = await self.ask(computer, "after the recycle", partials)
+        self.assertTrue(second["ok"], second)
+        self.assertIn(
+            "(the agent is restarting to give back its memory: your ask waits for it)\n",
+            [p.get("text") for p in partials],
+        )
+        self.assertIn("before the recycle", json.dumps(self.model.requests[-1]["messages"]))
         [server] = (await self.health())["opencodeManaged"]
-        self.assertEqual((server["state"], server["restarts"]), ("ready", {"recycled": 1}))
-        # (Not asserted here: the next ask right after a recycle failed in about 1 of 4 runs
-        # with "the connection closed before a complete answer" from the new process: an open
-        # defect of issue 45, said in its note.)
+        self.assertGreaterEqual(server["restarts"]["recycled"], 1)
 
     async def test_a_killed_gateway_leaves_no_opencode(self):
         gateway = await self.start()

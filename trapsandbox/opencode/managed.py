@@ -48,13 +48,12 @@ import signal
 import socket
 import sys
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from twisted.application import service
 from twisted.internet import protocol
 from twisted.internet.defer import Deferred, DeferredList, fail, succeed
-from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
@@ -143,7 +142,6 @@ class Managed:
         *,
         grace: float = limits.OPENCODE_STOP_GRACE,
         spawn: Any = None,
-        answering: Any = None,
     ) -> None:
         self._reactor = reactor
         self.name = name
@@ -153,8 +151,10 @@ class Managed:
         self._environ = dict(environ)
         self._grace = grace
         self._spawn = spawn or reactor.spawnProcess
-        # Whether its port takes a connection: opencode says "listening on" a moment before.
-        self._answering = answering or self._connects
+        # Whether it answers HTTP now (a Deferred): opencode says "listening on", and accepts
+        # connections, a moment before it answers (NOTES-opencode: a request sent just then
+        # can hang).  Set by ``servers.Server.build`` (a short health call); None: the line.
+        self.answering: Callable[[], Deferred] | None = None
         self.state = State.STOPPED if program else State.FAILED
         self.process: Any = None
         self.restarts: dict[str, int] = {}
@@ -259,20 +259,18 @@ class Managed:
             self._confirm(self.process)
         self._log(line)
 
-    def _connects(self) -> Deferred:
-        endpoint = TCP4ClientEndpoint(self._reactor, "127.0.0.1", self.port, timeout=1)
-        d = endpoint.connect(protocol.Factory.forProtocol(protocol.Protocol))
-        return d.addCallback(lambda connected: connected.transport.loseConnection())
-
     def _confirm(self, process: Any) -> None:
-        """Ready once its port takes a connection (tried every 0.1 s while it runs)."""
+        """Ready once it answers (``answering``, tried every 0.1 s while it runs)."""
 
         def again(_: object) -> None:
             if self.state is State.STARTING and self.process is process:
                 self._reactor.callLater(0.1, self._confirm, process)
 
         if self.state is State.STARTING and self.process is process:
-            self._answering().addCallbacks(lambda _: self._ready(process), again)
+            if self.answering is None:
+                self._ready(process)
+                return
+            self.answering().addCallbacks(lambda _: self._ready(process), again)
 
     def _ready(self, process: Any) -> None:
         if self.state is not State.STARTING or self.process is not process:

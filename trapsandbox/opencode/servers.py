@@ -67,6 +67,11 @@ class Server:
         under ``directory`` (their MCP blocks holding ``tokens``), its instances' bound."""
         directories = AskDirectories(directory, client, tokens, clock)
         server = cls(client, EventStream(client, clock), directories, managed=managed)
+        if managed is not None:
+            # Ready once it answers a call, not at its "listening on" line.
+            managed.answering = lambda: client.call("GET", "/global/health").addTimeout(
+                limits.OPENCODE_READY_PROBE, clock
+            )
         server.instances = Instances(clock, server.dispose, instance_idle, max_instances)
         return server
 

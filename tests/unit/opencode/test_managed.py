@@ -4,7 +4,7 @@ fake process and a ``Clock``: the restart delays, the stop's SIGTERM then SIGKIL
 says while it cannot answer, its output bounded in the log.
 """
 
-from twisted.internet.defer import succeed
+from twisted.internet.defer import fail, succeed
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent
@@ -56,8 +56,8 @@ class ManagedTests(SynchronousTestCase):
             "the-password",
             {"PATH": "/bin", "OPENCODE_SERVER_USERNAME": "someone"},
             spawn=self.spawn,
-            answering=lambda: succeed(None),
         )
+        self.managed.answering = lambda: succeed(None)
 
     def ready(self):
         self.spawn.last.protocol.childDataReceived(1, b"opencode server listening on x\n")
@@ -191,3 +191,14 @@ class ManagedTests(SynchronousTestCase):
         managed.why = "'oc' was not found on PATH"
         failure = self.failureResultOf(managed.when_ready())
         self.assertIn("will not start", failure.value.message)
+
+    def test_it_is_ready_once_it_answers_not_at_its_listening_line(self):
+        answers = [fail(ConnectionRefusedError()), fail(ConnectionRefusedError())]
+        self.managed.answering = lambda: answers.pop(0) if answers else succeed(None)
+        self.managed.start()
+        self.ready()  # the line: not answering yet
+        self.assertIs(self.managed.state, State.STARTING)
+        self.clock.advance(0.1)
+        self.assertIs(self.managed.state, State.STARTING)
+        self.clock.advance(0.1)
+        self.assertIs(self.managed.state, State.READY)
