@@ -46,6 +46,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
+import attrs
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -139,6 +140,16 @@ class _ScreenWatch:
         self._d.cancel()
 
 
+@attrs.define
+class _Legacy:
+    """A legacy connection with subscriptions: whose account's budget it holds, and them."""
+
+    account: str | None
+    give_back: Notify
+    # uri -> (the resource it names, the function that stops it)
+    subscribed: dict[str, tuple[Hashable, Notify]] = attrs.field(factory=dict)
+
+
 class Subscriptions:
     """The resource subscriptions of every client of one gateway process."""
 
@@ -151,10 +162,9 @@ class Subscriptions:
         # (account, traposId) -> watched path -> listeners: a write looks at its computer's only.
         self._files: dict[tuple[str, str], dict[str, dict[int, Notify]]] = {}
         self._next = 0
-        # Legacy connections: their subscriptions (uri -> (resource, stop)), what each
-        # holds of the account's budget, and their GET stream.
-        self._legacy: OrderedDict[Hashable, dict[str, tuple[Hashable, Notify]]] = OrderedDict()
-        self._legacy_budget: dict[Hashable, tuple[str | None, Notify]] = {}
+        # Legacy connections with subscriptions, the least recently used first; and the GET
+        # stream of each (only a connection with subscriptions has one).
+        self._legacy: OrderedDict[Hashable, _Legacy] = OrderedDict()
         self._legacy_streams: dict[Hashable, tuple[Callable[[dict[str, Any]], None], Notify]] = {}
         registry.file_listeners.append(self.file_changed)
 
@@ -336,15 +346,15 @@ class Subscriptions:
         # Looked up before any bookkeeping: from here to the end nothing waits, so two
         # subscribes at once, or an eviction meanwhile, cannot lose a subscription's stop.
         found = await computers(self._registry, caller) if method == "resources/subscribe" else []
+        legacy = self._legacy.get(connection)
+        subscribed = {} if legacy is None else legacy.subscribed
         if method == "resources/unsubscribe":
-            subscribed = self._legacy.get(connection, {})
             held = subscribed.pop(uri, None) if type(uri) is str else None
             if held is not None:
                 held[1]()
             if not subscribed:
                 self._forget(connection)
             return {}
-        subscribed = self._legacy.get(connection, {})
         if uri in subscribed:
             return {}
         if len(subscribed) >= MAX_URIS:
@@ -352,9 +362,9 @@ class Subscriptions:
         resource = self._resource(uri, caller, found, call)
         if any(held[0] == resource[0] for held in subscribed.values()):
             return {}  # another spelling of one it has: one subscription
-        if connection not in self._legacy:
-            self._admit_legacy(connection, caller)
-        subscribed = self._legacy[connection]
+        if legacy is None:
+            legacy = self._admit_legacy(connection, caller)
+        subscribed = legacy.subscribed
         self._legacy.move_to_end(connection)
 
         def notify() -> None:
@@ -387,37 +397,46 @@ class Subscriptions:
                 self._forget(connection)
         return {}
 
-    def _admit_legacy(self, connection: Hashable, caller: Caller) -> None:
+    def _admit_legacy(self, connection: Hashable, caller: Caller) -> _Legacy:
         """
         A legacy connection's first subscription: one stream of its account's
         (``StreamBudget``); past the bound, the account's own least recently used
         connection ends for it (a legacy client never says it went away), and past
         ``MAX_LEGACY_CONNECTIONS`` in all, the least recently used one.
         """
+        account = charged(caller)
         try:
             give_back = self._streams.take(caller, SUBSCRIPTION)
         except GatewayError as refusal:
-            account = charged(caller)
-            oldest = next((c for c in self._legacy if self._legacy_budget[c][0] == account), None)
+            oldest = next((c for c, held in self._legacy.items() if held.account == account), None)
             if oldest is None:  # its streams are all listens
                 raise Invalid(INVALID_REQUEST, refusal.message, 429) from None
             self._forget(oldest)
             give_back = self._streams.take(caller, SUBSCRIPTION)
         while len(self._legacy) >= MAX_LEGACY_CONNECTIONS:
             self._forget(next(iter(self._legacy)))
-        self._legacy[connection] = {}
-        self._legacy_budget[connection] = (charged(caller), give_back)
+        legacy = self._legacy[connection] = _Legacy(account, give_back)
+        return legacy
 
     def _forget(self, connection: Hashable) -> None:
-        """A legacy connection's subscriptions end, and its stream of the budget is given back."""
-        for _, stop in self._legacy.pop(connection, {}).values():
+        """
+        A legacy connection's subscriptions end, its GET stream with them (else it would stay
+        open outside the budget), and its stream of the budget is given back.
+        """
+        legacy = self._legacy.pop(connection, None)
+        if legacy is None:
+            return
+        for _, stop in legacy.subscribed.values():
             stop()
-        _, give_back = self._legacy_budget.pop(connection, (None, _nothing))
-        give_back()
+        stream = self._legacy_streams.pop(connection, None)
+        if stream is not None:
+            stream[1]()
+        legacy.give_back()
 
     def subscribed(self, connection: Hashable) -> bool:
         """Whether a legacy connection has subscriptions (its GET /mcp opens a stream)."""
-        return bool(self._legacy.get(connection))
+        legacy = self._legacy.get(connection)
+        return legacy is not None and bool(legacy.subscribed)
 
     def attach(
         self, connection: Hashable, send: Callable[[dict[str, Any]], None], end: Notify

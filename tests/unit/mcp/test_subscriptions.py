@@ -309,3 +309,22 @@ class SubscriptionTests(SynchronousTestCase):
         self.subscriptions.attach(("caller", "s1"), lambda m: None, lambda: ended.append(1))
         self.subscriptions.attach(("caller", "s1"), lambda m: None, lambda: ended.append(2))
         self.assertEqual(ended, [1])
+
+    def test_an_evicted_legacy_connection_ends_its_get_stream_too(self):
+        # Else an account could keep GET streams open past its budget: subscribe, open the
+        # stream, be evicted by its own next connection, and again.
+        self.registry.streams.most = 1
+        caller = Caller("alice", None, Sender("agent", "alice"))
+        ended = []
+
+        def subscribe(connection):
+            call = Call(1, connection=connection)
+            d = self.subscriptions.legacy("resources/subscribe", {"uri": FILE}, call, caller)
+            self.successResultOf(Deferred.fromCoroutine(d))
+            self.subscriptions.attach(connection, lambda m: None, lambda: ended.append(connection))
+
+        subscribe(("a", "1"))
+        subscribe(("a", "2"))  # the account's bound: its oldest connection goes, stream and all
+        self.assertEqual(ended, [("a", "1")])
+        self.assertFalse(self.subscriptions.subscribed(("a", "1")))
+        self.assertEqual(self.registry.streams.holding("subscription", "alice"), 1)
