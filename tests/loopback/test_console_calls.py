@@ -387,7 +387,7 @@ class FileCallsTests(ConsoleCallsCase):
             ("file_write", {"path": "/a", "content": "%%%"}, "not valid base64"),
             ("file_write", {"content": ""}, "path must be a path"),
             ("file_move", {"from": "/a", "to": "/a/b"}, "must not be from itself"),
-            ("folder_make", {"path": ""}, "path must be a path"),
+            ("folder_make", {"path": ""}, "path is the root folder, which cannot be changed"),
         ]
         for n, (kind, payload, said) in enumerate(cases):
             operator.send({"id": n, "traposId": "7:si", "type": kind, "payload": payload})

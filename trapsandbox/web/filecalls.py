@@ -56,10 +56,7 @@ PLACEHOLDER = ".folder"
 
 def _path(payload: dict[str, Any], name: str) -> str:
     """``payload[name]``, canonical and checked as a path to change (``paths.checked``)."""
-    path = payload.get(name)
-    if type(path) is not str or not path.strip("/\\ "):
-        raise errors.bad_request(f"{name} must be a path on the computer (a non-empty string)")
-    return paths.checked(path, write=True, name=name)
+    return paths.checked(payload.get(name), write=True, name=name)
 
 
 def _content(payload: dict[str, Any]) -> bytes:
