@@ -305,7 +305,7 @@ class Asks:
 
     def _back(self, server: Server) -> None:
         if not self.stopping:
-            server.stream.ready().addErrback(lambda _: None)  # (its waiters hear why)
+            server.stream.reconnect()
 
     def _prompted_on(self, server: Server) -> list[Run]:
         return [

@@ -128,9 +128,27 @@ class EventStream:
         )
         d.addTimeout(limits.OPENCODE_CONNECT_TIMEOUT + limits.PROBE_TIMEOUT, self._clock)
         self._connecting = d
-        d.addCallbacks(self._opened, self._failed)
+        d.addCallbacks(self._opened, self._failed, (d,), None, (d,))
 
-    def _opened(self, response) -> None:
+    def reconnect(self) -> None:
+        """
+        Open it now: the server is known to answer again (``managed``: it restarted).  An
+        attempt still in flight (sent while it was not answering, and which may hang until
+        its bound) is abandoned for a new one; who waits for the stream waits for that one.
+        """
+        if self._stopped or self.connected:
+            return
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+        self._retry = None
+        attempt, self._connecting = self._connecting, None
+        if attempt is not None:
+            attempt.cancel()  # (its failure is ignored: it is no longer the attempt)
+        self._connect()
+
+    def _opened(self, response, attempt: Deferred) -> None:
+        if attempt is not self._connecting:
+            return  # abandoned (``reconnect``); cancelled before it could open
         self._connecting = None
         if response.code != 200:
             treq.content(response).addErrback(lambda _: None)
@@ -162,7 +180,9 @@ class EventStream:
         for d in waiters:
             d.callback(None)
 
-    def _failed(self, failure: Failure) -> None:
+    def _failed(self, failure: Failure, attempt: Deferred) -> None:
+        if attempt is not self._connecting:
+            return  # abandoned for a newer attempt (``reconnect``)
         self._connecting = None
         if self._stopped:
             return

@@ -19,6 +19,7 @@ Its life, one state at a time (``figures()`` says which, for ``/health``)::
                 new ask starts on it; once its running asks have ended (or
                 ``OPENCODE_DRAIN_BOUND`` has passed) it is stopped and started again,
                 "recycled"; one server at a time
+    recycling   stopping (as below) to be started again at once, no delay
     restarting  it ended by itself: started again after a delay that doubles from
                 1 s to 30 s while it keeps dying young, back to 1 s once it stayed
                 up for 30 s; why (exit code or signal, its last lines) is kept
@@ -82,6 +83,7 @@ class State(enum.Enum):
     STARTING = "starting"
     READY = "ready"
     DRAINING = "draining"
+    RECYCLING = "recycling"
     RESTARTING = "restarting"
     STOPPING = "stopping"
     STOPPED = "stopped"
@@ -168,7 +170,6 @@ class Managed:
         # Who waits for it to answer again (``when_ready``), and who is told it does.
         self._ready_waiters: list[Deferred[None]] = []
         self.on_ready: list[Any] = []
-        self._recycling = False
 
     @property
     def url(self) -> str:
@@ -184,10 +185,10 @@ class Managed:
             return f"opencode will not start: {self.why}"
         if self.state is State.RESTARTING:
             return f"the agent is restarting ({self.why})"
-        if self.state is State.DRAINING or self._recycling:
+        if self.state in (State.DRAINING, State.RECYCLING):
             return "the agent is restarting to give back its memory"
         if self.state is State.STARTING:
-            return "the agent is starting" + (f" (it {self.why})" if self.why else "")
+            return "the agent is starting" + (f" ({self.why})" if self.why else "")
         return "the agent is stopped"
 
     def figures(self) -> dict[str, Any]:
@@ -278,7 +279,6 @@ class Managed:
         self.state = State.READY
         self.why = None
         self._ready_at = self._reactor.seconds()
-        self._recycling = False
         log.info("{name}: ready", name=self.name)
         # Listeners first (the connections kept to the process before are dropped there),
         # then the asks that waited.
@@ -321,20 +321,18 @@ class Managed:
             how, why = "exited", f"it exited with code {code}"
         if self._last:
             why += f": {self._last[-1]}"
-        if self.state is State.STOPPING and self._recycling:
-            # Recycled: started again at once (its conversations are on its disk).
-            self.restarts["recycled"] = self.restarts.get("recycled", 0) + 1
+        if self.state in (State.STOPPING, State.RECYCLING):
+            recycled = self.state is State.RECYCLING
             self.state = State.STOPPED
             if self._timer is not None and self._timer.active():
                 self._timer.cancel()
             self._timer = None
-            self.start()
-            return
-        if self.state is State.STOPPING:
-            self.state = State.STOPPED
-            if self._timer is not None and self._timer.active():
-                self._timer.cancel()
-            self._timer = None
+            if recycled:
+                # Started again at once (its conversations are on its disk).
+                self.restarts["recycled"] = self.restarts.get("recycled", 0) + 1
+                self.why = "it was restarted to give back its memory"
+                self.start()
+                return
             stopped, self._stopped = self._stopped, []
             for d in stopped:
                 d.callback(None)
@@ -395,12 +393,10 @@ class Managed:
     def recycle(self) -> None:
         """Stopped and started again at once (it drained, or its drain's bound passed)."""
         if self.state in (State.READY, State.DRAINING) and self.process is not None:
-            self._recycling = True
-            self._terminate()
+            self._terminate(State.RECYCLING)
 
     def stop(self) -> Deferred[None]:
         """Stop it (SIGTERM, then SIGKILL past the grace period); fires once it has ended."""
-        self._recycling = False
         if self.process is None:
             if self._timer is not None and self._timer.active():
                 self._timer.cancel()
@@ -410,14 +406,16 @@ class Managed:
             return succeed(None)
         d: Deferred[None] = Deferred()
         self._stopped.append(d)
-        if self.state is not State.STOPPING:
-            self._terminate()
+        if self.state is State.RECYCLING:
+            self.state = State.STOPPING  # signalled already: not started again
+        elif self.state is not State.STOPPING:
+            self._terminate(State.STOPPING)
         return d
 
-    def _terminate(self) -> None:
+    def _terminate(self, state: State) -> None:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
-        self.state = State.STOPPING
+        self.state = state
         self._signal("TERM")
         self._timer = self._reactor.callLater(self._grace, self._signal, "KILL")
 

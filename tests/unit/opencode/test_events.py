@@ -44,6 +44,24 @@ class EventStreamTests(SynchronousTestCase):
         self.successResultOf(self.stream.ready())
         self.assertEqual(len(self.http.stream_gets), 1)
 
+    def test_reconnect_abandons_a_hanging_attempt_for_a_new_one(self):
+        # opencode restarted by the gateway (``managed``): an attempt sent while it was not
+        # answering may hang until its bound; the asks waiting for the stream wait for the new.
+        self.http.auto_stream = False
+        self.http.drop()
+        self.clock.advance(limits.EVENT_RECONNECT_MIN)
+        hanging = self.http.stream_gets[-1]
+        waiting = self.stream.ready()
+        self.stream.reconnect()
+        self.assertTrue(hanging.called)  # cancelled, its failure ignored
+        self.assertNoResult(waiting)  # not failed with it
+        self.assertEqual(len(self.http.stream_gets), 3)
+        self.http.open()
+        self.successResultOf(waiting)
+        self.assertTrue(self.stream.connected)
+        self.stream.reconnect()  # connected: nothing
+        self.assertEqual(len(self.http.stream_gets), 3)
+
     def test_a_dropped_stream_reconnects_with_backoff(self):
         reconnects = []
         self.stream.on_reconnect.append(lambda: reconnects.append(self.clock.seconds()))

@@ -168,12 +168,18 @@ class ManagedTests(SynchronousTestCase):
         self.managed.recycle()
         old = self.spawn.last
         self.assertEqual(old.signals, ["TERM"])
+        self.assertIs(self.managed.state, State.RECYCLING)
         old.protocol.processEnded(killed(15))
         self.assertEqual(len(self.spawn.spawned), 2)  # started again at once, no backoff
+        self.assertEqual(
+            self.managed.unready(),
+            "the agent is starting (it was restarted to give back its memory)",
+        )
         self.assertNoResult(waiting)
         self.ready()
         self.successResultOf(waiting)
         self.assertEqual(self.managed.restarts, {"recycled": 1})
+        self.assertEqual(self.managed.state, State.READY)
         self.assertIsNone(self.managed.unready())
 
     def test_the_gateways_stop_during_a_recycle_starts_nothing_again(self):
