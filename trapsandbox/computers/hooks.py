@@ -2,6 +2,9 @@
 What runs around every request the registry sends to a computer, wherever it is held: one
 small object each, run in the order of ``standard_hooks`` (``Registry.request``).
 
+    ``FilePaths``     a file request's paths made canonical and checked by the one path
+                      rule (``paths.request_paths``): refused, or sent, heard and shown
+                      in one spelling, whichever surface sent it
     ``Counted``       the metrics: its type, its outcome and (once it went out) its latency
     ``WatchQuota``    a ``screen_watch`` or ``peripheral_events`` is one of the account's
                       long-lived streams (``streams.StreamBudget``): past the bound it is
@@ -10,8 +13,8 @@ small object each, run in the order of ``standard_hooks`` (``Registry.request``)
     ``ScreenPacing``  a ``screen_watch``'s frames reach the caller through a
                       ``screen.ScreenGate``: paced to its ``maxFps``, a frame too large to
                       relay ending the watch
-    ``FileChanges``   a write (its last part) or delete that succeeded is told to the file
-                      listeners (MCP's resource subscribers): every surface's changes
+    ``FileChanges``   a write (its last part), delete or move that succeeded is told to the
+                      file listeners (MCP's resource subscribers): every surface's changes
     ``Activity``      the request in the computer's activity feed, if anyone watches it
                       (``activity``), unless its caller is quiet or another process holds it
 
@@ -34,6 +37,7 @@ from twisted.logger import Logger
 
 from trapsandbox.computers.activity import ActivityFeed, outcome
 from trapsandbox.computers.callers import Caller
+from trapsandbox.computers.paths import request_paths
 from trapsandbox.computers.screen import ScreenGate, max_fps
 from trapsandbox.computers.session import PartialListener
 from trapsandbox.computers.streams import SCREEN_AND_EVENT, StreamBudget
@@ -75,6 +79,7 @@ def standard_hooks(
 ) -> list[RequestHook]:
     """The hooks of every request, in the order they run (``start``, then each ``Sent``)."""
     return [
+        FilePaths(),
         Counted(clock, metrics),
         WatchQuota(streams),
         ScreenPacing(clock),
@@ -86,6 +91,11 @@ def standard_hooks(
 def _passed(result: object, call: Callable[[], None]) -> object:
     call()
     return result
+
+
+class FilePaths:
+    def start(self, call: Call) -> None:
+        call.payload = request_paths(call.type, call.payload)
 
 
 @attrs.define
@@ -133,15 +143,17 @@ class ScreenPacing:
         return lambda d: d.addBoth(_passed, gate.stop)
 
 
-def _changed_path(kind: str, payload: dict[str, Any]) -> str | None:
-    """The path a request changes once it succeeds: a delete, or a write's last part."""
-    path = payload.get("path")
-    if kind not in ("write_file", "delete_file") or type(path) is not str:
-        return None
+def _changed_paths(kind: str, payload: dict[str, Any]) -> tuple[str, ...]:
+    """The paths a request changes once it succeeds (canonical: ``FilePaths`` ran first): a
+    delete, a write's last part, both sides of a move."""
+    if kind == "move_file":
+        return (payload["from"], payload["to"])
+    if kind == "delete_file":
+        return (payload["path"],)
     part = payload.get("part")
-    if kind == "write_file" and isinstance(part, dict) and part.get("final") is not True:
-        return None
-    return path
+    if kind == "write_file" and not (isinstance(part, dict) and part.get("final") is not True):
+        return (payload["path"],)
+    return ()
 
 
 @attrs.define
@@ -151,19 +163,22 @@ class FileChanges:
 
     def start(self, call: Call) -> Sent:
         def sent(d: Deferred) -> None:
-            changed = _changed_path(call.type, call.payload) if self.listeners else None
-            if changed is not None:
+            changed = _changed_paths(call.type, call.payload) if self.listeners else ()
+            if changed:
                 d.addCallback(self._changed, *call.caller.key, changed)
 
         return sent
 
-    def _changed(self, response: Any, account_id: str, trapos_id: str, path: str) -> Any:
+    def _changed(
+        self, response: Any, account_id: str, trapos_id: str, changed: tuple[str, ...]
+    ) -> Any:
         if getattr(response, "ok", False):
-            for listener in list(self.listeners):
-                try:
-                    listener(account_id, trapos_id, path)
-                except Exception:
-                    log.failure("a file listener failed")
+            for path in changed:
+                for listener in list(self.listeners):
+                    try:
+                        listener(account_id, trapos_id, path)
+                    except Exception:
+                        log.failure("a file listener failed")
         return response
 
 

@@ -26,6 +26,7 @@ be ``/proj``).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from trapsandbox import errors, limits
 from trapsandbox.computers.settingsfile import is_settings_path
@@ -102,6 +103,34 @@ def checked(
         if inside(full, ROM):
             raise GatewayError(errors.FS_ERROR, f"{full}: Access denied (/rom is read-only)")
     return full
+
+
+# The requests to a computer that name paths, and those of them that change what they name.
+FILE_REQUESTS = frozenset(
+    {"list_files", "read_file", "write_file", "delete_file", "move_file", "make_folder"}
+)
+CHANGES = frozenset({"write_file", "delete_file", "move_file", "make_folder"})
+
+
+def request_paths(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """
+    ``payload`` of a ``kind`` request with every path it names canonical and checked
+    (``checked``; a ``move_file`` not into itself), whichever surface sent it: the registry
+    applies it to every request (``hooks.FilePaths``), so no request reaches a computer, and
+    no listener hears of a change, with a path in another spelling.  Raises ``GatewayError``.
+    """
+    if kind not in FILE_REQUESTS:
+        return payload
+    cwd = payload.get("cwd")
+    if cwd is not None and type(cwd) is not str:
+        raise errors.bad_request("cwd must be a path on the computer (a string)")
+    fields = ("from", "to") if kind == "move_file" else ("path",)
+    made = {key: value for key, value in payload.items() if key != "cwd"}
+    for field in fields:
+        made[field] = checked(payload.get(field), cwd, write=kind in CHANGES, name=field)
+    if kind == "move_file" and inside(made["to"], made["from"]):
+        raise errors.bad_request("to must not be from itself or inside it")
+    return made
 
 
 def _within(child: str, parent: str) -> bool:

@@ -28,7 +28,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from trapsandbox import errors, limits
-from trapsandbox.computers import settingsfile, wire
+from trapsandbox.computers import wire
 from trapsandbox.errors import GatewayError
 
 log = Logger()
@@ -118,14 +118,15 @@ class Session:
     def refusal(self, type: str, payload: dict[str, Any]) -> GatewayError | None:
         """
         Why this computer must not be sent this request, if it must not: its
-        player stopped the agent, a capability its owner has not allowed, or
-        a file request on its settings file (which holds its credential).
+        player stopped the agent, or a capability its owner has not allowed.  (The
+        paths a request names, the settings file among them, are the registry's:
+        ``paths.request_paths``, applied to every request by ``hooks.FilePaths``.)
         """
         capability = wire.CAPABILITY_OF.get(type)
         if capability is not None and self.stopped is not None:
             return GatewayError(errors.STOPPED, self.stopped)
         if capability is None or capability in self.capabilities:
-            return settingsfile.refusal(type, payload)
+            return None
         return wire.not_allowed(self.trapos_id, capability)
 
     def request(

@@ -11,15 +11,8 @@ agree on generated paths.  Paths are compared as bytes, as CraftOS sees them.
 from __future__ import annotations
 
 import re
-from typing import Any
-
-from trapsandbox import errors
-from trapsandbox.errors import GatewayError
 
 SETTINGS_FILE = b".settings"
-FILE_REQUESTS = frozenset(
-    {"list_files", "read_file", "write_file", "delete_file", "move_file", "make_folder"}
-)
 
 # What CraftOS drops from a path: control and non-ASCII bytes and "*:<>?| (Lua's %c is
 # 0-31 and 127).
@@ -58,21 +51,3 @@ def is_settings_path(path: str, cwd: str | None = None) -> bool:
     return _names_settings(_fold(_DROPPED.sub(b"", joined))) or _names_settings(
         _fold(_DROPPED.sub(b"", folded))
     )
-
-
-def refusal(type: str, payload: dict[str, Any]) -> GatewayError | None:
-    """``forbidden`` for a file request on the settings file; None otherwise."""
-    if type not in FILE_REQUESTS:
-        return None
-    cwd = payload.get("cwd")
-    if not (cwd is None or isinstance(cwd, str)):
-        return None  # the computer answers bad_request
-    for field in ("from", "to") if type == "move_file" else ("path",):
-        path = payload.get(field, "")
-        if isinstance(path, str) and is_settings_path(path, cwd):
-            return GatewayError(
-                errors.FORBIDDEN,
-                f"{path} is the computer's settings file and holds its sandbox password: "
-                "file requests may not read, list, write or delete it",
-            )
-    return None

@@ -53,7 +53,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from trapsandbox.computers.callers import Caller
-from trapsandbox.computers.paths import canonical, inside
+from trapsandbox.computers.paths import inside
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.computers.streams import SUBSCRIPTION, charged
@@ -83,15 +83,6 @@ Ended = Callable[[str], None]
 
 def _nothing() -> None:
     return None
-
-
-def _normal(path: str) -> str:
-    """``path`` by the one path rule (``computers.paths``); one it refuses is kept as it is
-    (no request with it reached the computer, so nothing it names changed)."""
-    try:
-        return canonical(path)
-    except GatewayError:
-        return path
 
 
 class _ScreenWatch:
@@ -216,10 +207,10 @@ class Subscriptions:
         return stop
 
     def file_changed(self, account_id: str, trapos_id: str, path: str) -> None:
-        """A write or delete changed ``path`` (a file, or a folder and all it holds)."""
-        changed = _normal(path)
+        """A write, delete or move changed ``path`` (a file, or a folder and all it holds;
+        canonical: every request's paths are, ``hooks.FilePaths``)."""
         for watched, listeners in list(self._files.get((account_id, trapos_id), {}).items()):
-            if inside(watched, changed):
+            if inside(watched, path):
                 for notify in list(listeners.values()):
                     notify()
 
@@ -231,8 +222,7 @@ class Subscriptions:
         """``(resource, session, kind, path)`` that ``uri`` names among the caller's computers
         ``found``, ``resource`` the same for every spelling of it; or an ``Invalid``."""
         session, kind, path = locate(self._registry, uri, caller, found, call.revision)
-        if kind != "screen":
-            path = _normal(path)
+        # (a file's path comes canonical from ``resources.parse``)
         return (session.account_id, session.trapos_id, kind, path), session, kind, path
 
     def _subscribe(

@@ -47,6 +47,31 @@ class RegistryTests(SynchronousTestCase):
         self.assertEqual(self.successResultOf(d).payload, {"traposId": "7:"})
         self.assertEqual(session.in_flight, 0)
 
+    def test_every_requests_paths_go_by_the_one_rule_whatever_sent_it(self):
+        # Issue 43 review: the generic request route (/operator, POST .../requests) sent raw
+        # file requests as they came; the registry now applies the rule to every request.
+        link = FakeLink()
+        session = Session("local", "7:", link, self.clock, capabilities={"fs.read", "fs.write"})
+        self.registry.add(session)
+        heard = []
+        self.registry.file_listeners.append(lambda *changed: heard.append(changed))
+        for kind, payload, code in (
+            ("delete_file", {"path": "x/../rom/y"}, errors.FS_ERROR),
+            ("delete_file", {"path": "/"}, errors.BAD_REQUEST),
+            ("write_file", {"path": "a*b", "content": ""}, errors.BAD_REQUEST),
+            ("read_file", {"path": "//.Settings"}, errors.FORBIDDEN),
+            ("move_file", {"from": "/p", "to": "/q/../p/in"}, errors.BAD_REQUEST),
+        ):
+            self.assertGatewayError(self.registry.request(asking("7:"), kind, payload), code)
+        self.assertEqual(link.sent, [])
+        # Sent in one spelling, and a move that succeeded is heard on both its sides.
+        d = self.registry.request(asking("7:"), "move_file", {"from": "a//b", "to": "./c/"})
+        [sent] = link.sent
+        self.assertEqual(sent["payload"], {"from": "/a/b", "to": "/c"})
+        session.resolve(response(sent, payload={"moved": True}))
+        self.successResultOf(d)
+        self.assertEqual(heard, [("local", "7:", "/a/b"), ("local", "7:", "/c")])
+
     def test_ok_false_answer_is_a_result(self):
         session, link = self.connect()
         d = self.registry.request(asking("7:"), "x")

@@ -110,8 +110,10 @@ class ConsentTests(SandboxTestCase):
         for kind, capability in wire.CAPABILITY_OF.items():
             if capability == "screen":
                 continue
+            # (Paths a file request names are checked first, by the one rule: good ones here.)
+            payload = {"path": "/x", "from": "/x", "to": "/y"}
             error = self.assertGatewayError(
-                self.registry.request(asking("7:base"), kind, {}), "forbidden"
+                self.registry.request(asking("7:base"), kind, payload), "forbidden"
             )
             self.assertIn(f'run "sandbox allow {capability}"', error.message)
             self.assertIn("7:base", error.message)

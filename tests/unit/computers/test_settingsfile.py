@@ -18,7 +18,7 @@ from tests.harness.apps import gateway_app
 from tests.harness.callers import asking
 from tests.harness.fakes import FakeLink, SandboxComputer
 from trapsandbox import errors
-from trapsandbox.computers import settingsfile
+from trapsandbox.computers import paths, settingsfile
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.session import Session
 from trapsandbox.errors import GatewayError
@@ -143,7 +143,7 @@ class RefusalTests(SynchronousTestCase):
             # A move names two paths: either may be it.
             return [{"from": path, "to": "/x", **more}, {"from": "/x", "to": path, **more}]
 
-        for kind in sorted(settingsfile.FILE_REQUESTS):
+        for kind in sorted(paths.FILE_REQUESTS):
             for payload in [
                 *payloads(kind, "/.settings"),
                 *payloads(kind, ".SETTINGS", cwd="rom/.."),
@@ -159,11 +159,11 @@ class RefusalTests(SynchronousTestCase):
         self.registry.request(asking("7:base"), "read_file", {"path": "/startup.lua"})
         self.registry.request(asking("7:base"), "list_files", {"path": "/"})
         self.registry.request(asking("7:base"), "ping", {"path": "/.settings"})
-        # A payload the computer will call bad is left for it to answer.
-        self.registry.request(asking("7:base"), "read_file", {"path": 7})
+        # A path that is no path is the registry's to refuse (the one path rule), sent nowhere.
+        refused = self.registry.request(asking("7:base"), "read_file", {"path": 7})
+        self.assertEqual(self.failureResultOf(refused, GatewayError).value.code, "bad_request")
         self.assertEqual(
-            [frame["type"] for frame in self.link.sent],
-            ["read_file", "list_files", "ping", "read_file"],
+            [frame["type"] for frame in self.link.sent], ["read_file", "list_files", "ping"]
         )
 
 
