@@ -9,6 +9,7 @@ from twisted.trial.unittest import TestCase
 
 from tests.harness.rawhttp import events, raw
 from tests.harness.support import admitted, both_modes, start_gateway
+from trapsandbox.computers.hooks import ScreenPacing
 
 WATCH = b"GET /computers/7%3Abase/screen/stream?maxFps=20 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 EVENTS = (
@@ -49,7 +50,8 @@ class StalledReaderTests(TestCase):
     async def test_a_screen_reader_that_stops_reading_gets_the_latest_frame_when_it_reads(self):
         computer = await self.computer(("screen",))
         # The watch's pacing (20 a second) driven here, so 200 frames take no 10 s.
-        clock = self.gateway.registry.clock = Clock()
+        [pacing] = [h for h in self.gateway.registry.hooks if isinstance(h, ScreenPacing)]
+        clock = pacing.clock = Clock()
         client = await raw(self, self.gateway.port)
         client.transport.pauseProducing()  # reads nothing from here on
         client.transport.write(WATCH)
