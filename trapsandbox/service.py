@@ -128,9 +128,8 @@ class GatewayService(service.MultiService):
         self._previous_sighup: Any = None
         for listener in listeners:
             listener.setServiceParent(self)
-        # The opencode servers it runs, if it does: started after the ports, stopped first.
-        if managed is not None:
-            managed.setServiceParent(self)
+        # The opencode servers it runs, if it does: started after the ports, stopped once
+        # the running asks' aborts reached them (``stopService``).
 
     def _sighup(self, signum: int, frame: Any) -> None:
         # A signal handler runs between two bytecodes of whatever the reactor
@@ -148,6 +147,8 @@ class GatewayService(service.MultiService):
             self._previous_sighup = signal.signal(signal.SIGHUP, self._sighup)
         if self._cluster is not None:
             self._cluster.start()
+        if self._managed is not None:
+            self._managed.startService()
         # privilegedStartService bound every port: connections are accepted now.
         self._notifier.ready(
             "listening on " + ", ".join(_describe(each.port.getHost()) for each in self._listeners)
@@ -221,6 +222,10 @@ class GatewayService(service.MultiService):
         # before the pool's connections close.
         aborted = self._asks.stop()
         aborted.addBoth(lambda _: self._pool.closeCachedConnections())
+        if self._managed is not None:
+            # Its own opencode stopped once the aborts reached it, not before.
+            managed = self._managed
+            aborted.addBoth(lambda _: managed.stopService())
         closed = self._computers.shutdown()
         # After the computers: requests failed by their close are answered first.
         self._operator_sockets.shutdown()

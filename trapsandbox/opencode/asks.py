@@ -72,11 +72,12 @@ from trapsandbox.errors import GatewayError
 from trapsandbox.opencode.agent import session_rules, system_note
 from trapsandbox.opencode.client import explain, opencode_error
 from trapsandbox.opencode.instances import REASONS
+from trapsandbox.opencode.managed import State as ManagedState
 from trapsandbox.opencode.partials import Partials
 from trapsandbox.opencode.probe import redact
 from trapsandbox.opencode.queue import AskQueue, Ticket
 from trapsandbox.opencode.replies import Replies
-from trapsandbox.opencode.run import Conversation, Emit, Ended, Run, State, logged
+from trapsandbox.opencode.run import Conversation, Emit, Ended, Run, logged
 from trapsandbox.opencode.servers import Server, ranked
 from trapsandbox.opencode.tokens import AskTokens
 from trapsandbox.ops.metrics import Metrics, ServerFigures
@@ -241,6 +242,7 @@ class Asks:
             run.admitted()
             if server.managed is not None:
                 await run.guard(self._agent_ready(run, server.managed))
+            run.using = server  # from here on a recycle of it waits for this ask
             ready = server.stream.ready().addTimeout(limits.ASK_STREAM_READY_TIMEOUT, self._clock)
             await run.guard(ready)
             run.conversation.server = server  # its instance is leased: given back at the end
@@ -307,12 +309,9 @@ class Asks:
         if not self.stopping:
             server.stream.reconnect()
 
-    def _prompted_on(self, server: Server) -> list[Run]:
-        return [
-            run
-            for run in self.runs.values()
-            if run.conversation.server is server and run.state in (State.RUNNING, State.WAITING)
-        ]
+    def _using(self, server: Server) -> list[Run]:
+        """The asks using ``server`` (past waiting for it: set up there, or running)."""
+        return [run for run in self.runs.values() if run.using is server]
 
     def _recycle_if_due(self, server: Server) -> None:
         """
@@ -323,6 +322,8 @@ class Asks:
         managed = server.managed
         if self.stopping:
             return
+        for each in [s for s in self._draining if s.managed.state is not ManagedState.DRAINING]:
+            self._undrain(each)  # it ended (and restarts) while it drained: nothing to recycle
         if server not in self._draining:
             if self._draining or not managed.too_large(self._max_rss):
                 return
@@ -330,21 +331,27 @@ class Asks:
             self._draining[server] = self._clock.callLater(
                 limits.OPENCODE_DRAIN_BOUND, self._drain_bound, server
             )
-        if not self._prompted_on(server):
+        if not self._using(server):
             self._recycle(server)
 
     def _drain_bound(self, server: Server) -> None:
+        if server.managed.state is not ManagedState.DRAINING:
+            self._undrain(server)
+            return
         error = opencode_error(
             "the agent is restarting to give back its memory: ask again (the conversation is kept)"
         )
-        for run in self._prompted_on(server):
+        for run in self._using(server):
             run.end(error, "opencode_error", abort=True)
         self._recycle(server)
 
-    def _recycle(self, server: Server) -> None:
+    def _undrain(self, server: Server) -> None:
         timer = self._draining.pop(server, None)
         if timer is not None and timer.active():
             timer.cancel()
+
+    def _recycle(self, server: Server) -> None:
+        self._undrain(server)
         server.managed.recycle()
 
     def before_change(self, session: Any) -> Deferred[None]:

@@ -55,7 +55,7 @@ from typing import Any
 from twisted.application import service
 from twisted.internet import protocol
 from twisted.internet.defer import Deferred, DeferredList, fail, succeed
-from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.internet.error import ProcessDone, ProcessExitedAlready, ProcessTerminated
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -126,7 +126,8 @@ class _Child(protocol.ProcessProtocol):
         for line in lines:
             self._managed.heard(line.rstrip(b"\r").decode("utf-8", "replace"))
 
-    def processEnded(self, reason: Failure) -> None:
+    def processExited(self, reason: Failure) -> None:
+        # Exited, not ended: a child of its own (a tool's process) may hold its pipes open.
         self._managed.ended(reason)
 
 
@@ -260,12 +261,24 @@ class Managed:
             self._confirm(self.process)
         self._log(line)
 
-    def _confirm(self, process: Any) -> None:
-        """Ready once it answers (``answering``, tried every 0.1 s while it runs)."""
+    def _confirm(self, process: Any, since: float | None = None) -> None:
+        """Ready once it answers (``answering``, tried every 0.1 s while it runs); killed, and
+        so started again, if it does not within ``OPENCODE_READY_WAIT``."""
+        if since is None:
+            since = self._reactor.seconds()
 
-        def again(_: object) -> None:
-            if self.state is State.STARTING and self.process is process:
-                self._reactor.callLater(0.1, self._confirm, process)
+        def again(failure: Failure) -> None:
+            if self.state is not State.STARTING or self.process is not process:
+                return
+            if self._reactor.seconds() - since < limits.OPENCODE_READY_WAIT:
+                self._reactor.callLater(0.1, self._confirm, process, since)
+                return
+            self.why = (
+                f"it listened but did not answer within {limits.OPENCODE_READY_WAIT:g} s "
+                f"({failure.getErrorMessage()})"
+            )
+            log.warn("{name}: {why}: killing it", name=self.name, why=self.why)
+            self._signal("KILL")
 
         if self.state is State.STARTING and self.process is process:
             if self.answering is None:
@@ -396,7 +409,11 @@ class Managed:
             self._terminate(State.RECYCLING)
 
     def stop(self) -> Deferred[None]:
-        """Stop it (SIGTERM, then SIGKILL past the grace period); fires once it has ended."""
+        """Stop it (SIGTERM, then SIGKILL past the grace period); fires once it has ended.
+        Who waits for it to answer hears that it will not."""
+        waiters, self._ready_waiters = self._ready_waiters, []
+        for d in waiters:
+            d.errback(opencode_error("the gateway is shutting down"))
         if self.process is None:
             if self._timer is not None and self._timer.active():
                 self._timer.cancel()
@@ -423,8 +440,8 @@ class Managed:
         if self.process is not None:
             try:
                 self.process.signalProcess(name)
-            except (OSError, ProcessLookupError):
-                pass  # ended meanwhile: processEnded is on its way
+            except (OSError, ProcessExitedAlready):
+                pass  # exited meanwhile: processExited is on its way
 
 
 def rss_bytes(pid: int) -> int | None:

@@ -120,6 +120,9 @@ class Run:
     aborted: bool = False
     # Its place in the queue (``queue``): None until it enters.
     ticket: Ticket | None = None
+    # The opencode server it sets up and runs on, once past waiting for it to answer
+    # (``Asks._agent_ready``): a recycle of that server waits for the asks using it.
+    using: Server | None = None
     # The snapshot before its first change (``snapshots.askhook``): None until then.
     snapshot: Deferred | None = None
     # What it holds until it ends.

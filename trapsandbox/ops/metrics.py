@@ -210,6 +210,7 @@ class Metrics:
             "ask_tokens", "model tokens opencode reported for asks, by kind", "kind"
         )
         self._ask_servers: _AskServers | None = None
+        self._managed: _ManagedServers | None = None
 
     def _tallies(self, name: str, documentation: str, *labels: str) -> Tallies:
         tallies = Tallies(f"{PREFIX}_{name}", documentation, labels)
@@ -346,8 +347,13 @@ class Metrics:
             self._ask_servers.figures = figures
 
     def watch_managed(self, figures: Callable[[], Iterable[dict[str, Any]]]) -> None:
-        """The opencode servers the gateway runs (``opencode.managed``), read when scraped."""
-        self.registry.register(_ManagedServers(figures))
+        """The opencode servers the gateway runs (``opencode.managed``), read when scraped.
+        Watched again, the new figures replace the old."""
+        if self._managed is None:
+            self._managed = _ManagedServers(figures)
+            self.registry.register(self._managed)
+        else:
+            self._managed.figures = figures
 
 
 class _ManagedServers:
@@ -362,7 +368,7 @@ class _ManagedServers:
     RESTARTS = f"{PREFIX}_opencode_managed_restarts"
 
     def __init__(self, figures: Callable[[], Iterable[dict[str, Any]]]) -> None:
-        self._figures = figures
+        self.figures = figures
 
     def _families(self) -> list[GaugeMetricFamily | CounterMetricFamily]:
         return [
@@ -380,7 +386,7 @@ class _ManagedServers:
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         state, pid, rss, restarts = self._families()
-        for each in self._figures():
+        for each in self.figures():
             name = each["name"]
             state.add_metric((name, each["state"]), 1)
             if "pid" in each:

@@ -5,7 +5,7 @@ says while it cannot answer, its output bounded in the log.
 """
 
 from twisted.internet.defer import fail, succeed
-from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.internet.error import ProcessDone, ProcessExitedAlready, ProcessTerminated
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent
 from twisted.python.failure import Failure
@@ -82,7 +82,7 @@ class ManagedTests(SynchronousTestCase):
         delays = []
         for _ in range(8):
             self.spawn.last.protocol.childDataReceived(2, b"Error: no such model\n")
-            self.spawn.last.protocol.processEnded(Failure(ProcessTerminated(exitCode=1)))
+            self.spawn.last.protocol.processExited(Failure(ProcessTerminated(exitCode=1)))
             self.assertIs(self.managed.state, State.RESTARTING)
             self.assertEqual(
                 self.managed.unready(),
@@ -98,11 +98,11 @@ class ManagedTests(SynchronousTestCase):
     def test_one_that_stayed_up_comes_back_after_the_shortest_delay(self):
         self.managed.start()
         for _ in range(3):
-            self.spawn.last.protocol.processEnded(killed())
+            self.spawn.last.protocol.processExited(killed())
             self.clock.advance(30)
         self.ready()
         self.clock.advance(limits.OPENCODE_STABLE_AFTER)
-        self.spawn.last.protocol.processEnded(killed())
+        self.spawn.last.protocol.processExited(killed())
         [call] = self.clock.getDelayedCalls()
         self.assertEqual(call.getTime() - self.clock.seconds(), 1)
         self.assertEqual(self.managed.restarts, {"killed": 4})
@@ -116,7 +116,7 @@ class ManagedTests(SynchronousTestCase):
         self.assertNoResult(stopped)
         self.clock.advance(limits.OPENCODE_STOP_GRACE)
         self.assertEqual(process.signals, ["TERM", "KILL"])
-        process.protocol.processEnded(killed())
+        process.protocol.processExited(killed())
         self.successResultOf(stopped)
         self.assertIs(self.managed.state, State.STOPPED)
         self.assertEqual(self.clock.getDelayedCalls(), [])  # not started again
@@ -124,7 +124,7 @@ class ManagedTests(SynchronousTestCase):
 
     def test_a_stop_while_it_waits_to_restart_cancels_the_restart(self):
         self.managed.start()
-        self.spawn.last.protocol.processEnded(Failure(ProcessDone(0)))
+        self.spawn.last.protocol.processExited(Failure(ProcessDone(0)))
         self.successResultOf(self.managed.stop())
         self.assertEqual(self.clock.getDelayedCalls(), [])
         self.assertEqual(len(self.spawn.spawned), 1)
@@ -169,7 +169,7 @@ class ManagedTests(SynchronousTestCase):
         old = self.spawn.last
         self.assertEqual(old.signals, ["TERM"])
         self.assertIs(self.managed.state, State.RECYCLING)
-        old.protocol.processEnded(killed(15))
+        old.protocol.processExited(killed(15))
         self.assertEqual(len(self.spawn.spawned), 2)  # started again at once, no backoff
         self.assertEqual(
             self.managed.unready(),
@@ -187,7 +187,7 @@ class ManagedTests(SynchronousTestCase):
         self.ready()
         self.managed.recycle()
         stopped = self.managed.stop()
-        self.spawn.last.protocol.processEnded(killed(15))
+        self.spawn.last.protocol.processExited(killed(15))
         self.successResultOf(stopped)
         self.assertEqual(len(self.spawn.spawned), 1)
         self.assertIs(self.managed.state, State.STOPPED)
@@ -208,3 +208,33 @@ class ManagedTests(SynchronousTestCase):
         self.assertIs(self.managed.state, State.STARTING)
         self.clock.advance(0.1)
         self.assertIs(self.managed.state, State.READY)
+
+    def test_one_that_listens_but_never_answers_is_killed_and_started_again(self):
+        self.managed.answering = lambda: fail(ConnectionRefusedError())
+        self.managed.start()
+        self.ready()
+        self.clock.advance(limits.OPENCODE_READY_WAIT + 0.2)
+        process = self.spawn.last
+        self.assertEqual(process.signals, ["KILL"])
+        self.assertIn("did not answer within", self.managed.why)
+        process.protocol.processExited(killed())
+        self.assertIs(self.managed.state, State.RESTARTING)
+
+    def test_a_signal_to_one_that_just_exited_is_not_an_error(self):
+        self.managed.start()
+        self.ready()
+
+        def gone(name):
+            raise ProcessExitedAlready()
+
+        self.spawn.last.signalProcess = gone
+        stopped = self.managed.stop()  # no raise
+        self.clock.advance(limits.OPENCODE_STOP_GRACE)  # the KILL: no raise either
+        self.spawn.last.protocol.processExited(killed(15))
+        self.successResultOf(stopped)
+
+    def test_its_stop_tells_who_waits_for_it(self):
+        self.managed.start()
+        waiting = self.managed.when_ready()
+        self.managed.stop()
+        self.assertIn("shutting down", self.failureResultOf(waiting).value.message)
