@@ -143,6 +143,9 @@ local function install(fsApi, temp, path)
 end
 
 M.TEMP_SUFFIX = '.sandbox-part'
+-- A write whose last part came this long ago (the gateway waits 30 s for each) was abandoned:
+-- the next write of that file deletes what it left.
+M.STALE_WRITE_MS = 120000
 
 --[[ Each write builds its file in a temporary file of its own beside the target, named with
 the writeId the gateway sends with every part (`.<name>.<writeId>.sandbox-part`), so two
@@ -163,8 +166,10 @@ end
 
 local function escapePattern(text) return (text:gsub('[%^%$%(%)%%%.%[%]%*%+%-%?]', '%%%0')) end
 
--- Deletes the temporary files of `path` that no write under way holds (`writing`: temp -> true).
-local function clearStaleTemps(fsApi, path, writing)
+-- Deletes the temporary files of `path` that no write under way holds (`writing`: temp -> the
+-- clock at its last part): one idle for M.STALE_WRITE_MS was abandoned (the gateway gave up
+-- between two parts), and is not kept until the computer reconnects.
+local function clearStaleTemps(fsApi, path, writing, now)
   local dir, name = fsApi.getDir(path), fsApi.getName(path)
   if not fsApi.isDir(dir) then return end
   local ok, names = pcall(fsApi.list, dir)
@@ -177,7 +182,11 @@ local function clearStaleTemps(fsApi, path, writing)
       if each:find('^' .. stem .. '%x+' .. suffix .. '$') then stale = true end
     end
     local full = fsApi.combine(dir, each)
-    if stale and not writing[full] then pcall(fsApi.delete, full) end
+    local heard = writing[full]
+    if stale and not (heard and now - heard < M.STALE_WRITE_MS) then
+      writing[full] = nil
+      pcall(fsApi.delete, full)
+    end
   end
 end
 
@@ -228,10 +237,10 @@ local function handleWriteFile(req, ctx)
     end
   else
     -- What a write abandoned half-way left (the gateway gone, the computer rebooted): ours.
-    if writeId then writing[temp] = nil; clearStaleTemps(fsApi, path, writing) end
+    if writeId then writing[temp] = nil; clearStaleTemps(fsApi, path, writing, session.clock()) end
     if fsApi.exists(temp) then pcall(fsApi.delete, temp) end
   end
-  if writeId then writing[temp] = true end
+  if writeId then writing[temp] = session.clock() end
   local function done() writing[temp] = nil end
   -- The space is known before anything is touched: with the first part, for the whole file
   -- (part.size, from a gateway that sends it), beside the file it replaces, which stays

@@ -8,7 +8,8 @@ local test, eq, truthy = kit.test, kit.eq, kit.truthy
 local function setUp()
   local M, internal = kit.modules('core', 'encoding', 'handlers', 'files')
   local fsApi = kit.fakes.fs()
-  local ctx = { session = { fs = fsApi } }
+  local now = 0
+  local ctx = { session = { fs = fsApi, clock = function() return now end } }
   local function call(name, payload)
     local answer
     local req = { payload = M.coercePayload(payload) }
@@ -16,7 +17,8 @@ local function setUp()
     internal[name](req, ctx)
     return answer[1], answer[2], answer[3]
   end
-  return M, fsApi, call
+  local function advance(ms) now = now + ms end
+  return M, fsApi, call, advance
 end
 
 test('list_files lists a folder; a missing one is fs_error', function()
@@ -77,6 +79,26 @@ test('move_file and make_folder change one thing in one step', function()
   eq({ inside, err.code }, { false, 'bad_request' }, 'not inside itself')
   local made, folder = call('handleMakeFolder', { path = '/c/d' })
   eq({ made, folder.existed }, { true, true }, 'an existing folder is left')
+end)
+
+
+test('a write abandoned between two parts leaves nothing once it is stale', function()
+  local M, fsApi, call, advance = setUp()
+  local function part(id, text, offset, final)
+    return call('handleWriteFile', { path = '/big.txt', content = M.base64Encode(text),
+      part = { offset = offset, final = final, size = 8, writeId = id } })
+  end
+  eq(part('a1', 'half', 0, false), true, 'the first part of a write the gateway then gives up')
+  local abandoned = '.big.txt.a1' .. M.TEMP_SUFFIX
+  truthy(fsApi.files[abandoned], 'its temporary file')
+  -- Another write soon after: the first may still be under way, so its file stays.
+  eq(part('b2', 'other', 0, false), true, 'a second write starts')
+  truthy(fsApi.files[abandoned], 'kept while it may still be under way')
+  advance(M.STALE_WRITE_MS)
+  eq(part('c3', 'whole123', 0, true), true, 'a write past the bound')
+  eq(fsApi.files[abandoned], nil, 'the abandoned one is gone')
+  eq(fsApi.files['.big.txt.b2' .. M.TEMP_SUFFIX], nil, 'and so is the second')
+  eq(fsApi.files['big.txt'], 'whole123', 'the file is the last write')
 end)
 
 return kit.suite()
