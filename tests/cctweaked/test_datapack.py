@@ -171,7 +171,17 @@ class DatapackTests(CCTGatewayMixin, TestCase):
         await self.works(c)
 
     async def test_setup_on_a_basic_computer_starts_the_daemon_at_the_next_boot(self):
-        c = await self.pack_computer(basic=True)
+        # Beside another pack's autoruns, one sorted before ours and one after: each runs once
+        # a boot (the ROM's startup run again from ours ran the first twice).
+        counting = "local f = fs.open('/autoruns.txt', 'a') f.writeLine('%s') f.close()\n"
+        pack = with_files(
+            await self.served_pack(),
+            {
+                "data/computercraft/lua/rom/autorun/a_before.lua": counting % "before",
+                "data/computercraft/lua/rom/autorun/z_after.lua": counting % "after",
+            },
+        )
+        c = CCTComputer(self, label="lab", datapack=pack, basic=True)
         typed = SETUP.split("os.pullEvent")[0]
         c.write_file("/startup.lua", typed)
         c.boot()
@@ -189,6 +199,18 @@ class DatapackTests(CCTGatewayMixin, TestCase):
         await c.wait_for_screen("own startup ran")
         await self.works(c)
         self.assertEqual(c.read_file("/ran.txt"), b"ran\n")
+        self.assertEqual(c.read_file("/autoruns.txt"), b"before\nafter\n" * 2)  # two boots
+
+
+def with_files(pack: bytes, files: dict[str, str]) -> bytes:
+    """``pack`` (a zip) with ``files`` added, as another data pack's would merge with it."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(pack)) as source, zipfile.ZipFile(out, "w") as made:
+        for item in source.infolist():
+            made.writestr(item, source.read(item))
+        for name, text in files.items():
+            made.writestr(name, text)
+    return out.getvalue()
 
 
 class DatapackAskTests(CCTGatewayMixin, TestCase):

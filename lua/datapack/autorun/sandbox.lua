@@ -51,9 +51,45 @@ if multishell and shell.openTab then
   return
 end
 
--- No multishell (a basic computer): the daemon beside a fresh shell, in one window. That shell
--- runs the rest of the boot (the player's startup) first: this autorun then finds the daemon
--- running and returns, and so does the installer's startup file if there is one.
+-- No multishell (a basic computer): the daemon beside a fresh shell, in one window. This autorun
+-- never returns, so the ROM's startup goes no further: what it would still have run runs
+-- here, once (running /rom/startup.lua again would run every autorun a second time): the
+-- autoruns after this one, the message of the day, the player's startup (the ROM's own
+-- order and rules; its findStartups is local to it). The installer's startup file, if there
+-- is one, then finds the daemon running and returns.
+local function startupsIn(base)
+  local found, path = nil, '/' .. fs.combine(base, 'startup')
+  local program = shell.resolveProgram(path)
+  if program then found = { program } end
+  if fs.isDir(path) then
+    found = found or {}
+    for _, name in ipairs(fs.list(path)) do
+      local each = '/' .. fs.combine(path, name)
+      if not fs.isDir(each) then found[#found + 1] = each end
+    end
+  end
+  return found
+end
+
+local function restOfBoot()
+  local mine = fs.getName(shell.getRunningProgram())
+  for _, name in ipairs(fs.list('/rom/autorun')) do
+    local each = '/rom/autorun/' .. name
+    if name > mine and name:sub(1, 1) ~= '.' and not fs.isDir(each) then shell.run(each) end
+  end
+  if settings.get('motd.enable') then shell.run('motd') end
+  local chosen = settings.get('shell.allow_startup') and startupsIn('/') or nil
+  if settings.get('shell.allow_disk_startup') then
+    for _, side in pairs(peripheral.getNames()) do
+      if disk.isPresent(side) and disk.hasData(side) then
+        local found = startupsIn(disk.getMountPath(side))
+        if found then chosen = found break end
+      end
+    end
+  end
+  for _, each in ipairs(chosen or {}) do shell.run(each) end
+end
+
 local native = term.current()
 if window and not readable(native) then
   local width, height = native.getSize()
@@ -66,7 +102,7 @@ end
 parallel.waitForAny(
   function() shell.run(DAEMON) while true do os.pullEvent() end end,
   function()
-    shell.run('/rom/startup.lua')
+    restOfBoot()
     shell.run('/rom/programs/shell.lua')
   end
 )
