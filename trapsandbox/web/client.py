@@ -20,6 +20,7 @@ the tree is for trapos's package (``lua/packages/trapos-sandbox``), which takes 
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import re
@@ -61,8 +62,20 @@ def read(name: str) -> bytes | None:
 def served(name: str) -> bytes:
     """A file of ``lua/`` as served: the library built from its modules, any other as it is."""
     if name == LIBRARY:
-        return build_libsandbox()
+        return _built(_stamp())
     return (lua_dir() / name).read_bytes()
+
+
+def _stamp() -> tuple[int, ...]:
+    """When each of libsandbox's modules last changed: what a built copy is good for."""
+    root = lua_dir() / "sandbox"
+    return tuple((root / f"{module}.lua").stat().st_mtime_ns for module in MODULES)
+
+
+@functools.lru_cache(maxsize=1)
+def _built(stamp: tuple[int, ...]) -> bytes:
+    # Downloads and data packs are served to anyone: built once per change of the modules.
+    return build_libsandbox()
 
 
 # libsandbox's modules (lua/sandbox/NAME.lua), in the order they run: each uses only those
@@ -183,6 +196,32 @@ def datapack(url: str | None = None) -> bytes:
     """
     if url is not None and not valid_url(url):
         raise ValueError(f"not a gateway URL: {url!r}")
+    pack = _pack(_stamp(), tuple((lua_dir() / source).stat().st_mtime_ns for source in DATAPACK))
+    if url is None:
+        return pack
+    # The gateway's URL (from the Host a request names) is added to the pack built once, not
+    # a new pack deflated per request.
+    out = io.BytesIO(pack)
+    with zipfile.ZipFile(out, "a", zipfile.ZIP_DEFLATED) as made:
+        _add(
+            made,
+            ROM + GATEWAY_MODULE,
+            b"-- The gateway this data pack was made for (`sandbox setup` offers it).\n"
+            b"return { url = '" + url.encode("ascii") + b"' }\n",
+        )
+    return out.getvalue()
+
+
+def _add(pack: zipfile.ZipFile, name: str, data: bytes) -> None:
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = 0o644 << 16
+    pack.writestr(info, data)
+
+
+@functools.lru_cache(maxsize=1)
+def _pack(*stamps: tuple[int, ...]) -> bytes:
+    """The data pack without a gateway's URL, for the files as they are at ``stamps``."""
     entries: dict[str, bytes] = {}
     meta = {
         "pack": {
@@ -193,18 +232,10 @@ def datapack(url: str | None = None) -> bytes:
     entries["pack.mcmeta"] = json.dumps(meta, indent=2).encode() + b"\n"
     for source, target in DATAPACK.items():
         entries[ROM + target] = served(source)
-    if url is not None:
-        entries[ROM + GATEWAY_MODULE] = (
-            b"-- The gateway this data pack was made for (`sandbox setup` offers it).\n"
-            b"return { url = '" + url.encode("ascii") + b"' }\n"
-        )
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as pack:
         for name in sorted(entries):
-            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED
-            info.external_attr = 0o644 << 16
-            pack.writestr(info, entries[name])
+            _add(pack, name, entries[name])
     return out.getvalue()
 
 
