@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -186,21 +187,23 @@ class FileCalls:
             raise GatewayError(errors.FS_ERROR, f"{wire.cut(target)} already exists")
         files, empty = await self._contents(caller, source)
         moved = []
+        # What each copied file held, by digest: up to MAX_MOVED_FILES files of a MiB each
+        # would otherwise be kept until the move ends.
         copied: list[tuple[str, bytes]] = []
         for path in files:
             new = target + path[len(source) :]
             got = await sandbox.read_file(caller, path, 0, None)
             await sandbox.write_file(caller, new, got["content"], lock=False)
-            copied.append((path, got["content"]))
+            copied.append((path, hashlib.sha256(got["content"]).digest()))
             moved.append(new)
         for folder in empty:  # made anew: no file in them carries them over
             await self._composed_folder(caller, target + folder[len(source) :])
         # Only what was copied goes, each checked unchanged first: a save made meanwhile
         # stays where it was saved (and the move says so).
         kept = []
-        for path, content in copied:
+        for path, digest in copied:
             now = await sandbox.read_file(caller, path, 0, None)
-            if now["content"] != content:
+            if hashlib.sha256(now["content"]).digest() != digest:
                 kept.append(path)
                 continue
             await sandbox.delete_file(caller, path, lock=False)
