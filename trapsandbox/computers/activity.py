@@ -101,8 +101,8 @@ class ActivityFeed:
             if listener in listeners:
                 listeners.remove(listener)
                 give_back()
-            if not listeners:
-                self._listeners.pop(key, None)
+            if not listeners and self._listeners.get(key) is listeners:
+                del self._listeners[key]  # (not a newer watch's list made meanwhile)
 
         return stop
 

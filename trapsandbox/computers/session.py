@@ -48,7 +48,6 @@ class Link(Protocol):
 
 
 PartialListener = Callable[[dict[str, Any]], None]
-PartialListener = Callable[[dict[str, Any]], None]
 
 
 @attrs.define(eq=False)

@@ -303,6 +303,13 @@ class WatchBoundTests(SynchronousTestCase):
         with self.assertRaises(GatewayError):
             watch("alice", "9:")
 
+    def test_a_stopped_activity_watch_stopped_again_leaves_a_newer_one_alone(self):
+        first = self.registry.activity.watch(token_of("alice", "1:"), lambda e: None)
+        first()
+        self.registry.activity.watch(token_of("alice", "1:"), lambda e: None)
+        first()  # its list was emptied, then a newer watch made its own
+        self.assertTrue(self.registry.activity.watching(("alice", "1:")))
+
     def test_a_relayed_activity_watch_past_the_bound_fails(self):
         self.connect("1:")
         for n in range(3):
