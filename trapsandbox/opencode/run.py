@@ -27,7 +27,8 @@ any state, releases in one place (``Run.end``): the asks' entry of its computer,
 its queue and account slot, its instance lease (``instances.done``), its open
 permission requests and questions, its timers (the bound, the text batch, the
 permission details, a cancel's grace), its event listener, the set-up step it
-awaits (cancelled: the set-up goes no further), its metrics (outcome, tokens),
+awaits (its wait fails: the set-up goes no further; the call itself runs
+on to its own bound, unheard), its metrics (outcome, tokens),
 and its answer.  An event that reaches an ended ask does nothing.
 
 A plain state enum rather than Automat: every ending event releases the same
