@@ -124,7 +124,7 @@ class RedisLostTests(Harness):
         for d in ds:
             self.assertNoResult(d)
         self.redis_dies()
-        # At once: not at the request's 600 s.
+        # At once (the clock never moves in this test): not at the request's 600 s.
         for d in ds:
             self.assertEqual(self.error(d).status, 503)
         # The holder's late answer finds nobody waiting, and changes nothing.
@@ -137,7 +137,6 @@ class RedisLostTests(Harness):
         self.assertEqual(
             sorted(m["id"] for m in self.sent("cancel")), sorted(m["id"] for m in requests)
         )
-        self.assertEqual(self.clock.seconds(), 0)
 
     def test_the_cancels_go_once_commands_go_through_again(self):
         """The inbox can come back before the commands connection does."""
