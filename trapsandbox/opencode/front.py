@@ -27,6 +27,7 @@ from trapsandbox import errors
 from trapsandbox.computers.callers import Caller, Sender
 from trapsandbox.computers.wire import cut
 from trapsandbox.errors import GatewayError
+from trapsandbox.opencode.client import opencode_error
 
 if TYPE_CHECKING:
     from trapsandbox.computers.registry import Registry
@@ -49,7 +50,7 @@ class AskFront:
 
     def need_asks(self) -> Asks:
         if self._asks is None:
-            raise GatewayError(errors.OPENCODE_ERROR, "this gateway does not talk to opencode")
+            raise opencode_error("this gateway does not talk to opencode")
         return self._asks
 
     def start(

@@ -22,7 +22,7 @@ from twisted.python.failure import Failure
 from trapsandbox import errors, limits
 from trapsandbox.errors import GatewayError
 from trapsandbox.opencode.agent import PERMISSION_REPLIES
-from trapsandbox.opencode.client import explain
+from trapsandbox.opencode.client import explain, opencode_error
 
 if TYPE_CHECKING:
     from trapsandbox.opencode.run import Run
@@ -108,9 +108,7 @@ class Replies:
 
         def unheard(failure: Failure) -> None:
             why = explain(failure, "opencode").message
-            raise GatewayError(
-                errors.OPENCODE_ERROR, f"{why}; opencode did not get it: answer again"
-            )
+            raise opencode_error(f"{why}; opencode did not get it: answer again")
 
         return d.addCallbacks(taken, unheard)
 
