@@ -14,7 +14,7 @@ from tests.harness.opencode import start_opencode
 from tests.harness.processes import clean_env, spawn
 from tests.harness.support import closed_port, start_gateway
 from tests.unit.computers.test_settingsfile import SETTINGS_SPELLINGS
-from trapsandbox.computers import settingsfile
+from trapsandbox.computers import hooks
 from trapsandbox.errors import GatewayError
 from trapsandbox.limits import LOCAL_ACCOUNT
 from trapsandbox.web import client
@@ -273,11 +273,13 @@ class SandboxEndToEndTests(GatewayMixin, TestCase):
                 ],
             },
         )
-        answer = yield self.ask(
-            c, "write_file", {"path": "/rom/x", "content": "", "encoding": "base64"}
+        # The gateway refuses a write to /rom as CraftOS would, before sending it.
+        refused = yield self.assertFailure(
+            self.ask(c, "write_file", {"path": "/rom/x", "content": "", "encoding": "base64"}),
+            GatewayError,
         )
-        self.assertEqual((answer.ok, answer.error.code), (False, "fs_error"))
-        self.assertIn("Access denied", answer.error.message)
+        self.assertEqual(refused.code, "fs_error")
+        self.assertIn("Access denied", refused.message)
         answer = yield self.ask(c, "delete_file", {"path": "/data/blob.bin"})
         self.assertEqual(answer.payload, {"deleted": True})
         self.assertIsNone(c.read_file("/data/blob.bin"))
@@ -420,12 +422,12 @@ class WrappedTerminalTests(GatewayMixin, TestCase):
 
 
 class SettingsFileTests(GatewayMixin, TestCase):
-    """The computer refuses file requests on /.settings itself (the gateway's refusal is
-    switched off here, so the requests reach it)."""
+    """The computer refuses file requests on /.settings itself (the gateway's path rule is
+    switched off here, so the requests reach it in every spelling)."""
 
     @defer.inlineCallbacks
     def test_file_requests_on_the_settings_file_are_forbidden_on_the_computer(self):
-        self.patch(settingsfile, "refusal", lambda type, payload: None)
+        self.patch(hooks, "request_paths", lambda kind, payload: payload)
         c = self.computer(label="st")
         c.set_settings({"sandbox.allow": "fs.read,fs.write"})
         yield self.start_daemon(c)
