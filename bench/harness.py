@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from trapsandbox import config
-from trapsandbox.tap import build
+from trapsandbox.tap import Gateway, build
 
 REPO = Path(__file__).resolve().parent.parent
 LUA = REPO / "lua"
@@ -26,8 +26,9 @@ CLIENT = ("apis/libsandbox.lua", "servers/sandbox.lua", "programs/sandbox.lua")
 CONNECTED = "traposSandboxState and traposSandboxState.connected"
 
 
-def start_gateway(reactor, state_dir: str | None = None, with_snapshots: bool = False):
-    """A gateway on 127.0.0.1 (no opencode) and its port; ``stopService()`` stops it."""
+def running_gateway(reactor, state_dir: str | None = None) -> Gateway:
+    """A gateway on 127.0.0.1 (no opencode), started: its parts (``tap.Gateway``);
+    ``service.stopService()`` stops it."""
     settings = config.Settings(
         ports=("tcp:0:interface=127.0.0.1",),
         opencode_url="",
@@ -36,6 +37,12 @@ def start_gateway(reactor, state_dir: str | None = None, with_snapshots: bool = 
     gateway = build(settings, reactor)
     gateway.service.privilegedStartService()
     gateway.service.startService()
+    return gateway
+
+
+def start_gateway(reactor, state_dir: str | None = None, with_snapshots: bool = False):
+    """A gateway on 127.0.0.1 (no opencode) and its port; ``stopService()`` stops it."""
+    gateway = running_gateway(reactor, state_dir)
     if with_snapshots:  # (the snapshots service too, for bench.snapshots)
         return gateway.service, gateway.port, gateway.snapshots
     return gateway.service, gateway.port

@@ -67,6 +67,11 @@ RUN_ANSWER_MARGIN = 10.0
 MAX_OUTPUT_BYTES = 1024 * 1024
 # File content in one frame: its base64 keeps the frame under MAX_OUTBOUND_BYTES.
 FILE_CHUNK_BYTES = 64 * 1024
+# File content in one binary part (``computers.parts``): its header (a path of at most
+# MAX_PATH_LENGTH characters, escaped) fits in the rest of the 128 KiB.
+BINARY_PART_BYTES = 120 * 1024
+# Parts of one read or write in flight at once.
+FILE_WINDOW = 4
 # File content in one call of the HTTP endpoints (split into chunks there).
 MAX_FILE_BYTES = 1024 * 1024
 # One file, list or screen frame's round trip.

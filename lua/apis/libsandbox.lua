@@ -116,7 +116,8 @@ local CONSTANTS = {
   -- `sandbox stop` / `sandbox resume` changed sandbox.stopped (SPEC §16): the daemon looks again.
   EVENT_STOP = 'trapos_sandbox_stop',
   -- The computer as a sandbox (SPEC §9).
-  MAX_CONTENT = 64 * 1024,          -- file bytes in one read_file / write_file frame
+  MAX_CONTENT = 64 * 1024,          -- file bytes in one read_file / write_file frame (base64)
+  MAX_BINARY_CONTENT = 120 * 1024,  -- ... and in one binary part (its header fits MAX_SEND)
   EXEC_TIMEOUT_MS = 30000,          -- exec / eval default timeoutMs
   MAX_OUTPUT_BYTES = 64 * 1024,     -- default and largest maxOutputBytes, per stream
   PARTIAL_INTERVAL_MS = 100,        -- partials are at least this far apart ...
@@ -616,8 +617,22 @@ end
 
 -- What this client does beyond the first protocol, announced in hello (`features`) so the
 -- gateway knows what it may send: a temporary file per write (part.writeId), move_file and
--- make_folder. A gateway older than this ignores the list.
+-- make_folder, and file parts as binary messages where the socket carries them. A gateway
+-- older than this ignores the list.
 M.FEATURES = { 'write_id', 'move_file', 'make_folder' }
+
+-- Whether file parts cross as binary websocket messages (docs/protocol.md): CC:Tweaked's
+-- websockets send and receive them byte for byte; CraftOS-PC keeps base64 parts in JSON.
+function M.binaryParts()
+  local host = rawget(_G, '_HOST')
+  return not (type(host) == 'string' and host:find('CraftOS-PC', 1, true))
+end
+
+local function features()
+  local list = { table.unpack(M.FEATURES) }
+  if M.binaryParts() then list[#list + 1] = 'binary_parts' end
+  return list
+end
 
 -- capabilities: the allowed list (§9).
 -- `stopped` (optional): the error value saying why the player stopped the agent here (SPEC
@@ -632,7 +647,7 @@ function M.hello(senderId, messageId, secret, version, capabilities, stopped)
     secret = secret or '',
     version = version or _VERSION,
     capabilities = jsonList(capabilities or {}),
-    features = jsonList(M.FEATURES),
+    features = jsonList(features()),
   }
   if stopped then payload.stopped, payload.stopMessage = true, stopped.message end
   return M.computerRequest(senderId, messageId, 'hello', payload)
@@ -1696,13 +1711,16 @@ local function filePath(req, fsApi, required)
   return path, shown
 end
 
+-- `encoding`: base64 (in the JSON), or binary: a write's bytes came after its header in a
+-- binary message (req.raw), a read's go back that way (req.respondBinary). -> 'base64' or
+-- 'binary', or nil once answered.
 local function encodingOk(req)
   local encoding = req.payload.encoding
-  if encoding ~= nil and encoding ~= 'base64' then
-    badRequest(req, 'encoding must be "base64"')
-    return false
+  if encoding == nil or encoding == 'base64' then return 'base64' end
+  if encoding == 'binary' and (req.raw or (req.type == 'read_file' and req.respondBinary)) then
+    return 'binary'
   end
-  return true
+  badRequest(req, 'encoding must be "base64"' .. (req.respondBinary and ' or "binary"' or ''))
 end
 
 internal.handlePing = handlePing
@@ -1978,13 +1996,15 @@ local function handleReadFile(req, ctx)
   local session = sessionOf(req, ctx)
   if not session then return end
   local fsApi, payload = session.fs, req.payload
-  if not encodingOk(req) then return end
+  local encoding = encodingOk(req)
+  if not encoding then return end
   local path, shown = filePath(req, fsApi, true)
   if not path then return end
   local offset, err = optionalNumber(payload, 'offset', 0, 0)
   if not offset then return badRequest(req, err) end
+  local most = encoding == 'binary' and M.MAX_BINARY_CONTENT or M.MAX_CONTENT
   local length
-  length, err = optionalNumber(payload, 'length', M.MAX_CONTENT, 0, M.MAX_CONTENT)
+  length, err = optionalNumber(payload, 'length', most, 0, most)
   if not length then return badRequest(req, err) end
   if not fsApi.exists(path) then return fsError(req, shown .. ': No such file') end
   if fsApi.isDir(path) then return fsError(req, shown .. ': Is a directory') end
@@ -1993,10 +2013,10 @@ local function handleReadFile(req, ctx)
   local ok, data = pcall(readRange, handle, offset, length)
   handle.close()
   if not ok then return fsError(req, errorText(data)) end
-  req.respond(true, {
-    content = M.base64Encode(data), encoding = 'base64', sizeBytes = fsApi.getSize(path),
-    offset = offset, bytesRead = #data,
-  })
+  local answer = { encoding = encoding, sizeBytes = fsApi.getSize(path), offset = offset, bytesRead = #data }
+  if encoding == 'binary' then return req.respondBinary(answer, data) end
+  answer.content = M.base64Encode(data)
+  req.respond(true, answer)
 end
 
 -- The free space of the drive `path` is on (or will be on): asked of its nearest existing folder.
@@ -2095,15 +2115,21 @@ local function handleWriteFile(req, ctx)
   local session = sessionOf(req, ctx)
   if not session then return end
   local fsApi, payload = session.fs, req.payload
-  if not encodingOk(req) then return end
+  local encoding = encodingOk(req)
+  if not encoding then return end
   local path, shown = filePath(req, fsApi, true)
   if not path then return end
   if path == '' then return badRequest(req, 'path names a folder: /') end
-  if type(payload.content) ~= 'string' then return badRequest(req, 'content must be a base64 string') end
-  local data, decodeErr = M.base64Decode(payload.content)
-  if not data then return badRequest(req, 'content: ' .. decodeErr) end
-  if #data > M.MAX_CONTENT then
-    return badRequest(req, ('%d bytes in one frame, at most %d: send parts'):format(#data, M.MAX_CONTENT))
+  local data, most = req.raw, M.MAX_BINARY_CONTENT
+  if encoding ~= 'binary' then
+    if type(payload.content) ~= 'string' then return badRequest(req, 'content must be a base64 string') end
+    local decodeErr
+    data, decodeErr = M.base64Decode(payload.content)
+    if not data then return badRequest(req, 'content: ' .. decodeErr) end
+    most = M.MAX_CONTENT
+  end
+  if #data > most then
+    return badRequest(req, ('%d bytes in one frame, at most %d: send parts'):format(#data, most))
   end
   local part = payload.part
   if part ~= nil and type(part) ~= 'table' then return badRequest(req, 'part must be {offset, final, size?}') end
@@ -2894,8 +2920,10 @@ local function encodeFrame(ctx, frame)
 end
 
 -- Builds the request object handed to a handler; its answers go out through ctx.send.
-local function newRequest(ctx, messageId, msgType, payload)
-  local req = { messageId = messageId, type = msgType, payload = M.coercePayload(payload), answered = false }
+-- `raw`: the bytes that came after the request's header in a binary message (a file part).
+local function newRequest(ctx, messageId, msgType, payload, raw)
+  local req = { messageId = messageId, type = msgType, payload = M.coercePayload(payload), answered = false,
+    raw = raw }
   local function frameFor(ok, answer, err)
     return M.computerResponse(ctx.traposId, messageId, msgType, ok, answer, err)
   end
@@ -2915,6 +2943,21 @@ local function newRequest(ctx, messageId, msgType, payload)
     return ctx.send(text) and true or false
   end
 
+  -- A file part's answer as one binary message: the frame (answer without `data`), a newline,
+  -- then `data` raw (docs/protocol.md, "Binary file parts"). Only where the socket sends
+  -- binary messages (ctx.sendBinary).
+  if ctx.sendBinary then
+    function req.respondBinary(answer, data)
+      if req.answered then return false end
+      local text = encodeFrame(ctx, frameFor(true, answer))
+      if not text or #text + 1 + #data > M.MAX_SEND then
+        return req.respond(false, nil, errorValue('too_large', 'the part is over the frame limit'))
+      end
+      req.answered = true
+      return ctx.sendBinary(text .. '\n' .. data) and true or false
+    end
+  end
+
   -- An interim answer (SPEC §2 streaming): ok, `partial: true`; the request stays open.
   function req.partial(answer)
     if req.answered then return false end
@@ -2932,10 +2975,10 @@ local function forbiddenMessage(ctx, capability)
     tostring(ctx.traposId), capability, capability)
 end
 
-local function dispatchRequest(ctx, messageId, msgType, payload)
+local function dispatchRequest(ctx, messageId, msgType, payload, raw)
   local handlers = ctx.handlers or M.requestHandlers
   local handler = handlers[msgType]
-  local req = newRequest(ctx, messageId, msgType, payload)
+  local req = newRequest(ctx, messageId, msgType, payload, raw)
   if type(handler) ~= 'function' then
     req.respond(false, nil, errorValue('unknown_type', 'unknown request type: ' .. msgType))
     return 'unknown_type'
@@ -2958,12 +3001,13 @@ local function dispatchRequest(ctx, messageId, msgType, payload)
   return msgType
 end
 
---[[ onMessage(content, ctx): handle one text frame from the gateway.
-ctx = { traposId, send(text) -> ok, queueEvent(...), decode?, encode?, handlers?,
-        onHello(messageId, ok, payload, error)?, onReply(messageId) -> consumed? }
+--[[ onMessage(content, ctx, raw?): handle one text frame from the gateway, or (`raw`) the
+header of a binary one: a write_file part whose bytes are `raw`.
+ctx = { traposId, send(text) -> ok, sendBinary(message)?, queueEvent(...), decode?, encode?,
+        handlers?, onHello(messageId, ok, payload, error)?, onReply(messageId) -> consumed? }
 Returns what it did: the request type it dispatched (e.g. 'ping'), 'unknown_type', 'forbidden',
 'hello', 'reply' or 'ignored'. Never raises. ]]
-function M.onMessage(content, ctx)
+function M.onMessage(content, ctx, raw)
   expect(2, ctx, 'table')
   if type(content) ~= 'string' or content == '' then return 'ignored' end
   local decode = ctx.decode or defaultDecode
@@ -2975,7 +3019,9 @@ function M.onMessage(content, ctx)
   end
 
   if event == 'gateway_request' then
-    return dispatchRequest(ctx, messageId, msgType, frame.payload)
+    return dispatchRequest(ctx, messageId, msgType, frame.payload, raw)
+  elseif raw then
+    return 'ignored' -- the gateway sends only file parts' requests as binary messages
 
   elseif event == 'gateway_response' then
     local ok = frame.ok == true
@@ -3070,10 +3116,10 @@ function Session:closeHandle(handle)
   if not ok then self.log('close failed: ' .. tostring(err)) end
 end
 
-function Session:sendOn(handle, text)
+function Session:sendOn(handle, text, binary)
   if handle == nil or self.closedHandles[handle] then return false, 'connection closed' end
   if type(text) ~= 'string' or text == '' then return false, 'refusing to send an empty message' end
-  local ok, err = pcall(handle.send, text)
+  local ok, err = pcall(handle.send, text, binary)
   if not ok then return false, tostring(err) end
   return true
 end
@@ -3278,7 +3324,15 @@ end
 -- handshaking and ready: a frame from the gateway.
 function Session:onFrame(url, content, isBinary)
   local attempt = self.current
-  if not self:isCurrent(url) or not attempt.handle or isBinary then return end
+  if not self:isCurrent(url) or not attempt.handle then return end
+  local raw
+  if isBinary then
+    -- A file part (docs/protocol.md): its request as JSON, a newline, its bytes.
+    if not M.binaryParts() or type(content) ~= 'string' then return end
+    local newline = content:find('\n', 1, true)
+    if not newline then return end
+    content, raw = content:sub(1, newline - 1), content:sub(newline + 1)
+  end
   if not attempt.ctx then
     local handle = attempt.handle
     attempt.ctx = {
@@ -3287,6 +3341,7 @@ function Session:onFrame(url, content, isBinary)
       encode = self.encode,
       decode = self.decode,
       send = function(text) return self:sendOn(handle, text) end,
+      sendBinary = M.binaryParts() and function(message) return self:sendOn(handle, message, true) end or nil,
       queueEvent = function(...) self:queue(...) end,
       onHello = function(...) self:onHello(...) end,
       onReply = function(messageId, ok, _, err) return self:onReply(messageId, ok, err) end,
@@ -3294,7 +3349,7 @@ function Session:onFrame(url, content, isBinary)
       stopped = function() return self:stopReason() end,
     }
   end
-  M.onMessage(content, attempt.ctx)
+  M.onMessage(content, attempt.ctx, raw)
 end
 
 -- Returns true for the answer to one of the daemon's own requests (nobody waits for it).

@@ -100,7 +100,8 @@ local CONSTANTS = {
   -- `sandbox stop` / `sandbox resume` changed sandbox.stopped (SPEC §16): the daemon looks again.
   EVENT_STOP = 'trapos_sandbox_stop',
   -- The computer as a sandbox (SPEC §9).
-  MAX_CONTENT = 64 * 1024,          -- file bytes in one read_file / write_file frame
+  MAX_CONTENT = 64 * 1024,          -- file bytes in one read_file / write_file frame (base64)
+  MAX_BINARY_CONTENT = 120 * 1024,  -- ... and in one binary part (its header fits MAX_SEND)
   EXEC_TIMEOUT_MS = 30000,          -- exec / eval default timeoutMs
   MAX_OUTPUT_BYTES = 64 * 1024,     -- default and largest maxOutputBytes, per stream
   PARTIAL_INTERVAL_MS = 100,        -- partials are at least this far apart ...

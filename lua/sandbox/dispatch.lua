@@ -24,8 +24,10 @@ local function encodeFrame(ctx, frame)
 end
 
 -- Builds the request object handed to a handler; its answers go out through ctx.send.
-local function newRequest(ctx, messageId, msgType, payload)
-  local req = { messageId = messageId, type = msgType, payload = M.coercePayload(payload), answered = false }
+-- `raw`: the bytes that came after the request's header in a binary message (a file part).
+local function newRequest(ctx, messageId, msgType, payload, raw)
+  local req = { messageId = messageId, type = msgType, payload = M.coercePayload(payload), answered = false,
+    raw = raw }
   local function frameFor(ok, answer, err)
     return M.computerResponse(ctx.traposId, messageId, msgType, ok, answer, err)
   end
@@ -45,6 +47,21 @@ local function newRequest(ctx, messageId, msgType, payload)
     return ctx.send(text) and true or false
   end
 
+  -- A file part's answer as one binary message: the frame (answer without `data`), a newline,
+  -- then `data` raw (docs/protocol.md, "Binary file parts"). Only where the socket sends
+  -- binary messages (ctx.sendBinary).
+  if ctx.sendBinary then
+    function req.respondBinary(answer, data)
+      if req.answered then return false end
+      local text = encodeFrame(ctx, frameFor(true, answer))
+      if not text or #text + 1 + #data > M.MAX_SEND then
+        return req.respond(false, nil, errorValue('too_large', 'the part is over the frame limit'))
+      end
+      req.answered = true
+      return ctx.sendBinary(text .. '\n' .. data) and true or false
+    end
+  end
+
   -- An interim answer (SPEC §2 streaming): ok, `partial: true`; the request stays open.
   function req.partial(answer)
     if req.answered then return false end
@@ -62,10 +79,10 @@ local function forbiddenMessage(ctx, capability)
     tostring(ctx.traposId), capability, capability)
 end
 
-local function dispatchRequest(ctx, messageId, msgType, payload)
+local function dispatchRequest(ctx, messageId, msgType, payload, raw)
   local handlers = ctx.handlers or M.requestHandlers
   local handler = handlers[msgType]
-  local req = newRequest(ctx, messageId, msgType, payload)
+  local req = newRequest(ctx, messageId, msgType, payload, raw)
   if type(handler) ~= 'function' then
     req.respond(false, nil, errorValue('unknown_type', 'unknown request type: ' .. msgType))
     return 'unknown_type'
@@ -88,12 +105,13 @@ local function dispatchRequest(ctx, messageId, msgType, payload)
   return msgType
 end
 
---[[ onMessage(content, ctx): handle one text frame from the gateway.
-ctx = { traposId, send(text) -> ok, queueEvent(...), decode?, encode?, handlers?,
-        onHello(messageId, ok, payload, error)?, onReply(messageId) -> consumed? }
+--[[ onMessage(content, ctx, raw?): handle one text frame from the gateway, or (`raw`) the
+header of a binary one: a write_file part whose bytes are `raw`.
+ctx = { traposId, send(text) -> ok, sendBinary(message)?, queueEvent(...), decode?, encode?,
+        handlers?, onHello(messageId, ok, payload, error)?, onReply(messageId) -> consumed? }
 Returns what it did: the request type it dispatched (e.g. 'ping'), 'unknown_type', 'forbidden',
 'hello', 'reply' or 'ignored'. Never raises. ]]
-function M.onMessage(content, ctx)
+function M.onMessage(content, ctx, raw)
   expect(2, ctx, 'table')
   if type(content) ~= 'string' or content == '' then return 'ignored' end
   local decode = ctx.decode or defaultDecode
@@ -105,7 +123,9 @@ function M.onMessage(content, ctx)
   end
 
   if event == 'gateway_request' then
-    return dispatchRequest(ctx, messageId, msgType, frame.payload)
+    return dispatchRequest(ctx, messageId, msgType, frame.payload, raw)
+  elseif raw then
+    return 'ignored' -- the gateway sends only file parts' requests as binary messages
 
   elseif event == 'gateway_response' then
     local ok = frame.ok == true

@@ -77,13 +77,15 @@ local function handleReadFile(req, ctx)
   local session = sessionOf(req, ctx)
   if not session then return end
   local fsApi, payload = session.fs, req.payload
-  if not encodingOk(req) then return end
+  local encoding = encodingOk(req)
+  if not encoding then return end
   local path, shown = filePath(req, fsApi, true)
   if not path then return end
   local offset, err = optionalNumber(payload, 'offset', 0, 0)
   if not offset then return badRequest(req, err) end
+  local most = encoding == 'binary' and M.MAX_BINARY_CONTENT or M.MAX_CONTENT
   local length
-  length, err = optionalNumber(payload, 'length', M.MAX_CONTENT, 0, M.MAX_CONTENT)
+  length, err = optionalNumber(payload, 'length', most, 0, most)
   if not length then return badRequest(req, err) end
   if not fsApi.exists(path) then return fsError(req, shown .. ': No such file') end
   if fsApi.isDir(path) then return fsError(req, shown .. ': Is a directory') end
@@ -92,10 +94,10 @@ local function handleReadFile(req, ctx)
   local ok, data = pcall(readRange, handle, offset, length)
   handle.close()
   if not ok then return fsError(req, errorText(data)) end
-  req.respond(true, {
-    content = M.base64Encode(data), encoding = 'base64', sizeBytes = fsApi.getSize(path),
-    offset = offset, bytesRead = #data,
-  })
+  local answer = { encoding = encoding, sizeBytes = fsApi.getSize(path), offset = offset, bytesRead = #data }
+  if encoding == 'binary' then return req.respondBinary(answer, data) end
+  answer.content = M.base64Encode(data)
+  req.respond(true, answer)
 end
 
 -- The free space of the drive `path` is on (or will be on): asked of its nearest existing folder.
@@ -194,15 +196,21 @@ local function handleWriteFile(req, ctx)
   local session = sessionOf(req, ctx)
   if not session then return end
   local fsApi, payload = session.fs, req.payload
-  if not encodingOk(req) then return end
+  local encoding = encodingOk(req)
+  if not encoding then return end
   local path, shown = filePath(req, fsApi, true)
   if not path then return end
   if path == '' then return badRequest(req, 'path names a folder: /') end
-  if type(payload.content) ~= 'string' then return badRequest(req, 'content must be a base64 string') end
-  local data, decodeErr = M.base64Decode(payload.content)
-  if not data then return badRequest(req, 'content: ' .. decodeErr) end
-  if #data > M.MAX_CONTENT then
-    return badRequest(req, ('%d bytes in one frame, at most %d: send parts'):format(#data, M.MAX_CONTENT))
+  local data, most = req.raw, M.MAX_BINARY_CONTENT
+  if encoding ~= 'binary' then
+    if type(payload.content) ~= 'string' then return badRequest(req, 'content must be a base64 string') end
+    local decodeErr
+    data, decodeErr = M.base64Decode(payload.content)
+    if not data then return badRequest(req, 'content: ' .. decodeErr) end
+    most = M.MAX_CONTENT
+  end
+  if #data > most then
+    return badRequest(req, ('%d bytes in one frame, at most %d: send parts'):format(#data, most))
   end
   local part = payload.part
   if part ~= nil and type(part) ~= 'table' then return badRequest(req, 'part must be {offset, final, size?}') end

@@ -153,13 +153,16 @@ local function filePath(req, fsApi, required)
   return path, shown
 end
 
+-- `encoding`: base64 (in the JSON), or binary: a write's bytes came after its header in a
+-- binary message (req.raw), a read's go back that way (req.respondBinary). -> 'base64' or
+-- 'binary', or nil once answered.
 local function encodingOk(req)
   local encoding = req.payload.encoding
-  if encoding ~= nil and encoding ~= 'base64' then
-    badRequest(req, 'encoding must be "base64"')
-    return false
+  if encoding == nil or encoding == 'base64' then return 'base64' end
+  if encoding == 'binary' and (req.raw or (req.type == 'read_file' and req.respondBinary)) then
+    return 'binary'
   end
-  return true
+  badRequest(req, 'encoding must be "base64"' .. (req.respondBinary and ' or "binary"' or ''))
 end
 
 internal.handlePing = handlePing

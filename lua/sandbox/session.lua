@@ -66,10 +66,10 @@ function Session:closeHandle(handle)
   if not ok then self.log('close failed: ' .. tostring(err)) end
 end
 
-function Session:sendOn(handle, text)
+function Session:sendOn(handle, text, binary)
   if handle == nil or self.closedHandles[handle] then return false, 'connection closed' end
   if type(text) ~= 'string' or text == '' then return false, 'refusing to send an empty message' end
-  local ok, err = pcall(handle.send, text)
+  local ok, err = pcall(handle.send, text, binary)
   if not ok then return false, tostring(err) end
   return true
 end
@@ -274,7 +274,15 @@ end
 -- handshaking and ready: a frame from the gateway.
 function Session:onFrame(url, content, isBinary)
   local attempt = self.current
-  if not self:isCurrent(url) or not attempt.handle or isBinary then return end
+  if not self:isCurrent(url) or not attempt.handle then return end
+  local raw
+  if isBinary then
+    -- A file part (docs/protocol.md): its request as JSON, a newline, its bytes.
+    if not M.binaryParts() or type(content) ~= 'string' then return end
+    local newline = content:find('\n', 1, true)
+    if not newline then return end
+    content, raw = content:sub(1, newline - 1), content:sub(newline + 1)
+  end
   if not attempt.ctx then
     local handle = attempt.handle
     attempt.ctx = {
@@ -283,6 +291,7 @@ function Session:onFrame(url, content, isBinary)
       encode = self.encode,
       decode = self.decode,
       send = function(text) return self:sendOn(handle, text) end,
+      sendBinary = M.binaryParts() and function(message) return self:sendOn(handle, message, true) end or nil,
       queueEvent = function(...) self:queue(...) end,
       onHello = function(...) self:onHello(...) end,
       onReply = function(messageId, ok, _, err) return self:onReply(messageId, ok, err) end,
@@ -290,7 +299,7 @@ function Session:onFrame(url, content, isBinary)
       stopped = function() return self:stopReason() end,
     }
   end
-  M.onMessage(content, attempt.ctx)
+  M.onMessage(content, attempt.ctx, raw)
 end
 
 -- Returns true for the answer to one of the daemon's own requests (nobody waits for it).

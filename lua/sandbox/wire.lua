@@ -61,8 +61,22 @@ end
 
 -- What this client does beyond the first protocol, announced in hello (`features`) so the
 -- gateway knows what it may send: a temporary file per write (part.writeId), move_file and
--- make_folder. A gateway older than this ignores the list.
+-- make_folder, and file parts as binary messages where the socket carries them. A gateway
+-- older than this ignores the list.
 M.FEATURES = { 'write_id', 'move_file', 'make_folder' }
+
+-- Whether file parts cross as binary websocket messages (docs/protocol.md): CC:Tweaked's
+-- websockets send and receive them byte for byte; CraftOS-PC keeps base64 parts in JSON.
+function M.binaryParts()
+  local host = rawget(_G, '_HOST')
+  return not (type(host) == 'string' and host:find('CraftOS-PC', 1, true))
+end
+
+local function features()
+  local list = { table.unpack(M.FEATURES) }
+  if M.binaryParts() then list[#list + 1] = 'binary_parts' end
+  return list
+end
 
 -- capabilities: the allowed list (§9).
 -- `stopped` (optional): the error value saying why the player stopped the agent here (SPEC
@@ -77,7 +91,7 @@ function M.hello(senderId, messageId, secret, version, capabilities, stopped)
     secret = secret or '',
     version = version or _VERSION,
     capabilities = jsonList(capabilities or {}),
-    features = jsonList(M.FEATURES),
+    features = jsonList(features()),
   }
   if stopped then payload.stopped, payload.stopMessage = true, stopped.message end
   return M.computerRequest(senderId, messageId, 'hello', payload)

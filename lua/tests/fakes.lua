@@ -202,11 +202,21 @@ local function fakeLoop()
 end
 
 local function fakeHandle()
-  local h = { sent = {}, closes = 0 }
-  function h.send(text)
+  local h = { sent = {}, binary = {}, closes = 0 }
+  function h.send(text, binary)
     if h.closes > 0 then error('attempt to use a closed file') end
     if h.failSend then error('socket broken') end
     h.sent[#h.sent + 1] = text
+    h.binary[#h.sent] = binary == true
+  end
+  -- A binary message is a file part: its frame, then a newline and its bytes (`raw`).
+  local function frameOf(i)
+    local text = h.sent[i]
+    if not h.binary[i] then return decode(text) end
+    local newline = text:find('\n', 1, true)
+    local frame = decode(text:sub(1, newline - 1))
+    frame.raw = text:sub(newline + 1)
+    return frame
   end
   function h.close()
     h.closes = h.closes + 1
@@ -214,12 +224,12 @@ local function fakeHandle()
   end
   function h.frames()
     local out = {}
-    for i, s in ipairs(h.sent) do out[i] = decode(s) end
+    for i in ipairs(h.sent) do out[i] = frameOf(i) end
     return out
   end
   function h.last()
     if #h.sent == 0 then return nil end
-    return decode(h.sent[#h.sent])
+    return frameOf(#h.sent)
   end
   return h
 end

@@ -1023,6 +1023,14 @@ local function sandbox(extra)
   function env.call(msgType, payload)
     return env.final(env.ask(msgType, payload))
   end
+  -- A file part as the gateway sends it to a client taking binary parts: the request's frame,
+  -- a newline, `raw`, in one binary message. Its final frame (nil if none).
+  function env.callBinary(msgType, payload, raw)
+    local messageId = lib.newMessageId(env.os)
+    local header = encode(lib.gatewayRequest('7:', messageId, msgType, payload))
+    env.loop.emit('websocket_message', env.http.lastUrl(), header .. '\n' .. raw, true)
+    return (env.answers(messageId))
+  end
   function env.program(path, source) craft.fs.put(path, source) end
   return env
 end
@@ -1804,9 +1812,53 @@ test('move_file and make_folder need fs.write and hello announces them', functio
   eq(errorCode(env.call('move_file', { from = '/a', to = '/b' })), 'forbidden', 'move')
   eq(errorCode(env.call('make_folder', { path = '/d' })), 'forbidden', 'folder')
   eq(env.craft.fs.files['a'], 'a', 'nothing moved')
-  eq(lib.hello('7:lab', 'h-1', 'pw').payload.features, { 'write_id', 'move_file', 'make_folder' }, 'features')
+  eq(lib.hello('7:lab', 'h-1', 'pw').payload.features, { 'write_id', 'move_file', 'make_folder', 'binary_parts' },
+    'features')
   eq(lib.REQUEST_CAPABILITY.move_file, 'fs.write', 'move_file capability')
   eq(lib.REQUEST_CAPABILITY.make_folder, 'fs.write', 'make_folder capability')
+end)
+
+test('file parts cross as binary messages, byte for byte, in order', function()
+  local env = sandbox()
+  local bytes = {}
+  for i = 0, 255 do bytes[#bytes + 1] = string.char(i) end
+  local data = table.concat(bytes):rep(600) -- 153,600 bytes: over one binary part
+  local cut = lib.MAX_BINARY_CONTENT
+  local first = env.callBinary('write_file', { path = '/b.bin', encoding = 'binary',
+    part = { offset = 0, final = false, size = #data, writeId = 'ab12' } }, data:sub(1, cut))
+  eq(okPayload(first), { bytesWritten = cut, sizeBytes = cut }, 'first part')
+  eq(env.craft.fs.files['b.bin'], nil, 'not in place before the last part')
+  local last = env.callBinary('write_file', { path = '/b.bin', encoding = 'binary',
+    part = { offset = cut, final = true, size = #data, writeId = 'ab12' } }, data:sub(cut + 1))
+  eq(okPayload(last).sizeBytes, #data, 'last part')
+  eq(env.craft.fs.files['b.bin'] == data, true, 'the file, byte for byte')
+  -- A read asking for binary is answered with one: no base64, its bytes after the frame.
+  local id = env.ask('read_file', { path = 'b.bin', offset = 100, encoding = 'binary' })
+  local answer = env.final(id)
+  eq(answer.payload, { encoding = 'binary', sizeBytes = #data, offset = 100, bytesRead = cut }, 'read answer')
+  eq(answer.raw == data:sub(101, 100 + cut), true, 'read bytes')
+  eq(env.h.binary[#env.h.sent], true, 'sent as a binary message')
+  -- What a binary message must not be: a write with no bytes, or no frame at all.
+  eq(errorCode(env.call('write_file', { path = '/c.bin', encoding = 'binary' })), 'bad_request', 'binary in JSON')
+  eq(errorCode(env.callBinary('write_file', { path = '/c.bin', encoding = 'binary' }, ('x'):rep(cut + 1))),
+    'bad_request', 'over one part')
+  local sent = #env.h.sent
+  env.loop.emit('websocket_message', env.http.lastUrl(), 'no frame at all', true)
+  eq(#env.h.sent, sent, 'a binary message with no header is ignored')
+end)
+
+test('on CraftOS-PC file parts stay base64 in JSON', function()
+  rawset(_G, '_HOST', 'ComputerCraft 1.109.2 (CraftOS-PC v2.8.3)')
+  local ok, err = pcall(function()
+    local env = sandbox()
+    eq(lib.hello('7:lab', 'h-1', 'pw').payload.features, { 'write_id', 'move_file', 'make_folder' }, 'features')
+    eq(errorCode(env.call('read_file', { path = 'rom', encoding = 'binary' })), 'bad_request', 'binary read')
+    local sent = #env.h.sent
+    env.callBinary('write_file', { path = '/c.bin', encoding = 'binary' }, 'abc')
+    eq({ #env.h.sent, env.craft.fs.files['c.bin'] }, { sent, nil }, 'a binary message is ignored')
+  end)
+  rawset(_G, '_HOST', nil)
+  if not ok then error(err, 0) end
 end)
 
 test('writing under /rom is fs_error Access denied', function()

@@ -9,8 +9,8 @@ from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.defer import succeed
 
 from tests.harness.support import response_frame
-from trapsandbox import errors
-from trapsandbox.computers import wire
+from trapsandbox import errors, limits
+from trapsandbox.computers import parts, wire
 from trapsandbox.computers.session import Session
 from trapsandbox.errors import GatewayError
 
@@ -87,6 +87,10 @@ class Computer:
         self._ids = 0
 
     def _record(self, data, isBinary=False):
+        if isBinary:  # a file part (``computers.parts``): its frame, then its bytes as ``raw``
+            header, _, raw = data.partition(b"\n")
+            self.sent.append({**orjson.loads(header), "raw": raw})
+            return
         self.sent.append(orjson.loads(data))
 
     def _close(self, code=None, reason=None):
@@ -170,8 +174,13 @@ class SandboxComputer:
     and ``attach(session)``.
     """
 
-    def __init__(self, capabilities=("exec", "eval", "fs.read", "fs.write", "screen")):
+    def __init__(
+        self, capabilities=("exec", "eval", "fs.read", "fs.write", "screen"), features=()
+    ):
         self.capabilities = frozenset(capabilities)
+        # What its client announces in hello: ``wire.BINARY_PARTS`` for file parts as binary
+        # messages (``raw`` in the request it records; a read asking for them answered so).
+        self.features = frozenset(features)
         self.files: dict[str, bytes] = _Files()
         self.temp: dict[str, bytes] = {}
         self.sent: list = []
@@ -183,6 +192,7 @@ class SandboxComputer:
     def attach(self, session):
         self.session = session
         session.capabilities = self.capabilities
+        session.features = self.features
         return session
 
     @classmethod
@@ -196,7 +206,13 @@ class SandboxComputer:
         self.closed.append((code, reason))
 
     def send_frame(self, data):
-        request = orjson.loads(data)
+        if type(data) is parts.BinaryFrame:
+            assert wire.BINARY_PARTS in self.features, "a binary part to a client without them"
+            assert len(data) <= limits.MAX_OUTBOUND_BYTES, len(data)
+            header, _, raw = data.partition(b"\n")
+            request = {**orjson.loads(header), "raw": raw}
+        else:
+            request = orjson.loads(data)
         self.sent.append(request)
         kind, payload = request["type"], request["payload"]
         if kind in ("exec", "eval"):
@@ -231,23 +247,35 @@ class SandboxComputer:
         if content is None:
             self.fs_error(request, f"/{payload['path'].lstrip('/')}: No such file")
             return
+        binary = payload.get("encoding") == parts.BINARY
+        assert not binary or wire.BINARY_PARTS in self.features, "binary asked of a client without"
+        most = limits.BINARY_PART_BYTES if binary else 65536
         offset = payload.get("offset", 0)
-        length = min(payload.get("length", 65536), 65536)
+        length = min(payload.get("length", most), most)
         chunk = content[offset : offset + length]
-        self.answer(
-            request,
-            payload={
-                "content": base64.b64encode(chunk).decode(),
-                "encoding": "base64",
-                "sizeBytes": len(content),
-                "offset": offset,
-                "bytesRead": len(chunk),
-            },
-        )
+        answer = {
+            "encoding": payload.get("encoding", "base64"),
+            "sizeBytes": len(content),
+            "offset": offset,
+            "bytesRead": len(chunk),
+        }
+        if binary:  # as the client sends it: the frame, a newline, the bytes
+            frame = response_frame(self.session.trapos_id, request, True, answer)
+            decoded = parts.decode_response(orjson.dumps(frame) + b"\n" + chunk)
+            assert isinstance(decoded, wire.ComputerResponse), decoded
+            self.session.resolve(decoded)
+            return
+        self.answer(request, payload={**answer, "content": base64.b64encode(chunk).decode()})
 
     def on_write_file(self, request, payload):
-        path, data = payload["path"], base64.b64decode(payload["content"])
-        assert len(data) <= 65536, "a frame carries at most 64 KiB of content"
+        path = payload["path"]
+        if "raw" in request:
+            assert payload["encoding"] == parts.BINARY and "content" not in payload
+            data = request["raw"]
+            assert len(data) <= limits.BINARY_PART_BYTES, "a part carries at most 120 KiB"
+        else:
+            data = base64.b64decode(payload["content"])
+            assert len(data) <= 65536, "a frame carries at most 64 KiB of content"
         if path.startswith("rom/") or path.startswith("/rom/"):
             self.fs_error(request, f"/{path.lstrip('/')}: Access denied")
             return

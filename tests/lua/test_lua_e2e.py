@@ -286,6 +286,27 @@ class SandboxEndToEndTests(GatewayMixin, TestCase):
         self.assertEqual(c.violations, [])
 
     @defer.inlineCallbacks
+    def test_a_file_of_many_parts_as_binary_messages_and_as_base64_on_craftos_pc(self):
+        data = os.urandom(300_000)  # three binary parts, five base64 ones
+        for host, binary in [(None, True), ("ComputerCraft 1.109.2 (CraftOS-PC v2.8.3)", False)]:
+            trapos_id = "8:parts" if binary else "9:parts"
+            c = self.computer(id=int(trapos_id[0]), label="parts")
+            c.set_settings({"sandbox.allow": "fs.read,fs.write"})
+            if host is not None:
+                c.eval(f"_HOST = '{host}'")
+            yield self.start_daemon(c)
+            session = self.gateway.registry.find(LOCAL_ACCOUNT, trapos_id)
+            self.assertEqual("binary_parts" in session.features, binary)
+            caller = asking(trapos_id)
+            written = yield self.gateway.sandbox.write_file(caller, "/big.bin", data)
+            self.assertEqual(written, {"bytesWritten": len(data), "sizeBytes": len(data)})
+            self.assertEqual(c.read_file("/big.bin"), data)
+            read = yield self.gateway.sandbox.read_file(caller, "big.bin", 7)
+            self.assertEqual(read["content"], data[7:])
+            self.assertEqual(c.eval("return #fs.find('.big.bin*')"), 0, "no part file left")
+            self.assertEqual(c.violations, [])
+
+    @defer.inlineCallbacks
     def test_eval_and_a_quiet_exec(self):
         c = yield self.ready()
         answer = yield self.ask(c, "eval", {"code": "1 + 1"})

@@ -3,6 +3,7 @@ The computer side: one WebSocket per computer, and requests both ways (SPEC §2,
 
     ``wire``          the four frames, close codes, capabilities, ``cut``, and the
                       errors every surface gives (``not_connected``, ``not_allowed``)
+    ``parts``         file parts as binary messages, for a client that announced them
     ``session``       one admitted connection and the lifetime of each request on it
                       (Deferreds correlated by messageId, timeouts, partial responses)
     ``activity``      each computer's activity feed: its requests as they start and end

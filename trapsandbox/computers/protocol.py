@@ -42,7 +42,7 @@ from twisted.python.failure import Failure
 from trapsandbox import errors, limits
 from trapsandbox.admission import auth, proxies
 from trapsandbox.compat import fixes
-from trapsandbox.computers import wire
+from trapsandbox.computers import parts, wire
 from trapsandbox.computers.lines import Throttle, computer_lines
 from trapsandbox.computers.outbound import Outbound
 from trapsandbox.computers.registry import Registry
@@ -183,10 +183,14 @@ class GatewayProtocol(Sending, WebSocketServerProtocol):
     def _receive(self, payload: bytes, is_binary: bool) -> None:
         metrics = self.factory.metrics
         if is_binary:
-            metrics.frame_received(bytes)
-            self._ignore("a binary frame")
-            return
-        frame = wire.decode(payload)
+            # File parts, from a client that announced them (``computers.parts``).
+            if self.session is None or wire.BINARY_PARTS not in self.session.features:
+                metrics.frame_received(bytes)
+                self._ignore("a binary frame")
+                return
+            frame = parts.decode_response(payload)
+        else:
+            frame = wire.decode(payload)
         kind = type(frame)
         metrics.frame_received(kind)
         if kind is wire.ComputerRequest:

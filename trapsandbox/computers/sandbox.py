@@ -31,9 +31,11 @@ The computer as a sandbox (SPEC §9): run programs and Lua, files, the screen.
 fires with the computer's answer payload, or fails with a ``GatewayError``
 (the gateway's own refusal, or the computer's ``ok: false`` answer with its
 code: ``forbidden``, ``fs_error``, ``bad_request``, ``cancelled``, …).  Files
-cross in frames of at most ``FILE_CHUNK_BYTES`` so every frame stays under a
-computer's 128 KiB limit; the methods here split and join them, up to
-``MAX_FILE_BYTES`` in one call.
+cross in parts, so every message stays under a computer's 128 KiB limit: raw bytes
+of at most ``BINARY_PART_BYTES`` in binary messages to a client that announced them
+(``computers.parts``), else base64 of at most ``FILE_CHUNK_BYTES`` in JSON; up to
+``FILE_WINDOW`` parts of one read or write in flight.  The methods here split and
+join them, up to ``MAX_FILE_BYTES`` in one call.
 
 Every path is made canonical and checked here (``paths.checked``) before it is sent, and
 a change (a write, a delete) holds its path (``pathlocks``) while it runs: two writes of
@@ -46,14 +48,15 @@ from __future__ import annotations
 import base64
 import binascii
 import uuid
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from twisted.internet.defer import Deferred, fail
 from twisted.logger import Logger
 
 from trapsandbox import errors, limits
-from trapsandbox.computers import paths, wire
+from trapsandbox.computers import parts, paths, wire
 from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.pathlocks import PathLocks
 from trapsandbox.computers.registry import Registry
@@ -333,27 +336,47 @@ class Sandbox:
     async def _read_file(
         self, caller: Caller, path: str, offset: int, length: int | None
     ) -> dict[str, Any]:
-        wanted = MAX_FILE_BYTES if length is None else min(length, MAX_FILE_BYTES)
-        chunks: list[bytes] = []
-        got = 0
-        size = 0
-        while True:
-            asked = min(FILE_CHUNK_BYTES, wanted - got)
-            answer = await self._call(
-                caller,
-                "read_file",
-                {"path": path, "offset": offset + got, "length": asked, "encoding": "base64"},
-                limits.FILE_REQUEST_TIMEOUT,
-            )
-            chunk = _decode(answer.get("content"))
-            size = _count(answer, "sizeBytes")
-            if len(chunk) > asked:
-                raise GatewayError(errors.INTERNAL, "the computer sent more than was asked")
-            chunks.append(chunk)
-            got += len(chunk)
-            if len(chunk) < asked or got >= wanted or offset + got >= size:
-                break
+        part, encoding = self._parts(caller)
+        end = offset + (MAX_FILE_BYTES if length is None else min(length, MAX_FILE_BYTES))
+
+        def ask(at: int) -> tuple[int, Deferred]:
+            asked = min(part, end - at)
+            payload = {"path": path, "offset": at, "length": asked, "encoding": encoding}
+            return asked, self._call(caller, "read_file", payload, limits.FILE_REQUEST_TIMEOUT)
+
+        # The first part says how large the file is; the rest are asked FILE_WINDOW at once.
+        asked, first = ask(offset)
+        answer = await first
+        size = _count(answer, "sizeBytes")
+        chunks = [_chunk(answer, asked)]
+        got = len(chunks[0])
+        end = min(end, size)
+        if got < asked:
+            end = offset + got
+        window: deque[tuple[int, Deferred]] = deque()
+        try:
+            while offset + got < end:
+                while len(window) < limits.FILE_WINDOW and offset + got + _ahead(window) < end:
+                    window.append(ask(offset + got + _ahead(window)))
+                asked, d = window.popleft()
+                answer = await d
+                size = _count(answer, "sizeBytes")
+                chunk = _chunk(answer, asked)
+                chunks.append(chunk)
+                got += len(chunk)
+                if len(chunk) < asked:  # the file is shorter now than it was
+                    break
+        finally:
+            _forget(d for _, d in window)
         return {"content": b"".join(chunks), "sizeBytes": size, "offset": offset, "bytesRead": got}
+
+    def _parts(self, caller: Caller) -> tuple[int, str]:
+        """How large a part of a file may be, and how it crosses: binary to a client of
+        this process that announced binary parts, else base64 text (``computers.parts``)."""
+        session = self._registry.find(*caller.key)
+        if session is not None and wire.BINARY_PARTS in session.features:
+            return limits.BINARY_PART_BYTES, parts.BINARY
+        return FILE_CHUNK_BYTES, "base64"
 
     def write_file(
         self,
@@ -397,37 +420,71 @@ class Sandbox:
         content: bytes,
         on_written: Callable[[int], None] | None,
     ) -> dict[str, Any]:
-        answer: dict[str, Any] = {}
-        offset = 0
+        part, encoding = self._parts(caller)
         # The computer's temporary file is this write's own; a client older than writeId
         # ignores it (and shares one per file, which the lock above keeps to one writer).
         write_id = uuid.uuid4().hex[:16]
-        while True:
-            chunk = content[offset : offset + FILE_CHUNK_BYTES]
+
+        def send(offset: int) -> Deferred:
+            chunk = content[offset : offset + part]
             final = offset + len(chunk) >= len(content)
-            answer = await self._call(
-                caller,
-                "write_file",
-                {
-                    "path": path,
-                    "content": base64.b64encode(chunk).decode("ascii"),
-                    "encoding": "base64",
-                    # size: the computer checks the space for the whole file first.
-                    "part": {
-                        "offset": offset,
-                        "final": final,
-                        "size": len(content),
-                        "writeId": write_id,
-                    },
-                },
-                limits.FILE_REQUEST_TIMEOUT,
-            )
-            offset += len(chunk)
+            payload = {
+                "path": path,
+                "content": chunk if encoding == parts.BINARY else _base64(chunk),
+                "encoding": "base64",
+                # size: the computer checks the space for the whole file first.
+                "part": {"offset": offset, "final": final, "size": len(content), "writeId": write_id},
+            }
+            d = self._call(caller, "write_file", payload, limits.FILE_REQUEST_TIMEOUT)
             if on_written is not None:
-                on_written(offset)
-            if final:
-                break
+                d.addCallback(_tell, on_written, offset + len(chunk))
+            return d
+
+        # The parts before the last go FILE_WINDOW at once: the computer takes them in the
+        # order sent and refuses one that does not start where what it holds ends.  The
+        # last, which moves the file into place, goes once all the others are written.
+        last = max(0, (len(content) - 1) // part * part)
+        window: deque[Deferred] = deque()
+        try:
+            for offset in range(0, last, part):
+                if len(window) == limits.FILE_WINDOW:
+                    await window.popleft()
+                window.append(send(offset))
+            while window:
+                await window.popleft()
+        finally:
+            _forget(window)
+        answer = await send(last)
         return {"bytesWritten": len(content), "sizeBytes": answer.get("sizeBytes", len(content))}
+
+
+def _chunk(answer: dict[str, Any], asked: int) -> bytes:
+    chunk = answer.get("content")
+    if not isinstance(chunk, bytes):
+        chunk = _decode(chunk)
+    if len(chunk) > asked:
+        raise GatewayError(errors.INTERNAL, "the computer sent more than was asked")
+    return chunk
+
+
+def _ahead(window: deque[tuple[int, Deferred]]) -> int:
+    return sum(asked for asked, _ in window)
+
+
+def _forget(deferreds: Iterable[Deferred]) -> None:
+    """Cancel parts no longer wanted (one before them failed), their failures handled."""
+    for d in list(deferreds):
+        d.addErrback(lambda _: None)
+        d.cancel()
+
+
+def _tell(answer: dict[str, Any], on_written: Callable[[int], None], written: int) -> Any:
+    on_written(written)
+    return answer
+
+
+def _base64(chunk: bytes) -> str:
+    return base64.b64encode(chunk).decode("ascii")
 
 
 def _output_relay(on_output: OutputListener) -> Callable[[dict[str, Any]], None]:

@@ -11,6 +11,7 @@ from twisted.logger import Logger
 
 from trapsandbox.computers import wire
 from trapsandbox.computers.outbound import Outbound
+from trapsandbox.computers.parts import BinaryFrame
 
 log = Logger()
 
@@ -43,7 +44,11 @@ class Sending:
     def _write(self, data: bytes) -> None:
         # Also called when a paused transport drains, maybe after a close
         # began: what was queued for the connection then goes nowhere.
-        if self.state == WebSocketProtocol.STATE_OPEN:
+        if self.state != WebSocketProtocol.STATE_OPEN:
+            return
+        if type(data) is BinaryFrame:  # (Autobahn takes exactly bytes)
+            self.sendMessage(bytes(data), isBinary=True)
+        else:
             self.sendMessage(data)
 
     def close(self, code: int, reason: str) -> None:

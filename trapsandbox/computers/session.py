@@ -28,7 +28,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from trapsandbox import errors, limits
-from trapsandbox.computers import wire
+from trapsandbox.computers import parts, wire
 from trapsandbox.errors import GatewayError
 
 log = Logger()
@@ -154,7 +154,9 @@ class Session:
             )
         message_id = wire.new_message_id()
         try:
-            data = wire.encode_request(self.trapos_id, message_id, type, payload)
+            data = parts.encode_request(
+                self.trapos_id, message_id, type, payload, wire.BINARY_PARTS in self.features
+            )
         except (ValueError, TypeError) as error:
             return fail(GatewayError(errors.BAD_REQUEST, f"cannot send this request: {error}"))
         if len(data) > limits.MAX_OUTBOUND_BYTES:

@@ -54,10 +54,12 @@ CAPABILITY_OF = {
     "turtle": "turtle",
 }
 # What a client may announce in hello's ``features`` (docs/protocol.md): a temporary file of
-# its own per write (``part.writeId``), and the ``move_file`` and ``make_folder`` requests
-# (checked and done in one step on the computer).  Others are ignored.
+# its own per write (``part.writeId``), the ``move_file`` and ``make_folder`` requests
+# (checked and done in one step on the computer), and file parts as binary messages
+# (``computers.parts``).  Others are ignored.
 WRITE_ID, MOVE_FILE, MAKE_FOLDER = "write_id", "move_file", "make_folder"
-FEATURES = frozenset({WRITE_ID, MOVE_FILE, MAKE_FOLDER})
+BINARY_PARTS = "binary_parts"
+FEATURES = frozenset({WRITE_ID, MOVE_FILE, MAKE_FOLDER, BINARY_PARTS})
 # Requests to computers with a metrics label of their own (operators may send any type).
 REQUEST_TYPES = frozenset({"ping", "cancel", *CAPABILITY_OF})
 # Request types that run on the computer until they end or are cancelled

@@ -104,14 +104,17 @@ class WriteLockTests(SynchronousTestCase):
         size = 3 * limits.FILE_CHUNK_BYTES
         a = self.sandbox.write_file(asking("7:base"), "/f.bin", b"A" * size)
         b = self.sandbox.write_file(asking("7:base"), "f.bin", b"B" * size)  # the same path
-        # Only the first write's parts go out until its last is answered.
-        for _ in range(3):
-            self.assertEqual(len(self.computer.held), 1)
-            self.assertEqual(base64.b64decode(self.computer.held[0][1]["content"])[:1], b"A")
-            self.assertNoResult(b)
-            self.computer.answer_next()
+        # Only the first write's parts go out until its last is answered: those before its
+        # last at once, its last once they are written.
+        self.assertEqual(self.held(), [(0, False, b"A"), (limits.FILE_CHUNK_BYTES, False, b"A")])
+        self.computer.answer_next()
+        self.computer.answer_next()
+        self.assertEqual(self.held(), [(2 * limits.FILE_CHUNK_BYTES, True, b"A")])
+        self.assertNoResult(b)
+        self.computer.answer_next()
         self.assertEqual(self.successResultOf(a)["bytesWritten"], size)
         self.assertEqual(self.computer.files["/f.bin"], b"A" * size)
+        self.assertEqual([b for _, _, b in self.held()], [b"B", b"B"])
         for _ in range(3):
             self.computer.answer_next()
         self.assertEqual(self.successResultOf(b)["bytesWritten"], size)
@@ -122,6 +125,12 @@ class WriteLockTests(SynchronousTestCase):
         self.assertEqual(len(set(ids[3:])), 1)
         self.assertNotEqual(ids[0], ids[3])
         self.assertRegex(ids[0], r"^[0-9a-f]{16}$")
+
+    def held(self):
+        return [
+            (p["part"]["offset"], p["part"]["final"], base64.b64decode(p["content"])[:1])
+            for _, p in self.computer.held
+        ]
 
     def test_writes_of_other_files_go_side_by_side(self):
         self.sandbox.write_file(asking("7:base"), "/a", b"a")

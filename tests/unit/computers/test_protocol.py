@@ -3,6 +3,7 @@ The protocol rules, driven in memory: onMessage is called directly and the
 frames the gateway sends are recorded.
 """
 
+import orjson
 from autobahn.websocket.protocol import WebSocketProtocol
 from autobahn.websocket.types import ConnectionDeny
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
@@ -14,7 +15,10 @@ from tests.harness.callers import asking
 from tests.harness.fakes import Computer
 from tests.harness.logcapture import LogCapture
 from tests.harness.support import response_frame
-from trapsandbox import errors
+from trapsandbox import errors, limits
+from trapsandbox.computers import wire
+from trapsandbox.computers.pathlocks import PathLocks
+from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.admission.auth import Admission, host_of
 from trapsandbox.computers.protocol import GatewayFactory
 from trapsandbox.computers.registry import Registry
@@ -462,3 +466,71 @@ class ConnectLineTests(GatewayTestCase):
         self.assertFalse(
             [call for call in self.clock.getDelayedCalls() if "flush" in repr(call.func)]
         )
+
+
+class BinaryPartTests(GatewayTestCase):
+    """File parts as binary messages, to and from a client that announced them."""
+
+    def setUp(self):
+        super().setUp()
+        self.sandbox = Sandbox(self.registry, PathLocks(self.clock))
+
+    def ready_with(self, features):
+        computer = self.connect("7:b")
+        reply = computer.hello(capabilities=["fs.read", "fs.write"], features=features)
+        self.assertTrue(reply["ok"], reply)
+        return computer
+
+    def answer_part(self, computer, request, payload, raw):
+        frame = response_frame("7:b", request, payload=payload)
+        computer.receive(orjson.dumps(frame) + b"\n" + raw, binary=True)
+
+    def test_a_write_goes_as_binary_parts_and_a_read_comes_back_as_them(self):
+        computer = self.ready_with([wire.BINARY_PARTS])
+        content = bytes(range(256)) * 600  # two parts
+        d = self.sandbox.write_file(asking("7:b"), "/f.bin", content)
+        first = computer.last()
+        self.assertEqual(first["payload"]["encoding"], "binary")
+        self.assertNotIn("content", first["payload"])
+        self.assertEqual(first["raw"], content[: limits.BINARY_PART_BYTES])
+        computer.respond(first, payload={"bytesWritten": len(first["raw"])})
+        last = computer.last()
+        self.assertEqual(last["raw"], content[limits.BINARY_PART_BYTES :])
+        self.assertTrue(last["payload"]["part"]["final"])
+        computer.respond(last, payload={"sizeBytes": len(content)})
+        self.assertEqual(self.successResultOf(d)["bytesWritten"], len(content))
+
+        d = self.sandbox.read_file(asking("7:b"), "/f.bin", 5, 10)
+        ask = computer.last()
+        self.assertEqual(ask["payload"]["encoding"], "binary")
+        answer = {"encoding": "binary", "sizeBytes": len(content), "offset": 5, "bytesRead": 10}
+        self.answer_part(computer, ask, answer, content[5:15])
+        self.assertEqual(self.successResultOf(d)["content"], content[5:15])
+
+    def test_a_client_without_them_gets_base64_and_its_binary_messages_are_ignored(self):
+        computer = self.ready_with([])
+        d = self.sandbox.read_file(asking("7:b"), "/f.bin")
+        ask = computer.last()
+        self.assertEqual(ask["payload"]["encoding"], "base64")
+        answer = {"encoding": "binary", "sizeBytes": 3, "offset": 0, "bytesRead": 3}
+        self.answer_part(computer, ask, answer, b"abc")
+        self.assertNoResult(d)
+        computer.respond(ask, payload={**answer, "encoding": "base64", "content": "YWJj"})
+        self.assertEqual(self.successResultOf(d)["content"], b"abc")
+
+    def test_binary_messages_that_are_not_file_parts(self):
+        computer = self.ready_with([wire.BINARY_PARTS])
+        d = self.sandbox.read_file(asking("7:b"), "/f.bin")
+        ask = computer.last()
+        sent = len(computer.sent)
+        for garbage in (b"no header", b"{\n", b'{"event":"computer_request"}\nxyz', b"\xff\n"):
+            computer.receive(garbage, binary=True)
+        self.assertNoResult(d)
+        # An error, or a partial, as a binary message: its request learns at once.
+        error = response_frame("7:b", ask, ok=False, error={"code": "fs_error", "message": "x"})
+        computer.receive(orjson.dumps(error) + b"\nxyz", binary=True)
+        failure = self.failureResultOf(d, GatewayError)
+        self.assertEqual(failure.value.code, errors.BAD_REQUEST)
+        self.assertIn("binary frame that is not a file part's answer", failure.value.message)
+        self.assertEqual(len(computer.sent), sent)
+        self.assertEqual(computer.closes, [])

@@ -197,14 +197,16 @@ class CancelTests(SandboxTestCase):
 
 
 class FileTests(SandboxTestCase):
-    @settings(max_examples=60)
+    @settings(max_examples=80)
     @given(
-        size=st.integers(0, 3 * limits.FILE_CHUNK_BYTES + 7),
-        offset=st.integers(0, 3 * limits.FILE_CHUNK_BYTES + 9),
-        length=st.one_of(st.none(), st.integers(1, 3 * limits.FILE_CHUNK_BYTES)),
+        binary=st.booleans(),
+        size=st.integers(0, 3 * limits.BINARY_PART_BYTES + 7),
+        offset=st.integers(0, 3 * limits.BINARY_PART_BYTES + 9),
+        length=st.one_of(st.none(), st.integers(1, 3 * limits.BINARY_PART_BYTES)),
     )
-    def test_chunked_write_and_read_back(self, size, offset, length):
-        computer = self.computer(f"{size}:")
+    def test_chunked_write_and_read_back(self, binary, size, offset, length):
+        features = [wire.BINARY_PARTS] if binary else []
+        computer = self.computer(f"{size}:", features=features)
         content = bytes((i * 7 + size) % 256 for i in range(size))
         written = self.successResultOf(
             self.sandbox.write_file(asking(f"{size}:"), "f.bin", content)
@@ -212,10 +214,13 @@ class FileTests(SandboxTestCase):
         self.assertEqual(written, {"bytesWritten": size, "sizeBytes": size})
         self.assertEqual(computer.files["f.bin"], content)
         parts = [f for f in computer.sent if f["type"] == "write_file"]
-        self.assertEqual(len(parts), max(1, -(-size // limits.FILE_CHUNK_BYTES)))
+        part = limits.BINARY_PART_BYTES if binary else limits.FILE_CHUNK_BYTES
+        self.assertEqual(len(parts), max(1, -(-size // part)))
         self.assertEqual([p["payload"]["part"]["final"] for p in parts][-1], True)
+        self.assertEqual(["raw" in p for p in parts], [binary] * len(parts))
         for frame in computer.sent:
-            self.assertLessEqual(len(orjson.dumps(frame)), limits.MAX_OUTBOUND_BYTES)
+            if "raw" not in frame:  # (the fake checks a binary part's size itself)
+                self.assertLessEqual(len(orjson.dumps(frame)), limits.MAX_OUTBOUND_BYTES)
         read = self.successResultOf(
             self.sandbox.read_file(asking(f"{size}:"), "f.bin", offset, length)
         )
@@ -224,6 +229,57 @@ class FileTests(SandboxTestCase):
         self.assertEqual((read["sizeBytes"], read["offset"]), (size, offset))
         self.assertEqual(read["bytesRead"], len(content[offset:end]))
         self.registry.remove(computer.session)
+
+    def test_parts_go_a_window_at_a_time_and_the_last_once_the_others_are_written(self):
+        computer = HeldComputer.connect(self.registry, features=[wire.BINARY_PARTS])
+        content = bytes(range(256)) * 4096  # 1 MiB: 9 parts of at most 120 KiB
+        d = self.sandbox.write_file(asking("7:base"), "big.bin", content)
+        offsets = []
+        while computer.held:
+            in_flight = [p["part"]["offset"] for _, p in computer.held]
+            self.assertLessEqual(len(in_flight), limits.FILE_WINDOW)
+            offsets.extend(o for o in in_flight if o not in offsets)
+            if any(p["part"]["final"] for _, p in computer.held):
+                self.assertEqual(len(computer.held), 1, "the last part goes alone")
+            computer.answer_next()
+        self.assertEqual(offsets, list(range(0, len(content), limits.BINARY_PART_BYTES)))
+        self.assertEqual(self.successResultOf(d)["bytesWritten"], len(content))
+        self.assertEqual(computer.files["big.bin"], content)
+        read = self.sandbox.read_file(asking("7:base"), "big.bin")
+        most = 0
+        while computer.held:
+            most = max(most, len(computer.held))
+            computer.answer_next()
+        self.assertEqual(most, limits.FILE_WINDOW)
+        self.assertEqual(self.successResultOf(read)["content"], content)
+
+    def test_a_part_refused_midway_fails_the_write_and_its_last_part_never_goes(self):
+        computer = HeldComputer.connect(self.registry)
+        content = b"x" * (5 * limits.FILE_CHUNK_BYTES)
+        d = self.sandbox.write_file(asking("7:base"), "big.bin", content)
+        computer.answer_next()
+        request, _ = computer.held.pop(0)
+        computer.fs_error(request, "/big.bin: Out of space")
+        self.assertGatewayError(d, "fs_error")
+        # The parts after it were sent (the computer refuses them: their offsets no longer
+        # follow on) and their answers are forgotten; the last one was never sent.
+        self.assertEqual([p["part"]["final"] for p in self.parts(computer)], [False] * 4)
+        self.assertNotIn("big.bin", computer.files)
+        self.assertEqual(self.sandbox.locks.busy(("local", "7:base")), 0)
+
+    def test_a_read_that_fails_midway_forgets_the_parts_after(self):
+        computer = HeldComputer.connect(self.registry, features=[wire.BINARY_PARTS])
+        computer.files["big.bin"] = b"y" * (6 * limits.BINARY_PART_BYTES)
+        d = self.sandbox.read_file(asking("7:base"), "big.bin")
+        computer.answer_next()  # the first part: the size
+        self.assertEqual(len(computer.held), limits.FILE_WINDOW)
+        request, _ = computer.held.pop(0)
+        computer.fs_error(request, "/big.bin: No such file")
+        self.assertGatewayError(d, "fs_error")
+        self.assertEqual(computer.session.in_flight, 0)
+
+    def parts(self, computer):
+        return [f["payload"] for f in computer.sent if f["type"] == "write_file"]
 
     def test_a_failing_part_fails_the_write_and_leaves_the_file(self):
         computer = self.computer()
@@ -244,6 +300,24 @@ class FileTests(SandboxTestCase):
             self.sandbox.read_file(asking("7:base"), "nope"), "fs_error"
         )
         self.assertEqual(error.message, "/nope: No such file")
+
+
+class HeldComputer(SandboxComputer):
+    """A computer that answers file parts only when told (``answer_next``), in order."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.held = []
+
+    def on_write_file(self, request, payload):
+        self.held.append((request, payload))
+
+    def on_read_file(self, request, payload):
+        self.held.append((request, payload))
+
+    def answer_next(self):
+        request, payload = self.held.pop(0)
+        getattr(super(), "on_" + request["type"])(request, payload)
 
 
 class EndpointTests(SandboxTestCase):
