@@ -40,12 +40,13 @@ test: $(VENV)/.installed $(EDITOR_JS) $(OPENCODE) $(NODE22) $(CONFORMANCE) $(MCP
 	$(BIN)/pytest -q $(PYTEST_ARGS) tests
 
 # The load benchmark against the real twistd gateway (see docs/benchmarks.md).
-bench: $(VENV)/.installed $(OPENCODE)
+bench: $(VENV)/.installed $(OPENCODE) cctweaked
 	$(BIN)/python -m bench $(BENCH_ARGS)
 	$(BIN)/python -m bench.sandbox
 	$(BIN)/python -m bench.live
 	$(BIN)/python -m bench.fairshare
 	$(BIN)/python -m bench.stalled
+	$(BIN)/python -m bench.files
 	$(BIN)/python -m bench.ask $(BENCH_ASK_ARGS)
 
 # Generated hostile frames over real sockets: 100,000 of them (make test sends a few thousand).

@@ -3,7 +3,7 @@ Files at the game's own speed (issue 48), on CC:Tweaked's own core: how fast the
 a file to and from a computer, beside what the game itself can do on this machine in the same
 run.
 
-    python -m bench.files [--runs 3] [--output FILE]
+    python -m bench.files [--runs 5] [--warmup 1] [--output FILE]
 
 One gateway in this process (127.0.0.1:0) and one computer on CC:Tweaked 1.113.1's core
 (``../shared/cctweaked``, as ``tests/harness/cctweaked.py`` runs it: its Lua VM, its Netty
@@ -19,9 +19,10 @@ this order:
 - **snapshot**: 100 files of 10 KiB written by a Lua loop on the computer (timed there),
   a snapshot taken, the files deleted, the snapshot restored (timed over HTTP).
 
-Printed per run and as medians, with the targets' ratios: a 1 MiB write and read each within
-2x the raw probe's one-way time (that is, within its both-ways time); the restore within 2x
-the Lua loop.  Needs java and Debian's jars (``make test`` installs them).
+A first run warms the JVM up and is not counted.  Printed per run and as medians, with
+the targets' ratios: a 1 MiB write and read each within 2x the raw probe's one-way time (that
+is, within its both-ways time); the restore within 2x the Lua loop.  Needs java and Debian's
+jars (``make test`` and ``make bench`` install them).
 """
 
 from __future__ import annotations
@@ -153,7 +154,8 @@ async def one_run(routes: Routes, echo_url: str) -> dict:
         figures[f"read {name} (ms)"] = round(read, 1)
     await routes.call("/delete-file", {"path": "/bench.bin"})
     figures["lua loop 100 x 10 KiB (ms)"] = await routes.eval_ms(LUA_WRITES % (FILES, FILE_BYTES))
-    _, snapshot = await routes.timed("/snapshots", {})
+    took, snapshot = await routes.timed("/snapshots", {})
+    figures["take 100 x 10 KiB (ms)"] = round(took, 1)
     await routes.call("/delete-file", {"path": "/bench-files"})
     restored, answer = await routes.timed(f"/snapshots/{snapshot['id']}/restore", {})
     if len(answer.get("written", [])) != FILES:
@@ -206,10 +208,12 @@ async def run(reactor, args: argparse.Namespace) -> dict:
         session = await wait_connected(gateway.registry, c.trapos_id)
         routes = Routes(reactor, gateway.port, c.trapos_id)
         runs = []
-        for n in range(args.runs):
+        for n in range(-args.warmup, args.runs):
             figures = await one_run(routes, echo_url)
-            print(f"run {n + 1}: {orjson.dumps(figures).decode()}", flush=True)
-            runs.append(figures)
+            what = "warm-up (not counted)" if n < 0 else f"run {n + 1}"
+            print(f"{what}: {orjson.dumps(figures).decode()}", flush=True)
+            if n >= 0:
+                runs.append(figures)
         await routes.pool.closeCachedConnections()
         return {
             "where": "gateway in-process; computer on CC:Tweaked 1.113.1's core, disk 10 MB",
@@ -229,7 +233,10 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="runs first, not counted (the JVM compiles)"
+    )
     parser.add_argument("--output", help="also write the figures (JSON) here")
     args = parser.parse_args(argv)
 

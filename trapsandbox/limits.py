@@ -71,7 +71,11 @@ FILE_CHUNK_BYTES = 64 * 1024
 # MAX_PATH_LENGTH characters, escaped) fits in the rest of the 128 KiB.
 BINARY_PART_BYTES = 120 * 1024
 # Parts of one read or write in flight at once.
-FILE_WINDOW = 4
+FILE_WINDOW = 6
+# Files a snapshot reads or restores at once, and their bytes (one larger goes alone): what
+# waits for a computer stays under what its connection queues (MAX_QUEUED_BYTES).
+FILES_AT_ONCE = 32
+FILE_BYTES_AT_ONCE = FILE_WINDOW * BINARY_PART_BYTES
 # File content in one call of the HTTP endpoints (split into chunks there).
 MAX_FILE_BYTES = 1024 * 1024
 # One file, list or screen frame's round trip.

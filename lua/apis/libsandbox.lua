@@ -2072,9 +2072,8 @@ M.STALE_WRITE_MS = 120000
 the writeId the gateway sends with every part (`.<name>.<writeId>.sandbox-part`), so two
 writes of one file at once never share one: each moves a whole file into place (install),
 never parts of both. A gateway older than writeId sends none: the one shared name
-`.<name>.sandbox-part` is used then. What a write abandoned (the connection gone) is deleted
-by the next write of that file: the writes under way are known to the connection
-(attempt.writing), and a temporary file of that target no write holds is stale. ]]
+`.<name>.sandbox-part` is used then. What a write abandoned is deleted by the next write of
+that file (clearStaleTemps). ]]
 local function tempName(fsApi, path, writeId)
   local name = fsApi.getName(path)
   if writeId then
@@ -2085,29 +2084,35 @@ local function tempName(fsApi, path, writeId)
   return fsApi.combine(fsApi.getDir(path), '.' .. name .. M.TEMP_SUFFIX)
 end
 
-local function escapePattern(text) return (text:gsub('[%^%$%(%)%%%.%[%]%*%+%-%?]', '%%%0')) end
+local LEFTOVER = '^%..+%.%x+' .. M.TEMP_SUFFIX:gsub('%p', '%%%0') .. '$'
 
--- Deletes the temporary files of `path` that no write under way holds (`writing`: temp -> the
--- clock at its last part): one idle for M.STALE_WRITE_MS was abandoned (the gateway gave up
--- between two parts), and is not kept until the computer reconnects.
-local function clearStaleTemps(fsApi, path, writing, now)
-  local dir, name = fsApi.getDir(path), fsApi.getName(path)
-  if not fsApi.isDir(dir) then return end
+--[[ The writes under way are known to the daemon (session.writing: temp -> {path, heard: the
+clock at its last part, attempt: the connection it came on}). Before a write of `path` starts,
+a temporary file of `path` that no write under way holds is deleted: one of an earlier
+connection (the gateway's requests ended with it), or idle for M.STALE_WRITE_MS (the gateway
+gave up between two parts), so it is not kept until the computer reconnects. What the daemon
+did not write (left by a run before this one: the computer rebooted) is found by looking
+through the folder once in the daemon's run (session.scanned): every write's temporary file
+there that no write under way holds. ]]
+local function clearStaleTemps(fsApi, session, path)
+  local writing, now = session.writing, session.clock()
+  for temp, write in pairs(writing) do
+    if write.path == path and (write.attempt ~= session.current or now - write.heard >= M.STALE_WRITE_MS) then
+      writing[temp] = nil
+      pcall(fsApi.delete, temp)
+    end
+  end
+  local legacy = tempName(fsApi, path)
+  if not writing[legacy] and fsApi.exists(legacy) then pcall(fsApi.delete, legacy) end
+  local dir = fsApi.getDir(path)
+  session.scanned = session.scanned or {}
+  if session.scanned[dir] or not fsApi.isDir(dir) then return end
+  session.scanned[dir] = true
   local ok, names = pcall(fsApi.list, dir)
   if not ok then return end
-  local stems = { escapePattern('.' .. name .. '.'), escapePattern('.' .. name:sub(1, 200) .. '.') }
-  local suffix = escapePattern(M.TEMP_SUFFIX)
-  for _, each in ipairs(names) do
-    local stale = each == '.' .. name .. M.TEMP_SUFFIX
-    for _, stem in ipairs(stems) do
-      if each:find('^' .. stem .. '%x+' .. suffix .. '$') then stale = true end
-    end
-    local full = fsApi.combine(dir, each)
-    local heard = writing[full]
-    if stale and not (heard and now - heard < M.STALE_WRITE_MS) then
-      writing[full] = nil
-      pcall(fsApi.delete, full)
-    end
+  for _, name in ipairs(names) do
+    local full = fsApi.combine(dir, name)
+    if name:find(LEFTOVER) and not writing[full] then pcall(fsApi.delete, full) end
   end
 end
 
@@ -2152,9 +2157,8 @@ local function handleWriteFile(req, ctx)
   -- Parts go to this write's temporary file beside the target; offset 0 starts it afresh.
   local temp = tempName(fsApi, path, writeId)
   if M.isSettingsPath('/' .. temp) or M.isSettingsPath('/' .. temp .. '.old') then return settingsForbidden(req, shown) end
-  local attempt = type(session.current) == 'table' and session.current or session
-  attempt.writing = attempt.writing or {}
-  local writing = attempt.writing
+  session.writing = session.writing or {}
+  local writing = session.writing
   local have = 0
   if offset > 0 then
     have = fsApi.exists(temp) and fsApi.getSize(temp) or 0
@@ -2164,10 +2168,10 @@ local function handleWriteFile(req, ctx)
     end
   else
     -- What a write abandoned half-way left (the gateway gone, the computer rebooted): ours.
-    if writeId then writing[temp] = nil; clearStaleTemps(fsApi, path, writing, session.clock()) end
+    if writeId then writing[temp] = nil; clearStaleTemps(fsApi, session, path) end
     if fsApi.exists(temp) then pcall(fsApi.delete, temp) end
   end
-  if writeId then writing[temp] = session.clock() end
+  if writeId then writing[temp] = { path = path, heard = session.clock(), attempt = session.current } end
   local function done() writing[temp] = nil end
   -- The space is known before anything is touched: with the first part, for the whole file
   -- (part.size, from a gateway that sends it), beside the file it replaces, which stays
@@ -2186,14 +2190,19 @@ local function handleWriteFile(req, ctx)
     local ok, err = pcall(fsApi.makeDir, dir)
     if not ok then done(); return fsError(req, errorText(err)) end
   end
-  local ok, err = writeBytes(fsApi, temp, offset == 0 and 'wb' or 'ab', data)
+  -- A whole new file in one part goes straight to its place: there is no old file to keep,
+  -- and nothing runs between this handler's open and close (fs calls do not yield).
+  local direct = offset == 0 and final and not fsApi.exists(path)
+  local ok, err = writeBytes(fsApi, direct and path or temp, offset == 0 and 'wb' or 'ab', data)
   if not ok then
-    pcall(fsApi.delete, temp)
+    pcall(fsApi.delete, direct and path or temp)
     done()
     return fsError(req, err)
   end
   local size = have + #data
-  if final then
+  if direct then
+    done()
+  elseif final then
     done()
     ok, err = install(fsApi, temp, path)
     if not ok then

@@ -174,9 +174,7 @@ class SandboxComputer:
     and ``attach(session)``.
     """
 
-    def __init__(
-        self, capabilities=("exec", "eval", "fs.read", "fs.write", "screen"), features=()
-    ):
+    def __init__(self, capabilities=("exec", "eval", "fs.read", "fs.write", "screen"), features=()):
         self.capabilities = frozenset(capabilities)
         # What its client announces in hello: ``wire.BINARY_PARTS`` for file parts as binary
         # messages (``raw`` in the request it records; a read asking for them answered so).

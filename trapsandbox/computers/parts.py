@@ -73,8 +73,10 @@ def decode_response(message: bytes) -> wire.ComputerResponse | wire.Invalid:
     if not newline:
         return wire.Invalid("a binary frame with no header")
     frame = wire.decode(header)
+    if type(frame) is wire.Invalid:
+        return frame
     if type(frame) is not wire.ComputerResponse:
-        return frame if type(frame) is wire.Invalid else wire.Invalid("a binary frame not a response")
+        return wire.Invalid("a binary frame that is not a response")
     if not frame.ok or frame.partial:
         return wire.Invalid(
             "a binary frame that is not a file part's answer",

@@ -433,7 +433,12 @@ class Sandbox:
                 "content": chunk if encoding == parts.BINARY else _base64(chunk),
                 "encoding": "base64",
                 # size: the computer checks the space for the whole file first.
-                "part": {"offset": offset, "final": final, "size": len(content), "writeId": write_id},
+                "part": {
+                    "offset": offset,
+                    "final": final,
+                    "size": len(content),
+                    "writeId": write_id,
+                },
             }
             d = self._call(caller, "write_file", payload, limits.FILE_REQUEST_TIMEOUT)
             if on_written is not None:

@@ -18,6 +18,7 @@ account's computer or snapshot exactly like a missing one.
 from __future__ import annotations
 
 import hashlib
+from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -222,11 +223,19 @@ class Snapshots:
                     f"on {wire.cut(trapos_id)}, which has {free}: nothing was changed "
                     "(delete some files there, then restore again)",
                 )
-            for path in plan.delete:
-                await self._sandbox.delete_file(quiet, path)
-            for path, sha256 in plan.write:
+
+            async def write(path: str, sha256: str) -> None:
                 data = await store.content(account, sha256)
                 await self._sandbox.write_file(quiet, path, data, max_bytes=store.max_bytes)
+
+            await _several(
+                [(self._sandbox.delete_file, (quiet, path)) for path in plan.delete],
+                size=lambda _: 0,
+            )
+            await _several(
+                [(write, item) for item in plan.write],
+                size=lambda call: target.files[call[1][0]].size,
+            )
             return {
                 "restored": target.id,
                 "before": before,
@@ -304,13 +313,20 @@ class Snapshots:
     ) -> dict[str, bytes]:
         """The content of ``paths``; one deleted since it was listed leaves the listing."""
         fetched = {}
-        for path in paths:
+
+        async def fetch(path: str) -> None:
             try:
                 fetched[path] = await self._read(caller, path)
             except GatewayError as error:
                 if error.code != errors.FS_ERROR:
                     raise
                 del listing[path]
+
+        await _several(
+            [(fetch, (path,)) for path in paths],
+            size=lambda call: listing[call[1][0]][0],
+        )
+        fetched = {path: fetched[path] for path in paths if path in fetched}  # (listed order)
         model.check_total(sum(len(data) for data in fetched.values()), self.store().max_bytes)
         return fetched
 
@@ -325,6 +341,45 @@ class Snapshots:
             if not answer["bytesRead"] or offset >= answer["sizeBytes"]:
                 return b"".join(parts)
             model.check_total(offset, self.store().max_bytes)
+
+
+async def _several(
+    calls: list[tuple[Callable[..., Any], tuple[Any, ...]]],
+    size: Callable[[tuple[Callable[..., Any], tuple[Any, ...]]], int],
+) -> None:
+    """
+    Each ``f(*args)`` of ``calls`` (a Deferred or a coroutine), started in order (the
+    computer takes its requests in the order they come), several at once: at most
+    ``FILES_AT_ONCE``, and the files' ``size`` in flight at most ``FILE_BYTES_AT_ONCE``
+    (one larger runs alone), so what waits for the computer stays bounded.  The first
+    failure stops what has not started and is raised once what has started has ended.
+    """
+    running: deque[tuple[Deferred, int]] = deque()
+    failed: list[Failure] = []  # as they happen, so none more starts after the first
+    held = 0
+
+    async def drain(room: int) -> None:
+        nonlocal held
+        while running and (
+            len(running) >= limits.FILES_AT_ONCE or held + room > limits.FILE_BYTES_AT_ONCE
+        ):
+            d, sized = running.popleft()
+            held -= sized
+            await d
+
+    for call in calls:
+        sized = size(call)
+        await drain(sized)
+        if failed:
+            break
+        f, args = call
+        result = f(*args)
+        d = result if isinstance(result, Deferred) else Deferred.fromCoroutine(result)
+        running.append((d.addErrback(failed.append), sized))
+        held += sized
+    await drain(limits.FILE_BYTES_AT_ONCE + 1)  # (all of them)
+    if failed:
+        failed[0].raiseException()
 
 
 def _sha(data: bytes) -> str:

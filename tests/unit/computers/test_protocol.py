@@ -16,12 +16,12 @@ from tests.harness.fakes import Computer
 from tests.harness.logcapture import LogCapture
 from tests.harness.support import response_frame
 from trapsandbox import errors, limits
+from trapsandbox.admission.auth import Admission, host_of
 from trapsandbox.computers import wire
 from trapsandbox.computers.pathlocks import PathLocks
-from trapsandbox.computers.sandbox import Sandbox
-from trapsandbox.admission.auth import Admission, host_of
 from trapsandbox.computers.protocol import GatewayFactory
 from trapsandbox.computers.registry import Registry
+from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.errors import GatewayError
 from trapsandbox.handlers import ComputerRequests
 from trapsandbox.limits import CONNECT_LINES_PER_SECOND, LOCAL_ACCOUNT

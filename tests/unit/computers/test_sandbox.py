@@ -269,7 +269,7 @@ class FileTests(SandboxTestCase):
 
     def test_a_read_that_fails_midway_forgets_the_parts_after(self):
         computer = HeldComputer.connect(self.registry, features=[wire.BINARY_PARTS])
-        computer.files["big.bin"] = b"y" * (6 * limits.BINARY_PART_BYTES)
+        computer.files["big.bin"] = b"y" * ((limits.FILE_WINDOW + 2) * limits.BINARY_PART_BYTES)
         d = self.sandbox.read_file(asking("7:base"), "big.bin")
         computer.answer_next()  # the first part: the size
         self.assertEqual(len(computer.held), limits.FILE_WINDOW)

@@ -9,14 +9,14 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from tests.harness.callers import asking
 from tests.unit.snapshots.programs import Computer
 from trapsandbox import errors, limits
 from trapsandbox.computers.registry import Registry
 from trapsandbox.errors import GatewayError
-from trapsandbox.snapshots.service import Snapshots
+from trapsandbox.snapshots.service import Snapshots, _several
 from trapsandbox.snapshots.sqlitestore import SqliteStore
 
 
@@ -178,3 +178,57 @@ class SnapshotsTests(TestCase):
         failed.failed(Failure(OSError("disk full")))
         error = self.failureResultOf(failed.list(asking("7:", "acc")), GatewayError).value
         self.assertIn("disk full", error.message)
+
+
+class SeveralAtOnceTests(SynchronousTestCase):
+    """What a snapshot reads or restores goes several files at once, bounded (``_several``)."""
+
+    def setUp(self):
+        self.started: list[tuple[str, Deferred]] = []
+
+    def call(self, name):
+        d = Deferred()
+        self.started.append((name, d))
+        return d
+
+    def several(self, sizes):
+        calls = [(self.call, (name,)) for name in sizes]
+        return Deferred.fromCoroutine(_several(calls, size=lambda call: sizes[call[1][0]]))
+
+    def names(self):
+        return [name for name, d in self.started if not d.called]
+
+    def test_small_files_go_many_at_once_a_large_one_alone(self):
+        small = {f"s{n}": 10 for n in range(limits.FILES_AT_ONCE + 2)}
+        sizes = {**small, "big": limits.FILE_BYTES_AT_ONCE + 1, "after": 10}
+        done = self.several(sizes)
+        self.assertEqual(len(self.names()), limits.FILES_AT_ONCE)  # the count bound
+        self.started[0][1].callback(None)
+        self.assertEqual(len(self.names()), limits.FILES_AT_ONCE)  # one ended, one more
+        while "big" not in [name for name, _ in self.started]:
+            for _, d in list(self.started):
+                if not d.called:
+                    d.callback(None)
+        self.assertEqual(self.names(), ["big"])  # alone, once all before it ended
+        self.started[-1][1].callback(None)
+        self.assertEqual(self.names(), ["after"])
+        self.started[-1][1].callback(None)
+        self.successResultOf(done)
+
+    def test_the_bytes_in_flight_are_bounded(self):
+        part = limits.FILE_BYTES_AT_ONCE // 3
+        self.several({"a": part, "b": part, "c": part, "d": part})
+        self.assertEqual(self.names(), ["a", "b", "c"])
+        self.started[0][1].callback(None)
+        self.assertEqual(self.names(), ["b", "c", "d"])
+
+    def test_the_first_failure_starts_nothing_more_and_waits_for_what_started(self):
+        done = self.several({"a": 1, "b": 1, **{f"x{n}": 1 for n in range(40)}})
+        self.started[1][1].errback(Failure(GatewayError(errors.FS_ERROR, "/b: Out of space")))
+        started = len(self.started)
+        self.started[0][1].callback(None)
+        self.assertNoResult(done)  # the others started go on to their end
+        for _, d in self.started[2:]:
+            d.callback(None)
+        self.assertEqual(len(self.started), started)  # nothing more was started
+        self.assertEqual(self.failureResultOf(done, GatewayError).value.message, "/b: Out of space")
