@@ -12,8 +12,10 @@ from pathlib import Path
 
 from tests.browser.browser import ActionChains, BrowserCase, By, Keys, shown
 from tests.harness.support import bounded
+from trapsandbox import limits
 
-# A binary file of every byte value, over several 64 KiB parts (the upload's progress shows).
+# A binary file of every byte value, over several parts (the upload's progress shows): binary
+# ones of 120 KiB to this client (it announces binary_parts).
 BINARY = bytes(range(256)) * 1100 + b"\x00\xff\r\n"
 # Records every value the files panel's progress bar takes (window.progressShown).
 RECORD_PROGRESS = """
@@ -188,7 +190,8 @@ class FilesTests(BrowserCase):
         self.assertIn(written + " \u00b7 ok", activity)
         # In parts, with progress: the bar moved with each part the computer wrote, to the end.
         shown = await self.thread(self.driver.execute_script, "return window.progressShown")
-        parts = [n for n in range(0, len(BINARY), 65536)][1:] + [len(BINARY)]
+        step = limits.BINARY_PART_BYTES
+        parts = [n for n in range(0, len(BINARY), step)][1:] + [len(BINARY)]
         self.assertEqual(list(dict.fromkeys(int(v) for v in shown if int(v) > 0)), parts)
         # Past the request limit: refused in the page, with why, and nothing sent.
         big = source.with_name("big.bin")
