@@ -136,14 +136,14 @@ class TestComputer(WebSocketClientProtocol):
             self.factory.opened.errback(ConnectionError(f"closed: {code} {reason}"))
         self.closed.callback((code, reason))
 
-    def next_message(self) -> Deferred:
-        return bounded(self.messages.get())
+    def next_message(self, seconds: float = WAIT) -> Deferred:
+        return bounded(self.messages.get(), seconds)
 
     def send(self, obj) -> None:
         self.sendMessage(obj if isinstance(obj, bytes) else orjson.dumps(obj))
 
-    def request(self, type: str, payload=None) -> Deferred:
-        """Send a computer_request; fires with the next frame received."""
+    def request(self, type: str, payload=None, seconds: float = WAIT) -> Deferred:
+        """Send a computer_request; fires with the next frame received (within ``seconds``)."""
         self._ids += 1
         frame = {
             "event": "computer_request",
@@ -153,7 +153,7 @@ class TestComputer(WebSocketClientProtocol):
             "payload": {} if payload is None else payload,
         }
         self.send(frame)
-        return self.next_message()
+        return self.next_message(seconds)
 
     def hello(
         self, secret: str | None = None, trapos_id: str = "7:", capabilities=None, features=None
