@@ -75,6 +75,8 @@ FILE_WINDOW = 6
 # Files a snapshot reads or restores at once, and their bytes (one larger goes alone): what
 # waits for a computer stays under what its connection queues (MAX_QUEUED_BYTES).
 FILES_AT_ONCE = 32
+# Files in one write_files (a restore's small files, several to a message).
+BATCH_FILES = 64
 FILE_BYTES_AT_ONCE = FILE_WINDOW * BINARY_PART_BYTES
 # File content in one call of the HTTP endpoints (split into chunks there).
 MAX_FILE_BYTES = 1024 * 1024

@@ -4,7 +4,8 @@ local _VERSION = '0.1.0'
 
 -- == Section: Files =======================================================================
 -- Owns: list_files, read_file, write_file (parts into a temporary file per write, the last one
--- moves it in), delete_file, move_file and make_folder, each checked and done in one step.
+-- moves it in; write_files: several whole files in one message), delete_file, move_file and
+-- make_folder, each checked and done in one step.
 -- Needs: constants, encodings, handlers. Exports: M.TEMP_SUFFIX; the handlers for the request
 -- table.
 
@@ -295,6 +296,51 @@ local function handleWriteFile(req, ctx)
   req.respond(true, { bytesWritten = #data, sizeBytes = size })
 end
 
+--[[ write_files {encoding = 'binary', writeId, files = {{path, size}, ...}}, as one binary
+message whose bytes are the files' one after another: several whole files in one request (a
+snapshot's restore), each written exactly as a write_file of one part writes it, in order,
+stopping at the first that fails. -> {written = {{path, sizeBytes}}, failed? = {path, code,
+message}}: the files before a failure stay written. ]]
+local function handleWriteFiles(req, ctx)
+  local payload, raw = req.payload, req.raw
+  if payload.encoding ~= 'binary' or type(raw) ~= 'string' then
+    return badRequest(req, 'write_files comes as a binary message (encoding "binary")')
+  end
+  local files = payload.files
+  if type(files) ~= 'table' then return badRequest(req, 'files must be a list of {path, size}') end
+  local total = 0
+  for i, file in ipairs(files) do
+    local size = type(file) == 'table' and file.size
+    if type(size) ~= 'number' or size < 0 or size % 1 ~= 0 then
+      return badRequest(req, ('files[%d].size must be a whole number of bytes'):format(i))
+    end
+    total = total + size
+  end
+  if total ~= #raw then
+    return badRequest(req, ('the files add up to %d bytes, but %d came'):format(total, #raw))
+  end
+  local written, at = {}, 1
+  for _, file in ipairs(files) do
+    local answer = {}
+    local one = { messageId = req.messageId, type = 'write_file', raw = raw:sub(at, at + file.size - 1),
+      payload = { path = file.path, encoding = 'binary',
+        part = { offset = 0, final = true, size = file.size, writeId = payload.writeId } } }
+    function one.respond(ok, result, err)
+      answer.ok, answer.result, answer.err = ok, result, err
+      return true
+    end
+    at = at + file.size
+    handleWriteFile(one, ctx)
+    if not answer.ok then
+      local err = answer.err or {}
+      return req.respond(true, { written = jsonList(written),
+        failed = { path = tostring(file.path), code = err.code, message = err.message } })
+    end
+    written[#written + 1] = { path = file.path, sizeBytes = answer.result.sizeBytes }
+  end
+  req.respond(true, { written = jsonList(written) })
+end
+
 local function handleDeleteFile(req, ctx)
   local session = sessionOf(req, ctx)
   if not session then return end
@@ -373,6 +419,7 @@ internal.handleListFiles = handleListFiles
 internal.handleReadFile = handleReadFile
 internal.freeSpaceFor = freeSpaceFor
 internal.handleWriteFile = handleWriteFile
+internal.handleWriteFiles = handleWriteFiles
 internal.handleDeleteFile = handleDeleteFile
 internal.handleMoveFile = handleMoveFile
 internal.handleMakeFolder = handleMakeFolder

@@ -27,6 +27,7 @@ local handleScreenWatch = internal.handleScreenWatch
 local handleSnapshotList = internal.handleSnapshotList
 local handleTurtle = internal.handleTurtle
 local handleWriteFile = internal.handleWriteFile
+local handleWriteFiles = internal.handleWriteFiles
 
 -- SPEC §9 has the payloads and answers.
 local REQUESTS = {
@@ -36,8 +37,9 @@ local REQUESTS = {
   { 'eval',         'eval',     handleEval },        -- run Lua the same way; returns via textutils.serialize
   { 'cancel',       nil,        handleCancel },      -- {messageId} of a running exec, eval or screen_watch
   { 'list_files',   'fs.read',  handleListFiles },   -- {path, entries}
-  { 'read_file',    'fs.read',  handleReadFile },    -- base64, at most 64 KiB a frame
+  { 'read_file',    'fs.read',  handleReadFile },    -- base64 (64 KiB) or binary (120 KiB) a part
   { 'write_file',   'fs.write', handleWriteFile },   -- parts into a temporary file, the final one moves it in
+  { 'write_files',  'fs.write', handleWriteFiles },  -- several whole files in one binary message
   { 'delete_file',  'fs.write', handleDeleteFile },  -- {deleted}
   { 'move_file',    'fs.write', handleMoveFile },    -- {from, to}: checked and moved in one step
   { 'make_folder',  'fs.write', handleMakeFolder },  -- {path}: made, or left as it is

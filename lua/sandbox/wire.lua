@@ -74,7 +74,10 @@ end
 
 local function features()
   local list = { table.unpack(M.FEATURES) }
-  if M.binaryParts() then list[#list + 1] = 'binary_parts' end
+  if M.binaryParts() then
+    list[#list + 1] = 'binary_parts'
+    list[#list + 1] = 'write_files'
+  end
   return list
 end
 

@@ -1812,8 +1812,8 @@ test('move_file and make_folder need fs.write and hello announces them', functio
   eq(errorCode(env.call('move_file', { from = '/a', to = '/b' })), 'forbidden', 'move')
   eq(errorCode(env.call('make_folder', { path = '/d' })), 'forbidden', 'folder')
   eq(env.craft.fs.files['a'], 'a', 'nothing moved')
-  eq(lib.hello('7:lab', 'h-1', 'pw').payload.features, { 'write_id', 'move_file', 'make_folder', 'binary_parts' },
-    'features')
+  eq(lib.hello('7:lab', 'h-1', 'pw').payload.features,
+    { 'write_id', 'move_file', 'make_folder', 'binary_parts', 'write_files' }, 'features')
   eq(lib.REQUEST_CAPABILITY.move_file, 'fs.write', 'move_file capability')
   eq(lib.REQUEST_CAPABILITY.make_folder, 'fs.write', 'make_folder capability')
 end)
@@ -1845,6 +1845,33 @@ test('file parts cross as binary messages, byte for byte, in order', function()
   local sent = #env.h.sent
   env.loop.emit('websocket_message', env.http.lastUrl(), 'no frame at all', true)
   eq(#env.h.sent, sent, 'a binary message with no header is ignored')
+end)
+
+test('write_files writes several whole files from one binary message, in order', function()
+  local env = sandbox({ allow = 'fs.read' })
+  local batch = { encoding = 'binary', writeId = 'abcd', files = {
+    { path = '/a.txt', size = 3 }, { path = '/deep/b.bin', size = 4 }, { path = '/old.txt', size = 2 } } }
+  eq(errorCode(env.callBinary('write_files', batch, 'aaa\0\1\2\3zz')), 'forbidden', 'needs fs.write')
+  env = sandbox()
+  env.craft.fs.put('old.txt', 'the old one')
+  local answer = okPayload(env.callBinary('write_files', batch, 'aaa\0\1\2\3zz'))
+  eq(answer, { written = { { path = '/a.txt', sizeBytes = 3 }, { path = '/deep/b.bin', sizeBytes = 4 },
+    { path = '/old.txt', sizeBytes = 2 } } }, 'answer')
+  eq({ env.craft.fs.files['a.txt'], env.craft.fs.files['deep/b.bin'], env.craft.fs.files['old.txt'] },
+    { 'aaa', '\0\1\2\3', 'zz' }, 'each file whole')
+  eq(env.craft.fs.list(''), { 'a.txt', 'deep', 'old.txt', 'rom' }, 'no temporary file left')
+  -- The first that fails stops it: those before it stay written, none after it is.
+  batch.files = { { path = '/c.txt', size = 1 }, { path = '/.settings', size = 1 }, { path = '/d.txt', size = 1 } }
+  answer = okPayload(env.callBinary('write_files', batch, 'cxd'))
+  eq(answer.written, { { path = '/c.txt', sizeBytes = 1 } }, 'written before')
+  eq({ answer.failed.path, answer.failed.code }, { '/.settings', 'forbidden' }, 'failed')
+  eq({ env.craft.fs.files['c.txt'], env.craft.fs.files['d.txt'] }, { 'c', nil }, 'none after')
+  -- What a batch must be.
+  eq(errorCode(env.callBinary('write_files', { encoding = 'binary', files = { { path = '/e', size = 2 } } }, 'e')),
+    'bad_request', 'sizes that do not add up')
+  eq(errorCode(env.callBinary('write_files', { encoding = 'binary', files = { { path = '/e', size = -1 } } }, '')),
+    'bad_request', 'a size below 0')
+  eq(errorCode(env.call('write_files', { encoding = 'binary', files = {} })), 'bad_request', 'in JSON')
 end)
 
 test('on CraftOS-PC file parts stay base64 in JSON', function()

@@ -287,6 +287,21 @@ class SandboxComputer:
             self.files[path] = self.temp.pop(path)
         self.answer(request, payload={"bytesWritten": len(data), "sizeBytes": len(written)})
 
+    def on_write_files(self, request, payload):
+        assert "raw" in request and payload["encoding"] == parts.BINARY, "a binary message"
+        raw, written, at = request["raw"], [], 0
+        assert sum(f["size"] for f in payload["files"]) == len(raw)
+        for entry in payload["files"]:
+            path, data = entry["path"], raw[at : at + entry["size"]]
+            at += entry["size"]
+            if path.startswith("/rom/"):
+                failed = {"path": path, "code": "fs_error", "message": f"{path}: Access denied"}
+                self.answer(request, payload={"written": written, "failed": failed})
+                return
+            self.files[path] = data
+            written.append({"path": path, "sizeBytes": len(data)})
+        self.answer(request, payload={"written": written})
+
     def on_list_files(self, request, payload):
         entries = [
             {"name": name, "type": "file", "size": len(data), "readOnly": False}

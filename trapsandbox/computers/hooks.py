@@ -37,7 +37,7 @@ from twisted.logger import Logger
 
 from trapsandbox.computers.activity import ActivityFeed, outcome
 from trapsandbox.computers.callers import Caller
-from trapsandbox.computers.paths import request_paths
+from trapsandbox.computers.paths import CHANGES, request_paths
 from trapsandbox.computers.screen import ScreenGate, max_fps
 from trapsandbox.computers.session import PartialListener
 from trapsandbox.computers.streams import SCREEN_AND_EVENT, StreamBudget
@@ -143,9 +143,14 @@ class ScreenPacing:
         return lambda d: d.addBoth(_passed, gate.stop)
 
 
-def _changed_paths(kind: str, payload: dict[str, Any]) -> tuple[str, ...]:
-    """The paths a request changes once it succeeds (canonical: ``FilePaths`` ran first): a
-    delete, a write's last part, both sides of a move."""
+def _changed_paths(kind: str, payload: dict[str, Any], answer: Any) -> tuple[str, ...]:
+    """The paths a request changed, now it succeeded (canonical: ``FilePaths`` ran first): a
+    delete, a write's last part, both sides of a move, the files of a ``write_files`` its
+    answer says it wrote (it stops at the first that fails)."""
+    if kind == "write_files":
+        written = answer.get("written") if isinstance(answer, dict) else None
+        said = {w.get("path") for w in written if isinstance(w, dict)} if written else set()
+        return tuple(f["path"] for f in payload["files"] if f["path"] in said)
     if kind == "move_file":
         return (payload["from"], payload["to"])
     if kind == "delete_file":
@@ -161,19 +166,20 @@ class FileChanges:
     # The registry's ``file_listeners``: whoever must hear of a file changed.
     listeners: list[FileListener]
 
-    def start(self, call: Call) -> Sent:
+    def start(self, call: Call) -> Sent | None:
+        if call.type not in CHANGES:
+            return None
+
         def sent(d: Deferred) -> None:
-            changed = _changed_paths(call.type, call.payload) if self.listeners else ()
-            if changed:
-                d.addCallback(self._changed, *call.caller.key, changed)
+            if self.listeners:
+                d.addCallback(self._changed, call)
 
         return sent
 
-    def _changed(
-        self, response: Any, account_id: str, trapos_id: str, changed: tuple[str, ...]
-    ) -> Any:
+    def _changed(self, response: Any, call: Call) -> Any:
         if getattr(response, "ok", False):
-            for path in changed:
+            account_id, trapos_id = call.caller.key
+            for path in _changed_paths(call.type, call.payload, response.payload):
                 for listener in list(self.listeners):
                     try:
                         listener(account_id, trapos_id, path)

@@ -7,11 +7,15 @@ payload's ``encoding`` "binary"; one newline; the raw bytes.  No JSON writer put
 newline in its output, so the first newline ends the header.
 
     gateway -> computer   gateway_request write_file {path, encoding: "binary", part} \\n bytes
+    gateway -> computer   gateway_request write_files {encoding: "binary", writeId,
+                                                       files: [{path, size}]} \\n bytes
     computer -> gateway   computer_response read_file {encoding: "binary", sizeBytes, ...} \\n bytes
 
-The second answers a ``read_file`` that asked for ``encoding: "binary"``.  Inside the gateway a
-part's ``content`` is then ``bytes``; to any other client it is base64 text in a text frame, as
-before, and only ``Sandbox`` asks for binary parts, only of a client that announced them.
+``write_files`` (several whole files, their bytes one after another) goes only to a client
+that announced it too; the last answers a ``read_file`` that asked for ``encoding: "binary"``.
+Inside the gateway a part's ``content`` is then ``bytes``; to any other client it is base64
+text in a text frame, as before, and only ``Sandbox`` asks for binary parts, only of a client
+that announced them.
 """
 
 from __future__ import annotations
@@ -42,7 +46,9 @@ def encode_request(
     for a binary answer of a client that cannot give one asks for base64.  Raises what
     ``wire.encode_request`` raises, and ``ValueError`` for content that is not base64.
     """
-    if type == "write_file":
+    if type == "write_files" and not binary:
+        raise ValueError("write_files goes only to a client that takes binary parts")
+    if type in ("write_file", "write_files"):
         content = payload.get("content")
         if binary and isinstance(content, bytes | str):
             raw = content if isinstance(content, bytes) else _base64(content)

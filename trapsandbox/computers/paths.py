@@ -107,9 +107,17 @@ def checked(
 
 # The requests to a computer that name paths, and those of them that change what they name.
 FILE_REQUESTS = frozenset(
-    {"list_files", "read_file", "write_file", "delete_file", "move_file", "make_folder"}
+    {
+        "list_files",
+        "read_file",
+        "write_file",
+        "write_files",
+        "delete_file",
+        "move_file",
+        "make_folder",
+    }
 )
-CHANGES = frozenset({"write_file", "delete_file", "move_file", "make_folder"})
+CHANGES = frozenset({"write_file", "write_files", "delete_file", "move_file", "make_folder"})
 
 
 def request_paths(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -124,13 +132,30 @@ def request_paths(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
     cwd = payload.get("cwd")
     if cwd is not None and type(cwd) is not str:
         raise errors.bad_request("cwd must be a path on the computer (a string)")
-    fields = ("from", "to") if kind == "move_file" else ("path",)
     made = {key: value for key, value in payload.items() if key != "cwd"}
+    if kind == "write_files":
+        made["files"] = [_batched(entry, cwd, n) for n, entry in enumerate(_files(payload))]
+        return made
+    fields = ("from", "to") if kind == "move_file" else ("path",)
     for field in fields:
         made[field] = checked(payload.get(field), cwd, write=kind in CHANGES, name=field)
     if kind == "move_file" and inside(made["to"], made["from"]):
         raise errors.bad_request("to must not be from itself or inside it")
     return made
+
+
+def _files(payload: dict[str, Any]) -> list[Any]:
+    files = payload.get("files")
+    if type(files) is not list or not files:
+        raise errors.bad_request("files must be a list of {path, size}")
+    return files
+
+
+def _batched(entry: object, cwd: str | None, n: int) -> dict[str, Any]:
+    """One file of a ``write_files``, its path checked as a write's."""
+    if type(entry) is not dict:
+        raise errors.bad_request(f"files[{n}] must be {{path, size}}")
+    return {**entry, "path": checked(entry.get("path"), cwd, write=True, name=f"files[{n}].path")}
 
 
 def _within(child: str, parent: str) -> bool:

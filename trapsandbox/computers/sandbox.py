@@ -12,6 +12,9 @@ The computer as a sandbox (SPEC §9): run programs and Lua, files, the screen.
     gateway_request write_file {path, content, encoding: base64,
                                 part?: {offset, final, size, writeId}}
         <- {bytesWritten, sizeBytes}
+    gateway_request write_files {encoding: binary, writeId, files: [{path, size}]} + bytes
+        <- {written: [{path, sizeBytes}], failed?: {path, code, message}}
+                                             (a client announcing it: several whole files)
     gateway_request delete_file {path}       <- {deleted}
     gateway_request move_file {from, to}     <- {moved: true}        (a client announcing it)
     gateway_request make_folder {path}       <- {made, existed}      (a client announcing it)
@@ -369,6 +372,54 @@ class Sandbox:
         finally:
             _forget(d for _, d in window)
         return {"content": b"".join(chunks), "sizeBytes": size, "offset": offset, "bytesRead": got}
+
+    def batch_bytes(self, caller: Caller) -> int:
+        """How many bytes of whole files one ``write_files`` may carry to the computer: 0
+        when its client takes no batches (then each file is a ``write_file``)."""
+        session = self._registry.find(*caller.key)
+        if session is None or not {wire.BINARY_PARTS, wire.WRITE_FILES} <= session.features:
+            return 0
+        return limits.BINARY_PART_BYTES
+
+    def write_files(self, caller: Caller, files: list[tuple[str, bytes]]) -> Deferred:
+        """
+        Replace each of ``files`` (``(path, content)``, at most ``batch_bytes`` in all) in one
+        request, in order, each whole or not at all as ``write_file`` replaces one; holds their
+        paths meanwhile.  Fires with the paths written, or fails with the first file's failure
+        (those before it are written, none after it).
+        """
+        total = sum(len(content) for _, content in files)
+        if total > self.batch_bytes(caller):
+            return fail(
+                errors.bad_request(
+                    f"{total} bytes of files cannot go in one write_files to this computer"
+                )
+            )
+        try:
+            checked = [(paths.checked(path, write=True), content) for path, content in files]
+        except GatewayError as error:
+            return fail(error)
+        held = tuple(path for path, _ in checked)
+        return Deferred.fromCoroutine(
+            self._holding(caller, held, lambda: self._write_files(caller, checked))
+        )
+
+    async def _write_files(self, caller: Caller, files: list[tuple[str, bytes]]) -> list[str]:
+        payload = {
+            "encoding": parts.BINARY,
+            "writeId": uuid.uuid4().hex[:16],
+            "files": [{"path": path, "size": len(content)} for path, content in files],
+            "content": b"".join(content for _, content in files),
+        }
+        answer = await self._call(caller, "write_files", payload, limits.FILE_REQUEST_TIMEOUT)
+        failed = answer.get("failed")
+        if isinstance(failed, dict):
+            code, message = failed.get("code"), failed.get("message")
+            raise GatewayError(
+                code if isinstance(code, str) else errors.FS_ERROR,
+                message if isinstance(message, str) else f"{failed.get('path')}: not written",
+            )
+        return [path for path, _ in files]
 
     def _parts(self, caller: Caller) -> tuple[int, str]:
         """How large a part of a file may be, and how it crosses: binary to a client of

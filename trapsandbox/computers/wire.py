@@ -41,6 +41,7 @@ CAPABILITY_OF = {
     "list_files": "fs.read",
     "read_file": "fs.read",
     "write_file": "fs.write",
+    "write_files": "fs.write",
     "delete_file": "fs.write",
     "move_file": "fs.write",
     "make_folder": "fs.write",
@@ -55,11 +56,11 @@ CAPABILITY_OF = {
 }
 # What a client may announce in hello's ``features`` (docs/protocol.md): a temporary file of
 # its own per write (``part.writeId``), the ``move_file`` and ``make_folder`` requests
-# (checked and done in one step on the computer), and file parts as binary messages
-# (``computers.parts``).  Others are ignored.
+# (checked and done in one step on the computer), file parts as binary messages and several
+# whole files in one (``computers.parts``).  Others are ignored.
 WRITE_ID, MOVE_FILE, MAKE_FOLDER = "write_id", "move_file", "make_folder"
-BINARY_PARTS = "binary_parts"
-FEATURES = frozenset({WRITE_ID, MOVE_FILE, MAKE_FOLDER, BINARY_PARTS})
+BINARY_PARTS, WRITE_FILES = "binary_parts", "write_files"
+FEATURES = frozenset({WRITE_ID, MOVE_FILE, MAKE_FOLDER, BINARY_PARTS, WRITE_FILES})
 # Requests to computers with a metrics label of their own (operators may send any type).
 REQUEST_TYPES = frozenset({"ping", "cancel", *CAPABILITY_OF})
 # Request types that run on the computer until they end or are cancelled

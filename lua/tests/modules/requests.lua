@@ -18,10 +18,11 @@ test('every request type has a handler and a known capability or none', function
     local capability = M.REQUEST_CAPABILITY[msgType]
     truthy(capability == nil or known[capability], msgType .. ': ' .. tostring(capability))
   end
-  eq(count, 18, 'request types')
+  eq(count, 19, 'request types')
   eq(M.REQUEST_CAPABILITY.ping, nil, 'ping needs nothing')
   eq(M.REQUEST_CAPABILITY.cancel, nil, 'cancel needs nothing')
   eq(M.REQUEST_CAPABILITY.write_file, 'fs.write', 'write_file')
+  eq(M.REQUEST_CAPABILITY.write_files, 'fs.write', 'write_files')
 end)
 
 test('every capability guards some request', function()

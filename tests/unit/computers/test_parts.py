@@ -42,6 +42,13 @@ class EncodeTests(SynchronousTestCase):
         self.assertEqual(orjson.loads(to_new)["payload"]["encoding"], "binary")
         self.assertIs(type(to_new), bytes)  # a read's request is a text frame
 
+    def test_a_batch_of_files_goes_only_as_binary(self):
+        batch = {"encoding": "binary", "files": [{"path": "/a", "size": 2}], "content": b"ab"}
+        data = parts.encode_request("7:", "m", "write_files", batch, True)
+        self.assertEqual(data.partition(b"\n")[2], b"ab")
+        with self.assertRaises(ValueError):
+            parts.encode_request("7:", "m", "write_files", batch, False)
+
     def test_other_requests_are_as_wire_writes_them(self):
         for binary in (False, True):
             self.assertEqual(

@@ -140,3 +140,24 @@ class SandboxPathTests(SynchronousTestCase):
         ]:
             self.assertEqual(self.failureResultOf(d, GatewayError).value.code, code)
         self.assertEqual(self.computer.sent, [])
+
+    def test_each_file_of_a_batch_goes_through_the_rule_from_any_surface(self):
+        # As an operator's raw request would send it: every file's path is made canonical,
+        # and one the rule refuses refuses the whole request.
+        request = self.registry.request
+        for files, code in [
+            ([{"path": "/a", "size": 0}, {"path": "/b/../.settings", "size": 0}], errors.FORBIDDEN),
+            ([{"path": "/rom/x", "size": 0}], errors.FS_ERROR),
+            ([{"path": "/a?", "size": 0}], errors.BAD_REQUEST),
+            (["/a"], errors.BAD_REQUEST),
+            ([], errors.BAD_REQUEST),
+            ("/a", errors.BAD_REQUEST),
+        ]:
+            d = request(asking("7:base"), "write_files", {"files": files})
+            self.assertEqual(self.failureResultOf(d, GatewayError).value.code, code, files)
+        self.assertEqual(self.computer.sent, [])
+        made = paths.request_paths(
+            "write_files", {"cwd": "/p", "files": [{"path": "x/../a", "size": 1}, {"path": "\\b"}]}
+        )
+        self.assertEqual([f["path"] for f in made["files"]], ["/p/a", "/b"])
+        self.assertNotIn("cwd", made)

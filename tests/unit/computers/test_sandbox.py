@@ -111,7 +111,7 @@ class ConsentTests(SandboxTestCase):
             if capability == "screen":
                 continue
             # (Paths a file request names are checked first, by the one rule: good ones here.)
-            payload = {"path": "/x", "from": "/x", "to": "/y"}
+            payload = {"path": "/x", "from": "/x", "to": "/y", "files": [{"path": "/x", "size": 0}]}
             error = self.assertGatewayError(
                 self.registry.request(asking("7:base"), kind, payload), "forbidden"
             )
@@ -278,6 +278,51 @@ class FileTests(SandboxTestCase):
         self.assertGatewayError(d, "fs_error")
         self.assertEqual(computer.session.in_flight, 0)
 
+    def test_several_whole_files_in_one_message_to_a_client_that_takes_them(self):
+        heard = []
+        self.registry.file_listeners.append(lambda *changed: heard.append(changed))
+        old = self.computer("7:old")
+        self.assertEqual(self.sandbox.batch_bytes(asking("7:old")), 0)
+        refused = self.sandbox.write_files(asking("7:old"), [("/a", b"a"), ("/b", b"b")])
+        self.assertGatewayError(refused, "bad_request")
+        self.assertEqual(old.sent, [])
+        features = [wire.BINARY_PARTS, wire.WRITE_FILES]
+        computer = self.computer("7:new", features=features)
+        self.assertEqual(self.sandbox.batch_bytes(asking("7:new")), limits.BINARY_PART_BYTES)
+        files = [("a", b"aaa"), ("/x/../b", bytes(range(256)))]
+        self.assertEqual(
+            self.successResultOf(self.sandbox.write_files(asking("7:new"), files)), ["/a", "/b"]
+        )
+        (sent,) = computer.sent
+        self.assertEqual(
+            sent["payload"]["files"], [{"path": "/a", "size": 3}, {"path": "/b", "size": 256}]
+        )
+        self.assertEqual((computer.files["/a"], computer.files["/b"]), (b"aaa", bytes(range(256))))
+        self.assertEqual(heard, [("local", "7:new", "/a"), ("local", "7:new", "/b")])
+        # The first that fails: those before it written, and heard of; its failure raised.
+        heard.clear()
+        files = [("/c", b"c"), ("/rom/d", b"d"), ("/e", b"e")]
+        refused = self.sandbox.write_files(asking("7:new"), files)
+        self.assertGatewayError(refused, "fs_error")  # (the gateway's own path rule: /rom)
+        files = [("/c", b"c"), ("/.settings", b"d")]
+        self.assertGatewayError(self.sandbox.write_files(asking("7:new"), files), "forbidden")
+        self.assertEqual(len(computer.sent), 1, "neither was sent")
+        self.assertEqual(heard, [])
+
+    def test_a_file_refused_by_the_computer_midway_ends_the_batch(self):
+        heard = []
+        self.registry.file_listeners.append(lambda *changed: heard.append(changed))
+        features = [wire.BINARY_PARTS, wire.WRITE_FILES]
+        computer = RefusingSecond.connect(self.registry, features=features)
+        files = [("/c", b"c"), ("/d", b"d"), ("/e", b"e")]
+        error = self.assertGatewayError(
+            self.sandbox.write_files(asking("7:base"), files), "fs_error"
+        )
+        self.assertEqual(error.message, "/rom/x: Access denied")
+        self.assertEqual(computer.files.get("/c"), b"c")
+        self.assertNotIn("/e", computer.files)
+        self.assertEqual(heard, [("local", "7:base", "/c")])
+
     def parts(self, computer):
         return [f["payload"] for f in computer.sent if f["type"] == "write_file"]
 
@@ -300,6 +345,14 @@ class FileTests(SandboxTestCase):
             self.sandbox.read_file(asking("7:base"), "nope"), "fs_error"
         )
         self.assertEqual(error.message, "/nope: No such file")
+
+
+class RefusingSecond(SandboxComputer):
+    """A computer whose second file of a write_files cannot be written (read-only there)."""
+
+    def on_write_files(self, request, payload):
+        payload["files"][1]["path"] = "/rom/x"
+        super().on_write_files(request, payload)
 
 
 class HeldComputer(SandboxComputer):

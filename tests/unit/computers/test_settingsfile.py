@@ -138,6 +138,9 @@ class RefusalTests(SynchronousTestCase):
 
     def test_file_requests_on_the_settings_file_are_never_sent(self):
         def payloads(kind, path, **more):
+            if kind == "write_files":  # any of its files may be it
+                files = [{"path": "/x", "size": 0}, {"path": path, "size": 0}]
+                return [{"files": files, **more}]
             if kind != "move_file":
                 return [{"path": path, **more}]
             # A move names two paths: either may be it.

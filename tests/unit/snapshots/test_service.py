@@ -28,6 +28,8 @@ class FakeSandbox:
         self.registry = Registry(Clock())  # where the activity of each operation is told
         self.reads: list[str] = []
         self.vanish: set[str] = set()  # deleted between the listing and the read
+        self.batch = 0  # bytes of files in one write_files (0: one write_file each)
+        self.batches: list[list[str]] = []
 
     def snapshot_list(self, caller, timeout):
         files = [
@@ -50,6 +52,15 @@ class FakeSandbox:
     def write_file(self, caller, path, content, max_bytes=None):
         self.computer.write(path, content)
         return succeed({"bytesWritten": len(content), "sizeBytes": len(content)})
+
+    def batch_bytes(self, caller):
+        return self.batch
+
+    def write_files(self, caller, files):
+        self.batches.append([path for path, _ in files])
+        for path, content in files:
+            self.computer.write(path, content)
+        return succeed([path for path, _ in files])
 
     def delete_file(self, caller, path):
         self.computer.delete(path)
@@ -120,6 +131,24 @@ class SnapshotsTests(TestCase):
         self.assertEqual(done["written"], ["/a.txt", "/d/big.bin"])
         await self.snapshots.restore(asking("7:", "acc"), done["before"])
         self.assertEqual(self.computer.files, edited)
+
+    async def test_a_restore_sends_small_files_several_to_a_request(self):
+        for n in range(10):
+            self.computer.write(f"/s/{n}", b"x" * 100)
+        taken = await self.snapshots.take(asking("7:", "acc"), "manual")
+        before = dict(self.computer.files)
+        for path in list(self.computer.files):
+            self.computer.delete(path)
+        # Room for four of the small files, their frame counted.
+        self.sandbox.batch = 4 * (100 + 6 * len("/s/0") + 64)
+        await self.snapshots.restore(asking("7:", "acc"), taken["id"])
+        self.assertEqual(self.computer.files, before)
+        batched = [path for batch in self.sandbox.batches for path in batch]
+        self.assertEqual(sorted(batched), sorted(before))
+        for batch in self.sandbox.batches:
+            cost = sum(len(before[path]) + 6 * len(path) + 64 for path in batch)
+            self.assertLessEqual(cost, self.sandbox.batch, batch)
+        self.assertLessEqual(len(self.sandbox.batches), 5)  # 12 files, (mostly) 4 to a batch
 
     async def test_a_missing_snapshot_changes_nothing(self):
         self.computer.write("/new", b"new")
