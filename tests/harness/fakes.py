@@ -339,3 +339,22 @@ class SandboxComputer:
             request,
             payload={"width": 51, "height": 19, "cursorX": 1, "cursorY": 2, "lines": ["> hi"]},
         )
+
+
+class HeldComputer(SandboxComputer):
+    """A computer that answers file parts (``read_file``, ``write_file``) only when told
+    (``answer_next``), in the order they came."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.held = []
+
+    def on_write_file(self, request, payload):
+        self.held.append((request, payload))
+
+    def on_read_file(self, request, payload):
+        self.held.append((request, payload))
+
+    def answer_next(self):
+        request, payload = self.held.pop(0)
+        getattr(super(), "on_" + request["type"])(request, payload)

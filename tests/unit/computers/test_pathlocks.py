@@ -12,7 +12,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.callers import asking
-from tests.harness.fakes import SandboxComputer
+from tests.harness.fakes import HeldComputer
 from trapsandbox import errors, limits
 from trapsandbox.computers.pathlocks import PathLocks
 from trapsandbox.computers.registry import Registry
@@ -76,21 +76,6 @@ class PathLockTests(SynchronousTestCase):
         self.successResultOf(two).release()
         self.assertEqual(self.locks.busy(A), 0)
         self.assertEqual(self.clock.getDelayedCalls(), [])
-
-
-class HeldComputer(SandboxComputer):
-    """A computer that answers a write's parts only when told (``answer_next``)."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.held = []
-
-    def on_write_file(self, request, payload):
-        self.held.append((request, payload))
-
-    def answer_next(self):
-        request, payload = self.held.pop(0)
-        super().on_write_file(request, payload)
 
 
 class WriteLockTests(SynchronousTestCase):

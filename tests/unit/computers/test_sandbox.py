@@ -16,7 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.apps import gateway_app
 from tests.harness.callers import asking
-from tests.harness.fakes import FakeLink, SandboxComputer
+from tests.harness.fakes import FakeLink, HeldComputer, SandboxComputer
 from tests.harness.support import JSON, response_frame
 from trapsandbox import limits
 from trapsandbox.computers import wire
@@ -353,24 +353,6 @@ class RefusingSecond(SandboxComputer):
     def on_write_files(self, request, payload):
         payload["files"][1]["path"] = "/rom/x"
         super().on_write_files(request, payload)
-
-
-class HeldComputer(SandboxComputer):
-    """A computer that answers file parts only when told (``answer_next``), in order."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.held = []
-
-    def on_write_file(self, request, payload):
-        self.held.append((request, payload))
-
-    def on_read_file(self, request, payload):
-        self.held.append((request, payload))
-
-    def answer_next(self):
-        request, payload = self.held.pop(0)
-        getattr(super(), "on_" + request["type"])(request, payload)
 
 
 class EndpointTests(SandboxTestCase):
