@@ -31,6 +31,9 @@ local FILES = {
   { remote = 'client/programs/sandbox.lua', path = '/programs/sandbox.lua' },
   { remote = 'client/help/sandbox.txt', path = '/help/sandbox.txt' },
   { remote = 'client/help/sandbox-ask.txt', path = '/help/sandbox-ask.txt' },
+  { remote = 'client/help/sandbox-allow.txt', path = '/help/sandbox-allow.txt' },
+  { remote = 'client/help/sandbox-stop.txt', path = '/help/sandbox-stop.txt' },
+  { remote = 'client/help/sandbox-snapshots.txt', path = '/help/sandbox-snapshots.txt' },
 }
 local STARTUP = '/startup/sandbox-daemon.lua'
 

@@ -31,7 +31,11 @@ local lines = {}
 local realPrint = print
 local function say(s) lines[#lines + 1] = s end
 say('program: ' .. tostring(shell.resolveProgram('sandbox')))
-say('help: ' .. tostring(help.lookup('sandbox')) .. ', ' .. tostring(help.lookup('sandbox-ask')))
+local pages = {}
+for _, topic in ipairs({ 'sandbox', 'sandbox-ask', 'sandbox-allow', 'sandbox-stop', 'sandbox-snapshots' }) do
+  pages[#pages + 1] = tostring(help.lookup(topic))
+end
+say('help: ' .. table.concat(pages, ', '))
 say('require: ' .. type(require('libsandbox').request))
 local running = rawget(_G, 'traposSandboxState') ~= nil
 say('daemon: ' .. tostring(running) .. ', tabs ' .. multishell.getCount())
@@ -49,7 +53,8 @@ shell.run('help sandbox')
 """
 FRESH_LINES = [
     "program: rom/programs/sandbox.lua",
-    "help: rom/help/sandbox.txt, rom/help/sandbox-ask.txt",
+    "help: rom/help/sandbox.txt, rom/help/sandbox-ask.txt, rom/help/sandbox-allow.txt, "
+    "rom/help/sandbox-stop.txt, rom/help/sandbox-snapshots.txt",
     "require: function",
     "daemon: false, tabs 1",
     "set: string [] What the sandbox agent",

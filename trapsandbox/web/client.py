@@ -35,6 +35,9 @@ FILES = (
     "programs/sandbox.lua",
     "help/sandbox.txt",
     "help/sandbox-ask.txt",
+    "help/sandbox-allow.txt",
+    "help/sandbox-stop.txt",
+    "help/sandbox-snapshots.txt",
 )
 INSTALLER = "install.lua"
 # The installer's line that names the gateway; served with the gateway's base URL.
@@ -169,6 +172,9 @@ DATAPACK = {
     "datapack/autorun/sandbox.lua": "autorun/sandbox.lua",
     "help/sandbox.txt": "help/sandbox.txt",
     "help/sandbox-ask.txt": "help/sandbox-ask.txt",
+    "help/sandbox-allow.txt": "help/sandbox-allow.txt",
+    "help/sandbox-stop.txt": "help/sandbox-stop.txt",
+    "help/sandbox-snapshots.txt": "help/sandbox-snapshots.txt",
 }
 GATEWAY_MODULE = "modules/main/sandbox/gateway.lua"
 # Minecraft 1.20.1's data pack format, the version CC:Tweaked 1.113.1 is built for; a newer
