@@ -72,12 +72,13 @@ FILE_CHUNK_BYTES = 64 * 1024
 BINARY_PART_BYTES = 120 * 1024
 # Parts of one read or write in flight at once.
 FILE_WINDOW = 6
-# Files a snapshot reads or restores at once, and their bytes (one larger goes alone): what
-# waits for a computer stays under what its connection queues (MAX_QUEUED_BYTES).
+# Files a snapshot reads or restores at once, and their bytes (one larger goes alone), so one
+# snapshot's work waiting for a computer stays under what its connection queues
+# (MAX_QUEUED_BYTES; two large transfers to one computer at once can pass it: overloaded).
 FILES_AT_ONCE = 32
+FILE_BYTES_AT_ONCE = FILE_WINDOW * BINARY_PART_BYTES
 # Files in one write_files (a restore's small files, several to a message).
 BATCH_FILES = 64
-FILE_BYTES_AT_ONCE = FILE_WINDOW * BINARY_PART_BYTES
 # File content in one call of the HTTP endpoints (split into chunks there).
 MAX_FILE_BYTES = 1024 * 1024
 # One file, list or screen frame's round trip.

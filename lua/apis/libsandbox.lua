@@ -118,6 +118,7 @@ local CONSTANTS = {
   -- The computer as a sandbox (SPEC §9).
   MAX_CONTENT = 64 * 1024,          -- file bytes in one read_file / write_file frame (base64)
   MAX_BINARY_CONTENT = 120 * 1024,  -- ... and in one binary part (its header fits MAX_SEND)
+  MAX_BATCH_FILES = 64,             -- files in one write_files
   EXEC_TIMEOUT_MS = 30000,          -- exec / eval default timeoutMs
   MAX_OUTPUT_BYTES = 64 * 1024,     -- default and largest maxOutputBytes, per stream
   PARTIAL_INTERVAL_MS = 100,        -- partials are at least this far apart ...
@@ -1939,6 +1940,7 @@ local filePath = internal.filePath
 local fsError = internal.fsError
 local jsonList = internal.jsonList
 local optionalNumber = internal.optionalNumber
+local errorValue = internal.errorValue
 local resolvePath = internal.resolvePath
 local sessionOf = internal.sessionOf
 local settingsForbidden = internal.settingsForbidden
@@ -2167,7 +2169,8 @@ local function handleWriteFile(req, ctx)
   if offset > 0 then
     have = fsApi.exists(temp) and fsApi.getSize(temp) or 0
     if offset ~= have then
-      writing[temp] = nil
+      -- Left as it is, and still known (clearStaleTemps deletes it once it is stale, or the
+      -- connection ends), should the part that follows on come after all.
       return badRequest(req, ('part.offset is %d but %d bytes of %s were received so far'):format(offset, have, shown))
     end
   else
@@ -2230,6 +2233,9 @@ local function handleWriteFiles(req, ctx)
   end
   local files = payload.files
   if type(files) ~= 'table' then return badRequest(req, 'files must be a list of {path, size}') end
+  if #files > M.MAX_BATCH_FILES then
+    return badRequest(req, ('at most %d files in one write_files'):format(M.MAX_BATCH_FILES))
+  end
   local total = 0
   for i, file in ipairs(files) do
     local size = type(file) == 'table' and file.size
@@ -2252,7 +2258,8 @@ local function handleWriteFiles(req, ctx)
       return true
     end
     at = at + file.size
-    handleWriteFile(one, ctx)
+    local ran, err = pcall(handleWriteFile, one, ctx)
+    if not ran and answer.ok == nil then answer.ok, answer.err = false, errorValue('internal', tostring(err)) end
     if not answer.ok then
       local err = answer.err or {}
       return req.respond(true, { written = jsonList(written),

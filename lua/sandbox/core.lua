@@ -102,6 +102,7 @@ local CONSTANTS = {
   -- The computer as a sandbox (SPEC §9).
   MAX_CONTENT = 64 * 1024,          -- file bytes in one read_file / write_file frame (base64)
   MAX_BINARY_CONTENT = 120 * 1024,  -- ... and in one binary part (its header fits MAX_SEND)
+  MAX_BATCH_FILES = 64,             -- files in one write_files
   EXEC_TIMEOUT_MS = 30000,          -- exec / eval default timeoutMs
   MAX_OUTPUT_BYTES = 64 * 1024,     -- default and largest maxOutputBytes, per stream
   PARTIAL_INTERVAL_MS = 100,        -- partials are at least this far apart ...

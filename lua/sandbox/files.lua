@@ -17,6 +17,7 @@ local filePath = internal.filePath
 local fsError = internal.fsError
 local jsonList = internal.jsonList
 local optionalNumber = internal.optionalNumber
+local errorValue = internal.errorValue
 local resolvePath = internal.resolvePath
 local sessionOf = internal.sessionOf
 local settingsForbidden = internal.settingsForbidden
@@ -245,7 +246,8 @@ local function handleWriteFile(req, ctx)
   if offset > 0 then
     have = fsApi.exists(temp) and fsApi.getSize(temp) or 0
     if offset ~= have then
-      writing[temp] = nil
+      -- Left as it is, and still known (clearStaleTemps deletes it once it is stale, or the
+      -- connection ends), should the part that follows on come after all.
       return badRequest(req, ('part.offset is %d but %d bytes of %s were received so far'):format(offset, have, shown))
     end
   else
@@ -308,6 +310,9 @@ local function handleWriteFiles(req, ctx)
   end
   local files = payload.files
   if type(files) ~= 'table' then return badRequest(req, 'files must be a list of {path, size}') end
+  if #files > M.MAX_BATCH_FILES then
+    return badRequest(req, ('at most %d files in one write_files'):format(M.MAX_BATCH_FILES))
+  end
   local total = 0
   for i, file in ipairs(files) do
     local size = type(file) == 'table' and file.size
@@ -330,7 +335,8 @@ local function handleWriteFiles(req, ctx)
       return true
     end
     at = at + file.size
-    handleWriteFile(one, ctx)
+    local ran, err = pcall(handleWriteFile, one, ctx)
+    if not ran and answer.ok == nil then answer.ok, answer.err = false, errorValue('internal', tostring(err)) end
     if not answer.ok then
       local err = answer.err or {}
       return req.respond(true, { written = jsonList(written),

@@ -1872,9 +1872,13 @@ test('write_files writes several whole files from one binary message, in order',
   eq(errorCode(env.callBinary('write_files', { encoding = 'binary', files = { { path = '/e', size = -1 } } }, '')),
     'bad_request', 'a size below 0')
   eq(errorCode(env.call('write_files', { encoding = 'binary', files = {} })), 'bad_request', 'in JSON')
+  local many = {}
+  for i = 1, lib.MAX_BATCH_FILES + 1 do many[i] = { path = '/m' .. i, size = 0 } end
+  eq(errorCode(env.callBinary('write_files', { encoding = 'binary', files = many }, '')), 'bad_request', 'too many')
 end)
 
 test('on CraftOS-PC file parts stay base64 in JSON', function()
+  local host = rawget(_G, '_HOST')
   rawset(_G, '_HOST', 'ComputerCraft 1.109.2 (CraftOS-PC v2.8.3)')
   local ok, err = pcall(function()
     local env = sandbox()
@@ -1884,7 +1888,7 @@ test('on CraftOS-PC file parts stay base64 in JSON', function()
     env.callBinary('write_file', { path = '/c.bin', encoding = 'binary' }, 'abc')
     eq({ #env.h.sent, env.craft.fs.files['c.bin'] }, { sent, nil }, 'a binary message is ignored')
   end)
-  rawset(_G, '_HOST', nil)
+  rawset(_G, '_HOST', host)
   if not ok then error(err, 0) end
 end)
 

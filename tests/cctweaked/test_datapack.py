@@ -32,7 +32,9 @@ local realPrint = print
 local function say(s) lines[#lines + 1] = s end
 say('program: ' .. tostring(shell.resolveProgram('sandbox')))
 local pages = {}
-for _, topic in ipairs({ 'sandbox', 'sandbox-ask', 'sandbox-allow', 'sandbox-stop', 'sandbox-snapshots' }) do
+local topics = { 'sandbox', 'sandbox-ask', 'sandbox-allow', 'sandbox-stop' }
+topics[#topics + 1] = 'sandbox-snapshots'
+for _, topic in ipairs(topics) do
   pages[#pages + 1] = tostring(help.lookup(topic))
 end
 say('help: ' .. table.concat(pages, ', '))

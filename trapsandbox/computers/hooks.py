@@ -149,7 +149,9 @@ def _changed_paths(kind: str, payload: dict[str, Any], answer: Any) -> tuple[str
     answer says it wrote (it stops at the first that fails)."""
     if kind == "write_files":
         written = answer.get("written") if isinstance(answer, dict) else None
-        said = {w.get("path") for w in written if isinstance(w, dict)} if written else set()
+        if not isinstance(written, list):
+            return ()
+        said = {w["path"] for w in written if isinstance(w, dict) and type(w.get("path")) is str}
         return tuple(f["path"] for f in payload["files"] if f["path"] in said)
     if kind == "move_file":
         return (payload["from"], payload["to"])

@@ -38,16 +38,18 @@ class BinaryFrame(bytes):
 
 
 def encode_request(
-    receiver: str, message_id: str, type: str, payload: dict[str, Any], binary: bool
+    receiver: str, message_id: str, type: str, payload: dict[str, Any], features: frozenset[str]
 ) -> bytes:
     """
     ``wire.encode_request``, a ``write_file``'s content as a binary part to a client that
-    takes them (``binary``), as base64 text to one that does not; a ``read_file`` asking
-    for a binary answer of a client that cannot give one asks for base64.  Raises what
-    ``wire.encode_request`` raises, and ``ValueError`` for content that is not base64.
+    takes them (its hello's ``features``), as base64 text to one that does not; a
+    ``read_file`` asking for a binary answer of a client that cannot give one asks for
+    base64.  Raises what ``wire.encode_request`` raises, and ``ValueError`` for content
+    that is not base64 or a ``write_files`` to a client that did not announce it.
     """
-    if type == "write_files" and not binary:
-        raise ValueError("write_files goes only to a client that takes binary parts")
+    binary = wire.BINARY_PARTS in features
+    if type == "write_files" and not (binary and wire.WRITE_FILES in features):
+        raise ValueError("this computer's client does not take write_files")
     if type in ("write_file", "write_files"):
         content = payload.get("content")
         if binary and isinstance(content, bytes | str):
@@ -63,6 +65,14 @@ def encode_request(
     elif type == "read_file" and not binary and payload.get("encoding") == BINARY:
         payload = {**payload, "encoding": "base64"}
     return wire.encode_request(receiver, message_id, type, payload)
+
+
+def answered_in_binary(type: str, payload: dict[str, Any], features: frozenset[str]) -> bool:
+    """Whether the answer to this request comes as a binary message: a ``read_file`` asking
+    for it of a client that announced binary parts.  No other answer may."""
+    return (
+        type == "read_file" and payload.get("encoding") == BINARY and wire.BINARY_PARTS in features
+    )
 
 
 def _base64(content: str) -> bytes:

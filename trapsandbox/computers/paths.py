@@ -148,6 +148,8 @@ def _files(payload: dict[str, Any]) -> list[Any]:
     files = payload.get("files")
     if type(files) is not list or not files:
         raise errors.bad_request("files must be a list of {path, size}")
+    if len(files) > limits.BATCH_FILES:
+        raise errors.bad_request(f"at most {limits.BATCH_FILES} files in one write_files")
     return files
 
 

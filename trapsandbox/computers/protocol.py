@@ -189,6 +189,15 @@ class GatewayProtocol(Sending, WebSocketServerProtocol):
                 self._ignore("a binary frame")
                 return
             frame = parts.decode_response(payload)
+            if type(frame) is wire.ComputerResponse and not self.session.asked_binary(
+                frame.message_id
+            ):
+                frame = wire.Invalid(
+                    "a binary message answering a request that did not ask for one",
+                    event="computer_response",
+                    message_id=frame.message_id,
+                    type=frame.type,
+                )
         else:
             frame = wire.decode(payload)
         kind = type(frame)

@@ -57,6 +57,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, fail
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from trapsandbox import errors, limits
 from trapsandbox.computers import parts, paths, wire
@@ -419,7 +420,17 @@ class Sandbox:
                 code if isinstance(code, str) else errors.FS_ERROR,
                 message if isinstance(message, str) else f"{failed.get('path')}: not written",
             )
-        return [path for path, _ in files]
+        written = answer.get("written")
+        said = (
+            [w.get("path") for w in written if isinstance(w, dict)]
+            if isinstance(written, list)
+            else []
+        )
+        if said != [path for path, _ in files]:
+            raise GatewayError(
+                errors.INTERNAL, "the computer's answer does not name the files sent"
+            )
+        return said
 
     def _parts(self, caller: Caller) -> tuple[int, str]:
         """How large a part of a file may be, and how it crosses: binary to a client of
@@ -482,7 +493,7 @@ class Sandbox:
             payload = {
                 "path": path,
                 "content": chunk if encoding == parts.BINARY else _base64(chunk),
-                "encoding": "base64",
+                "encoding": encoding,
                 # size: the computer checks the space for the whole file first.
                 "part": {
                     "offset": offset,
@@ -492,19 +503,24 @@ class Sandbox:
                 },
             }
             d = self._call(caller, "write_file", payload, limits.FILE_REQUEST_TIMEOUT)
+            d.addErrback(_noted, failed)
             if on_written is not None:
                 d.addCallback(_tell, on_written, offset + len(chunk))
             return d
 
         # The parts before the last go FILE_WINDOW at once: the computer takes them in the
-        # order sent and refuses one that does not start where what it holds ends.  The
-        # last, which moves the file into place, goes once all the others are written.
+        # order sent and refuses one that does not start where what it holds ends.  None
+        # goes once one has failed (refused before it was sent, say).  The last, which
+        # moves the file into place, goes once all the others are written.
         last = max(0, (len(content) - 1) // part * part)
         window: deque[Deferred] = deque()
+        failed: list[Failure] = []
         try:
             for offset in range(0, last, part):
-                if len(window) == limits.FILE_WINDOW:
+                if len(window) == limits.FILE_WINDOW or failed:
                     await window.popleft()
+                if failed:
+                    break
                 window.append(send(offset))
             while window:
                 await window.popleft()
@@ -532,6 +548,11 @@ def _forget(deferreds: Iterable[Deferred]) -> None:
     for d in list(deferreds):
         d.addErrback(lambda _: None)
         d.cancel()
+
+
+def _noted(failure: Failure, failed: list[Failure]) -> Failure:
+    failed.append(failure)
+    return failure
 
 
 def _tell(answer: dict[str, Any], on_written: Callable[[int], None], written: int) -> Any:

@@ -57,6 +57,8 @@ class _Pending:
     on_partial: PartialListener | None
     # The timeout's call, cancelled when the request ends otherwise.
     timer: Any = None
+    # A read that asked for its answer as a binary message (``computers.parts``).
+    binary: bool = False
 
 
 @attrs.define(eq=False)
@@ -154,9 +156,7 @@ class Session:
             )
         message_id = wire.new_message_id()
         try:
-            data = parts.encode_request(
-                self.trapos_id, message_id, type, payload, wire.BINARY_PARTS in self.features
-            )
+            data = parts.encode_request(self.trapos_id, message_id, type, payload, self.features)
         except (ValueError, TypeError) as error:
             return fail(GatewayError(errors.BAD_REQUEST, f"cannot send this request: {error}"))
         if len(data) > limits.MAX_OUTBOUND_BYTES:
@@ -169,7 +169,8 @@ class Session:
             )
         d = Deferred(lambda _: self._cancelled(message_id))
         timer = self.clock.callLater(timeout, self._timed_out, message_id, timeout)
-        self._pending[message_id] = _Pending(d, type, on_partial, timer)
+        binary = parts.answered_in_binary(type, payload, self.features)
+        self._pending[message_id] = _Pending(d, type, on_partial, timer, binary)
         try:
             self.link.send_frame(data)
         except GatewayError as error:
@@ -233,6 +234,11 @@ class Session:
             return False
         pending.deferred.callback(frame)
         return True
+
+    def asked_binary(self, message_id: str) -> bool:
+        """Whether the request ``message_id`` may be answered with a binary message."""
+        pending = self._pending.get(message_id)
+        return pending is not None and pending.binary
 
     def reject(self, message_id: str, error: GatewayError) -> bool:
         """Fail one request (e.g. its response was malformed)."""

@@ -233,7 +233,12 @@ class Snapshots:
                     await self._sandbox.write_file(quiet, path, data, max_bytes=store.max_bytes)
 
             def size(batch: list[tuple[str, str]]) -> int:
-                return sum(target.files[path].size for path, _ in batch)
+                # A file of more than one part goes alone: its temporary file outlives a
+                # request, and the space the restore checked holds one such at a time.
+                sizes = [target.files[path].size for path, _ in batch]
+                if max(sizes) > limits.FILE_CHUNK_BYTES:
+                    return limits.FILE_BYTES_AT_ONCE + 1
+                return sum(sizes)
 
             await _several(
                 [(self._sandbox.delete_file, (quiet, path)) for path in plan.delete],

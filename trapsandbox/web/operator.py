@@ -22,7 +22,7 @@ from twisted.python.failure import Failure
 
 from trapsandbox import errors, limits
 from trapsandbox.admission import auth
-from trapsandbox.computers import wire
+from trapsandbox.computers import parts, wire
 from trapsandbox.computers.callers import Caller
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.screen import Room, frames_to
@@ -123,6 +123,9 @@ def parse_request(obj: dict[str, Any]) -> tuple[str, dict[str, Any], float | Non
     """``(type, payload, timeout in seconds or None)``; raises ``bad_request``."""
     kind = short_string(obj, "type", limits.MAX_TYPE_LENGTH)
     payload = optional_object(obj, "payload")
+    if payload.get("encoding") == parts.BINARY:
+        # An operator's file content is base64; which form it crosses in is the gateway's.
+        raise errors.bad_request('encoding must be "base64": the gateway picks how files cross')
     timeout = number(obj, "timeoutMs", MAX_REQUEST_TIMEOUT_MS, unit="milliseconds")
     return kind, payload, None if timeout is None else timeout / 1000
 

@@ -534,3 +534,16 @@ class BinaryPartTests(GatewayTestCase):
         self.assertIn("binary frame that is not a file part's answer", failure.value.message)
         self.assertEqual(len(computer.sent), sent)
         self.assertEqual(computer.closes, [])
+
+    def test_a_binary_answer_to_a_request_that_did_not_ask_for_one_fails_it(self):
+        computer = self.ready_with([wire.BINARY_PARTS])
+        d = self.registry.request(asking("7:b"), "ping", {})
+        self.answer_part(computer, computer.last(), {"traposId": "7:b"}, b"x")
+        failure = self.failureResultOf(d, GatewayError)
+        self.assertEqual(failure.value.code, errors.BAD_REQUEST)
+        self.assertIn("did not ask for one", failure.value.message)
+        # A read that asked for base64 (a relayed one) is not answered in binary either.
+        d = self.registry.request(asking("7:b"), "read_file", {"path": "/a", "encoding": "base64"})
+        answer = {"encoding": "binary", "sizeBytes": 1, "offset": 0, "bytesRead": 1}
+        self.answer_part(computer, computer.last(), answer, b"a")
+        self.assertEqual(self.failureResultOf(d, GatewayError).value.code, errors.BAD_REQUEST)

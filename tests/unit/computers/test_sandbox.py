@@ -253,6 +253,22 @@ class FileTests(SandboxTestCase):
         self.assertEqual(most, limits.FILE_WINDOW)
         self.assertEqual(self.successResultOf(read)["content"], content)
 
+    def test_once_a_part_failed_no_more_are_sent(self):
+        computer = HeldComputer.connect(self.registry, features=[wire.BINARY_PARTS])
+        content = b"z" * (8 * limits.BINARY_PART_BYTES + 1)  # nine parts
+        d = self.sandbox.write_file(asking("7:base"), "big.bin", content)
+        self.assertEqual(len(computer.held), limits.FILE_WINDOW)
+        # The third fails first (refused before the computer saw it, say), then the first
+        # is answered: the window has room, but nothing more goes.
+        request, _ = computer.held.pop(2)
+        computer.fs_error(request, "/big.bin: Out of space")
+        computer.answer_next()
+        sent = [p["part"]["offset"] for p in self.parts(computer)]
+        self.assertEqual(sent, [n * limits.BINARY_PART_BYTES for n in range(limits.FILE_WINDOW)])
+        while computer.held:
+            computer.answer_next()
+        self.assertGatewayError(d, "fs_error")
+
     def test_a_part_refused_midway_fails_the_write_and_its_last_part_never_goes(self):
         computer = HeldComputer.connect(self.registry)
         content = b"x" * (5 * limits.FILE_CHUNK_BYTES)
