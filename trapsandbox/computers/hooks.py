@@ -22,7 +22,8 @@ A hook's ``start`` sees the request before it goes out (a ``Call``): it may refu
 raising ``GatewayError`` (the request then fails with it and no hook's end runs, so a hook
 that refuses comes before any that holds something from its start), or put itself between
 the request and its partial listener.  It answers what to do once the request was sent
-(given its Deferred, to add callbacks to), or None.
+(given its Deferred, to add callbacks to), or None.  A hook that concerns only some types
+names them (``types``); the registry runs it for those only.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from twisted.logger import Logger
 
 from trapsandbox.computers.activity import ActivityFeed, outcome
 from trapsandbox.computers.callers import Caller
-from trapsandbox.computers.paths import CHANGES, request_paths
+from trapsandbox.computers.paths import CHANGES, FILE_REQUESTS, request_paths
 from trapsandbox.computers.screen import ScreenGate, max_fps
 from trapsandbox.computers.session import PartialListener
 from trapsandbox.computers.streams import SCREEN_AND_EVENT, StreamBudget
@@ -66,8 +67,22 @@ class Call:
 
 
 class RequestHook(Protocol):
+    # The request types it concerns; None: every one.
+    types: frozenset[str] | None
+
     def start(self, call: Call) -> Sent | None:
         """Before ``call`` goes out; answers what to do with its Deferred once sent."""
+
+
+def by_type(hooks: list[RequestHook]) -> tuple[dict[str, tuple[RequestHook, ...]], tuple]:
+    """``hooks`` in their order for each type some of them name, and for every other type:
+    what ``Registry.request`` runs, looked up once per request."""
+    every = tuple(hook for hook in hooks if hook.types is None)
+    named = set().union(*(hook.types for hook in hooks if hook.types is not None))
+    return {
+        kind: tuple(hook for hook in hooks if hook.types is None or kind in hook.types)
+        for kind in named
+    }, every
 
 
 def standard_hooks(
@@ -94,6 +109,8 @@ def _passed(result: object, call: Callable[[], None]) -> object:
 
 
 class FilePaths:
+    types = FILE_REQUESTS
+
     def start(self, call: Call) -> None:
         call.payload = request_paths(call.type, call.payload)
 
@@ -102,6 +119,7 @@ class FilePaths:
 class Counted:
     clock: IReactorTime
     metrics: Metrics
+    types = None
 
     def start(self, call: Call) -> Sent:
         def sent(d: Deferred) -> None:
@@ -120,10 +138,9 @@ class Counted:
 @attrs.define
 class WatchQuota:
     streams: StreamBudget
+    types = WATCHES
 
     def start(self, call: Call) -> Sent | None:
-        if call.type not in WATCHES:
-            return None
         give_back = self.streams.take(call.caller, SCREEN_AND_EVENT)
         return lambda d: d.addBoth(_passed, give_back)
 
@@ -134,9 +151,10 @@ class ScreenPacing:
     with the next."""
 
     clock: IReactorTime
+    types = frozenset({"screen_watch"})
 
     def start(self, call: Call) -> Sent | None:
-        if call.type != "screen_watch" or call.on_partial is None:
+        if call.on_partial is None:
             return None
         gate = ScreenGate(self.clock, max_fps(call.payload), call.on_partial)
         call.on_partial = gate.take
@@ -167,11 +185,9 @@ def _changed_paths(kind: str, payload: dict[str, Any], answer: Any) -> tuple[str
 class FileChanges:
     # The registry's ``file_listeners``: whoever must hear of a file changed.
     listeners: list[FileListener]
+    types = CHANGES
 
     def start(self, call: Call) -> Sent | None:
-        if call.type not in CHANGES:
-            return None
-
         def sent(d: Deferred) -> None:
             if self.listeners:
                 d.addCallback(self._changed, call)
@@ -193,12 +209,14 @@ class FileChanges:
 @attrs.define
 class Activity:
     feed: ActivityFeed
+    types = None
 
-    def start(self, call: Call) -> Sent:
+    def start(self, call: Call) -> Sent | None:
+        # A request relayed to the process holding the computer is in its activity there.
+        if call.caller.quiet or call.relayed or not self.feed.watching(call.caller.key):
+            return None
+
         def sent(d: Deferred) -> None:
-            key = call.caller.key
-            # A request relayed to the process holding the computer is in its activity there.
-            if self.feed.watching(key) and not call.caller.quiet and not call.relayed:
-                self.feed.track(key, call.type, call.payload, d, call.caller.sender)
+            self.feed.track(call.caller.key, call.type, call.payload, d, call.caller.sender)
 
         return sent

@@ -27,7 +27,7 @@ from trapsandbox.admission.tally import Tally
 from trapsandbox.computers import wire
 from trapsandbox.computers.activity import ActivityFeed
 from trapsandbox.computers.callers import Caller
-from trapsandbox.computers.hooks import Call, FileListener, RequestHook, standard_hooks
+from trapsandbox.computers.hooks import Call, FileListener, RequestHook, by_type, standard_hooks
 from trapsandbox.computers.session import PartialListener, Session
 from trapsandbox.computers.streams import StreamBudget
 from trapsandbox.errors import GatewayError
@@ -81,8 +81,11 @@ class Registry:
     file_listeners: list[FileListener] = attrs.field(factory=list, init=False)
     # Each computer's activity (SPEC §14): its watchers, and what the gateway itself does there.
     activity: ActivityFeed = attrs.field(init=False)
-    # What runs around every request, in order (``hooks.standard_hooks``).
+    # What runs around every request, in order (``hooks.standard_hooks``), and those of
+    # them each type runs (``hooks.by_type``).
     hooks: list[RequestHook] = attrs.field(init=False)
+    _hooks_of: dict[str, tuple[RequestHook, ...]] = attrs.field(init=False)
+    _hooks_of_others: tuple[RequestHook, ...] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.metrics.request_types(wire.REQUEST_TYPES)
@@ -90,6 +93,7 @@ class Registry:
         self.hooks = standard_hooks(
             self.clock, self.metrics, self.streams, self.file_listeners, self.activity
         )
+        self._hooks_of, self._hooks_of_others = by_type(self.hooks)
 
     def watch(self, listener: Callable[[], None]) -> Callable[[], None]:
         """
@@ -238,7 +242,7 @@ class Registry:
         )
         ends = []
         try:
-            for hook in self.hooks:
+            for hook in self._hooks_of.get(type, self._hooks_of_others):
                 end = hook.start(call)
                 if end is not None:
                     ends.append(end)
