@@ -152,6 +152,7 @@ class SandboxPathTests(SynchronousTestCase):
             (["/a"], errors.BAD_REQUEST),
             ([], errors.BAD_REQUEST),
             ("/a", errors.BAD_REQUEST),
+            ([{"path": f"/f{n}", "size": 0} for n in range(65)], errors.BAD_REQUEST),
         ]:
             d = request(asking("7:base"), "write_files", {"files": files})
             self.assertEqual(self.failureResultOf(d, GatewayError).value.code, code, files)

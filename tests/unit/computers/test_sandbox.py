@@ -339,6 +339,22 @@ class FileTests(SandboxTestCase):
         self.assertNotIn("/e", computer.files)
         self.assertEqual(heard, [("local", "7:base", "/c")])
 
+    def test_an_answer_that_does_not_name_the_files_sent_is_an_internal_error(self):
+        heard = []
+        self.registry.file_listeners.append(lambda *changed: heard.append(changed))
+        features = [wire.BINARY_PARTS, wire.WRITE_FILES]
+        for written in ([], 5, [{"path": ["/a"]}], [{"path": "/b"}, {"path": "/a"}]):
+            computer = Answering.connect(self.registry, "7:odd", features=features)
+            computer.written = written
+            files = [("/a", b"a"), ("/b", b"b")]
+            error = self.assertGatewayError(
+                self.sandbox.write_files(asking("7:odd"), files), "internal"
+            )
+            self.assertIn("does not name the files sent", error.message)
+            self.registry.remove(computer.session)
+        # Listeners hear what the answer names among the files sent, whatever its shape.
+        self.assertEqual(heard, [("local", "7:odd", "/a"), ("local", "7:odd", "/b")])
+
     def parts(self, computer):
         return [f["payload"] for f in computer.sent if f["type"] == "write_file"]
 
@@ -361,6 +377,15 @@ class FileTests(SandboxTestCase):
             self.sandbox.read_file(asking("7:base"), "nope"), "fs_error"
         )
         self.assertEqual(error.message, "/nope: No such file")
+
+
+class Answering(SandboxComputer):
+    """A computer whose write_files answer says it wrote ``written``, whatever it was sent."""
+
+    written: object = []
+
+    def on_write_files(self, request, payload):
+        self.answer(request, payload={"written": self.written})
 
 
 class RefusingSecond(SandboxComputer):
