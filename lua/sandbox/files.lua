@@ -170,18 +170,19 @@ end
 local LEFTOVER = '^%..+%.%x+' .. M.TEMP_SUFFIX:gsub('%p', '%%%0') .. '$'
 
 --[[ The writes under way are known to the daemon (session.writing: temp -> {path, heard: the
-clock at its last part, attempt: the connection it came on}). Before a write of `path` starts,
-a temporary file of `path` that no write under way holds is deleted: one of an earlier
-connection (the gateway's requests ended with it), or idle for M.STALE_WRITE_MS (the gateway
-gave up between two parts), so it is not kept until the computer reconnects. What the daemon
+clock at its last part, attempt: the connection it came on}). Before a write starts, every
+write that is no longer under way is forgotten and its temporary file deleted, whatever file
+it was for: one of an earlier connection (the gateway's requests ended with it), or idle for
+M.STALE_WRITE_MS (the gateway gave up between two parts); so the table holds only the writes
+under way, and nothing waits for the computer to reconnect. What the daemon
 did not write (left by a run before this one: the computer rebooted) is found by looking
 through the folder once in the daemon's run (session.scanned): every write's temporary file
 there that no write under way holds. ]]
 local function clearStaleTemps(fsApi, session, path)
   local writing, now = session.writing, session.clock()
   for temp, write in pairs(writing) do
-    if write.path == path and (write.attempt ~= session.current or now - write.heard >= M.STALE_WRITE_MS) then
-      writing[temp] = nil
+    if write.attempt ~= session.current or now - write.heard >= M.STALE_WRITE_MS then
+      writing[temp] = nil -- (clearing a field while pairs() walks the table is allowed)
       pcall(fsApi.delete, temp)
     end
   end

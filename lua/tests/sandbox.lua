@@ -1756,8 +1756,17 @@ test('a write id is hex digits and a write abandoned half-way is cleared by the 
   env.h, env.hello = connected(env)
   local answer = okPayload(writePart(env, '/keep.txt', 'bbbb', 0, ('c'):rep(4000), true, 4000))
   eq(answer, { bytesWritten = 4000, sizeBytes = 4000 }, 'written: the abandoned part was cleared first')
+  -- A write of another file clears what was abandoned too: the daemon keeps no write it lost.
+  okPayload(writePart(env, '/other.txt', 'cccc', 0, 'half', false, 8))
+  eq(env.craft.fs.exists('.other.txt.cccc.sandbox-part'), true, 'its part file')
+  env.loop.emit('websocket_closed', env.http.lastUrl())
+  env.loop.advance(1)
+  env.h, env.hello = connected(env)
+  okPayload(writePart(env, '/third.txt', 'dddd', 0, 'x', true, 1))
+  eq(env.craft.fs.exists('.other.txt.cccc.sandbox-part'), false, 'another file\'s abandoned part cleared')
   eq(env.craft.fs.files['keep.txt'], ('c'):rep(4000), 'replaced whole')
-  eq(env.craft.fs.list(''), { '.keep.txt.x.sandbox-part', 'keep.txt', 'rom' }, 'only its own temporary files cleared')
+  eq(env.craft.fs.list(''), { '.keep.txt.x.sandbox-part', 'keep.txt', 'rom', 'third.txt' },
+    'only its own temporary files cleared')
 end)
 
 test('a write under way is not cleared by another write of the file', function()
