@@ -48,7 +48,7 @@ def encode_request(
     that is not base64 or a ``write_files`` to a client that did not announce it.
     """
     binary = wire.BINARY_PARTS in features
-    if type == "write_files" and not (binary and wire.WRITE_FILES in features):
+    if type == "write_files" and not wire.WRITES_IN_BATCHES <= features:
         raise ValueError("this computer's client does not take write_files")
     if type in ("write_file", "write_files"):
         content = payload.get("content")

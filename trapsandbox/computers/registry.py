@@ -222,6 +222,12 @@ class Registry:
     def find(self, account_id: str, trapos_id: str) -> Session | None:
         return self._sessions.get((account_id, trapos_id))
 
+    def features(self, caller: Caller) -> frozenset[str] | None:
+        """What the client of the computer ``caller`` is aimed at announced in hello
+        (``wire.FEATURES``); None when this process does not hold it (cluster mode)."""
+        session = self._sessions.get(caller.key)
+        return None if session is None else session.features
+
     def request(
         self,
         caller: Caller,

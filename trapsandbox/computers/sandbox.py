@@ -358,10 +358,12 @@ class Sandbox:
         if got < asked:
             end = offset + got
         window: deque[tuple[int, Deferred]] = deque()
+        at = offset + got  # where the next part to ask starts
         try:
             while offset + got < end:
-                while len(window) < limits.FILE_WINDOW and offset + got + _ahead(window) < end:
-                    window.append(ask(offset + got + _ahead(window)))
+                while len(window) < limits.FILE_WINDOW and at < end:
+                    window.append(ask(at))
+                    at += window[-1][0]
                 asked, d = window.popleft()
                 answer = await d
                 size = _count(answer, "sizeBytes")
@@ -377,10 +379,8 @@ class Sandbox:
     def batch_bytes(self, caller: Caller) -> int:
         """How many bytes of whole files one ``write_files`` may carry to the computer: 0
         when its client takes no batches (then each file is a ``write_file``)."""
-        session = self._registry.find(*caller.key)
-        if session is None or not {wire.BINARY_PARTS, wire.WRITE_FILES} <= session.features:
-            return 0
-        return limits.BINARY_PART_BYTES
+        features = self._registry.features(caller) or frozenset()
+        return limits.BINARY_PART_BYTES if wire.WRITES_IN_BATCHES <= features else 0
 
     def write_files(self, caller: Caller, files: list[tuple[str, bytes]]) -> Deferred:
         """
@@ -435,8 +435,7 @@ class Sandbox:
     def _parts(self, caller: Caller) -> tuple[int, str]:
         """How large a part of a file may be, and how it crosses: binary to a client of
         this process that announced binary parts, else base64 text (``computers.parts``)."""
-        session = self._registry.find(*caller.key)
-        if session is not None and wire.BINARY_PARTS in session.features:
+        if wire.BINARY_PARTS in (self._registry.features(caller) or ()):
             return limits.BINARY_PART_BYTES, parts.BINARY
         return FILE_CHUNK_BYTES, "base64"
 
@@ -537,10 +536,6 @@ def _chunk(answer: dict[str, Any], asked: int) -> bytes:
     if len(chunk) > asked:
         raise GatewayError(errors.INTERNAL, "the computer sent more than was asked")
     return chunk
-
-
-def _ahead(window: deque[tuple[int, Deferred]]) -> int:
-    return sum(asked for asked, _ in window)
 
 
 def _forget(deferreds: Iterable[Deferred]) -> None:

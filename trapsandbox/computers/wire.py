@@ -61,6 +61,8 @@ CAPABILITY_OF = {
 WRITE_ID, MOVE_FILE, MAKE_FOLDER = "write_id", "move_file", "make_folder"
 BINARY_PARTS, WRITE_FILES = "binary_parts", "write_files"
 FEATURES = frozenset({WRITE_ID, MOVE_FILE, MAKE_FOLDER, BINARY_PARTS, WRITE_FILES})
+# What a client needs to have announced to be sent write_files.
+WRITES_IN_BATCHES = frozenset({BINARY_PARTS, WRITE_FILES})
 # Requests to computers with a metrics label of their own (operators may send any type).
 REQUEST_TYPES = frozenset({"ping", "cancel", *CAPABILITY_OF})
 # Request types that run on the computer until they end or are cancelled

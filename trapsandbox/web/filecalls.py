@@ -149,19 +149,13 @@ class FileCalls:
             raise
         return True
 
-    def _features(self, caller: Caller) -> frozenset[str] | None:
-        """What the computer's client announced (``wire.FEATURES``); None when another
-        process holds it (cluster mode): then asked, and an older client's
-        ``unknown_type`` answer means no."""
-        session = self._registry.find(*caller.key)
-        return None if session is None else session.features
-
     async def _one_step(
         self, caller: Caller, feature: str, work: Callable[[], Deferred]
     ) -> dict[str, Any] | None:
         """``work()``, ``feature``'s request done on the computer in one step, and its
         answer; None when its client does not know it (then the gateway composes it)."""
-        features = self._features(caller)
+        # None: another process holds it (then asked; an older client's unknown_type means no).
+        features = self._registry.features(caller)
         if features is not None and feature not in features:
             return None
         try:
