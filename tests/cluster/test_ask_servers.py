@@ -51,6 +51,8 @@ class FakeOpencode(Resource):
             return NOT_DONE_YET
         if request.path == b"/config":
             return b"{}"  # no trapsandbox MCP block: asks go without tools
+        if request.path == b"/config/providers":
+            return b'{"providers": [{"id": "fake"}], "default": {}}'
         return b'{"healthy": true, "version": "fake"}'
 
     def render_POST(self, request):

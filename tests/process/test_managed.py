@@ -46,19 +46,22 @@ async def gone(pid: int, seconds: float = 15) -> bool:
 class ManagedOpencodeTests(TestCase):
     timeout = 180
 
-    async def start(self, **env):
-        """A twistd gateway running opencode itself, its agent the scripted model."""
-        self.model = await start_fake_model(
-            self, "trapsandbox_list_computers", {}, answer="Managed hello."
-        )
+    async def start(self, model=True, **env):
+        """A twistd gateway running opencode itself, its agent the scripted model (or, without
+        ``model``, an opencode with no model provider at all)."""
         self.port = closed_port()
         home = os.path.abspath(self.mktemp())
         config_dir = os.path.join(home, ".config", "opencode")
         os.makedirs(config_dir)
-        config = {
-            **self.model.opencode_config(),
-            **ctl.opencode_config(f"http://127.0.0.1:{self.port}", True),
-        }
+        config = ctl.opencode_config(f"http://127.0.0.1:{self.port}", True)
+        if model:
+            self.model = await start_fake_model(
+                self, "trapsandbox_list_computers", {}, answer="Managed hello."
+            )
+            config.update(self.model.opencode_config())
+        else:
+            # opencode 1.18.33's one provider without a key (opencode.ai's own) disabled.
+            config["disabled_providers"] = ["opencode"]
         with open(os.path.join(config_dir, "opencode.json"), "w") as f:
             json.dump(config, f)
         environ = {
@@ -174,6 +177,17 @@ class ManagedOpencodeTests(TestCase):
         self.assertIn("before the recycle", json.dumps(self.model.requests[-1]["messages"]))
         [server] = (await self.health())["opencodeManaged"]
         self.assertGreaterEqual(server["restarts"]["recycled"], 1)
+
+    async def test_with_no_model_an_ask_says_how_the_operator_gives_it_one(self):
+        gateway = await self.start(model=False)
+        await gateway.wait_for(r"opencode: ready", 60)
+        computer = await connect(self, self.port)
+        self.assertTrue((await computer.hello(trapos_id="7:nomodel"))["ok"])
+        answer = await self.ask(computer, "hello?")
+        self.assertFalse(answer["ok"], answer)
+        self.assertEqual(answer["error"]["code"], "opencode_error")
+        self.assertIn("the agent has no model", answer["error"]["message"])
+        self.assertIn("opencode auth login", answer["error"]["message"])
 
     async def test_a_killed_gateway_leaves_no_opencode(self):
         gateway = await self.start()

@@ -245,6 +245,7 @@ class Asks:
             run.using = server  # from here on a recycle of it waits for this ask
             ready = server.stream.ready().addTimeout(limits.ASK_STREAM_READY_TIMEOUT, self._clock)
             await run.guard(ready)
+            await run.guard(server.has_model())
             run.conversation.server = server  # its instance is leased: given back at the end
             await run.guard(server.instances.use(key))
             run.conversation = await run.guard(

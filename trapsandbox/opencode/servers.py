@@ -25,9 +25,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
-from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.defer import Deferred, gatherResults, succeed
+from twisted.python.failure import Failure
 
 from trapsandbox import limits
+from trapsandbox.opencode.client import opencode_error
 from trapsandbox.opencode.directories import AskDirectories, directory_name
 from trapsandbox.opencode.events import EventStream
 from trapsandbox.opencode.instances import Instances
@@ -51,6 +53,10 @@ class Server:
     instances: Instances = attrs.field(init=False)
     # The ``managed.Managed`` running it, when the gateway runs it (OPENCODE_URL unset).
     managed: Any = None
+    # ``has_model``: yes once opencode said it has a provider (until its stream reconnects),
+    # or the asks waiting for its answer.
+    _has_model: bool = attrs.field(default=False, init=False)
+    _model_waiters: list[Deferred] | None = attrs.field(default=None, init=False)
 
     @classmethod
     def build(
@@ -73,6 +79,8 @@ class Server:
                 limits.OPENCODE_READY_PROBE, clock
             )
         server.instances = Instances(clock, server.dispose, instance_idle, max_instances)
+        # opencode reconnected may be opencode restarted, with another configuration.
+        server.stream.on_reconnect.append(server._forget_model)
         return server
 
     @property
@@ -83,6 +91,56 @@ class Server:
         """Give ``key``'s opencode instance back; its ``opencode.json`` brings it back as it
         was."""
         return self.client.dispose(os.path.join(self.directories.root, directory_name(*key)))
+
+    def has_model(self) -> Deferred[None]:
+        """
+        Fires once opencode has a model provider (``GET /config/providers`` lists one); fails
+        with an ``opencode_error`` saying how the operator gives it one when it has none (a
+        prompt would otherwise fail with opencode's "Unexpected server error").  The asks that
+        ask at once share one call; a yes is kept, a no asked again at the next ask.
+        """
+        if self._has_model:
+            return succeed(None)
+        waiter: Deferred[None] = Deferred()
+        if self._model_waiters is not None:
+            self._model_waiters.append(waiter)
+            return waiter
+        self._model_waiters = [waiter]
+        d = self.client.call("GET", "/config/providers")
+        d.addCallback(self._judge_providers)
+        d.addBoth(self._tell_model_waiters)
+        return waiter
+
+    def _judge_providers(self, answer: Any) -> None:
+        providers = answer.get("providers") if isinstance(answer, dict) else None
+        if not isinstance(providers, list):
+            raise opencode_error(
+                f"opencode at {self.client.where} answered GET /config/providers without a "
+                "list of providers"
+            )
+        if not providers:
+            raise opencode_error(NO_MODEL.format(where=self.client.where))
+        self._has_model = True
+
+    def _tell_model_waiters(self, result: Failure | None) -> None:
+        waiters, self._model_waiters = self._model_waiters or [], None
+        for waiter in waiters:
+            if isinstance(result, Failure):
+                waiter.errback(result)
+            else:
+                waiter.callback(None)
+
+    def _forget_model(self) -> None:
+        self._has_model = False
+
+
+# What a player's ask says when opencode has no model (docs/operations.md says the same).
+NO_MODEL = (
+    "the agent has no model: opencode at {where} has no model provider configured. The "
+    "operator gives it one as the gateway's user (a provider's API key such as "
+    "ANTHROPIC_API_KEY in the gateway's environment, `opencode auth login`, or a provider in "
+    "opencode.json) and restarts the gateway"
+)
 
 
 def ranked(servers: Sequence[Server], account_id: str, trapos_id: str) -> list[Server]:

@@ -71,6 +71,7 @@ class FakeHTTP:
             ("GET", "/config"): {
                 "mcp": {"trapsandbox": {"type": "remote", "url": "http://gw/mcp"}}
             },
+            ("GET", "/config/providers"): {"providers": [{"id": "fake"}], "default": {}},
             ("POST", "/mcp"): True,
             ("POST", "/session"): lambda body: {"id": f"ses_{self.sessions + 1}"},
             ("GET", "/session/status"): {},

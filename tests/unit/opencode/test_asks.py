@@ -42,7 +42,15 @@ class AskSessionTests(AskTestsMixin, SynchronousTestCase):
         token = self.block()["headers"]["Authorization"].encode()
         self.assertEqual(self.asks.tokens.scope_of(token), ("local", "1:a"))
         self.assertNotIn("/mcp", self.http.paths("POST"))
-        self.assertEqual(self.http.calls[1][:3], ("POST", "/session", session[2]))
+        self.assertEqual(
+            [call[:2] for call in self.http.calls],
+            [
+                ("GET", "/config/providers"),  # a model to run it with
+                ("GET", "/config"),
+                ("POST", "/session"),
+                ("POST", f"/session/{SES}/prompt_async"),
+            ],
+        )
 
     def test_yes_allows_the_changes(self):
         self.ask("x", yes=True)
@@ -99,6 +107,38 @@ class AskSessionTests(AskTestsMixin, SynchronousTestCase):
             )
             self.assertEqual(self.failureResultOf(d, GatewayError).value.code, errors.BAD_REQUEST)
         self.assertEqual(self.http.calls, [])
+
+    def test_with_no_model_provider_the_ask_says_how_the_operator_gives_it_one(self):
+        self.http.answers[("GET", "/config/providers")] = {"providers": [], "default": {}}
+        error = self.failureResultOf(self.ask(), GatewayError).value
+        self.assertEqual(error.code, errors.OPENCODE_ERROR)
+        self.assertIn("the agent has no model", error.message)
+        self.assertIn("ANTHROPIC_API_KEY", error.message)
+        self.assertEqual(self.http.sessions, 0)  # no session made, no prompt sent
+        self.assertEqual(self.outcome("opencode_error"), 1)
+        # A no is not kept: once the operator gave it one, the next ask goes on.
+        self.http.answers[("GET", "/config/providers")] = {"providers": [{"id": "p"}]}
+        self.assertNoResult(self.ask(message_id="m2"))
+        self.assertEqual(self.http.sessions, 1)
+
+    def test_asks_at_once_share_one_look_at_the_providers_and_a_yes_is_kept(self):
+        answer = Deferred()
+        self.http.answers[("GET", "/config/providers")] = answer
+        asks = [self.ask(trapos=f"{n}:a") for n in range(1, 4)]
+        self.assertEqual(self.http.paths("GET").count("/config/providers"), 1)
+        self.assertEqual(self.http.sessions, 0)
+        self.http.answers[("GET", "/config/providers")] = {"providers": [{"id": "p"}]}
+        answer.callback(FakeResponse(200, b'{"providers": [{"id": "p"}]}'))
+        self.assertEqual(self.http.sessions, 3)
+        for d in asks:
+            self.assertNoResult(d)
+        self.assertNoResult(self.ask(trapos="4:a"))
+        self.assertEqual(self.http.paths("GET").count("/config/providers"), 1)
+        # opencode reconnected (it may have restarted with another configuration): asked again.
+        self.http.drop()
+        self.clock.advance(limits.EVENT_RECONNECT_MIN)
+        self.assertNoResult(self.ask(trapos="5:a"))
+        self.assertEqual(self.http.paths("GET").count("/config/providers"), 2)
 
 
 class AskBoundTests(AskTestsMixin, SynchronousTestCase):
