@@ -81,6 +81,8 @@ RUNNING = 16
 IDLE_ASKS = 10
 # What docs/operations.md recommends for opencode's environment (see there and bench.dispose).
 OPENCODE_ENV = "BUN_JSC_forceRAMSize=1073741824"
+# How the gateway tells a player that the opencode it runs is (re)starting (``asks``).
+WAITS = "your ask waits for it)\n"
 
 
 class AskingComputer(WebSocketClientProtocol):
@@ -97,9 +99,12 @@ class AskingComputer(WebSocketClientProtocol):
             return
         now = time.perf_counter()
         if frame.get("partial"):
-            kind = (frame.get("payload") or {}).get("type")
-            if kind == "text_delta" and "first_text" not in ask:
-                ask["first_text"] = now - ask["sent"]
+            payload = frame.get("payload") or {}
+            if payload.get("type") == "text_delta" and "first_text" not in ask:
+                if str(payload.get("text")).endswith(WAITS):
+                    ask["waits"] = now - ask["sent"]  # for opencode the gateway runs
+                else:
+                    ask["first_text"] = now - ask["sent"]
             return
         del self.waiting[frame["messageId"]]
         ask["ok"] = frame.get("ok") is True
@@ -250,14 +255,17 @@ class Setup:
             child.stop()
 
 
-async def _answering(reactor, port: int) -> None:
-    """Wait until opencode answers (it accepts before it answers: each try is bounded)."""
+async def _answering(
+    reactor, port: int, path: str = "/global/health", auth: Any = ("opencode", OPENCODE_PASSWORD)
+) -> None:
+    """Wait until opencode (or another server) answers ``path``: it accepts before it answers,
+    and each try is bounded."""
     deadline = time.monotonic() + 30
     pool = HTTPConnectionPool(reactor, persistent=False)
-    url = f"http://127.0.0.1:{port}/global/health"
+    url = f"http://127.0.0.1:{port}{path}"
     while True:
         try:
-            d = treq.get(url, auth=("opencode", OPENCODE_PASSWORD), pool=pool)
+            d = treq.get(url, auth=auth, pool=pool)
             response = await d.addTimeout(2, reactor)
             await treq.content(response)
             return
@@ -365,17 +373,23 @@ async def through(
         setup.stop()
 
 
-async def run(reactor, args: argparse.Namespace) -> dict[str, Any]:
-    if not OPENCODE.exists():
-        raise SystemExit(f"{OPENCODE} is missing: 'make test' installs it")
-    logs = Path(args.logs)
-    logs.mkdir(parents=True, exist_ok=True)
+async def scripted_model(reactor) -> tuple[FakeModel, Any]:
+    """The scripted model answering every prompt at once with ``ANSWER``, and its port."""
     model = FakeModel("", {}, answer=ANSWER)
     model.script = []  # no tool call: the answer at once
     listening = await endpoints.TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(
         Site(model)
     )
     model.port = listening.getHost().port
+    return model, listening
+
+
+async def run(reactor, args: argparse.Namespace) -> dict[str, Any]:
+    if not OPENCODE.exists():
+        raise SystemExit(f"{OPENCODE} is missing: 'make test' installs it")
+    logs = Path(args.logs)
+    logs.mkdir(parents=True, exist_ok=True)
+    model, listening = await scripted_model(reactor)
     results: dict[str, Any] = {
         "computers": args.computers,
         "opencode_env": args.opencode_env,

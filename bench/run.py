@@ -98,11 +98,21 @@ class Child:
     """A child process whose output goes to a log file, watched for ``listening on``."""
 
     def __init__(
-        self, name: str, argv: list[str], log: Path, cpu: int | None, env=None, cwd=None
+        self,
+        name: str,
+        argv: list[str],
+        log: Path,
+        cpu: int | None,
+        env=None,
+        cwd=None,
+        marks: re.Pattern[str] | None = None,
     ) -> None:
         self.name = name
         self.log = log
         self.port: int | None = None
+        # The lines matching ``marks``, each with the time.monotonic() it was read at.
+        self._marks = marks
+        self.marked: list[tuple[float, str]] = []
         self._listening = threading.Event()
         self.process = subprocess.Popen(
             argv,
@@ -121,6 +131,10 @@ class Child:
         with open(self.log, "wb") as out:
             for line in self.process.stdout:
                 out.write(line)
+                if self._marks is not None:
+                    text = line.decode("utf-8", "replace")
+                    if self._marks.search(text):
+                        self.marked.append((time.monotonic(), text.rstrip("\n")))
                 if self.port is None:
                     match = LISTENING.search(line.decode("utf-8", "replace"))
                     if match:
