@@ -241,6 +241,9 @@ class Asks:
             await run.guard(self.queue.enter(run.ticket).granted)
             run.admitted()
             if server.managed is not None:
+                # Past its bound no new ask starts there: the asks it would let in meanwhile,
+                # each a new instance, would carry it far past before one of them ends.
+                self._recycle_if_due(server)
                 await run.guard(self._agent_ready(run, server.managed))
             run.using = server  # from here on a recycle of it waits for this ask
             ready = server.stream.ready().addTimeout(limits.ASK_STREAM_READY_TIMEOUT, self._clock)
@@ -316,9 +319,10 @@ class Asks:
 
     def _recycle_if_due(self, server: Server) -> None:
         """
-        An ask on ``server`` ended: the natural moment to give its memory back.  Past
-        ``max_rss`` it drains (no new ask starts there, ``managed``), and once no ask runs
-        there, or ``OPENCODE_DRAIN_BOUND`` has passed, it is recycled; one at a time.
+        An ask on ``server`` ends, or is about to start: the natural moments to give its
+        memory back.  Past ``max_rss`` it drains (no new ask starts there, ``managed``), and
+        once no ask runs there, or ``OPENCODE_DRAIN_BOUND`` has passed, it is recycled; one
+        at a time.
         """
         managed = server.managed
         if self.stopping:

@@ -15,7 +15,7 @@ Its life, one state at a time (``figures()`` says which, for ``/health``)::
     failed      the program is not there: nothing is started; said once, at start
     starting    spawned, not yet listening ("listening on" in its output)
     ready       listening
-    draining    past ``SANDBOX_OPENCODE_MAX_RSS_MB`` (looked at as each ask ends): no
+    draining    past ``SANDBOX_OPENCODE_MAX_RSS_MB`` (looked at as each ask starts and ends): no
                 new ask starts on it; once its running asks have ended (or
                 ``OPENCODE_DRAIN_BOUND`` has passed) it is stopped and started again,
                 "recycled"; one server at a time

@@ -5,13 +5,22 @@ take, and parallel calls of one tool.  Each of these failed on main 0dc4e52.
 """
 
 from twisted.internet.defer import Deferred
+from twisted.internet.error import ProcessTerminated
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.unit.opencode.helpers import SES, AskTestsMixin
+from tests.unit.opencode.test_managed import Spawner
 from trapsandbox import errors, limits
 from trapsandbox.errors import GatewayError
+from trapsandbox.opencode import managed as managed_module
+from trapsandbox.opencode.asks import Asks
+from trapsandbox.opencode.managed import Managed
+from trapsandbox.opencode.managed import State as ManagedState
 from trapsandbox.opencode.queue import AskQueue
 from trapsandbox.opencode.run import State
+from trapsandbox.opencode.servers import Server
+from trapsandbox.opencode.tokens import AskTokens
 
 
 class FakeRegistry:
@@ -302,3 +311,51 @@ class MachineTests(AskTestsMixin, SynchronousTestCase):
                 else:
                     self.failureResultOf(done, GatewayError)
                 registry.sessions.clear()
+
+
+class RecycleTests(AskTestsMixin, SynchronousTestCase):
+    """An opencode the gateway runs (``managed``, a fake process) past its memory bound."""
+
+    def setUp(self):
+        super().setUp()
+        self.spawn = Spawner()
+        self.managed = Managed(
+            self.clock, "opencode", "/bin/opencode", 4321, "pw", {}, spawn=self.spawn
+        )
+        self.rss = 100
+        self.patch(managed_module, "rss_bytes", lambda pid: self.rss)
+        self.asks = Asks(
+            [Server.build(self.client, self.clock, self.root, AskTokens(), managed=self.managed)],
+            self.clock,
+            self.metrics,
+            AskTokens(),
+            AskQueue(self.clock),
+            max_rss=1000,
+        )
+        self.managed.start()
+        self.spawn.last.protocol.childDataReceived(1, b"opencode server listening on x\n")
+        self.assertTrue(self.managed.taking_asks)
+
+    def prompts(self):
+        return [p for p in self.http.paths("POST") if p.endswith("/prompt_async")]
+
+    def test_an_ask_starting_past_the_bound_waits_for_the_recycle_and_goes_on(self):
+        first = self.ask(trapos="1:a")
+        self.assertEqual(len(self.prompts()), 1)
+        self.rss = 2000  # the first ask's instance carried it past the bound
+        second = self.ask(trapos="2:b", message_id="m2")
+        # It does not start there: the server drains, and the player is told.
+        self.assertEqual(len(self.prompts()), 1)
+        self.assertIs(self.managed.state, ManagedState.DRAINING)
+        self.assertIn("your ask waits for it", self.partials[-1]["text"])
+        self.assertEqual(self.spawn.last.signals, [])  # the running ask is not cut
+        self.busy()
+        self.idle()
+        self.successResultOf(first)
+        self.assertEqual(self.spawn.last.signals, ["TERM"])  # recycled once it ended
+        self.spawn.last.protocol.processExited(Failure(ProcessTerminated(signal=15)))
+        self.rss = 100
+        self.spawn.last.protocol.childDataReceived(1, b"opencode server listening on x\n")
+        self.assertEqual(len(self.prompts()), 2)  # the waiting ask went on
+        self.assertNoResult(second)
+        self.assertEqual(self.managed.restarts, {"recycled": 1})
