@@ -195,7 +195,7 @@ async def run(reactor, args: argparse.Namespace) -> dict:
     echo_url = f"ws://127.0.0.1:{listening.getHost().port}/"
     try:
         await gateway.snapshots.ready()
-        c = CCTComputer(scratch, id=4, label=LABEL, disk_limit=DISK)
+        c = CCTComputer(scratch, id=4, label=LABEL, disk_limit=DISK, jvm="")
         c.install_client()
         c.set_settings(
             {
