@@ -27,7 +27,8 @@ EDITOR_DIR := trapsandbox/web/console/editor
 EDITOR_JS := trapsandbox/web/console/editor.js
 PYTEST_ARGS ?=
 # Test processes side by side (pytest-xdist): most tests wait on a child process or a socket,
-# so more than the machine's cores (2 here) pays.
+# so more than the machine's cores (2 here) pays. Tests that share one opencode
+# (xdist_group, tests/harness/opencode.py) run in one worker.
 TEST_WORKERS ?= 4
 # The Node/Fastify build of the same design, a third side of `make bench` (skipped with a
 # note where it is absent, as in a clone without ../shared).
@@ -40,7 +41,7 @@ run: $(VENV)/.installed $(EDITOR_JS) $(OPENCODE)
 	$(BIN)/twistd --nodaemon --pidfile= trapsandbox
 
 test: $(VENV)/.installed $(EDITOR_JS) $(OPENCODE) $(NODE22) $(CONFORMANCE) $(MCP2_DIR)/.installed systemd-tools redis-server chromium cctweaked
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --ignore=tests/benchsmoke $(PYTEST_ARGS) tests
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/benchsmoke $(PYTEST_ARGS) tests
 
 # The load benchmark against the real twistd gateway (see docs/benchmarks.md).
 bench: $(VENV)/.installed $(OPENCODE) cctweaked

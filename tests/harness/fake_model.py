@@ -152,11 +152,12 @@ class FakeModel(Resource):
 
 
 async def start_fake_model(
-    testcase, tool: str, arguments: dict[str, Any], **options: Any
+    testcase, tool: str, arguments: dict[str, Any], port: int = 0, **options: Any
 ) -> FakeModel:
-    """A ``FakeModel`` listening on 127.0.0.1 (stopped at cleanup)."""
+    """A ``FakeModel`` listening on 127.0.0.1 (on ``port``, default any; stopped at
+    cleanup)."""
     model = FakeModel(tool, arguments, **options)
-    endpoint = endpoints.TCP4ServerEndpoint(reactor(), 0, interface="127.0.0.1")
+    endpoint = endpoints.TCP4ServerEndpoint(reactor(), port, interface="127.0.0.1")
     port = await bounded(endpoint.listen(Site(model)))
     testcase.addCleanup(port.stopListening)
     model.port = port.getHost().port

@@ -1,9 +1,16 @@
 """The real opencode server (npm package opencode-ai) for tests."""
 
+import ctypes
 import json
 import os
+import shutil
+import signal
+import subprocess
+import tempfile
 
 import treq
+from twisted.internet import tcp
+from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.web.client import HTTPConnectionPool
 
@@ -75,3 +82,112 @@ async def start_opencode(
     url = f"http://127.0.0.1:{port}"
     await _answering(url + "/config")
     return url
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlives the tests
+
+
+class SharedOpencode:
+    """
+    One ``opencode serve`` for the tests of a class (a start costs seconds of CPU), each test
+    with its own scripted model and gateway on ports chosen once for the class
+    (``model_port``, ``gateway_port``), so that the user config written at the first start
+    stays true for every test.  A plain child process, not the reactor's (trial's janitor
+    closes what a test leaves in the reactor), started by the first test that asks and stopped
+    by the class's ``tearDownClass`` (``stop``), or by the kernel if the test run dies first.
+    The tests of such a class go to one pytest-xdist worker (``xdist_group``).
+    """
+
+    def __init__(self, password: str, env: dict[str, str] | None = None) -> None:
+        self.password = password
+        self._env = env or {}
+        self._ports: dict[str, int] = {}
+        self._process: subprocess.Popen | None = None
+        self._home: str | None = None
+
+    def _port(self, name: str) -> int:
+        if name not in self._ports:
+            self._ports[name] = closed_port()
+        return self._ports[name]
+
+    @property
+    def model_port(self) -> int:
+        return self._port("model")
+
+    @property
+    def gateway_port(self) -> int:
+        return self._port("gateway")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._port('opencode')}"
+
+    def serves(self, testcase) -> None:
+        """``testcase`` uses it: call before its gateway starts, so that the connections
+        between opencode and the test's gateway and model (kept alive, MCP and event streams,
+        a call in flight) are closed once both have stopped, as opencode's exit closed them."""
+        testcase.addCleanup(lambda: Deferred.fromCoroutine(self._hang_up()))
+
+    async def _hang_up(self) -> None:
+        ours = {self.gateway_port, self.model_port}
+        opencode = self._port("opencode")
+        for selectable in {*reactor().getReaders(), *reactor().getWriters()}:
+            if (isinstance(selectable, tcp.Server) and selectable.getHost().port in ours) or (
+                isinstance(selectable, tcp.Client) and selectable.getPeer().port == opencode
+            ):
+                selectable.abortConnection()
+        # Their connectionLost, then what waited on them (a call's timeout cancelled).
+        for _ in range(2):
+            await deferLater(reactor(), 0, lambda: None)
+
+    async def start(self, testcase, config: dict) -> str:
+        """Its URL, once it answers; started with ``config`` as its user config if it is not
+        running (``config`` must name ``model_port`` and ``gateway_port``)."""
+        if self._process is not None and self._process.poll() is None:
+            return self.url
+        if not os.path.exists(OPENCODE):
+            testcase.fail(f"{OPENCODE} is missing: 'make test' installs it")
+        self.stop()
+        self._home = home = tempfile.mkdtemp(prefix="trapsandbox-shared-opencode-")
+        where = os.path.join(home, ".config", "opencode")
+        os.makedirs(where)
+        with open(os.path.join(where, "opencode.json"), "w", encoding="utf-8") as f:
+            json.dump(config, f)
+        env = clean_env(
+            HOME=home,
+            XDG_CONFIG_HOME=os.path.join(home, ".config"),
+            XDG_DATA_HOME=os.path.join(home, ".local", "share"),
+            XDG_CACHE_HOME=os.path.join(home, ".cache"),
+            XDG_STATE_HOME=os.path.join(home, ".local", "state"),
+            OPENCODE_DISABLE_MODELS_FETCH="1",
+            OPENCODE_SERVER_PASSWORD=self.password,
+            **self._env,
+        )
+        argv = [OPENCODE, "serve", "--port", str(self._port("opencode")), "--hostname", "127.0.0.1"]
+        with open(os.path.join(home, "opencode.log"), "wb") as log:
+            self._process = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=home,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+            )
+        await _answering(self.url + "/config", 60)
+        return self.url
+
+    def stop(self) -> None:
+        """Stopped (TERM, then KILL) and waited for; its files removed."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+        if self._home is not None:
+            shutil.rmtree(self._home, ignore_errors=True)
+            self._home = None

@@ -6,6 +6,7 @@ opencode, whose agent is a scripted model calling the gateway's MCP tools.
 
 import json
 
+import pytest
 import treq
 from twisted.logger import formatEvent
 from twisted.trial.unittest import TestCase
@@ -14,8 +15,8 @@ from twisted.web.client import HTTPConnectionPool
 from tests.harness.callers import asking
 from tests.harness.fake_model import start_fake_model, tool_messages
 from tests.harness.logcapture import LogCapture
-from tests.harness.opencode import start_opencode
-from tests.harness.support import bounded, closed_port, reactor
+from tests.harness.opencode import SharedOpencode
+from tests.harness.support import bounded, reactor
 from tests.lua.test_lua_e2e import GatewayMixin
 from trapsandbox import limits
 from trapsandbox.computers.session import describe_session
@@ -49,33 +50,36 @@ TICKER = (
 )
 
 
+@pytest.mark.xdist_group("ask_e2e")
 class AskEndToEndTests(GatewayMixin, TestCase):
     timeout = 150
+    # One opencode for all (each test its own model and gateway, on the same ports).
+    shared = SharedOpencode(OPENCODE_PASSWORD, env={"SANDBOX_ADMIN_TOKEN": TOKEN})
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.shared.stop()
 
     def setUp(self):
-        # opencode's port is chosen first: the gateway must know it, and opencode the gateway.
-        self.oc_port = closed_port()
-        self.opencode_url = f"http://127.0.0.1:{self.oc_port}"
+        self.shared.serves(self)
+        self.opencode_url = self.shared.url
         self.start_gateway(
-            0,
+            self.shared.gateway_port,
             admin_token=TOKEN,
             opencode_password=OPENCODE_PASSWORD,
             ask_directory=self.mktemp(),
         )
+
+    def fake_model(self, tool, arguments, **options):
+        """The test's scripted model, where the shared opencode looks for it."""
+        return start_fake_model(self, tool, arguments, port=self.shared.model_port, **options)
 
     async def opencode(self, model):
         config = {
             **model.opencode_config(),
             **ctl.opencode_config(f"http://127.0.0.1:{self.port}", True),
         }
-        await start_opencode(
-            self,
-            OPENCODE_PASSWORD,
-            config,
-            env={"SANDBOX_ADMIN_TOKEN": TOKEN},
-            global_config=True,
-            port=self.oc_port,
-        )
+        await self.shared.start(self, config)
         self.pool = HTTPConnectionPool(reactor(), persistent=False)
 
     async def session_status(self, session_id, directory):
@@ -123,7 +127,7 @@ class AskEndToEndTests(GatewayMixin, TestCase):
                 request.finish()
 
     async def test_ask_writes_and_runs_a_program_after_the_player_says_yes(self):
-        model = await start_fake_model(self, "", {}, script=SCRIPT, answer=CLOSING)
+        model = await self.fake_model("", {}, script=SCRIPT, answer=CLOSING)
         await self.opencode(model)
         c = await self.ready()
         self.ask(c, "/programs/sandbox.lua ask write a program that greets me")
@@ -154,7 +158,7 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         answered y brings the computer back: the file the agent wrote is gone.
         """
         script = [("trapsandbox_write_file", {"path": "/made.lua", "content": PROGRAM})]
-        model = await start_fake_model(self, "", {}, script=script, answer="Wrote it.")
+        model = await self.fake_model("", {}, script=script, answer="Wrote it.")
         await self.opencode(model)
         c = await self.ready(allow="fs.read,fs.write")
         await self.gateway.snapshots.ready()
@@ -185,7 +189,7 @@ class AskEndToEndTests(GatewayMixin, TestCase):
                 {"computer": "8:other", "path": "/x.txt", "content": "pinned"},
             )
         ]
-        model = await start_fake_model(self, "", {}, script=script, answer="ok.")
+        model = await self.fake_model("", {}, script=script, answer="ok.")
         await self.opencode(model)
         c = await self.ready()
         other = self.computer(id=8, label="other")
@@ -197,7 +201,7 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         self.assertIsNone(other.read_file("/x.txt"))
 
     async def test_reject_writes_nothing(self):
-        model = await start_fake_model(self, "", {}, script=SCRIPT[:1], answer="Fine, I won't.")
+        model = await self.fake_model("", {}, script=SCRIPT[:1], answer="Fine, I won't.")
         await self.opencode(model)
         c = await self.ready()
         self.ask(c, "/programs/sandbox.lua ask write a program")
@@ -211,7 +215,7 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         self.assertIsNone(c.read_file("/hello.lua"))
 
     async def test_ctrl_t_aborts_the_run_in_opencode(self):
-        model = await start_fake_model(self, "", {}, script=[], answer="Thinking hard", hold=True)
+        model = await self.fake_model("", {}, script=[], answer="Thinking hard", hold=True)
         self.addCleanup(self.release, model)
         await self.opencode(model)
         c = await self.ready()
@@ -233,8 +237,8 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         timer: the program takes real seconds, and so does opencode's call.
         """
         call = {"computer": "7:ask", "command": "/slow.lua", "args": [str(seconds)], **arguments}
-        model = await start_fake_model(
-            self, "", {}, script=[("trapsandbox_run_command", call)], answer="It ran."
+        model = await self.fake_model(
+            "", {}, script=[("trapsandbox_run_command", call)], answer="It ran."
         )
         await self.opencode(model)
         c = await self.ready()
@@ -286,9 +290,7 @@ class AskEndToEndTests(GatewayMixin, TestCase):
                 }
             ]
         }
-        model = await start_fake_model(
-            self, "", {}, script=[("question", question)], answer="Blue it is."
-        )
+        model = await self.fake_model("", {}, script=[("question", question)], answer="Blue it is.")
         await self.opencode(model)
         c = await self.ready()
         self.ask(c, "/programs/sandbox.lua ask paint the lamp")
@@ -305,8 +307,8 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         """A computer, and the model of an ask whose agent runs ``/ticker.lua 300`` there
         (it marks /started and /ended)."""
         call = {"computer": "7:ask", "command": "/ticker.lua", "args": ["300"]}
-        model = await start_fake_model(
-            self, "", {}, script=[("trapsandbox_run_command", {**call, "timeoutSeconds": 300})]
+        model = await self.fake_model(
+            "", {}, script=[("trapsandbox_run_command", {**call, "timeoutSeconds": 300})]
         )
         await self.opencode(model)
         c = await self.ready()
