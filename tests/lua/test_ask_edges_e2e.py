@@ -4,19 +4,27 @@ aborted in opencode and its slot freed (its next ask starts at once), and a
 stopping gateway aborts the running ask in opencode and starts none that waits.
 """
 
+import pytest
 from twisted.trial.unittest import TestCase
 
-from tests.harness.fake_model import start_fake_model
+from tests.harness.opencode import SharedOpencode
 from tests.harness.support import both_modes, bounded
 from tests.lua import test_ask_e2e as ask_e2e
 from tests.lua.test_lua_e2e import GatewayMixin
 
 
+@pytest.mark.xdist_group("ask_edges_e2e")
 class AskEdgesEndToEndTests(GatewayMixin, TestCase):
     timeout = 150
+    shared = SharedOpencode(ask_e2e.OPENCODE_PASSWORD, env={"SANDBOX_ADMIN_TOKEN": ask_e2e.TOKEN})
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.shared.stop()
 
     # test_ask_e2e's helpers, not its tests.
     setUp = ask_e2e.AskEndToEndTests.setUp
+    fake_model = ask_e2e.AskEndToEndTests.fake_model
     opencode = ask_e2e.AskEndToEndTests.opencode
     release = ask_e2e.AskEndToEndTests.release
     session_status = ask_e2e.AskEndToEndTests.session_status
@@ -40,7 +48,7 @@ class AskEdgesEndToEndTests(GatewayMixin, TestCase):
         )
 
     async def test_a_disconnect_aborts_the_run_and_the_next_ask_starts_at_once(self):
-        model = await start_fake_model(self, "", {}, script=[], answer="Thinking hard", hold=True)
+        model = await self.fake_model("", {}, script=[], answer="Thinking hard", hold=True)
         self.addCleanup(self.release, model)
         await self.opencode(model)
         first = await self.asking(7, "gone")
@@ -59,7 +67,7 @@ class AskEdgesEndToEndTests(GatewayMixin, TestCase):
         self.assertNotIn("already running", again.output)
 
     async def test_the_gateway_stopping_aborts_the_run_and_starts_no_waiting_ask(self):
-        model = await start_fake_model(self, "", {}, script=[], answer="Thinking hard", hold=True)
+        model = await self.fake_model("", {}, script=[], answer="Thinking hard", hold=True)
         self.addCleanup(self.release, model)
         await self.opencode(model)
         first = await self.asking(7, "first")
