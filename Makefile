@@ -53,6 +53,7 @@ bench: $(VENV)/.installed $(OPENCODE) cctweaked
 	$(BIN)/python -m bench.stalled
 	$(BIN)/python -m bench.files
 	$(BIN)/python -m bench.ask $(BENCH_ASK_ARGS)
+	$(BIN)/python -m bench.askmanaged $(BENCH_ASKMANAGED_ARGS)
 
 # Generated hostile frames over real sockets: 100,000 of them (make test sends a few thousand).
 fuzz: $(VENV)/.installed

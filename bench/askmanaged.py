@@ -184,7 +184,9 @@ async def measured(watched: Watched, group: list) -> dict[str, Any]:
     return figures
 
 
-async def scenario(reactor, logs: Path, model: FakeModel, n: int, max_rss_mb: int | None):
+async def scenario(
+    reactor, logs: Path, model: FakeModel, n: int, max_rss_mb: int | None, idle: int = IDLE_ASKS
+):
     watched = Watched(logs, f"managed-n{n}", model, max_rss_mb)
     try:
         await watched.start(reactor)
@@ -196,7 +198,7 @@ async def scenario(reactor, logs: Path, model: FakeModel, n: int, max_rss_mb: in
         model.requests.clear()
         figures["round2"] = await measured(watched, group)
         model.requests.clear()
-        fresh = await computers(reactor, watched.port, IDLE_ASKS, first_id=n + 2)
+        fresh = await computers(reactor, watched.port, idle, first_id=n + 2)
         figures["idle_new"] = await one_at_a_time(fresh)
         figures["gateway_rss_mib"] = _mib(proc.rss_bytes(watched.gateway.pid))
         figures.update(watched.life())
@@ -243,6 +245,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--max-rss-mb", type=int, help="SANDBOX_OPENCODE_MAX_RSS_MB (default: the gateway's)"
     )
+    parser.add_argument(
+        "--idle-asks", type=int, default=IDLE_ASKS, help="new computers asking one at a time"
+    )
     parser.add_argument("--output", help="write the figures as JSON here")
     parser.add_argument("--logs", default=str(harness.REPO / "bench-results" / "ask-logs"))
     args = parser.parse_args(argv)
@@ -258,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
         results: dict[str, Any] = {"computers": sizes, "scenarios": []}
         try:
             for n in sizes:
-                figures = await scenario(reactor, logs, model, n, args.max_rss_mb)
+                figures = await scenario(reactor, logs, model, n, args.max_rss_mb, args.idle_asks)
                 results["scenarios"].append(figures)
                 print(json.dumps(figures), flush=True)
         finally:

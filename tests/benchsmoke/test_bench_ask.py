@@ -46,3 +46,30 @@ class BenchAskSmokeTests(TestCase):
             self.assertGreater(scenario[name]["opencode_rss_mib"][0], 0)
         self.assertEqual(results["servers"], [])
         self.assertIn("| 2 | 32 |", child.output)
+
+
+class BenchAskManagedSmokeTests(TestCase):
+    timeout = 240
+
+    async def test_two_computers_ask_through_recycles_of_the_gateways_own_opencode(self):
+        if not os.path.exists(OPENCODE):
+            self.fail(f"{OPENCODE} is missing: 'make test' installs it")
+        out = os.path.abspath(self.mktemp())
+        os.makedirs(out)
+        output = os.path.join(out, "askmanaged.json")
+        # A bound of 1 MB: every ask's end finds opencode past it.
+        argv = [sys.executable, "-m", "bench.askmanaged", "--computers", "2", "--max-rss-mb", "1"]
+        argv += ["--idle-asks", "2", "--output", output, "--logs", out]
+        child = spawn(self, argv, clean_env(OPENCODE_BIN=OPENCODE), cwd=REPO)
+        self.assertEqual(await child.wait_ended(200), 0, child.output)
+
+        with open(output, "rb") as f:
+            (scenario,) = orjson.loads(f.read())["scenarios"]
+        for name in ("round1", "round2", "idle_new"):
+            self.assertEqual(scenario[name]["failed"], 0, (name, scenario[name]))
+            self.assertIsNotNone(scenario[name]["first_text_p50_ms"], name)
+        self.assertGreaterEqual(scenario["recycles"], 2)
+        self.assertEqual(len(scenario["restart_seconds"]), scenario["recycles"])
+        waited = sum(scenario[r]["asks_that_waited_for_a_restart"] for r in ("round1", "round2"))
+        self.assertGreater(waited, 0)
+        self.assertIn("| 2 | 0 / 0 |", child.output)
