@@ -31,8 +31,10 @@ Daemon state is published in the shared table `_G.traposSandboxState` (`state`, 
 `sandbox status` can read it without a round trip. A stopped daemon leaves its last state
 behind, marked `running = false`.
 
-Gateway requests the daemon answers: the request table (sandbox/requests) lists every type, the
-capability it needs in the setting sandbox.allow and its handler; SPEC §9 has the payloads.
+Gateway requests the daemon answers: each handler module registers its types, with the
+capability each needs in the setting sandbox.allow, where it defines the handler
+(registerRequest, in sandbox/handlers); sandbox/requests makes the request table of them. SPEC §9
+has the payloads.
 Anything else is `unknown_type`; a capability not allowed is `forbidden`; CraftOS refusing a
 file operation is `fs_error` with its message. No frame sent is over M.MAX_SEND (128 KiB).
 
@@ -54,13 +56,13 @@ Modules, in this order, each using only those above it; each opens with a header
   capture      Output capture and the terminal  what exec/eval programs print; their terminal
   screen       The screen                       the recorder of the native terminal; watches
   jobs         Jobs                             exec/eval coroutines: resume, timeout, cancel
-  handlers     Request handlers                 what every handler shares; ping; /.settings
+  handlers     Request handlers                 registerRequest; what every handler shares; ping
   exec         Programs                         exec, eval, cancel
   files        Files                            list, read, write, delete, move, make_folder
   snapshot     Snapshots                        snapshot_list
   console      Screen and input                 screen, screen_watch, input
   peripherals  Peripherals and turtles          list/call_peripheral, peripheral_events, turtle
-  requests     The request table                type -> capability -> handler, in one place
+  requests     The request table                type -> handler, type -> capability, as registered
   dispatch     Dispatch                         onMessage: frames to handlers or to programs
   session      The session (the daemon)         the WebSocket, hello, reconnect; startSession
   api          Entry points for programs        request, ask, newWrapper
