@@ -10,8 +10,9 @@ the module and its line, and run as chunk(M, internal). sandbox/core.lua says wh
 and what each module owns.
 
 The modules are read from the folder `require` found this file in (it passes the path
-package.searchpath gave, after the name); loaded some other way (dofile), from the folder
-package.searchpath finds libsandbox in on package.path, else /rom/modules/main.
+package.searchpath gave, after the name). Loaded some other way (dofile, or a require that passes
+no path), they are where package.searchpath finds sandbox.core on package.path, else in
+/rom/modules/main.
 ]]
 
 -- The modules in the order they run: written here when the data pack is built, from
@@ -21,10 +22,10 @@ local MODULES = {}
 local _, found = ...
 
 local function folder()
-  if type(found) ~= 'string' and type(package) == 'table' and package.searchpath then
-    found = package.searchpath('libsandbox', package.path)
-  end
   if type(found) == 'string' then return fs.getDir(found) end
+  local core = type(package) == 'table' and type(package.searchpath) == 'function'
+    and package.searchpath('sandbox.core', package.path)
+  if type(core) == 'string' then return fs.getDir(fs.getDir(core)) end
   return '/rom/modules/main'
 end
 

@@ -85,18 +85,21 @@ test('a module missing from the folder is named', function()
     '^libsandbox: no module /rom/modules/main/sandbox/jobs%.lua$', 'jobs')
 end)
 
-test('loaded without a path it looks where package.searchpath finds libsandbox', function()
+test('loaded without a path it looks where package.searchpath finds the modules', function()
   withFs(moduleFiles('lib'))
   local savedPackage = package
   kit.onCleanup(function() rawset(_G, 'package', savedPackage) end)
   local asked
   rawset(_G, 'package', {
     path = '/lib/?.lua',
-    searchpath = function(name, path) asked = { name, path } return '/lib/libsandbox.lua' end,
+    searchpath = function(name, path) asked = { name, path } return '/lib/sandbox/core.lua' end,
   })
   local chunk = assert(load(loader, '@libsandbox.lua'))
   eq(type(chunk().onMessage), 'function', 'loaded')
-  eq(asked, { 'libsandbox', '/lib/?.lua' }, 'searched package.path')
+  eq(asked, { 'sandbox.core', '/lib/?.lua' }, 'searched package.path')
+  rawset(_G, 'package', nil)
+  withFs(moduleFiles('rom/modules/main'))
+  eq(type(chunk().onMessage), 'function', 'no package: the ROM\'s folder')
 end)
 
 return kit.suite()
