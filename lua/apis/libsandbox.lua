@@ -64,7 +64,7 @@ first is detected and handled.
 
 Modules, in this order, each using only those above it; each opens with a header
 (`-- == Section: NAME ==`) saying what it owns, what it needs and what it exports:
-  core         Constants and argument checks    M, expect (cc.expect), errorValue
+  core         Constants and argument checks    M, expect and field (cc.expect), errorValue
   consent      Capabilities                     sandbox.allow: parse, change, the settings
   encoding     Encodings                        base64, payload/error coercion, JSON lists, codec
   wire         Envelopes                        the wire frames, hello, traposId, messageIds
@@ -86,8 +86,8 @@ Modules, in this order, each using only those above it; each opens with a header
 
 -- == Section: Constants and argument checks ===============================================
 -- Owns: the module table M with every tunable number and OS event name, the argument checks
--- (expect: CraftOS's own cc.expect; expectNonEmpty) and errorValue, the {code, message} every
--- failure is made of.
+-- (expect and field: CraftOS's own cc.expect; expectNonEmpty) and errorValue, the
+-- {code, message} every failure is made of.
 -- Needs: nothing. Exports: M._VERSION, M.EVENT_*, the limits (M.MAX_SEND, ...), M.errorValue.
 
 local M, internal = ...
@@ -147,7 +147,8 @@ local function loadExpect()
   end
   return dofile('rom/modules/main/cc/expect.lua')
 end
-local expect = loadExpect().expect
+local ccExpect = loadExpect()
+local expect, field = ccExpect.expect, ccExpect.field
 
 -- cc.expect's wording, for a string that must not be empty.
 local function expectNonEmpty(n, value)
@@ -162,6 +163,7 @@ end
 M.errorValue = errorValue
 
 internal.expect = expect
+internal.field = field
 internal.expectNonEmpty = expectNonEmpty
 internal.errorValue = errorValue
 ]=])
@@ -3145,6 +3147,7 @@ local encodeFrame = internal.encodeFrame
 local errorValue = internal.errorValue
 local expect = internal.expect
 local expectNonEmpty = internal.expectNonEmpty
+local field = internal.field
 local jsonList = internal.jsonList
 local stopJobs = internal.stopJobs
 local stopWatches = internal.stopWatches
@@ -3637,7 +3640,7 @@ Returns a session: isReady(), lastError(), state(), status(), stop(), loop (the 
 function M.startSession(opts)
   expect(1, opts, 'table')
   local baseUrl = expectNonEmpty(1, opts.url)
-  if opts.secret ~= nil and type(opts.secret) ~= 'string' then error('bad argument #1 (opts.secret: string expected)', 2) end
+  field(opts, 'secret', 'string', 'nil')
   local httpApi = opts.http or http
   if type(httpApi) ~= 'table' or type(httpApi.websocketAsync) ~= 'function' then
     error('bad argument #1 (opts.http with websocketAsync expected)', 2)

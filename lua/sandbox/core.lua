@@ -48,7 +48,7 @@ first is detected and handled.
 
 Modules, in this order, each using only those above it; each opens with a header
 (`-- == Section: NAME ==`) saying what it owns, what it needs and what it exports:
-  core         Constants and argument checks    M, expect (cc.expect), errorValue
+  core         Constants and argument checks    M, expect and field (cc.expect), errorValue
   consent      Capabilities                     sandbox.allow: parse, change, the settings
   encoding     Encodings                        base64, payload/error coercion, JSON lists, codec
   wire         Envelopes                        the wire frames, hello, traposId, messageIds
@@ -70,8 +70,8 @@ Modules, in this order, each using only those above it; each opens with a header
 
 -- == Section: Constants and argument checks ===============================================
 -- Owns: the module table M with every tunable number and OS event name, the argument checks
--- (expect: CraftOS's own cc.expect; expectNonEmpty) and errorValue, the {code, message} every
--- failure is made of.
+-- (expect and field: CraftOS's own cc.expect; expectNonEmpty) and errorValue, the
+-- {code, message} every failure is made of.
 -- Needs: nothing. Exports: M._VERSION, M.EVENT_*, the limits (M.MAX_SEND, ...), M.errorValue.
 
 local M, internal = ...
@@ -131,7 +131,8 @@ local function loadExpect()
   end
   return dofile('rom/modules/main/cc/expect.lua')
 end
-local expect = loadExpect().expect
+local ccExpect = loadExpect()
+local expect, field = ccExpect.expect, ccExpect.field
 
 -- cc.expect's wording, for a string that must not be empty.
 local function expectNonEmpty(n, value)
@@ -146,5 +147,6 @@ end
 M.errorValue = errorValue
 
 internal.expect = expect
+internal.field = field
 internal.expectNonEmpty = expectNonEmpty
 internal.errorValue = errorValue
