@@ -29,7 +29,9 @@ from them (trapsandbox.web.client.build_libsandbox), loading each module with
 `load(source, '@sandbox/NAME.lua')` so that an error names the module and its line. A module
 runs as chunk(M, internal): M is the table libsandbox returns, internal what the modules share
 with each other and not with programs (a module takes what it needs from internal at its top
-and puts there, at its end, what later modules need).
+and puts there, at its end, what later modules need). The data pack carries no one file: it
+carries the modules, rom/modules/main/sandbox/NAME.lua, and as rom/modules/main/libsandbox.lua
+a loader (lua/datapack/libsandbox.lua) that runs them the same way, under the same names.
 
 OS events (all prefixed `trapos_sandbox_`):
   trapos_sandbox_send(messageId, type, payload)        a program asks the daemon to send

@@ -11,11 +11,14 @@ that starts the daemon once its player ran ``sandbox setup``.
 
 They are read from ``lua/`` at each request, so what is served is always
 what is in the tree (or installed beside the package), never a copy. The one file
-``apis/libsandbox.lua`` (for ``wget run``, the installer and the data pack) is built at each
+``apis/libsandbox.lua`` (for ``wget run``, the installer and CraftOS-PC) is built at each
 request from its modules, ``lua/sandbox/NAME.lua`` (:func:`build_libsandbox`); the copy of it in
 the tree is for trapos's package (``lua/packages/trapos-sandbox``), which takes files from
 ``lua/`` as they are, and a test keeps it the same as the build
-(``python -m trapsandbox.web.client`` writes it again).
+(``python -m trapsandbox.web.client`` writes it again). The data pack does not carry that file:
+it carries the modules themselves, ``rom/modules/main/sandbox/NAME.lua``, and as
+``rom/modules/main/libsandbox.lua`` a loader (:func:`pack_loader`) that runs them as the one
+file does, each under the chunk name ``@sandbox/NAME.lua``.
 """
 
 from __future__ import annotations
