@@ -1791,11 +1791,11 @@ local M, internal = ...
 local badRequest = internal.badRequest
 local jsonList = internal.jsonList
 local optionalNumber = internal.optionalNumber
+local registerRequest = internal.registerRequest
 local resolvePath = internal.resolvePath
 local sessionOf = internal.sessionOf
 local startJob = internal.startJob
 local stringList = internal.stringList
-local registerRequest = internal.registerRequest
 
 local function timeoutAndOutput(payload)
   local timeoutMs, err = optionalNumber(payload, 'timeoutMs', M.EXEC_TIMEOUT_MS, 1)
@@ -1981,10 +1981,10 @@ local fsError = internal.fsError
 local jsonList = internal.jsonList
 local optionalNumber = internal.optionalNumber
 local errorValue = internal.errorValue
+local registerRequest = internal.registerRequest
 local resolvePath = internal.resolvePath
 local sessionOf = internal.sessionOf
 local settingsForbidden = internal.settingsForbidden
-local registerRequest = internal.registerRequest
 
 local function fileEntry(fsApi, dir, name)
   local full = fsApi.combine(dir, name)
@@ -2416,8 +2416,8 @@ local M, internal = ...
 local errorValue = internal.errorValue
 local freeSpaceFor = internal.freeSpaceFor
 local jsonList = internal.jsonList
-local sessionOf = internal.sessionOf
 local registerRequest = internal.registerRequest
+local sessionOf = internal.sessionOf
 
 M.SNAPSHOT_BATCH = 64    -- paths looked at between yields while listing for a snapshot
 -- Bytes a listed file adds to the answer's JSON besides its path (keys, numbers, quotes).
@@ -2508,9 +2508,9 @@ local M, internal = ...
 local badRequest = internal.badRequest
 local errorValue = internal.errorValue
 local optionalNumber = internal.optionalNumber
+local registerRequest = internal.registerRequest
 local sessionOf = internal.sessionOf
 local startWatch = internal.startWatch
-local registerRequest = internal.registerRequest
 
 --[[ The screen is the daemon's recorder of the native terminal (sandbox/screen, installed when the
 daemon starts, however it was started). A session without one (no term.native, or started
@@ -2696,10 +2696,10 @@ local errorValue = internal.errorValue
 local isWhole = internal.isWhole
 local jsonList = internal.jsonList
 local optionalNumber = internal.optionalNumber
+local registerRequest = internal.registerRequest
 local sessionOf = internal.sessionOf
 local startJob = internal.startJob
 local stringList = internal.stringList
-local registerRequest = internal.registerRequest
 
 --[[ A Lua value as JSON: strings, booleans and finite numbers as they are; tables as arrays
 (keys exactly 1..n) or objects (other keys as text); nil inside a list as null; functions,

@@ -11,9 +11,9 @@ local M, internal = ...
 local badRequest = internal.badRequest
 local errorValue = internal.errorValue
 local optionalNumber = internal.optionalNumber
+local registerRequest = internal.registerRequest
 local sessionOf = internal.sessionOf
 local startWatch = internal.startWatch
-local registerRequest = internal.registerRequest
 
 --[[ The screen is the daemon's recorder of the native terminal (sandbox/screen, installed when the
 daemon starts, however it was started). A session without one (no term.native, or started

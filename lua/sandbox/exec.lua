@@ -11,11 +11,11 @@ local M, internal = ...
 local badRequest = internal.badRequest
 local jsonList = internal.jsonList
 local optionalNumber = internal.optionalNumber
+local registerRequest = internal.registerRequest
 local resolvePath = internal.resolvePath
 local sessionOf = internal.sessionOf
 local startJob = internal.startJob
 local stringList = internal.stringList
-local registerRequest = internal.registerRequest
 
 local function timeoutAndOutput(payload)
   local timeoutMs, err = optionalNumber(payload, 'timeoutMs', M.EXEC_TIMEOUT_MS, 1)

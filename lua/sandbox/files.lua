@@ -18,10 +18,10 @@ local fsError = internal.fsError
 local jsonList = internal.jsonList
 local optionalNumber = internal.optionalNumber
 local errorValue = internal.errorValue
+local registerRequest = internal.registerRequest
 local resolvePath = internal.resolvePath
 local sessionOf = internal.sessionOf
 local settingsForbidden = internal.settingsForbidden
-local registerRequest = internal.registerRequest
 
 local function fileEntry(fsApi, dir, name)
   local full = fsApi.combine(dir, name)

@@ -16,10 +16,10 @@ local errorValue = internal.errorValue
 local isWhole = internal.isWhole
 local jsonList = internal.jsonList
 local optionalNumber = internal.optionalNumber
+local registerRequest = internal.registerRequest
 local sessionOf = internal.sessionOf
 local startJob = internal.startJob
 local stringList = internal.stringList
-local registerRequest = internal.registerRequest
 
 --[[ A Lua value as JSON: strings, booleans and finite numbers as they are; tables as arrays
 (keys exactly 1..n) or objects (other keys as text); nil inside a list as null; functions,

@@ -10,8 +10,8 @@ local M, internal = ...
 local errorValue = internal.errorValue
 local freeSpaceFor = internal.freeSpaceFor
 local jsonList = internal.jsonList
-local sessionOf = internal.sessionOf
 local registerRequest = internal.registerRequest
+local sessionOf = internal.sessionOf
 
 M.SNAPSHOT_BATCH = 64    -- paths looked at between yields while listing for a snapshot
 -- Bytes a listed file adds to the answer's JSON besides its path (keys, numbers, quotes).
