@@ -29,7 +29,9 @@ from them (trapsandbox.web.client.build_libsandbox), loading each module with
 `load(source, '@sandbox/NAME.lua')` so that an error names the module and its line. A module
 runs as chunk(M, internal): M is the table libsandbox returns, internal what the modules share
 with each other and not with programs (a module takes what it needs from internal at its top
-and puts there, at its end, what later modules need).
+and puts there, at its end, what later modules need). The data pack carries no one file: it
+carries the modules, rom/modules/main/sandbox/NAME.lua, and as rom/modules/main/libsandbox.lua
+a loader (lua/datapack/libsandbox.lua) that runs them the same way, under the same names.
 
 OS events (all prefixed `trapos_sandbox_`):
   trapos_sandbox_send(messageId, type, payload)        a program asks the daemon to send
@@ -47,8 +49,10 @@ Daemon state is published in the shared table `_G.traposSandboxState` (`state`, 
 `sandbox status` can read it without a round trip. A stopped daemon leaves its last state
 behind, marked `running = false`.
 
-Gateway requests the daemon answers: the request table (sandbox/requests) lists every type, the
-capability it needs in the setting sandbox.allow and its handler; SPEC §9 has the payloads.
+Gateway requests the daemon answers: each handler module registers its types, with the
+capability each needs in the setting sandbox.allow, where it defines the handler
+(registerRequest, in sandbox/handlers); sandbox/requests makes the request table of them. SPEC §9
+has the payloads.
 Anything else is `unknown_type`; a capability not allowed is `forbidden`; CraftOS refusing a
 file operation is `fs_error` with its message. No frame sent is over M.MAX_SEND (128 KiB).
 
@@ -62,7 +66,7 @@ first is detected and handled.
 
 Modules, in this order, each using only those above it; each opens with a header
 (`-- == Section: NAME ==`) saying what it owns, what it needs and what it exports:
-  core         Constants and argument checks    M, expect (cc.expect), errorValue
+  core         Constants and argument checks    M, expect and field (cc.expect), errorValue
   consent      Capabilities                     sandbox.allow: parse, change, the settings
   encoding     Encodings                        base64, payload/error coercion, JSON lists, codec
   wire         Envelopes                        the wire frames, hello, traposId, messageIds
@@ -70,13 +74,13 @@ Modules, in this order, each using only those above it; each opens with a header
   capture      Output capture and the terminal  what exec/eval programs print; their terminal
   screen       The screen                       the recorder of the native terminal; watches
   jobs         Jobs                             exec/eval coroutines: resume, timeout, cancel
-  handlers     Request handlers                 what every handler shares; ping; /.settings
+  handlers     Request handlers                 registerRequest; what every handler shares; ping
   exec         Programs                         exec, eval, cancel
   files        Files                            list, read, write, delete, move, make_folder
   snapshot     Snapshots                        snapshot_list
   console      Screen and input                 screen, screen_watch, input
   peripherals  Peripherals and turtles          list/call_peripheral, peripheral_events, turtle
-  requests     The request table                type -> capability -> handler, in one place
+  requests     The request table                type -> handler, type -> capability, as registered
   dispatch     Dispatch                         onMessage: frames to handlers or to programs
   session      The session (the daemon)         the WebSocket, hello, reconnect; startSession
   api          Entry points for programs        request, ask, newWrapper
@@ -84,8 +88,8 @@ Modules, in this order, each using only those above it; each opens with a header
 
 -- == Section: Constants and argument checks ===============================================
 -- Owns: the module table M with every tunable number and OS event name, the argument checks
--- (expect: CraftOS's own cc.expect; expectNonEmpty) and errorValue, the {code, message} every
--- failure is made of.
+-- (expect and field: CraftOS's own cc.expect; expectNonEmpty) and errorValue, the
+-- {code, message} every failure is made of.
 -- Needs: nothing. Exports: M._VERSION, M.EVENT_*, the limits (M.MAX_SEND, ...), M.errorValue.
 
 local M, internal = ...
@@ -145,7 +149,8 @@ local function loadExpect()
   end
   return dofile('rom/modules/main/cc/expect.lua')
 end
-local expect = loadExpect().expect
+local ccExpect = loadExpect()
+local expect, field = ccExpect.expect, ccExpect.field
 
 -- cc.expect's wording, for a string that must not be empty.
 local function expectNonEmpty(n, value)
@@ -160,6 +165,7 @@ end
 M.errorValue = errorValue
 
 internal.expect = expect
+internal.field = field
 internal.expectNonEmpty = expectNonEmpty
 internal.errorValue = errorValue
 ]=])
@@ -1565,17 +1571,22 @@ local _VERSION = '0.1.0'
 -- libsandbox's module sandbox/handlers: run as chunk(M, internal), see sandbox/core.lua.
 
 -- == Section: Request handlers ============================================================
--- Owns: what every request handler shares (answers, numbers and lists from a payload, paths,
--- /.settings refused) and ping. The other handlers are in exec, files, snapshot, console and
--- peripherals; the request table (sandbox/requests) lists them all.
+-- Owns: the registration of request types (registerRequest), what every request handler
+-- shares (answers, numbers and lists from a payload, paths, /.settings refused) and ping. The
+-- other handlers are in exec, files, snapshot, console and peripherals, each registered where
+-- it is defined; sandbox/requests makes the request table of the registrations.
 -- Needs: constants, encodings. Exports: M.isSettingsPath, M.SETTINGS_FILE; for the other
--- handlers: handlePing, badRequest, fsError, errorText, sessionOf, optionalNumber, stringList,
--- resolvePath, settingsForbidden, filePath, encodingOk.
+-- handlers: registerRequest, badRequest, fsError, errorText, sessionOf, optionalNumber,
+-- stringList, resolvePath, settingsForbidden, filePath, encodingOk; for sandbox/requests:
+-- closeRequests.
 
 local M, internal = ...
 local errorValue = internal.errorValue
+local expect = internal.expect
+local expectNonEmpty = internal.expectNonEmpty
 
---[[ A handler is handler(req, ctx), registered in the request table below (M.requestHandlers).
+--[[ A handler is handler(req, ctx), registered with its type and capability by
+registerRequest; sandbox/requests puts them in the request table (M.requestHandlers).
 req = { messageId, type, payload (coerced), respond(ok, payload, err, shrink?) -> sent,
         partial(payload) -> sent }
 ctx = the context onMessage was given (traposId, send, ... and, in a session, `session` and
@@ -1586,9 +1597,34 @@ A handler that raises is answered with `internal`; a type missing from the table
 An answer that would encode over M.MAX_SEND is sent as `too_large` instead (after `shrink`, when
 given, could not make it fit). ]]
 
+-- Every request type the daemon answers, registered where its handler is defined:
+-- type -> { capability = the name sandbox.allow must hold (nil: none), handler = fn }.
+local registered, closed = {}, false
+
+-- A gateway request type (SPEC §9 has its payload and answer), the capability it needs (nil for
+-- none) and its handler. A type registered twice, or after the table was made, is an error.
+local function registerRequest(msgType, capability, handler)
+  expectNonEmpty(1, msgType)
+  expect(2, capability, 'string', 'nil')
+  expect(3, handler, 'function')
+  if closed then
+    error('request type ' .. msgType .. ' registered after the request table was made', 2)
+  end
+  if registered[msgType] then error('request type ' .. msgType .. ' registered twice', 2) end
+  registered[msgType] = { capability = capability, handler = handler }
+end
+
+-- The registrations, once (sandbox/requests makes the request table of them); no more after.
+local function closeRequests()
+  closed = true
+  return registered
+end
+
 local function handlePing(req, ctx)
   req.respond(true, { traposId = ctx.traposId })
 end
+-- ping: {traposId}
+registerRequest('ping', nil, handlePing)
 
 local function badRequest(req, message)
   req.respond(false, nil, errorValue('bad_request', message))
@@ -1727,7 +1763,8 @@ local function encodingOk(req)
   badRequest(req, 'encoding must be "base64"' .. (req.respondBinary and ' or "binary"' or ''))
 end
 
-internal.handlePing = handlePing
+internal.registerRequest = registerRequest
+internal.closeRequests = closeRequests
 internal.badRequest = badRequest
 internal.fsError = fsError
 internal.errorText = errorText
@@ -1747,13 +1784,14 @@ local _VERSION = '0.1.0'
 
 -- == Section: Programs ====================================================================
 -- Owns: exec (a program beside the daemon) and eval (a Lua chunk), run as jobs, and cancel.
--- Needs: constants, handlers, jobs. Exports: M.PROGRAM_PATH; handleExec, handleEval and
--- handleCancel for the request table.
+-- Needs: constants, handlers, jobs. Exports: M.PROGRAM_PATH. Registers exec, eval and cancel
+-- (registerRequest, sandbox/handlers).
 
 local M, internal = ...
 local badRequest = internal.badRequest
 local jsonList = internal.jsonList
 local optionalNumber = internal.optionalNumber
+local registerRequest = internal.registerRequest
 local resolvePath = internal.resolvePath
 local sessionOf = internal.sessionOf
 local startJob = internal.startJob
@@ -1849,6 +1887,8 @@ local function handleExec(req, ctx)
     answer = execAnswer,
   })
 end
+-- exec: run a program beside the daemon; partials stream its output
+registerRequest('exec', 'exec', handleExec)
 
 local function serializeValue(textutilsApi, value)
   if textutilsApi and textutilsApi.serialize then
@@ -1905,6 +1945,8 @@ local function handleEval(req, ctx)
     body = fn, timeoutMs = timeoutMs, maxOutputBytes = maxOutput, mergeStderr = true, answer = evalAnswer,
   })
 end
+-- eval: run Lua the same way; returns via textutils.serialize
+registerRequest('eval', 'eval', handleEval)
 
 local function handleCancel(req, ctx)
   local messageId = req.payload.messageId
@@ -1914,10 +1956,8 @@ local function handleCancel(req, ctx)
   local running = session and (session.jobs[messageId] or session.watches[messageId]) or nil
   req.respond(true, { cancelled = running ~= nil and running:stop('cancel') or false })
 end
-
-internal.handleExec = handleExec
-internal.handleEval = handleEval
-internal.handleCancel = handleCancel
+-- cancel: {messageId} of a running exec, eval or screen_watch
+registerRequest('cancel', nil, handleCancel)
 ]])
 
 loadModule('files', [=[
@@ -1929,8 +1969,8 @@ local _VERSION = '0.1.0'
 -- Owns: list_files, read_file, write_file (parts into a temporary file per write, the last one
 -- moves it in; write_files: several whole files in one message), delete_file, move_file and
 -- make_folder, each checked and done in one step.
--- Needs: constants, encodings, handlers. Exports: M.TEMP_SUFFIX; the handlers for the request
--- table.
+-- Needs: constants, encodings, handlers. Exports: M.TEMP_SUFFIX; freeSpaceFor (snapshot).
+-- Registers those seven request types.
 
 local M, internal = ...
 local badRequest = internal.badRequest
@@ -1941,6 +1981,7 @@ local fsError = internal.fsError
 local jsonList = internal.jsonList
 local optionalNumber = internal.optionalNumber
 local errorValue = internal.errorValue
+local registerRequest = internal.registerRequest
 local resolvePath = internal.resolvePath
 local sessionOf = internal.sessionOf
 local settingsForbidden = internal.settingsForbidden
@@ -1973,6 +2014,8 @@ local function handleListFiles(req, ctx)
   for i, name in ipairs(names) do entries[i] = fileEntry(fsApi, path, name) end
   req.respond(true, { path = shown, entries = jsonList(entries) })
 end
+-- list_files: {path, entries}
+registerRequest('list_files', 'fs.read', handleListFiles)
 
 -- Reads `length` bytes from `offset` of an open binary handle.
 local function readRange(handle, offset, length)
@@ -2024,6 +2067,8 @@ local function handleReadFile(req, ctx)
   answer.content = M.base64Encode(data)
   req.respond(true, answer)
 end
+-- read_file: base64 (64 KiB) or binary (120 KiB) a part
+registerRequest('read_file', 'fs.read', handleReadFile)
 
 -- The free space of the drive `path` is on (or will be on): asked of its nearest existing folder.
 local function freeSpaceFor(fsApi, path)
@@ -2221,6 +2266,8 @@ local function handleWriteFile(req, ctx)
   end
   req.respond(true, { bytesWritten = #data, sizeBytes = size })
 end
+-- write_file: parts into a temporary file, the final one moves it in
+registerRequest('write_file', 'fs.write', handleWriteFile)
 
 --[[ write_files {encoding = 'binary', writeId, files = {{path, size}, ...}}, as one binary
 message whose bytes are the files' one after another: several whole files in one request (a
@@ -2270,6 +2317,8 @@ local function handleWriteFiles(req, ctx)
   end
   req.respond(true, { written = jsonList(written) })
 end
+-- write_files: several whole files in one binary message
+registerRequest('write_files', 'fs.write', handleWriteFiles)
 
 local function handleDeleteFile(req, ctx)
   local session = sessionOf(req, ctx)
@@ -2284,6 +2333,8 @@ local function handleDeleteFile(req, ctx)
   if not ok then return fsError(req, errorText(err)) end
   req.respond(true, { deleted = not fsApi.exists(path) })
 end
+-- delete_file: {deleted}
+registerRequest('delete_file', 'fs.write', handleDeleteFile)
 
 -- A path of a move or a folder (see resolvePath) from payload[key], or nil once answered.
 local function changedPath(req, fsApi, key)
@@ -2328,6 +2379,8 @@ local function handleMoveFile(req, ctx)
   if not ok then return fsError(req, errorText(err)) end
   req.respond(true, { moved = true, from = fromShown, to = toShown })
 end
+-- move_file: {from, to}: checked and moved in one step
+registerRequest('move_file', 'fs.write', handleMoveFile)
 
 --[[ make_folder {path} -> {made, existed}: the folder and any missing above it (fs.makeDir);
 one that exists already is left as it is (existed = true). Never deletes anything. ]]
@@ -2344,15 +2397,10 @@ local function handleMakeFolder(req, ctx)
   if not ok then return fsError(req, errorText(err)) end
   req.respond(true, { made = shown, existed = false })
 end
+-- make_folder: {path}: made, or left as it is
+registerRequest('make_folder', 'fs.write', handleMakeFolder)
 
-internal.handleListFiles = handleListFiles
-internal.handleReadFile = handleReadFile
 internal.freeSpaceFor = freeSpaceFor
-internal.handleWriteFile = handleWriteFile
-internal.handleWriteFiles = handleWriteFiles
-internal.handleDeleteFile = handleDeleteFile
-internal.handleMoveFile = handleMoveFile
-internal.handleMakeFolder = handleMakeFolder
 ]=])
 
 loadModule('snapshot', [=[
@@ -2362,12 +2410,13 @@ local _VERSION = '0.1.0'
 
 -- == Section: Snapshots ===================================================================
 -- Owns: snapshot_list (SPEC §15): every file a snapshot takes, outside /rom, drives and
--- /.settings. Needs: constants, handlers, files. Exports: handleSnapshotList.
+-- /.settings. Needs: constants, handlers, files. Registers snapshot_list.
 
 local M, internal = ...
 local errorValue = internal.errorValue
 local freeSpaceFor = internal.freeSpaceFor
 local jsonList = internal.jsonList
+local registerRequest = internal.registerRequest
 local sessionOf = internal.sessionOf
 
 M.SNAPSHOT_BATCH = 64    -- paths looked at between yields while listing for a snapshot
@@ -2441,8 +2490,8 @@ local function handleSnapshotList(req, ctx)
   end
   step()
 end
-
-internal.handleSnapshotList = handleSnapshotList
+-- snapshot_list: {files: [{path, size, modified}], total}, all but /rom, drives, /.settings (§15)
+registerRequest('snapshot_list', 'fs.read', handleSnapshotList)
 ]=])
 
 loadModule('console', [=[
@@ -2453,12 +2502,13 @@ local _VERSION = '0.1.0'
 -- == Section: Screen and input ===========================================================
 -- Owns: screen, screen_watch (the screen, then its changes as partials) and input (keys, chars,
 -- paste, mouse, terminate) (SPEC §14). Needs: constants, the screen, handlers.
--- Exports: M.NO_SCREEN; the handlers for the request table.
+-- Exports: M.NO_SCREEN; isWhole. Registers screen, screen_watch and input.
 
 local M, internal = ...
 local badRequest = internal.badRequest
 local errorValue = internal.errorValue
 local optionalNumber = internal.optionalNumber
+local registerRequest = internal.registerRequest
 local sessionOf = internal.sessionOf
 local startWatch = internal.startWatch
 
@@ -2500,6 +2550,8 @@ local function handleScreen(req, ctx)
   if #background == height then answer.background = background end
   req.respond(true, answer)
 end
+-- screen: the whole screen's lines and colours
+registerRequest('screen', 'screen', handleScreen)
 
 -- screen_watch {maxFps?}: partials until cancelled or the connection ends (see Watch).
 local function handleScreenWatch(req, ctx)
@@ -2510,6 +2562,8 @@ local function handleScreenWatch(req, ctx)
   if not session.recorder then return req.respond(false, nil, errorValue('internal', M.NO_SCREEN)) end
   startWatch(session, req, session.recorder, maxFps)
 end
+-- screen_watch: the screen, then its changes as partials (§14)
+registerRequest('screen_watch', 'screen', handleScreenWatch)
 
 -- Input (SPEC §14) ----------------------------------------------------------------------
 
@@ -2617,11 +2671,10 @@ local function handleInput(req, ctx)
   end
   batch()
 end
+-- input: {events}: keys, chars, paste, mouse, terminate (§14)
+registerRequest('input', 'input', handleInput)
 
-internal.handleScreen = handleScreen
-internal.handleScreenWatch = handleScreenWatch
 internal.isWhole = isWhole
-internal.handleInput = handleInput
 ]=])
 
 loadModule('peripherals', [=[
@@ -2632,8 +2685,8 @@ local _VERSION = '0.1.0'
 -- == Section: Peripherals and turtles =====================================================
 -- Owns: list_peripherals, call_peripheral, peripheral_events and turtle (SPEC §16): a Lua
 -- value as JSON, calls that may yield, the turtle's move budget.
--- Needs: constants, encodings, loop, jobs, handlers, console. Exports: the handlers for the request
--- table.
+-- Needs: constants, encodings, loop, jobs, handlers, console. Registers those four request
+-- types.
 
 local M, internal = ...
 local badRequest = internal.badRequest
@@ -2643,6 +2696,7 @@ local errorValue = internal.errorValue
 local isWhole = internal.isWhole
 local jsonList = internal.jsonList
 local optionalNumber = internal.optionalNumber
+local registerRequest = internal.registerRequest
 local sessionOf = internal.sessionOf
 local startJob = internal.startJob
 local stringList = internal.stringList
@@ -2743,6 +2797,8 @@ local function handleListPeripherals(req, ctx)
   end
   req.respond(true, { peripherals = jsonList(list) })
 end
+-- list_peripherals: {peripherals: [{name, types, methods}]} (§16)
+registerRequest('list_peripherals', 'peripheral', handleListPeripherals)
 
 --[[ A call that may yield (CC:Tweaked's turtle actions and main-thread peripheral methods wait
 for an event) runs as a job beside the daemon, like exec: it is resumed with the events it
@@ -2776,6 +2832,8 @@ local function handleCallPeripheral(req, ctx)
   startCall(session, req, function() return api.call(name, method, table.unpack(args, 1, n)) end,
     function(result) return { returns = jsonValues(result, 2) } end)
 end
+-- call_peripheral: {returns} as JSON; peripheral_error
+registerRequest('call_peripheral', 'peripheral', handleCallPeripheral)
 
 --[[ peripheral_events {events?, timeoutMs?}: each peripheral event (M.PERIPHERAL_EVENTS, or
 the names given) as a partial {type: "event", name, args} until cancelled, the connection
@@ -2841,6 +2899,8 @@ local function handlePeripheralEvents(req, ctx)
     watch:stop('timeout')
   end, timeoutMs / 1000)
 end
+-- peripheral_events: partials {type: "event", name, args}
+registerRequest('peripheral_events', 'peripheral', handlePeripheralEvents)
 
 -- turtle {action, args?} -> {returns, fuel, selected}. The actions of CC:Tweaked's turtle
 -- API an agent may use (SPEC §16); the moves count against sandbox.turtle_budget while an
@@ -2891,11 +2951,8 @@ local function handleTurtle(req, ctx)
     return { returns = jsonValues(result, 2), fuel = toJsonValue(fuel, {}, 1), selected = selected }
   end)
 end
-
-internal.handleListPeripherals = handleListPeripherals
-internal.handleCallPeripheral = handleCallPeripheral
-internal.handlePeripheralEvents = handlePeripheralEvents
-internal.handleTurtle = handleTurtle
+-- turtle: {returns, fuel, selected}; moves within the budget
+registerRequest('turtle', 'turtle', handleTurtle)
 ]=])
 
 loadModule('requests', [[
@@ -2904,61 +2961,19 @@ local _VERSION = '0.1.0'
 -- libsandbox's module sandbox/requests: run as chunk(M, internal), see sandbox/core.lua.
 
 -- == Section: The request table ===========================================================
--- Owns: every gateway request type the daemon answers, the capability it needs (in the
--- setting sandbox.allow; none for ping and cancel) and its handler, in one place.
--- Needs: the request handlers. Exports: M.requestHandlers (type -> handler, what dispatch
--- calls) and M.REQUEST_CAPABILITY (type -> capability), both made from REQUESTS.
+-- Owns: the request table, made of the types the handler modules registered (handlers, exec,
+-- files, snapshot, console, peripherals: each with registerRequest where it defines its
+-- handler), after the last of them ran; no type may be registered after it.
+-- Needs: handlers and every module that registers. Exports: M.requestHandlers (type ->
+-- handler, what dispatch calls) and M.REQUEST_CAPABILITY (type -> the capability it needs in
+-- the setting sandbox.allow; none for ping and cancel).
 
 local M, internal = ...
-local handleCallPeripheral = internal.handleCallPeripheral
-local handleCancel = internal.handleCancel
-local handleDeleteFile = internal.handleDeleteFile
-local handleEval = internal.handleEval
-local handleExec = internal.handleExec
-local handleInput = internal.handleInput
-local handleListFiles = internal.handleListFiles
-local handleListPeripherals = internal.handleListPeripherals
-local handleMakeFolder = internal.handleMakeFolder
-local handleMoveFile = internal.handleMoveFile
-local handlePeripheralEvents = internal.handlePeripheralEvents
-local handlePing = internal.handlePing
-local handleReadFile = internal.handleReadFile
-local handleScreen = internal.handleScreen
-local handleScreenWatch = internal.handleScreenWatch
-local handleSnapshotList = internal.handleSnapshotList
-local handleTurtle = internal.handleTurtle
-local handleWriteFile = internal.handleWriteFile
-local handleWriteFiles = internal.handleWriteFiles
-
--- SPEC §9 has the payloads and answers.
-local REQUESTS = {
-  -- type          capability  handler              what it does
-  { 'ping',         nil,        handlePing },        -- {traposId}
-  { 'exec',         'exec',     handleExec },        -- run a program beside the daemon; partials stream its output
-  { 'eval',         'eval',     handleEval },        -- run Lua the same way; returns via textutils.serialize
-  { 'cancel',       nil,        handleCancel },      -- {messageId} of a running exec, eval or screen_watch
-  { 'list_files',   'fs.read',  handleListFiles },   -- {path, entries}
-  { 'read_file',    'fs.read',  handleReadFile },    -- base64 (64 KiB) or binary (120 KiB) a part
-  { 'write_file',   'fs.write', handleWriteFile },   -- parts into a temporary file, the final one moves it in
-  { 'write_files',  'fs.write', handleWriteFiles },  -- several whole files in one binary message
-  { 'delete_file',  'fs.write', handleDeleteFile },  -- {deleted}
-  { 'move_file',    'fs.write', handleMoveFile },    -- {from, to}: checked and moved in one step
-  { 'make_folder',  'fs.write', handleMakeFolder },  -- {path}: made, or left as it is
-  { 'screen',       'screen',   handleScreen },      -- the whole screen's lines and colours
-  { 'screen_watch', 'screen',   handleScreenWatch }, -- the screen, then its changes as partials (§14)
-  { 'input',        'input',    handleInput },       -- {events}: keys, chars, paste, mouse, terminate (§14)
-  { 'snapshot_list', 'fs.read', handleSnapshotList }, -- {files: [{path, size, modified}], total} outside /rom, drives, /.settings (§15)
-  { 'list_peripherals', 'peripheral', handleListPeripherals }, -- {peripherals: [{name, types, methods}]} (§16)
-  { 'call_peripheral', 'peripheral', handleCallPeripheral },   -- {returns} as JSON; peripheral_error
-  { 'peripheral_events', 'peripheral', handlePeripheralEvents }, -- partials {type: "event", name, args}
-  { 'turtle',       'turtle',   handleTurtle },      -- {returns, fuel, selected}; moves within the budget
-}
 
 M.requestHandlers, M.REQUEST_CAPABILITY = {}, {}
-for _, entry in ipairs(REQUESTS) do
-  local msgType, capability, handler = entry[1], entry[2], entry[3]
-  M.requestHandlers[msgType] = handler
-  M.REQUEST_CAPABILITY[msgType] = capability
+for msgType, entry in pairs(internal.closeRequests()) do
+  M.requestHandlers[msgType] = entry.handler
+  M.REQUEST_CAPABILITY[msgType] = entry.capability
 end
 ]])
 
@@ -3134,6 +3149,7 @@ local encodeFrame = internal.encodeFrame
 local errorValue = internal.errorValue
 local expect = internal.expect
 local expectNonEmpty = internal.expectNonEmpty
+local field = internal.field
 local jsonList = internal.jsonList
 local stopJobs = internal.stopJobs
 local stopWatches = internal.stopWatches
@@ -3626,7 +3642,7 @@ Returns a session: isReady(), lastError(), state(), status(), stop(), loop (the 
 function M.startSession(opts)
   expect(1, opts, 'table')
   local baseUrl = expectNonEmpty(1, opts.url)
-  if opts.secret ~= nil and type(opts.secret) ~= 'string' then error('bad argument #1 (opts.secret: string expected)', 2) end
+  field(opts, 'secret', 'string', 'nil')
   local httpApi = opts.http or http
   if type(httpApi) ~= 'table' or type(httpApi.websocketAsync) ~= 'function' then
     error('bad argument #1 (opts.http with websocketAsync expected)', 2)

@@ -5,12 +5,13 @@ local _VERSION = '0.1.0'
 -- == Section: Screen and input ===========================================================
 -- Owns: screen, screen_watch (the screen, then its changes as partials) and input (keys, chars,
 -- paste, mouse, terminate) (SPEC §14). Needs: constants, the screen, handlers.
--- Exports: M.NO_SCREEN; the handlers for the request table.
+-- Exports: M.NO_SCREEN; isWhole. Registers screen, screen_watch and input.
 
 local M, internal = ...
 local badRequest = internal.badRequest
 local errorValue = internal.errorValue
 local optionalNumber = internal.optionalNumber
+local registerRequest = internal.registerRequest
 local sessionOf = internal.sessionOf
 local startWatch = internal.startWatch
 
@@ -52,6 +53,8 @@ local function handleScreen(req, ctx)
   if #background == height then answer.background = background end
   req.respond(true, answer)
 end
+-- screen: the whole screen's lines and colours
+registerRequest('screen', 'screen', handleScreen)
 
 -- screen_watch {maxFps?}: partials until cancelled or the connection ends (see Watch).
 local function handleScreenWatch(req, ctx)
@@ -62,6 +65,8 @@ local function handleScreenWatch(req, ctx)
   if not session.recorder then return req.respond(false, nil, errorValue('internal', M.NO_SCREEN)) end
   startWatch(session, req, session.recorder, maxFps)
 end
+-- screen_watch: the screen, then its changes as partials (§14)
+registerRequest('screen_watch', 'screen', handleScreenWatch)
 
 -- Input (SPEC §14) ----------------------------------------------------------------------
 
@@ -169,8 +174,7 @@ local function handleInput(req, ctx)
   end
   batch()
 end
+-- input: {events}: keys, chars, paste, mouse, terminate (§14)
+registerRequest('input', 'input', handleInput)
 
-internal.handleScreen = handleScreen
-internal.handleScreenWatch = handleScreenWatch
 internal.isWhole = isWhole
-internal.handleInput = handleInput

@@ -13,7 +13,9 @@ from them (trapsandbox.web.client.build_libsandbox), loading each module with
 `load(source, '@sandbox/NAME.lua')` so that an error names the module and its line. A module
 runs as chunk(M, internal): M is the table libsandbox returns, internal what the modules share
 with each other and not with programs (a module takes what it needs from internal at its top
-and puts there, at its end, what later modules need).
+and puts there, at its end, what later modules need). The data pack carries no one file: it
+carries the modules, rom/modules/main/sandbox/NAME.lua, and as rom/modules/main/libsandbox.lua
+a loader (lua/datapack/libsandbox.lua) that runs them the same way, under the same names.
 
 OS events (all prefixed `trapos_sandbox_`):
   trapos_sandbox_send(messageId, type, payload)        a program asks the daemon to send
@@ -31,8 +33,10 @@ Daemon state is published in the shared table `_G.traposSandboxState` (`state`, 
 `sandbox status` can read it without a round trip. A stopped daemon leaves its last state
 behind, marked `running = false`.
 
-Gateway requests the daemon answers: the request table (sandbox/requests) lists every type, the
-capability it needs in the setting sandbox.allow and its handler; SPEC §9 has the payloads.
+Gateway requests the daemon answers: each handler module registers its types, with the
+capability each needs in the setting sandbox.allow, where it defines the handler
+(registerRequest, in sandbox/handlers); sandbox/requests makes the request table of them. SPEC §9
+has the payloads.
 Anything else is `unknown_type`; a capability not allowed is `forbidden`; CraftOS refusing a
 file operation is `fs_error` with its message. No frame sent is over M.MAX_SEND (128 KiB).
 
@@ -46,7 +50,7 @@ first is detected and handled.
 
 Modules, in this order, each using only those above it; each opens with a header
 (`-- == Section: NAME ==`) saying what it owns, what it needs and what it exports:
-  core         Constants and argument checks    M, expect (cc.expect), errorValue
+  core         Constants and argument checks    M, expect and field (cc.expect), errorValue
   consent      Capabilities                     sandbox.allow: parse, change, the settings
   encoding     Encodings                        base64, payload/error coercion, JSON lists, codec
   wire         Envelopes                        the wire frames, hello, traposId, messageIds
@@ -54,13 +58,13 @@ Modules, in this order, each using only those above it; each opens with a header
   capture      Output capture and the terminal  what exec/eval programs print; their terminal
   screen       The screen                       the recorder of the native terminal; watches
   jobs         Jobs                             exec/eval coroutines: resume, timeout, cancel
-  handlers     Request handlers                 what every handler shares; ping; /.settings
+  handlers     Request handlers                 registerRequest; what every handler shares; ping
   exec         Programs                         exec, eval, cancel
   files        Files                            list, read, write, delete, move, make_folder
   snapshot     Snapshots                        snapshot_list
   console      Screen and input                 screen, screen_watch, input
   peripherals  Peripherals and turtles          list/call_peripheral, peripheral_events, turtle
-  requests     The request table                type -> capability -> handler, in one place
+  requests     The request table                type -> handler, type -> capability, as registered
   dispatch     Dispatch                         onMessage: frames to handlers or to programs
   session      The session (the daemon)         the WebSocket, hello, reconnect; startSession
   api          Entry points for programs        request, ask, newWrapper
@@ -68,8 +72,8 @@ Modules, in this order, each using only those above it; each opens with a header
 
 -- == Section: Constants and argument checks ===============================================
 -- Owns: the module table M with every tunable number and OS event name, the argument checks
--- (expect: CraftOS's own cc.expect; expectNonEmpty) and errorValue, the {code, message} every
--- failure is made of.
+-- (expect and field: CraftOS's own cc.expect; expectNonEmpty) and errorValue, the
+-- {code, message} every failure is made of.
 -- Needs: nothing. Exports: M._VERSION, M.EVENT_*, the limits (M.MAX_SEND, ...), M.errorValue.
 
 local M, internal = ...
@@ -129,7 +133,8 @@ local function loadExpect()
   end
   return dofile('rom/modules/main/cc/expect.lua')
 end
-local expect = loadExpect().expect
+local ccExpect = loadExpect()
+local expect, field = ccExpect.expect, ccExpect.field
 
 -- cc.expect's wording, for a string that must not be empty.
 local function expectNonEmpty(n, value)
@@ -144,5 +149,6 @@ end
 M.errorValue = errorValue
 
 internal.expect = expect
+internal.field = field
 internal.expectNonEmpty = expectNonEmpty
 internal.errorValue = errorValue

@@ -4,13 +4,14 @@ local _VERSION = '0.1.0'
 
 -- == Section: Programs ====================================================================
 -- Owns: exec (a program beside the daemon) and eval (a Lua chunk), run as jobs, and cancel.
--- Needs: constants, handlers, jobs. Exports: M.PROGRAM_PATH; handleExec, handleEval and
--- handleCancel for the request table.
+-- Needs: constants, handlers, jobs. Exports: M.PROGRAM_PATH. Registers exec, eval and cancel
+-- (registerRequest, sandbox/handlers).
 
 local M, internal = ...
 local badRequest = internal.badRequest
 local jsonList = internal.jsonList
 local optionalNumber = internal.optionalNumber
+local registerRequest = internal.registerRequest
 local resolvePath = internal.resolvePath
 local sessionOf = internal.sessionOf
 local startJob = internal.startJob
@@ -106,6 +107,8 @@ local function handleExec(req, ctx)
     answer = execAnswer,
   })
 end
+-- exec: run a program beside the daemon; partials stream its output
+registerRequest('exec', 'exec', handleExec)
 
 local function serializeValue(textutilsApi, value)
   if textutilsApi and textutilsApi.serialize then
@@ -162,6 +165,8 @@ local function handleEval(req, ctx)
     body = fn, timeoutMs = timeoutMs, maxOutputBytes = maxOutput, mergeStderr = true, answer = evalAnswer,
   })
 end
+-- eval: run Lua the same way; returns via textutils.serialize
+registerRequest('eval', 'eval', handleEval)
 
 local function handleCancel(req, ctx)
   local messageId = req.payload.messageId
@@ -171,7 +176,5 @@ local function handleCancel(req, ctx)
   local running = session and (session.jobs[messageId] or session.watches[messageId]) or nil
   req.respond(true, { cancelled = running ~= nil and running:stop('cancel') or false })
 end
-
-internal.handleExec = handleExec
-internal.handleEval = handleEval
-internal.handleCancel = handleCancel
+-- cancel: {messageId} of a running exec, eval or screen_watch
+registerRequest('cancel', nil, handleCancel)

@@ -6,8 +6,8 @@ local _VERSION = '0.1.0'
 -- Owns: list_files, read_file, write_file (parts into a temporary file per write, the last one
 -- moves it in; write_files: several whole files in one message), delete_file, move_file and
 -- make_folder, each checked and done in one step.
--- Needs: constants, encodings, handlers. Exports: M.TEMP_SUFFIX; the handlers for the request
--- table.
+-- Needs: constants, encodings, handlers. Exports: M.TEMP_SUFFIX; freeSpaceFor (snapshot).
+-- Registers those seven request types.
 
 local M, internal = ...
 local badRequest = internal.badRequest
@@ -18,6 +18,7 @@ local fsError = internal.fsError
 local jsonList = internal.jsonList
 local optionalNumber = internal.optionalNumber
 local errorValue = internal.errorValue
+local registerRequest = internal.registerRequest
 local resolvePath = internal.resolvePath
 local sessionOf = internal.sessionOf
 local settingsForbidden = internal.settingsForbidden
@@ -50,6 +51,8 @@ local function handleListFiles(req, ctx)
   for i, name in ipairs(names) do entries[i] = fileEntry(fsApi, path, name) end
   req.respond(true, { path = shown, entries = jsonList(entries) })
 end
+-- list_files: {path, entries}
+registerRequest('list_files', 'fs.read', handleListFiles)
 
 -- Reads `length` bytes from `offset` of an open binary handle.
 local function readRange(handle, offset, length)
@@ -101,6 +104,8 @@ local function handleReadFile(req, ctx)
   answer.content = M.base64Encode(data)
   req.respond(true, answer)
 end
+-- read_file: base64 (64 KiB) or binary (120 KiB) a part
+registerRequest('read_file', 'fs.read', handleReadFile)
 
 -- The free space of the drive `path` is on (or will be on): asked of its nearest existing folder.
 local function freeSpaceFor(fsApi, path)
@@ -298,6 +303,8 @@ local function handleWriteFile(req, ctx)
   end
   req.respond(true, { bytesWritten = #data, sizeBytes = size })
 end
+-- write_file: parts into a temporary file, the final one moves it in
+registerRequest('write_file', 'fs.write', handleWriteFile)
 
 --[[ write_files {encoding = 'binary', writeId, files = {{path, size}, ...}}, as one binary
 message whose bytes are the files' one after another: several whole files in one request (a
@@ -347,6 +354,8 @@ local function handleWriteFiles(req, ctx)
   end
   req.respond(true, { written = jsonList(written) })
 end
+-- write_files: several whole files in one binary message
+registerRequest('write_files', 'fs.write', handleWriteFiles)
 
 local function handleDeleteFile(req, ctx)
   local session = sessionOf(req, ctx)
@@ -361,6 +370,8 @@ local function handleDeleteFile(req, ctx)
   if not ok then return fsError(req, errorText(err)) end
   req.respond(true, { deleted = not fsApi.exists(path) })
 end
+-- delete_file: {deleted}
+registerRequest('delete_file', 'fs.write', handleDeleteFile)
 
 -- A path of a move or a folder (see resolvePath) from payload[key], or nil once answered.
 local function changedPath(req, fsApi, key)
@@ -405,6 +416,8 @@ local function handleMoveFile(req, ctx)
   if not ok then return fsError(req, errorText(err)) end
   req.respond(true, { moved = true, from = fromShown, to = toShown })
 end
+-- move_file: {from, to}: checked and moved in one step
+registerRequest('move_file', 'fs.write', handleMoveFile)
 
 --[[ make_folder {path} -> {made, existed}: the folder and any missing above it (fs.makeDir);
 one that exists already is left as it is (existed = true). Never deletes anything. ]]
@@ -421,12 +434,7 @@ local function handleMakeFolder(req, ctx)
   if not ok then return fsError(req, errorText(err)) end
   req.respond(true, { made = shown, existed = false })
 end
+-- make_folder: {path}: made, or left as it is
+registerRequest('make_folder', 'fs.write', handleMakeFolder)
 
-internal.handleListFiles = handleListFiles
-internal.handleReadFile = handleReadFile
 internal.freeSpaceFor = freeSpaceFor
-internal.handleWriteFile = handleWriteFile
-internal.handleWriteFiles = handleWriteFiles
-internal.handleDeleteFile = handleDeleteFile
-internal.handleMoveFile = handleMoveFile
-internal.handleMakeFolder = handleMakeFolder

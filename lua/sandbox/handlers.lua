@@ -3,17 +3,22 @@ local _VERSION = '0.1.0'
 -- libsandbox's module sandbox/handlers: run as chunk(M, internal), see sandbox/core.lua.
 
 -- == Section: Request handlers ============================================================
--- Owns: what every request handler shares (answers, numbers and lists from a payload, paths,
--- /.settings refused) and ping. The other handlers are in exec, files, snapshot, console and
--- peripherals; the request table (sandbox/requests) lists them all.
+-- Owns: the registration of request types (registerRequest), what every request handler
+-- shares (answers, numbers and lists from a payload, paths, /.settings refused) and ping. The
+-- other handlers are in exec, files, snapshot, console and peripherals, each registered where
+-- it is defined; sandbox/requests makes the request table of the registrations.
 -- Needs: constants, encodings. Exports: M.isSettingsPath, M.SETTINGS_FILE; for the other
--- handlers: handlePing, badRequest, fsError, errorText, sessionOf, optionalNumber, stringList,
--- resolvePath, settingsForbidden, filePath, encodingOk.
+-- handlers: registerRequest, badRequest, fsError, errorText, sessionOf, optionalNumber,
+-- stringList, resolvePath, settingsForbidden, filePath, encodingOk; for sandbox/requests:
+-- closeRequests.
 
 local M, internal = ...
 local errorValue = internal.errorValue
+local expect = internal.expect
+local expectNonEmpty = internal.expectNonEmpty
 
---[[ A handler is handler(req, ctx), registered in the request table below (M.requestHandlers).
+--[[ A handler is handler(req, ctx), registered with its type and capability by
+registerRequest; sandbox/requests puts them in the request table (M.requestHandlers).
 req = { messageId, type, payload (coerced), respond(ok, payload, err, shrink?) -> sent,
         partial(payload) -> sent }
 ctx = the context onMessage was given (traposId, send, ... and, in a session, `session` and
@@ -24,9 +29,34 @@ A handler that raises is answered with `internal`; a type missing from the table
 An answer that would encode over M.MAX_SEND is sent as `too_large` instead (after `shrink`, when
 given, could not make it fit). ]]
 
+-- Every request type the daemon answers, registered where its handler is defined:
+-- type -> { capability = the name sandbox.allow must hold (nil: none), handler = fn }.
+local registered, closed = {}, false
+
+-- A gateway request type (SPEC §9 has its payload and answer), the capability it needs (nil for
+-- none) and its handler. A type registered twice, or after the table was made, is an error.
+local function registerRequest(msgType, capability, handler)
+  expectNonEmpty(1, msgType)
+  expect(2, capability, 'string', 'nil')
+  expect(3, handler, 'function')
+  if closed then
+    error('request type ' .. msgType .. ' registered after the request table was made', 2)
+  end
+  if registered[msgType] then error('request type ' .. msgType .. ' registered twice', 2) end
+  registered[msgType] = { capability = capability, handler = handler }
+end
+
+-- The registrations, once (sandbox/requests makes the request table of them); no more after.
+local function closeRequests()
+  closed = true
+  return registered
+end
+
 local function handlePing(req, ctx)
   req.respond(true, { traposId = ctx.traposId })
 end
+-- ping: {traposId}
+registerRequest('ping', nil, handlePing)
 
 local function badRequest(req, message)
   req.respond(false, nil, errorValue('bad_request', message))
@@ -165,7 +195,8 @@ local function encodingOk(req)
   badRequest(req, 'encoding must be "base64"' .. (req.respondBinary and ' or "binary"' or ''))
 end
 
-internal.handlePing = handlePing
+internal.registerRequest = registerRequest
+internal.closeRequests = closeRequests
 internal.badRequest = badRequest
 internal.fsError = fsError
 internal.errorText = errorText

@@ -5,8 +5,8 @@ local _VERSION = '0.1.0'
 -- == Section: Peripherals and turtles =====================================================
 -- Owns: list_peripherals, call_peripheral, peripheral_events and turtle (SPEC §16): a Lua
 -- value as JSON, calls that may yield, the turtle's move budget.
--- Needs: constants, encodings, loop, jobs, handlers, console. Exports: the handlers for the request
--- table.
+-- Needs: constants, encodings, loop, jobs, handlers, console. Registers those four request
+-- types.
 
 local M, internal = ...
 local badRequest = internal.badRequest
@@ -16,6 +16,7 @@ local errorValue = internal.errorValue
 local isWhole = internal.isWhole
 local jsonList = internal.jsonList
 local optionalNumber = internal.optionalNumber
+local registerRequest = internal.registerRequest
 local sessionOf = internal.sessionOf
 local startJob = internal.startJob
 local stringList = internal.stringList
@@ -116,6 +117,8 @@ local function handleListPeripherals(req, ctx)
   end
   req.respond(true, { peripherals = jsonList(list) })
 end
+-- list_peripherals: {peripherals: [{name, types, methods}]} (§16)
+registerRequest('list_peripherals', 'peripheral', handleListPeripherals)
 
 --[[ A call that may yield (CC:Tweaked's turtle actions and main-thread peripheral methods wait
 for an event) runs as a job beside the daemon, like exec: it is resumed with the events it
@@ -149,6 +152,8 @@ local function handleCallPeripheral(req, ctx)
   startCall(session, req, function() return api.call(name, method, table.unpack(args, 1, n)) end,
     function(result) return { returns = jsonValues(result, 2) } end)
 end
+-- call_peripheral: {returns} as JSON; peripheral_error
+registerRequest('call_peripheral', 'peripheral', handleCallPeripheral)
 
 --[[ peripheral_events {events?, timeoutMs?}: each peripheral event (M.PERIPHERAL_EVENTS, or
 the names given) as a partial {type: "event", name, args} until cancelled, the connection
@@ -214,6 +219,8 @@ local function handlePeripheralEvents(req, ctx)
     watch:stop('timeout')
   end, timeoutMs / 1000)
 end
+-- peripheral_events: partials {type: "event", name, args}
+registerRequest('peripheral_events', 'peripheral', handlePeripheralEvents)
 
 -- turtle {action, args?} -> {returns, fuel, selected}. The actions of CC:Tweaked's turtle
 -- API an agent may use (SPEC §16); the moves count against sandbox.turtle_budget while an
@@ -264,8 +271,5 @@ local function handleTurtle(req, ctx)
     return { returns = jsonValues(result, 2), fuel = toJsonValue(fuel, {}, 1), selected = selected }
   end)
 end
-
-internal.handleListPeripherals = handleListPeripherals
-internal.handleCallPeripheral = handleCallPeripheral
-internal.handlePeripheralEvents = handlePeripheralEvents
-internal.handleTurtle = handleTurtle
+-- turtle: {returns, fuel, selected}; moves within the budget
+registerRequest('turtle', 'turtle', handleTurtle)

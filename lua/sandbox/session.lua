@@ -15,6 +15,7 @@ local encodeFrame = internal.encodeFrame
 local errorValue = internal.errorValue
 local expect = internal.expect
 local expectNonEmpty = internal.expectNonEmpty
+local field = internal.field
 local jsonList = internal.jsonList
 local stopJobs = internal.stopJobs
 local stopWatches = internal.stopWatches
@@ -507,7 +508,7 @@ Returns a session: isReady(), lastError(), state(), status(), stop(), loop (the 
 function M.startSession(opts)
   expect(1, opts, 'table')
   local baseUrl = expectNonEmpty(1, opts.url)
-  if opts.secret ~= nil and type(opts.secret) ~= 'string' then error('bad argument #1 (opts.secret: string expected)', 2) end
+  field(opts, 'secret', 'string', 'nil')
   local httpApi = opts.http or http
   if type(httpApi) ~= 'table' or type(httpApi.websocketAsync) ~= 'function' then
     error('bad argument #1 (opts.http with websocketAsync expected)', 2)

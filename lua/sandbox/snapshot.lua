@@ -4,12 +4,13 @@ local _VERSION = '0.1.0'
 
 -- == Section: Snapshots ===================================================================
 -- Owns: snapshot_list (SPEC §15): every file a snapshot takes, outside /rom, drives and
--- /.settings. Needs: constants, handlers, files. Exports: handleSnapshotList.
+-- /.settings. Needs: constants, handlers, files. Registers snapshot_list.
 
 local M, internal = ...
 local errorValue = internal.errorValue
 local freeSpaceFor = internal.freeSpaceFor
 local jsonList = internal.jsonList
+local registerRequest = internal.registerRequest
 local sessionOf = internal.sessionOf
 
 M.SNAPSHOT_BATCH = 64    -- paths looked at between yields while listing for a snapshot
@@ -83,5 +84,5 @@ local function handleSnapshotList(req, ctx)
   end
   step()
 end
-
-internal.handleSnapshotList = handleSnapshotList
+-- snapshot_list: {files: [{path, size, modified}], total}, all but /rom, drives, /.settings (§15)
+registerRequest('snapshot_list', 'fs.read', handleSnapshotList)

@@ -9,6 +9,7 @@ assertions, and the modules under test loaded alone, without the rest of libsand
   kit.test(name, fn)              a case; kit.onCleanup(fn) undoes what a case changed in _G
   kit.eq(actual, expected, what)  deep equality; kit.truthy(v, what); kit.raises(fn, pattern, what)
   kit.modules('core', 'wire')     -> M, internal: fresh tables, those modules run in that order
+                                  (a function in the list runs there as a module would)
   kit.suite()                     -> { names(), run(name) -> true | false, message }
 
 The pytest wrapper (tests/lua/test_lua_unit.py) gives loadModule reading lua/sandbox/NAME.lua
@@ -21,7 +22,10 @@ return function(loadModule, fakes)
 
   function kit.modules(...)
     local M, internal = {}, {}
-    for _, name in ipairs({ ... }) do loadModule(name)(M, internal) end
+    for _, name in ipairs({ ... }) do
+      local chunk = type(name) == 'function' and name or loadModule(name)
+      chunk(M, internal)
+    end
     return M, internal
   end
 

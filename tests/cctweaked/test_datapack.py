@@ -24,6 +24,11 @@ from tests.lua.test_ask_e2e import OPENCODE_PASSWORD, PROGRAM, TOKEN
 from trapsandbox.ops import ctl
 from trapsandbox.web import client
 
+# isSettingsPath's first line indexes its path: called without one, it raises there.
+IS_SETTINGS_PATH_LINE = 1 + (client.lua_dir() / "sandbox" / "handlers.lua").read_text().split(
+    "\n"
+).index("function M.isSettingsPath(path, cwd)")
+
 # What a fresh computer (nothing typed, nothing saved) finds in its ROM, written to /fresh.txt
 # (the help page drawn next clears the screen before its rows are printed).
 FRESH = """
@@ -39,6 +44,10 @@ for _, topic in ipairs(topics) do
 end
 say('help: ' .. table.concat(pages, ', '))
 say('require: ' .. type(require('libsandbox').request))
+local _, err = pcall(require('libsandbox').isSettingsPath)
+say('error: ' .. tostring(err):match('^%S*'))
+local _, trace = xpcall(require('libsandbox').isSettingsPath, debug.traceback)
+say('traceback: ' .. tostring(tostring(trace):match('\\n%s*(sandbox/handlers%.lua:%d+: in)')))
 local running = rawget(_G, 'traposSandboxState') ~= nil
 say('daemon: ' .. tostring(running) .. ', tabs ' .. multishell.getCount())
 local d = settings.getDetails('sandbox.allow')
@@ -58,6 +67,9 @@ FRESH_LINES = [
     "help: rom/help/sandbox.txt, rom/help/sandbox-ask.txt, rom/help/sandbox-allow.txt, "
     "rom/help/sandbox-stop.txt, rom/help/sandbox-snapshots.txt",
     "require: function",
+    # Run from the pack's module files, a module's error and traceback name it and its line.
+    f"error: sandbox/handlers.lua:{IS_SETTINGS_PATH_LINE + 1}:",
+    f"traceback: sandbox/handlers.lua:{IS_SETTINGS_PATH_LINE + 1}: in",
     "daemon: false, tabs 1",
     "set: string [] What the sandbox agent",
     "complete: low /read |write /ew ",
@@ -99,6 +111,7 @@ class DatapackTests(CCTGatewayMixin, TestCase):
                 "pack.mcmeta",
                 rom + "programs/sandbox.lua",
                 rom + "modules/main/libsandbox.lua",
+                *(rom + f"modules/main/sandbox/{name}.lua" for name in client.MODULES),
                 rom + "autorun/sandbox.lua",
                 rom + "help/sandbox.txt",
                 rom + "sandbox/daemon.lua",
@@ -106,10 +119,8 @@ class DatapackTests(CCTGatewayMixin, TestCase):
             names,
         )
         self.assertEqual([n for n in names if n != n.lower()], [], "CC:Tweaked wants lower case")
-        self.assertEqual(
-            pack.read(rom + "modules/main/libsandbox.lua"),
-            client.read("apis/libsandbox.lua"),
-        )
+        # The loader of the modules, not the one-file build.
+        self.assertEqual(pack.read(rom + "modules/main/libsandbox.lua"), client.pack_loader())
         self.assertIn(self.base.encode(), pack.read(rom + "modules/main/sandbox/gateway.lua"))
         bare = zipfile.ZipFile(io.BytesIO(await self.served_pack("?url=none")))
         self.assertNotIn(rom + "modules/main/sandbox/gateway.lua", bare.namelist())

@@ -18,24 +18,34 @@ from tests.harness.lua52 import libsandbox, load, runtime
 from trapsandbox.web import client
 
 LUA_DIR = Path(__file__).resolve().parents[2] / "lua"
+SANDBOX_SUITE = LUA_DIR / "tests" / "sandbox.lua"
+DATAPACK_SUITE = LUA_DIR / "tests" / "datapack.lua"
 
 
 def load_suite(test_file):
     """A fresh Lua 5.2 runtime (without what CraftOS lacks) holding the suite in test_file:
     tests/sandbox.lua given libsandbox as the gateway serves it (built from its modules), a
-    module's tests (tests/modules/NAME.lua) given the kit that loads modules one by one."""
+    module's tests (tests/modules/NAME.lua) given the kit that loads modules one by one,
+    tests/datapack.lua the kit, the data pack's loader as served, the modules it names and
+    their sources."""
     lua = runtime()
     chunk = load(lua, test_file.read_bytes(), "@" + str(test_file))
     fakes = load(lua, (LUA_DIR / "tests" / "fakes.lua").read_bytes(), "@tests/fakes.lua")()
-    if test_file.parent.name != "modules":
+    if test_file == SANDBOX_SUITE:
         return chunk("--suite", libsandbox(lua), fakes)
     modules = LUA_DIR / "sandbox"
 
+    def source(name):
+        return (modules / f"{name}.lua").read_bytes()
+
     def load_module(name):
         # As the one-file build loads it: the module's own name and lines.
-        return load(lua, (modules / f"{name}.lua").read_bytes(), f"@sandbox/{name}.lua")
+        return load(lua, source(name), f"@sandbox/{name}.lua")
 
     kit = load(lua, (LUA_DIR / "tests" / "kit.lua").read_bytes(), "@tests/kit.lua")()
+    if test_file == DATAPACK_SUITE:
+        names = lua.table_from(list(client.MODULES))
+        return chunk(kit(load_module, fakes), client.pack_loader(), names, source)
     return chunk(kit(load_module, fakes))
 
 
@@ -64,7 +74,8 @@ def _suite_class(name, test_file):
     return type(name, (SynchronousTestCase,), attrs)
 
 
-SandboxLuaTests = _suite_class("SandboxLuaTests", LUA_DIR / "tests" / "sandbox.lua")
+SandboxLuaTests = _suite_class("SandboxLuaTests", SANDBOX_SUITE)
+DatapackLoaderTests = _suite_class("DatapackLoaderTests", DATAPACK_SUITE)
 # One class per module that has tests of its own (ModuleTests_core, ...).
 for _path in sorted((LUA_DIR / "tests" / "modules").glob("*.lua")):
     globals()[f"ModuleTests_{_path.stem}"] = _suite_class(f"ModuleTests_{_path.stem}", _path)

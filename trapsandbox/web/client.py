@@ -11,11 +11,14 @@ that starts the daemon once its player ran ``sandbox setup``.
 
 They are read from ``lua/`` at each request, so what is served is always
 what is in the tree (or installed beside the package), never a copy. The one file
-``apis/libsandbox.lua`` (for ``wget run``, the installer and the data pack) is built at each
+``apis/libsandbox.lua`` (for ``wget run``, the installer and CraftOS-PC) is built at each
 request from its modules, ``lua/sandbox/NAME.lua`` (:func:`build_libsandbox`); the copy of it in
 the tree is for trapos's package (``lua/packages/trapos-sandbox``), which takes files from
 ``lua/`` as they are, and a test keeps it the same as the build
-(``python -m trapsandbox.web.client`` writes it again).
+(``python -m trapsandbox.web.client`` writes it again). The data pack does not carry that file:
+it carries the modules themselves, ``rom/modules/main/sandbox/NAME.lua``, and as
+``rom/modules/main/libsandbox.lua`` a loader (:func:`pack_loader`) that runs them as the one
+file does, each under the chunk name ``@sandbox/NAME.lua``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import io
 import json
 import re
 import sys
+import textwrap
 import zipfile
 from pathlib import Path
 
@@ -63,9 +67,12 @@ def read(name: str) -> bytes | None:
 
 
 def served(name: str) -> bytes:
-    """A file of ``lua/`` as served: the library built from its modules, any other as it is."""
+    """A file of ``lua/`` as served: the library built from its modules, the data pack's loader
+    naming them, any other as it is."""
     if name == LIBRARY:
         return _built(_stamp())
+    if name == PACK_LOADER:
+        return pack_loader()
     return (lua_dir() / name).read_bytes()
 
 
@@ -161,13 +168,35 @@ def installer(host: bytes | None, secure: bool) -> bytes | None:
     return (lua_dir() / INSTALLER).read_bytes().replace(BASE_URL_LINE, line, 1)
 
 
+def pack_loader() -> bytes:
+    """
+    The data pack's ``require("libsandbox")`` (``lua/datapack/libsandbox.lua``): a loader of the
+    modules the pack carries beside it, ``sandbox/NAME.lua``, with :data:`MODULES` written into
+    it, run in that order as :func:`build_libsandbox` runs them.
+    """
+    source = (lua_dir() / PACK_LOADER).read_bytes()
+    if source.count(MODULES_LINE) != 1:
+        raise ValueError(f"{PACK_LOADER}: no {MODULES_LINE!r} line to write the modules in")
+    names = b", ".join(b"'" + name.encode() + b"'" for name in MODULES)
+    lines = textwrap.wrap(names.decode(), 96, break_on_hyphens=False)
+    listed = b"local MODULES = {\n" + b"".join(f"  {line}\n".encode() for line in lines) + b"}\n"
+    return source.replace(MODULES_LINE, listed)
+
+
 # The data pack: where each file of ``lua/`` goes under data/computercraft/lua/rom/ (names lower
-# case, as CC:Tweaked requires). The gateway's URL, when the pack carries one, is
-# rom/modules/main/sandbox/gateway.lua (``require("sandbox.gateway")``, read by ``sandbox setup``).
+# case, as CC:Tweaked requires). libsandbox is its modules, each as it is
+# (rom/modules/main/sandbox/NAME.lua), and the loader that runs them
+# (rom/modules/main/libsandbox.lua), not the one-file build. The gateway's URL, when the pack
+# carries one, is rom/modules/main/sandbox/gateway.lua (``require("sandbox.gateway")``, read by
+# ``sandbox setup``): no module may be called gateway.
 ROM = "data/computercraft/lua/rom/"
+PACK_LOADER = "datapack/libsandbox.lua"
+# The loader's line that the modules' names are written into.
+MODULES_LINE = b"local MODULES = {}\n"
 DATAPACK = {
     "programs/sandbox.lua": "programs/sandbox.lua",
-    "apis/libsandbox.lua": "modules/main/libsandbox.lua",
+    PACK_LOADER: "modules/main/libsandbox.lua",
+    **{f"sandbox/{name}.lua": f"modules/main/sandbox/{name}.lua" for name in MODULES},
     "servers/sandbox.lua": "sandbox/daemon.lua",
     "datapack/autorun/sandbox.lua": "autorun/sandbox.lua",
     "help/sandbox.txt": "help/sandbox.txt",
@@ -238,6 +267,8 @@ def _pack(*stamps: tuple[int, ...]) -> bytes:
     entries["pack.mcmeta"] = json.dumps(meta, indent=2).encode() + b"\n"
     for source, target in DATAPACK.items():
         entries[ROM + target] = served(source)
+    if ROM + GATEWAY_MODULE in entries:
+        raise ValueError(f"a client file is {GATEWAY_MODULE}, where the gateway's URL goes")
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as pack:
         for name in sorted(entries):

@@ -5,7 +5,8 @@ local kit = ...
 local test, eq, truthy = kit.test, kit.eq, kit.truthy
 
 local function setUp()
-  local M, internal = kit.modules('core', 'encoding', 'capture', 'screen', 'handlers', 'console')
+  local M = kit.modules('core', 'encoding', 'capture', 'screen', 'handlers', 'console',
+    'requests')
   local savedKeys = rawget(_G, 'keys')
   kit.onCleanup(function() rawset(_G, 'keys', savedKeys) end)
   rawset(_G, 'keys', { enter = 28, a = 30 })
@@ -17,7 +18,7 @@ local function setUp()
     local answer
     local req = { payload = payload }
     function req.respond(ok, result, err) answer = { ok = ok, result = result, err = err } end
-    internal.handleInput(req, { session = session })
+    M.requestHandlers.input(req, { session = session })
     return answer, function() return answer end
   end
   return M, session, timers, call

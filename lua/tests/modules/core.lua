@@ -19,6 +19,7 @@ test('expect is cc.expect from the ROM', function()
   eq(internal.expect, require('cc.expect').expect, 'the ROM\'s function')
   local function greet(name) internal.expect(1, name, 'string', 'nil') end
   raises(function() greet(3) end, 'bad argument #1 .-%(string expected, got number%)', 'a number')
+  eq(internal.field, require('cc.expect').field, 'and its field check')
 end)
 
 test('expectNonEmpty blames the caller in cc.expect\'s words', function()

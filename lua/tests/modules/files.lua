@@ -4,17 +4,17 @@ local _VERSION = '0.1.0'
 local kit = ...
 local test, eq, truthy = kit.test, kit.eq, kit.truthy
 
--- The files module and a request runner: call(handler, payload) -> ok, payload, error.
+-- The files module and a request runner: call(type, payload) -> ok, payload, error.
 local function setUp()
-  local M, internal = kit.modules('core', 'encoding', 'handlers', 'files')
+  local M = kit.modules('core', 'encoding', 'handlers', 'files', 'requests')
   local fsApi = kit.fakes.fs()
   local now = 0
   local ctx = { session = { fs = fsApi, clock = function() return now end } }
-  local function call(name, payload)
+  local function call(msgType, payload)
     local answer
-    local req = { payload = M.coercePayload(payload) }
+    local req = { type = msgType, payload = M.coercePayload(payload) }
     function req.respond(ok, result, err) answer = { ok, result, err } end
-    internal[name](req, ctx)
+    M.requestHandlers[msgType](req, ctx)
     return answer[1], answer[2], answer[3]
   end
   local function advance(ms) now = now + ms end
@@ -25,7 +25,7 @@ test('list_files lists a folder; a missing one is fs_error', function()
   local _, fsApi, call = setUp()
   fsApi.put('docs/a.txt', 'hello')
   fsApi.put('docs/sub/b.txt', 'x')
-  local ok, answer = call('handleListFiles', { path = '/docs' })
+  local ok, answer = call('list_files', { path = '/docs' })
   eq(ok, true, 'ok')
   eq(answer.path, '/docs', 'path')
   local byName = {}
@@ -33,14 +33,14 @@ test('list_files lists a folder; a missing one is fs_error', function()
   eq(byName['a.txt'].type, 'file', 'a file')
   eq(byName['a.txt'].size, 5, 'its size')
   eq(byName.sub.type, 'dir', 'a folder')
-  local failed, _, err = call('handleListFiles', { path = '/nope' })
+  local failed, _, err = call('list_files', { path = '/nope' })
   eq({ failed, err.code, err.message }, { false, 'fs_error', '/nope: No such file' }, 'missing')
 end)
 
 test('read_file answers base64 of a range', function()
   local M, fsApi, call = setUp()
   fsApi.put('data.bin', 'abcdefgh')
-  local ok, answer = call('handleReadFile', { path = 'data.bin', offset = 2, length = 3 })
+  local ok, answer = call('read_file', { path = 'data.bin', offset = 2, length = 3 })
   eq(ok, true, 'ok')
   eq(M.base64Decode(answer.content), 'cde', 'the range')
   eq({ answer.sizeBytes, answer.offset, answer.bytesRead }, { 8, 2, 3 }, 'sizes')
@@ -48,10 +48,10 @@ end)
 
 test('write_file then delete_file', function()
   local M, fsApi, call = setUp()
-  local ok = call('handleWriteFile', { path = '/notes/today.txt', content = M.base64Encode('dig') })
+  local ok = call('write_file', { path = '/notes/today.txt', content = M.base64Encode('dig') })
   eq(ok, true, 'written')
   eq(fsApi.files['notes/today.txt'], 'dig', 'content')
-  local deleted, answer = call('handleDeleteFile', { path = '/notes/today.txt' })
+  local deleted, answer = call('delete_file', { path = '/notes/today.txt' })
   eq({ deleted, answer.deleted }, { true, true }, 'deleted')
   eq(fsApi.files['notes/today.txt'], nil, 'gone')
 end)
@@ -60,11 +60,11 @@ test('/.settings is refused in any spelling, and /rom is read-only', function()
   local _, fsApi, call = setUp()
   fsApi.put('.settings', '{ ["sandbox.password"] = "x" }')
   for _, path in ipairs({ '/.settings', '//.SETTINGS', 'x/../.settings' }) do
-    local ok, _, err = call('handleReadFile', { path = path })
+    local ok, _, err = call('read_file', { path = path })
     eq({ ok, err.code }, { false, 'forbidden' }, path)
   end
   fsApi.put('rom/startup.lua', '')
-  local ok, _, err = call('handleDeleteFile', { path = '/rom/startup.lua' })
+  local ok, _, err = call('delete_file', { path = '/rom/startup.lua' })
   eq({ ok, err.code }, { false, 'fs_error' }, 'rom')
   truthy(err.message:find('Access denied', 1, true), err.message)
 end)
@@ -72,12 +72,12 @@ end)
 test('move_file and make_folder change one thing in one step', function()
   local _, fsApi, call = setUp()
   fsApi.put('a/b.txt', 'b')
-  local ok, answer = call('handleMoveFile', { from = '/a', to = '/c/d' })
+  local ok, answer = call('move_file', { from = '/a', to = '/c/d' })
   eq({ ok, answer.from, answer.to }, { true, '/a', '/c/d' }, 'moved')
   eq(fsApi.files['c/d/b.txt'], 'b', 'with what was in it')
-  local inside, _, err = call('handleMoveFile', { from = '/c', to = '/c/e' })
+  local inside, _, err = call('move_file', { from = '/c', to = '/c/e' })
   eq({ inside, err.code }, { false, 'bad_request' }, 'not inside itself')
-  local made, folder = call('handleMakeFolder', { path = '/c/d' })
+  local made, folder = call('make_folder', { path = '/c/d' })
   eq({ made, folder.existed }, { true, true }, 'an existing folder is left')
 end)
 
@@ -85,7 +85,7 @@ end)
 test('a write abandoned between two parts leaves nothing once it is stale', function()
   local M, fsApi, call, advance = setUp()
   local function part(id, text, offset, final)
-    return call('handleWriteFile', { path = '/big.txt', content = M.base64Encode(text),
+    return call('write_file', { path = '/big.txt', content = M.base64Encode(text),
       part = { offset = offset, final = final, size = 8, writeId = id } })
   end
   eq(part('a1', 'half', 0, false), true, 'the first part of a write the gateway then gives up')

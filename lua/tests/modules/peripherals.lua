@@ -4,7 +4,8 @@ local _VERSION = '0.1.0'
 local kit = ...
 local test, eq = kit.test, kit.eq
 
-local MODULES = { 'core', 'encoding', 'loop', 'capture', 'screen', 'jobs', 'handlers', 'console', 'peripherals' }
+local MODULES = { 'core', 'encoding', 'loop', 'capture', 'screen', 'jobs', 'handlers', 'console',
+  'peripherals', 'requests' }
 
 test('toJsonValue keeps what JSON can carry and names the rest', function()
   local M = kit.modules(table.unpack(MODULES))
@@ -20,14 +21,14 @@ test('toJsonValue keeps what JSON can carry and names the rest', function()
 end)
 
 test('list_peripherals without the peripheral API is a peripheral_error', function()
-  local _, internal = kit.modules(table.unpack(MODULES))
+  local M = kit.modules(table.unpack(MODULES))
   local saved = rawget(_G, 'peripheral')
   kit.onCleanup(function() rawset(_G, 'peripheral', saved) end)
   rawset(_G, 'peripheral', nil)
   local answer
   local req = { payload = {} }
   function req.respond(ok, result, err) answer = { ok, result, err } end
-  internal.handleListPeripherals(req, { session = {} })
+  M.requestHandlers.list_peripherals(req, { session = {} })
   eq(answer[1], false, 'refused')
   eq(answer[3].code, 'peripheral_error', 'code')
 end)

@@ -3,7 +3,7 @@ local _VERSION = '0.1.0'
 -- Unit tests for sandbox/session.lua (with every module before it, none after): the daemon's
 -- one WebSocket on fakes (tests/fakes.lua): connect, hello, the terminal errors, backoff.
 local kit = ...
-local test, eq, truthy = kit.test, kit.eq, kit.truthy
+local test, eq, truthy, raises = kit.test, kit.eq, kit.truthy, kit.raises
 local fakes = kit.fakes
 
 local MODULES = { 'core', 'consent', 'encoding', 'wire', 'loop', 'capture', 'screen', 'jobs',
@@ -48,6 +48,17 @@ test('a session connects with a nonce and says hello with its secret', function(
   eq(env.session.isReady(), true, 'ready')
   eq(env.os.take(env.M.EVENT_CONNECTED)[2], '7:lab', 'connected queued')
   eq(env.state.accountId, 'local', 'published')
+end)
+
+test('startSession checks its options with cc.expect', function()
+  local M = kit.modules(table.unpack(MODULES))
+  local http = fakes.http()
+  raises(function() M.startSession('ws://gw.test') end,
+    'bad argument #1 .-%(table expected, got string%)', 'options')
+  raises(function() M.startSession({ url = 'ws://gw.test', secret = 7, http = http }) end,
+    '^[^:]*modules/session%.lua:%d+: bad field \'secret\' %(string expected, got number%)$',
+    'a secret is a string')
+  eq(#http.urls, 0, 'nothing connects')
 end)
 
 test('an unauthorized hello stops the session for good', function()

@@ -5,7 +5,7 @@ local kit = ...
 local test, eq = kit.test, kit.eq
 
 test('snapshot_list lists every file but /rom and /.settings, in batches', function()
-  local M, internal = kit.modules('core', 'encoding', 'handlers', 'files', 'snapshot')
+  local M = kit.modules('core', 'encoding', 'handlers', 'files', 'snapshot', 'requests')
   M.SNAPSHOT_BATCH = 2 -- so that listing takes several timer turns
   local fsApi = kit.fakes.fs()
   fsApi.put('a.txt', 'aaa')
@@ -17,7 +17,7 @@ test('snapshot_list lists every file but /rom and /.settings, in batches', funct
   local answer
   local req = { payload = {} }
   function req.respond(ok, result, err) answer = { ok = ok, result = result, err = err } end
-  internal.handleSnapshotList(req, { session = session })
+  M.requestHandlers.snapshot_list(req, { session = session })
   local turns = 0
   while not answer and #timers > 0 do
     turns = turns + 1

@@ -36,6 +36,31 @@ class DatapackTests(SynchronousTestCase):
         self.assertEqual(meta["pack"]["pack_format"], client.PACK_FORMAT)
         self.assertEqual([n for n in files if n != n.lower()], [])
 
+    def test_libsandbox_is_its_modules_and_a_loader_not_the_one_file_build(self):
+        files = entries(client.datapack())
+        modules = ROM + "modules/main/sandbox/"
+        carried = sorted(name.removeprefix(modules) for name in files if name.startswith(modules))
+        self.assertEqual(carried, sorted(f"{name}.lua" for name in client.MODULES))
+        self.assertEqual([n for n in client.MODULES if n != n.lower()], [], "lower case")
+        for name in client.MODULES:
+            source = (client.lua_dir() / "sandbox" / f"{name}.lua").read_bytes()
+            self.assertEqual(files[f"{modules}{name}.lua"], source, name)
+        loader = files[ROM + "modules/main/libsandbox.lua"]
+        self.assertNotEqual(loader, client.read(client.LIBRARY))
+        self.assertLess(len(loader), 4096, "a loader, not the library")
+        listed = loader.split(b"local MODULES = {", 1)[1].split(b"}", 1)[0]
+        self.assertEqual(
+            [name.strip(b" '\n").decode() for name in listed.split(b",")], list(client.MODULES)
+        )
+
+    def test_no_module_is_called_gateway(self):
+        """rom/modules/main/sandbox/gateway.lua is the URL (`require("sandbox.gateway")`)."""
+        self.assertNotIn("gateway", client.MODULES)
+        self.assertNotIn(GATEWAY, entries(client.datapack()))
+        with zipfile.ZipFile(io.BytesIO(client.datapack("http://gw.example:4444"))) as pack:
+            names = pack.namelist()
+        self.assertEqual(len(names), len(set(names)), "one entry per name")
+
     def test_the_gateway_url_is_a_module_of_its_own(self):
         files = entries(client.datapack("https://mc.example:4444"))
         self.assertEqual(
