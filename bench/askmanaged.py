@@ -50,7 +50,15 @@ from bench.ask import (
     scripted_model,
     summary,
 )
-from bench.run import ADMIN_TOKEN, SECRET, Child, _free_port, _with_repo_path
+from bench.run import (
+    ADMIN_TOKEN,
+    SECRET,
+    Child,
+    _free_port,
+    _with_repo_path,
+    start_py_spy,
+    stop_py_spy,
+)
 from tests.harness.fake_model import FakeModel
 from trapsandbox import limits
 from trapsandbox.ops import ctl
@@ -169,10 +177,13 @@ class Watched:
         }
 
 
-async def measured(watched: Watched, group: list) -> dict[str, Any]:
+async def measured(watched: Watched, group: list, name: str, py_spy: str | None) -> dict[str, Any]:
+    spy = start_py_spy(py_spy, f"managed-n{len(group)}-{name}", watched.gateway, None)
     cpu = proc.cpu_seconds(watched.gateway.pid)
     started = time.perf_counter()
     answers = await ask_all(group)
+    if spy is not None:
+        stop_py_spy(spy, py_spy, f"managed-n{len(group)}-{name}")
     figures = summary(answers, time.perf_counter() - started)
     figures["gateway_cpu_ms_per_ask"] = round(
         (proc.cpu_seconds(watched.gateway.pid) - cpu) * 1000 / len(group), 2
@@ -185,7 +196,13 @@ async def measured(watched: Watched, group: list) -> dict[str, Any]:
 
 
 async def scenario(
-    reactor, logs: Path, model: FakeModel, n: int, max_rss_mb: int | None, idle: int = IDLE_ASKS
+    reactor,
+    logs: Path,
+    model: FakeModel,
+    n: int,
+    max_rss_mb: int | None,
+    idle: int = IDLE_ASKS,
+    py_spy: str | None = None,
 ):
     watched = Watched(logs, f"managed-n{n}", model, max_rss_mb)
     try:
@@ -194,9 +211,9 @@ async def scenario(
         (first,) = await computers(reactor, watched.port, 1, first_id=n + 1)
         await ask_all([first])
         figures: dict[str, Any] = {"computers": n}
-        figures["round1"] = await measured(watched, group)
+        figures["round1"] = await measured(watched, group, "r1", py_spy)
         model.requests.clear()
-        figures["round2"] = await measured(watched, group)
+        figures["round2"] = await measured(watched, group, "r2", py_spy)
         model.requests.clear()
         fresh = await computers(reactor, watched.port, idle, first_id=n + 2)
         figures["idle_new"] = await one_at_a_time(fresh)
@@ -249,6 +266,9 @@ def main(argv: list[str] | None = None) -> None:
         "--idle-asks", type=int, default=IDLE_ASKS, help="new computers asking one at a time"
     )
     parser.add_argument("--output", help="write the figures as JSON here")
+    parser.add_argument(
+        "--py-spy", metavar="DIR", help="record the gateway with py-spy during each round"
+    )
     parser.add_argument("--logs", default=str(harness.REPO / "bench-results" / "ask-logs"))
     args = parser.parse_args(argv)
     sizes = [int(n) for n in args.computers.split(",")]
@@ -263,7 +283,9 @@ def main(argv: list[str] | None = None) -> None:
         results: dict[str, Any] = {"computers": sizes, "scenarios": []}
         try:
             for n in sizes:
-                figures = await scenario(reactor, logs, model, n, args.max_rss_mb, args.idle_asks)
+                figures = await scenario(
+                    reactor, logs, model, n, args.max_rss_mb, args.idle_asks, args.py_spy
+                )
                 results["scenarios"].append(figures)
                 print(json.dumps(figures), flush=True)
         finally:
