@@ -310,6 +310,8 @@ class Asks:
         return d.addErrback(late)
 
     def _back(self, server: Server) -> None:
+        """The opencode the gateway runs is ready, (re)started: a new process."""
+        server.instances.forget_all()
         if not self.stopping:
             server.stream.reconnect()
 
@@ -513,7 +515,7 @@ class Asks:
         aborts = [run.stopping() for run in list(self.runs.values())]
         for server in self.servers:
             server.stream.stop()
-            server.instances.stop()
+            server.instances.forget_all()
         return DeferredList([d for d in aborts if d is not None], consumeErrors=True)
 
 

@@ -102,8 +102,10 @@ class Instances:
         if key in self.live and self.live[key] is not None:
             self._give_back(key, "forgotten", "its conversation was forgotten")
 
-    def stop(self) -> None:
-        """The gateway stops: no timer is left behind (opencode keeps what it has)."""
+    def forget_all(self) -> None:
+        """Nothing is kept, no timer left, nothing given back: the gateway stops (opencode keeps
+        what it has), or opencode (re)started (it has none of them: giving one back would make
+        it first)."""
         for timer in self.live.values():
             if timer is not None and timer.active():
                 timer.cancel()

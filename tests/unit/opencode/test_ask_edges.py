@@ -4,6 +4,8 @@ Issue 44: an ask's state at every edge of its life, against the fake opencode of
 take, and parallel calls of one tool.  Each of these failed on main 0dc4e52.
 """
 
+import os
+
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessTerminated
 from twisted.python.failure import Failure
@@ -15,6 +17,7 @@ from trapsandbox import errors, limits
 from trapsandbox.errors import GatewayError
 from trapsandbox.opencode import managed as managed_module
 from trapsandbox.opencode.asks import Asks
+from trapsandbox.opencode.directories import directory_name
 from trapsandbox.opencode.managed import Managed
 from trapsandbox.opencode.managed import State as ManagedState
 from trapsandbox.opencode.queue import AskQueue
@@ -359,3 +362,12 @@ class RecycleTests(AskTestsMixin, SynchronousTestCase):
         self.assertEqual(len(self.prompts()), 2)  # the waiting ask went on
         self.assertNoResult(second)
         self.assertEqual(self.managed.restarts, {"recycled": 1})
+        # The first ask's instance went with the old process: not given back (that would
+        # make it anew in this one), and no longer counted.
+        self.assertEqual(list(self.asks.servers[0].instances.live), [("local", "2:b")])
+        self.busy("ses_2")
+        self.idle("ses_2")
+        self.successResultOf(second)
+        self.clock.advance(limits.ASK_INSTANCE_IDLE)
+        disposed = [c[2] for c in self.http.calls if c[1] == "/instance/dispose"]
+        self.assertEqual(disposed, [[os.path.join(self.root, directory_name("local", "2:b"))]])
