@@ -118,6 +118,7 @@ class ManagedOpencodeTests(TestCase):
         first = await self.ask(computer, "the first question")
         self.assertTrue(first["ok"], first)
         self.assertIn("Managed hello.", json.dumps(first["payload"]))
+        self.assertEqual((await self.health())["opencodeManaged"][0]["instances"], 1)
 
         # Killed: started again, and the next ask goes on in the same conversation.
         os.kill(pid, 9)
@@ -127,6 +128,7 @@ class ManagedOpencodeTests(TestCase):
         [server] = health["opencodeManaged"]
         self.assertEqual((server["state"], server["restarts"]), ("ready", {"killed": 1}))
         self.assertNotEqual(server["pid"], pid)
+        self.assertEqual(server["instances"], 0)  # the old process's went with it
         response = await bounded(
             treq.get(
                 f"http://127.0.0.1:{self.port}/metrics",

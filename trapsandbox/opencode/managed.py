@@ -158,6 +158,9 @@ class Managed:
         # connections, a moment before it answers (NOTES-opencode: a request sent just then
         # can hang).  Set by ``servers.Server.build`` (a short health call); None: the line.
         self.answering: Callable[[], Deferred] | None = None
+        # How many of its instances the asks keep live (``instances``), for ``figures``; set by
+        # ``servers.Server.build``.
+        self.instances: Callable[[], int] | None = None
         self.state = State.STOPPED if program else State.FAILED
         self.process: Any = None
         self.restarts: dict[str, int] = {}
@@ -204,6 +207,8 @@ class Managed:
             rss = rss_bytes(self.process.pid)
             if rss is not None:
                 figures["rssBytes"] = rss
+        if self.instances is not None:
+            figures["instances"] = self.instances()
         if self.state is not State.READY and self.why:
             figures["detail"] = self.why
         return figures

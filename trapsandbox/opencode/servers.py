@@ -79,6 +79,8 @@ class Server:
                 limits.OPENCODE_READY_PROBE, clock
             )
         server.instances = Instances(clock, server.dispose, instance_idle, max_instances)
+        if managed is not None:
+            managed.instances = lambda: len(server.instances.live)
         # opencode reconnected may be opencode restarted, with another configuration.
         server.stream.on_reconnect.append(server._forget_model)
         return server
