@@ -16,7 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.apps import gateway_app
 from tests.harness.callers import asking
-from tests.harness.fakes import FakeLink, HeldComputer, SandboxComputer
+from tests.harness.fakes import FakeLink, HeldComputer, PausedComputer, SandboxComputer
 from tests.harness.support import JSON, response_frame
 from trapsandbox import limits
 from trapsandbox.computers import wire
@@ -252,6 +252,30 @@ class FileTests(SandboxTestCase):
             computer.answer_next()
         self.assertEqual(most, limits.FILE_WINDOW)
         self.assertEqual(self.successResultOf(read)["content"], content)
+
+    def test_two_large_writes_to_one_computer_at_once_are_both_written_whole(self):
+        # Its transport paused, all they send waits in the connection's 1 MiB queue: their
+        # windows (six parts each) would pass it, so they share one budget per computer.
+        computer = PausedComputer.connect(
+            self.registry, clock=self.clock, features=[wire.BINARY_PARTS]
+        )
+        contents = {"a.bin": b"a" * limits.MAX_FILE_BYTES, "b.bin": bytes(range(256)) * 4096}
+        writes = {
+            path: self.sandbox.write_file(asking("7:base"), path, content)
+            for path, content in contents.items()
+        }
+        rounds = 0
+        while any(not d.called for d in writes.values()):
+            self.assertLess(computer.outbound.queued_bytes, limits.MAX_QUEUED_BYTES)
+            computer.read()
+            while computer.held:
+                computer.answer_next()
+            rounds += 1
+            self.assertLess(rounds, 50)
+        for path, content in contents.items():
+            written = self.successResultOf(writes[path])
+            self.assertEqual(written["bytesWritten"], len(content))
+            self.assertEqual(computer.files[path], content)
 
     def test_once_a_part_failed_no_more_are_sent(self):
         computer = HeldComputer.connect(self.registry, features=[wire.BINARY_PARTS])
