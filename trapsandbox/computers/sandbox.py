@@ -128,13 +128,26 @@ class Sandbox:
         return d.addCallback(_answer)
 
     async def _sent(
-        self, caller: Caller, size: int, type: str, payload: dict[str, Any]
+        self,
+        caller: Caller,
+        size: int,
+        type: str,
+        payload: dict[str, Any],
+        failed: list[Failure] | None = None,
     ) -> dict[str, Any]:
         """``_call`` of a request carrying ``size`` bytes of files, within the computer's
-        ``FileBudget``: it waits for room, and gives it back once answered."""
+        ``FileBudget``: it waits for room, and gives it back once answered.  A failure is
+        noted in ``failed`` before the room is given back, and one that was waiting when a
+        part before it failed fails with it, unsent."""
         await self._budget.take(caller.key, size)
         try:
+            if failed:
+                failed[0].raiseException()
             return await self._call(caller, type, payload, limits.FILE_REQUEST_TIMEOUT)
+        except BaseException:
+            if failed is not None:
+                failed.append(Failure())
+            raise
         finally:
             self._budget.give(caller.key, size)
 
@@ -516,8 +529,9 @@ class Sandbox:
                     "writeId": write_id,
                 },
             }
-            d = Deferred.fromCoroutine(self._sent(caller, len(chunk), "write_file", payload))
-            d.addErrback(_noted, failed)
+            d = Deferred.fromCoroutine(
+                self._sent(caller, len(chunk), "write_file", payload, failed)
+            )
             if on_written is not None:
                 d.addCallback(_tell, on_written, offset + len(chunk))
             return d
@@ -558,11 +572,6 @@ def _forget(deferreds: Iterable[Deferred]) -> None:
     for d in list(deferreds):
         d.addErrback(lambda _: None)
         d.cancel()
-
-
-def _noted(failure: Failure, failed: list[Failure]) -> Failure:
-    failed.append(failure)
-    return failure
 
 
 def _tell(answer: dict[str, Any], on_written: Callable[[int], None], written: int) -> Any:

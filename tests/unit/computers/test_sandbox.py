@@ -277,6 +277,27 @@ class FileTests(SandboxTestCase):
             self.assertEqual(written["bytesWritten"], len(content))
             self.assertEqual(computer.files[path], content)
 
+    def test_a_part_waiting_for_room_when_one_before_it_failed_is_never_sent(self):
+        computer = HeldComputer.connect(self.registry, features=[wire.BINARY_PARTS])
+        first = self.sandbox.write_file(asking("7:base"), "b.bin", b"b" * limits.MAX_FILE_BYTES)
+        second = self.sandbox.write_file(asking("7:base"), "a.bin", b"a" * limits.MAX_FILE_BYTES)
+
+        def held(path):
+            return [n for n, (_, p) in enumerate(computer.held) if p["path"] == "/" + path]
+
+        self.assertEqual((len(held("b.bin")), held("a.bin")), (limits.FILE_WINDOW, []))
+        computer.answer_next()
+        computer.answer_next()  # two of the first write's parts: room for two of the second's
+        self.assertEqual(len(held("a.bin")), 2)
+        request, _ = computer.held.pop(held("a.bin")[1])  # its second part fails first
+        computer.fs_error(request, "/a.bin: Out of space")
+        while computer.held:
+            computer.answer_next()
+        sent = [p["part"]["offset"] for p in self.parts(computer) if p["path"] == "/a.bin"]
+        self.assertEqual(sent, [0, limits.BINARY_PART_BYTES])
+        self.assertGatewayError(second, "fs_error")
+        self.assertEqual(self.successResultOf(first)["bytesWritten"], limits.MAX_FILE_BYTES)
+
     def test_once_a_part_failed_no_more_are_sent(self):
         computer = HeldComputer.connect(self.registry, features=[wire.BINARY_PARTS])
         content = b"z" * (8 * limits.BINARY_PART_BYTES + 1)  # nine parts
