@@ -72,9 +72,9 @@ FILE_CHUNK_BYTES = 64 * 1024
 BINARY_PART_BYTES = 120 * 1024
 # Parts of one read or write in flight at once.
 FILE_WINDOW = 6
-# Files a snapshot reads or restores at once, and their bytes (one larger goes alone), so one
-# snapshot's work waiting for a computer stays under what its connection queues
-# (MAX_QUEUED_BYTES; two large transfers to one computer at once can pass it: overloaded).
+# Files a snapshot reads or restores at once, and their bytes (one larger goes alone); and the
+# bytes of files on their way to one computer from every write at once (``filebudget``), so
+# what waits for it stays under what its connection queues (MAX_QUEUED_BYTES).
 FILES_AT_ONCE = 32
 FILE_BYTES_AT_ONCE = FILE_WINDOW * BINARY_PART_BYTES
 # Files in one write_files (a restore's small files, several to a message).

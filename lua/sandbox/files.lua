@@ -242,27 +242,34 @@ local function handleWriteFile(req, ctx)
   end
   if fsApi.isReadOnly(path) then return fsError(req, shown .. ': Access denied') end
   if fsApi.isDir(path) then return fsError(req, shown .. ': Cannot write to directory') end
+  -- A whole new file in one part goes straight to its place: there is no old file to keep,
+  -- and nothing runs between this handler's open and close (fs calls do not yield).
+  local direct = offset == 0 and final and not fsApi.exists(path)
 
   -- Parts go to this write's temporary file beside the target; offset 0 starts it afresh.
-  local temp = tempName(fsApi, path, writeId)
-  if M.isSettingsPath('/' .. temp) or M.isSettingsPath('/' .. temp .. '.old') then return settingsForbidden(req, shown) end
   session.writing = session.writing or {}
   local writing = session.writing
-  local have = 0
-  if offset > 0 then
-    have = fsApi.exists(temp) and fsApi.getSize(temp) or 0
-    if offset ~= have then
-      -- Left as it is, and still known (clearStaleTemps deletes it once it is stale, or the
-      -- connection ends), should the part that follows on come after all.
-      return badRequest(req, ('part.offset is %d but %d bytes of %s were received so far'):format(offset, have, shown))
-    end
+  local temp, have = nil, 0
+  if direct then
+    if writeId then clearStaleTemps(fsApi, session, path) end
   else
-    -- What a write abandoned half-way left (the gateway gone, the computer rebooted): ours.
-    if writeId then writing[temp] = nil; clearStaleTemps(fsApi, session, path) end
-    if fsApi.exists(temp) then pcall(fsApi.delete, temp) end
+    temp = tempName(fsApi, path, writeId)
+    if M.isSettingsPath('/' .. temp) or M.isSettingsPath('/' .. temp .. '.old') then return settingsForbidden(req, shown) end
+    if offset > 0 then
+      have = fsApi.exists(temp) and fsApi.getSize(temp) or 0
+      if offset ~= have then
+        -- Left as it is, and still known (clearStaleTemps deletes it once it is stale, or the
+        -- connection ends), should the part that follows on come after all.
+        return badRequest(req, ('part.offset is %d but %d bytes of %s were received so far'):format(offset, have, shown))
+      end
+    else
+      -- What a write abandoned half-way left (the gateway gone, the computer rebooted): ours.
+      if writeId then writing[temp] = nil; clearStaleTemps(fsApi, session, path) end
+      if fsApi.exists(temp) then pcall(fsApi.delete, temp) end
+    end
+    if writeId then writing[temp] = { path = path, heard = session.clock(), attempt = session.current } end
   end
-  if writeId then writing[temp] = { path = path, heard = session.clock(), attempt = session.current } end
-  local function done() writing[temp] = nil end
+  local function done() if temp then writing[temp] = nil end end
   -- The space is known before anything is touched: with the first part, for the whole file
   -- (part.size, from a gateway that sends it), beside the file it replaces, which stays
   -- until the new one is whole (CC:Tweaked counts a file as at least FILE_OVERHEAD bytes).
@@ -275,14 +282,12 @@ local function handleWriteFile(req, ctx)
     local kept = fsApi.exists(path) and (shown .. ' is unchanged') or 'nothing was written'
     return fsError(req, ('Out of space: writing %s needs %d bytes, %d free (%s)'):format(shown, need, free, kept))
   end
+  -- (Where the free space was asked, its folder was found there unless some were missing.)
   local dir = fsApi.getDir(path)
-  if dir ~= '' and not fsApi.exists(dir) then
+  if (missingDirs > 0 or not free) and dir ~= '' and not fsApi.exists(dir) then
     local ok, err = pcall(fsApi.makeDir, dir)
     if not ok then done(); return fsError(req, errorText(err)) end
   end
-  -- A whole new file in one part goes straight to its place: there is no old file to keep,
-  -- and nothing runs between this handler's open and close (fs calls do not yield).
-  local direct = offset == 0 and final and not fsApi.exists(path)
   local ok, err = writeBytes(fsApi, direct and path or temp, offset == 0 and 'wb' or 'ab', data)
   if not ok then
     pcall(fsApi.delete, direct and path or temp)

@@ -11,6 +11,7 @@ from twisted.internet.defer import succeed
 from tests.harness.support import response_frame
 from trapsandbox import errors, limits
 from trapsandbox.computers import parts, wire
+from trapsandbox.computers.outbound import Outbound
 from trapsandbox.computers.session import Session
 from trapsandbox.errors import GatewayError
 
@@ -358,3 +359,21 @@ class HeldComputer(SandboxComputer):
     def answer_next(self):
         request, payload = self.held.pop(0)
         getattr(super(), "on_" + request["type"])(request, payload)
+
+
+class PausedComputer(HeldComputer):
+    """A ``HeldComputer`` whose connection's transport is paused: what is sent waits in a
+    real ``Outbound`` (``MAX_QUEUED_BYTES``; a send past it fails ``overloaded``, as on a
+    connection) until ``read`` resumes the transport and the computer takes it all."""
+
+    def __init__(self, clock, **kwargs):
+        super().__init__(**kwargs)
+        self.outbound = Outbound(super().send_frame, lambda: None, clock)
+        self.outbound.pauseProducing()
+
+    def send_frame(self, data):
+        self.outbound.send(data)
+
+    def read(self):
+        self.outbound.resumeProducing()
+        self.outbound.pauseProducing()

@@ -27,4 +27,6 @@ The computer side: one WebSocket per computer, and requests both ways (SPEC §2,
     ``paths``         the one path rule: a path as CraftOS reads it (``canonical``),
                       what no request may name (``checked``), ``inside``
     ``pathlocks``     changes of one computer's overlapping paths, one after another
+    ``filebudget``    the bytes of files on their way to one computer, from every write at
+                      once, under one bound
 """

@@ -23,14 +23,34 @@ from twisted.internet.interfaces import IReactorTime
 
 from trapsandbox import errors, limits
 from trapsandbox.computers import wire
-from trapsandbox.computers.paths import inside
+from trapsandbox.computers.paths import ROOT, inside
 from trapsandbox.errors import GatewayError
 
 Computer = tuple[str, str]  # (accountId, traposId)
+# What ``_overlap`` compares of a change's paths: each lowered, and each folder holding one
+# (the path too); None when one has a non-ASCII character (then ``inside``, pair by pair).
+Shape = tuple[frozenset[str], frozenset[str]] | None
 
 
-def _overlap(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    return any(inside(x, y) or inside(y, x) for x in a for y in b)
+def _shape(paths: tuple[str, ...]) -> Shape:
+    if not all(path.isascii() for path in paths):
+        return None
+    lowered = frozenset(path.lower() for path in paths)
+    around: set[str] = set()
+    for path in lowered:
+        while path not in around:
+            around.add(path)
+            path = path.rpartition("/")[0] or ROOT
+    return lowered, frozenset(around)
+
+
+def _overlap(a: Held, b: Held) -> bool:
+    """Whether a path of ``a`` is ``inside`` one of ``b`` or holds one: a restore's batches
+    of many files each are compared by sets, not pair by pair."""
+    if a.shape is not None and b.shape is not None:
+        (a_paths, a_around), (b_paths, b_around) = a.shape, b.shape
+        return not a_paths.isdisjoint(b_around) or not b_paths.isdisjoint(a_around)
+    return any(inside(x, y) or inside(y, x) for x in a.paths for y in b.paths)
 
 
 @attrs.define(eq=False)
@@ -43,6 +63,10 @@ class Held:
     deferred: Deferred = attrs.field(factory=Deferred, repr=False)
     granted: bool = False
     timer: object = attrs.field(default=None, repr=False)
+    shape: Shape = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.shape = _shape(self.paths)
 
     def release(self) -> None:
         self._locks._drop(self)
@@ -65,7 +89,7 @@ class PathLocks:
         queue = self._queues.setdefault(computer, [])
         held = Held(computer, tuple(paths), self)
         held.deferred = Deferred(lambda _: self._drop(held))
-        if self._blocked(queue, len(queue), held.paths):
+        if self._blocked(queue, len(queue), held):
             waiting = sum(1 for each in queue if not each.granted)
             if waiting >= self.max_waiters:
                 return self._refused(computer, held.paths, f"{waiting} changes already wait")
@@ -82,8 +106,8 @@ class PathLocks:
         return len(self._queues.get(computer, ()))
 
     @staticmethod
-    def _blocked(queue: list[Held], before: int, paths: tuple[str, ...]) -> bool:
-        return any(_overlap(queue[n].paths, paths) for n in range(before))
+    def _blocked(queue: list[Held], before: int, held: Held) -> bool:
+        return any(_overlap(queue[n], held) for n in range(before))
 
     def _refused(self, computer: Computer, paths: tuple[str, ...], why: str) -> Deferred:
         shown = ", ".join(wire.cut(p) for p in paths)
@@ -123,7 +147,7 @@ class PathLocks:
             return
         granted = []
         for n, each in enumerate(queue):
-            if not each.granted and not self._blocked(queue, n, each.paths):
+            if not each.granted and not self._blocked(queue, n, each):
                 each.granted = True
                 granted.append(each)
         for each in granted:  # (after the scan: a callback may change the queue)

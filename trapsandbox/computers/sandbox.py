@@ -37,7 +37,8 @@ code: ``forbidden``, ``fs_error``, ``bad_request``, ``cancelled``, …).  Files
 cross in parts, so every message stays under a computer's 128 KiB limit: raw bytes
 of at most ``BINARY_PART_BYTES`` in binary messages to a client that announced them
 (``computers.parts``), else base64 of at most ``FILE_CHUNK_BYTES`` in JSON; up to
-``FILE_WINDOW`` parts of one read or write in flight.  The methods here split and
+``FILE_WINDOW`` parts of one read or write in flight, and what every write sends one
+computer at most ``FILE_BYTES_AT_ONCE`` (``filebudget``).  The methods here split and
 join them, up to ``MAX_FILE_BYTES`` in one call.
 
 Every path is made canonical and checked here (``paths.checked``) before it is sent, and
@@ -62,6 +63,7 @@ from twisted.python.failure import Failure
 from trapsandbox import errors, limits
 from trapsandbox.computers import parts, paths, wire
 from trapsandbox.computers.callers import Caller
+from trapsandbox.computers.filebudget import FileBudget
 from trapsandbox.computers.pathlocks import PathLocks
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.screen import Room, frames_to
@@ -102,6 +104,8 @@ class Sandbox:
     def __init__(self, registry: Registry, locks: PathLocks | None = None) -> None:
         self._registry = registry
         self._locks = PathLocks(registry.clock) if locks is None else locks
+        # What every write to one computer sends shares this: its queue stays bounded.
+        self._budget = FileBudget(limits.FILE_BYTES_AT_ONCE)
 
     @property
     def registry(self) -> Registry:
@@ -122,6 +126,30 @@ class Sandbox:
     ) -> Deferred:
         d = self._registry.request(caller, type, payload, timeout, on_partial)
         return d.addCallback(_answer)
+
+    async def _sent(
+        self,
+        caller: Caller,
+        size: int,
+        type: str,
+        payload: dict[str, Any],
+        failed: list[Failure] | None = None,
+    ) -> dict[str, Any]:
+        """``_call`` of a request carrying ``size`` bytes of files, within the computer's
+        ``FileBudget``: it waits for room, and gives it back once answered.  A failure is
+        noted in ``failed`` before the room is given back, and one that was waiting when a
+        part before it failed fails with it, unsent."""
+        await self._budget.take(caller.key, size)
+        try:
+            if failed:
+                failed[0].raiseException()
+            return await self._call(caller, type, payload, limits.FILE_REQUEST_TIMEOUT)
+        except BaseException:
+            if failed is not None:
+                failed.append(Failure())
+            raise
+        finally:
+            self._budget.give(caller.key, size)
 
     def execute(
         self,
@@ -412,7 +440,7 @@ class Sandbox:
             "files": [{"path": path, "size": len(content)} for path, content in files],
             "content": b"".join(content for _, content in files),
         }
-        answer = await self._call(caller, "write_files", payload, limits.FILE_REQUEST_TIMEOUT)
+        answer = await self._sent(caller, len(payload["content"]), "write_files", payload)
         failed = answer.get("failed")
         if isinstance(failed, dict):
             code, message = failed.get("code"), failed.get("message")
@@ -501,8 +529,9 @@ class Sandbox:
                     "writeId": write_id,
                 },
             }
-            d = self._call(caller, "write_file", payload, limits.FILE_REQUEST_TIMEOUT)
-            d.addErrback(_noted, failed)
+            d = Deferred.fromCoroutine(
+                self._sent(caller, len(chunk), "write_file", payload, failed)
+            )
             if on_written is not None:
                 d.addCallback(_tell, on_written, offset + len(chunk))
             return d
@@ -543,11 +572,6 @@ def _forget(deferreds: Iterable[Deferred]) -> None:
     for d in list(deferreds):
         d.addErrback(lambda _: None)
         d.cancel()
-
-
-def _noted(failure: Failure, failed: list[Failure]) -> Failure:
-    failed.append(failure)
-    return failure
 
 
 def _tell(answer: dict[str, Any], on_written: Callable[[int], None], written: int) -> Any:

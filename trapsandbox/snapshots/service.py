@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from twisted.internet.defer import Deferred, TimeoutError, succeed
+from twisted.internet.defer import Deferred, FirstError, TimeoutError, gatherResults, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -225,7 +225,14 @@ class Snapshots:
                 )
 
             async def write(batch: list[tuple[str, str]]) -> None:
-                contents = [(path, await store.content(account, sha)) for path, sha in batch]
+                # Read together: the store answers them one after another in its thread,
+                # not each after a trip back through the reactor.
+                reads = [store.content(account, sha) for _, sha in batch]
+                try:
+                    read = await gatherResults(reads, consumeErrors=True)
+                except FirstError as error:
+                    error.subFailure.raiseException()
+                contents = list(zip((path for path, _ in batch), read, strict=True))
                 if len(contents) > 1:
                     await self._sandbox.write_files(quiet, contents)
                 else:

@@ -7,6 +7,8 @@ writes of one file are never interleaved part by part.
 
 import base64
 
+from hypothesis import given
+from hypothesis import strategies as st
 from twisted.internet.defer import CancelledError
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
@@ -14,7 +16,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from tests.harness.callers import asking
 from tests.harness.fakes import HeldComputer
 from trapsandbox import errors, limits
-from trapsandbox.computers.pathlocks import PathLocks
+from trapsandbox.computers.pathlocks import Held, PathLocks, _overlap
+from trapsandbox.computers.paths import inside
 from trapsandbox.computers.registry import Registry
 from trapsandbox.computers.sandbox import Sandbox
 from trapsandbox.errors import GatewayError
@@ -131,3 +134,21 @@ class WriteLockTests(SynchronousTestCase):
         self.computer.answer_next()
         self.assertEqual(self.successResultOf(b)["bytesWritten"], 1)
         self.assertEqual(self.sandbox.locks.busy(("local", "7:base")), 0)
+
+
+# Canonical paths from a few names (case and a non-ASCII letter among them, so that two
+# spellings may be one path on some CraftOS).
+_names = st.sampled_from(["a", "A", "b", "ab", "a.b", "r\u00e9", "re"])
+_paths = st.lists(_names, max_size=3).map(lambda parts: "/" + "/".join(parts))
+
+
+class OverlapTests(SynchronousTestCase):
+    @given(st.lists(_paths, max_size=4), st.lists(_paths, max_size=4))
+    def test_changes_overlap_exactly_when_a_path_of_one_is_inside_a_path_of_the_other(
+        self, one, other
+    ):
+        locks = PathLocks(Clock())
+        first, second = (Held(A, tuple(paths), locks) for paths in (one, other))
+        pairwise = any(inside(x, y) or inside(y, x) for x in one for y in other)
+        self.assertEqual(_overlap(first, second), pairwise)
+        self.assertEqual(_overlap(second, first), pairwise)

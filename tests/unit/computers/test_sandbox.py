@@ -16,7 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.apps import gateway_app
 from tests.harness.callers import asking
-from tests.harness.fakes import FakeLink, HeldComputer, SandboxComputer
+from tests.harness.fakes import FakeLink, HeldComputer, PausedComputer, SandboxComputer
 from tests.harness.support import JSON, response_frame
 from trapsandbox import limits
 from trapsandbox.computers import wire
@@ -252,6 +252,51 @@ class FileTests(SandboxTestCase):
             computer.answer_next()
         self.assertEqual(most, limits.FILE_WINDOW)
         self.assertEqual(self.successResultOf(read)["content"], content)
+
+    def test_two_large_writes_to_one_computer_at_once_are_both_written_whole(self):
+        # Its transport paused, all they send waits in the connection's 1 MiB queue: their
+        # windows (six parts each) would pass it, so they share one budget per computer.
+        computer = PausedComputer.connect(
+            self.registry, clock=self.clock, features=[wire.BINARY_PARTS]
+        )
+        contents = {"a.bin": b"a" * limits.MAX_FILE_BYTES, "b.bin": bytes(range(256)) * 4096}
+        writes = {
+            path: self.sandbox.write_file(asking("7:base"), path, content)
+            for path, content in contents.items()
+        }
+        rounds = 0
+        while any(not d.called for d in writes.values()):
+            self.assertLess(computer.outbound.queued_bytes, limits.MAX_QUEUED_BYTES)
+            computer.read()
+            while computer.held:
+                computer.answer_next()
+            rounds += 1
+            self.assertLess(rounds, 50)
+        for path, content in contents.items():
+            written = self.successResultOf(writes[path])
+            self.assertEqual(written["bytesWritten"], len(content))
+            self.assertEqual(computer.files[path], content)
+
+    def test_a_part_waiting_for_room_when_one_before_it_failed_is_never_sent(self):
+        computer = HeldComputer.connect(self.registry, features=[wire.BINARY_PARTS])
+        first = self.sandbox.write_file(asking("7:base"), "b.bin", b"b" * limits.MAX_FILE_BYTES)
+        second = self.sandbox.write_file(asking("7:base"), "a.bin", b"a" * limits.MAX_FILE_BYTES)
+
+        def held(path):
+            return [n for n, (_, p) in enumerate(computer.held) if p["path"] == "/" + path]
+
+        self.assertEqual((len(held("b.bin")), held("a.bin")), (limits.FILE_WINDOW, []))
+        computer.answer_next()
+        computer.answer_next()  # two of the first write's parts: room for two of the second's
+        self.assertEqual(len(held("a.bin")), 2)
+        request, _ = computer.held.pop(held("a.bin")[1])  # its second part fails first
+        computer.fs_error(request, "/a.bin: Out of space")
+        while computer.held:
+            computer.answer_next()
+        sent = [p["part"]["offset"] for p in self.parts(computer) if p["path"] == "/a.bin"]
+        self.assertEqual(sent, [0, limits.BINARY_PART_BYTES])
+        self.assertGatewayError(second, "fs_error")
+        self.assertEqual(self.successResultOf(first)["bytesWritten"], limits.MAX_FILE_BYTES)
 
     def test_once_a_part_failed_no_more_are_sent(self):
         computer = HeldComputer.connect(self.registry, features=[wire.BINARY_PARTS])
