@@ -50,11 +50,19 @@ TICKER = (
 )
 
 
-@pytest.mark.xdist_group("ask_e2e")
-class AskEndToEndTests(GatewayMixin, TestCase):
-    timeout = 150
-    # One opencode for all (each test its own model and gateway, on the same ports).
-    shared = SharedOpencode(OPENCODE_PASSWORD, env={"SANDBOX_ADMIN_TOKEN": TOKEN})
+class OnSharedOpencode:
+    """
+    Asks on one opencode for all of a class's tests (``shared``, each class its own: a start
+    costs seconds of CPU), each test with its own scripted model (``fake_model``) and gateway,
+    on the ports it keeps for them.  A class using it is marked ``xdist_group`` so that its
+    tests run in one worker.
+    """
+
+    shared: SharedOpencode
+
+    @staticmethod
+    def opencode_for_class() -> SharedOpencode:
+        return SharedOpencode(OPENCODE_PASSWORD, env={"SANDBOX_ADMIN_TOKEN": TOKEN})
 
     @classmethod
     def tearDownClass(cls):
@@ -81,6 +89,12 @@ class AskEndToEndTests(GatewayMixin, TestCase):
         }
         await self.shared.start(self, config)
         self.pool = HTTPConnectionPool(reactor(), persistent=False)
+
+
+@pytest.mark.xdist_group("ask_e2e")
+class AskEndToEndTests(OnSharedOpencode, GatewayMixin, TestCase):
+    timeout = 150
+    shared = OnSharedOpencode.opencode_for_class()
 
     async def session_status(self, session_id, directory):
         response = await bounded(

@@ -7,25 +7,17 @@ stopping gateway aborts the running ask in opencode and starts none that waits.
 import pytest
 from twisted.trial.unittest import TestCase
 
-from tests.harness.opencode import SharedOpencode
 from tests.harness.support import both_modes, bounded
 from tests.lua import test_ask_e2e as ask_e2e
 from tests.lua.test_lua_e2e import GatewayMixin
 
 
 @pytest.mark.xdist_group("ask_edges_e2e")
-class AskEdgesEndToEndTests(GatewayMixin, TestCase):
+class AskEdgesEndToEndTests(ask_e2e.OnSharedOpencode, GatewayMixin, TestCase):
     timeout = 150
-    shared = SharedOpencode(ask_e2e.OPENCODE_PASSWORD, env={"SANDBOX_ADMIN_TOKEN": ask_e2e.TOKEN})
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.shared.stop()
+    shared = ask_e2e.OnSharedOpencode.opencode_for_class()
 
     # test_ask_e2e's helpers, not its tests.
-    setUp = ask_e2e.AskEndToEndTests.setUp
-    fake_model = ask_e2e.AskEndToEndTests.fake_model
-    opencode = ask_e2e.AskEndToEndTests.opencode
     release = ask_e2e.AskEndToEndTests.release
     session_status = ask_e2e.AskEndToEndTests.session_status
 

@@ -6,12 +6,12 @@ the same session, the computer's tools (the MCP block re-read from the
 directory's ``opencode.json``).
 """
 
+import pytest
 import treq
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
-from tests.harness.fake_model import start_fake_model
 from tests.harness.support import bounded, reactor
 from tests.lua import test_ask_e2e as ask_e2e
 from tests.lua.test_lua_e2e import GatewayMixin
@@ -43,12 +43,12 @@ class GlobalEvents:
         return bounded(d, seconds)
 
 
-class AskInstancesEndToEndTests(GatewayMixin, TestCase):
+@pytest.mark.xdist_group("ask_instances_e2e")
+class AskInstancesEndToEndTests(ask_e2e.OnSharedOpencode, GatewayMixin, TestCase):
     timeout = 150
+    shared = ask_e2e.OnSharedOpencode.opencode_for_class()
 
     # test_ask_e2e's helpers, not its tests.
-    setUp = ask_e2e.AskEndToEndTests.setUp
-    opencode = ask_e2e.AskEndToEndTests.opencode
     ready = ask_e2e.AskEndToEndTests.ready
     ask = ask_e2e.AskEndToEndTests.ask
     on_screen = ask_e2e.AskEndToEndTests.on_screen
@@ -74,7 +74,7 @@ class AskInstancesEndToEndTests(GatewayMixin, TestCase):
         return stream
 
     async def test_a_given_back_instance_comes_back_for_the_next_ask(self):
-        model = await start_fake_model(self, "", {}, script=[FIRST], answer="Wrote one.")
+        model = await self.fake_model("", {}, script=[FIRST], answer="Wrote one.")
         await self.opencode(model)
         events = await self.events()
         c = await self.ready(allow="fs.write")

@@ -5,20 +5,20 @@ one cancelled while it waits never reaches opencode, and the next runs when
 the running one ends.
 """
 
+import pytest
 from twisted.trial.unittest import TestCase
 
-from tests.harness.fake_model import start_fake_model
 from tests.harness.support import both_modes
 from tests.lua import test_ask_e2e as ask_e2e
 from tests.lua.test_lua_e2e import GatewayMixin
 
 
-class AskQueueEndToEndTests(GatewayMixin, TestCase):
+@pytest.mark.xdist_group("ask_queue_e2e")
+class AskQueueEndToEndTests(ask_e2e.OnSharedOpencode, GatewayMixin, TestCase):
     timeout = 150
+    shared = ask_e2e.OnSharedOpencode.opencode_for_class()
 
     # test_ask_e2e's helpers, not its tests.
-    setUp = ask_e2e.AskEndToEndTests.setUp
-    opencode = ask_e2e.AskEndToEndTests.opencode
     release = ask_e2e.AskEndToEndTests.release
 
     def start_gateway(self, port, **settings):
@@ -34,7 +34,7 @@ class AskQueueEndToEndTests(GatewayMixin, TestCase):
 
     async def test_asks_wait_in_order_and_one_cancelled_while_waiting_never_runs(self):
         # The closing text's first word is printed (the wrapper holds back the last one).
-        model = await start_fake_model(self, "", {}, script=[], answer="Thinking hard", hold=True)
+        model = await self.fake_model("", {}, script=[], answer="Thinking hard", hold=True)
         self.addCleanup(self.release, model)
         await self.opencode(model)
         first = await self.asking(7, "first")
