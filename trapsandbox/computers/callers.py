@@ -78,18 +78,8 @@ class Caller:
     def of_operator(
         cls, operator: auth.Operator, account: str | None, trapos_id: str, by: str = OPERATOR
     ) -> Caller:
-        """``operator`` (``by``: an operator or the agent) asking ``account``'s ``trapos_id``.
-
-        One value per operator, account and computer, kept (the last few
-        thousand): every request an operator sends asks for one.
-        """
-        key = (by, operator.account, account, trapos_id)
-        caller = _OPERATORS.get(key)
-        if caller is None:
-            if len(_OPERATORS) >= _KEPT:
-                _OPERATORS.clear()
-            caller = _OPERATORS[key] = cls(account, trapos_id, Sender(by, operator.account))
-        return caller
+        """``operator`` (``by``: an operator or the agent) asking ``account``'s ``trapos_id``."""
+        return cls(account, trapos_id, Sender(by, operator.account))
 
     @property
     def key(self) -> tuple[str, str]:
@@ -124,11 +114,6 @@ class Caller:
         return cls(
             account, trapos_id, Sender.of_entry(message.get("by")), message.get("quiet") is True
         )
-
-
-# ``Caller.of_operator``'s values, by what they are made of (all of it: a Caller is frozen).
-_OPERATORS: dict[tuple[str, str | None, str | None, str], Caller] = {}
-_KEPT = 4096
 
 
 def gateway(account: str, trapos_id: str, quiet: bool = False) -> Caller:

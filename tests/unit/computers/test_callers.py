@@ -5,7 +5,6 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from trapsandbox import errors
-from trapsandbox.admission.auth import Operator
 from trapsandbox.computers.callers import BY, GATEWAY_SENDER, Caller, Sender
 from trapsandbox.errors import GatewayError
 
@@ -48,18 +47,3 @@ class CallerTests(SynchronousTestCase):
             self.assertEqual(caller.sender, GATEWAY_SENDER)
         caller = Caller.from_message({"key": ["a", "1:"], "by": {"by": "agent", "account": 5}})
         self.assertEqual(caller.sender, Sender("agent"))
-
-    @given(
-        st.none() | names, names, names, st.sampled_from(["operator", "agent"]), st.none() | names
-    )
-    def test_an_operators_kept_caller_is_the_one_it_would_be_built_as(
-        self, token_account, account, trapos_id, by, other
-    ):
-        operator = Operator(token_account)
-        built = Caller(account, trapos_id, Sender(by, token_account))
-        for _ in range(2):  # built, then kept
-            self.assertEqual(Caller.of_operator(operator, account, trapos_id, by), built)
-        # Another token's operator asking the same computer never gets this one.
-        if other != token_account:
-            sender = Caller.of_operator(Operator(other), account, trapos_id, by).sender
-            self.assertEqual(sender, Sender(by, other))
