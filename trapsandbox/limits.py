@@ -221,12 +221,13 @@ OPENCODE_RESTART_MAX = 30.0
 OPENCODE_STABLE_AFTER = 30.0
 OPENCODE_STOP_GRACE = 10.0
 DEFAULT_OPENCODE_SERVERS = 1
-# Past this resident memory, looked at as each ask ends, a server the gateway runs is drained
-# and recycled (SANDBOX_OPENCODE_MAX_RSS_MB).  opencode 1.18.33 measured here: 369 MiB at
-# rest, 1,916 MiB after 20 computers asked (1,802 once their instances were given back: it
-# keeps the pages), and it stops answering near 3.2 GiB: 2 GiB leaves a server ~40 computers'
-# instances (issue 33's bench.ask) and a margin of over 1 GiB below the hang.
-OPENCODE_MAX_RSS_MB = 2048
+# Past this resident memory, looked at as each ask starts and ends, a server the gateway runs
+# is drained and recycled (SANDBOX_OPENCODE_MAX_RSS_MB).  opencode 1.18.33 measured here: ~650
+# MiB warm, ~55 MiB more per computer's instance, and it stops answering near 3.2 GiB.  The
+# asks already running when it passes the bound finish first, each maybe a new instance: with
+# 16 at a time bench.askmanaged saw it peak ~900 MiB past the bound (2,931 MiB at 2,048, N =
+# 100), too near the hang; 1,536 keeps ~800 MiB below it and ~16 computers' instances a process.
+OPENCODE_MAX_RSS_MB = 1536
 # An ask waits this long for the gateway's own opencode to (re)start; a recycle lets the asks
 # running there finish for this long, then ends them ("ask again").
 OPENCODE_READY_WAIT = 120.0
