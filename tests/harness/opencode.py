@@ -37,6 +37,21 @@ async def _answering(url: str, seconds: float = 30) -> None:
             await deferLater(reactor(), 0.1, lambda: None)
 
 
+def opencode_env(home: str, password: str, extra: dict[str, str] | None) -> dict[str, str]:
+    """opencode's environment: a throwaway ``home`` for all it keeps, no models fetched from
+    the network, Basic auth with ``password``, and ``extra``."""
+    return clean_env(
+        HOME=home,
+        XDG_CONFIG_HOME=os.path.join(home, ".config"),
+        XDG_DATA_HOME=os.path.join(home, ".local", "share"),
+        XDG_CACHE_HOME=os.path.join(home, ".cache"),
+        XDG_STATE_HOME=os.path.join(home, ".local", "state"),
+        OPENCODE_DISABLE_MODELS_FETCH="1",
+        OPENCODE_SERVER_PASSWORD=password,
+        **(extra or {}),
+    )
+
+
 async def start_opencode(
     testcase,
     password: str,
@@ -58,16 +73,7 @@ async def start_opencode(
         testcase.fail(f"{OPENCODE} is missing: 'make test' installs it")
     home = os.path.abspath(testcase.mktemp())
     os.makedirs(home)
-    env = clean_env(
-        HOME=home,
-        XDG_CONFIG_HOME=os.path.join(home, ".config"),
-        XDG_DATA_HOME=os.path.join(home, ".local", "share"),
-        XDG_CACHE_HOME=os.path.join(home, ".cache"),
-        XDG_STATE_HOME=os.path.join(home, ".local", "state"),
-        OPENCODE_DISABLE_MODELS_FETCH="1",
-        OPENCODE_SERVER_PASSWORD=password,
-        **(env or {}),
-    )
+    env = opencode_env(home, password, env)
     if config is not None:
         where = os.path.join(home, ".config", "opencode") if global_config else home
         os.makedirs(where, exist_ok=True)
@@ -154,16 +160,7 @@ class SharedOpencode:
         os.makedirs(where)
         with open(os.path.join(where, "opencode.json"), "w", encoding="utf-8") as f:
             json.dump(config, f)
-        env = clean_env(
-            HOME=home,
-            XDG_CONFIG_HOME=os.path.join(home, ".config"),
-            XDG_DATA_HOME=os.path.join(home, ".local", "share"),
-            XDG_CACHE_HOME=os.path.join(home, ".cache"),
-            XDG_STATE_HOME=os.path.join(home, ".local", "state"),
-            OPENCODE_DISABLE_MODELS_FETCH="1",
-            OPENCODE_SERVER_PASSWORD=self.password,
-            **self._env,
-        )
+        env = opencode_env(home, self.password, self._env)
         argv = [OPENCODE, "serve", "--port", str(self._port("opencode")), "--hostname", "127.0.0.1"]
         with open(os.path.join(home, "opencode.log"), "wb") as log:
             self._process = subprocess.Popen(
