@@ -174,6 +174,18 @@ class Watched:
             "drain_seconds_max": round(max(drains, default=0), 2),
             # The first start is the gateway's own, not a restart.
             "restart_seconds": [round(s, 2) for s in restarts[1:]],
+            # For a closer look (seconds from the first sample): each RSS sample, each line.
+            "timeline": self._timeline(),
+        }
+
+    def _timeline(self) -> dict[str, list]:
+        zero = self.rss[0][0] if self.rss else 0.0
+        return {
+            "rss_mib": [[round(at - zero, 2), _mib(rss)] for at, rss in self.rss],
+            "lines": [
+                [round(at - zero, 2), line[line.find("opencode: ") :]]
+                for at, line in self.gateway.marked
+            ],
         }
 
 
@@ -287,7 +299,8 @@ def main(argv: list[str] | None = None) -> None:
                     reactor, logs, model, n, args.max_rss_mb, args.idle_asks, args.py_spy
                 )
                 results["scenarios"].append(figures)
-                print(json.dumps(figures), flush=True)
+                shown = {key: value for key, value in figures.items() if key != "timeline"}
+                print(json.dumps(shown), flush=True)
         finally:
             await listening.stopListening()
         if args.output:
