@@ -224,9 +224,10 @@ DEFAULT_OPENCODE_SERVERS = 1
 # Past this resident memory, looked at as each ask starts and ends, a server the gateway runs
 # is drained and recycled (SANDBOX_OPENCODE_MAX_RSS_MB).  opencode 1.18.33 measured here: ~650
 # MiB warm, ~55 MiB more per computer's instance, and it stops answering near 3.2 GiB.  The
-# asks already running when it passes the bound finish first, each maybe a new instance: with
-# 16 at a time bench.askmanaged saw it peak ~900 MiB past the bound (2,931 MiB at 2,048, N =
-# 100), too near the hang; 1,536 keeps ~800 MiB below it and ~16 computers' instances a process.
+# asks already running when it passes the bound finish first (16 at a time, each maybe a new
+# instance, its JavaScript heap growing meanwhile): bench.askmanaged at N = 300 saw it peak
+# at 3,106 MiB with 2,048, too near the hang, and at 2,848 MiB with 1,536 (19 recycles instead
+# of 14, asks per minute ~10 % fewer: docs/benchmarks.md).
 OPENCODE_MAX_RSS_MB = 1536
 # An ask waits this long for the gateway's own opencode to (re)start; a recycle lets the asks
 # running there finish for this long, then ends them ("ask again").
