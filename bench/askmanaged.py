@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -140,9 +141,11 @@ class Watched:
         return _mib(self.rss[-1][1]) if self.rss else None
 
     def stop(self) -> None:
+        """The gateway stopped (its opencode with it), and what they kept removed."""
         if self._sampler.running:
             self._sampler.stop()
         self.gateway.stop()
+        shutil.rmtree(self.state, ignore_errors=True)
 
     def life(self) -> dict[str, Any]:
         """Recycles, their drains and restarts, the RSS peak and the time above the bound."""
