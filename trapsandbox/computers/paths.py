@@ -88,15 +88,8 @@ def checked(
     """
     ``canonical(path, cwd)``, refused (``GatewayError``) when no file request may name it:
     the settings file (``forbidden``); to change (``write``), the root (``bad_request``)
-    or ``/rom`` (``fs_error``, as CraftOS says it).  What it answered lately is kept (it is
-    pure): a restore's batches are checked by the sandbox and again by the registry's hook.
+    or ``/rom`` (``fs_error``, as CraftOS says it).
     """
-    key = (path, cwd, write)
-    kept = type(path) is str and (cwd is None or type(cwd) is str)
-    if kept:
-        known = _CHECKED.get(key)
-        if known is not None:
-            return known
     full = canonical(path, cwd, name)
     if is_settings_path(full) or is_settings_path(path, cwd):  # type: ignore[arg-type]
         raise GatewayError(
@@ -109,16 +102,7 @@ def checked(
             raise errors.bad_request(f"{name} is the root folder, which cannot be changed")
         if inside(full, ROM):
             raise GatewayError(errors.FS_ERROR, f"{full}: Access denied (/rom is read-only)")
-    if kept:
-        if len(_CHECKED) >= _KEPT:
-            _CHECKED.clear()
-        _CHECKED[key] = full
     return full
-
-
-# ``checked``'s answers by ``(path, cwd, write)``, the last few thousand (then forgotten at once).
-_CHECKED: dict[tuple[str, str | None, bool], str] = {}
-_KEPT = 4096
 
 
 # The requests to a computer that name paths, and those of them that change what they name.

@@ -107,22 +107,6 @@ class CanonicalTests(SynchronousTestCase):
         self.assertEqual(paths.parent("/a/b"), "/a")
         self.assertEqual(paths.parent("/a"), "/")
 
-    @given(
-        st.lists(st.sampled_from(PIECES + ["ROM", ":"]), max_size=8).map("".join),
-        st.none() | st.sampled_from(["", "rom", "a/b", ".settings"]),
-        st.booleans(),
-    )
-    def test_a_path_checked_again_is_answered_as_the_first_time(self, path, cwd, write):
-        def outcome():
-            try:
-                return checked(path, cwd, write=write)
-            except GatewayError as error:
-                return (error.code, error.message)
-
-        paths._CHECKED.clear()
-        first = outcome()
-        self.assertEqual(outcome(), first)  # kept, or refused again
-
 
 class SandboxPathTests(SynchronousTestCase):
     """Every file request goes out with the canonical path, or not at all."""
