@@ -18,7 +18,7 @@ from twisted.application.service import IService
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python import usage
-from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.client import Agent
 
 from trapsandbox import config, limits, state
 from trapsandbox.admission.auth import Admission
@@ -32,7 +32,7 @@ from trapsandbox.errors import ConfigError
 from trapsandbox.handlers import ComputerRequests
 from trapsandbox.mcp.endpoint import McpEndpoint
 from trapsandbox.opencode.asks import Asks
-from trapsandbox.opencode.client import OpencodeClient
+from trapsandbox.opencode.client import OpencodeClient, OpencodePool
 from trapsandbox.opencode.managed import ManagedOpencode
 from trapsandbox.opencode.probe import OpencodeProbe
 from trapsandbox.opencode.queue import AskQueue
@@ -436,14 +436,14 @@ def _opencode(
     state_dir: str,
     metrics: Metrics,
     snapshots: Snapshots,
-) -> tuple[HTTPConnectionPool, Asks, Any, ManagedOpencode | None]:
+) -> tuple[OpencodePool, Asks, Any, ManagedOpencode | None]:
     """The HTTP client to opencode, its probes (one per server), sandbox ask, and the
     opencode servers the gateway runs itself (OPENCODE_URL unset), if so."""
     ask_directory = state.prepare(
         settings.ask_directory or os.path.join(state_dir, limits.ASK_DIRECTORY_NAME),
         "SANDBOX_ASK_DIR",
     )
-    pool = HTTPConnectionPool(reactor, persistent=True)
+    pool = OpencodePool(reactor, persistent=True)
     # As many connections kept open to each opencode server as asks may run there at once, so
     # a call finds one open rather than opening a new TCP connection (its name looked up in a
     # thread, two log lines): with 2 kept, bench.ask opened ~2.5 connections per ask (102 for

@@ -21,10 +21,12 @@ import re
 
 import orjson
 import treq
+from treq.client import HTTPClient
 from twisted.internet.defer import CancelledError, Deferred, gatherResults
 from twisted.trial.unittest import TestCase
-from twisted.web.client import HTTPConnectionPool
-from twisted.web.server import Site
+from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Site
 
 from tests.harness.callers import asking
 from tests.harness.logcapture import LogCapture
@@ -32,6 +34,7 @@ from tests.harness.servers import Fixed, Opencode, Silent, StallsAfterHeaders, l
 from tests.harness.support import both_modes, bounded, closed_port, connect, reactor, start_gateway
 from trapsandbox import config
 from trapsandbox.errors import ConfigError
+from trapsandbox.opencode.client import OpencodeClient, OpencodePool
 
 PASSWORD = "faults-sesame"
 
@@ -212,3 +215,47 @@ class CredentialsInURLTests(TestCase):
 
 
 both_modes(globals(), "OpencodeFaultTests", "CredentialsInURLTests")
+
+
+class Held(Resource):
+    """Answers each request only when told: ``arrived`` fires with the first."""
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived: Deferred = Deferred()
+
+    def render(self, request):
+        self.arrived.callback(request)
+        return NOT_DONE_YET
+
+
+class AnsweredAfterTheStopTests(TestCase):
+    """
+    The gateway's stop closes its connections to opencode once every call has its answer;
+    one answered after that (opencode runs on when the gateway stops) leaves no connection
+    kept on the reactor (a cached one has a 240 s timer: CI's dirty reactor on 5faf773).
+    """
+
+    timeout = 30
+
+    async def test_an_answer_after_the_pool_closed_is_not_kept(self):
+        held = Held()
+        pool = OpencodePool(reactor(), persistent=True)
+        client = OpencodeClient(
+            HTTPClient(Agent(reactor(), pool=pool)), reactor(), serve(self, held)
+        )
+        call = client.call("GET", "/session/status")
+        request = await bounded(held.arrived)
+        settled = client.settled()
+        self.assertNoResult(settled)
+        await bounded(pool.closeCachedConnections())
+        request.setHeader(b"content-type", b"application/json")
+        request.write(b"{}")
+        request.finish()
+        self.assertEqual(await bounded(call), {})
+        await bounded(settled)
+        self.assertEqual(pool._connections, {})
+        kept = [c for c in reactor().getDelayedCalls() if "_removeConnection" in repr(c)]
+        self.assertEqual(kept, [])

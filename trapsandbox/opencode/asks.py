@@ -504,7 +504,7 @@ class Asks:
         """
         The gateway stops: nothing new reaches opencode, running asks are aborted
         there and end telling their players, no timer is left; fires once opencode
-        had the aborts (each call bounded).
+        had the aborts and answered every call in flight (each call bounded).
         """
         self.stopping = True
         for timer in self._draining.values():
@@ -512,11 +512,12 @@ class Asks:
                 timer.cancel()
         self._draining.clear()
         self.queue.stop()
-        aborts = [run.stopping() for run in list(self.runs.values())]
+        for run in list(self.runs.values()):
+            run.stopping()
         for server in self.servers:
             server.stream.stop()
             server.instances.forget_all()
-        return DeferredList([d for d in aborts if d is not None], consumeErrors=True)
+        return DeferredList([server.client.settled() for server in self.servers])
 
 
 def _check_status(statuses: Any, run: Run) -> None:

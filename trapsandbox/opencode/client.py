@@ -13,11 +13,11 @@ from typing import Any
 import orjson
 import treq
 from hyperlink import DecodedURL
-from twisted.internet.defer import Deferred, TimeoutError
+from twisted.internet.defer import Deferred, TimeoutError, succeed
 from twisted.internet.error import ConnectError, ConnectionRefusedError, DNSLookupError
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseFailed
+from twisted.web.client import HTTPConnectionPool, ResponseFailed
 
 from trapsandbox import errors, limits
 from trapsandbox.computers.wire import cut
@@ -57,6 +57,26 @@ def explain(failure: Failure, where: str) -> GatewayError:
     return opencode_error(f"opencode at {where}: {reason}")
 
 
+class OpencodePool(HTTPConnectionPool):
+    """
+    The gateway's connections to opencode, kept open between calls until the gateway stops.
+    Once closed it keeps nothing: a call answered after the stop (opencode runs on; a call
+    started by another's answer) has its connection closed, not cached for 240 s.
+    """
+
+    closed = False
+
+    def closeCachedConnections(self) -> Deferred:
+        self.closed = True
+        return super().closeCachedConnections()
+
+    def _putConnection(self, key: Any, connection: Any) -> None:
+        if self.closed:
+            connection.transport.loseConnection()
+        else:
+            super()._putConnection(key, connection)
+
+
 class OpencodeClient:
     """opencode's HTTP API as far as ``ask`` needs it; every call is bounded."""
 
@@ -75,6 +95,8 @@ class OpencodeClient:
         self.where = redact(self.url)
         self.auth = (username, password) if password else None
         self._timeout = timeout
+        self._in_flight = 0
+        self._settling: list[Deferred] = []
 
     def target(self, path: str, directory: str | None = None) -> DecodedURL:
         url = DecodedURL.from_text(self.url + path)
@@ -92,7 +114,25 @@ class OpencodeClient:
         d.addCallback(self._read, method, path)
         d.addTimeout(self._timeout, self._clock)
         d.addErrback(lambda failure: _fail(explain(failure, self.where)))
+        self._in_flight += 1
+        d.addBoth(self._landed)
         return d
+
+    def _landed(self, result: Any) -> Any:
+        self._in_flight -= 1
+        if not self._in_flight:
+            settling, self._settling = self._settling, []
+            for waiter in settling:
+                waiter.callback(None)
+        return result
+
+    def settled(self) -> Deferred:
+        """Fires once no call is in flight (each is bounded): the gateway stops after that."""
+        if not self._in_flight:
+            return succeed(None)
+        waiter = Deferred()
+        self._settling.append(waiter)
+        return waiter
 
     def _read(self, response, method: str, path: str) -> Deferred:
         d = treq.content(response)

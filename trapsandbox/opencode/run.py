@@ -221,11 +221,9 @@ class Run:
         log.info("{traposId} was stopped by its player: ending its ask", traposId=cut(self.key[1]))
         self.end(error, "cancelled", abort=True)
 
-    def stopping(self) -> Deferred | None:
-        """The gateway stops: the ``/abort`` it sent, if any."""
-        return self.end(
-            GatewayError(errors.NOT_CONNECTED, "the gateway is shutting down"), abort=True
-        )
+    def stopping(self) -> None:
+        """The gateway stops (which waits for the ``/abort`` sent, as for every call)."""
+        self.end(GatewayError(errors.NOT_CONNECTED, "the gateway is shutting down"), abort=True)
 
     def disconnected(self) -> None:
         log.info("{traposId} left during an ask: aborting it", traposId=cut(self.key[1]))
@@ -259,19 +257,17 @@ class Run:
         """A set-up step failed (the ask reached opencode no further)."""
         self.end(error, "opencode_error")
 
-    def end(
-        self, result: Any, outcome: str | None = None, *, abort: bool = False
-    ) -> Deferred | None:
+    def end(self, result: Any, outcome: str | None = None, *, abort: bool = False) -> None:
         """
         The one way out: release everything it holds, then answer ``result``;
-        ``abort``: stop the run in opencode too (the ``/abort`` sent is returned).
+        ``abort``: stop the run in opencode too.
         """
         if self.finished:
-            return None
+            return
         if self.partials is not None:
             self.partials.flush()  # what the agent said so far reaches the player first
             if self.finished:  # ... unless the computer left meanwhile: that ended it
-                return None
+                return
         self.state = State.ENDED
         owner = self.owner
         if owner.runs.get(self.key) is self:
@@ -288,7 +284,8 @@ class Run:
                 timer.cancel()
         if self.unsubscribe is not None:
             self.unsubscribe()
-        aborting = self.abort() if abort and self.prompted else None
+        if abort and self.prompted:
+            self.abort()
         if self.step is not None and not self.step.called:
             self.step.errback(Ended("the ask ended"))
         if outcome is not None:
@@ -299,7 +296,6 @@ class Run:
             self.done.errback(result)
         else:
             self.done.callback(result)
-        return aborting
 
     def abort(self) -> Deferred:
         """``POST /session/S/abort`` (its failure is only logged)."""

@@ -11,7 +11,7 @@ from twisted.internet.error import ProcessTerminated
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.unit.opencode.helpers import SES, AskTestsMixin
+from tests.unit.opencode.helpers import SES, AskTestsMixin, FakeResponse
 from tests.unit.opencode.test_managed import Spawner
 from trapsandbox import errors, limits
 from trapsandbox.errors import GatewayError
@@ -150,6 +150,33 @@ class StopTests(AskTestsMixin, SynchronousTestCase):
         self.assertEqual(self.asks.runs, {})
         self.assertEqual(len(self.http.stream_gets), gets)
         self.assertEqual(self.clock.getDelayedCalls(), [])  # no timer is left
+
+    def test_the_stop_waits_for_every_call_in_flight(self):
+        # An abort opencode has not answered yet, and a call the stop did not start (the
+        # gateway's pool is closed once it fires: an answer after that has nowhere to go).
+        abort, status = Deferred(), Deferred()
+        self.http.answers[("POST", "/session/*/abort")] = abort
+        self.http.answers[("GET", "/session/status")] = status
+        statuses = self.asks.servers[0].client.statuses("/d")
+        stopped = self.asks.stop()
+        self.assertNoResult(stopped)
+        abort.callback(FakeResponse(200, b"true"))
+        self.assertNoResult(stopped)
+        status.callback(FakeResponse(200, b"{}"))
+        self.successResultOf(stopped)
+        self.assertEqual(self.successResultOf(statuses), {})
+        for d in self.running + self.queued:
+            self.failureResultOf(d, GatewayError)
+
+    def test_a_call_opencode_never_answers_holds_the_stop_only_for_its_bound(self):
+        self.http.answers[("POST", "/session/*/abort")] = Deferred()
+        stopped = self.asks.stop()
+        self.clock.advance(limits.ASK_CALL_TIMEOUT - 1)
+        self.assertNoResult(stopped)
+        self.clock.advance(1)
+        self.successResultOf(stopped)
+        for d in self.running + self.queued:
+            self.failureResultOf(d, GatewayError)
 
     def test_after_the_stop_an_ask_is_refused_and_the_stream_stays_closed(self):
         self.asks.stop()
