@@ -235,6 +235,9 @@ OPENCODE_READY_WAIT = 120.0
 # A server it runs is ready once it answers a health call within this (tried again 0.1 s later).
 OPENCODE_READY_PROBE = 1.0
 OPENCODE_DRAIN_BOUND = 120.0
+# How often a server the gateway runs has its memory looked at while asks run there (besides
+# as each ask starts and ends): reading /proc/PID/status, ~20 µs.
+OPENCODE_RSS_CHECK_EVERY = 1.0
 
 # -- The process -----------------------------------------------------------------------------
 

@@ -369,6 +369,32 @@ class RecycleTests(AskTestsMixin, SynchronousTestCase):
     def prompts(self):
         return [p for p in self.http.paths("POST") if p.endswith("/prompt_async")]
 
+    def test_past_the_bound_while_asks_run_it_drains_within_a_check(self):
+        # No ask starts or ends meanwhile: the memory is looked at on a timer too.
+        first = self.ask(trapos="1:a")
+        self.busy()
+        self.clock.advance(limits.OPENCODE_RSS_CHECK_EVERY)
+        self.assertIs(self.managed.state, ManagedState.READY)
+        self.rss = 2000
+        self.clock.advance(limits.OPENCODE_RSS_CHECK_EVERY)
+        self.assertIs(self.managed.state, ManagedState.DRAINING)
+        self.assertEqual(self.spawn.last.signals, [])  # the running ask is not cut
+        self.idle()
+        self.successResultOf(first)
+        self.assertEqual(self.spawn.last.signals, ["TERM"])
+        # Nothing runs there: its memory is no longer looked at.
+        checks = [c for c in self.clock.getDelayedCalls() if "LoopingCall" in repr(c.func)]
+        self.assertEqual(checks, [])
+
+    def test_with_nothing_running_its_memory_is_not_looked_at(self):
+        done = self.ask(trapos="1:a")
+        self.busy()
+        self.idle()
+        self.successResultOf(done)
+        self.rss = 2000
+        self.clock.advance(limits.OPENCODE_RSS_CHECK_EVERY * 10)
+        self.assertIs(self.managed.state, ManagedState.READY)
+
     def test_an_ask_starting_past_the_bound_waits_for_the_recycle_and_goes_on(self):
         first = self.ask(trapos="1:a")
         self.assertEqual(len(self.prompts()), 1)
