@@ -68,7 +68,8 @@ from trapsandbox.ops import ctl
 ONE_INSTANCE = 70 * 2**20
 SAMPLE_EVERY = 0.25
 # The gateway's log lines of its opencode's life (``managed``).
-MARKS = re.compile(r"opencode: (past its memory bound|started |ready)")
+STOPPED = re.compile(r"opencode: stopped ([0-9.]+) s after SIGTERM")
+MARKS = re.compile(r"opencode: (past its memory bound|started |ready|stopped )")
 
 
 class Watched:
@@ -149,10 +150,13 @@ class Watched:
 
     def life(self) -> dict[str, Any]:
         """Recycles, their drains and restarts, the RSS peak and the time above the bound."""
-        drains, restarts = [], []
+        drains, restarts, stops = [], [], []
         drained_at = started_at = None
         for at, line in self.gateway.marked:
-            if "past its memory bound" in line:
+            stopped = STOPPED.search(line)
+            if stopped:
+                stops.append(float(stopped.group(1)))
+            elif "past its memory bound" in line:
                 drained_at = at
             elif "started " in line:
                 if drained_at is not None:
@@ -175,6 +179,8 @@ class Watched:
             "seconds_above_bound_plus_one_instance": round(longest, 2),
             "recycles": len(drains),
             "drain_seconds_max": round(max(drains, default=0), 2),
+            # Of each drain, from SIGTERM to its end (the rest: the asks running there ending).
+            "stop_seconds": stops,
             # The first start is the gateway's own, not a restart.
             "restart_seconds": [round(s, 2) for s in restarts[1:]],
             # For a closer look (seconds from the first sample): each RSS sample, each line.

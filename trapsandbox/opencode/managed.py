@@ -168,6 +168,7 @@ class Managed:
         self._delay = limits.OPENCODE_RESTART_MIN
         self._timer: IDelayedCall | None = None
         self._ready_at: float | None = None
+        self._signalled_at: float | None = None  # when it was last told to stop (SIGTERM)
         self._last: deque[str] = deque(maxlen=LAST_LINES)
         self._window = (0.0, 0, 0)  # start, lines logged, lines dropped
         self._stopped: list[Deferred[None]] = []
@@ -337,11 +338,16 @@ class Managed:
         else:
             code = getattr(reason.value, "exitCode", None)
             how, why = "exited", f"it exited with code {code}"
-        if self._last:
-            why += f": {self._last[-1]}"
         if self.state in (State.STOPPING, State.RECYCLING):
             recycled = self.state is State.RECYCLING
             self.state = State.STOPPED
+            assert self._signalled_at is not None
+            log.info(
+                "{name}: stopped {seconds:.1f} s after SIGTERM ({why})",
+                name=self.name,
+                why=why,
+                seconds=self._reactor.seconds() - self._signalled_at,
+            )
             if self._timer is not None and self._timer.active():
                 self._timer.cancel()
             self._timer = None
@@ -355,6 +361,8 @@ class Managed:
             for d in stopped:
                 d.callback(None)
             return
+        if self._last:
+            why += f": {self._last[-1]}"
         stable = self._ready_at is not None and (
             self._reactor.seconds() - self._ready_at >= limits.OPENCODE_STABLE_AFTER
         )
@@ -438,6 +446,7 @@ class Managed:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self.state = state
+        self._signalled_at = self._reactor.seconds()
         self._signal("TERM")
         self._timer = self._reactor.callLater(self._grace, self._signal, "KILL")
 

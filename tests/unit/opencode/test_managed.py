@@ -111,6 +111,7 @@ class ManagedTests(SynchronousTestCase):
         self.managed.start()
         self.ready()
         process = self.spawn.last
+        logged = LogCapture(self)
         stopped = self.managed.stop()
         self.assertEqual(process.signals, ["TERM"])
         self.assertNoResult(stopped)
@@ -118,6 +119,12 @@ class ManagedTests(SynchronousTestCase):
         self.assertEqual(process.signals, ["TERM", "KILL"])
         process.protocol.processExited(killed())
         self.successResultOf(stopped)
+        # How long it sat on SIGTERM is logged: a recycle's drain is that much longer.
+        self.assertIn(
+            f"opencode: stopped {limits.OPENCODE_STOP_GRACE:.1f} s after SIGTERM (it was killed by "
+            "SIGKILL)",
+            "\n".join(logged.texts()),
+        )
         self.assertIs(self.managed.state, State.STOPPED)
         self.assertEqual(self.clock.getDelayedCalls(), [])  # not started again
         self.assertEqual(self.managed.restarts, {})
