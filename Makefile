@@ -27,8 +27,10 @@ EDITOR_DIR := trapsandbox/web/console/editor
 EDITOR_JS := trapsandbox/web/console/editor.js
 PYTEST_ARGS ?=
 # Test processes side by side (pytest-xdist): most tests wait on a child process or a socket,
-# so more than the machine's cores (2 here) pays. Tests that share one opencode
-# (xdist_group, tests/harness/opencode.py) run in one worker.
+# so more than the machine's cores (2 here) pays. A class's tests run in one worker
+# (loadscope), so those sharing one opencode (tests/harness/opencode.py) start it once.
+# (loadgroup's xdist_group mark does nothing with pytest 9.2 and xdist 3.8: the group is
+# written to item._nodeid, which pytest 9.2 no longer reads.)
 TEST_WORKERS ?= 4
 # The Node/Fastify build of the same design, a third side of `make bench` (skipped with a
 # note where it is absent, as in a clone without ../shared).
@@ -41,7 +43,7 @@ run: $(VENV)/.installed $(EDITOR_JS) $(OPENCODE)
 	$(BIN)/twistd --nodaemon --pidfile= trapsandbox
 
 test: $(VENV)/.installed $(EDITOR_JS) $(OPENCODE) $(NODE22) $(CONFORMANCE) $(MCP2_DIR)/.installed systemd-tools redis-server chromium cctweaked
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/benchsmoke $(PYTEST_ARGS) tests
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadscope --ignore=tests/benchsmoke $(PYTEST_ARGS) tests
 
 # The load benchmark against the real twistd gateway (see docs/benchmarks.md).
 bench: $(VENV)/.installed $(OPENCODE) cctweaked

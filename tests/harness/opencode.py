@@ -102,7 +102,7 @@ class SharedOpencode:
     stays true for every test.  A plain child process, not the reactor's (trial's janitor
     closes what a test leaves in the reactor), started by the first test that asks and stopped
     by the class's ``tearDownClass`` (``stop``), or by the kernel if the test run dies first.
-    The tests of such a class go to one pytest-xdist worker (``xdist_group``).
+    The tests of such a class go to one pytest-xdist worker (``--dist loadscope``).
     """
 
     def __init__(self, password: str, env: dict[str, str] | None = None) -> None:

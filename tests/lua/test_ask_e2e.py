@@ -6,7 +6,6 @@ opencode, whose agent is a scripted model calling the gateway's MCP tools.
 
 import json
 
-import pytest
 import treq
 from twisted.logger import formatEvent
 from twisted.trial.unittest import TestCase
@@ -54,8 +53,8 @@ class OnSharedOpencode:
     """
     Asks on one opencode for all of a class's tests (``shared``, each class its own: a start
     costs seconds of CPU), each test with its own scripted model (``fake_model``) and gateway,
-    on the ports it keeps for them.  A class using it is marked ``xdist_group`` so that its
-    tests run in one worker.
+    on the ports it keeps for them.  ``make test`` runs a class's tests in one worker
+    (``--dist loadscope``).
     """
 
     shared: SharedOpencode
@@ -91,7 +90,6 @@ class OnSharedOpencode:
         self.pool = HTTPConnectionPool(reactor(), persistent=False)
 
 
-@pytest.mark.xdist_group("ask_e2e")
 class AskEndToEndTests(OnSharedOpencode, GatewayMixin, TestCase):
     timeout = 150
     shared = OnSharedOpencode.opencode_for_class()

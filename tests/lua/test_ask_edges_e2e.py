@@ -4,7 +4,6 @@ aborted in opencode and its slot freed (its next ask starts at once), and a
 stopping gateway aborts the running ask in opencode and starts none that waits.
 """
 
-import pytest
 from twisted.trial.unittest import TestCase
 
 from tests.harness.support import both_modes, bounded
@@ -12,7 +11,6 @@ from tests.lua import test_ask_e2e as ask_e2e
 from tests.lua.test_lua_e2e import GatewayMixin
 
 
-@pytest.mark.xdist_group("ask_edges_e2e")
 class AskEdgesEndToEndTests(ask_e2e.OnSharedOpencode, GatewayMixin, TestCase):
     timeout = 150
     shared = ask_e2e.OnSharedOpencode.opencode_for_class()

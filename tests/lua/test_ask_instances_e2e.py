@@ -6,7 +6,6 @@ the same session, the computer's tools (the MCP block re-read from the
 directory's ``opencode.json``).
 """
 
-import pytest
 import treq
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
@@ -43,7 +42,6 @@ class GlobalEvents:
         return bounded(d, seconds)
 
 
-@pytest.mark.xdist_group("ask_instances_e2e")
 class AskInstancesEndToEndTests(ask_e2e.OnSharedOpencode, GatewayMixin, TestCase):
     timeout = 150
     shared = ask_e2e.OnSharedOpencode.opencode_for_class()

@@ -5,7 +5,6 @@ one cancelled while it waits never reaches opencode, and the next runs when
 the running one ends.
 """
 
-import pytest
 from twisted.trial.unittest import TestCase
 
 from tests.harness.support import both_modes
@@ -13,7 +12,6 @@ from tests.lua import test_ask_e2e as ask_e2e
 from tests.lua.test_lua_e2e import GatewayMixin
 
 
-@pytest.mark.xdist_group("ask_queue_e2e")
 class AskQueueEndToEndTests(ask_e2e.OnSharedOpencode, GatewayMixin, TestCase):
     timeout = 150
     shared = ask_e2e.OnSharedOpencode.opencode_for_class()
