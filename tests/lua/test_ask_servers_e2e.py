@@ -12,6 +12,7 @@ from tests.harness.opencode import start_opencode
 from tests.harness.support import closed_port
 from tests.lua import test_ask_e2e as ask_e2e
 from tests.lua.test_lua_e2e import GatewayMixin
+from trapsandbox import limits
 from trapsandbox.ops import ctl
 
 
@@ -21,6 +22,9 @@ class AskServersEndToEndTests(GatewayMixin, TestCase):
     release = ask_e2e.AskEndToEndTests.release
 
     def setUp(self):
+        # A lost server's asks end once its event stream cannot be opened for this long
+        # (ten seconds in the gateway: what matters here is that it ends, not the bound).
+        self.patch(limits, "ASK_SERVER_GONE", 2.0)
         self.urls = [f"http://127.0.0.1:{closed_port()}" for _ in range(2)]
         self.opencode_url = ",".join(self.urls)
         self.start_gateway(
