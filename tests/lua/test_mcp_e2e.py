@@ -12,16 +12,17 @@ import sys
 from unittest import SkipTest
 
 import treq
+from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.fake_model import start_fake_model, tool_messages
-from tests.harness.opencode import start_opencode
+from tests.harness.opencode import SharedOpencode
 from tests.harness.processes import REPO, clean_env, spawn
 from tests.harness.rawhttp import events as rawhttp_events
 from tests.harness.rawhttp import raw
-from tests.harness.support import both_modes, bounded, reactor
+from tests.harness.support import both_modes, bounded, closed_port, reactor
 from tests.lua.test_lua_e2e import GatewayMixin
 from trapsandbox.mcp import schemas
 from trapsandbox.ops import ctl
@@ -333,17 +334,35 @@ class SubscriptionStreamTests(McpMixin, TestCase):
 
 
 class RealOpencodeTests(McpMixin, TestCase):
-    """The real opencode as the MCP client, its agent driven by a scripted model."""
+    """
+    The real opencode as the MCP client, its agent driven by a scripted model: one opencode
+    for the class (``SharedOpencode``), each test with its own model and gateway on the ports
+    the class keeps, and its own instance of opencode's directory (given back at its end, so
+    the next test's instance connects to the next gateway afresh).
+    """
+
+    shared = SharedOpencode(OPENCODE_PASSWORD, env={"SANDBOX_ADMIN_TOKEN": TOKEN})
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.shared.stop()
+
+    def setUp(self):
+        self.shared.serves(self)
+        self.opencode_url = f"http://127.0.0.1:{closed_port()}"
+        self.start_gateway(self.shared.gateway_port, admin_token=TOKEN)
+
+    def fake_model(self, tool, arguments, **options):
+        return start_fake_model(self, tool, arguments, port=self.shared.model_port, **options)
 
     async def opencode(self, model):
         config = {
             **model.opencode_config(),
             **ctl.opencode_config(self.mcp_url.removesuffix("/mcp"), True),
         }
-        self.oc_url = await start_opencode(
-            self, OPENCODE_PASSWORD, config, env={"SANDBOX_ADMIN_TOKEN": TOKEN}
-        )
+        self.oc_url = await self.shared.start(self, config)
         self.pool = HTTPConnectionPool(reactor(), persistent=False)
+        self.addCleanup(lambda: Deferred.fromCoroutine(self.oc("POST", "/instance/dispose")))
 
     async def oc(self, method, path, body=None, seconds=60):
         response = await bounded(
@@ -389,8 +408,8 @@ class RealOpencodeTests(McpMixin, TestCase):
 
     async def test_opencode_calls_run_lua_and_the_model_gets_42(self):
         await self.ready("oc", "eval")
-        model = await start_fake_model(
-            self, "trapsandbox_run_lua", {"computer": "7:oc", "code": "return 6*7"}
+        model = await self.fake_model(
+            "trapsandbox_run_lua", {"computer": "7:oc", "code": "return 6*7"}
         )
         await self.opencode(model)
         result = await self.prompt(model, "What is 6*7 on the computer?")
@@ -408,8 +427,8 @@ class RealOpencodeTests(McpMixin, TestCase):
 
     async def test_a_computer_that_allowed_nothing_gives_the_model_the_error_text(self):
         await self.ready("shy", "")
-        model = await start_fake_model(
-            self, "trapsandbox_run_lua", {"computer": "7:shy", "code": "return 6*7"}
+        model = await self.fake_model(
+            "trapsandbox_run_lua", {"computer": "7:shy", "code": "return 6*7"}
         )
         await self.opencode(model)
         result = await self.prompt(model, "What is 6*7 on the computer?")
@@ -436,7 +455,7 @@ class RealOpencodeTests(McpMixin, TestCase):
             ("trapsandbox_call_peripheral", {**monitor, "method": "getCursorPos"}),
             ("trapsandbox_call_peripheral", {**monitor, "method": "fly"}),
         ]
-        model = await start_fake_model(self, "", {}, script=script, answer="Written.")
+        model = await self.fake_model("", {}, script=script, answer="Written.")
         await self.opencode(model)
         await self.prompt(model, "Write on the monitor of computer 7:pm.")
         self.assertTrue(
