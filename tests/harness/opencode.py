@@ -37,17 +37,23 @@ async def _answering(url: str, seconds: float = 30) -> None:
             await deferLater(reactor(), 0.1, lambda: None)
 
 
+# opencode offline: no models fetched, and no ``npm install @opencode-ai/plugin`` into a fresh
+# config directory (where the registry answers, that install cost each start 5-8 CPU-s over
+# its first ~10 s, and reached beyond this machine).
+OFFLINE = {"OPENCODE_DISABLE_MODELS_FETCH": "1", "npm_config_offline": "true"}
+
+
 def opencode_env(home: str, password: str, extra: dict[str, str] | None) -> dict[str, str]:
-    """opencode's environment: a throwaway ``home`` for all it keeps, no models fetched from
-    the network, Basic auth with ``password``, and ``extra``."""
+    """opencode's environment: a throwaway ``home`` for all it keeps, nothing fetched from
+    the network (``OFFLINE``), Basic auth with ``password``, and ``extra``."""
     return clean_env(
         HOME=home,
         XDG_CONFIG_HOME=os.path.join(home, ".config"),
         XDG_DATA_HOME=os.path.join(home, ".local", "share"),
         XDG_CACHE_HOME=os.path.join(home, ".cache"),
         XDG_STATE_HOME=os.path.join(home, ".local", "state"),
-        OPENCODE_DISABLE_MODELS_FETCH="1",
         OPENCODE_SERVER_PASSWORD=password,
+        **OFFLINE,
         **(extra or {}),
     )
 

@@ -17,7 +17,7 @@ from twisted.trial.unittest import TestCase
 from twisted.web.client import HTTPConnectionPool
 
 from tests.harness.fake_model import start_fake_model
-from tests.harness.opencode import OPENCODE
+from tests.harness.opencode import OFFLINE, OPENCODE
 from tests.harness.processes import spawn_gateway
 from tests.harness.support import bounded, closed_port, connect, reactor
 from trapsandbox.ops import ctl
@@ -72,7 +72,7 @@ class ManagedOpencodeTests(TestCase):
             "XDG_DATA_HOME": os.path.join(home, ".local", "share"),
             "XDG_CACHE_HOME": os.path.join(home, ".cache"),
             "XDG_STATE_HOME": os.path.join(home, ".local", "state"),
-            "OPENCODE_DISABLE_MODELS_FETCH": "1",
+            **OFFLINE,
             "SANDBOX_ADMIN_TOKEN": TOKEN,
             "SANDBOX_STATE_DIR": os.path.join(home, "state"),
             **env,
