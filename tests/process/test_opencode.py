@@ -2,17 +2,25 @@
 
 from twisted.trial.unittest import TestCase
 
-from tests.harness.opencode import start_opencode
+from tests.harness.opencode import SharedOpencode
 from tests.harness.support import bounded, connect, start_gateway
 
 PASSWORD = "oc-test-password"
 
 
 class RealOpencodeTests(TestCase):
+    """The gateway's probe of the real opencode: one for the class (``SharedOpencode``)."""
+
     timeout = 90
+    shared = SharedOpencode(PASSWORD)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.shared.stop()
 
     async def setUp(self):
-        self.url = await start_opencode(self, PASSWORD)
+        self.shared.serves(self)
+        self.url = await self.shared.start(self, {})
 
     async def health_via_computer(self, **settings):
         gateway = start_gateway(self, opencode_url=self.url, **settings)
