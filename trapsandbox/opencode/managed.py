@@ -341,13 +341,13 @@ class Managed:
         if self.state in (State.STOPPING, State.RECYCLING):
             recycled = self.state is State.RECYCLING
             self.state = State.STOPPED
-            assert self._signalled_at is not None
-            log.info(
-                "{name}: stopped {seconds:.1f} s after SIGTERM ({why})",
-                name=self.name,
-                why=why,
-                seconds=self._reactor.seconds() - self._signalled_at,
-            )
+            if self._signalled_at is not None:
+                log.info(
+                    "{name}: stopped {seconds:.1f} s after SIGTERM ({why})",
+                    name=self.name,
+                    why=why,
+                    seconds=self._reactor.seconds() - self._signalled_at,
+                )
             if self._timer is not None and self._timer.active():
                 self._timer.cancel()
             self._timer = None
