@@ -132,6 +132,20 @@ class StallsAfterHeaders(Resource):
         return NOT_DONE_YET
 
 
+class Held(Resource):
+    """Holds the one request it gets for the test to answer: ``arrived`` fires with it."""
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived: Deferred = Deferred()
+
+    def render(self, request):
+        self.arrived.callback(request)
+        return NOT_DONE_YET
+
+
 class _Silent(protocol.Protocol):
     def connectionMade(self) -> None:
         self.factory.accepted += 1

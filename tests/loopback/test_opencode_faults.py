@@ -25,12 +25,19 @@ from treq.client import HTTPClient
 from twisted.internet.defer import CancelledError, Deferred, gatherResults
 from twisted.trial.unittest import TestCase
 from twisted.web.client import Agent, HTTPConnectionPool
-from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET, Site
+from twisted.web.server import Site
 
 from tests.harness.callers import asking
 from tests.harness.logcapture import LogCapture
-from tests.harness.servers import Fixed, Opencode, Silent, StallsAfterHeaders, listen, serve
+from tests.harness.servers import (
+    Fixed,
+    Held,
+    Opencode,
+    Silent,
+    StallsAfterHeaders,
+    listen,
+    serve,
+)
 from tests.harness.support import both_modes, bounded, closed_port, connect, reactor, start_gateway
 from trapsandbox import config
 from trapsandbox.errors import ConfigError
@@ -215,20 +222,6 @@ class CredentialsInURLTests(TestCase):
 
 
 both_modes(globals(), "OpencodeFaultTests", "CredentialsInURLTests")
-
-
-class Held(Resource):
-    """Answers each request only when told: ``arrived`` fires with the first."""
-
-    isLeaf = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.arrived: Deferred = Deferred()
-
-    def render(self, request):
-        self.arrived.callback(request)
-        return NOT_DONE_YET
 
 
 class AnsweredAfterTheStopTests(TestCase):
