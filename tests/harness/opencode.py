@@ -155,7 +155,8 @@ class SharedOpencode:
 
     async def start(self, testcase, config: dict) -> str:
         """Its URL, once it answers; started with ``config`` as its user config if it is not
-        running (``config`` must name ``model_port`` and ``gateway_port``)."""
+        running (a model or gateway it names is on ``model_port`` and ``gateway_port``: the
+        config is written once for the class)."""
         if self._process is not None and self._process.poll() is None:
             return self.url
         if not os.path.exists(OPENCODE):
@@ -182,15 +183,12 @@ class SharedOpencode:
         return self.url
 
     def stop(self) -> None:
-        """Stopped (TERM, then KILL) and waited for; its files removed."""
+        """Killed and waited for; its files removed.  (Nothing of it is kept, so there is
+        nothing for a SIGTERM to save: opencode 1.18.33 sometimes sits on one for seconds.)"""
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+            process.kill()
+            process.wait(10)
         if self._home is not None:
             shutil.rmtree(self._home, ignore_errors=True)
             self._home = None
