@@ -17,23 +17,28 @@ from tests.harness.opencode import OPENCODE
 from tests.harness.processes import REPO, clean_env, spawn
 
 
+async def run_bench(testcase, module: str, *args: str) -> tuple[dict, str]:
+    """``python -m module args`` with the real opencode: its JSON figures, and what it printed."""
+    if not os.path.exists(OPENCODE):
+        testcase.fail(f"{OPENCODE} is missing: 'make test' installs it")
+    out = os.path.abspath(testcase.mktemp())
+    os.makedirs(out)
+    output = os.path.join(out, "figures.json")
+    argv = [sys.executable, "-m", module, *args, "--output", output, "--logs", out]
+    child = spawn(testcase, argv, clean_env(OPENCODE_BIN=OPENCODE), cwd=REPO)
+    testcase.assertEqual(await child.wait_ended(200), 0, child.output)
+    with open(output, "rb") as f:
+        return orjson.loads(f.read()), child.output
+
+
 class BenchAskSmokeTests(TestCase):
     timeout = 240
 
     async def test_two_computers_ask_twice_and_one_at_a_time(self):
-        if not os.path.exists(OPENCODE):
-            self.fail(f"{OPENCODE} is missing: 'make test' installs it")
-        out = os.path.abspath(self.mktemp())
-        os.makedirs(out)
-        output = os.path.join(out, "ask.json")
-        argv = [sys.executable, "-m", "bench.ask", "--computers", "2", "--unbounded-up-to", "0"]
         # Without the one-or-two-servers comparison: three opencode starts more (a minute).
-        argv += ["--servers-with", "0", "--output", output, "--logs", out]
-        child = spawn(self, argv, clean_env(OPENCODE_BIN=OPENCODE), cwd=REPO)
-        self.assertEqual(await child.wait_ended(200), 0, child.output)
-
-        with open(output, "rb") as f:
-            results = orjson.loads(f.read())
+        results, printed = await run_bench(
+            self, "bench.ask", "--computers", "2", "--unbounded-up-to", "0", "--servers-with", "0"
+        )
         (scenario,) = results["scenarios"]
         self.assertEqual((scenario["computers"], scenario["max_instances"]), (2, 32))
         for name in ("round1", "round2", "idle_new", "idle_warm"):
@@ -45,31 +50,24 @@ class BenchAskSmokeTests(TestCase):
             self.assertGreaterEqual(scenario[name]["gateway_cpu_ms_per_ask"], 0)
             self.assertGreater(scenario[name]["opencode_rss_mib"][0], 0)
         self.assertEqual(results["servers"], [])
-        self.assertIn("| 2 | 32 |", child.output)
+        self.assertIn("| 2 | 32 |", printed)
 
 
 class BenchAskManagedSmokeTests(TestCase):
     timeout = 240
 
     async def test_two_computers_ask_through_recycles_of_the_gateways_own_opencode(self):
-        if not os.path.exists(OPENCODE):
-            self.fail(f"{OPENCODE} is missing: 'make test' installs it")
-        out = os.path.abspath(self.mktemp())
-        os.makedirs(out)
-        output = os.path.join(out, "askmanaged.json")
         # A bound of 1 MB: every ask's end finds opencode past it.
-        argv = [sys.executable, "-m", "bench.askmanaged", "--computers", "2", "--max-rss-mb", "1"]
-        argv += ["--idle-asks", "2", "--output", output, "--logs", out]
-        child = spawn(self, argv, clean_env(OPENCODE_BIN=OPENCODE), cwd=REPO)
-        self.assertEqual(await child.wait_ended(200), 0, child.output)
-
-        with open(output, "rb") as f:
-            (scenario,) = orjson.loads(f.read())["scenarios"]
+        results, printed = await run_bench(
+            self, "bench.askmanaged", "--computers", "2", "--max-rss-mb", "1", "--idle-asks", "2"
+        )
+        (scenario,) = results["scenarios"]
         for name in ("round1", "round2", "idle_new"):
             self.assertEqual(scenario[name]["failed"], 0, (name, scenario[name]))
             self.assertIsNotNone(scenario[name]["first_text_p50_ms"], name)
         self.assertGreaterEqual(scenario["recycles"], 2)
         self.assertEqual(len(scenario["restart_seconds"]), scenario["recycles"])
+        self.assertEqual(len(scenario["stop_seconds"]), scenario["recycles"])  # each logged
         waited = sum(scenario[r]["asks_that_waited_for_a_restart"] for r in ("round1", "round2"))
         self.assertGreater(waited, 0)
-        self.assertIn("| 2 | 0 / 0 |", child.output)
+        self.assertIn("| 2 | 0 / 0 |", printed)

@@ -29,7 +29,7 @@ class FileBudget:
         self._waiting: dict[Computer, deque[tuple[int, Deferred[None]]]] = {}
 
     def held(self, computer: Computer) -> int:
-        """The bytes out to ``computer`` now (for tests and metrics)."""
+        """The bytes out to ``computer`` now (for tests)."""
         return self._held.get(computer, 0)
 
     def take(self, computer: Computer, size: int) -> Deferred[None]:
