@@ -131,12 +131,13 @@ class Child:
         with open(self.log, "wb") as out:
             for line in self.process.stdout:
                 out.write(line)
-                if self._marks is not None:
-                    text = line.decode("utf-8", "replace")
-                    if self._marks.search(text):
-                        self.marked.append((time.monotonic(), text.rstrip("\n")))
+                if self._marks is None and self.port is not None:
+                    continue
+                text = line.decode("utf-8", "replace")
+                if self._marks is not None and self._marks.search(text):
+                    self.marked.append((time.monotonic(), text.rstrip("\n")))
                 if self.port is None:
-                    match = LISTENING.search(line.decode("utf-8", "replace"))
+                    match = LISTENING.search(text)
                     if match:
                         self.port = int(match.group(1))
                         self._listening.set()
