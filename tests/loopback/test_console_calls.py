@@ -10,6 +10,7 @@ import orjson
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import TestCase
 
+from tests.harness.servers import Silent, listen
 from tests.harness.support import (
     accounts_file,
     admitted,
@@ -25,11 +26,12 @@ ADMIN = "admin-token-42"
 
 
 class ConsoleCallsCase(TestCase):
-    async def alice(self, capabilities=("exec", "fs.read", "fs.write"), features=None):
-        """A gateway of accounts alice and bob; alice's computer 7:si; alice's socket."""
+    async def alice(self, capabilities=("exec", "fs.read", "fs.write"), features=None, **settings):
+        """A gateway of accounts alice and bob (``settings`` added); alice's computer 7:si;
+        alice's socket."""
         path = accounts_file(self, "alice", "bob")
         self.gateway = start_gateway(
-            self, admin_token=ADMIN, accounts_file=path, accounts=accounts.load(path)
+            self, admin_token=ADMIN, accounts_file=path, accounts=accounts.load(path), **settings
         )
         port = self.gateway.port
         self.computer = await admitted(self, port, "s-alice", "7:si", capabilities, features)
@@ -142,10 +144,14 @@ class AgentCallsTests(ConsoleCallsCase):
 
     async def test_one_ask_per_computer_and_cancel_stops_it(self):
         """
-        The real ``Asks``: opencode (a closed port here) never answers, so the first ask is
-        still setting up; a second, from the page or the computer's own player, is refused.
+        The real ``Asks``: opencode (a server that accepts and never answers) never answers,
+        so the first ask is still setting up; a second, from the page or the computer's own
+        player, is refused.  (A closed port refused the first ask's event stream at once: on a
+        loaded machine it had failed before the cancel came.)
         """
-        computer, operator = await self.alice()
+        silent = Silent()
+        opencode = f"http://127.0.0.1:{listen(self, silent)}"
+        computer, operator = await self.alice(opencode_url=opencode)
         watcher = await self.watcher()
         operator.send({"id": "a1", "traposId": "7:si", "type": "ask",
                        "payload": {"prompt": "first"}})  # fmt: skip
