@@ -33,6 +33,7 @@ from trapsandbox.handlers import ComputerRequests
 from trapsandbox.mcp.endpoint import McpEndpoint
 from trapsandbox.opencode.asks import Asks
 from trapsandbox.opencode.client import OpencodeClient, OpencodePool
+from trapsandbox.opencode.http import OpencodeHTTP
 from trapsandbox.opencode.managed import ManagedOpencode
 from trapsandbox.opencode.probe import OpencodeProbe
 from trapsandbox.opencode.queue import AskQueue
@@ -449,7 +450,9 @@ def _opencode(
     # thread, two log lines): with 2 kept, bench.ask opened ~2.5 connections per ask (102 for
     # 40 asks), with 16 about one (41).
     pool.maxPersistentPerHost = settings.ask_max_running
-    http = HTTPClient(Agent(reactor, pool=pool, connectTimeout=limits.OPENCODE_CONNECT_TIMEOUT))
+    agent = Agent(reactor, pool=pool, connectTimeout=limits.OPENCODE_CONNECT_TIMEOUT)
+    http = HTTPClient(agent)  # the probes'
+    calls = OpencodeHTTP(agent)  # the asks'
     tokens = AskTokens()
     managed = None
     if settings.managed:
@@ -466,7 +469,7 @@ def _opencode(
         ]
     servers = [
         Server.build(
-            OpencodeClient(http, reactor, url, username, password),
+            OpencodeClient(calls, reactor, url, username, password),
             reactor,
             ask_directory,
             tokens,

@@ -21,7 +21,6 @@ import re
 
 import orjson
 import treq
-from treq.client import HTTPClient
 from twisted.internet.defer import CancelledError, Deferred, gatherResults
 from twisted.trial.unittest import TestCase
 from twisted.web.client import Agent, HTTPConnectionPool
@@ -42,6 +41,7 @@ from tests.harness.support import both_modes, bounded, closed_port, connect, rea
 from trapsandbox import config
 from trapsandbox.errors import ConfigError
 from trapsandbox.opencode.client import OpencodeClient, OpencodePool
+from trapsandbox.opencode.http import OpencodeHTTP
 
 PASSWORD = "faults-sesame"
 
@@ -237,7 +237,7 @@ class AnsweredAfterTheStopTests(TestCase):
         held = Held()
         pool = OpencodePool(reactor(), persistent=True)
         client = OpencodeClient(
-            HTTPClient(Agent(reactor(), pool=pool)), reactor(), serve(self, held)
+            OpencodeHTTP(Agent(reactor(), pool=pool)), reactor(), serve(self, held)
         )
         call = client.call("GET", "/session/status")
         request = await bounded(held.arrived)

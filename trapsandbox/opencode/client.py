@@ -9,6 +9,7 @@ redirect, and fails with an ``opencode_error`` a player can act on
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 import treq
@@ -17,7 +18,7 @@ from twisted.internet.defer import Deferred, TimeoutError, succeed
 from twisted.internet.error import ConnectError, ConnectionRefusedError, DNSLookupError
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
-from twisted.web.client import HTTPConnectionPool, ResponseFailed
+from twisted.web.client import HTTPConnectionPool, ResponseFailed, _HTTP11ClientFactory
 
 from trapsandbox import errors, limits
 from trapsandbox.computers.wire import cut
@@ -57,6 +58,10 @@ def explain(failure: Failure, where: str) -> GatewayError:
     return opencode_error(f"opencode at {where}: {reason}")
 
 
+class _QuietFactory(_HTTP11ClientFactory):
+    noisy = False
+
+
 class OpencodePool(HTTPConnectionPool):
     """
     The gateway's connections to opencode, kept open between calls until the gateway stops.
@@ -65,6 +70,9 @@ class OpencodePool(HTTPConnectionPool):
     """
 
     closed = False
+    # Each new connection to opencode no longer logs "Starting factory" and "Stopping factory"
+    # (Twisted's Factory.noisy): two lines per connection, most of the gateway's log under asks.
+    _factory = _QuietFactory
 
     def closeCachedConnections(self) -> Deferred:
         self.closed = True
@@ -92,15 +100,19 @@ class OpencodeClient:
         self.http = http
         self._clock = clock
         self.url = url.rstrip("/")
+        # The URL as sent: ASCII, its host through IDNA (once, not per call).
+        self._base = DecodedURL.from_text(self.url).to_uri().to_text() if self.url else ""
         self.where = redact(self.url)
         self.auth = (username, password) if password else None
         self._timeout = timeout
         self._in_flight = 0
         self._settling: list[Deferred] = []
 
-    def target(self, path: str, directory: str | None = None) -> DecodedURL:
-        url = DecodedURL.from_text(self.url + path)
-        return url.add("directory", directory) if directory else url
+    def target(self, path: str, directory: str | None = None) -> str:
+        """The URL of ``path`` (its ids %-encoded by ``_id``), for ``directory``'s instance
+        if given."""
+        url = self._base + path
+        return url + "?directory=" + quote(directory, safe="/") if directory else url
 
     def call(
         self, method: str, path: str, body: Any = None, directory: str | None = None
@@ -173,26 +185,32 @@ class OpencodeClient:
 
     def prompt_async(self, directory: str, session_id: str, text: str, system: str) -> Deferred:
         body = {"parts": [{"type": "text", "text": text}], "system": system}
-        return self.call("POST", f"/session/{session_id}/prompt_async", body, directory)
+        return self.call("POST", f"/session/{_id(session_id)}/prompt_async", body, directory)
 
     def abort(self, directory: str, session_id: str) -> Deferred:
-        return self.call("POST", f"/session/{session_id}/abort", None, directory)
+        return self.call("POST", f"/session/{_id(session_id)}/abort", None, directory)
 
     def reply_permission(self, directory: str, permission_id: str, reply: str) -> Deferred:
-        return self.call("POST", f"/permission/{permission_id}/reply", {"reply": reply}, directory)
+        return self.call(
+            "POST", f"/permission/{_id(permission_id)}/reply", {"reply": reply}, directory
+        )
 
     def reply_question(
         self, directory: str, question_id: str, answers: list[list[str]]
     ) -> Deferred:
         """``answers``: the labels (or typed text) picked, one list per question."""
-        return self.call("POST", f"/question/{question_id}/reply", {"answers": answers}, directory)
+        return self.call(
+            "POST", f"/question/{_id(question_id)}/reply", {"answers": answers}, directory
+        )
 
     def reject_question(self, directory: str, question_id: str) -> Deferred:
-        return self.call("POST", f"/question/{question_id}/reject", None, directory)
+        return self.call("POST", f"/question/{_id(question_id)}/reject", None, directory)
 
     def message(self, directory: str, session_id: str, message_id: str) -> Deferred:
         """``{info, parts}`` of one message of a session."""
-        return self.call("GET", f"/session/{session_id}/message/{message_id}", None, directory)
+        return self.call(
+            "GET", f"/session/{_id(session_id)}/message/{_id(message_id)}", None, directory
+        )
 
     def dispose(self, directory: str) -> Deferred:
         """Give ``directory``'s instance back (``instances``): opencode re-creates it on demand."""
@@ -201,6 +219,11 @@ class OpencodeClient:
     def statuses(self, directory: str) -> Deferred:
         """``{sessionID: {type: busy|idle|retry}}`` of the busy sessions."""
         return self.call("GET", "/session/status", None, directory)
+
+
+def _id(value: str) -> str:
+    """An id opencode gave, as one path segment: it cannot name another path or a query."""
+    return quote(value, safe="")
 
 
 def _fail(error: Exception) -> Failure:

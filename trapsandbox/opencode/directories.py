@@ -24,8 +24,10 @@ import os
 from typing import Any
 
 import orjson
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from trapsandbox import limits
 from trapsandbox.computers.wire import cut
@@ -65,6 +67,7 @@ class AskDirectories:
         self._clock = clock
         self._scoped: set[Key] = set()  # computers whose instance has our MCP block
         self._config: tuple[float, Any] | None = None  # (when read, opencode's config)
+        self._reading: list[Deferred] | None = None  # who waits for the read under way
 
     def forget(self, key: Key) -> None:
         """The computer's instance is to be given its block again (a new token) if it asks."""
@@ -122,12 +125,29 @@ class AskDirectories:
 
     async def _operator_config(self) -> Any:
         """opencode's own config (the operator's ``trapsandbox`` block), read at most once
-        per ``limits.ASK_CONFIG_TTL`` seconds."""
+        per ``limits.ASK_CONFIG_TTL`` seconds, and once for every ask that needs it
+        meanwhile (a whole server's first asks at once made one read each)."""
         now = self._clock.seconds()
-        if self._config is None or now - self._config[0] >= limits.ASK_CONFIG_TTL:
-            config = await self._client.config()
-            self._config = (now, config)
-        return self._config[1]
+        if self._config is not None and now - self._config[0] < limits.ASK_CONFIG_TTL:
+            return self._config[1]
+        # Each ask waits on its own Deferred: one cancelled does not cancel the others' read.
+        waiter: Deferred = Deferred()
+        if self._reading is not None:
+            self._reading.append(waiter)
+        else:
+            self._reading = [waiter]
+            self._client.config().addBoth(self._read, now)
+        return await waiter
+
+    def _read(self, result: Any, when: float) -> None:
+        waiters, self._reading = self._reading or [], None
+        if isinstance(result, Failure):
+            for waiter in waiters:
+                waiter.errback(result)
+            return
+        self._config = (when, result)
+        for waiter in waiters:
+            waiter.callback(result)
 
     def _unsafe(self, path: str, error: Exception) -> GatewayError:
         reason = str(error) if isinstance(error, Unsafe) else error.strerror or str(error)

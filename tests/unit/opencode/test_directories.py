@@ -6,10 +6,12 @@ never through a link, plainly named, and given the computer's MCP block.
 import os
 import stat
 
+import orjson
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.logcapture import LogCapture
-from tests.unit.opencode.helpers import AskTestsMixin
+from tests.unit.opencode.helpers import AskTestsMixin, FakeResponse
 from trapsandbox import errors, limits
 from trapsandbox.errors import GatewayError
 from trapsandbox.opencode.directories import directory_name
@@ -117,6 +119,32 @@ class AskDirectoryTests(AskTestsMixin, SynchronousTestCase):
         self.assertEqual(self.asks.tokens.scope_of(token), ("local", "1:a"))
         posts = self.http.paths("POST")
         self.assertLess(posts.index("/mcp"), posts.index("/session"))
+
+    def test_asks_arriving_while_the_block_is_read_share_that_read(self):
+        held = self.http.answers[("GET", "/config")]
+        self.http.answers[("GET", "/config")] = reading = Deferred()
+        asks = [self.ask(trapos=f"{n}:x") for n in (1, 2, 3)]
+        self.assertEqual(self.http.paths("GET").count("/config"), 1)
+        asks[1].cancel()  # one ask going away does not end the others' read
+        self.failureResultOf(asks[1], CancelledError)
+        reading.callback(FakeResponse(200, orjson.dumps(held)))
+        self.assertEqual(self.http.paths("GET").count("/config"), 1)
+        self.assertEqual(self.block("1:x")["url"], "http://gw/mcp")
+        self.assertEqual(self.block("3:x")["url"], "http://gw/mcp")
+
+    def test_a_failed_read_of_the_block_fails_who_waited_and_is_tried_again(self):
+        self.http.answers[("GET", "/config")] = reading = Deferred()
+        asks = [self.ask(trapos=f"{n}:x") for n in (1, 2)]
+        reading.callback(FakeResponse(500, b""))
+        for ask in asks:
+            error = self.failureResultOf(ask, GatewayError).value
+            self.assertIn("answered HTTP 500 to GET /config", error.message)
+        self.http.answers[("GET", "/config")] = {
+            "mcp": {"trapsandbox": {"type": "remote", "url": "http://gw3/mcp"}}
+        }
+        self.ask(trapos="3:x")
+        self.assertEqual(self.http.paths("GET").count("/config"), 2)
+        self.assertEqual(self.block("3:x")["url"], "http://gw3/mcp")
 
     def test_the_operators_block_is_read_once_in_a_while(self):
         self.ask(trapos="1:a")
