@@ -165,6 +165,8 @@ def summary(answers: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
         "first_text_p99_ms": _ms(harness.percentile(firsts, 0.99)) if firsts else None,
         "seconds": round(seconds, 2),
         "asks_per_minute": round(len(answers) / seconds * 60, 1) if seconds else None,
+        # Each one, in the order asked, for the rounds of one ask at a time (a few).
+        **({"first_texts_ms": [_ms(f) for f in firsts]} if len(answers) <= 20 else {}),
     }
 
 

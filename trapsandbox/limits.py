@@ -234,6 +234,9 @@ OPENCODE_MAX_RSS_MB = 1536
 OPENCODE_READY_WAIT = 120.0
 # A server it runs is ready once it answers a health call within this (tried again 0.1 s later).
 OPENCODE_READY_PROBE = 1.0
+# Once it answers, it is ready after what a fresh process's first ask would wait for
+# (``Managed.warming``: it loads its model providers, 1.3-1.6 s here), or after this.
+OPENCODE_WARM_UP_WAIT = 10.0
 OPENCODE_DRAIN_BOUND = 120.0
 # How often a server the gateway runs has its memory looked at while asks run there (besides
 # as each ask starts and ends): reading /proc/PID/status, ~20 µs.

@@ -14,7 +14,8 @@ Its life, one state at a time (``figures()`` says which, for ``/health``)::
 
     failed      the program is not there: nothing is started; said once, at start
     starting    spawned, not yet listening ("listening on" in its output)
-    ready       listening
+    ready       answering, and done with what a fresh process's first ask would wait for
+                (``warming``: it loads its model providers)
     draining    past ``SANDBOX_OPENCODE_MAX_RSS_MB`` (looked at as each ask starts and ends): no
                 new ask starts on it; once its running asks have ended (or
                 ``OPENCODE_DRAIN_BOUND`` has passed) it is stopped and started again,
@@ -54,13 +55,14 @@ from typing import Any
 
 from twisted.application import service
 from twisted.internet import protocol
-from twisted.internet.defer import Deferred, DeferredList, fail, succeed
+from twisted.internet.defer import Deferred, DeferredList, TimeoutError, fail, succeed
 from twisted.internet.error import ProcessDone, ProcessExitedAlready, ProcessTerminated
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from trapsandbox import limits
+from trapsandbox.errors import GatewayError
 from trapsandbox.opencode.client import opencode_error
 
 log = Logger()
@@ -158,6 +160,10 @@ class Managed:
         # connections, a moment before it answers (NOTES-opencode: a request sent just then
         # can hang).  Set by ``servers.Server.build`` (a short health call); None: the line.
         self.answering: Callable[[], Deferred] | None = None
+        # Then what the first ask on a fresh process would otherwise wait for, done before it
+        # is ready (its result aside: a failure is the asks' to report); set by
+        # ``servers.Server.build``; None: nothing.
+        self.warming: Callable[[], Deferred] | None = None
         # How many of its instances the asks keep live (``instances``), for ``figures``; set by
         # ``servers.Server.build``.
         self.instances: Callable[[], int] | None = None
@@ -290,7 +296,28 @@ class Managed:
             if self.answering is None:
                 self._ready(process)
                 return
-            self.answering().addCallbacks(lambda _: self._ready(process), again)
+            self.answering().addCallbacks(lambda _: self._warm(process), again)
+
+    def _warm(self, process: Any) -> None:
+        """It answers: ready once ``warming`` is done, or ``OPENCODE_WARM_UP_WAIT`` passed."""
+        if self.state is not State.STARTING or self.process is not process:
+            return
+        if self.warming is None:
+            self._ready(process)
+            return
+        d = self.warming()
+        d.addTimeout(limits.OPENCODE_WARM_UP_WAIT, self._reactor)
+        d.addErrback(self._warm_failed)
+        d.addBoth(lambda _: self._ready(process))
+
+    def _warm_failed(self, failure: Failure) -> None:
+        if failure.check(TimeoutError):
+            why = f"still loading its model providers after {limits.OPENCODE_WARM_UP_WAIT:g} s"
+        elif isinstance(failure.value, GatewayError):
+            why = failure.value.message
+        else:
+            why = failure.getErrorMessage()
+        log.warn("{name}: {why}", name=self.name, why=why)
 
     def _ready(self, process: Any) -> None:
         if self.state is not State.STARTING or self.process is not process:

@@ -81,8 +81,14 @@ class Server:
         server.instances = Instances(clock, server.dispose, instance_idle, max_instances)
         if managed is not None:
             managed.instances = lambda: len(server.instances.live)
-        # opencode reconnected may be opencode restarted, with another configuration.
-        server.stream.on_reconnect.append(server._forget_model)
+            # Each start looks at its model anew before it takes asks: a fresh opencode loads
+            # its providers then (1.3-1.6 s here, which its first ask waited for: a new
+            # computer's first text after a recycle 1.8-2.1 s, 0.7 s with this), and the
+            # operator may have changed its configuration meanwhile.
+            managed.warming = server._look_at_model
+        else:
+            # opencode reconnected may be opencode restarted, with another configuration.
+            server.stream.on_reconnect.append(server._forget_model)
         return server
 
     @property
@@ -134,6 +140,10 @@ class Server:
 
     def _forget_model(self) -> None:
         self._has_model = False
+
+    def _look_at_model(self) -> Deferred[None]:
+        self._has_model = False
+        return self.has_model()
 
 
 # What a player's ask says when opencode has no model (docs/operations.md says the same).

@@ -386,6 +386,31 @@ class RecycleTests(AskTestsMixin, SynchronousTestCase):
         checks = [c for c in self.clock.getDelayedCalls() if "LoopingCall" in repr(c.func)]
         self.assertEqual(checks, [])
 
+    def test_each_start_looks_at_the_model_before_it_takes_asks(self):
+        # The start (setUp) looked: the first ask does not wait for a look of its own.
+        self.assertEqual(self.http.paths("GET").count("/config/providers"), 1)
+        first = self.ask(trapos="1:a")
+        self.assertEqual(self.http.paths("GET").count("/config/providers"), 1)
+        self.assertEqual(len(self.prompts()), 1)
+        self.busy()
+        self.idle()
+        self.successResultOf(first)
+        # It starts again, and the operator took its model away meanwhile: it is starting
+        # until it has looked, and the ask that waited for it says so.
+        looking = Deferred()
+        self.http.answers[("GET", "/config/providers")] = looking
+        self.spawn.last.protocol.processExited(Failure(ProcessTerminated(signal=9)))
+        self.clock.advance(limits.OPENCODE_RESTART_MIN)
+        self.spawn.last.protocol.childDataReceived(1, b"opencode server listening on x\n")
+        self.assertIs(self.managed.state, ManagedState.STARTING)
+        second = self.ask(trapos="2:b", message_id="m2")
+        self.assertEqual(self.http.paths("GET").count("/config/providers"), 2)
+        self.http.answers[("GET", "/config/providers")] = {"providers": [], "default": {}}
+        looking.callback(FakeResponse(200, b'{"providers": [], "default": {}}'))
+        self.assertIs(self.managed.state, ManagedState.READY)
+        self.assertIn("the agent has no model", self.failureResultOf(second).value.message)
+        self.assertEqual(len(self.prompts()), 1)
+
     def test_with_nothing_running_its_memory_is_not_looked_at(self):
         done = self.ask(trapos="1:a")
         self.busy()

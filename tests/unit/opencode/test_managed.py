@@ -4,7 +4,7 @@ fake process and a ``Clock``: the restart delays, the stop's SIGTERM then SIGKIL
 says while it cannot answer, its output bounded in the log.
 """
 
-from twisted.internet.defer import fail, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ProcessDone, ProcessExitedAlready, ProcessTerminated
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent
@@ -13,6 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.harness.logcapture import LogCapture
 from trapsandbox import limits
+from trapsandbox.opencode.client import opencode_error
 from trapsandbox.opencode.managed import LINES_PER_INTERVAL, Managed, State
 
 
@@ -215,6 +216,38 @@ class ManagedTests(SynchronousTestCase):
         self.assertIs(self.managed.state, State.STARTING)
         self.clock.advance(0.1)
         self.assertIs(self.managed.state, State.READY)
+
+    def test_it_is_ready_once_warmed_up_whatever_that_said(self):
+        logged = LogCapture(self)
+        warmings = []
+        self.managed.warming = lambda: warmings.append(Deferred()) or warmings[-1]
+        self.managed.start()
+        self.ready()
+        self.assertEqual(len(warmings), 1)
+        self.assertIs(self.managed.state, State.STARTING)
+        self.assertEqual(self.managed.unready(), "the agent is starting")
+        warmings[0].callback(None)
+        self.assertIs(self.managed.state, State.READY)
+        # The next start warms up again; what it found wrong is the asks' to say, and logged.
+        self.spawn.last.protocol.processExited(killed())
+        self.clock.advance(1)
+        self.ready()
+        warmings[1].errback(Failure(opencode_error("opencode has no model configured")))
+        self.assertIs(self.managed.state, State.READY)
+        said = [formatEvent(event) for event in logged.events]
+        self.assertIn("opencode: opencode has no model configured", said)
+
+    def test_a_warm_up_that_hangs_holds_it_only_until_its_bound(self):
+        self.managed.warming = Deferred
+        self.managed.start()
+        self.ready()
+        self.clock.advance(limits.OPENCODE_WARM_UP_WAIT - 0.1)
+        self.assertIs(self.managed.state, State.STARTING)
+        logged = LogCapture(self)
+        self.clock.advance(0.1)
+        self.assertIs(self.managed.state, State.READY)
+        said = [formatEvent(event) for event in logged.events]
+        self.assertIn("opencode: still loading its model providers after 10 s", said)
 
     def test_one_that_listens_but_never_answers_is_killed_and_started_again(self):
         self.managed.answering = lambda: fail(ConnectionRefusedError())
