@@ -5,6 +5,8 @@ The opencode side (SPEC §3, §11).
     ``sse``          server-sent events: bytes in, one JSON object per event out
     ``client``       opencode's HTTP API as ``sandbox ask`` needs it, every call
                      bounded; its failures as an ``opencode_error``
+    ``http``         the HTTP client under it: Twisted's Agent, without treq's
+                     per-call layers (the probe keeps treq)
     ``events``       the one ``/global/event`` stream of the gateway: dispatch by
                      session, reconnection, silence
     ``agent``        what an ask's agent may do and is told: permission rules, the
