@@ -3,9 +3,9 @@ opencode's events of one ask's session turned into the player's partials
 (SPEC §11), and the moment the session goes idle:
 
     message.updated               the roles of messages; an assistant's tokens
-    message.part.delta            {type: text_delta, text}: batched, at most
-                                  ``ASK_PARTIAL_MAX_CHARS`` a partial, within
-                                  ``ASK_PARTIAL_INTERVAL``
+    message.part.delta            {type: text_delta, text}: the first at once, then
+                                  batched, at most ``ASK_PARTIAL_MAX_CHARS`` a
+                                  partial, within ``ASK_PARTIAL_INTERVAL``
     message.part.updated (text)   the same (the whole part so far)
     message.part.updated (tool)   {type: tool, callID, name, status, detail?, error?}
                                   once per status of each call: two calls of one
@@ -264,7 +264,9 @@ class Partials:
 
     def _text(self) -> None:
         pending = sum(len(t) - self._sent.get(p, 0) for p, t in self.texts.items())
-        if pending >= limits.ASK_PARTIAL_MAX_CHARS:
+        if pending >= limits.ASK_PARTIAL_MAX_CHARS or (pending and not self._sent):
+            # (The ask's first text goes at once: the player waits for that one; the rest is
+            # batched.)
             self.flush()
         elif pending and self._flush_timer is None:
             self._flush_timer = self._clock.callLater(
