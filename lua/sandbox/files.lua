@@ -382,7 +382,8 @@ registerRequest('delete_file', 'fs.write', handleDeleteFile)
 local function changedPath(req, fsApi, key)
   local path, shown = resolvePath(fsApi, req.payload, key, true)
   if not path then return badRequest(req, shown) end
-  if M.isSettingsPath(req.payload[key] or '', req.payload.cwd) or M.isSettingsPath(shown) then
+  local sent = req.payload[key] or ''
+  if M.isSettingsPath(sent, req.payload.cwd) or (sent ~= shown and M.isSettingsPath(shown)) then
     return settingsForbidden(req, shown)
   end
   if path == '' then return badRequest(req, key .. ' is the root folder, which cannot be changed') end
