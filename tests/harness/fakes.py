@@ -291,17 +291,32 @@ class SandboxComputer:
     def on_write_files(self, request, payload):
         assert "raw" in request and payload["encoding"] == parts.BINARY, "a binary message"
         raw, written, at = request["raw"], [], 0
-        assert sum(f["size"] for f in payload["files"]) == len(raw)
-        for entry in payload["files"]:
+        packed = "paths" in payload  # (a client that announced write_files_packed)
+        files = payload["files"] if not packed else self.unpacked(payload)
+        assert sum(f["size"] for f in files) == len(raw)
+
+        def answer(**failed):
+            said = len(written) if packed else written
+            self.answer(request, payload={"written": said, **failed})
+
+        for entry in files:
             path, data = entry["path"], raw[at : at + entry["size"]]
             at += entry["size"]
             if path.startswith("/rom/"):
-                failed = {"path": path, "code": "fs_error", "message": f"{path}: Access denied"}
-                self.answer(request, payload={"written": written, "failed": failed})
+                answer(
+                    failed={"path": path, "code": "fs_error", "message": f"{path}: Access denied"}
+                )
                 return
             self.files[path] = data
             written.append({"path": path, "sizeBytes": len(data)})
-        self.answer(request, payload={"written": written})
+        answer()
+
+    @staticmethod
+    def unpacked(payload):
+        assert "files" not in payload, "packed or not, never both"
+        paths = payload["paths"].split(parts.PATH_SEPARATOR)
+        assert len(paths) == len(payload["sizes"])
+        return [{"path": p, "size": size} for p, size in zip(paths, payload["sizes"], strict=True)]
 
     def on_list_files(self, request, payload):
         entries = [
