@@ -318,40 +318,13 @@ registerRequest('write_file', 'fs.write', handleWriteFile)
 message whose bytes are the files' one after another: several whole files in one request (a
 snapshot's restore), each written exactly as a write_file of one part writes it, in order,
 stopping at the first that fails. -> {written = {{path, sizeBytes}}, failed? = {path, code,
-message}}: the files before a failure stay written.
-Packed (to a client that announced write_files_packed, docs/protocol.md): {encoding, writeId,
-paths = 'p1|p2|...', sizes = {s1, s2, ...}}, answered {written = how many, failed?}: the same
-files, lighter to read and to answer (textutils' JSON was a third of the handler's work). `|`
-is in no path the gateway sends (CraftOS drops it; the gateway refuses it). ]]
-local function packedFiles(paths, sizes)
-  if type(paths) ~= 'string' or type(sizes) ~= 'table' then
-    return nil, 'paths must be a string and sizes a list of numbers'
-  end
-  local files, at = {}, 1
-  while true do
-    if #files >= M.MAX_BATCH_FILES then
-      return nil, ('at most %d files in one write_files'):format(M.MAX_BATCH_FILES)
-    end
-    local bar = paths:find('|', at, true)
-    files[#files + 1] = { path = paths:sub(at, (bar or 0) - 1), size = sizes[#files + 1] }
-    if not bar then break end
-    at = bar + 1
-  end
-  if #sizes ~= #files then return nil, ('%d paths but %d sizes'):format(#files, #sizes) end
-  return files
-end
-
+message}}: the files before a failure stay written. ]]
 local function handleWriteFiles(req, ctx)
   local payload, raw = req.payload, req.raw
   if payload.encoding ~= 'binary' or type(raw) ~= 'string' then
     return badRequest(req, 'write_files comes as a binary message (encoding "binary")')
   end
-  local files, packed = payload.files, payload.files == nil and payload.paths ~= nil
-  if packed then
-    local err
-    files, err = packedFiles(payload.paths, payload.sizes)
-    if not files then return badRequest(req, err) end
-  end
+  local files = payload.files
   if type(files) ~= 'table' then return badRequest(req, 'files must be a list of {path, size}') end
   if #files > M.MAX_BATCH_FILES then
     return badRequest(req, ('at most %d files in one write_files'):format(M.MAX_BATCH_FILES))
@@ -367,30 +340,27 @@ local function handleWriteFiles(req, ctx)
   if total ~= #raw then
     return badRequest(req, ('the files add up to %d bytes, but %d came'):format(total, #raw))
   end
-  local written, count, at = {}, 0, 1
-  local function answer(failed)
-    return req.respond(true, { written = packed and count or jsonList(written), failed = failed })
-  end
+  local written, at = {}, 1
   for _, file in ipairs(files) do
-    local result = {}
+    local answer = {}
     local one = { messageId = req.messageId, type = 'write_file', raw = raw:sub(at, at + file.size - 1),
       payload = { path = file.path, encoding = 'binary',
         part = { offset = 0, final = true, size = file.size, writeId = payload.writeId } } }
-    function one.respond(ok, value, err)
-      result.ok, result.value, result.err = ok, value, err
+    function one.respond(ok, result, err)
+      answer.ok, answer.result, answer.err = ok, result, err
       return true
     end
     at = at + file.size
     local ran, err = pcall(handleWriteFile, one, ctx)
-    if not ran and result.ok == nil then result.ok, result.err = false, errorValue('internal', tostring(err)) end
-    if not result.ok then
-      local err = result.err or {}
-      return answer({ path = tostring(file.path), code = err.code, message = err.message })
+    if not ran and answer.ok == nil then answer.ok, answer.err = false, errorValue('internal', tostring(err)) end
+    if not answer.ok then
+      local err = answer.err or {}
+      return req.respond(true, { written = jsonList(written),
+        failed = { path = tostring(file.path), code = err.code, message = err.message } })
     end
-    count = count + 1
-    if not packed then written[count] = { path = file.path, sizeBytes = result.value.sizeBytes } end
+    written[#written + 1] = { path = file.path, sizeBytes = answer.result.sizeBytes }
   end
-  answer()
+  req.respond(true, { written = jsonList(written) })
 end
 -- write_files: several whole files in one binary message
 registerRequest('write_files', 'fs.write', handleWriteFiles)

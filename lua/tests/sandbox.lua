@@ -1822,7 +1822,7 @@ test('move_file and make_folder need fs.write and hello announces them', functio
   eq(errorCode(env.call('make_folder', { path = '/d' })), 'forbidden', 'folder')
   eq(env.craft.fs.files['a'], 'a', 'nothing moved')
   eq(lib.hello('7:lab', 'h-1', 'pw').payload.features,
-    { 'write_id', 'move_file', 'make_folder', 'binary_parts', 'write_files', 'write_files_packed' }, 'features')
+    { 'write_id', 'move_file', 'make_folder', 'binary_parts', 'write_files' }, 'features')
   eq(lib.REQUEST_CAPABILITY.move_file, 'fs.write', 'move_file capability')
   eq(lib.REQUEST_CAPABILITY.make_folder, 'fs.write', 'make_folder capability')
 end)
@@ -1884,35 +1884,6 @@ test('write_files writes several whole files from one binary message, in order',
   local many = {}
   for i = 1, lib.MAX_BATCH_FILES + 1 do many[i] = { path = '/m' .. i, size = 0 } end
   eq(errorCode(env.callBinary('write_files', { encoding = 'binary', files = many }, '')), 'bad_request', 'too many')
-end)
-
-test('write_files packed: the paths in one string, the sizes in a list, answered with a count', function()
-  local env = sandbox()
-  env.craft.fs.put('old.txt', 'the old one')
-  local batch = { encoding = 'binary', writeId = 'abcd', paths = '/a.txt|/deep/b.bin|/old.txt', sizes = { 3, 4, 2 } }
-  eq(okPayload(env.callBinary('write_files', batch, 'aaa\0\1\2\3zz')), { written = 3 }, 'answer')
-  eq({ env.craft.fs.files['a.txt'], env.craft.fs.files['deep/b.bin'], env.craft.fs.files['old.txt'] },
-    { 'aaa', '\0\1\2\3', 'zz' }, 'each file whole')
-  eq(env.craft.fs.list(''), { 'a.txt', 'deep', 'old.txt', 'rom' }, 'no temporary file left')
-  -- Each file is still checked as a write_file's: the first that fails stops it.
-  batch.paths, batch.sizes = '/c.txt|/x/../.SETTINGS|/d.txt', { 1, 1, 1 }
-  local answer = okPayload(env.callBinary('write_files', batch, 'cxd'))
-  eq({ answer.written, answer.failed.path, answer.failed.code }, { 1, '/x/../.SETTINGS', 'forbidden' }, 'failed')
-  eq({ env.craft.fs.files['c.txt'], env.craft.fs.files['d.txt'] }, { 'c', nil }, 'none after')
-  batch.paths, batch.sizes = '/e.txt||/f.txt', { 1, 0, 1 }
-  answer = okPayload(env.callBinary('write_files', batch, 'ef'))
-  eq({ answer.written, answer.failed.path, answer.failed.code }, { 1, '', 'bad_request' }, 'an empty path')
-  -- What a packed batch must be.
-  local function refused(paths, sizes, raw)
-    return errorCode(env.callBinary('write_files', { encoding = 'binary', paths = paths, sizes = sizes }, raw))
-  end
-  eq(refused('/g|/h', { 1 }, 'g'), 'bad_request', 'fewer sizes than paths')
-  eq(refused('/g', { 1, 1 }, 'gh'), 'bad_request', 'more sizes than paths')
-  eq(refused('/g', { 2 }, 'g'), 'bad_request', 'sizes that do not add up')
-  eq(refused('/g', { 1.5 }, 'g'), 'bad_request', 'a size not whole')
-  eq(refused({ '/g' }, { 1 }, 'g'), 'bad_request', 'paths not a string')
-  eq(refused(('/m|'):rep(lib.MAX_BATCH_FILES) .. '/m', {}, ''), 'bad_request', 'too many')
-  eq(env.craft.fs.files['g'], nil, 'none of them written')
 end)
 
 test('on CraftOS-PC file parts stay base64 in JSON', function()

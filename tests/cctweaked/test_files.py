@@ -1,10 +1,8 @@
 """
 Changes of files on CC:Tweaked's own core (issue 43, "Nothing lost"): two saves of one file
 at once from two ``/operator`` sockets leave one of them whole, a move into itself however
-it is spelt deletes nothing, and making a folder that exists touches nothing in it; a
-restore's small files, several to a message (``write_files``, packed), come back byte for
-byte (issue 48).  The real ``lua/`` client, the real gateway on loopback, the game's own
-filesystem.
+it is spelt deletes nothing, and making a folder that exists touches nothing in it.  The
+real ``lua/`` client, the real gateway on loopback, the game's own filesystem.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from twisted.trial.unittest import TestCase
 from tests.cctweaked.test_client import CCTGatewayMixin
 from tests.harness.callers import asking
 from tests.harness.support import bounded, connect_operator
-from trapsandbox.computers import parts, wire
 
 SIZE = 200_000
 # A write of SIZE bytes on CC:Tweaked's core, ticked at 20 a second, is a few seconds.
@@ -150,44 +147,3 @@ class FileChangeTests(CCTGatewayMixin, TestCase):
         self.assertEqual(c.read_file("/proj/.folder"), b"the player's own")
         self.assertTrue(c.path("/new/folder").is_dir())
         self.assertEqual(list(c.path("/new/folder").iterdir()), [])
-
-    async def test_a_restore_of_small_files_brings_each_back_whole_several_to_a_message(self):
-        c = await self.connected()
-        session = self.gateway.registry.find("local", c.trapos_id)
-        self.assertLessEqual({wire.WRITE_FILES, wire.WRITE_FILES_PACKED}, session.features)
-        sent: list[dict] = []
-        encode = parts.encode_request
-
-        def noted(receiver, message_id, type, payload, features):
-            if type == "write_files":
-                sent.append(payload)
-            return encode(receiver, message_id, type, payload, features)
-
-        self.patch(parts, "encode_request", noted)
-        files = {f"/kept/f{i:02d}.bin": bytes([i]) * (4000 + 37 * i) for i in range(40)}
-        files["/kept/every byte.bin"] = bytes(range(256)) * 8
-        for path, data in files.items():
-            c.write_file(path, data)
-        me = asking(c.trapos_id, "local")
-        taken = await self.gateway.snapshots.take(me)
-        # Some deleted, some changed (each replaced whole, through a temporary file), one made.
-        gone = [path for n, path in enumerate(files) if n % 3 == 0]
-        changed = [path for n, path in enumerate(files) if n % 3 == 1]
-        for path in gone:
-            c.path(path).unlink()
-        for path in changed:
-            c.write_file(path, b"changed since")
-        c.write_file("/kept/new.txt", "made after the snapshot")
-        restored = await self.gateway.snapshots.restore(me, taken["id"])
-        self.assertEqual(restored["deleted"], ["/kept/new.txt"])
-        self.assertEqual(sorted(restored["written"]), sorted(gone + changed))
-        for path, data in files.items():
-            self.assertEqual(c.read_file(path), data, path)
-        self.assertIsNone(c.read_file("/kept/new.txt"))
-        self.assertEqual(sorted(p.name for p in c.path("/kept").iterdir()), sorted(
-            path.rsplit("/", 1)[1] for path in files))  # fmt: skip
-        self.assertEqual(self.temporaries(c), [])
-        self.assertGreater(len(sent), 1)
-        for payload in sent:  # (each went packed)
-            self.assertIsNotNone(parts.packed_files("write_files", payload, session.features))
-        self.assertEqual(sum(len(payload["files"]) for payload in sent), len(gone + changed))

@@ -291,32 +291,17 @@ class SandboxComputer:
     def on_write_files(self, request, payload):
         assert "raw" in request and payload["encoding"] == parts.BINARY, "a binary message"
         raw, written, at = request["raw"], [], 0
-        packed = "paths" in payload  # (a client that announced write_files_packed)
-        files = payload["files"] if not packed else self.unpacked(payload)
-        assert sum(f["size"] for f in files) == len(raw)
-
-        def answer(**failed):
-            said = len(written) if packed else written
-            self.answer(request, payload={"written": said, **failed})
-
-        for entry in files:
+        assert sum(f["size"] for f in payload["files"]) == len(raw)
+        for entry in payload["files"]:
             path, data = entry["path"], raw[at : at + entry["size"]]
             at += entry["size"]
             if path.startswith("/rom/"):
-                answer(
-                    failed={"path": path, "code": "fs_error", "message": f"{path}: Access denied"}
-                )
+                failed = {"path": path, "code": "fs_error", "message": f"{path}: Access denied"}
+                self.answer(request, payload={"written": written, "failed": failed})
                 return
             self.files[path] = data
             written.append({"path": path, "sizeBytes": len(data)})
-        answer()
-
-    @staticmethod
-    def unpacked(payload):
-        assert "files" not in payload, "packed or not, never both"
-        paths = payload["paths"].split(parts.PATH_SEPARATOR)
-        assert len(paths) == len(payload["sizes"])
-        return [{"path": p, "size": size} for p, size in zip(paths, payload["sizes"], strict=True)]
+        self.answer(request, payload={"written": written})
 
     def on_list_files(self, request, payload):
         entries = [

@@ -13,13 +13,6 @@ newline in its output, so the first newline ends the header.
 
 ``write_files`` (several whole files, their bytes one after another) goes only to a client
 that announced it too; the last answers a ``read_file`` that asked for ``encoding: "binary"``.
-To a client that also announced ``write_files_packed`` its list goes packed, lighter for the
-computer's JSON to read, and comes back as a count (``packed_files``, ``unpacked_answer``)::
-
-    gateway -> computer   gateway_request write_files {encoding: "binary", writeId,
-                                                       paths: "p1|p2|...", sizes: [s1, ...]}
-    computer -> gateway   computer_response write_files {written: N, failed?}
-                          (read as {written: [{path, sizeBytes}] of the first N files, failed?})
 Inside the gateway a part's ``content`` is then ``bytes``; to any other client it is base64
 text in a text frame, as before, and only ``Sandbox`` asks for binary parts, only of a client
 that announced them.
@@ -63,11 +56,6 @@ def encode_request(
             raw = content if isinstance(content, bytes) else _base64(content)
             header = {key: value for key, value in payload.items() if key != "content"}
             header["encoding"] = BINARY
-            packed = packed_files(type, payload, features)
-            if packed is not None:
-                del header["files"]
-                header["paths"] = PATH_SEPARATOR.join(path for path, _ in packed)
-                header["sizes"] = [size for _, size in packed]
             return BinaryFrame(
                 wire.encode_request(receiver, message_id, type, header) + b"\n" + raw
             )
@@ -77,49 +65,6 @@ def encode_request(
     elif type == "read_file" and not binary and payload.get("encoding") == BINARY:
         payload = {**payload, "encoding": "base64"}
     return wire.encode_request(receiver, message_id, type, payload)
-
-
-# Between a packed write_files' paths: a byte CraftOS drops from a path, so in none that
-# reaches a computer (``paths.canonical`` refuses it; a list holding one is not packed).
-PATH_SEPARATOR = "|"
-
-
-def packed_files(
-    kind: str, payload: dict[str, Any], features: frozenset[str]
-) -> list[tuple[str, int]] | None:
-    """
-    The ``(path, size)`` of each file of a ``write_files`` that goes packed to this client (it
-    announced ``write_files_packed``, and every path is a string without ``|`` and every size a
-    whole number), else None: sent as it is.
-    """
-    if kind != "write_files" or wire.WRITE_FILES_PACKED not in features:
-        return None
-    files = payload.get("files")
-    if not isinstance(files, list) or not files:
-        return None
-    packed = []
-    for entry in files:
-        path, size = (entry.get("path"), entry.get("size")) if isinstance(entry, dict) else (0, 0)
-        if type(path) is not str or PATH_SEPARATOR in path or type(size) is not int:
-            return None
-        packed.append((path, size))
-    return packed
-
-
-def unpacked_answer(payload: dict[str, Any], files: list[tuple[str, int]]) -> dict[str, Any]:
-    """
-    A packed ``write_files``' answer as an unpacked one says it: ``written`` (how many of
-    ``files``, in order, were written) as the list of those files, each ``{path, sizeBytes}``.
-    A count that is not one of these files' (not a whole number, past their end) is left as it
-    came: whoever reads the answer refuses it.
-    """
-    count = payload.get("written")
-    if type(count) is float and count.is_integer():
-        count = int(count)
-    if type(count) is not int or not 0 <= count <= len(files):
-        return payload
-    written = [{"path": path, "sizeBytes": size} for path, size in files[:count]]
-    return {**payload, "written": written}
 
 
 def answered_in_binary(type: str, payload: dict[str, Any], features: frozenset[str]) -> bool:

@@ -59,8 +59,6 @@ class _Pending:
     timer: Any = None
     # A read that asked for its answer as a binary message (``computers.parts``).
     binary: bool = False
-    # A write_files sent packed: its files, what its answer's count counts.
-    packed: list[tuple[str, int]] | None = None
 
 
 @attrs.define(eq=False)
@@ -172,8 +170,7 @@ class Session:
         d = Deferred(lambda _: self._cancelled(message_id))
         timer = self.clock.callLater(timeout, self._timed_out, message_id, timeout)
         binary = parts.answered_in_binary(type, payload, self.features)
-        packed = parts.packed_files(type, payload, self.features)
-        self._pending[message_id] = _Pending(d, type, on_partial, timer, binary, packed)
+        self._pending[message_id] = _Pending(d, type, on_partial, timer, binary)
         try:
             self.link.send_frame(data)
         except GatewayError as error:
@@ -235,10 +232,6 @@ class Session:
         pending = self._end(frame.message_id)
         if pending is None:
             return False
-        if pending.packed is not None and frame.ok and frame.payload is not None:
-            # Read as every caller and hook reads a write_files' answer (the files written).
-            unpacked = parts.unpacked_answer(frame.payload, pending.packed)
-            frame = attrs.evolve(frame, payload=unpacked)
         pending.deferred.callback(frame)
         return True
 

@@ -57,13 +57,10 @@ CAPABILITY_OF = {
 # What a client may announce in hello's ``features`` (docs/protocol.md): a temporary file of
 # its own per write (``part.writeId``), the ``move_file`` and ``make_folder`` requests
 # (checked and done in one step on the computer), file parts as binary messages and several
-# whole files in one, their list packed or not (``computers.parts``).  Others are ignored.
+# whole files in one (``computers.parts``).  Others are ignored.
 WRITE_ID, MOVE_FILE, MAKE_FOLDER = "write_id", "move_file", "make_folder"
 BINARY_PARTS, WRITE_FILES = "binary_parts", "write_files"
-WRITE_FILES_PACKED = "write_files_packed"
-FEATURES = frozenset(
-    {WRITE_ID, MOVE_FILE, MAKE_FOLDER, BINARY_PARTS, WRITE_FILES, WRITE_FILES_PACKED}
-)
+FEATURES = frozenset({WRITE_ID, MOVE_FILE, MAKE_FOLDER, BINARY_PARTS, WRITE_FILES})
 # What a client needs to have announced to be sent write_files.
 WRITES_IN_BATCHES = frozenset({BINARY_PARTS, WRITE_FILES})
 # Requests to computers with a metrics label of their own (operators may send any type).

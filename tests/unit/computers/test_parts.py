@@ -54,45 +54,6 @@ class EncodeTests(SynchronousTestCase):
             with self.assertRaises(ValueError):
                 parts.encode_request("7:", "m", "write_files", batch, features)
 
-    def test_a_batch_goes_packed_to_a_client_that_announced_it(self):
-        files = [{"path": "/a", "size": 2}, {"path": "/dir/b c", "size": 0}]
-        batch = {"encoding": "binary", "writeId": "ab", "files": files, "content": b"ab"}
-        packing = NEW | {wire.WRITE_FILES_PACKED}
-        header, _, raw = parts.encode_request("7:", "m", "write_files", batch, packing).partition(
-            b"\n"
-        )
-        self.assertEqual(raw, b"ab")
-        self.assertEqual(
-            orjson.loads(header)["payload"],
-            {"encoding": "binary", "writeId": "ab", "paths": "/a|/dir/b c", "sizes": [2, 0]},
-        )
-        self.assertEqual(
-            parts.packed_files("write_files", batch, packing), [("/a", 2), ("/dir/b c", 0)]
-        )
-        # Not to a client that did not announce it, nor a list that cannot go packed.
-        self.assertIsNone(parts.packed_files("write_files", batch, NEW))
-        for odd in (
-            {"path": "/a|b", "size": 1},
-            {"path": 7, "size": 1},
-            {"path": "/a", "size": 1.0},
-        ):
-            unpackable = {**batch, "files": [files[0], odd]}
-            self.assertIsNone(parts.packed_files("write_files", unpackable, packing), odd)
-            sent = parts.encode_request("7:", "m", "write_files", unpackable, packing)
-            self.assertEqual(
-                orjson.loads(sent.partition(b"\n")[0])["payload"]["files"], [files[0], odd]
-            )
-
-    def test_a_packed_answer_is_read_as_the_files_it_counts(self):
-        files = [("/a", 2), ("/b", 0)]
-        for count, written in ((0, []), (1, [{"path": "/a", "sizeBytes": 2}]), (2.0, None)):
-            answer = parts.unpacked_answer({"written": count, "failed": {"path": "/b"}}, files)
-            if written is None:
-                written = [{"path": "/a", "sizeBytes": 2}, {"path": "/b", "sizeBytes": 0}]
-            self.assertEqual(answer, {"written": written, "failed": {"path": "/b"}}, count)
-        for odd in (3, -1, True, 1.5, "1", None):
-            self.assertEqual(parts.unpacked_answer({"written": odd}, files), {"written": odd})
-
     def test_other_requests_are_as_wire_writes_them(self):
         for features in (OLD, NEW):
             self.assertEqual(

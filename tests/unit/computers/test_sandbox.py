@@ -370,47 +370,6 @@ class FileTests(SandboxTestCase):
         self.assertEqual(len(computer.sent), 1, "neither was sent")
         self.assertEqual(heard, [])
 
-    def test_a_batch_goes_packed_to_a_client_that_announced_it_and_its_count_is_read(self):
-        heard = []
-        self.registry.file_listeners.append(lambda *changed: heard.append(changed))
-        features = [wire.BINARY_PARTS, wire.WRITE_FILES, wire.WRITE_FILES_PACKED]
-        computer = self.computer("7:new", features=features)
-        files = [("a", b"aaa"), ("/x/../b", bytes(range(256)))]
-        self.assertEqual(
-            self.successResultOf(self.sandbox.write_files(asking("7:new"), files)), ["/a", "/b"]
-        )
-        (sent,) = computer.sent
-        self.assertEqual(
-            {key: sent["payload"].get(key) for key in ("files", "paths", "sizes")},
-            {"files": None, "paths": "/a|/b", "sizes": [3, 256]},
-        )
-        self.assertEqual(heard, [("local", "7:new", "/a"), ("local", "7:new", "/b")])
-        # Stopped midway: the count names the files before it, heard of; its failure raised.
-        heard.clear()
-        files = [("/c", b"c"), ("/d", b"d"), ("/e", b"e")]
-        computer = RefusingSecond.connect(self.registry, "7:second", features=features)
-        error = self.assertGatewayError(
-            self.sandbox.write_files(asking("7:second"), files), "fs_error"
-        )
-        self.assertEqual(error.message, "/rom/x: Access denied")
-        self.assertEqual((computer.files.get("/c"), computer.files.get("/e")), (b"c", None))
-        self.assertEqual(heard, [("local", "7:second", "/c")])
-
-    def test_a_packed_count_that_is_not_of_the_files_sent_is_an_internal_error(self):
-        heard = []
-        self.registry.file_listeners.append(lambda *changed: heard.append(changed))
-        features = [wire.BINARY_PARTS, wire.WRITE_FILES, wire.WRITE_FILES_PACKED]
-        for written in (3, -1, True, 1.5, "2", None):
-            computer = Answering.connect(self.registry, "7:odd", features=features)
-            computer.written = written
-            files = [("/a", b"a"), ("/b", b"b")]
-            error = self.assertGatewayError(
-                self.sandbox.write_files(asking("7:odd"), files), "internal"
-            )
-            self.assertIn("does not name the files sent", error.message)
-            self.registry.remove(computer.session)
-        self.assertEqual(heard, [])
-
     def test_a_file_refused_by_the_computer_midway_ends_the_batch(self):
         heard = []
         self.registry.file_listeners.append(lambda *changed: heard.append(changed))
@@ -478,11 +437,7 @@ class RefusingSecond(SandboxComputer):
     """A computer whose second file of a write_files cannot be written (read-only there)."""
 
     def on_write_files(self, request, payload):
-        if "paths" in payload:  # packed
-            first, _, rest = payload["paths"].partition("|")
-            payload["paths"] = "|".join([first, "/rom/x", *rest.split("|")[1:]])
-        else:
-            payload["files"][1]["path"] = "/rom/x"
+        payload["files"][1]["path"] = "/rom/x"
         super().on_write_files(request, payload)
 
 
