@@ -1578,7 +1578,7 @@ local _VERSION = '0.1.0'
 -- Needs: constants, encodings. Exports: M.isSettingsPath, M.SETTINGS_FILE; for the other
 -- handlers: registerRequest, badRequest, fsError, errorText, sessionOf, optionalNumber,
 -- stringList, resolvePath, settingsForbidden, filePath, encodingOk; for sandbox/requests:
--- closeRequests.
+-- closeRequests; for tests: foldedSettingsPath.
 
 local M, internal = ...
 local errorValue = internal.errorValue
@@ -1724,14 +1724,31 @@ local function namesSettings(parts)
   return (name:gsub('[%. ]+$', '')) == M.SETTINGS_FILE
 end
 
+-- The rule itself, on a path made absolute (see isSettingsPath): the parts of `joined` with the
+-- dropped bytes removed before folding, and after.
+local function foldedSettingsPath(joined)
+  local folded = table.concat(foldPath(joined), '/')
+  return namesSettings(foldPath((joined:gsub(PATH_DROPPED, ''))))
+    or namesSettings(foldPath((folded:gsub(PATH_DROPPED, ''))))
+end
+
 -- Whether `path` (absolute, or relative to `cwd`, itself relative to /) is /.settings.
 function M.isSettingsPath(path, cwd)
   local first = path:sub(1, 1)
   local joined = path
   if first ~= '/' and first ~= '\\' then joined = (cwd or '') .. '/' .. path end
-  local folded = table.concat(foldPath(joined), '/')
-  return namesSettings(foldPath((joined:gsub(PATH_DROPPED, ''))))
-    or namesSettings(foldPath((folded:gsub(PATH_DROPPED, ''))))
+  --[[ Most paths are decided without folding. With no byte that is dropped (PATH_DROPPED),
+  dropping changes nothing, before or after folding, and folding a folded path again gives the
+  same parts; so both checks below read the parts of foldPath(joined). Each of those is a run
+  of joined's bytes (split at separators, ends trimmed), and namesSettings is true only when
+  the first starts with `.settings` in any case. So a path with no dropped byte and no
+  `.settings` (any case) among its bytes is not the settings file: foldedSettingsPath would
+  say false too. (tests/lua/modules/handlers.lua and tests/unit/computers/test_settingsfile.py
+  compare the two.) ]]
+  if not joined:find(PATH_DROPPED) and not joined:lower():find(M.SETTINGS_FILE, 1, true) then
+    return false
+  end
+  return foldedSettingsPath(joined)
 end
 
 local function settingsForbidden(req, shown)
@@ -1744,8 +1761,10 @@ end
 local function filePath(req, fsApi, required)
   local path, shown = resolvePath(fsApi, req.payload, 'path', required)
   if not path then return badRequest(req, shown) end
-  local cwd = req.payload.cwd
-  if M.isSettingsPath(req.payload.path or '', cwd) or M.isSettingsPath(shown) then
+  -- The path as sent and as resolved: one check when they are one string (absolute, so the
+  -- cwd is not read: the same call), as a gateway's canonical path is.
+  local sent = req.payload.path or ''
+  if M.isSettingsPath(sent, req.payload.cwd) or (sent ~= shown and M.isSettingsPath(shown)) then
     return settingsForbidden(req, shown)
   end
   return path, shown
@@ -1774,6 +1793,7 @@ internal.stringList = stringList
 internal.resolvePath = resolvePath
 internal.settingsForbidden = settingsForbidden
 internal.filePath = filePath
+internal.foldedSettingsPath = foldedSettingsPath
 internal.encodingOk = encodingOk
 ]=])
 
@@ -2071,9 +2091,10 @@ end
 registerRequest('read_file', 'fs.read', handleReadFile)
 
 -- The free space of the drive `path` is on (or will be on): asked of its nearest existing folder.
-local function freeSpaceFor(fsApi, path)
+-- (`folder`: fs.getDir(path), when the caller has it already.)
+local function freeSpaceFor(fsApi, path, folder)
   if not fsApi.getFreeSpace then return nil, 0 end
-  local dir, missing = fsApi.getDir(path), 0
+  local dir, missing = folder or fsApi.getDir(path), 0
   while dir ~= '' and dir ~= '..' and not fsApi.exists(dir) do
     missing = missing + 1
     dir = fsApi.getDir(dir)
@@ -2125,14 +2146,15 @@ writes of one file at once never share one: each moves a whole file into place (
 never parts of both. A gateway older than writeId sends none: the one shared name
 `.<name>.sandbox-part` is used then. What a write abandoned is deleted by the next write of
 that file (clearStaleTemps). ]]
-local function tempName(fsApi, path, writeId)
+local function tempName(fsApi, path, writeId, dir)
   local name = fsApi.getName(path)
+  dir = dir or fsApi.getDir(path)
   if writeId then
     local stem = '.' .. name .. '.'
     if #stem + #writeId + #M.TEMP_SUFFIX >= 255 then stem = '.' .. name:sub(1, 200) .. '.' end
-    return fsApi.combine(fsApi.getDir(path), stem .. writeId .. M.TEMP_SUFFIX)
+    return fsApi.combine(dir, stem .. writeId .. M.TEMP_SUFFIX)
   end
-  return fsApi.combine(fsApi.getDir(path), '.' .. name .. M.TEMP_SUFFIX)
+  return fsApi.combine(dir, '.' .. name .. M.TEMP_SUFFIX)
 end
 
 local LEFTOVER = '^%..+%.%x+' .. M.TEMP_SUFFIX:gsub('%p', '%%%0') .. '$'
@@ -2146,7 +2168,7 @@ under way, and nothing waits for the computer to reconnect. What the daemon
 did not write (left by a run before this one: the computer rebooted) is found by looking
 through the folder once in the daemon's run (session.scanned): every write's temporary file
 there that no write under way holds. ]]
-local function clearStaleTemps(fsApi, session, path)
+local function clearStaleTemps(fsApi, session, path, dir)
   local writing, now = session.writing, session.clock()
   for temp, write in pairs(writing) do
     if write.attempt ~= session.current or now - write.heard >= M.STALE_WRITE_MS then
@@ -2154,9 +2176,9 @@ local function clearStaleTemps(fsApi, session, path)
       pcall(fsApi.delete, temp)
     end
   end
-  local legacy = tempName(fsApi, path)
+  dir = dir or fsApi.getDir(path)
+  local legacy = tempName(fsApi, path, nil, dir)
   if not writing[legacy] and fsApi.exists(legacy) then pcall(fsApi.delete, legacy) end
-  local dir = fsApi.getDir(path)
   session.scanned = session.scanned or {}
   if session.scanned[dir] or not fsApi.isDir(dir) then return end
   session.scanned[dir] = true
@@ -2208,15 +2230,17 @@ local function handleWriteFile(req, ctx)
   -- A whole new file in one part goes straight to its place: there is no old file to keep,
   -- and nothing runs between this handler's open and close (fs calls do not yield).
   local direct = offset == 0 and final and not fsApi.exists(path)
+  -- (fs.getDir is a function of the path alone: asked once, for every use below.)
+  local dir = fsApi.getDir(path)
 
   -- Parts go to this write's temporary file beside the target; offset 0 starts it afresh.
   session.writing = session.writing or {}
   local writing = session.writing
   local temp, have = nil, 0
   if direct then
-    if writeId then clearStaleTemps(fsApi, session, path) end
+    if writeId then clearStaleTemps(fsApi, session, path, dir) end
   else
-    temp = tempName(fsApi, path, writeId)
+    temp = tempName(fsApi, path, writeId, dir)
     if M.isSettingsPath('/' .. temp) or M.isSettingsPath('/' .. temp .. '.old') then return settingsForbidden(req, shown) end
     if offset > 0 then
       have = fsApi.exists(temp) and fsApi.getSize(temp) or 0
@@ -2227,7 +2251,7 @@ local function handleWriteFile(req, ctx)
       end
     else
       -- What a write abandoned half-way left (the gateway gone, the computer rebooted): ours.
-      if writeId then writing[temp] = nil; clearStaleTemps(fsApi, session, path) end
+      if writeId then writing[temp] = nil; clearStaleTemps(fsApi, session, path, dir) end
       if fsApi.exists(temp) then pcall(fsApi.delete, temp) end
     end
     if writeId then writing[temp] = { path = path, heard = session.clock(), attempt = session.current } end
@@ -2236,7 +2260,7 @@ local function handleWriteFile(req, ctx)
   -- The space is known before anything is touched: with the first part, for the whole file
   -- (part.size, from a gateway that sends it), beside the file it replaces, which stays
   -- until the new one is whole (CC:Tweaked counts a file as at least FILE_OVERHEAD bytes).
-  local free, missingDirs = freeSpaceFor(fsApi, path)
+  local free, missingDirs = freeSpaceFor(fsApi, path, dir)
   local need = #data
   if offset == 0 then need = math.max(size, M.FILE_OVERHEAD) + missingDirs * M.FILE_OVERHEAD end
   if free and need > free then
@@ -2246,7 +2270,6 @@ local function handleWriteFile(req, ctx)
     return fsError(req, ('Out of space: writing %s needs %d bytes, %d free (%s)'):format(shown, need, free, kept))
   end
   -- (Where the free space was asked, its folder was found there unless some were missing.)
-  local dir = fsApi.getDir(path)
   if (missingDirs > 0 or not free) and dir ~= '' and not fsApi.exists(dir) then
     local ok, err = pcall(fsApi.makeDir, dir)
     if not ok then done(); return fsError(req, errorText(err)) end
@@ -2345,7 +2368,8 @@ registerRequest('delete_file', 'fs.write', handleDeleteFile)
 local function changedPath(req, fsApi, key)
   local path, shown = resolvePath(fsApi, req.payload, key, true)
   if not path then return badRequest(req, shown) end
-  if M.isSettingsPath(req.payload[key] or '', req.payload.cwd) or M.isSettingsPath(shown) then
+  local sent = req.payload[key] or ''
+  if M.isSettingsPath(sent, req.payload.cwd) or (sent ~= shown and M.isSettingsPath(shown)) then
     return settingsForbidden(req, shown)
   end
   if path == '' then return badRequest(req, key .. ' is the root folder, which cannot be changed') end

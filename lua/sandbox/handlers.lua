@@ -10,7 +10,7 @@ local _VERSION = '0.1.0'
 -- Needs: constants, encodings. Exports: M.isSettingsPath, M.SETTINGS_FILE; for the other
 -- handlers: registerRequest, badRequest, fsError, errorText, sessionOf, optionalNumber,
 -- stringList, resolvePath, settingsForbidden, filePath, encodingOk; for sandbox/requests:
--- closeRequests.
+-- closeRequests; for tests: foldedSettingsPath.
 
 local M, internal = ...
 local errorValue = internal.errorValue
@@ -156,14 +156,31 @@ local function namesSettings(parts)
   return (name:gsub('[%. ]+$', '')) == M.SETTINGS_FILE
 end
 
+-- The rule itself, on a path made absolute (see isSettingsPath): the parts of `joined` with the
+-- dropped bytes removed before folding, and after.
+local function foldedSettingsPath(joined)
+  local folded = table.concat(foldPath(joined), '/')
+  return namesSettings(foldPath((joined:gsub(PATH_DROPPED, ''))))
+    or namesSettings(foldPath((folded:gsub(PATH_DROPPED, ''))))
+end
+
 -- Whether `path` (absolute, or relative to `cwd`, itself relative to /) is /.settings.
 function M.isSettingsPath(path, cwd)
   local first = path:sub(1, 1)
   local joined = path
   if first ~= '/' and first ~= '\\' then joined = (cwd or '') .. '/' .. path end
-  local folded = table.concat(foldPath(joined), '/')
-  return namesSettings(foldPath((joined:gsub(PATH_DROPPED, ''))))
-    or namesSettings(foldPath((folded:gsub(PATH_DROPPED, ''))))
+  --[[ Most paths are decided without folding. With no byte that is dropped (PATH_DROPPED),
+  dropping changes nothing, before or after folding, and folding a folded path again gives the
+  same parts; so both checks below read the parts of foldPath(joined). Each of those is a run
+  of joined's bytes (split at separators, ends trimmed), and namesSettings is true only when
+  the first starts with `.settings` in any case. So a path with no dropped byte and no
+  `.settings` (any case) among its bytes is not the settings file: foldedSettingsPath would
+  say false too. (tests/lua/modules/handlers.lua and tests/unit/computers/test_settingsfile.py
+  compare the two.) ]]
+  if not joined:find(PATH_DROPPED) and not joined:lower():find(M.SETTINGS_FILE, 1, true) then
+    return false
+  end
+  return foldedSettingsPath(joined)
 end
 
 local function settingsForbidden(req, shown)
@@ -176,8 +193,10 @@ end
 local function filePath(req, fsApi, required)
   local path, shown = resolvePath(fsApi, req.payload, 'path', required)
   if not path then return badRequest(req, shown) end
-  local cwd = req.payload.cwd
-  if M.isSettingsPath(req.payload.path or '', cwd) or M.isSettingsPath(shown) then
+  -- The path as sent and as resolved: one check when they are one string (absolute, so the
+  -- cwd is not read: the same call), as a gateway's canonical path is.
+  local sent = req.payload.path or ''
+  if M.isSettingsPath(sent, req.payload.cwd) or (sent ~= shown and M.isSettingsPath(shown)) then
     return settingsForbidden(req, shown)
   end
   return path, shown
@@ -206,4 +225,5 @@ internal.stringList = stringList
 internal.resolvePath = resolvePath
 internal.settingsForbidden = settingsForbidden
 internal.filePath = filePath
+internal.foldedSettingsPath = foldedSettingsPath
 internal.encodingOk = encodingOk

@@ -19,6 +19,54 @@ test('isSettingsPath knows every spelling of /.settings and no other path', func
   end
 end)
 
+test('isSettingsPath decides without folding only what the fold decides the same way', function()
+  local M, internal = load()
+  -- Every path of up to three of these pieces, as sent and against each cwd: the pieces that
+  -- make the settings file (cased, split by a dropped byte, dotted, spaced, climbing) and
+  -- those that do not.
+  local pieces = { '/', '\\', '.', '..', ' ', '.settings', '.SeTtInGs', '.set', 'tings', '*', '"',
+    '\1', '\200', 'x', 'rom' }
+  local cwds = { false, '', 'rom', 'a/..', '.settings', '.set' }
+  local checked, settings = 0, 0
+  local function check(path)
+    for _, cwd in ipairs(cwds) do
+      local first = path:sub(1, 1)
+      local joined = path
+      if first ~= '/' and first ~= '\\' then joined = (cwd or '') .. '/' .. path end
+      local expected = internal.foldedSettingsPath(joined)
+      eq(M.isSettingsPath(path, cwd or nil), expected, ('%q in %q'):format(path, tostring(cwd)))
+      checked = checked + 1
+      if expected then settings = settings + 1 end
+    end
+  end
+  local function grow(path, depth)
+    check(path)
+    if depth == 0 then return end
+    for _, piece in ipairs(pieces) do grow(path .. piece, depth - 1) end
+  end
+  grow('', 3)
+  truthy(settings > 1000, ('%d of %d paths name the settings file'):format(settings, checked))
+end)
+
+test('filePath checks the path as sent and as resolved, once when they are one string', function()
+  local M, internal = load()
+  local fsApi = kit.fakes.fs()
+  local seen = {}
+  local isSettingsPath = M.isSettingsPath
+  M.isSettingsPath = function(path, cwd) seen[#seen + 1] = path return isSettingsPath(path, cwd) end
+  local function filePath(payload)
+    seen = {}
+    local refused
+    local req = { payload = payload, respond = function(ok, _, err) refused = not ok and err.code end }
+    local path = internal.filePath(req, fsApi, true)
+    return path or refused, seen
+  end
+  eq({ filePath({ path = '/a/b.txt' }) }, { 'a/b.txt', { '/a/b.txt' } }, 'canonical: one check')
+  eq({ filePath({ path = 'b.txt', cwd = 'a' }) }, { 'a/b.txt', { 'b.txt', '/a/b.txt' } }, 'relative: two')
+  eq({ filePath({ path = '/x/../.settings' }) }, { 'forbidden', { '/x/../.settings' } }, 'as sent')
+  eq({ filePath({ path = '.settings', cwd = 'a/..' }) }, { 'forbidden', { '.settings' } }, 'relative, as sent')
+end)
+
 test('optionalNumber takes a default, a floor and a ceiling', function()
   local _, internal = load()
   eq(internal.optionalNumber({}, 'n', 7, 1), 7, 'default')

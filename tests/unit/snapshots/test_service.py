@@ -90,6 +90,18 @@ class SnapshotsTests(TestCase):
         self.assertEqual(second["fetched"], 1)
         self.assertEqual(self.sandbox.reads, ["/a.txt"])
 
+    async def test_a_snapshot_with_nothing_to_fetch_asks_the_store_for_no_content(self):
+        asked = []
+        missing = self.store.missing
+        self.patch(self.store, "missing", lambda *a: asked.append(a[1]) or missing(*a))
+        await self.snapshots.take(asking("7:", "acc"), "manual")
+        self.assertEqual(len(asked), 1)
+        again = await self.snapshots.take(asking("7:", "acc"), "manual")
+        self.assertEqual(again["fetched"], 0)
+        self.assertEqual(len(asked), 1, "no trip to the store's thread for nothing")
+        snapshot = await self.store.get("acc", "7:", again["id"])
+        self.assertEqual(sorted(snapshot.files), ["/a.txt", "/d/big.bin"])
+
     async def test_a_file_gone_before_its_read_is_left_out(self):
         self.sandbox.vanish.add("/a.txt")
         taken = await self.snapshots.take(asking("7:", "acc"), "manual")
