@@ -315,6 +315,7 @@ class WholeFrames:
 
 
 _buffered_write = abstract.FileDescriptor.write
+_SEND_LIMIT = tcp.Server.SEND_LIMIT
 
 
 def _write_through(self: Any, data: bytes) -> None:
@@ -330,8 +331,16 @@ def _write_through(self: Any, data: bytes) -> None:
         and not self._tempDataLen
         and self.offset == len(self.dataBuffer)
     ):
-        sent = self.writeSomeData(data)
-        if type(sent) is int and sent > 0:  # else an error doWrite will report, or EAGAIN
+        # tcp.Connection.writeSomeData without its slice (the data is within its
+        # SEND_LIMIT) and its retry on EINTR (Python's own since 3.5).
+        if len(data) <= _SEND_LIMIT:
+            try:
+                sent = self.socket.send(data)
+            except OSError:
+                sent = 0  # EAGAIN, ENOBUFS, or an error the reactor's write will report
+        else:
+            sent = self.writeSomeData(data)
+        if type(sent) is int and sent > 0:
             if sent == len(data):
                 return
             data = data[sent:]
