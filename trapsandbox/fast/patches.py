@@ -425,7 +425,8 @@ def _poll_reading_accepted_directly(self: Any, timeout: float | None) -> None:
         if selectable is None:
             continue
         if event != _EPOLLIN or type(selectable) is not _Server or selectable.fileno() == -1:
-            _DirectDispatch.callWithLogger(selectable, self._doReadOrWrite, selectable, fd, event)
+            # (The reactor's log: ``_DirectDispatch`` too once direct_reactor_dispatch is in.)
+            epollreactor.log.callWithLogger(selectable, self._doReadOrWrite, selectable, fd, event)
             continue
         try:
             try:
@@ -443,7 +444,7 @@ def _poll_reading_accepted_directly(self: Any, timeout: float | None) -> None:
             # As _doReadOrWrite: logged, and the connection is dropped.
             why = sys.exc_info()[1]
             _posixbase_log.err()
-        _DirectDispatch.callWithLogger(
+        epollreactor.log.callWithLogger(
             selectable, self._disconnectSelectable, selectable, why, True
         )
 
