@@ -51,3 +51,41 @@ class WriteThroughTests(TestCase):
         [queued] = writer_state
         self.assertEqual(queued[0], 0)
         self.assertGreater(queued[-1], 0)
+
+    async def test_a_write_within_the_send_limit_goes_to_the_socket_itself(self):
+        self.addCleanup(patches.undo)
+        patches.write_through_accepted_connections()
+        the_reactor = reactor()
+        through_twisted = []
+        done = Deferred()
+
+        class Writer(protocol.Protocol):
+            def connectionMade(self):
+                twisteds = self.transport.writeSomeData
+
+                def counted(data):
+                    through_twisted.append(len(data))
+                    return twisteds(data)
+
+                self.transport.writeSomeData = counted
+                self.transport.write(b"small" * 100)
+                self.transport.write(b"large" * 30_000)  # past SEND_LIMIT: Twisted's
+                self.transport.loseConnection()
+
+        class Reader(protocol.Protocol):
+            def connectionMade(self):
+                self.received = []
+
+            def dataReceived(self, data):
+                self.received.append(data)
+
+            def connectionLost(self, reason):
+                done.callback(b"".join(self.received))
+
+        port = the_reactor.listenTCP(0, protocol.Factory.forProtocol(Writer), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        await protocol.ClientCreator(the_reactor, Reader).connectTCP(
+            "127.0.0.1", port.getHost().port
+        )
+        self.assertEqual(await done, b"small" * 100 + b"large" * 30_000)
+        self.assertEqual(through_twisted[0], 150_000)

@@ -16,13 +16,16 @@ the workaround is mended instead of silently doing nothing.
 
 from __future__ import annotations
 
+import errno
+import select
+import sys
 from pprint import pformat
 from typing import Any
 
 import autobahn.twisted.websocket
 import autobahn.util
 import autobahn.websocket.protocol
-from twisted.internet import abstract, epollreactor, tcp
+from twisted.internet import abstract, epollreactor, main, posixbase, tcp
 from twisted.python import log as legacy_log
 
 # What each replaced name held before (owner, name) -> value, for ``undo``.
@@ -312,6 +315,7 @@ class WholeFrames:
 
 
 _buffered_write = abstract.FileDescriptor.write
+_SEND_LIMIT = tcp.Server.SEND_LIMIT
 
 
 def _write_through(self: Any, data: bytes) -> None:
@@ -327,8 +331,16 @@ def _write_through(self: Any, data: bytes) -> None:
         and not self._tempDataLen
         and self.offset == len(self.dataBuffer)
     ):
-        sent = self.writeSomeData(data)
-        if type(sent) is int and sent > 0:  # else an error doWrite will report, or EAGAIN
+        # tcp.Connection.writeSomeData without its slice (the data is within its
+        # SEND_LIMIT) and its retry on EINTR (Python's own since 3.5).
+        if len(data) <= _SEND_LIMIT:
+            try:
+                sent = self.socket.send(data)
+            except OSError:
+                sent = 0  # EAGAIN, ENOBUFS, or an error the reactor's write will report
+        else:
+            sent = self.writeSomeData(data)
+        if type(sent) is int and sent > 0:
             if sent == len(data):
                 return
             data = data[sent:]
@@ -381,6 +393,73 @@ def direct_reactor_dispatch() -> None:
     ``-`` (and an exception escaping a reader or writer, ``reactor``).
     """
     _replace(epollreactor, "log", _DirectDispatch())
+
+
+_EPOLLIN = select.EPOLLIN
+_EINTR = errno.EINTR
+_EWOULDBLOCK = tcp.EWOULDBLOCK
+_CONNECTION_DONE = main.CONNECTION_DONE
+_CONNECTION_LOST = main.CONNECTION_LOST
+_Server = tcp.Server
+_posixbase_log = posixbase.log
+
+
+def _poll_reading_accepted_directly(self: Any, timeout: float | None) -> None:
+    """
+    ``EPollReactor.doPoll``, except that an accepted connection that is only
+    readable (the event of every request and every answer) is read here:
+    what ``_doReadOrWrite``, ``tcp.Connection.doRead`` and ``_dataReceived``
+    do for it, in one frame.  Every other event goes Twisted's way.
+    """
+    if timeout is None:
+        timeout = -1
+    selectables = self._selectables
+    try:
+        events = self._poller.poll(timeout, len(selectables))
+    except OSError as err:
+        if err.errno == _EINTR:
+            return
+        raise
+    for fd, event in events:
+        selectable = selectables.get(fd)
+        if selectable is None:
+            continue
+        if event != _EPOLLIN or type(selectable) is not _Server or selectable.fileno() == -1:
+            # (The reactor's log: ``_DirectDispatch`` too once direct_reactor_dispatch is in.)
+            epollreactor.log.callWithLogger(selectable, self._doReadOrWrite, selectable, fd, event)
+            continue
+        try:
+            try:
+                data = selectable.socket.recv(selectable.bufferSize)
+            except OSError as se:
+                if se.args[0] == _EWOULDBLOCK:
+                    continue
+                why: Any = _CONNECTION_LOST
+            else:
+                if data:
+                    selectable.protocol.dataReceived(data)
+                    continue
+                why = _CONNECTION_DONE
+        except BaseException:
+            # As _doReadOrWrite: logged, and the connection is dropped.
+            why = sys.exc_info()[1]
+            _posixbase_log.err()
+        epollreactor.log.callWithLogger(
+            selectable, self._disconnectSelectable, selectable, why, True
+        )
+
+
+def read_accepted_connections_directly() -> None:
+    """
+    Each read event of the epoll reactor goes through four calls
+    (``callWithLogger``, ``_doReadOrWrite`` with its checks for every kind
+    of event, ``doRead``, ``_dataReceived``) before the protocol hears of it,
+    and an operator request is two of them.  ``doPoll`` reads an accepted
+    connection that is only readable itself; the errors, their logging and
+    the close are Twisted's (``_disconnectSelectable`` with the same reason).
+    """
+    _replace(epollreactor.EPollReactor, "doPoll", _poll_reading_accepted_directly)
+    _replace(epollreactor.EPollReactor, "doIteration", _poll_reading_accepted_directly)
 
 
 # What Autobahn's server protocol (26.x) keeps on each connection, by name:

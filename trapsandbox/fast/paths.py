@@ -16,7 +16,8 @@ What fast mode is, each measured against the plain mode in
     patches        of the libraries, process-wide (``patches``): lazy Autobahn debug
                    formatting, small-frame masks, UTF-8 validation, the
                    write-through of accepted connections, direct reactor dispatch,
-                   shared transport dict keys
+                   accepted connections read by the reactor's poll itself, shared
+                   transport dict keys
 
 ``without`` (``SANDBOX_FAST_PATHS_WITHOUT``, for the benchmark's attribution
 of a gain, not for operators) leaves out some of ``PARTS``.
@@ -91,6 +92,7 @@ def install(without: Iterable[str] = ()) -> FastPaths:
         patches.python_utf8_validation()
         patches.write_through_accepted_connections()
         patches.direct_reactor_dispatch()
+        patches.read_accepted_connections_directly()
         patches.share_transport_dict_keys()
     return paths
 

@@ -243,6 +243,12 @@ class WriteThroughTests(SynchronousTestCase):
         # Never a write after an abort, nor through Twisted's own TLS connection mixin.
         self.assertIs(tcp.Server._aborting, False)
         self.assertIs(tcp.Server.TLS, False)
+        # What it does itself of writeSomeData for a write within SEND_LIMIT.
+        self.assertIs(tcp.Server.writeSomeData, tcp.Connection.writeSomeData)
+        source = open(tcp.__file__).read()
+        self.assertIn("limitedData = memoryview(data)[: self.SEND_LIMIT]", source)
+        self.assertIn("return untilConcludes(self.socket.send, limitedData)", source)
+        self.assertIn("if se.args[0] in (EWOULDBLOCK, ENOBUFS):", source)
 
 
 def _frame(opcode, payload, fin=True, masked=True, mask=b"\x01\x02\x03\x04", wide=False):

@@ -19,6 +19,8 @@ def _library() -> dict:
     return {
         "write": vars(tcp.Server).get("write"),
         "log": epollreactor.log,
+        "poll": epollreactor.EPollReactor.doPoll,
+        "iteration": epollreactor.EPollReactor.doIteration,
         "masker": autobahn.websocket.protocol.create_xor_masker,
         "validator": autobahn.websocket.protocol.Utf8Validator,
         "pformat": autobahn.websocket.protocol.pformat,
