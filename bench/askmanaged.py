@@ -8,7 +8,8 @@ itself (its agent the scripted model of ``bench.ask``), recycling it past
 
 For each N, a fresh gateway: one computer asks first (opencode's first prompt of all
 loads its machinery), then **round 1** (N computers ask at once: a new session and
-instance each), **round 2** (they ask again), then **idle**: 10 new computers ask one
+instance each), **round 2** (they ask again), then, once opencode is ready again (a
+round's last asks may leave it draining or restarting), **idle**: 10 new computers ask one
 after another with nothing else running (a new computer's first text at that N: a
 fresh opencode must not slow down with the instances it has made).
 
@@ -120,6 +121,20 @@ class Watched:
         while not any("ready" in line for _, line in self.gateway.marked):
             await task.deferLater(reactor, 0.1, lambda: None)
         self._sampler.start(SAMPLE_EVERY)
+
+    async def settled(self, reactor, bound: float = limits.OPENCODE_READY_WAIT) -> None:
+        """
+        Until opencode is ready and neither draining nor restarting: a round's last asks
+        may leave it past its bound, and the idle round is of asks with nothing else
+        running, a recycle included.
+        """
+        deadline = time.monotonic() + bound
+        while time.monotonic() < deadline:
+            life = [line for _, line in self.gateway.marked if "stopped " not in line]
+            if life and life[-1].rstrip().endswith("opencode: ready"):
+                return
+            await task.deferLater(reactor, 0.1, lambda: None)
+        raise RuntimeError(f"opencode was not ready again within {bound:g} s")
 
     def opencode_pid(self) -> int | None:
         """The gateway's child: opencode (the shim it starts through becomes it)."""
@@ -237,6 +252,7 @@ async def scenario(
         figures["round2"] = await measured(watched, group, "r2", py_spy)
         model.requests.clear()
         fresh = await computers(reactor, watched.port, idle, first_id=n + 2)
+        await watched.settled(reactor)
         figures["idle_new"] = await one_at_a_time(fresh)
         figures["gateway_rss_mib"] = _mib(proc.rss_bytes(watched.gateway.pid))
         figures.update(watched.life())
