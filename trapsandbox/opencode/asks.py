@@ -62,7 +62,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred, DeferredList, TimeoutError, succeed
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -129,6 +129,7 @@ class Asks:
         self._max_rss = max_rss
         self._draining: dict[Server, Any] = {}  # a recycle's drain, and its bound
         self._watching: dict[Server, LoopingCall] = {}  # memory looked at while asks run
+        self._quiet: IDelayedCall | None = None  # no ask on the gateway since: ``_quiet_later``
         for server in self.servers:
             server.stream.on_reconnect.append(lambda server=server: self._reconnected(server))
             server.stream.on_gone.append(lambda error, server=server: self._gone(server, error))
@@ -236,6 +237,7 @@ class Asks:
         run = Run(self, key, message_id, Conversation("", "", yes), emit, session)
         run.partials = partials = Partials(run, self._clock, self.replies)
         self.runs[key] = run  # claims the computer while the session is set up
+        self._cancel_quiet()
         server: Server | None = None
         try:
             server = await run.guard(Deferred.fromCoroutine(self._server(run, new)))
@@ -289,6 +291,7 @@ class Asks:
         finally:
             if server is not None and server.managed is not None:
                 self._recycle_if_due(server)
+            self._quiet_later()
         if self._snapshots is not None:
             result = await self._snapshots.closing(run, result)
         return result
@@ -364,6 +367,44 @@ class Asks:
         loop = self._watching.pop(server, None)
         if loop is not None and loop.running:
             loop.stop()
+
+    def _quiet_later(self) -> None:
+        """
+        No ask left on the gateway: once none has run for ``OPENCODE_QUIET_RECYCLE_AFTER``,
+        a server it runs past ``OPENCODE_QUIET_RECYCLE_SHARE`` of its bound is started afresh
+        (one at a time), a moment that costs nobody anything.
+        """
+        self._cancel_quiet()
+        if self.runs or self.stopping or self._max_rss is None:
+            return
+        if any(server.managed is not None for server in self.servers):
+            self._quiet = self._clock.callLater(
+                limits.OPENCODE_QUIET_RECYCLE_AFTER, self._recycle_quiet
+            )
+
+    def _cancel_quiet(self) -> None:
+        if self._quiet is not None and self._quiet.active():
+            self._quiet.cancel()
+        self._quiet = None
+
+    def _recycle_quiet(self) -> None:
+        self._quiet = None
+        if self.runs or self.stopping or self._draining or self._max_rss is None:
+            return
+        most = int(self._max_rss * limits.OPENCODE_QUIET_RECYCLE_SHARE)
+        for server in self.servers:
+            managed = server.managed
+            if managed is not None and managed.too_large(most):
+                log.info(
+                    "{name}: no ask for {after:g} s, and past {share:.0%} of its memory bound: "
+                    "starting it afresh",
+                    name=managed.name,
+                    after=limits.OPENCODE_QUIET_RECYCLE_AFTER,
+                    share=limits.OPENCODE_QUIET_RECYCLE_SHARE,
+                )
+                managed.recycle()
+                self._quiet_later()  # the next one, if still quiet then
+                return
 
     def _drain_bound(self, server: Server) -> None:
         if server.managed.state is not ManagedState.DRAINING:
@@ -531,6 +572,7 @@ class Asks:
         had the aborts and answered every call in flight (each call bounded).
         """
         self.stopping = True
+        self._cancel_quiet()
         for timer in self._draining.values():
             if timer.active():
                 timer.cancel()

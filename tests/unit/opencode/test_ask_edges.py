@@ -411,6 +411,43 @@ class RecycleTests(AskTestsMixin, SynchronousTestCase):
         self.assertIn("the agent has no model", self.failureResultOf(second).value.message)
         self.assertEqual(len(self.prompts()), 1)
 
+    def asked(self, trapos, session=SES, message_id="m1"):
+        done = self.ask(trapos=trapos, message_id=message_id)
+        self.busy(session)
+        self.idle(session)
+        self.successResultOf(done)
+
+    def test_once_nobody_asked_for_a_while_a_large_one_is_started_afresh(self):
+        self.asked("1:a")
+        self.rss = 800  # past three quarters of its bound (1000), not past the bound
+        self.clock.advance(limits.OPENCODE_QUIET_RECYCLE_AFTER - 1)
+        self.asked("2:b", "ses_2", "m2")  # an ask meanwhile: the quiet starts again
+        self.clock.advance(limits.OPENCODE_QUIET_RECYCLE_AFTER - 1)
+        self.assertEqual(self.spawn.last.signals, [])
+        self.clock.advance(1)
+        self.assertEqual(self.spawn.last.signals, ["TERM"])
+        self.spawn.last.protocol.processExited(Failure(ProcessTerminated(signal=15)))
+        self.assertEqual(self.managed.restarts, {"recycled": 1})
+        self.assertEqual(len(self.spawn.spawned), 2)  # started again at once
+
+    def test_a_small_one_or_one_with_an_ask_running_is_left_alone(self):
+        self.asked("1:a")
+        self.rss = 700  # under three quarters of its bound
+        self.clock.advance(limits.OPENCODE_QUIET_RECYCLE_AFTER)
+        self.assertEqual(self.spawn.last.signals, [])
+        self.rss = 800
+        running = self.ask(trapos="2:b", message_id="m2")
+        self.clock.advance(limits.OPENCODE_QUIET_RECYCLE_AFTER * 1.5)  # (within its own bound)
+        self.assertEqual(self.spawn.last.signals, [])  # an ask runs: not quiet
+        self.assertNoResult(running)
+
+    def test_the_stop_leaves_no_quiet_timer(self):
+        self.asked("1:a")
+        self.asks.stop()
+        self.assertEqual(
+            [c for c in self.clock.getDelayedCalls() if "_recycle_quiet" in repr(c.func)], []
+        )
+
     def test_with_nothing_running_its_memory_is_not_looked_at(self):
         done = self.ask(trapos="1:a")
         self.busy()
