@@ -1756,14 +1756,15 @@ local function settingsForbidden(req, shown)
     .. 'sandbox password: file requests may not read, list, write or delete it'))
 end
 
--- The path of a file request (see resolvePath), or nil once the request has been answered:
--- bad_request, or forbidden for the settings file.
-local function filePath(req, fsApi, required)
-  local path, shown = resolvePath(fsApi, req.payload, 'path', required)
+-- The path of a file request from payload[key or 'path'] (see resolvePath), or nil once the
+-- request has been answered: bad_request, or forbidden for the settings file.
+local function filePath(req, fsApi, required, key)
+  key = key or 'path'
+  local path, shown = resolvePath(fsApi, req.payload, key, required)
   if not path then return badRequest(req, shown) end
   -- The path as sent and as resolved: one check when they are one string (absolute, so the
   -- cwd is not read: the same call), as a gateway's canonical path is.
-  local sent = req.payload.path or ''
+  local sent = req.payload[key] or ''
   if M.isSettingsPath(sent, req.payload.cwd) or (sent ~= shown and M.isSettingsPath(shown)) then
     return settingsForbidden(req, shown)
   end
@@ -2002,7 +2003,6 @@ local jsonList = internal.jsonList
 local optionalNumber = internal.optionalNumber
 local errorValue = internal.errorValue
 local registerRequest = internal.registerRequest
-local resolvePath = internal.resolvePath
 local sessionOf = internal.sessionOf
 local settingsForbidden = internal.settingsForbidden
 
@@ -2145,10 +2145,9 @@ the writeId the gateway sends with every part (`.<name>.<writeId>.sandbox-part`)
 writes of one file at once never share one: each moves a whole file into place (install),
 never parts of both. A gateway older than writeId sends none: the one shared name
 `.<name>.sandbox-part` is used then. What a write abandoned is deleted by the next write of
-that file (clearStaleTemps). ]]
+that file (clearStaleTemps). `dir` is fs.getDir(path), which the caller has. ]]
 local function tempName(fsApi, path, writeId, dir)
   local name = fsApi.getName(path)
-  dir = dir or fsApi.getDir(path)
   if writeId then
     local stem = '.' .. name .. '.'
     if #stem + #writeId + #M.TEMP_SUFFIX >= 255 then stem = '.' .. name:sub(1, 200) .. '.' end
@@ -2176,7 +2175,6 @@ local function clearStaleTemps(fsApi, session, path, dir)
       pcall(fsApi.delete, temp)
     end
   end
-  dir = dir or fsApi.getDir(path)
   local legacy = tempName(fsApi, path, nil, dir)
   if not writing[legacy] and fsApi.exists(legacy) then pcall(fsApi.delete, legacy) end
   session.scanned = session.scanned or {}
@@ -2366,12 +2364,8 @@ registerRequest('delete_file', 'fs.write', handleDeleteFile)
 
 -- A path of a move or a folder (see resolvePath) from payload[key], or nil once answered.
 local function changedPath(req, fsApi, key)
-  local path, shown = resolvePath(fsApi, req.payload, key, true)
-  if not path then return badRequest(req, shown) end
-  local sent = req.payload[key] or ''
-  if M.isSettingsPath(sent, req.payload.cwd) or (sent ~= shown and M.isSettingsPath(shown)) then
-    return settingsForbidden(req, shown)
-  end
+  local path, shown = filePath(req, fsApi, true, key)
+  if not path then return end
   if path == '' then return badRequest(req, key .. ' is the root folder, which cannot be changed') end
   if path == '..' or path:sub(1, 3) == '../' then return badRequest(req, key .. ' goes above the root folder') end
   return path, shown

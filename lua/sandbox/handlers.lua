@@ -188,14 +188,15 @@ local function settingsForbidden(req, shown)
     .. 'sandbox password: file requests may not read, list, write or delete it'))
 end
 
--- The path of a file request (see resolvePath), or nil once the request has been answered:
--- bad_request, or forbidden for the settings file.
-local function filePath(req, fsApi, required)
-  local path, shown = resolvePath(fsApi, req.payload, 'path', required)
+-- The path of a file request from payload[key or 'path'] (see resolvePath), or nil once the
+-- request has been answered: bad_request, or forbidden for the settings file.
+local function filePath(req, fsApi, required, key)
+  key = key or 'path'
+  local path, shown = resolvePath(fsApi, req.payload, key, required)
   if not path then return badRequest(req, shown) end
   -- The path as sent and as resolved: one check when they are one string (absolute, so the
   -- cwd is not read: the same call), as a gateway's canonical path is.
-  local sent = req.payload.path or ''
+  local sent = req.payload[key] or ''
   if M.isSettingsPath(sent, req.payload.cwd) or (sent ~= shown and M.isSettingsPath(shown)) then
     return settingsForbidden(req, shown)
   end
