@@ -17,7 +17,6 @@ computer it goes to (quotas, metrics, activity) is ``hooks``; which computer, ``
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -56,93 +55,10 @@ class _Pending:
     deferred: Deferred
     type: str
     on_partial: PartialListener | None
+    # The timeout's call, cancelled when the request ends otherwise.
+    timer: Any = None
     # A read that asked for its answer as a binary message (``computers.parts``).
     binary: bool = False
-
-
-# Timeouts are caught up to this early (a timer set again from a clock's reading
-# may round past the deadline it aims at).
-_SLACK = 1e-6
-
-
-class Deadlines:
-    """
-    The timeouts of the requests in flight on one clock, behind one timer.
-
-    A timer of the clock's per request (made, put on the reactor's heap with
-    Python comparisons, and cancelled once answered) was ~2 us of an operator
-    request.  Here a request's timeout is an entry in a dict; the one timer
-    waits for the earliest, is moved only for a request due earlier still,
-    and is stopped when no request is left (no timer outlives the requests).
-    When it fires it ends every request due and waits for the next.
-    """
-
-    def __init__(self, clock: IReactorTime) -> None:
-        # (Weakly: ``_DEADLINES`` keeps this for as long as the clock lives.)
-        self._clock = weakref.proxy(clock)
-        # key -> (deadline, expire, args)
-        self._entries: dict[object, tuple[float, Callable[..., None], tuple]] = {}
-        self._timer: Any = None
-        self._at = float("inf")
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def add(self, key: object, seconds: float, expire: Callable[..., None], *args: Any) -> None:
-        """Call ``expire(*args)`` in ``seconds`` unless ``discard(key)`` is called first."""
-        deadline = self._clock.seconds() + seconds
-        self._entries[key] = (deadline, expire, args)
-        if deadline < self._at:
-            self._set(deadline, seconds)
-
-    def discard(self, key: object) -> None:
-        """Forget ``key``'s timeout (if it has one)."""
-        if self._entries.pop(key, None) is not None and not self._entries:
-            self._stop()
-
-    def _set(self, deadline: float, delay: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._at = deadline
-        self._timer = self._clock.callLater(max(0.0, delay), self._expire)
-
-    def _stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._at = float("inf")
-
-    def _expire(self) -> None:
-        self._timer = None
-        self._at = float("inf")
-        now = self._clock.seconds()
-        due = [key for key, (deadline, _, _) in self._entries.items() if deadline <= now + _SLACK]
-        for key in due:
-            entry = self._entries.pop(key, None)  # (an earlier expiry may have ended it)
-            if entry is None:
-                continue
-            try:
-                entry[1](*entry[2])
-            except Exception:
-                log.failure("a request's timeout failed")
-        if not self._entries:
-            self._stop()
-            return
-        deadline = min(deadline for deadline, _, _ in self._entries.values())
-        if deadline < self._at:
-            self._set(deadline, deadline - self._clock.seconds() - _SLACK)
-
-
-# The one ``Deadlines`` of each clock (its sessions' requests share its timer).
-_DEADLINES: weakref.WeakKeyDictionary[Any, Deadlines] = weakref.WeakKeyDictionary()
-
-
-def deadlines_of(clock: IReactorTime) -> Deadlines:
-    """The ``Deadlines`` of ``clock``'s requests."""
-    deadlines = _DEADLINES.get(clock)
-    if deadlines is None:
-        deadlines = _DEADLINES[clock] = Deadlines(clock)
-    return deadlines
 
 
 @attrs.define(eq=False)
@@ -172,11 +88,6 @@ class Session:
     # Told when what ``describe_session`` shows changes (``Registry.watch``); set by the registry.
     on_change: Callable[[], None] | None = attrs.field(default=None, repr=False)
     _pending: dict[str, _Pending] = attrs.field(factory=dict, init=False)
-    # Its requests' timeouts, with every other session's on its clock.
-    _deadlines: Deadlines = attrs.field(init=False, repr=False)
-
-    def __attrs_post_init__(self) -> None:
-        self._deadlines = deadlines_of(self.clock)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -257,9 +168,9 @@ class Session:
                 )
             )
         d = Deferred(lambda _: self._cancelled(message_id))
+        timer = self.clock.callLater(timeout, self._timed_out, message_id, timeout)
         binary = parts.answered_in_binary(type, payload, self.features)
-        pending = self._pending[message_id] = _Pending(d, type, on_partial, binary)
-        self._deadlines.add(pending, timeout, self._timed_out, message_id, timeout)
+        self._pending[message_id] = _Pending(d, type, on_partial, timer, binary)
         try:
             self.link.send_frame(data)
         except GatewayError as error:
@@ -269,8 +180,8 @@ class Session:
     def _end(self, message_id: str) -> _Pending | None:
         """Forget a request that ends now (its timer too); None if it already had."""
         pending = self._pending.pop(message_id, None)
-        if pending is not None:
-            self._deadlines.discard(pending)
+        if pending is not None and pending.timer.active():
+            pending.timer.cancel()
         return pending
 
     def _stop_on_computer(self, message_id: str, pending: _Pending) -> None:

@@ -331,10 +331,9 @@ class WatchBoundTests(SynchronousTestCase):
         self.assertEqual([f["cursorX"] for f in frames], [0, 99])
         d.cancel()
         self.failureResultOf(d)
-        # Only the cancel sent to the computer waits (its timeout, the one timer of the
-        # requests in flight): no frame is held for a watch that ended.
+        # Only the cancel sent to the computer waits: no frame is held for a watch that ended.
         waiting = [c.func.__name__ for c in self.clock.getDelayedCalls() if c.active()]
-        self.assertEqual((waiting, session.in_flight), (["_expire"], 1))
+        self.assertEqual(waiting, ["_timed_out"])
 
     def test_a_frame_too_large_ends_the_watch_here_and_on_the_computer(self):
         session, link = self.connect("1:")
