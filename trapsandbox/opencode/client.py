@@ -118,7 +118,7 @@ class OpencodeClient:
         self, method: str, path: str, body: Any = None, directory: str | None = None
     ) -> Deferred:
         """Fires with the decoded JSON answer (None for an empty one) or an ``opencode_error``."""
-        kwargs: dict[str, Any] = {"auth": self.auth, "allow_redirects": False}
+        kwargs: dict[str, Any] = {"auth": self.auth}
         if body is not None:
             kwargs["data"] = orjson.dumps(body)
             kwargs["headers"] = {b"Content-Type": [b"application/json"]}

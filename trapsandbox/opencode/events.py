@@ -123,8 +123,6 @@ class EventStream:
             self._client.target("/global/event"),
             auth=self._client.auth,
             headers={b"Accept": [b"text/event-stream"]},
-            unbuffered=True,
-            allow_redirects=False,
         )
         d.addTimeout(limits.OPENCODE_CONNECT_TIMEOUT + limits.PROBE_TIMEOUT, self._clock)
         self._connecting = d

@@ -57,11 +57,11 @@ def basic(username: str | bytes, password: str | bytes) -> bytes:
 
 
 class OpencodeHTTP:
-    """``request``/``get`` as treq's, for the URLs ``OpencodeClient.target`` makes."""
+    """``request``/``get`` as treq's, for the URLs ``OpencodeClient.target`` makes; no
+    redirect is followed, and the response's body is the caller's to read."""
 
     def __init__(self, agent: IAgent) -> None:
         self._agent = agent
-        self._auth: dict[tuple[Any, Any], bytes] = {}
 
     def request(
         self,
@@ -71,18 +71,11 @@ class OpencodeHTTP:
         data: bytes | None = None,
         headers: dict[bytes, list[bytes]] | None = None,
         auth: tuple[str, str] | None = None,
-        allow_redirects: bool = False,
-        unbuffered: bool = True,
     ) -> Deferred:
-        """Fires with the ``IResponse``; its body is the caller's to read (``treq.content``)."""
-        if allow_redirects:
-            raise ValueError("opencode's calls follow no redirect")
+        """Fires with the ``IResponse`` (read its body with ``treq.content``)."""
         raw = Headers(headers)
         if auth is not None:
-            value = self._auth.get(auth)
-            if value is None:
-                value = self._auth[auth] = basic(*auth)
-            raw.setRawHeaders(b"Authorization", [value])
+            raw.setRawHeaders(b"Authorization", [basic(*auth)])
         producer = None if data is None else _Bytes(data)
         return self._agent.request(method.encode("ascii"), url.encode("ascii"), raw, producer)
 

@@ -142,7 +142,7 @@ class Server:
         self._has_model = False
 
     def _look_at_model(self) -> Deferred[None]:
-        self._has_model = False
+        self._forget_model()
         return self.has_model()
 
 

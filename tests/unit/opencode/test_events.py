@@ -112,7 +112,6 @@ class EventStreamTests(SynchronousTestCase):
 
     def test_the_stream_is_opened_with_the_credentials(self):
         self.assertEqual(self.http.stream_kwargs["auth"], ("opencode", "pw"))
-        self.assertTrue(self.http.stream_kwargs["unbuffered"])  # events as they come
 
 
 class StreamFaultTests(AskTestsMixin, SynchronousTestCase):
