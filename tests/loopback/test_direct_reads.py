@@ -8,7 +8,7 @@ with the patch and without it, and the two must agree.
 import select
 import socket
 
-from twisted.internet import epollreactor, protocol, tcp
+from twisted.internet import epollreactor, protocol, tcp, threads
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IHalfCloseableProtocol
@@ -64,8 +64,8 @@ class DirectReadTests(TestCase):
         self.addCleanup(port.stopListening)
         sock = socket.create_connection(("127.0.0.1", port.getHost().port))
         self.addCleanup(sock.close)
-        sock.setblocking(False)
-        answer = await client(sock)
+        sock.settimeout(10)
+        answer = await bounded(threads.deferToThread(client, sock))
         reason = await bounded(ended)
         return _joined(heard), reason, answer
 
@@ -138,54 +138,37 @@ def _joined(heard):
     return joined
 
 
-def _wait(seconds=0.01):
-    d = Deferred()
-    reactor().callLater(seconds, d.callback, None)
-    return d
-
-
-async def _send_all(sock, data):
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[sock.send(view) :]
-        except BlockingIOError:
-            await _wait()
-
-
-async def _read_to_end(sock):
+def _read_to_end(sock):
     got = b""
-    while True:
-        try:
-            chunk = sock.recv(65536)
-        except BlockingIOError:
-            await _wait()
-            continue
-        if not chunk:
-            return got
+    while chunk := sock.recv(65536):
         got += chunk
+    return got
+
+
+# Each client runs in a thread on a blocking socket (bounded by its timeout): it waits on the
+# kernel, not on a poll of its own, while the reactor serves the other end.
 
 
 def _send_then_close(data):
-    async def client(sock):
-        await _send_all(sock, data)
+    def client(sock):
+        sock.sendall(data)
         sock.close()
 
     return client
 
 
 def _send_then_wait(data):
-    async def client(sock):
-        await _send_all(sock, data)
-        return await _read_to_end(sock)
+    def client(sock):
+        sock.sendall(data)
+        return _read_to_end(sock)
 
     return client
 
 
 def _send_then_shut(data):
-    async def client(sock):
-        await _send_all(sock, data)
+    def client(sock):
+        sock.sendall(data)
         sock.shutdown(socket.SHUT_WR)
-        return await _read_to_end(sock)
+        return _read_to_end(sock)
 
     return client
