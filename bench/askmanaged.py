@@ -76,7 +76,14 @@ MARKS = re.compile(r"opencode: (past its memory bound|started |ready|stopped )")
 class Watched:
     """A gateway running opencode, watched: opencode's RSS over time, its life's log lines."""
 
-    def __init__(self, logs: Path, label: str, model: FakeModel, max_rss_mb: int | None):
+    def __init__(
+        self,
+        logs: Path,
+        label: str,
+        model: FakeModel,
+        max_rss_mb: int | None,
+        settings: dict[str, str] | None = None,
+    ):
         self.port = _free_port()
         self.state = tempfile.mkdtemp(prefix="trapsandbox-bench-askmanaged-")
         home = Path(self.state) / "home"
@@ -108,6 +115,7 @@ class Watched:
         self.bound = (max_rss_mb or limits.OPENCODE_MAX_RSS_MB) * 2**20
         if max_rss_mb:
             env["SANDBOX_OPENCODE_MAX_RSS_MB"] = str(max_rss_mb)
+        env.update(settings or {})
         argv = [str(BIN / "twistd"), "-n", "--pidfile=", "trapsandbox"]
         argv += ["--port", f"tcp:{self.port}:interface=127.0.0.1:backlog=1024"]
         log = logs / f"{label}-gateway.log"
@@ -239,8 +247,9 @@ async def scenario(
     max_rss_mb: int | None,
     idle: int = IDLE_ASKS,
     py_spy: str | None = None,
+    settings: dict[str, str] | None = None,
 ):
-    watched = Watched(logs, f"managed-n{n}", model, max_rss_mb)
+    watched = Watched(logs, f"managed-n{n}", model, max_rss_mb, settings)
     try:
         await watched.start(reactor)
         group = await computers(reactor, watched.port, n)
@@ -302,6 +311,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--idle-asks", type=int, default=IDLE_ASKS, help="new computers asking one at a time"
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="one more of the gateway's settings (SANDBOX_...), e.g. to try another bound",
+    )
     parser.add_argument("--output", help="write the figures as JSON here")
     parser.add_argument(
         "--py-spy", metavar="DIR", help="record the gateway with py-spy during each round"
@@ -309,6 +325,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--logs", default=str(harness.REPO / "bench-results" / "ask-logs"))
     args = parser.parse_args(argv)
     sizes = [int(n) for n in args.computers.split(",")]
+    settings = dict(setting.split("=", 1) for setting in args.set)
     proc.raise_fd_limit()
     if not OPENCODE.exists():
         raise SystemExit(f"{OPENCODE} is missing: 'make test' installs it")
@@ -321,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             for n in sizes:
                 figures = await scenario(
-                    reactor, logs, model, n, args.max_rss_mb, args.idle_asks, args.py_spy
+                    reactor, logs, model, n, args.max_rss_mb, args.idle_asks, args.py_spy, settings
                 )
                 results["scenarios"].append(figures)
                 shown = {key: value for key, value in figures.items() if key != "timeline"}
