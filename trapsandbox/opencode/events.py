@@ -9,6 +9,7 @@ or falls silent past opencode's heartbeat; events are dispatched by
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,10 @@ from trapsandbox.opencode.client import OpencodeClient, explain, opencode_error,
 from trapsandbox.opencode.sse import SSEParser
 
 log = Logger()
+
+# A ``sessionID`` member as opencode writes its events (``JSON.stringify``: the key never
+# escaped), its value up to its closing quote or its first escape.
+_SESSION_ID = re.compile(rb'"sessionID"\s*:\s*"([^"\\]*)(["\\])')
 
 
 class _StreamBody(Protocol):
@@ -77,7 +82,7 @@ class EventStream:
         self._watchdog = None
         self._backoff = limits.EVENT_RECONNECT_MIN
         self._stopped = False
-        self._parser = SSEParser(self._event)
+        self._parser = SSEParser(self._event, wanted=self._mentions_a_listener)
 
     def subscribe(self, session_id: str, listener: Callable[[dict[str, Any]], None]):
         self._listeners[session_id] = listener
@@ -118,7 +123,7 @@ class EventStream:
             d.errback(opencode_error("the gateway is shutting down"))
 
     def _connect(self) -> None:
-        self._parser = SSEParser(self._event)
+        self._parser = SSEParser(self._event, wanted=self._mentions_a_listener)
         d = self._client.http.get(
             self._client.target("/global/event"),
             auth=self._client.auth,
@@ -254,6 +259,23 @@ class EventStream:
         log.info("the opencode event stream fell silent; reconnecting")
         if self._body is not None:
             self._body.abort()
+
+    def _mentions_a_listener(self, data: bytes) -> bool:
+        """
+        Whether an event's data may be of a session listened to, before it is decoded.  Most
+        of opencode's events are of nobody here (``plugin.added`` dozens of times for each new
+        instance, heartbeats, the sessions of asks that have ended), and decoding each was
+        most of what the stream cost.  ``_event`` finds an event's session in a ``sessionID``
+        member, so an event with no such member naming a listener is nobody's; a value with
+        an escape in it is decoded to be sure.
+        """
+        listeners = self._listeners
+        if not listeners:
+            return False
+        for match in _SESSION_ID.finditer(data):
+            if match.group(2) == b"\\" or match.group(1).decode(errors="replace") in listeners:
+                return True
+        return False
 
     def _event(self, event: dict[str, Any]) -> None:
         # /global/event wraps each instance's event: {directory, payload: {id, type, properties}}.

@@ -26,9 +26,14 @@ class SSEParser:
     """
 
     def __init__(
-        self, on_event: Callable[[dict[str, Any]], None], max_line: int = limits.MAX_EVENT_BYTES
+        self,
+        on_event: Callable[[dict[str, Any]], None],
+        max_line: int = limits.MAX_EVENT_BYTES,
+        wanted: Callable[[bytes], bool] | None = None,
     ) -> None:
+        """``wanted``: told an event's data before it is decoded; False drops it undecoded."""
         self._on_event = on_event
+        self._wanted = wanted
         self._max_line = max_line
         self._buffer = b""
         self._data: list[bytes] = []
@@ -67,6 +72,8 @@ class SSEParser:
             self._data.append(value)
 
     def _dispatch(self, data: bytes) -> None:
+        if self._wanted is not None and not self._wanted(data):
+            return
         try:
             event = orjson.loads(data)
         except orjson.JSONDecodeError:

@@ -4,6 +4,11 @@ one stream for all, reconnection with backoff, silence; an ask when the
 stream cannot open.
 """
 
+import json
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
@@ -38,6 +43,17 @@ class EventStreamTests(SynchronousTestCase):
             ["message.part.delta", "message.updated", "message.part.updated"],
         )
         self.assertEqual(self.heard[0]["properties"]["delta"], "mine")
+
+    def test_events_of_nobody_are_not_decoded(self):
+        decoded = []
+        real = orjson.loads
+        self.patch(orjson, "loads", lambda data: decoded.append(data) or real(data))
+        self.http.event("plugin.added", name="x")
+        self.http.event("server.heartbeat")
+        self.http.event("message.part.delta", sessionID="ses_other", delta="theirs")
+        self.http.event("session.idle", sessionID=SES)
+        self.assertEqual(len(decoded), 1)
+        self.assertEqual([e["type"] for e in self.heard], ["session.idle"])
 
     def test_one_stream_for_every_subscriber(self):
         self.stream.subscribe("ses_2", lambda e: None)
@@ -133,3 +149,49 @@ class StreamFaultTests(AskTestsMixin, SynchronousTestCase):
         error = self.failureResultOf(d, GatewayError).value
         self.assertEqual(error.code, errors.OPENCODE_ERROR)
         self.assertIn("401 Unauthorized: check OPENCODE_SERVER_PASSWORD", error.message)
+
+
+# Session ids, the listened one among them, with what JSON escapes or spells otherwise.
+_IDS = st.sampled_from([SES, "ses_other", 'ses_"q', "ses_\\b", "ses_\u00e9", "", "sessionID"])
+_HOLDERS = st.sampled_from(["properties", "info", "part", "elsewhere"])
+
+
+@st.composite
+def _events(draw):
+    properties = {"text": draw(st.sampled_from(['"sessionID":"' + SES + '"', "x", ""]))}
+    for _ in range(draw(st.integers(0, 2))):
+        holder, value = draw(_HOLDERS), draw(st.one_of(_IDS, st.integers(), st.none()))
+        if holder == "properties":
+            properties["sessionID"] = value
+        else:
+            properties.setdefault(holder, {})["sessionID"] = value
+    event = {"type": "t", "properties": properties}
+    return draw(st.sampled_from([event, {"directory": "/d", "payload": event}]))
+
+
+class EventFilterTests(SynchronousTestCase):
+    """The events reaching a session are those decoding each event would give it, however
+    the event's JSON is written."""
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        events=st.lists(_events(), max_size=6),
+        ensure_ascii=st.booleans(),
+        separators=st.sampled_from([(",", ":"), (", ", ": "), (",", " :  ")]),
+    )
+    def test_the_same_events_as_decoding_every_one(self, events, ensure_ascii, separators):
+        http = FakeHTTP()
+        stream = EventStream(OpencodeClient(http, Clock(), URL, password="pw"), Clock())
+        heard = {SES: [], 'ses_"q': [], "ses_\\b": []}
+        for session, listener in heard.items():
+            stream.subscribe(session, listener.append)
+        self.successResultOf(stream.ready())
+        expected = {session: [] for session in heard}
+        reference = EventStream(OpencodeClient(FakeHTTP(), Clock(), URL), Clock())
+        for session in heard:
+            reference.subscribe(session, expected[session].append)
+        for event in events:
+            data = json.dumps(event, ensure_ascii=ensure_ascii, separators=separators)
+            http.send(b"data: " + data.encode() + b"\n\n")
+            reference._event(json.loads(data))  # what decoding every event gives
+        self.assertEqual(heard, expected)
