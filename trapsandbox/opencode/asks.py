@@ -5,7 +5,7 @@ player.
 
     computer                      gateway                          opencode
     ask {prompt, new?, yes?}  ->  (past the bound: waits its turn, ``queue``)
-          <- partial {type: waiting, ahead}                        (on a change, each minute)
+          <- partial {type: waiting, ahead}                        (once halved, each minute)
                                   (first ask of a computer)
                                   POST /mcp?directory=D            the computer's own MCP block
                                   POST /session?directory=D        rules: ask before changes

@@ -10,15 +10,20 @@ and its account have room, so an account at its own bound never holds up the
 others behind it.
 
 A waiting ask is told how many asks wait ahead of it (on its server or of its
-account) when it starts waiting, whenever that number changes while under 10,
-or when its leading figure changes (157 is told again at 99, then 89, ..., 9, 8
-...), and again, exactly, every ``repeat`` seconds: the player sees it waiting,
-and the computer's idle timer, which any partial restarts, never ends an ask
-that is only waiting.  Told at every change, W waiting asks would cost W
-messages each time one is admitted (quadratic in a burst: ~40,000 for 300
-computers asking at once); by figure, each is told a few dozen times at most.
-No timeout runs while an ask waits; the ask's own bound starts once it is
-admitted (``asks``).
+account) when it starts waiting, again once that number has halved (157 is told
+again at 78, then 39, 19, 9, 4, 2, 1, 0), and again, exactly, every ``repeat``
+seconds: the player sees it move, and the computer's idle timer, which any
+partial restarts, never ends an ask that is only waiting.  Told at every
+change, W waiting asks would cost W messages each time one is admitted
+(quadratic in a burst: ~40,000 for 300 computers asking at once); halving, each
+is told about log2(W) times (by leading figure, as before, was twice as many: 21
+messages for the last of 300, each a partial the gateway writes and the
+computer reads).
+
+Entering costs the same whatever waits (the counts of who waits, by server, by
+account and by both, are kept); an ask leaving goes through the waiting asks
+once.  No timeout runs while an ask waits; the ask's own bound starts once it
+is admitted (``asks``).
 """
 
 from __future__ import annotations
@@ -65,6 +70,10 @@ class AskQueue:
         self.running_on: Counter[str] = Counter()
         self.running_of: Counter[str] = Counter()
         self.waiting: list[Ticket] = []
+        # How many wait, by server, by account, by both (``enter``'s count of who is ahead).
+        self._waiting_on: Counter[str] = Counter()
+        self._waiting_of: Counter[str] = Counter()
+        self._waiting_both: Counter[tuple[str, str]] = Counter()
         self.stopped = False
 
     def stop(self) -> None:
@@ -78,8 +87,28 @@ class AskQueue:
         fails with ``CancelledError`` when the ask leaves first).  The caller
         keeps the ticket before it enters: ``tell`` may make the ask leave.
         """
+        server, account = ticket.server, ticket.account
+        if self.stopped:
+            self.waiting.append(ticket)
+            self._count_waiting(server, account, 1)
+            return ticket
+        if (
+            self.running_on[server] < self.per_server
+            and self.running_of[account] < self.per_account
+        ):
+            # Every waiting ask has no room (``_admit`` left none that had): it runs first.
+            self._run(ticket)
+            ticket.granted.callback(None)
+            return ticket
+        # Behind every waiting ask: nobody else's place changes.
+        ticket.ahead = (
+            self._waiting_on[server]
+            + self._waiting_of[account]
+            - self._waiting_both[(server, account)]
+        )
         self.waiting.append(ticket)
-        self._admit()
+        self._count_waiting(server, account, 1)
+        self._tell(ticket)
         return ticket
 
     def leave(self, ticket: Ticket) -> None:
@@ -99,36 +128,50 @@ class AskQueue:
                     del counter[name]
         else:
             self.waiting.remove(ticket)
+            self._count_waiting(ticket.server, ticket.account, -1)
             ticket.granted.errback(CancelledError("left while waiting"))
         self._admit()
 
+    def _run(self, ticket: Ticket) -> None:
+        ticket.admitted = True
+        self.running_on[ticket.server] += 1
+        self.running_of[ticket.account] += 1
+
+    def _count_waiting(self, server: str, account: str, by: int) -> None:
+        self._waiting_on[server] += by
+        self._waiting_of[account] += by
+        self._waiting_both[(server, account)] += by
+
     def _admit(self) -> None:
         """Admit, in order, every waiting ask with room; tell the others where they are."""
-        if self.stopped:
+        if self.stopped or not self.waiting:
             return
-        admitted, told = [], []
+        running_on, running_of = self.running_on, self.running_of
+        per_server, per_account = self.per_server, self.per_account
+        admitted, told, still = [], [], []
+        # Who waits, counted as the asks are gone through: how many are ahead of each.
         servers: Counter[str] = Counter()
         accounts: Counter[str] = Counter()
         both: Counter[tuple[str, str]] = Counter()
-        for ticket in list(self.waiting):
+        for ticket in self.waiting:
             server, account = ticket.server, ticket.account
-            if (
-                self.running_on[server] < self.per_server
-                and self.running_of[account] < self.per_account
-            ):
-                self.waiting.remove(ticket)
-                ticket.admitted = True
-                self.running_on[server] += 1
-                self.running_of[account] += 1
+            if running_on[server] < per_server and running_of[account] < per_account:
+                self._run(ticket)
                 admitted.append(ticket)
                 continue
-            ahead = servers[server] + accounts[account] - both[(server, account)]
+            still.append(ticket)
+            pair = (server, account)
+            ahead = servers[server] + accounts[account] - both[pair]
             servers[server] += 1
             accounts[account] += 1
-            both[(server, account)] += 1
-            ticket.ahead = ahead
-            if ticket.told is None or _figure(ahead) != _figure(ticket.told):
-                told.append(ticket)
+            both[pair] += 1
+            if ahead != ticket.ahead:
+                ticket.ahead = ahead
+                told_ = ticket.told
+                if told_ is None or ahead <= told_ // 2:
+                    told.append(ticket)
+        self.waiting = still
+        self._waiting_on, self._waiting_of, self._waiting_both = servers, accounts, both
         # State first, then the callbacks: what they run may enter or leave again.
         for ticket in admitted:
             self._quiet(ticket)
@@ -147,9 +190,3 @@ class AskQueue:
         if ticket.repeat is not None and ticket.repeat.active():
             ticket.repeat.cancel()
         ticket.repeat = None
-
-
-def _figure(ahead: int) -> int:
-    """``ahead`` to its leading figure: 7 is 7, 42 is 40, 157 is 100."""
-    step = 10 ** (len(str(ahead)) - 1)
-    return ahead // step * step
