@@ -34,14 +34,34 @@ _SESSION_ID = re.compile(rb'"sessionID"\s*:\s*"([^"\\]*)(["\\])')
 
 
 class _StreamBody(Protocol):
-    def __init__(self, stream: EventStream) -> None:
+    """
+    The stream's body, read at most once every ``gather`` seconds: after a read its
+    transport is paused that long, and what opencode wrote meanwhile waits in the socket
+    to be read at once (``limits.EVENT_GATHER``).
+    """
+
+    def __init__(self, stream: EventStream, clock: IReactorTime, gather: float) -> None:
         self._stream = stream
+        self._clock = clock
+        self._gather = gather
+        self._reading_again: IDelayedCall | None = None
         self.ended: Deferred = Deferred()
 
     def dataReceived(self, data: bytes) -> None:
         self._stream.received(data)
+        if self._gather > 0 and self._reading_again is None and self.transport is not None:
+            self.transport.pauseProducing()
+            self._reading_again = self._clock.callLater(self._gather, self._read_again)
+
+    def _read_again(self) -> None:
+        self._reading_again = None
+        if self.transport is not None:
+            self.transport.resumeProducing()
 
     def connectionLost(self, reason: Failure = ResponseDone) -> None:
+        if self._reading_again is not None and self._reading_again.active():
+            self._reading_again.cancel()
+        self._reading_again = None
         self.ended.callback(None)
 
     def abort(self) -> None:
@@ -62,10 +82,12 @@ class EventStream:
         client: OpencodeClient,
         clock: IReactorTime,
         silence: float = limits.EVENT_SILENCE_TIMEOUT,
+        gather: float = limits.EVENT_GATHER,
     ) -> None:
         self._client = client
         self._clock = clock
         self._silence = silence
+        self._gather = gather
         self._listeners: dict[str, Callable[[dict[str, Any]], None]] = {}
         self.on_reconnect: list[Callable[[], None]] = []
         # Run when the open stream was lost and stayed lost ``ASK_SERVER_GONE`` seconds: the
@@ -163,7 +185,7 @@ class EventStream:
                 )
             self._down(error)
             return
-        body = _StreamBody(self)
+        body = _StreamBody(self, self._clock, self._gather)
         self._body = body
         response.deliverBody(body)
         body.ended.addCallback(self._ended, body)
@@ -266,12 +288,13 @@ class EventStream:
         of opencode's events are of nobody here (``plugin.added`` dozens of times for each new
         instance, heartbeats, the sessions of asks that have ended), and decoding each was
         most of what the stream cost.  ``_event`` finds an event's session in a ``sessionID``
-        member, so an event with no such member naming a listener is nobody's; a value with
-        an escape in it is decoded to be sure.
+        member of its ``properties``, so an event with no such member naming a listener, or
+        with no ``properties``, is nobody's; a value with an escape in it is decoded to be
+        sure.
         """
         listeners = self._listeners
-        if not listeners:
-            return False
+        if not listeners or b'"properties"' not in data:
+            return False  # (opencode's "sync" events name sessions, but have no properties)
         for match in _SESSION_ID.finditer(data):
             if match.group(2) == b"\\" or match.group(1).decode(errors="replace") in listeners:
                 return True

@@ -32,6 +32,13 @@ class FakeTransport:
     def __init__(self, protocol):
         self.protocol = protocol
         self.stopped = False
+        self.paused = False
+
+    def pauseProducing(self):
+        self.paused = True
+
+    def resumeProducing(self):
+        self.paused = False
 
     def stopProducing(self):
         if not self.stopped:

@@ -261,7 +261,10 @@ class MachineTests(AskTestsMixin, SynchronousTestCase):
             [
                 call
                 for call in self.clock.getDelayedCalls()
-                if "Instances._idled" not in repr(call) and "EventStream" not in repr(call)
+                if not any(
+                    name in repr(call)
+                    for name in ("Instances._idled", "EventStream", "_StreamBody")
+                )
             ],
             [],
         )

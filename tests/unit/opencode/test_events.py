@@ -51,9 +51,29 @@ class EventStreamTests(SynchronousTestCase):
         self.http.event("plugin.added", name="x")
         self.http.event("server.heartbeat")
         self.http.event("message.part.delta", sessionID="ses_other", delta="theirs")
+        self.http.send(
+            b'data: {"payload":{"type":"sync","syncEvent":{"sessionID":"%s"}}}\n\n' % SES.encode()
+        )
         self.http.event("session.idle", sessionID=SES)
         self.assertEqual(len(decoded), 1)
         self.assertEqual([e["type"] for e in self.heard], ["session.idle"])
+
+    def test_the_stream_is_read_again_only_after_its_gathering_time(self):
+        transport = self.http.stream.protocol.transport
+        self.http.event("session.status", sessionID=SES, status={"type": "busy"})
+        self.assertTrue(transport.paused)  # what comes meanwhile waits in the socket
+        self.assertEqual(len(self.heard), 1)
+        self.clock.advance(limits.EVENT_GATHER - 0.001)
+        self.assertTrue(transport.paused)
+        self.clock.advance(0.001)
+        self.assertFalse(transport.paused)
+        self.http.event("session.idle", sessionID=SES)
+        self.assertTrue(transport.paused)
+        self.assertEqual(len(self.heard), 2)
+        self.http.drop()  # gone while paused: no timer of it is left
+        self.assertEqual(
+            [c for c in self.clock.getDelayedCalls() if "_read_again" in repr(c.func)], []
+        )
 
     def test_one_stream_for_every_subscriber(self):
         self.stream.subscribe("ses_2", lambda e: None)
@@ -166,6 +186,8 @@ def _events(draw):
         else:
             properties.setdefault(holder, {})["sessionID"] = value
     event = {"type": "t", "properties": properties}
+    if draw(st.booleans()):  # opencode's "sync" events: the session named, no properties
+        event = {"type": "sync", "syncEvent": {"data": properties}}
     return draw(st.sampled_from([event, {"directory": "/d", "payload": event}]))
 
 
