@@ -44,16 +44,40 @@ class SSEParser:
 
     def feed(self, data: bytes) -> None:
         buffer = self._buffer + data
+        if not (self._data or self._dropping or self._skipping):
+            buffer = self._whole_events(buffer)
         lines = buffer.split(b"\n")
-        self._buffer = lines.pop()
-        if len(self._buffer) > self._max_line:
-            self._buffer = b""
-            self._skipping = True
+        rest = lines.pop()
         for line in lines:
             if self._skipping:
                 self._skipping = False  # the end of the overlong line
                 continue
             self._line(line.removesuffix(b"\r"))
+        # (Once the whole lines are read: the first of them ends a line overlong before.)
+        if len(rest) > self._max_line:
+            rest = b""
+            self._skipping = True
+        self._buffer = rest
+
+    def _whole_events(self, buffer: bytes) -> bytes:
+        """
+        The whole events at the start of ``buffer`` (no event begun before it) dispatched,
+        what follows them returned.  As opencode writes them (one ``data: `` line, ended by
+        a blank line, ``\\n`` line ends) an event is one slice of the buffer; any other is
+        read line by line.
+        """
+        end = buffer.rfind(b"\n\n")
+        if end < 0:
+            return buffer
+        for block in buffer[:end].split(b"\n\n"):
+            if block.startswith(b"data: ") and b"\n" not in block and b"\r" not in block:
+                if len(block) - 5 <= self._max_line:  # (its data and the line end)
+                    self._dispatch(block[6:])
+                continue
+            for line in block.split(b"\n"):
+                self._line(line.removesuffix(b"\r"))
+            self._line(b"")  # the blank line that ended it
+        return buffer[end + 2 :]
 
     def _line(self, line: bytes) -> None:
         if not line:

@@ -358,7 +358,11 @@ class RecycleTests(AskTestsMixin, SynchronousTestCase):
         self.rss = 100
         self.patch(managed_module, "rss_bytes", lambda pid: self.rss)
         self.asks = Asks(
-            [Server.build(self.client, self.clock, self.root, AskTokens(), managed=self.managed)],
+            [
+                Server.build(
+                    self.client, self.clock, self.root, AskTokens(), managed=self.managed, gather=0
+                )
+            ],
             self.clock,
             self.metrics,
             AskTokens(),

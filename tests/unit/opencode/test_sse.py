@@ -3,6 +3,10 @@ The SSE parser (``opencode.sse``): events split across chunks, fields and
 comments, malformed data, overlong lines.
 """
 
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from trapsandbox.opencode.sse import SSEParser
@@ -79,3 +83,60 @@ class SSEParserTests(SynchronousTestCase):
         parser.feed(b"\n")  # the overlong event ends here, dropped
         parser.feed(b'data: {"type":"next",\ndata: "properties":{}}\n\n')
         self.assertEqual([e["type"] for e in self.events], ["next"])
+
+
+def _reference(stream: bytes, max_line: int) -> list:
+    """What a stream means, line by line (the whole lines of ``stream``)."""
+    events, data, size = [], [], 0
+    for line in stream.split(b"\n")[:-1]:
+        line = line.removesuffix(b"\r")
+        if not line:
+            if data and size <= max_line:
+                try:
+                    event = json.loads(b"\n".join(data))
+                except ValueError:
+                    event = None
+                if type(event) is dict:
+                    events.append(event)
+            data, size = [], 0
+        elif line.startswith(b"data:"):
+            value = line[5:].removeprefix(b" ")
+            data.append(value)
+            size += len(value) + 1
+    return events
+
+
+_LINES = st.sampled_from(
+    [
+        b'data: {"type":"a","properties":{}}',
+        b'data:{"type":"b"}',
+        b'data: {"type":',
+        b'data: "c"}',
+        b"data: [1]",
+        b"data: not json",
+        b": comment",
+        b"event: x",
+        b"",
+        b"data: " + b'{"type":"' + b"d" * 80 + b'"}',
+    ]
+)
+
+
+class SSEStreamTests(SynchronousTestCase):
+    """Any stream, cut anywhere: the events its lines mean, read whole or line by line."""
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        lines=st.lists(_LINES, max_size=20),
+        ends=st.lists(st.sampled_from([b"\n", b"\r\n"]), min_size=20, max_size=20),
+        cuts=st.lists(st.integers(0, 2000), max_size=6),
+    )
+    def test_events_whatever_the_chunks(self, lines, ends, cuts):
+        stream = b"".join(line + end for line, end in zip(lines, ends, strict=False))
+        events = []
+        parser = SSEParser(events.append, max_line=64)
+        start = 0
+        for cut in sorted({min(c, len(stream)) for c in cuts} | {len(stream)}):
+            parser.feed(stream[start:cut])
+            start = cut
+        self.assertEqual(events, _reference(stream, 64))
