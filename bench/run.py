@@ -554,6 +554,7 @@ def stop_py_spy(spy: subprocess.Popen, directory: str, label: str) -> None:
         spy.wait(5)
     stacks = Path(directory) / f"{label}.txt"
     if stacks.exists():
-        summary = profile.summarize(stacks.read_text())
+        # (A frame's name may hold bytes that are not UTF-8: py-spy writes them as they are.)
+        summary = profile.summarize(stacks.read_text(errors="replace"))
         (Path(directory) / f"{label}-summary.txt").write_text(summary)
         print(summary, file=sys.stderr)

@@ -56,6 +56,6 @@ def response(answer: Answer, date: bytes, close: bool = False) -> bytes:
     status, body, headers = answer.encoded()
     if close:
         headers = (*headers, _CLOSE)
-    extra = b"".join(b"%s: %s\r\n" % header for header in headers)
+    extra = b"".join(b"%s: %s\r\n" % header for header in headers) if headers else b""
     status_line = _STATUS_LINES.get(status) or _head(status)
     return _RESPONSE % (status_line, extra, date, len(body), body)

@@ -266,6 +266,12 @@ class FastHTTP(protocol.Protocol):
         self._timer: Any = None
         # The operator of the request whose body is still arriving.
         self._operator: auth.Operator | None = None
+        # The last head admitted on this connection (its ``_Fields``, read once per kind
+        # of head: ``read_head``), under which admission state, and whom it admitted: a
+        # decision that depends only on them (``OperatorRequests.admission_state``).
+        self._admitted_fields: _Fields | None = None
+        self._admitted_under: object = None
+        self._admitted: auth.Operator | None = None
         # The current request must be whole by then (REQUEST_DEADLINE), and is
         # refused or timed out: answered, and closing.
         self._deadline: Any = None
@@ -370,6 +376,11 @@ class FastHTTP(protocol.Protocol):
     def _admit(self, plain: _Plain) -> auth.Operator | None:
         """The operator of a request whose head is ``plain``; None: refused and closing."""
         fields = plain.fields
+        state = self._requests.admission_state
+        if fields is self._admitted_fields and state is self._admitted_under:
+            # The same head lines from the same peer as the last request admitted here:
+            # the same decision (a refusal is never kept, since a refusal counts).
+            return self._admitted
         client = self._address
         if fields.x_forwarded_for is not None or fields.forwarded is not None:
             client = self._requests.client_address(client, fields.x_forwarded_for, fields.forwarded)
@@ -387,6 +398,9 @@ class FastHTTP(protocol.Protocol):
         if self.ticket is not None:
             self.ticket.admitted()
             self.ticket = None
+        self._admitted_fields = fields
+        self._admitted_under = state
+        self._admitted = who
         return who
 
     def _start_deadline(self) -> None:
@@ -447,7 +461,9 @@ class FastHTTP(protocol.Protocol):
         if self._buffer_full:
             self._buffer_full = False
             self._update_reading()
-        if not self._serving:  # else an answer at once: the loop goes on by itself
+        # (An answer at once: the loop goes on by itself.  Nothing buffered: no request
+        # and no deadline, which starts only with a request's first bytes.)
+        if self._buffer and not self._serving:
             self._serve()
 
     def _failed(self, failure: Failure, target: bytes) -> None:

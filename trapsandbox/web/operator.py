@@ -221,6 +221,17 @@ class OperatorRequests:
         self.listings = Listings(self._visible, sources, registry.clock)
 
     @property
+    def admission_state(self) -> object:
+        """
+        What an admitted operator's ``admit`` depends on beside the request's head and
+        client: the accounts (read again by a reload, a new value each time; the admin
+        token and the trusted proxies are the process's).  The same head from the same
+        client under the same state is admitted as the same operator, so a connection may
+        keep that decision (``fasthttp``); a refusal is never kept (it counts).
+        """
+        return self._admission.accounts
+
+    @property
     def loopback_admin(self) -> bool:
         """No token is needed: loopback clients are the admin."""
         return not self._admission.operator_token_required

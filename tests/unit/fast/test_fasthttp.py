@@ -20,6 +20,7 @@ from tests.harness.fakes import FakeLink
 from tests.harness.logcapture import LogCapture
 from tests.harness.support import response_frame
 from trapsandbox import limits
+from trapsandbox.admission.accounts import Account, Accounts, sha256_hex
 from trapsandbox.admission.auth import Admission
 from trapsandbox.admission.strangers import Strangers
 from trapsandbox.computers import wire
@@ -99,13 +100,12 @@ def comparable(answers):
 class Port:
     """One listening gateway's HTTP side, in memory: connections are StringTransports."""
 
-    def __init__(self, fast, admin_token="op-token-1234", registry=Registry):
+    def __init__(self, fast, admin_token="op-token-1234", registry=Registry, accounts=None):
         self.clock = Clock()
         self.clock.advance(1_700_000_000)
         self.registry = registry(self.clock, request_timeout=30)
-        self.app = gateway_app(
-            self.registry, admission=Admission(self.clock, admin_token=admin_token)
-        )
+        self.admission = Admission(self.clock, admin_token=admin_token, accounts=accounts)
+        self.app = gateway_app(self.registry, admission=self.admission)
         self.site = GatewaySite(self.app.resource(), decide=self.app.decide)
         self.site.reactor = self.clock  # twisted.web's channels time out on our clock
         self.front = FrontFactory(
@@ -113,16 +113,16 @@ class Port:
         )
         self.links = {}
 
-    def computer(self, trapos_id="7:"):
+    def computer(self, trapos_id="7:", account=LOCAL_ACCOUNT):
         link = FakeLink()
-        self.registry.add(Session("local", trapos_id, link, self.clock))
+        self.registry.add(Session(account, trapos_id, link, self.clock))
         self.links[trapos_id] = link
         return link
 
-    def answer(self, trapos_id="7:", index=-1, **fields):
+    def answer(self, trapos_id="7:", index=-1, account=LOCAL_ACCOUNT, **fields):
         request = self.links[trapos_id].sent[index]
         frame = response_frame(trapos_id, request, **fields)
-        session = self.registry.find(LOCAL_ACCOUNT, trapos_id)
+        session = self.registry.find(account, trapos_id)
         session.resolve(wire.decode(orjson.dumps(frame)))
 
     def connect(self, *chunks, peer=("127.0.0.1", 50000)):
@@ -490,6 +490,37 @@ class ConnectionTests(SynchronousTestCase):
         self.assertEqual(self.link.sent[-1]["payload"], payload)
         self.port.answer(payload={})
         self.assertEqual([s for s, _, _ in responses(transport.value())], [200])
+
+    def test_a_connection_decides_on_a_head_once_until_the_accounts_change(self):
+        decided = []
+        requests = self.port.app.requests
+        admit = requests.admit
+        requests.admit = lambda *args: decided.append(args) or admit(*args)
+        transport = self.port.connect(post())
+        self.port.answer(payload={})
+        transport.protocol.dataReceived(post())
+        self.port.answer(payload={})
+        self.assertEqual(len(decided), 1)  # the same head lines: the decision kept
+        transport.protocol.dataReceived(post(host=b"other"))
+        self.port.answer(payload={})
+        self.assertEqual(len(decided), 2)  # other head lines: decided again
+        self.port.admission.reload(Accounts())
+        transport.protocol.dataReceived(post(host=b"other"))
+        self.port.answer(payload={})
+        self.assertEqual(len(decided), 3)  # the accounts read again: decided again
+        self.assertEqual([s for s, _, _ in responses(transport.value())], [200] * 4)
+
+    def test_an_account_taken_out_by_a_reload_is_refused_on_a_kept_connection(self):
+        alice = Account("alice", sha256_hex("secret-of-alice"), sha256_hex("token-of-alice"))
+        port = Port(fast=True, accounts=Accounts.of([alice]))
+        port.computer(account="alice")
+        headers = b"Authorization: Bearer token-of-alice\r\n"
+        transport = port.connect(post(headers=headers))
+        port.answer(account="alice", payload={})
+        port.admission.reload(Accounts())
+        transport.protocol.dataReceived(post(headers=headers))
+        self.assertEqual([s for s, _, _ in responses(transport.value())], [200, 401])
+        self.assertEqual(len(port.links["7:"].sent), 1)
 
     def test_a_bug_is_a_500_and_logged(self):
         class Broken(Registry):
