@@ -333,11 +333,6 @@ ASK_ABORT_GRACE = 10.0
 EVENT_RECONNECT_MIN = 1.0
 EVENT_RECONNECT_MAX = 30.0
 EVENT_SILENCE_TIMEOUT = 35.0
-# After each read of it, the stream is read again only this much later: opencode writes each
-# of its ~100 events of a new computer's ask on its own, and woken for each, the gateway spent
-# most of an ask's CPU in the wake-ups; gathered, one read takes them all.  A partial reaches
-# the player at most this much later.
-EVENT_GATHER = 0.02
 # One SSE line longer than this is dropped (opencode's events are small).
 MAX_EVENT_BYTES = 4 * 1024 * 1024
 # Text deltas are coalesced into partials at least this far apart, or this large.

@@ -34,47 +34,14 @@ _SESSION_ID = re.compile(rb'"sessionID"\s*:\s*"([^"\\]*)(["\\])')
 
 
 class _StreamBody(Protocol):
-    """
-    The stream's body, read at most once every ``gather`` seconds
-    (``limits.EVENT_GATHER``): after a read its transport is paused that long, and
-    what came in that read (one piece per HTTP chunk: one an event) is handed on
-    together when it is over, what opencode wrote meanwhile read next.
-    """
-
-    def __init__(self, stream: EventStream, clock: IReactorTime, gather: float) -> None:
+    def __init__(self, stream: EventStream) -> None:
         self._stream = stream
-        self._clock = clock
-        self._gather = gather
-        self._pending: list[bytes] | None = None
-        self._reading_again: IDelayedCall | None = None
         self.ended: Deferred = Deferred()
 
     def dataReceived(self, data: bytes) -> None:
-        if self._pending is not None:
-            self._pending.append(data)
-        elif self._gather > 0 and self.transport is not None:
-            self._pending = [data]
-            self.transport.pauseProducing()
-            self._reading_again = self._clock.callLater(self._gather, self._read_again)
-        else:
-            self._stream.received(data)
-
-    def _read_again(self) -> None:
-        self._reading_again = None
-        self._hand_on()
-        if self.transport is not None:
-            self.transport.resumeProducing()
-
-    def _hand_on(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending:
-            self._stream.received(b"".join(pending))
+        self._stream.received(data)
 
     def connectionLost(self, reason: Failure = ResponseDone) -> None:
-        if self._reading_again is not None and self._reading_again.active():
-            self._reading_again.cancel()
-        self._reading_again = None
-        self._hand_on()
         self.ended.callback(None)
 
     def abort(self) -> None:
@@ -95,12 +62,10 @@ class EventStream:
         client: OpencodeClient,
         clock: IReactorTime,
         silence: float = limits.EVENT_SILENCE_TIMEOUT,
-        gather: float = limits.EVENT_GATHER,
     ) -> None:
         self._client = client
         self._clock = clock
         self._silence = silence
-        self._gather = gather
         self._listeners: dict[str, Callable[[dict[str, Any]], None]] = {}
         self.on_reconnect: list[Callable[[], None]] = []
         # Run when the open stream was lost and stayed lost ``ASK_SERVER_GONE`` seconds: the
@@ -198,7 +163,7 @@ class EventStream:
                 )
             self._down(error)
             return
-        body = _StreamBody(self, self._clock, self._gather)
+        body = _StreamBody(self)
         self._body = body
         response.deliverBody(body)
         body.ended.addCallback(self._ended, body)

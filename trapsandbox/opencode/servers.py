@@ -68,14 +68,11 @@ class Server:
         instance_idle: float = limits.ASK_INSTANCE_IDLE,
         max_instances: int = limits.ASK_MAX_INSTANCES,
         managed: Any = None,
-        gather: float = limits.EVENT_GATHER,
     ) -> Server:
-        """The server at ``client``'s URL: its event stream (read every ``gather`` seconds),
-        the computers' directories under ``directory`` (their MCP blocks holding
-        ``tokens``), its instances' bound."""
+        """The server at ``client``'s URL: its event stream, the computers' directories
+        under ``directory`` (their MCP blocks holding ``tokens``), its instances' bound."""
         directories = AskDirectories(directory, client, tokens, clock)
-        stream = EventStream(client, clock, gather=gather)
-        server = cls(client, stream, directories, managed=managed)
+        server = cls(client, EventStream(client, clock), directories, managed=managed)
         if managed is not None:
             # Ready once it answers a call, not at its "listening on" line.
             managed.answering = lambda: client.call("GET", "/global/health").addTimeout(

@@ -32,13 +32,6 @@ class FakeTransport:
     def __init__(self, protocol):
         self.protocol = protocol
         self.stopped = False
-        self.paused = False
-
-    def pauseProducing(self):
-        self.paused = True
-
-    def resumeProducing(self):
-        self.paused = False
 
     def stopProducing(self):
         if not self.stopped:
@@ -154,14 +147,12 @@ def build_asks(
     **options,
 ):
     """``Asks`` over ``clients`` (one ``OpencodeClient`` or several), built as ``tap.build``
-    builds it but for the event stream, which hands each event on as ``FakeHTTP`` sends it
-    (its gathering has tests of its own, ``test_events``); ``options`` are ``Asks``' own
-    keyword arguments."""
+    builds it; ``options`` are ``Asks``' own keyword arguments."""
     tokens = AskTokens() if tokens is None else tokens
     if isinstance(clients, OpencodeClient):
         clients = [clients]
     servers = [
-        Server.build(client, clock, directory, tokens, instance_idle, max_instances, gather=0)
+        Server.build(client, clock, directory, tokens, instance_idle, max_instances)
         for client in clients
     ]
     queue = AskQueue(clock) if queue is None else queue

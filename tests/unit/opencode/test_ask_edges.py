@@ -261,10 +261,7 @@ class MachineTests(AskTestsMixin, SynchronousTestCase):
             [
                 call
                 for call in self.clock.getDelayedCalls()
-                if not any(
-                    name in repr(call)
-                    for name in ("Instances._idled", "EventStream", "_StreamBody")
-                )
+                if "Instances._idled" not in repr(call) and "EventStream" not in repr(call)
             ],
             [],
         )
@@ -358,11 +355,7 @@ class RecycleTests(AskTestsMixin, SynchronousTestCase):
         self.rss = 100
         self.patch(managed_module, "rss_bytes", lambda pid: self.rss)
         self.asks = Asks(
-            [
-                Server.build(
-                    self.client, self.clock, self.root, AskTokens(), managed=self.managed, gather=0
-                )
-            ],
+            [Server.build(self.client, self.clock, self.root, AskTokens(), managed=self.managed)],
             self.clock,
             self.metrics,
             AskTokens(),

@@ -25,7 +25,7 @@ class EventStreamTests(SynchronousTestCase):
         self.clock = Clock()
         self.http = FakeHTTP()
         self.client = OpencodeClient(self.http, self.clock, URL, password="pw")
-        self.stream = EventStream(self.client, self.clock, gather=0)
+        self.stream = EventStream(self.client, self.clock)
         self.heard = []
         self.stream.subscribe(SES, self.heard.append)
         self.successResultOf(self.stream.ready())
@@ -57,30 +57,6 @@ class EventStreamTests(SynchronousTestCase):
         self.http.event("session.idle", sessionID=SES)
         self.assertEqual(len(decoded), 1)
         self.assertEqual([e["type"] for e in self.heard], ["session.idle"])
-
-    def test_the_stream_is_read_again_only_after_its_gathering_time(self):
-        self.stream.stop()
-        self.stream = EventStream(self.client, self.clock)
-        self.stream.subscribe(SES, self.heard.append)
-        self.successResultOf(self.stream.ready())
-        transport = self.http.stream.protocol.transport
-        self.http.event("session.status", sessionID=SES, status={"type": "busy"})
-        self.http.event("message.part.delta", sessionID=SES, partID="p", delta="a")
-        self.assertTrue(transport.paused)  # what comes meanwhile waits in the socket
-        self.assertEqual(self.heard, [])  # ... and what came is handed on once it is over
-        self.clock.advance(limits.EVENT_GATHER - 0.001)
-        self.assertTrue(transport.paused)
-        self.assertEqual(self.heard, [])
-        self.clock.advance(0.001)
-        self.assertFalse(transport.paused)
-        self.assertEqual([e["type"] for e in self.heard], ["session.status", "message.part.delta"])
-        self.http.event("session.idle", sessionID=SES)
-        self.assertTrue(transport.paused)
-        self.http.drop()  # gone meanwhile: what came is handed on, no timer of it left
-        self.assertEqual(self.heard[-1]["type"], "session.idle")
-        self.assertEqual(
-            [c for c in self.clock.getDelayedCalls() if "_read_again" in repr(c.func)], []
-        )
 
     def test_one_stream_for_every_subscriber(self):
         self.stream.subscribe("ses_2", lambda e: None)
@@ -210,7 +186,7 @@ class EventFilterTests(SynchronousTestCase):
     )
     def test_the_same_events_as_decoding_every_one(self, events, ensure_ascii, separators):
         http = FakeHTTP()
-        stream = EventStream(OpencodeClient(http, Clock(), URL, password="pw"), Clock(), gather=0)
+        stream = EventStream(OpencodeClient(http, Clock(), URL, password="pw"), Clock())
         heard = {SES: [], 'ses_"q': [], "ses_\\b": []}
         for session, listener in heard.items():
             stream.subscribe(session, listener.append)
