@@ -16,9 +16,7 @@ seconds: the player sees it move, and the computer's idle timer, which any
 partial restarts, never ends an ask that is only waiting.  Told at every
 change, W waiting asks would cost W messages each time one is admitted
 (quadratic in a burst: ~40,000 for 300 computers asking at once); halving, each
-is told about log2(W) times (by leading figure, as before, was twice as many: 21
-messages for the last of 300, each a partial the gateway writes and the
-computer reads).
+is told about log2(W) times (10 for the last of 300).
 
 Entering costs the same whatever waits (the counts of who waits, by server, by
 account and by both, are kept); an ask leaving goes through the waiting asks
@@ -167,8 +165,8 @@ class AskQueue:
             both[pair] += 1
             if ahead != ticket.ahead:
                 ticket.ahead = ahead
-                told_ = ticket.told
-                if told_ is None or ahead <= told_ // 2:
+                last = ticket.told
+                if last is None or ahead <= last // 2:
                     told.append(ticket)
         self.waiting = still
         self._waiting_on, self._waiting_of, self._waiting_both = servers, accounts, both
