@@ -295,9 +295,7 @@ class Snapshots:
         retention.check_fits(unread, store.quota)
         fetched = await self._fetch(caller, diff.to_fetch(latest, listing), listing)
         hashes = {path: _sha(data) for path, data in fetched.items()}
-        # (Nothing fetched, as for a restore's snapshot of a computer unchanged since the last
-        # one, leaves nothing to look for: no trip to the store's thread.)
-        absent = await store.missing(account, hashes.values()) if hashes else set()
+        absent = await store.missing(account, hashes.values())
         for path, data in fetched.items():
             if hashes[path] in absent:
                 await store.put_content(account, hashes[path], data)

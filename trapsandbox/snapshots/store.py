@@ -63,12 +63,16 @@ class SnapshotStore(abc.ABC):
         return maybeDeferred(lambda: self._latest(_account(account), _computer(trapos_id)))
 
     def missing(self, account: str, hashes: Iterable[str]) -> Deferred[set[str]]:
-        """Those of ``hashes`` the store does not hold for ``account`` (the others touched)."""
-        return maybeDeferred(
-            lambda: self._missing(
-                _account(account), sorted({model.check_sha256(h) for h in hashes}), self.now_ms()
-            )
-        )
+        """Those of ``hashes`` the store does not hold for ``account`` (the others touched).
+        None asked about (a snapshot that fetched nothing): none missing, without a trip to
+        the store's thread."""
+
+        def look() -> Any:
+            name = _account(account)
+            checked = sorted({model.check_sha256(h) for h in hashes})
+            return self._missing(name, checked, self.now_ms()) if checked else set()
+
+        return maybeDeferred(look)
 
     def put_content(self, account: str, sha256: str, data: bytes) -> Deferred[None]:
         """Store ``data`` under ``sha256`` (checked) for ``account``; again is harmless."""

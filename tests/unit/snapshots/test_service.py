@@ -92,8 +92,8 @@ class SnapshotsTests(TestCase):
 
     async def test_a_snapshot_with_nothing_to_fetch_asks_the_store_for_no_content(self):
         asked = []
-        missing = self.store.missing
-        self.patch(self.store, "missing", lambda *a: asked.append(a[1]) or missing(*a))
+        missing = self.store._missing
+        self.patch(self.store, "_missing", lambda *a: asked.append(a[1]) or missing(*a))
         await self.snapshots.take(asking("7:", "acc"), "manual")
         self.assertEqual(len(asked), 1)
         again = await self.snapshots.take(asking("7:", "acc"), "manual")
