@@ -61,8 +61,8 @@ end
 
 -- What this client does beyond the first protocol, announced in hello (`features`) so the
 -- gateway knows what it may send: a temporary file per write (part.writeId), move_file and
--- make_folder, and file parts as binary messages where the socket carries them. A gateway
--- older than this ignores the list.
+-- make_folder, and file parts as binary messages where the socket carries them (and several
+-- whole files in one: write_files). A gateway older than this ignores the list.
 M.FEATURES = { 'write_id', 'move_file', 'make_folder' }
 
 -- Whether file parts cross as binary websocket messages (docs/protocol.md): CC:Tweaked's
