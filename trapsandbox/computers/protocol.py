@@ -529,11 +529,15 @@ class GatewayFactory(WebSocketServerFactory):
         d = Deferred()
         self._drained.append(d)
         d.addTimeout(grace, self.clock)
-        d.addErrback(self._drop_stragglers)
+        d.addErrback(lambda _: self._drop_stragglers(grace))
         return d
 
-    def _drop_stragglers(self, failure: Failure) -> None:
+    def _drop_stragglers(self, grace: float) -> None:
         for connection in list(self.connections):
+            # What Autobahn's warning of the drop says (else "None").
+            connection.wasNotCleanReason = (
+                f"it did not answer the gateway's close within {grace:g} s of its shutdown"
+            )
             connection.dropConnection(abort=True)
         self._flush_lines()
 

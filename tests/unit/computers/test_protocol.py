@@ -356,6 +356,12 @@ class ShutdownTests(GatewayTestCase):
         self.successResultOf(d)
         self.assertEqual(self.factory.connections, set())
         self.assertEqual(computer.protocol.state, WebSocketProtocol.STATE_CLOSED)
+        # What Autobahn's warning of the drop gives as its reason (the fake stands in for
+        # its dropConnection), for the operator's log: not "None".
+        self.assertEqual(
+            computer.protocol.wasNotCleanReason,
+            "it did not answer the gateway's close within 3 s of its shutdown",
+        )
 
     def test_shutdown_with_no_connections(self):
         self.successResultOf(self.factory.shutdown())
