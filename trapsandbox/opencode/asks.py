@@ -239,6 +239,7 @@ class Asks:
         self.runs[key] = run  # claims the computer while the session is set up
         self._cancel_quiet()
         server: Server | None = None
+        bug: Failure | None = None
         try:
             server = await run.guard(Deferred.fromCoroutine(self._server(run, new)))
             run.ticket = Ticket(server.url, account_id, partials.waiting)
@@ -285,8 +286,10 @@ class Asks:
                 run.failed(error)
                 if not failure.check(GatewayError, TimeoutError):
                     run.done.addErrback(lambda _: None)  # a bug, not opencode: raised as it is
-                    failure.raiseException()
+                    bug = failure
         try:
+            if bug is not None:
+                bug.raiseException()  # (once the ask's end is seen to, below)
             result = await run.done
         finally:
             if server is not None and server.managed is not None:

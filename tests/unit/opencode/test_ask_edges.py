@@ -441,6 +441,17 @@ class RecycleTests(AskTestsMixin, SynchronousTestCase):
         self.assertEqual(self.spawn.last.signals, [])  # an ask runs: not quiet
         self.assertNoResult(running)
 
+    def test_an_ask_ended_by_a_bug_still_starts_the_quiet(self):
+        def bug(*args):
+            raise RuntimeError("a bug")
+
+        self.patch(self.asks, "_conversation", bug)
+        self.failureResultOf(self.ask(trapos="1:a"), RuntimeError)  # raised as it is
+        self.assertEqual(self.asks.runs, {})
+        self.rss = 800
+        self.clock.advance(limits.OPENCODE_QUIET_RECYCLE_AFTER)
+        self.assertEqual(self.spawn.last.signals, ["TERM"])
+
     def test_the_stop_leaves_no_quiet_timer(self):
         self.asked("1:a")
         self.asks.stop()
