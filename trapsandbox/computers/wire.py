@@ -358,37 +358,8 @@ def _plain_response(obj: dict[str, Any]) -> ComputerResponse | None:
         and obj.get("error") is None
         and (partial is None or type(partial) is bool)
     ):
-        return _checked_response(
-            sender, message_id, kind, ok, _as_optional_object(obj.get("payload")), partial
-        )
+        return ComputerResponse(sender, message_id, kind, ok, obj.get("payload"), None, partial)
     return None
-
-
-_new = object.__new__
-_set = object.__setattr__
-
-
-def _checked_response(
-    sender: str,
-    message_id: str,
-    kind: str,
-    ok: bool,
-    payload: dict[str, Any] | None,
-    partial: bool | None,
-) -> ComputerResponse:
-    """
-    ``ComputerResponse(...)`` of fields ``_plain_response`` has just checked, as its
-    validators would, and a payload already converted: set, not checked again.
-    """
-    frame = _new(ComputerResponse)
-    _set(frame, "trapos_sender_id", sender)
-    _set(frame, "message_id", message_id)
-    _set(frame, "type", kind)
-    _set(frame, "ok", ok)
-    _set(frame, "payload", payload)
-    _set(frame, "error", None)
-    _set(frame, "partial", partial)
-    return frame
 
 
 def structure(obj: dict[str, Any], cls: type) -> Frame | Invalid:

@@ -199,7 +199,6 @@ def python_utf8_validation() -> None:
 
 
 _OPEN = autobahn.websocket.protocol.WebSocketProtocol.STATE_OPEN
-_CLOSED = autobahn.websocket.protocol.WebSocketProtocol.STATE_CLOSED
 
 
 class WholeFrames:
@@ -224,16 +223,8 @@ class WholeFrames:
     __slots__ = ()
 
     def dataReceived(self, data: bytes) -> None:
-        # Autobahn's own logs a debug line (evaluating its arguments) per read.  An open
-        # connection's read is what Autobahn's ``_dataReceived`` and ``consumeData`` do
-        # then (count it, buffer it, read frames while it stays open), in one frame.
-        if self.state != _OPEN or self.logOctets:
-            self._dataReceived(data)
-            return
-        self.trafficStats.incomingOctetsWireLevel += len(data)
-        self.data = self.data + data if self.data else data
-        while self.processData() and self.state != _CLOSED:
-            pass
+        # Autobahn's own logs a debug line (evaluating its arguments) per read.
+        self._dataReceived(data)
 
     def sendMessage(
         self,
@@ -318,7 +309,7 @@ class WholeFrames:
                 stats.incomingWebSocketMessages += 1
                 if self.autoPingTimeoutCall and self.autoPingRestartOnAnyTraffic:
                     self._cancelAutoPingTimeoutCall()
-                self.onMessage(payload, False)  # (what Autobahn's ``_onMessage`` calls)
+                self._onMessage(payload, False)
                 return len(self.data) > 0
         return super().processData()
 

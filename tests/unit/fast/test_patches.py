@@ -6,7 +6,6 @@ if the attribute moved: the workaround would do nothing, and nothing else
 would fail.
 """
 
-import inspect
 import socket
 import struct
 import sys
@@ -335,27 +334,6 @@ class WholeFramesTests(SynchronousTestCase):
                 break
             protocol.dataReceived(data[a:b])
         return seen, transport.value(), protocol.state, protocol.trafficStats.__json__()
-
-    def test_autobahns_read_that_it_does_in_one_frame_is_still_this(self):
-        # WholeFrames.dataReceived does for an open connection what these do, and
-        # calls onMessage itself as the Twisted adapter's _onMessage does.
-        read = inspect.getsource(WebSocketProtocol._dataReceived)
-        for line in (
-            "if self.state == WebSocketProtocol.STATE_OPEN:",
-            "self.trafficStats.incomingOctetsWireLevel += len(data)",
-            "if self.logOctets:",
-            "self.data += data",
-            "self.consumeData()",
-        ):
-            self.assertIn(line, read)
-        consume = inspect.getsource(WebSocketProtocol.consumeData)
-        self.assertIn(
-            "while self.processData() and self.state != WebSocketProtocol.STATE_CLOSED:", consume
-        )
-        adapter = inspect.getsource(WebSocketServerProtocol._onMessage)
-        self.assertEqual(
-            adapter.strip().splitlines()[-1].strip(), "self.onMessage(payload, isBinary)"
-        )
 
     @settings(max_examples=400, deadline=None)
     @given(st.lists(_frames, max_size=8), st.lists(st.integers(min_value=1, max_value=3000)))
