@@ -300,6 +300,13 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _setting(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not (equals and name):
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name, value
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.askmanaged", description=__doc__.split("\n\n")[0]
@@ -315,6 +322,7 @@ def main(argv: list[str] | None = None) -> None:
         "--set",
         action="append",
         default=[],
+        type=_setting,
         metavar="NAME=VALUE",
         help="one more of the gateway's settings (SANDBOX_...), e.g. to try another bound",
     )
@@ -325,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--logs", default=str(harness.REPO / "bench-results" / "ask-logs"))
     args = parser.parse_args(argv)
     sizes = [int(n) for n in args.computers.split(",")]
-    settings = dict(setting.split("=", 1) for setting in args.set)
+    settings = dict(args.set)
     proc.raise_fd_limit()
     if not OPENCODE.exists():
         raise SystemExit(f"{OPENCODE} is missing: 'make test' installs it")
