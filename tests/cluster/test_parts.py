@@ -100,6 +100,41 @@ class FencingTests(SynchronousTestCase):
         [sent] = link.sent
         self.assertEqual((sent["event"], sent["type"]), ("gateway_request", "ping"))
 
+    def test_a_request_before_our_claim_is_answered_waits_for_it(self):
+        """
+        Redis ran our claim and the other process sent a request at its epoch before
+        we read Redis's answer (two connections): it runs once we have, at that epoch.
+        """
+        _, link = self.connect()
+        self.relay.on_request(self.request("3"))
+        self.assertEqual((link.sent, self.redis.published), ([], []))
+        self.redis.claims[0].callback([3, ""])
+        [sent] = link.sent
+        self.assertEqual((sent["event"], sent["type"]), ("gateway_request", "ping"))
+
+    def test_a_request_waiting_for_our_claim_at_another_epoch_is_refused(self):
+        _, link = self.connect()
+        self.relay.on_request(self.request("2"))
+        self.redis.claims[0].callback([3, ""])
+        self.assertEqual(link.sent, [])
+        [(to, answer)] = self.redis.published
+        self.assertEqual((to, answer["t"], answer["code"]), ("there", "fail", errors.NOT_CONNECTED))
+
+    def test_a_request_waiting_for_a_failed_claim_is_refused(self):
+        _, link = self.connect()
+        self.relay.on_request(self.request("1"))
+        self.redis.claims[0].errback(GatewayError(errors.UNAVAILABLE, "Redis is away"))
+        self.assertEqual(link.sent, [])
+        [(_, answer)] = self.redis.published
+        self.assertEqual(answer["code"], errors.NOT_CONNECTED)
+
+    def test_a_request_cancelled_while_waiting_for_our_claim_never_runs(self):
+        _, link = self.connect()
+        self.relay.on_request(self.request("3"))
+        self.relay.on_cancel({"t": "cancel", "id": "r1", "from": "there"})
+        self.redis.claims[0].callback([3, ""])
+        self.assertEqual((link.sent, self.redis.published), ([], []))
+
 
 class RelayedListenerTests(SynchronousTestCase):
     def test_a_listener_that_ends_a_relayed_request_ends_it_there_too(self):

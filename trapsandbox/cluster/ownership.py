@@ -124,6 +124,8 @@ class Ownership:
         # What this process holds: key -> (session, epoch).
         self._owned: dict[str, tuple[Session, int]] = {}
         self._claiming: set[Session] = set()
+        # Who waits for a claim's answer (``claim_answered``): session -> their Deferreds.
+        self._awaiting_claim: dict[Session, list[Deferred]] = {}
         # Evictions that arrived before our own claim's answer: key -> epoch.
         self._evicted: dict[str, int] = {}
 
@@ -131,6 +133,21 @@ class Ownership:
         """The epoch we hold ``session``'s computer at, if it is that session we hold."""
         owned = self._owned.get(computer_key(*session.key))
         return owned[1] if owned is not None and owned[0] is session else None
+
+    def claim_answered(self, session: Session) -> Deferred[None] | None:
+        """
+        While our claim of ``session``'s computer is out, a Deferred that fires once
+        Redis has answered it (``epoch_of`` then says whether we hold it); else None.
+
+        Redis may have run our claim, and another process read it and sent us a
+        request, before we have read Redis's answer: the two come on different
+        connections.
+        """
+        if session not in self._claiming:
+            return None
+        d: Deferred[None] = Deferred()
+        self._awaiting_claim.setdefault(session, []).append(d)
+        return d
 
     def rebuilding(self, seconds: float) -> None:
         """
@@ -195,6 +212,11 @@ class Ownership:
         )
         d.addCallbacks(self._claimed, self._claim_failed, (session, key), None, (session, key))
         d.addErrback(lambda failure: log.failure("cluster: claiming a computer failed", failure))
+        d.addBoth(self._claim_settled, session)
+
+    def _claim_settled(self, _: None, session: Session) -> None:
+        for waiting in self._awaiting_claim.pop(session, ()):
+            waiting.callback(None)
 
     def _claimed(self, reply: list[Any], session: Session, key: str) -> None:
         self._claiming.discard(session)

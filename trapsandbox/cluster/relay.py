@@ -22,7 +22,8 @@ The owner, losing its own inbox, cancels what it serves (``lost``): the
 requester cannot hear the answer, and has answered already.
 
 In: a request from another process runs on the computer here only if we
-hold it at the epoch the sender saw, and its partials and answer go back to
+hold it at the epoch the sender saw (if our claim's answer is still to be
+read, once it is), and its partials and answer go back to
 the sender's inbox.  It runs as its caller's (``key``, ``by``, ``quiet``: the
 ``trapsandbox.computers.callers.Caller`` the message carries), so the
 computer's activity, kept here, names who sent it.
@@ -382,6 +383,12 @@ class Relay:
         account_id, trapos_id = caller.key
         session = self._registry.find(account_id, trapos_id)
         epoch = self._ownership.epoch_of(session) if session is not None else None
+        if epoch is None and session is not None:
+            answered = self._ownership.claim_answered(session)
+            if answered is not None:  # decided once we know our epoch; cancelled meanwhile: dropped
+                self._serving[(sender, relay_id)] = answered
+                answered.addCallbacks(self._claim_answered, lambda _: None, (message,))
+                return
         timeout = message.get("timeout")
         if epoch is None or str(epoch) != str(message.get("epoch")):
             self._answer(sender, relay_id, wire.not_connected(trapos_id))
@@ -410,6 +417,10 @@ class Relay:
             )
         self._serving[(sender, relay_id)] = d
         d.addBoth(self._served, sender, relay_id)
+
+    def _claim_answered(self, _: None, message: dict[str, Any]) -> None:
+        del self._serving[(str(message["from"]), str(message["id"]))]
+        self.on_request(message)
 
     def _served(self, result: object, sender: str, relay_id: str) -> None:
         self._serving.pop((sender, relay_id), None)
