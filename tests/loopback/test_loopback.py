@@ -138,6 +138,34 @@ class HandshakeTests(LoopbackTestCase):
         reply = await new.request("probe_gateway")
         self.assertTrue(reply["ok"])
 
+    async def test_in_cluster_mode_hello_is_answered_once_every_process_finds_it(self):
+        """
+        SPEC §13: the hello answer waits for the claim in Redis, so a request at any
+        process right after it finds the computer (not a 404 nor the previous owner).
+        """
+        claim = Deferred()
+
+        class Peers:
+            def added(self, session):
+                pass
+
+            def removed(self, session):
+                pass
+
+            def claim_answered(self, session):
+                return claim
+
+        self.gateway.registry.peers = Peers()
+        computer = await self.connect()
+        first = computer.hello(self.password, "7:far")
+        second = computer.request("probe_gateway")  # the session works here meanwhile
+        probe = await first
+        self.assertEqual((probe["type"], probe["ok"]), ("probe_gateway", True))
+        self.assertFalse(second.called)
+        claim.callback(None)
+        hello = await second
+        self.assertEqual((hello["type"], hello["ok"]), ("hello", True))
+
 
 class FrameTests(LoopbackTestCase):
     async def test_bad_frames_are_ignored(self):

@@ -122,6 +122,9 @@ class Cluster:
     def removed(self, session: Session) -> None:
         self.ownership.removed(session)
 
+    def claim_answered(self, session: Session) -> Deferred[None] | None:
+        return self.ownership.claim_answered(session)
+
     def request(
         self,
         caller: Caller,

@@ -313,7 +313,12 @@ class GatewayProtocol(Sending, WebSocketServerProtocol):
                 peer=self.peer_address,
                 version=hello.version or "unknown",
             )
-        self._reply(frame.message_id, frame.type, payload={"accountId": account_id})
+        answer = {"accountId": account_id}
+        findable = self.factory.registry.findable(self.session)
+        if findable is None:
+            self._reply(frame.message_id, frame.type, payload=answer)
+        else:  # cluster mode: answered once every process finds it (SPEC §13)
+            findable.addCallback(lambda _: self._reply(frame.message_id, frame.type, answer))
 
     def _refuse_hello(
         self, frame: wire.ComputerRequest, hello: wire.Hello, refusal: auth.Refusal

@@ -59,6 +59,12 @@ class Peers(Protocol):
     def holds(self, account_id: str, trapos_id: str) -> Deferred[bool]:
         """Fires with whether another process holds the computer."""
 
+    def claim_answered(self, session: Session) -> Deferred[None] | None:
+        """
+        While the claim of ``session``'s computer is out, a Deferred that fires (never
+        fails) once it is answered, when the other processes find it here; else None.
+        """
+
 
 @attrs.define
 class Registry:
@@ -221,6 +227,14 @@ class Registry:
 
     def find(self, account_id: str, trapos_id: str) -> Session | None:
         return self._sessions.get((account_id, trapos_id))
+
+    def findable(self, session: Session) -> Deferred[None] | None:
+        """
+        Cluster mode: until the other processes can find ``session`` (just added), a
+        Deferred that fires once they can, or once claiming it failed (it works here,
+        and the refresh claims it later); None when they already can or there are none.
+        """
+        return None if self.peers is None else self.peers.claim_answered(session)
 
     def features(self, caller: Caller) -> frozenset[str] | None:
         """What the client of the computer ``caller`` is aimed at announced in hello
