@@ -120,3 +120,19 @@ class RedisLossTests(TestCase):
 
         await until(reachable, 10)
         self.assertEqual((await ping(http, b, "7:nowhere"))[0], 404)
+
+    async def test_a_hello_while_redis_hangs_is_answered_within_its_bound(self):
+        """
+        The hello waits for the claim in Redis (SPEC §13), but never longer than every
+        Redis call's bound: a Redis that stopped answering leaves the computer working
+        where it connected.
+        """
+        redis = await start_redis(self)
+        a = await start_gateway(self, redis.url)
+        http = Http()
+        redis.child.signal("STOP")
+        self.addCleanup(redis.child.signal, signal.SIGCONT)
+        started = time.monotonic()
+        await computer(self, a, "4:patient")
+        self.assertLess(time.monotonic() - started, 5)  # the bound is 2 s
+        self.assertEqual((await ping(http, a, "4:patient"))[0], 200)
