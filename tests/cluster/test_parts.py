@@ -77,6 +77,16 @@ class FencingTests(SynchronousTestCase):
         self.assertEqual(link.closed, [(wire.CLOSE_REPLACED, "replaced")])
         self.assertEqual(self.redis.published, [])  # nobody to evict: the newer one is theirs
 
+    def test_replaced_before_our_claim_is_answered_its_hello_is_answered_first(self):
+        """A newer hello elsewhere: ours is answered, then closed 4000, as when replaced later."""
+        session, link = self.connect()
+        seen = []
+        self.ownership.claim_answered(session).addCallback(lambda _: seen.append(link.closed[:]))
+        self.ownership.on_evict({"t": "evict", "key": ["local", "7:"], "epoch": 5})
+        self.redis.claims[0].callback([4, "there|3"])
+        self.assertEqual(seen, [[]])
+        self.assertEqual(link.closed, [(wire.CLOSE_REPLACED, "replaced")])
+
     def request(self, epoch):
         return {
             "t": "req",

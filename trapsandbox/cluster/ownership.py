@@ -226,6 +226,8 @@ class Ownership:
             self._release(key, epoch)  # it left (or was replaced) while we claimed it
             return
         if evicted > epoch:
+            # Its hello is answered first, then it is closed: as when replaced later.
+            self._claim_settled(None, session)
             self._replaced(session, epoch, evicted)
             return
         self._owned[key] = (session, epoch)
