@@ -87,6 +87,25 @@ class FencingTests(SynchronousTestCase):
         self.assertEqual(seen, [[]])
         self.assertEqual(link.closed, [(wire.CLOSE_REPLACED, "replaced")])
 
+    def test_replaced_here_before_our_claim_is_answered_its_hello_is_answered_first(self):
+        older, older_link = self.connect()
+        seen = []
+        self.ownership.claim_answered(older).addCallback(
+            lambda _: seen.append(older_link.closed[:])
+        )
+        self.connect()
+        self.assertEqual(seen, [[]])
+        self.assertEqual(older_link.closed, [(wire.CLOSE_REPLACED, "replaced")])
+
+    def test_a_repeated_request_id_while_waiting_for_our_claim_runs_once(self):
+        """(Only a faulty peer repeats an id: the last one stands, and nothing raises.)"""
+        _, link = self.connect()
+        self.relay.on_request(self.request("2"))
+        self.relay.on_request(self.request("3"))
+        self.redis.claims[0].callback([3, ""])
+        self.assertEqual([sent["type"] for sent in link.sent], ["ping"])
+        self.assertEqual(self.flushLoggedErrors(), [])
+
     def request(self, epoch):
         return {
             "t": "req",

@@ -157,6 +157,7 @@ class HandshakeTests(LoopbackTestCase):
 
         self.gateway.registry.peers = Peers()
         computer = await self.connect()
+        # (Each fires with the next frame to arrive, whichever it answers.)
         first = computer.hello(self.password, "7:far")
         second = computer.request("probe_gateway")  # the session works here meanwhile
         probe = await first

@@ -193,6 +193,10 @@ class Ownership:
 
     def added(self, session: Session) -> None:
         self._claim(session)
+        # It replaces one here whose claim is still out: that one's hello is answered
+        # (then the registry closes it 4000), as in one process.
+        for older in [s for s in self._awaiting_claim if s.key == session.key and s is not session]:
+            self._claim_settled(None, older)
 
     def removed(self, session: Session) -> None:
         key = computer_key(*session.key)

@@ -387,7 +387,7 @@ class Relay:
             answered = self._ownership.claim_answered(session)
             if answered is not None:  # decided once we know our epoch; cancelled meanwhile: dropped
                 self._serving[(sender, relay_id)] = answered
-                answered.addCallbacks(self._claim_answered, lambda _: None, (message,))
+                answered.addCallbacks(self._claim_answered, lambda _: None, (answered, message))
                 return
         timeout = message.get("timeout")
         if epoch is None or str(epoch) != str(message.get("epoch")):
@@ -418,9 +418,11 @@ class Relay:
         self._serving[(sender, relay_id)] = d
         d.addBoth(self._served, sender, relay_id)
 
-    def _claim_answered(self, _: None, message: dict[str, Any]) -> None:
-        del self._serving[(str(message["from"]), str(message["id"]))]
-        self.on_request(message)
+    def _claim_answered(self, _: None, answered: Deferred, message: dict[str, Any]) -> None:
+        key = (str(message["from"]), str(message["id"]))
+        if self._serving.get(key) is answered:  # (a peer's repeated id took its place: not run)
+            del self._serving[key]
+            self.on_request(message)
 
     def _served(self, result: object, sender: str, relay_id: str) -> None:
         self._serving.pop((sender, relay_id), None)
