@@ -124,8 +124,9 @@ class Ownership:
         # What this process holds: key -> (session, epoch).
         self._owned: dict[str, tuple[Session, int]] = {}
         self._claiming: set[Session] = set()
-        # Who waits for a claim's answer (``claim_answered``): session -> their Deferreds.
-        self._awaiting_claim: dict[Session, list[Deferred]] = {}
+        # Who waits for a claim's answer (``claim_answered``): the computer's key ->
+        # (its registered session, their Deferreds).
+        self._awaiting_claim: dict[tuple[str, str], tuple[Session, list[Deferred]]] = {}
         # Evictions that arrived before our own claim's answer: key -> epoch.
         self._evicted: dict[str, int] = {}
 
@@ -143,10 +144,14 @@ class Ownership:
         request, before we have read Redis's answer: the two come on different
         connections.
         """
-        if session not in self._claiming:
+        if session not in self._claiming or self._registry.find(*session.key) is not session:
             return None
         d: Deferred[None] = Deferred()
-        self._awaiting_claim.setdefault(session, []).append(d)
+        waiting = self._awaiting_claim.get(session.key)
+        if waiting is None:
+            self._awaiting_claim[session.key] = (session, [d])
+        else:
+            waiting[1].append(d)
         return d
 
     def rebuilding(self, seconds: float) -> None:
@@ -195,8 +200,9 @@ class Ownership:
         self._claim(session)
         # It replaces one here whose claim is still out: that one's hello is answered
         # (then the registry closes it 4000), as in one process.
-        for older in [s for s in self._awaiting_claim if s.key == session.key and s is not session]:
-            self._claim_settled(None, older)
+        older = self._awaiting_claim.get(session.key)
+        if older is not None and older[0] is not session:
+            self._claim_settled(None, older[0])
 
     def removed(self, session: Session) -> None:
         key = computer_key(*session.key)
@@ -219,8 +225,11 @@ class Ownership:
         d.addBoth(self._claim_settled, session)
 
     def _claim_settled(self, _: None, session: Session) -> None:
-        for waiting in self._awaiting_claim.pop(session, ()):
-            waiting.callback(None)
+        waiting = self._awaiting_claim.get(session.key)
+        if waiting is not None and waiting[0] is session:
+            del self._awaiting_claim[session.key]
+            for d in waiting[1]:
+                d.callback(None)
 
     def _claimed(self, reply: list[Any], session: Session, key: str) -> None:
         self._claiming.discard(session)
