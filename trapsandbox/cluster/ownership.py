@@ -102,6 +102,11 @@ def _epoch_key(key: str) -> str:
     return f"{limits.CLUSTER_PREFIX}epoch:{key}"
 
 
+def _answer(waiting: list[Deferred]) -> None:
+    for d in waiting:
+        d.callback(None)
+
+
 def _holder(owner: str | None) -> tuple[str, str]:
     """An owner value's ``(instance, epoch)``; ``("", ...)`` when nobody holds it."""
     instance, _, epoch = (owner or "").rpartition("|")
@@ -123,10 +128,8 @@ class Ownership:
         self._rebuilt_at = 0.0
         # What this process holds: key -> (session, epoch).
         self._owned: dict[str, tuple[Session, int]] = {}
-        self._claiming: set[Session] = set()
-        # Who waits for a claim's answer (``claim_answered``): the computer's key ->
-        # (its registered session, their Deferreds).
-        self._awaiting_claim: dict[tuple[str, str], tuple[Session, list[Deferred]]] = {}
+        # Claims out: key -> (the session claimed, who waits for Redis's answer).
+        self._claiming: dict[str, tuple[Session, list[Deferred]]] = {}
         # Evictions that arrived before our own claim's answer: key -> epoch.
         self._evicted: dict[str, int] = {}
 
@@ -144,14 +147,11 @@ class Ownership:
         request, before we have read Redis's answer: the two come on different
         connections.
         """
-        if session not in self._claiming or self._registry.find(*session.key) is not session:
+        claim = self._claiming.get(computer_key(*session.key))
+        if claim is None or claim[0] is not session:
             return None
         d: Deferred[None] = Deferred()
-        waiting = self._awaiting_claim.get(session.key)
-        if waiting is None:
-            self._awaiting_claim[session.key] = (session, [d])
-        else:
-            waiting[1].append(d)
+        claim[1].append(d)
         return d
 
     def rebuilding(self, seconds: float) -> None:
@@ -198,11 +198,6 @@ class Ownership:
 
     def added(self, session: Session) -> None:
         self._claim(session)
-        # It replaces one here whose claim is still out: that one's hello is answered
-        # (then the registry closes it 4000), as in one process.
-        older = self._awaiting_claim.get(session.key)
-        if older is not None and older[0] is not session:
-            self._claim_settled(None, older[0])
 
     def removed(self, session: Session) -> None:
         key = computer_key(*session.key)
@@ -213,7 +208,12 @@ class Ownership:
 
     def _claim(self, session: Session) -> None:
         key = computer_key(*session.key)
-        self._claiming.add(session)
+        older = self._claiming.get(key)
+        self._claiming[key] = (session, [])
+        if older is not None:
+            # It replaces one here whose claim is still out: that one's waiters are answered
+            # (its hello, then the registry closes it 4000, as in one process).
+            _answer(older[1])
         d = self._redis.call(
             "eval",
             CLAIM,
@@ -222,17 +222,16 @@ class Ownership:
         )
         d.addCallbacks(self._claimed, self._claim_failed, (session, key), None, (session, key))
         d.addErrback(lambda failure: log.failure("cluster: claiming a computer failed", failure))
-        d.addBoth(self._claim_settled, session)
+        d.addBoth(self._claim_settled, session, key)
 
-    def _claim_settled(self, _: None, session: Session) -> None:
-        waiting = self._awaiting_claim.get(session.key)
-        if waiting is not None and waiting[0] is session:
-            del self._awaiting_claim[session.key]
-            for d in waiting[1]:
-                d.callback(None)
+    def _claim_settled(self, _: None, session: Session, key: str) -> None:
+        """The claim is answered (and its answer seen to): its waiters are told."""
+        claim = self._claiming.get(key)
+        if claim is not None and claim[0] is session:
+            del self._claiming[key]
+            _answer(claim[1])
 
     def _claimed(self, reply: list[Any], session: Session, key: str) -> None:
-        self._claiming.discard(session)
         epoch, previous = int(reply[0]), reply[1]
         evicted = self._evicted.pop(key, 0)
         if self._registry.find(session.account_id, session.trapos_id) is not session:
@@ -240,7 +239,7 @@ class Ownership:
             return
         if evicted > epoch:
             # Its hello is answered first, then it is closed: as when replaced later.
-            self._claim_settled(None, session)
+            self._claim_settled(None, session, key)
             self._replaced(session, epoch, evicted)
             return
         self._owned[key] = (session, epoch)
@@ -252,7 +251,6 @@ class Ownership:
                 d.addErrback(lambda _: None)  # it is gone; or the refresh tells it
 
     def _claim_failed(self, failure: Failure, session: Session, key: str) -> None:
-        self._claiming.discard(session)
         self._evicted.pop(key, None)
         # The computer works here; the next refresh claims it once Redis answers.
         log.warn(
@@ -279,7 +277,7 @@ class Ownership:
         if owned is not None and owned[0] is session:
             if owned[1] < epoch:
                 self._replaced(session, owned[1], epoch)
-        elif session in self._claiming:
+        elif self._claiming.get(key, (None,))[0] is session:
             self._evicted[key] = max(epoch, self._evicted.get(key, 0))
 
     def _replaced(self, session: Session, ours: int, newer: int | None) -> None:
@@ -311,7 +309,8 @@ class Ownership:
             return None
         for session in self._registry:
             key = computer_key(*session.key)
-            if session not in self._claiming and self._owned.get(key, (None,))[0] is not session:
+            claiming = self._claiming.get(key, (None,))[0] is session
+            if not claiming and self._owned.get(key, (None,))[0] is not session:
                 self._claim(session)  # connected while Redis was away
         owned = [(key, session, epoch) for key, (session, epoch) in self._owned.items()]
         ds = []
